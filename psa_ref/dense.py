@@ -1,0 +1,57 @@
+"""Dense (full) softmax attention: the ground truth every other stage is checked against."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from . import _validate
+from .scoring import kv_head_of
+
+
+def softmax_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float) -> np.ndarray:
+    """Softmax attention of one query head over the given tokens, in float64.
+
+    Args:
+        q: ``[D]``.
+        keys: ``[n, D]`` with ``n >= 1``.
+        values: ``[n, D]``.
+
+    Returns:
+        ``[D]``: ``sum_t softmax(scale * q . k)_t v_t``, computed after subtracting the
+        largest logit so that no ``exp`` overflows.
+    """
+    logits = scale * (keys @ q)
+    w = np.exp(logits - logits.max())
+    return (w @ values) / w.sum()
+
+
+def dense_attention(q: ArrayLike, keys: ArrayLike, values: ArrayLike, *, scale: float | None = None) -> np.ndarray:
+    """Full attention of a decode query over a dense KV cache.
+
+    Args:
+        q: ``[D]`` with keys ``[T, D]``, or ``[Hq, D]`` with keys ``[Hkv, T, D]``
+            (``Hq % Hkv == 0``; query head ``h`` reads KV head ``h // (Hq // Hkv)``).
+        keys: float16/32/64, finite, ``T >= 1``.
+        values: the shape of ``keys``.
+        scale: logit scale, default ``1/sqrt(D)``.
+
+    Returns:
+        float64 array with the shape of ``q``.
+    """
+    k = _validate.float_array(keys, "keys")
+    v = _validate.float_array(values, "values")
+    if k.ndim not in (2, 3):
+        raise ValueError(f"keys must have shape [T, D] or [Hkv, T, D], got {k.ndim} dimensions {k.shape}")
+    if v.shape != k.shape:
+        raise ValueError(f"values must have the same shape as keys {k.shape}, got {v.shape}")
+    if 0 in k.shape:
+        raise ValueError(f"keys must be non-empty in every dimension, got shape {k.shape}")
+    single = k.ndim == 2
+    if single:
+        k, v = k[None], v[None]
+    qq = _validate.query(q, k.shape[2], k.shape[0], single)
+    s = _validate.scale(scale, k.shape[2])
+    kv = kv_head_of(qq.shape[0], k.shape[0])
+    out = np.stack([softmax_attention(qq[h], k[kv[h]], v[kv[h]], s) for h in range(qq.shape[0])])
+    return out[0] if np.ndim(q) == 1 else out

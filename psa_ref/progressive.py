@@ -1,0 +1,176 @@
+"""Stage 3: progressive sparse attention (PSA, arXiv 2503.00392, Algorithm 1).
+
+The loop walks the blocks in criticality order, ``step`` blocks per iteration, attends to
+each chunk exactly, and stops at the first chunk boundary where the stop rule estimates
+that the attended mass ``AS_acc`` is at least ``threshold`` of the total. The rules
+differ only in how they bound the mass of the blocks not yet seen:
+
+==============  ==============================================  ===========================
+``stop``        estimated attended fraction                     unseen mass assumed to be
+==============  ==============================================  ===========================
+``remaining``   ``AS_acc / (AS_acc + N_left * AS_min)``         ``N_left`` blocks, each no
+                                                                heavier than the lightest
+                                                                block seen
+``seed``        ``AS_acc / (AS_acc + AS_min)``                  one lightest block (the
+                                                                formula as printed in the
+                                                                paper's listing)
+``certified``   ``AS_acc / (AS_acc + sum_unseen n_j e^(ub_j-M))``  at most its min/max bound:
+                                                                a guarantee, not a guess
+==============  ==============================================  ===========================
+
+``threshold = 1`` attends every block whatever the rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from . import _validate
+from ._problem import assemble, prepare
+from .blocks import KVBlocks
+from .scoring import processing_order, upper_bound
+from .result import AttentionResult
+
+STOP_RULES = ("remaining", "seed", "certified")
+
+
+def estimated_fraction(stop: str, as_acc, as_min, n_left: int, unseen_bound) -> np.ndarray:
+    """The stop rule's estimate of the attended share of the total mass, per query head.
+
+    All masses are relative to the same running maximum, so their ratios are exact.
+    ``unseen_bound`` (used by ``certified`` only) is ``sum_{j unseen} n_j exp(ub_j - M)``.
+    """
+    if stop == "remaining":
+        rest = n_left * as_min
+    elif stop == "seed":
+        rest = as_min
+    else:  # "certified"
+        rest = unseen_bound
+    return as_acc / (as_acc + rest)
+
+
+def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold: float, stop: str, scale: float):
+    """Algorithm 1 for the query heads of one group, which share one block order.
+
+    Args:
+        q: ``[G, D]`` float64, the group's query heads.
+        keys: ``[T, D]`` float64, the group's KV head.
+        values: ``[T, D]`` float64.
+        blocks: the :class:`KVBlocks` (for block spans and lengths).
+        chunks: the processing order split into iterations (lists of block indices).
+        bound: ``[G, N]`` min/max bound on each block's logits (``stop="certified"``).
+
+    Returns:
+        ``(output [G, D], blocks_used [n], iterations, stop_reason, fraction [G])``.
+    """
+    # Log-sum-exp bookkeeping. Every mass is kept relative to a running maximum logit M
+    # (one per query head): a block's mass is sum_t exp(l_t - M). When a chunk raises M
+    # to m_new, every stored mass is multiplied by alpha = exp(M - m_new) <= 1. Nothing
+    # overflows, and the ratios that the stop rules test do not depend on M.
+    n_heads = q.shape[0]
+    lengths = blocks.block_lengths
+    m = np.full(n_heads, -np.inf)  # running maximum logit, M
+    as_acc = np.zeros(n_heads)  # attended mass, AS_acc
+    as_min = np.full(n_heads, np.inf)  # mass of the lightest block attended, AS_min
+    out = np.zeros((n_heads, values.shape[1]))  # attention output over the blocks attended
+    seen = np.zeros(blocks.num_blocks, dtype=bool)
+
+    for it, chunk in enumerate(chunks, start=1):
+        # Attend to the chunk exactly: its logits, its new maximum, its per-block masses.
+        logits = [scale * keys[blocks.block_slice(j)] @ q.T for j in chunk]  # each [n_j, G]
+        m_new = np.maximum(m, np.max([lg.max(axis=0) for lg in logits], axis=0))
+        alpha = np.exp(m - m_new)  # 0 in the first iteration, when M = -inf
+        weights = [np.exp(lg - m_new) for lg in logits]
+        block_mass = np.stack([w.sum(axis=0) for w in weights], axis=1)  # [G, len(chunk)]
+        chunk_mass = block_mass.sum(axis=1)
+        # The chunk's output times its mass, sum_t exp(l_t - m_new) v_t. It is kept
+        # unnormalised: a chunk far below the running maximum may have mass 0.
+        chunk_weighted = sum(w.T @ values[blocks.block_slice(j)] for w, j in zip(weights, chunk))
+
+        # Flash-decoding merge: the two normalised outputs, each weighted by its mass.
+        old_mass = as_acc * alpha
+        as_acc = old_mass + chunk_mass  # > 0: the first chunk holds a logit equal to M
+        out = (out * old_mass[:, None] + chunk_weighted) / as_acc[:, None]
+        as_min = block_mass.min(axis=1) if it == 1 else np.minimum(as_min * alpha, block_mass.min(axis=1))
+        m = m_new
+        seen[chunk] = True
+        n_left = int((~seen).sum())
+
+        # Verifier: estimate the attended fraction and stop at the first boundary where
+        # it reaches the threshold for every head of the group.
+        unseen_bound = None
+        if stop == "certified":
+            with np.errstate(over="ignore"):  # a bound far above M makes the fraction 0, correctly
+                unseen_bound = (lengths[~seen] * np.exp(bound[:, ~seen] - m[:, None])).sum(axis=1)
+        fraction = estimated_fraction(stop, as_acc, as_min, n_left, unseen_bound)
+        used = np.concatenate(chunks[:it]).astype(np.int64)
+        if n_left == 0:
+            return out, used, it, "exhausted", fraction
+        if threshold < 1.0 and np.all(fraction >= threshold):
+            return out, used, it, "threshold", fraction
+    raise AssertionError("the chunks must cover every block")
+
+
+def split_chunks(order: np.ndarray, num_forced: int, step: int) -> list[np.ndarray]:
+    """Iterations of the loop: the forced (sink/recent) blocks together first, then ``step`` at a time."""
+    head = [order[:num_forced]] if num_forced else []
+    rest = order[num_forced:]
+    return head + [rest[i : i + step] for i in range(0, rest.size, step)]
+
+
+def attention(
+    q: ArrayLike,
+    blocks: KVBlocks,
+    threshold: float = 0.95,
+    *,
+    scale: float | None = None,
+    stop: str = "remaining",
+    step: int = 1,
+    gqa: str = "shared",
+    sink_blocks: int = 0,
+    recent_blocks: int = 0,
+    exact_mass: bool = False,
+) -> AttentionResult:
+    """Progressive sparse attention of a decode query (Algorithm 1).
+
+    Args:
+        q: ``[D]`` for single-head ``blocks``, or ``[Hq, D]`` with ``Hq % Hkv == 0``;
+            float16/32/64 (computed in float64).
+        blocks: the KV cache, from :meth:`KVBlocks.from_dense`.
+        threshold: ``tau`` in (0, 1]: stop once the attended mass is estimated to be at
+            least this share of the total. 1 attends every block.
+        scale: logit scale, default ``1/sqrt(D)``.
+        stop: ``"remaining"`` (default), ``"seed"`` or ``"certified"``; see the module doc.
+        step: blocks attended per iteration (the stop rule is tested between iterations).
+        gqa: ``"shared"`` (one order per KV head from the largest estimate over its query
+            heads; stop when every head of the group may) or ``"per_head"``.
+        sink_blocks: the first blocks, attended (with ``recent_blocks``) in a first
+            iteration of their own, before any ranked block.
+        recent_blocks: the last blocks, attended likewise.
+        exact_mass: also compute the true attended mass fraction (``mass_exact``).
+
+    Returns:
+        :class:`AttentionResult`; ``output`` is softmax attention over exactly the blocks
+        in ``blocks_used``.
+    """
+    threshold = _validate.threshold(threshold)
+    stop = _validate.choice(stop, "stop", STOP_RULES)
+    step = _validate.integer(step, "step", minimum=1)
+    p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks)
+    bound = upper_bound(p.q, blocks, p.scale)
+
+    out = np.empty_like(p.q)
+    fraction = np.empty(p.q.shape[0])
+    used, iterations, reasons = [], [], []
+    for grp in p.groups:
+        order = processing_order(p.scores[grp.q_heads].max(axis=0), p.forced)
+        o, u, it, why, frac = progressive_loop(
+            p.q[grp.q_heads], blocks.keys[grp.kv_head], blocks.values[grp.kv_head], blocks,
+            split_chunks(order, p.forced.size, step), bound[grp.q_heads], threshold, stop, p.scale,
+        )
+        out[grp.q_heads], fraction[grp.q_heads] = o, frac
+        used.append(u)
+        iterations.append(it)
+        reasons.append(why)
+    return assemble(p, out, used, iterations, reasons, fraction, exact_mass)

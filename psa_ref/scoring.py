@@ -1,0 +1,72 @@
+"""Stage 2 (scoring): criticality estimates from block metadata, and the processing order.
+
+Query head ``h`` reads KV head ``h // G`` with ``G = Hq / Hkv`` (contiguous groups, as
+``repeat_interleave`` on the KV heads gives). Every estimate includes the logit scale,
+so it is comparable with the logits ``l_t = scale * q . k_t``:
+
+* ``cuboid_mean``: ``scale * (q . c + |q| . r)``
+* ``minmax``:      ``scale * sum_i max(q_i hi_i, q_i lo_i)`` -- an upper bound on every
+  ``l_t`` of the block
+* ``mean``:        ``scale * q . mean``
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .blocks import KVBlocks
+
+
+def kv_head_of(num_q_heads: int, num_kv_heads: int) -> np.ndarray:
+    """``[Hq]`` int: the KV head that each query head attends to."""
+    return np.arange(num_q_heads) // (num_q_heads // num_kv_heads)
+
+
+def upper_bound(q: np.ndarray, blocks: KVBlocks, scale: float) -> np.ndarray:
+    """Min/max bound on the logits of every block: ``[Hq, N]`` float64.
+
+    ``q`` is ``[Hq, D]`` float64. For every token ``t`` of block ``j``,
+    ``scale * q_h . k_t <= bound[h, j]`` (each channel's product is at most the larger
+    of its two products with the channel's extremes).
+    """
+    kv = kv_head_of(q.shape[0], blocks.num_heads)
+    lo, hi = blocks.meta["lo"][kv], blocks.meta["hi"][kv]  # [Hq, N, D]
+    return scale * np.maximum(q[:, None, :] * hi, q[:, None, :] * lo).sum(axis=-1)
+
+
+def estimate(q: np.ndarray, blocks: KVBlocks, scale: float) -> np.ndarray:
+    """Criticality estimate of every block for every query head: ``[Hq, N]`` float64.
+
+    ``q`` is ``[Hq, D]`` float64; the formula is the one of ``blocks.metadata``.
+    """
+    kv = kv_head_of(q.shape[0], blocks.num_heads)
+    if blocks.metadata == "minmax":
+        return upper_bound(q, blocks, scale)
+    if blocks.metadata == "cuboid_mean":
+        center, radius = blocks.meta["center"][kv], blocks.meta["radius"][kv]
+        return scale * (np.einsum("hd,hnd->hn", q, center) + np.einsum("hd,hnd->hn", np.abs(q), radius))
+    if blocks.metadata == "mean":
+        return scale * np.einsum("hd,hnd->hn", q, blocks.meta["mean"][kv])
+    raise AssertionError(f"unknown metadata {blocks.metadata!r}")  # KVBlocks validated it
+
+
+def rank(scores: np.ndarray) -> np.ndarray:
+    """Block indices by score, descending; ties broken by the lower block index.
+
+    ``scores`` is ``[N]``; returns ``[N]`` int64.
+    """
+    return np.argsort(-scores, kind="stable").astype(np.int64)
+
+
+def forced_blocks(num_blocks: int, sink_blocks: int, recent_blocks: int) -> np.ndarray:
+    """The blocks attended before any ranked one: the first ``sink_blocks``, then the
+    last ``recent_blocks`` (each once, in index order within each part)."""
+    sinks = list(range(min(sink_blocks, num_blocks)))
+    recent = [j for j in range(max(num_blocks - recent_blocks, 0), num_blocks) if j not in sinks]
+    return np.array(sinks + recent, dtype=np.int64)
+
+
+def processing_order(scores: np.ndarray, forced: np.ndarray) -> np.ndarray:
+    """The order of Algorithm 1: ``forced`` blocks first, then the rest by :func:`rank`."""
+    ranked = rank(scores)
+    return np.concatenate([forced, ranked[~np.isin(ranked, forced)]]).astype(np.int64)

@@ -1,0 +1,16 @@
+"""Shared pytest configuration: hypothesis profiles.
+
+The "ci" profile (the default) runs every property on at least 200 examples, as the
+project requires; "dev" is quicker for local iteration (HYPOTHESIS_PROFILE=dev).
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
