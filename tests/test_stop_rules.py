@@ -1,0 +1,163 @@
+"""The "ema" stop rule, its invariant, and the vectorised twin of Algorithm 1 (psa_ref.sweep).
+
+I1-I5 cover "ema" in test_progressive.py (it is in STOP_RULES, and the I5 oracle
+re-derives its moving average in the log domain); here: its numbers by hand, the guarantee
+it adds (it never stops before "remaining"), and psa_ref.sweep against the loop.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import psa_ref
+from psa_ref import sweep
+from psa_ref.progressive import EMA_WEIGHT, split_chunks, update_ema
+from psa_ref.strategies import problems, thresholds
+from psa_ref.testing import assert_close, brute_force_estimate, budget64, log_block_mass, oracle_fractions
+
+RATIO_SLACK = 1e-9  # as in test_progressive.py: ratios within this of tau may go either way
+
+
+def blocks_of(p):
+    return psa_ref.KVBlocks.from_dense(p.keys, p.values, block_size=p.block_size, metadata=p.metadata)
+
+
+def options(p, step):
+    return dict(step=step, gqa=p.gqa, sink_blocks=p.sink_blocks, recent_blocks=p.recent_blocks)
+
+
+# --- the worked example of the tutorial ---------------------------------------------------------
+# Order B1, B4, B2, B0, B3 with masses 12, 6, 4, 2, 1 (tests/test_progressive.py). With w = 1/8:
+#   after B1: AS_ema = 12                         acc 12, left 4: 12 / (12 + 48)      = .200
+#   after B4: AS_ema = 7/8 * 12 + 6/8 = 11.25     acc 18, left 3: 18 / (18 + 33.75)   = .348
+#   after B2: AS_ema = 7/8 * 11.25 + 4/8 = 10.34375  acc 22, left 2: 22 / (22 + 20.6875) = .515
+#   after B0: AS_ema = 7/8 * 10.34375 + 2/8 = 9.30078125  acc 24, left 1: 24 / 33.30078125 = .721
+EXP_LOGITS = [1, 1, 8, 4, 2, 2, 0.5, 0.5, 4, 2]
+
+
+def worked():
+    logits = np.log(np.array(EXP_LOGITS))
+    keys = np.stack([logits, np.zeros_like(logits)], axis=1)
+    return np.array([1.0, 0.0]), psa_ref.KVBlocks.from_dense(keys, np.arange(20.0).reshape(10, 2), block_size=2)
+
+
+@pytest.mark.parametrize("tau, blocks, estimate", [
+    (0.74, [1, 4, 2, 0, 3], 1.0),  # never holds before the last block: attends all five
+    (0.72, [1, 4, 2, 0], 24 / 33.30078125),
+    (0.5, [1, 4, 2], 22 / 42.6875),
+    (0.3, [1, 4], 18 / 51.75),
+])
+def test_ema_worked_example_by_hand(tau, blocks, estimate):
+    assert EMA_WEIGHT == 0.125  # the numbers above assume it
+    q, b = worked()
+    res = psa_ref.attention(q, b, tau, scale=1.0, stop="ema")
+    assert res.blocks_used.tolist() == blocks
+    assert res.mass_estimate == pytest.approx(estimate, rel=1e-12)
+    assert res.stop_reason == ("exhausted" if len(blocks) == 5 else "threshold")
+
+
+def test_ema_is_the_default_rule():
+    q, b = worked()
+    assert psa_ref.attention(q, b, 0.5, scale=1.0).blocks_used.tolist() == [1, 4, 2]
+    assert psa_ref.STOP_RULES[0] == "ema"
+
+
+def test_update_ema_folds_blocks_in_order():
+    masses = np.array([[12.0, 6.0, 4.0, 2.0]])  # [G=1, chunk=4]
+    assert update_ema(None, masses)[0] == pytest.approx(9.30078125, rel=1e-15)
+    # one chunk of four = four chunks of one
+    e = None
+    for j in range(4):
+        e = update_ema(e, masses[:, j : j + 1])
+    assert e[0] == pytest.approx(9.30078125, rel=1e-15)
+
+
+# --- the invariant "ema" adds -------------------------------------------------------------------
+
+
+@given(problems(), thresholds, st.integers(1, 4))
+def test_ema_never_stops_before_remaining(p, tau, step):
+    """AS_ema is a convex combination of the masses seen, so AS_ema >= AS_min: at every
+    boundary its estimate is at most remaining's, so it attends every block remaining does."""
+    b = blocks_of(p)
+    ema = psa_ref.attention(p.q, b, tau, stop="ema", **options(p, step))
+    rem = psa_ref.attention(p.q, b, tau, stop="remaining", **options(p, step))
+    for ue, ur in zip(ema.blocks_used, rem.blocks_used):
+        if ue.size < ur.size:  # allowed only by rounding, where both ratios sit on the threshold
+            assert ur[: ue.size].tolist() == ue.tolist()
+            assert np.min(np.atleast_1d(ema.mass_estimate)) <= tau + RATIO_SLACK, "ema stopped before remaining"
+        else:
+            assert ue[: ur.size].tolist() == ur.tolist(), "remaining's blocks are not a prefix of ema's"
+
+
+@given(problems(), st.integers(1, 4))
+def test_ema_estimate_is_between_remaining_and_seed_bounds(p, step):
+    """Per boundary and head: N_left * AS_min <= N_left * AS_ema <= N_left * max seen mass,
+    checked on the oracle's log-domain fractions."""
+    scale = 1 / np.sqrt(p.q.shape[1])
+    order = psa_ref.rank(brute_force_estimate(p.q[0], p.keys[0], p.block_size, scale, p.metadata))
+    chunks = split_chunks(order, 0, step)
+    lm = log_block_mass(p.q[0], p.keys[0], p.block_size, scale)
+    f_ema = oracle_fractions("ema", lm, chunks)
+    f_rem = oracle_fractions("remaining", lm, chunks)
+    assert np.all(f_ema <= f_rem + 1e-12)
+    seen = np.zeros(lm.size, bool)
+    for i, c in enumerate(chunks):
+        seen[c] = True
+        n_left = (~seen).sum()
+        acc = np.exp(lm[seen] - lm.max()).sum()
+        heaviest = acc / (acc + n_left * np.exp(lm[seen].max() - lm.max()))
+        assert f_ema[i] >= heaviest - 1e-12
+
+
+# --- psa_ref.sweep: the same result from all logits at once -------------------------------------
+
+
+@given(problems(dtypes=("float32", "float64")), thresholds, st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
+def test_sweep_equals_the_loop(p, tau, stop, step):
+    b = blocks_of(p)
+    ref = psa_ref.attention(p.q, b, tau, stop=stop, exact_mass=True, **options(p, step))
+    vec = sweep.attention(p.q, b, tau, stop=stop, exact_mass=True, **options(p, step))
+    for gi, (ur, uv) in enumerate(zip(ref.blocks_used, vec.blocks_used)):
+        if ur.tolist() != uv.tolist():  # only where a ratio sits on the threshold
+            assert np.any(np.abs(np.atleast_1d(ref.mass_estimate) - tau) <= RATIO_SLACK) or np.any(
+                np.abs(np.atleast_1d(vec.mass_estimate) - tau) <= RATIO_SLACK), f"group {gi}: {ur} != {uv}"
+            return
+    assert list(ref.stop_reason) == list(vec.stop_reason)
+    assert np.array_equal(ref.iterations, vec.iterations)
+    assert_close("sweep output", vec.output, ref.output, rtol=budget64(p.keys.shape[1] * p.q.shape[1]))
+    assert_close("sweep mass_estimate", vec.mass_estimate, ref.mass_estimate, rtol=1e-9, atol=1e-12)
+    assert_close("sweep mass_exact", vec.mass_exact, ref.mass_exact, rtol=1e-12, atol=1e-15)
+
+
+def test_sweep_single_head_and_threshold_one():
+    rng = np.random.default_rng(7)
+    k, v = rng.standard_normal((2, 45, 5))
+    q = rng.standard_normal(5)
+    b = psa_ref.KVBlocks.from_dense(k, v, block_size=4)
+    res = sweep.attention(q, b, 1.0)
+    assert isinstance(res.blocks_used, np.ndarray) and res.stop_reason == "exhausted"
+    assert_close("sweep tau=1", res.output, psa_ref.dense_attention(q, k, v), rtol=budget64(45 * 5))
+
+
+@pytest.mark.parametrize("n", [1, 2, 255, 256, 257, 700])
+def test_ema_prefix_matches_the_recurrence(n):
+    """The closed form per segment of 256 blocks equals update_ema block by block."""
+    rng = np.random.default_rng(n)
+    mass = np.exp(rng.normal(scale=5.0, size=(n, 3)))  # masses over many orders of magnitude
+    e, expect = None, []
+    for row in mass:
+        e = update_ema(e, row[:, None])
+        expect.append(e)
+    assert_close("ema prefix", sweep.ema_prefix(mass), np.array(expect), rtol=64 * n * np.finfo(float).eps)
+
+
+def test_sweep_rejects_bad_options():
+    q, b = worked()
+    with pytest.raises(ValueError, match="stop must be one of"):
+        sweep.attention(q, b, stop="oracle")
+    with pytest.raises(ValueError, match=r"threshold must lie in \(0, 1\]"):
+        sweep.attention(q, b, 0.0)
+    with pytest.raises(TypeError, match="step must be an integer"):
+        sweep.attention(q, b, step=1.5)
