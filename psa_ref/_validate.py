@@ -76,6 +76,17 @@ def choice(x, name: str, options: tuple[str, ...]) -> str:
     return x
 
 
+def kv_shapes(keys_shape: tuple, values_shape: tuple) -> None:
+    """Check that keys are ``[T, D]`` or ``[Hkv, T, D]``, non-empty, and values have their shape."""
+    if len(keys_shape) not in (2, 3):
+        raise ValueError(f"keys must have shape [T, D] or [Hkv, T, D], got {len(keys_shape)} dimensions "
+                         f"{tuple(keys_shape)}")
+    if tuple(values_shape) != tuple(keys_shape):
+        raise ValueError(f"values must have the same shape as keys {tuple(keys_shape)}, got {tuple(values_shape)}")
+    if 0 in keys_shape:
+        raise ValueError(f"keys must be non-empty in every dimension, got shape {tuple(keys_shape)}")
+
+
 def query(q, head_dim: int, num_kv_heads: int, single_head: bool) -> np.ndarray:
     """Check a query against the KV layout and return it as float64 ``[Hq, D]``.
 

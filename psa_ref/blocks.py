@@ -91,16 +91,11 @@ class KVBlocks:
         metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
         k = _validate.float_array(keys, "keys")
         v = _validate.float_array(values, "values")
-        if k.ndim not in (2, 3):
-            raise ValueError(f"keys must have shape [T, D] or [Hkv, T, D], got {k.ndim} dimensions {k.shape}")
-        if v.shape != k.shape:
-            raise ValueError(f"values must have the same shape as keys {k.shape}, got {v.shape}")
+        _validate.kv_shapes(k.shape, v.shape)
         single_head = k.ndim == 2
         if single_head:
             k, v = k[None], v[None]
         hkv, t, d = k.shape
-        if hkv == 0 or t == 0 or d == 0:
-            raise ValueError(f"keys must be non-empty in every dimension, got shape {keys.shape}")
 
         n = -(-t // block_size)
         per_block = [

@@ -41,12 +41,7 @@ def dense_attention(q: ArrayLike, keys: ArrayLike, values: ArrayLike, *, scale: 
     """
     k = _validate.float_array(keys, "keys")
     v = _validate.float_array(values, "values")
-    if k.ndim not in (2, 3):
-        raise ValueError(f"keys must have shape [T, D] or [Hkv, T, D], got {k.ndim} dimensions {k.shape}")
-    if v.shape != k.shape:
-        raise ValueError(f"values must have the same shape as keys {k.shape}, got {v.shape}")
-    if 0 in k.shape:
-        raise ValueError(f"keys must be non-empty in every dimension, got shape {k.shape}")
+    _validate.kv_shapes(k.shape, v.shape)
     single = k.ndim == 2
     if single:
         k, v = k[None], v[None]

@@ -8,6 +8,13 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+from psa_fast._compat import gpu_available
+
+# Without a GPU, Numba kernels run in its CUDA simulator; the variable must be set before the
+# first `numba.cuda` import, which is why it lives here.
+if not gpu_available():
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
 settings.register_profile(
     "ci", max_examples=200, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

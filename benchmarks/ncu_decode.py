@@ -1,0 +1,24 @@
+"""Run the PSA decode kernel at 128K tokens, B = 8 (for ncu): psa mode, then top-k at the same budget."""
+
+
+def main() -> None:
+    import cupy
+
+    import psa_fast
+    from psa_fast.synthetic import fill_skewed, trace_block_offsets
+
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=8, num_kv_heads=8, head_dim=128, max_tokens=131072)
+    q = fill_skewed(cache, 0, 32, trace_block_offsets(), seed=0)
+    p = psa_fast.plan(cache, num_q_heads=32, threshold=0.95, step=128)
+    for _ in range(3):
+        p.run(q)
+    k = int(cupy.asnumpy(p.num_used).mean())
+    t = psa_fast.plan(cache, num_q_heads=32, mode="topk", k=k)
+    for _ in range(3):
+        t.run(q)
+    cupy.cuda.Device().synchronize()
+    print("blocks", k, "iterations", float(cupy.asnumpy(p.iterations).mean()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Where psa_fast meets its environment: GPU detection, array interchange, version shims.
+
+Everything that depends on which packages are installed lives here, so the rest of
+``psa_fast`` can assume CuPy and a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+def patch_numpy_for_numba() -> None:
+    """numba-cuda 0.30 calls ``np.row_stack``, which NumPy 2.5 removed; alias it to ``np.vstack``.
+
+    Called once before the first Numba kernel is compiled (see ``psa_fast.metadata``).
+    """
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_available() -> bool:
+    """True when CuPy is installed and sees a CUDA device. ``import cupy`` alone succeeds on CPU-only
+    machines, so this asks the runtime."""
+    try:
+        import cupy
+
+        return bool(cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+def require_gpu() -> None:
+    """Raise a clear error where there is no GPU."""
+    if not gpu_available():
+        raise RuntimeError(
+            "psa_fast needs an NVIDIA GPU and CuPy (pip install 'psa[gpu]'); none is available here "
+            "(cupy.cuda.is_available() is False). psa_ref computes the same results on the CPU."
+        )
+
+
+def array_kind(x) -> str:
+    """``"cupy"``, ``"torch"`` or a description of what ``x`` is."""
+    mod = type(x).__module__
+    if mod.startswith("cupy"):
+        return "cupy"
+    if mod.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter"):
+        return "torch"
+    return f"{mod}.{type(x).__name__}"
+
+
+def as_cupy(x, name: str, *, dtypes: tuple[str, ...]):
+    """View a CuPy array or CUDA torch tensor as a CuPy array (DLPack, no copy).
+
+    Raises ``TypeError`` for host arrays, other array types and dtypes outside ``dtypes``;
+    ``ValueError`` for non-contiguous arrays or arrays on another device.
+    """
+    import cupy
+
+    kind = array_kind(x)
+    if kind == "torch":
+        if not x.is_cuda:
+            raise TypeError(f"{name} must be on the GPU, got a torch tensor on {x.device}")
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (call .contiguous()); got strides {tuple(x.stride())}")
+        if str(x.dtype).replace("torch.", "") not in dtypes:
+            raise TypeError(f"{name} must have dtype {' or '.join(dtypes)}, got {x.dtype}")
+        a = cupy.from_dlpack(x)
+    elif kind == "cupy":
+        a = x
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous (cupy.ascontiguousarray); got strides {a.strides}")
+        if str(a.dtype) not in dtypes:
+            raise TypeError(f"{name} must have dtype {' or '.join(dtypes)}, got {a.dtype}")
+    elif isinstance(x, np.ndarray):
+        raise TypeError(f"{name} is a NumPy array on the host; psa_fast takes CuPy arrays or CUDA torch tensors "
+                        "(use psa_ref for host arrays, or cupy.asarray to move it)")
+    else:
+        raise TypeError(f"{name} must be a CuPy array or a CUDA torch tensor, got {kind}")
+    if a.device.id != cupy.cuda.Device().id:
+        raise ValueError(f"{name} is on GPU {a.device.id} but the current device is GPU {cupy.cuda.Device().id}")
+    return a
+
+
+def like(a, kind: str):
+    """Return CuPy array ``a`` as the kind of array the caller passed (torch via DLPack, no copy)."""
+    if kind == "torch":
+        import torch
+
+        return torch.from_dlpack(a)
+    return a

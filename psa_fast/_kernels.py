@@ -1,0 +1,196 @@
+"""Compile and launch the CUDA C kernels of ``psa_fast/kernels`` through CuPy (NVRTC, sm_90 cubin).
+
+Each kernel is compiled once per shape configuration (padded head dim, block size, heads per
+group, cluster size, warps) and cached by CuPy on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+import numpy as np
+
+STOP_CODES = {"remaining": 0, "seed": 1, "certified": 2, "none": 3, "budget": 4, "ema": 5}
+STOP_RULES = ("ema", "remaining", "seed", "certified")  # the reference's rules the GPU verifier implements
+REASONS = ("threshold", "exhausted", "budget")
+KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}
+ESTIMATE_WARPS = 8
+ORDER_THREADS = 1024
+MAX_SMEM_SORT = 16384  # largest padded block count sorted in shared memory (128 KiB of keys)
+
+
+def _source(name: str) -> str:
+    """Kernel source with its local headers (``#include "x.cuh"``) inlined, each once, for NVRTC."""
+    folder = resources.files("psa_fast") / "kernels"
+    seen: set[str] = set()
+
+    def expand(text: str) -> str:
+        out = []
+        for line in text.splitlines():
+            m = re.match(r'#include "(\w+\.cuh)"', line.strip())
+            if m:
+                if m.group(1) not in seen:
+                    seen.add(m.group(1))
+                    out.append(expand((folder / m.group(1)).read_text()))
+            elif line.strip() != "#pragma once":
+                out.append(line)
+        return "\n".join(out)
+
+    return expand((folder / name).read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(name: str, *, d: int, s: int, g: int, cluster: int = 1, warps: int = 8, **defines):
+    """The kernel ``psa_<name>`` of ``kernels/<name>.cu`` for one configuration (a ``cupy.RawKernel``,
+    compiled now, cached on disk by CuPy). ``defines`` become ``-DPSA_<NAME>=value``."""
+    import cupy
+
+    options = ["-std=c++17", f"-DPSA_D={d}", f"-DPSA_S={s}", f"-DPSA_G={g}", f"-DPSA_CLUSTER={cluster}",
+               f"-DPSA_WARPS={warps}"] + [f"-DPSA_{k.upper()}={int(v)}" for k, v in sorted(defines.items())]
+    fn = cupy.RawKernel(_source(f"{name}.cu"), f"psa_{name}", options=tuple(options))
+    fn.compile()
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms() -> int:
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def pick_cluster(num_groups: int) -> int:
+    """CTAs per selection group: enough that the grid covers every multiprocessor once
+    (1 for large batches, up to a cluster of 8 for one request)."""
+    c = 1
+    while c < 8 and num_groups * c * 2 <= num_sms():
+        c *= 2
+    return c
+
+
+def allow_cluster(fn, cluster: int) -> None:
+    """Clusters above 8 CTAs are 'non-portable' on Hopper and must be enabled per kernel."""
+    if cluster > 8:
+        from cupy.cuda import driver
+
+        driver.funcSetAttribute(fn.kernel.ptr, 14, 1)  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+
+
+def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax, kind, want_bounds) -> None:
+    """Launch ``psa_estimate``: ``scores [B, Hq/g, Nmax]`` and, if asked, ``bounds [B, Hq, Nmax]``.
+
+    Each warp scores up to 32 consecutive blocks (fewer when that would leave SMs idle)."""
+    b = q.shape[0]
+    per_warp = 32
+    while per_warp > 4 and b * (hq // g) * -(-nmax // (ESTIMATE_WARPS * per_warp)) < 2 * num_sms():
+        per_warp //= 2
+    fn = kernel("estimate", d=d, s=s, g=g, warps=ESTIMATE_WARPS, kind=KIND_CODES[kind], bounds=want_bounds,
+                est_warp_blocks=per_warp)
+    per_cta = ESTIMATE_WARPS * per_warp
+    fn(((nmax + per_cta - 1) // per_cta, hq // g, b), (ESTIMATE_WARPS * 32,),
+       (q, meta, lohi, seq_lens, scores, bounds if want_bounds else scores, np.int32(hq), np.int32(hkv),
+        np.int32(nmax)))
+
+
+SLICE = 1024  # keys per CTA in the two-kernel sort
+
+
+def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
+          want_suffix, workspace=None) -> None:
+    """The processing order ``[B, Gn, Nmax]`` (and certified suffix sums).
+
+    One CTA per group sorts and writes the order (``psa_order``) when a group has up to ``SLICE``
+    blocks, for ``certified``, and when there are enough groups to fill the GPU. Otherwise a group is
+    split: ``psa_order_slice`` sorts slices of ``SLICE`` blocks on many CTAs into ``workspace``
+    (``[B, Gn, P * SLICE]`` uint64) and ``psa_order_merge`` places every key at its rank (its binary
+    searches cost more than they save once the groups alone fill the GPU: 252 vs 167 µs at B = 32)."""
+    b, gn, _ = scores.shape
+    npad = 1 << max(1, int(nmax - 1).bit_length())
+    if npad > MAX_SMEM_SORT:
+        raise NotImplementedError(f"ordering more than {MAX_SMEM_SORT} blocks per head is not implemented yet "
+                                  f"(got {nmax}); use a larger block_size")
+    if npad > SLICE and not want_suffix and workspace is not None and b * gn < num_sms():
+        p = npad // SLICE
+        fn = kernel("order_slice", d=16, s=s, g=g, npad=SLICE)
+        fn((p, gn, b), (SLICE,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
+                                  np.int32(recent_blocks)), shared_mem=SLICE * 8)
+        merge = kernel("order_merge", d=16, s=s, g=g)
+        merge((-(-max(npad, nmax) // 256), gn, b), (256,), (workspace, seq_lens, out_order, np.int32(nmax),
+                                                           np.int32(p), np.int32(SLICE)))
+        return
+    sn = max(npad, 32)
+    threads = min(ORDER_THREADS, sn)
+    fn = kernel("order", d=16, s=s, g=g, npad=npad)
+    smem = max(sn * 8, 2 * threads * 4)
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    fn((gn, b), (threads,), (scores, seq_lens, out_order, bounds if want_suffix else scores,
+                             log_suffix if want_suffix else scores, np.int32(hq), np.int32(nmax), np.int32(npad),
+                             np.int32(sink_blocks), np.int32(recent_blocks), np.int32(want_suffix)), shared_mem=smem)
+
+
+def order_workspace_shape(batch: int, groups: int, nmax: int) -> tuple[int, int, int] | None:
+    """Shape of the uint64 workspace the two-kernel sort needs, or None when one CTA per group sorts."""
+    npad = 1 << max(1, int(nmax - 1).bit_length())
+    return (batch, groups, npad) if npad > SLICE else None
+
+
+DECODE_STAGES = 3  # cp.async ring depth per warp (decode v2, v3)
+SMEM_LIMIT = 227 * 1024
+DECODE_VERSION = 3
+
+
+def decode_config(*, d: int, s: int, g: int, version: int, warps: int = 8,
+                  stages: int | None = None) -> tuple[int, int, int, int]:
+    """``(version, warps, stages, dynamic shared memory)`` that fit the GPU for this shape.
+
+    Version 3 (tensor cores) takes at most 8 query heads per group; larger groups use version 2."""
+    if version == 3 and g > 8:
+        version = 2
+    if version == 1:
+        return 1, warps, 0, 0
+    sp = -(-s // 16) * 16 if version == 3 else s
+    stages = stages or DECODE_STAGES
+    while True:
+        smem = max(warps * stages * 2 * sp * d * 2, warps * g * d * 4)
+        if smem <= SMEM_LIMIT or (stages == 2 and warps == 1):
+            break
+        if stages > 2:
+            stages -= 1
+        else:
+            warps //= 2
+    if smem > SMEM_LIMIT:
+        raise NotImplementedError(f"decode needs {smem} bytes of shared memory at S={s}, D={d}")
+    return version, warps, stages, smem
+
+
+def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
+           mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
+           version=DECODE_VERSION, stages=None) -> None:
+    """Launch the decode kernel (``version`` 3; 1 and 2 are the earlier kernels, kept for comparison)
+    over ``[B, Hq/g]`` groups, ``cluster`` CTAs each."""
+    b = q.shape[0]
+    null = np.uint64(0)
+    args = (q, k_pool, v_pool, block_table, seq_lens, null if order_arr is None else order_arr,
+            null if log_suffix is None else log_suffix, out, num_used, iterations, reason, mass_est,
+            np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(STOP_CODES[stop]), np.float32(threshold),
+            np.int32(step), np.int32(forced))
+    grid = (cluster, hq // g, b)
+    version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
+    if version < 3 and stop == "ema":
+        raise NotImplementedError("stop='ema' needs decode version 3")
+    if version == 1:
+        kernel("decode_v1", d=d, s=s, g=g, cluster=cluster, warps=warps)(grid, (warps * 32,), args)
+        return
+    if version == 3:
+        from psa_ref.progressive import EMA_WEIGHT
+
+        args = args + (np.float32(EMA_WEIGHT),)
+    fn = kernel("decode" if version == 3 else "decode_v2", d=d, s=s, g=g, cluster=cluster, warps=warps,
+                stages=stages)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    allow_cluster(fn, cluster)
+    fn(grid, (warps * 32,), args, shared_mem=smem)

@@ -1,0 +1,379 @@
+"""The public API of psa_fast: the reference's functions on GPU arrays, and a batched decode plan.
+
+* :func:`attention`, :func:`topk_attention`, :func:`dense_attention` and :class:`KVBlocks` take the
+  same arguments and return the same :class:`psa_ref.AttentionResult` as their ``psa_ref`` twins,
+  with ``output`` on the GPU (a CuPy array or torch tensor, like ``q``). They check every input
+  (including NaN/Inf, which costs a device synchronisation) and copy the small diagnostics back.
+* :class:`DecodePlan` is the hot path: buffers and kernels chosen once for a
+  :class:`~psa_fast.cache.PagedKVCache`, then :meth:`DecodePlan.run` per decode step, with no host
+  synchronisation and fixed buffers, so a step can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from psa_ref import _validate
+from psa_ref.progressive import DEFAULT_STOP, STOP_RULES
+from psa_ref.result import AttentionResult
+
+from . import _kernels
+from ._compat import array_kind, as_cupy, like, require_gpu
+from .cache import PagedKVCache
+
+MODES = ("psa", "topk", "dense")
+GQA_MODES = ("shared", "per_head")
+
+
+@dataclass
+class DecodeOutput:
+    """Device results of one decode step (views of the plan's buffers: the next run overwrites them).
+
+    Attributes:
+        out: ``[B, Hq, D]`` float32 attention outputs.
+        order: ``[B, Gn, Nmax]`` int32 processing order per selection group (None for dense).
+        num_used: ``[B, Gn]`` int32: the first ``num_used`` entries of ``order`` were attended.
+        iterations: ``[B, Gn]`` int32 chunks processed.
+        reason: ``[B, Gn]`` int32 index into ``psa_fast.REASONS``.
+        mass_estimate: ``[B, Hq]`` float32: the stop rule's estimate of the attended mass fraction.
+    """
+
+    out: Any
+    order: Any
+    num_used: Any
+    iterations: Any
+    reason: Any
+    mass_estimate: Any
+
+
+class DecodePlan:
+    """One decode configuration over a :class:`PagedKVCache`: plan once, :meth:`run` every step.
+
+    Args:
+        cache: the KV cache.
+        num_q_heads: ``Hq``, a multiple of the cache's ``Hkv``.
+        mode: ``"psa"`` (Algorithm 1), ``"topk"`` or ``"dense"``.
+        threshold: ``tau`` in (0, 1] (psa).
+        stop: a rule of ``psa_ref.STOP_RULES`` (psa).
+        step: blocks per iteration (psa). On the GPU an iteration's blocks are spread over
+            ``cluster * warps`` warps, so a step below that leaves warps idle.
+        k: block budget (topk).
+        gqa: ``"shared"`` or ``"per_head"``.
+        sink_blocks: first blocks attended before the ranked ones (psa, topk).
+        recent_blocks: last blocks attended likewise.
+        scale: logit scale, default ``1/sqrt(D)``.
+        cluster: CTAs per selection group (default: enough to cover the GPU).
+        warps: warps per CTA.
+        version: decode kernel version: 3 (tensor cores); 1 and 2 are earlier kernels kept for comparison.
+        stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
+    """
+
+    def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
+                 stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
+                 recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None, warps: int = 8,
+                 version: int = 3, stages: int | None = None):
+        import cupy
+
+        if not isinstance(cache, PagedKVCache):
+            raise TypeError(f"cache must be a psa_fast.PagedKVCache, got {type(cache).__name__}")
+        self.cache = cache
+        self.mode = _validate.choice(mode, "mode", MODES)
+        self.threshold = _validate.threshold(threshold)
+        self.stop = _validate.choice(stop, "stop", STOP_RULES)
+        if self.stop not in _kernels.STOP_RULES:
+            raise NotImplementedError(f"stop={self.stop!r} is not implemented on the GPU yet; "
+                                      f"psa_fast has {', '.join(_kernels.STOP_RULES)}")
+        self.step = _validate.integer(step, "step", minimum=1)
+        self.k = _validate.integer(k, "k", minimum=1)
+        self.gqa = _validate.choice(gqa, "gqa", GQA_MODES)
+        self.sink_blocks = _validate.integer(sink_blocks, "sink_blocks", minimum=0)
+        self.recent_blocks = _validate.integer(recent_blocks, "recent_blocks", minimum=0)
+        self.hq = _validate.integer(num_q_heads, "num_q_heads", minimum=1)
+        if self.hq % cache.num_kv_heads:
+            raise ValueError(f"the number of query heads ({self.hq}) must be a multiple of the number of KV heads "
+                             f"({cache.num_kv_heads})")
+        if self.mode == "topk" and self.k < self.sink_blocks + self.recent_blocks:
+            raise ValueError(f"k ({self.k}) must be at least the number of sink and recent blocks "
+                             f"({self.sink_blocks + self.recent_blocks})")
+        self.scale = _validate.scale(scale, cache.head_dim)
+        self.g = self.hq // cache.num_kv_heads if self.gqa == "shared" else 1
+        if self.g * cache.dp > 2048:
+            raise NotImplementedError(f"{self.g} query heads per group at head dim {cache.dp} exceed the kernel's "
+                                      "shared-memory layout; use gqa='per_head'")
+        self.gn = self.hq // self.g
+        self.cluster = cluster or _kernels.pick_cluster(cache.batch * self.gn)
+        self.warps = _validate.integer(warps, "warps", minimum=1)
+        self.version = int(_validate.choice(str(version), "version", ("1", "2", "3")))
+        self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
+        b, nmax, dp = cache.batch, cache.nmax, cache.dp
+        f32, i32 = cupy.float32, cupy.int32
+        self.q = cupy.zeros((b, self.hq, dp), f32)
+        self.scores = cupy.empty((b, self.gn, nmax), f32)
+        self.order_buf = cupy.empty((b, self.gn, nmax), i32)
+        ws = _kernels.order_workspace_shape(b, self.gn, nmax)
+        self.sort_workspace = None if ws is None else cupy.empty(ws, cupy.uint64)
+        certified = self.mode == "psa" and self.stop == "certified"
+        self.bounds = cupy.empty((b, self.hq, nmax), f32) if certified else None
+        self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if certified else None
+        self.out = cupy.empty((b, self.hq, dp), f32)
+        self.num_used = cupy.empty((b, self.gn), i32)
+        self.iterations = cupy.empty((b, self.gn), i32)
+        self.reason = cupy.empty((b, self.gn), i32)
+        self.mass_estimate = cupy.empty((b, self.hq), f32)
+
+    def run(self, q, layer: int = 0) -> DecodeOutput:
+        """Attend ``q`` (``[B, Hq, D]`` float16/float32 on the GPU) to layer ``layer`` of the cache.
+
+        Launches the stages on the current stream (query scaling, then estimate and order unless
+        dense, then the decode kernel) and returns without synchronising. Shapes and dtypes are
+        checked; values are not (no NaN scan).
+        """
+        layer = self.load_query(q, layer)
+        if self.mode != "dense":
+            self.estimate(layer)
+            self.order(layer)
+        return self.attend(layer)
+
+    def load_query(self, q, layer: int) -> int:
+        """Stage 0: copy ``q`` into the plan's buffer, scaled and zero-padded. Returns the checked layer."""
+        c = self.cache
+        qa = as_cupy(q, "q", dtypes=("float16", "float32"))
+        if qa.shape != (c.batch, self.hq, c.head_dim):
+            raise ValueError(f"q must have shape [B, Hq, D] = {(c.batch, self.hq, c.head_dim)}, got {qa.shape}")
+        layer = PagedKVCache._index(layer, "layer", c.num_layers)
+        empty = np.flatnonzero(c.host_lens[layer] == 0)
+        if empty.size:
+            raise ValueError(f"requests {empty.tolist()} have no tokens in layer {layer}; prefill them first")
+        self.q[..., : c.head_dim] = qa
+        self.q *= self.scale
+        return layer
+
+    def _shape(self) -> dict:
+        c = self.cache
+        return dict(s=c.block_size, g=self.g, hq=self.hq, nmax=c.nmax)
+
+    def estimate(self, layer: int) -> None:
+        """Stage 1: every block's estimate (and min/max bounds for ``certified``)."""
+        c = self.cache
+        _kernels.estimate(self.q, c.meta[layer], c.lohi[layer], c.seq_lens[layer], self.scores, self.bounds, d=c.dp,
+                          hkv=c.num_kv_heads, kind=c.metadata, want_bounds=self.bounds is not None, **self._shape())
+
+    def order(self, layer: int) -> None:
+        """Stage 2: the processing order (and ``certified``'s suffix bounds)."""
+        _kernels.order(self.scores, self.cache.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
+                       sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
+                       want_suffix=self.bounds is not None, workspace=self.sort_workspace, **self._shape())
+
+    def attend(self, layer: int) -> DecodeOutput:
+        """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel."""
+        c = self.cache
+        if self.mode == "psa":
+            stop, thr, step, forced = (self.stop, self.threshold if self.threshold < 1 else 2.0, self.step,
+                                       self.sink_blocks + self.recent_blocks)
+        elif self.mode == "topk":
+            stop, thr, step, forced = "budget", 2.0, self.k, 0
+        else:
+            stop, thr, step, forced = "none", 2.0, c.nmax, 0
+        order = None if self.mode == "dense" else self.order_buf
+        _kernels.decode(self.q, c.k_pool, c.v_pool, c.block_table[layer], c.seq_lens[layer], order, self.log_suffix,
+                        self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
+                        hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
+                        warps=self.warps, version=self.version, stages=self.stages, **self._shape())
+        return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
+                            self.mass_estimate)
+
+
+def plan(cache: PagedKVCache, **options) -> DecodePlan:
+    """Shorthand for :class:`DecodePlan` ``(cache, **options)``."""
+    return DecodePlan(cache, **options)
+
+
+# --- the reference's API on GPU arrays -------------------------------------------------------------
+
+
+class KVBlocks:
+    """GPU twin of :class:`psa_ref.KVBlocks`: one request's KV cache in a :class:`PagedKVCache`."""
+
+    def __init__(self, cache: PagedKVCache, single_head: bool):
+        self.cache = cache
+        self.single_head = single_head
+
+    @classmethod
+    def from_dense(cls, keys: Any, values: Any, *, block_size: int = 16, metadata: str = "cuboid_mean") -> "KVBlocks":
+        """Split dense keys and values into blocks on the GPU and compute their metadata.
+
+        Args:
+            keys: ``[T, D]`` or ``[Hkv, T, D]`` float16, a CuPy array or CUDA torch tensor.
+            values: the same shape.
+            block_size: ``S >= 1``.
+            metadata: ``"cuboid_mean"``, ``"minmax"`` or ``"mean"``.
+        """
+        require_gpu()
+        import cupy
+
+        block_size = _validate.integer(block_size, "block_size", minimum=1)
+        metadata = _validate.choice(metadata, "metadata", ("cuboid_mean", "minmax", "mean"))
+        k = as_cupy(keys, "keys", dtypes=("float16",))
+        v = as_cupy(values, "values", dtypes=("float16",))
+        _validate.kv_shapes(k.shape, v.shape)
+        for name, a in (("keys", k), ("values", v)):
+            bad = int(a.size - cupy.count_nonzero(cupy.isfinite(a)))
+            if bad:
+                raise ValueError(f"{name} contains {bad} NaN or Inf value(s); every element must be finite")
+        single = k.ndim == 2
+        if single:
+            k, v = k[None], v[None]
+        cache = PagedKVCache(num_layers=1, batch=1, num_kv_heads=k.shape[0], head_dim=k.shape[2],
+                             max_tokens=k.shape[1], block_size=block_size, metadata=metadata)
+        cache.prefill(0, 0, cupy.ascontiguousarray(k), cupy.ascontiguousarray(v))
+        return cls(cache, single)
+
+    @property
+    def num_heads(self) -> int:
+        return self.cache.num_kv_heads
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.cache.host_lens[0, 0])
+
+    @property
+    def head_dim(self) -> int:
+        return self.cache.head_dim
+
+    @property
+    def block_size(self) -> int:
+        return self.cache.block_size
+
+    @property
+    def metadata(self) -> str:
+        return self.cache.metadata
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.num_tokens // self.block_size)
+
+
+def _query(q, blocks: KVBlocks):
+    """Check ``q`` against ``blocks``; return ``([1, Hq, D] cupy, single, kind)``."""
+    import cupy
+
+    if not isinstance(blocks, KVBlocks):
+        raise TypeError(f"blocks must be a psa_fast.KVBlocks (see KVBlocks.from_dense), got {type(blocks).__name__}")
+    kind = array_kind(q)
+    qa = as_cupy(q, "q", dtypes=("float16", "float32", "float64"))
+    if qa.ndim == 1:
+        if not blocks.single_head:
+            raise ValueError(f"q has shape {qa.shape} (one head) but the KV blocks have {blocks.num_heads} heads; "
+                             "pass q as [Hq, D] for several heads")
+        q2 = qa[None]
+    elif qa.ndim == 2:
+        q2 = qa
+    else:
+        raise ValueError(f"q must have shape [D] or [Hq, D], got {qa.ndim} dimensions {qa.shape}")
+    if q2.shape[1] != blocks.head_dim:
+        raise ValueError(f"q has head dimension {q2.shape[1]} but keys have {blocks.head_dim}")
+    if q2.shape[0] == 0 or q2.shape[0] % blocks.num_heads:
+        raise ValueError(f"the number of query heads ({q2.shape[0]}) must be a multiple of the number of KV heads "
+                         f"({blocks.num_heads})")
+    bad = int(q2.size - cupy.count_nonzero(cupy.isfinite(q2)))
+    if bad:
+        raise ValueError(f"q contains {bad} NaN or Inf value(s); every element must be finite")
+    return q2.astype(cupy.float32)[None], qa.ndim == 1, kind
+
+
+def _forced(blocks: KVBlocks, sink_blocks, recent_blocks) -> tuple[int, int]:
+    """Sink and recent counts that do not overlap on this cache (the reference attends their union)."""
+    sink_blocks = _validate.integer(sink_blocks, "sink_blocks", minimum=0)
+    recent_blocks = _validate.integer(recent_blocks, "recent_blocks", minimum=0)
+    n = blocks.num_blocks
+    sink = min(sink_blocks, n)
+    return sink, min(recent_blocks, n - sink)
+
+
+def _exact_mass(q3, blocks: KVBlocks, scale: float, used_per_head: list[np.ndarray]) -> np.ndarray:
+    """``[Hq]`` true attended mass fractions, from all logits (float64 on the GPU)."""
+    import cupy
+
+    c = blocks.cache
+    t = blocks.num_tokens
+    keys = c._dense_view(c.k_pool, 0, 0)[:, :t, : c.head_dim].astype(cupy.float64)
+    hq = q3.shape[1]
+    kv = np.arange(hq) // (hq // c.num_kv_heads)
+    token_block = cupy.arange(t) // c.block_size
+    out = np.empty(hq)
+    for h in range(hq):
+        logits = scale * (keys[kv[h]] @ q3[0, h].astype(cupy.float64))
+        w = cupy.exp(logits - logits.max())
+        mask = cupy.isin(token_block, cupy.asarray(used_per_head[h]))
+        out[h] = float((w * mask).sum() / w.sum())
+    return out
+
+
+def _result(dec: DecodeOutput, p: DecodePlan, blocks: KVBlocks, q3, single: bool, kind: str,
+            exact_mass: bool) -> AttentionResult:
+    """Copy the diagnostics of a one-request run to the host and build the reference's result type."""
+    import cupy
+
+    n_used = cupy.asnumpy(dec.num_used[0])
+    used = ([np.arange(blocks.num_blocks, dtype=np.int64)] * p.gn if dec.order is None else
+            [cupy.asnumpy(dec.order[0, g, : n_used[g]]).astype(np.int64) for g in range(p.gn)])
+    iters = cupy.asnumpy(dec.iterations[0]).astype(np.int64)
+    reasons = [_kernels.REASONS[r] for r in cupy.asnumpy(dec.reason[0])]
+    est = cupy.asnumpy(dec.mass_estimate[0]).astype(np.float64)
+    if p.mode == "topk":
+        est[:] = np.nan
+    out = cupy.ascontiguousarray(dec.out[0])
+    used_per_head = [used[h // p.g] for h in range(p.hq)]
+    exact = _exact_mass(q3, blocks, p.scale, used_per_head) if exact_mass else None
+    nb = blocks.num_blocks
+    if single:
+        return AttentionResult(like(out[0], kind), used[0], int(iters[0]), reasons[0], float(est[0]),
+                               None if exact is None else float(exact[0]), nb)
+    return AttentionResult(like(out, kind), used, iters, reasons, est, exact, nb)
+
+
+def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | None = None, stop: str = DEFAULT_STOP,
+              step: int = 1, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
+              exact_mass: bool = False) -> AttentionResult:
+    """Progressive sparse attention on the GPU; the arguments and result of :func:`psa_ref.attention`.
+
+    ``q`` is ``[D]`` or ``[Hq, D]`` (float16/32/64, CuPy or CUDA torch); ``output`` is float32 on
+    the GPU, of the same array type; the other fields are on the host.
+    """
+    threshold = _validate.threshold(threshold)
+    stop = _validate.choice(stop, "stop", STOP_RULES)
+    step = _validate.integer(step, "step", minimum=1)
+    q3, single, kind = _query(q, blocks)
+    sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)
+    p = DecodePlan(blocks.cache, num_q_heads=q3.shape[1], mode="psa", threshold=threshold, stop=stop, step=step,
+                   gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks, scale=scale)
+    return _result(p.run(q3), p, blocks, q3, single, kind, exact_mass)
+
+
+def topk_attention(q, blocks: KVBlocks, k: int = 8, *, scale: float | None = None, gqa: str = "shared",
+                   sink_blocks: int = 0, recent_blocks: int = 0, exact_mass: bool = False) -> AttentionResult:
+    """Top-k block attention on the GPU; the arguments and result of :func:`psa_ref.topk_attention`."""
+    k = _validate.integer(k, "k", minimum=1)
+    q3, single, kind = _query(q, blocks)
+    sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)
+    if k < sink_blocks + recent_blocks:
+        raise ValueError(f"k ({k}) must be at least the number of sink and recent blocks "
+                         f"({sink_blocks + recent_blocks})")
+    p = DecodePlan(blocks.cache, num_q_heads=q3.shape[1], mode="topk", k=k, gqa=gqa, sink_blocks=sink_blocks,
+                   recent_blocks=recent_blocks, scale=scale)
+    return _result(p.run(q3), p, blocks, q3, single, kind, exact_mass)
+
+
+def dense_attention(q, keys, values, *, scale: float | None = None):
+    """Full attention on the GPU (the paged kernel over every block); :func:`psa_ref.dense_attention`'s
+    arguments. Returns float32 on the GPU, the shape of ``q``."""
+    import cupy
+
+    blocks = KVBlocks.from_dense(keys, values, block_size=16)
+    q3, single, kind = _query(q, blocks)
+    p = DecodePlan(blocks.cache, num_q_heads=q3.shape[1], mode="dense", scale=scale)
+    out = cupy.ascontiguousarray(p.run(q3).out[0])
+    return like(out[0] if single else out, kind)

@@ -1,0 +1,160 @@
+"""The paged KV layout on the GPU, shared by the resident decode path and the offload system.
+
+One pool of equal slots holds every KV block of every layer (a slot is one block of one KV head:
+``S`` tokens of K and of V). A block table per layer maps ``(request, kv_head, block)`` to a slot.
+Per-block metadata and min/max bounds stay resident next to it and are updated when a token is
+appended (:mod:`psa_fast.metadata`).
+
+Shapes (``L`` layers, ``B`` requests, ``Dp`` the head dimension padded by :func:`padded_dim`):
+
+=================  ==================================  =========
+``k_pool``         ``[slots, S, Dp]``                  float16
+``v_pool``         ``[slots, S, Dp]``                  float16
+``block_table``    ``[L, B, Hkv, Nmax]``               int32
+``seq_lens``       ``[L, B]``                          int32
+``meta``, ``lohi``  ``[L, B, Hkv, Nmax, 2, Dp]``        float16
+=================  ==================================  =========
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from psa_ref import _validate
+from psa_ref.blocks import METADATA_KINDS
+
+from ._compat import as_cupy, require_gpu
+
+
+def padded_dim(d: int) -> int:
+    """The head dimension the kernels use: ``d`` rounded up to 16, 32, 64, 128 or 256 (whole
+    tensor-core steps, and 16-byte rows that divide into 32 lanes)."""
+    for p in (16, 32, 64, 128, 256):
+        if d <= p:
+            return p
+    raise ValueError(f"head_dim must be at most 256 for psa_fast, got {d}")
+
+
+class PagedKVCache:
+    """KV blocks of ``B`` requests and ``L`` layers in one GPU pool, with resident metadata.
+
+    Args:
+        num_layers: ``L``.
+        batch: ``B``, the number of requests.
+        num_kv_heads: ``Hkv``.
+        head_dim: ``D`` (padded internally to ``Dp``).
+        max_tokens: capacity per request; ``Nmax = ceil(max_tokens / S)`` blocks.
+        block_size: ``S``.
+        metadata: ranking metadata, one of ``psa_ref.METADATA_KINDS``.
+
+    Every block gets its own slot (the resident layout); the offload system replaces
+    ``block_table`` with a smaller pool and a loader.
+    """
+
+    def __init__(self, *, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, max_tokens: int,
+                 block_size: int = 16, metadata: str = "cuboid_mean"):
+        require_gpu()
+        import cupy
+
+        self.num_layers = _validate.integer(num_layers, "num_layers", minimum=1)
+        self.batch = _validate.integer(batch, "batch", minimum=1)
+        self.num_kv_heads = _validate.integer(num_kv_heads, "num_kv_heads", minimum=1)
+        self.head_dim = _validate.integer(head_dim, "head_dim", minimum=1)
+        self.block_size = _validate.integer(block_size, "block_size", minimum=1)
+        self.metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
+        max_tokens = _validate.integer(max_tokens, "max_tokens", minimum=1)
+        self.dp = padded_dim(self.head_dim)
+        self.nmax = -(-max_tokens // self.block_size)
+        shape = (self.num_layers, self.batch, self.num_kv_heads, self.nmax)
+        slots = int(np.prod(shape))
+        self.k_pool = cupy.zeros((slots, self.block_size, self.dp), dtype=cupy.float16)
+        self.v_pool = cupy.zeros_like(self.k_pool)
+        self.block_table = cupy.arange(slots, dtype=cupy.int32).reshape(shape)
+        self.seq_lens = cupy.zeros((self.num_layers, self.batch), dtype=cupy.int32)
+        self.host_lens = np.zeros((self.num_layers, self.batch), dtype=np.int64)  # mirror: capacity checks
+        self.meta = cupy.zeros(shape + (2, self.dp), dtype=cupy.float16)
+        self.lohi = cupy.zeros_like(self.meta)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens per request that fit: ``Nmax * S``."""
+        return self.nmax * self.block_size
+
+    def _dense_view(self, pool, layer: int, request: int):
+        """``[Hkv, Nmax * S, Dp]`` view of one request's blocks (valid for the resident layout)."""
+        return pool.reshape(self.num_layers, self.batch, self.num_kv_heads, self.nmax * self.block_size,
+                            self.dp)[layer, request]
+
+    def prefill(self, layer: int, request: int, keys: Any, values: Any) -> None:
+        """Store a request's whole prompt for one layer and build its metadata.
+
+        Args:
+            keys: ``[Hkv, T, D]`` float16 CuPy array or CUDA torch tensor.
+            values: the same shape.
+        """
+        layer = self._index(layer, "layer", self.num_layers)
+        request = self._index(request, "request", self.batch)
+        k = as_cupy(keys, "keys", dtypes=("float16",))
+        v = as_cupy(values, "values", dtypes=("float16",))
+        if k.ndim != 3 or k.shape[0] != self.num_kv_heads or k.shape[2] != self.head_dim:
+            raise ValueError(f"keys must have shape [Hkv={self.num_kv_heads}, T, D={self.head_dim}], got {k.shape}")
+        if v.shape != k.shape:
+            raise ValueError(f"values must have the same shape as keys {k.shape}, got {v.shape}")
+        from . import metadata as _metadata
+
+        t = k.shape[1]
+        if t > self.capacity:
+            raise ValueError(f"{t} tokens do not fit: the cache holds {self.capacity} per request "
+                             f"(max_tokens rounded up to blocks of {self.block_size})")
+        kd, vd = self._dense_view(self.k_pool, layer, request), self._dense_view(self.v_pool, layer, request)
+        kd[...] = 0
+        vd[...] = 0
+        kd[:, :t, : self.head_dim] = k
+        vd[:, :t, : self.head_dim] = v
+        self.seq_lens[layer, request] = t
+        self.host_lens[layer, request] = t
+        _metadata.build_metadata(self.k_pool, self.block_table[layer, request : request + 1],
+                                 self.seq_lens[layer, request : request + 1], self.meta[layer, request : request + 1],
+                                 self.lohi[layer, request : request + 1], kind=self.metadata,
+                                 block_size=self.block_size)
+
+    def append(self, layer: int, keys: Any, values: Any) -> None:
+        """Append one decoded token to every request of one layer.
+
+        Args:
+            keys: ``[B, Hkv, D]`` float16.
+            values: likewise.
+
+        Raises:
+            ValueError: a request is full (nothing is written then: no KV data is lost).
+        """
+        import cupy
+
+        layer = self._index(layer, "layer", self.num_layers)
+        k = as_cupy(keys, "keys", dtypes=("float16",))
+        v = as_cupy(values, "values", dtypes=("float16",))
+        want = (self.batch, self.num_kv_heads, self.head_dim)
+        if k.shape != want or v.shape != want:
+            raise ValueError(f"keys and values must have shape [B, Hkv, D] = {want}, got {k.shape} and {v.shape}")
+        full = np.flatnonzero(self.host_lens[layer] >= self.capacity)
+        if full.size:
+            raise ValueError(f"requests {full.tolist()} are full ({self.capacity} tokens) in layer {layer}; "
+                             "nothing was appended")
+        from . import metadata as _metadata
+
+        if self.dp != self.head_dim:
+            k = cupy.pad(k, ((0, 0), (0, 0), (0, self.dp - self.head_dim)))
+            v = cupy.pad(v, ((0, 0), (0, 0), (0, self.dp - self.head_dim)))
+        _metadata.append_token(self.k_pool, self.v_pool, self.block_table[layer], self.seq_lens[layer], k, v,
+                               self.meta[layer], self.lohi[layer], kind=self.metadata, block_size=self.block_size)
+        self.seq_lens[layer] += 1
+        self.host_lens[layer] += 1
+
+    @staticmethod
+    def _index(i, name: str, n: int) -> int:
+        i = _validate.integer(i, name, minimum=0)
+        if i >= n:
+            raise ValueError(f"{name} must be < {n}, got {i}")
+        return i

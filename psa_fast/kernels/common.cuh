@@ -1,0 +1,130 @@
+// Shared device helpers for the psa_fast kernels.
+//
+// Compile-time parameters (set with -D by psa_fast/_kernels.py):
+//   PSA_D        padded head dimension (a multiple of 8, at most 256)
+//   PSA_S        block size in tokens
+//   PSA_G        query heads per selection group (G for gqa="shared", 1 for "per_head")
+//   PSA_CLUSTER  CTAs that cooperate on one group (a thread-block cluster when > 1)
+//   PSA_WARPS    warps per CTA
+#pragma once
+#include <cuda_fp16.h>
+
+// NVRTC does not define INFINITY without the host math headers.
+#define PSA_INF __int_as_float(0x7f800000)
+
+#ifndef PSA_D
+#define PSA_D 128
+#endif
+#ifndef PSA_S
+#define PSA_S 16
+#endif
+#ifndef PSA_G
+#define PSA_G 4
+#endif
+#ifndef PSA_CLUSTER
+#define PSA_CLUSTER 1
+#endif
+#ifndef PSA_WARPS
+#define PSA_WARPS 8
+#endif
+
+// One 16-byte vector (8 halves) per lane; LPT lanes cover one row of D channels, so one
+// warp-wide load instruction reads TPI token rows of a block.
+#define PSA_LPT (PSA_D / 8)
+#define PSA_TPI (32 / PSA_LPT)
+#define PSA_ROWS ((PSA_S + PSA_TPI - 1) / PSA_TPI)
+
+static_assert(PSA_D % 8 == 0 && PSA_D >= 8 && PSA_D <= 256, "PSA_D must be a multiple of 8 in [8, 256]");
+static_assert(32 % PSA_LPT == 0, "PSA_D / 8 must divide 32");
+
+// Stop rules (the order of psa_fast._kernels.STOP_CODES).
+#define PSA_STOP_REMAINING 0
+#define PSA_STOP_SEED 1
+#define PSA_STOP_CERTIFIED 2
+#define PSA_STOP_NONE 3    // attend every block (threshold 1, dense)
+#define PSA_STOP_BUDGET 4  // top-k: exactly one chunk
+#define PSA_STOP_EMA 5     // N_left times a moving average of the block masses seen
+
+// Why a loop ended (psa_fast._kernels.REASONS).
+#define PSA_REASON_THRESHOLD 0
+#define PSA_REASON_EXHAUSTED 1
+#define PSA_REASON_BUDGET 2
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// Unpack 8 halves held in a uint4 into floats.
+__device__ __forceinline__ void unpack8(const uint4 v, float* f) {
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+// A float's bits as an unsigned integer that sorts in the same order as the float.
+__device__ __forceinline__ unsigned int orderable(float x) {
+    unsigned int u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// ---- thread-block clusters (Hopper), through PTX so that NVRTC needs no extra headers ----
+__device__ __forceinline__ unsigned int cluster_rank() {
+#if PSA_CLUSTER > 1
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+#else
+    return 0;
+#endif
+}
+
+// A barrier for every thread of every CTA of the cluster, with release/acquire ordering of
+// shared memory, so that what one CTA wrote before it is visible to the others after it.
+__device__ __forceinline__ void cluster_sync() {
+#if PSA_CLUSTER > 1
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// Read a float4 from the shared memory of CTA `rank` of this cluster (distributed shared memory).
+__device__ __forceinline__ float4 dsmem_load4(const float4* local_ptr, unsigned int rank) {
+#if PSA_CLUSTER > 1
+    unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local_ptr));
+    unsigned int remote;
+    float4 v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote));
+    return v;
+#else
+    return *local_ptr;
+#endif
+}
+
+// Read a float from the shared memory of CTA `rank` of this cluster (distributed shared memory).
+__device__ __forceinline__ float dsmem_load(const float* local_ptr, unsigned int rank) {
+#if PSA_CLUSTER > 1
+    unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local_ptr));
+    unsigned int remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+#else
+    return *local_ptr;
+#endif
+}

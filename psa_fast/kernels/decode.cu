@@ -1,0 +1,462 @@
+// Stage 3 on the GPU: progressive sparse attention of one decode step (Algorithm 1), with the
+// verifier on the device. The same kernel runs top-k (one chunk of k blocks) and dense attention
+// (identity order, one chunk of every block). Version 3 (tensor cores); versions 1 and 2 are kept
+// beside it for the benchmark, and benchmarks/NOTES.md says why each was replaced.
+//
+// Work split: a selection group (request b, group g: one KV head's query heads, or one query
+// head for gqa="per_head") is handled by PSA_CLUSTER CTAs of PSA_WARPS warps. The group's
+// NW = PSA_CLUSTER * PSA_WARPS warps share each chunk's blocks round-robin; one warp attends one
+// block (K and V: 2 * S * D halves, 8 KiB at S = 16, D = 128) at a time.
+//
+// Arithmetic: version 2 spent ~1200 instructions per block on CUDA-core dot products and
+// shuffles and could not keep up with memory. Here both products run on the tensor cores with
+// mma.sync m16n8k16 (f16 inputs, f32 accumulation): S = Q K^T with the group's <= 8 query heads
+// as the M rows, then O += P V with P taken straight from S's accumulator registers. Q and P are
+// not float16 numbers, so each is split into two halves, x = hi + lo with hi = f16(x) and
+// lo = f16(x - hi), and multiplied twice: K and V are float16 already, so the products keep about
+// 22 bits, as float32 arithmetic would (the tests hold the output to twice a naive float32
+// attention's error).
+//
+// Memory pipeline: the chunk boundaries are known in advance (forced blocks, then `step` at a
+// time), so each warp knows the whole sequence of blocks it will attend if the loop does not
+// stop. It keeps PSA_STAGES - 1 of them in flight in a private ring of shared-memory stages
+// filled by cp.async, across chunk boundaries: while the cluster runs the verifier between two
+// chunks, the next chunk's blocks are already loading. If the loop stops, at most PSA_STAGES - 1
+// prefetched blocks per warp go unused. The 16-byte chunks of each row are stored XOR-swizzled by
+// the row index so that ldmatrix reads are free of bank conflicts.
+//
+// Verifier: per iteration only three scalars per query head cross warps and CTAs (the chunk's
+// largest logit, its mass relative to that, its lightest block's log-mass). Warp 0 of each CTA
+// combines its warps' scalars; after one cluster barrier every warp reads the CTAs' totals through
+// distributed shared memory (one round trip) and combines them in rank order, so every warp holds
+// bit-identical verifier state and reaches the same decision with no further barrier; the loop
+// stops at the first chunk boundary where the rule holds. Nothing is computed for chunks after the
+// stop and the host never waits.
+//
+//   q          [B, Hq, D]  float, scaled by the logit scale, zero-padded to PSA_D (a multiple of 16)
+//   k_pool     [slots, S, D] half;  v_pool likewise
+//   block_table[B, Hkv, Nmax] int: slot of each block
+//   seq_lens   [B] int
+//   order      [B, Gn, Nmax] int (psa_order), or null for the identity order (dense)
+//   log_suffix [B, Hq, Nmax + 1] float (stop = certified)
+//   out        [B, Hq, D] float out;  num_used, iterations, reason [B, Gn] int out;
+//   mass_est   [B, Hq] float out: the rule's estimated attended fraction when the loop ended
+//   dynamic shared memory: PSA_WARPS * PSA_STAGES * 2 * SP * D halves, SP = S rounded up to 16
+//   (reused for the final merge)
+#include "common.cuh"
+
+#ifndef PSA_STAGES
+#define PSA_STAGES 3
+#endif
+#define PSA_SP (((PSA_S + 15) / 16) * 16)      // tokens per block, padded for the MMA tiles
+#define PSA_NT (PSA_SP / 8)                    // token tiles (n = 8) of S = Q K^T
+#define PSA_KS (PSA_D / 16)                    // channel steps (k = 16) of Q K^T
+#define PSA_NC (PSA_D / 8)                     // 16-byte chunks per row
+#define PSA_SWZ (PSA_NC < 8 ? PSA_NC - 1 : 7)  // XOR mask of the chunk swizzle
+#define PSA_STAGE_HALVES (2 * PSA_SP * PSA_D)
+static_assert(PSA_D % 16 == 0, "decode v3 needs the head dimension padded to a multiple of 16");
+static_assert(PSA_G <= 8, "decode v3 takes at most 8 query heads per group (the MMA's first 8 rows)");
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned int s = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// The end of the chunk that holds position x of the order: forced blocks form the first chunk,
+// then chunks of `step`.
+__device__ __forceinline__ int chunk_end(int x, int first, int step, int n) {
+    const int e = x < first ? first : first + ((x - first) / step + 1) * step;
+    return min(e, n);
+}
+
+// The next position of the order that warp `gw` of NW attends after position i (n if none).
+__device__ __forceinline__ int next_position(int i, int gw, int nw, int first, int step, int n) {
+    int e = chunk_end(i, first, step, n);
+    if (i + nw < e) return i + nw;
+    while (e < n) {
+        const int e2 = chunk_end(e, first, step, n);
+        if (e + gw < e2) return e + gw;
+        e = e2;
+    }
+    return n;
+}
+
+// The first position of the order that warp `gw` attends (n if none).
+__device__ __forceinline__ int first_position(int gw, int first, int step, int n) {
+    for (int e = 0; e < n;) {
+        const int e2 = chunk_end(e, first, step, n);
+        if (e + gw < e2) return e + gw;
+        e = e2;
+    }
+    return n;
+}
+
+__device__ __forceinline__ int swz(int t, int c) { return c ^ (t & PSA_SWZ); }
+
+__device__ __forceinline__ unsigned int smem_u32(const void* p) {
+    return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned int addr, unsigned int (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int addr, unsigned int (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// d += A B for one m16n8k16 tile; A rows 8..15 are zero here (a1 = a3 = 0).
+__device__ __forceinline__ void mma_rows8(float (&d)[4], unsigned int a0, unsigned int a2, unsigned int b0,
+                                          unsigned int b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// Two floats as f16x2 hi and lo parts (x = hi + lo to about 22 bits).
+__device__ __forceinline__ void split2(float x, float y, unsigned int& hi, unsigned int& lo) {
+    const __half2 h = __floats2half2_rn(x, y);
+    const float2 hf = __half22float2(h);
+    const __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
+    hi = *reinterpret_cast<const unsigned int*>(&h);
+    lo = *reinterpret_cast<const unsigned int*>(&l);
+}
+
+// Merge two shares of a chunk's statistics (max logit, mass and EMA terms relative to it, min log
+// block mass). Every warp that merges the same shares in the same order gets the same bits.
+__device__ __forceinline__ float4 combine_stats(float4 a, float4 b) {
+    const float nm = fmaxf(a.x, b.x);
+    if (nm == -PSA_INF) return make_float4(nm, 0.f, fminf(a.z, b.z), 0.f);
+    const float ea = __expf(a.x - nm), eb = __expf(b.x - nm);
+    return make_float4(nm, a.y * ea + b.y * eb, fminf(a.z, b.z), a.w * ea + b.w * eb);
+}
+
+extern "C" __global__ void
+#if PSA_CLUSTER > 1
+__cluster_dims__(PSA_CLUSTER, 1, 1)
+#endif
+__launch_bounds__(PSA_WARPS * 32)
+psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const __half* __restrict__ v_pool,
+           const int* __restrict__ block_table, const int* __restrict__ seq_lens, const int* __restrict__ order,
+           const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
+           int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
+           int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w) {
+    constexpr int NW = PSA_CLUSTER * PSA_WARPS;
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
+    const unsigned int rank = cluster_rank();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gw = (int)rank * PSA_WARPS + warp;   // this warp's index within the group
+    const int h0 = g * PSA_G, kv = h0 / (Hq / Hkv);
+    const float log_keep = __logf(1.f - ema_w);    // stop = ema: log of the weight kept per block
+    const int len = seq_lens[b];
+    const int n = (len + PSA_S - 1) / PSA_S;
+    const int first = min(n, forced);
+    const int* orow = order ? order + ((long)b * Gn + g) * Nmax : nullptr;
+    const int* btab = block_table + ((long)b * Hkv + kv) * Nmax;
+    const int hh = lane >> 2;                      // the query head (MMA row) of this lane's fragments
+    const int quad = lane & 3;                     // its column pair within a tile: 2 * quad, 2 * quad + 1
+    __half* ring = reinterpret_cast<__half*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
+
+    // Q as the A operand of S = Q K^T, split into hi and lo halves (rows >= PSA_G are zero).
+    unsigned int qa_hi[PSA_KS][2], qa_lo[PSA_KS][2];
+#pragma unroll
+    for (int ks = 0; ks < PSA_KS; ++ks)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float x = 0.f, y = 0.f;
+            if (hh < PSA_G) {
+                const float* qh = q + ((long)b * Hq + h0 + hh) * PSA_D + ks * 16 + half * 8 + 2 * quad;
+                x = __ldg(qh);
+                y = __ldg(qh + 1);
+            }
+            split2(x, y, qa_hi[ks][half], qa_lo[ks][half]);
+        }
+    // Rows S..SP-1 of every stage are padding the MMA reads: zero them once.
+    constexpr int pad_per = (PSA_SP - PSA_S) * PSA_NC;  // 16-byte chunks of padding per K or V tile
+    for (int e = lane; pad_per > 0 && e < PSA_STAGES * 2 * pad_per; e += 32) {
+        const int per = pad_per > 0 ? pad_per : 1;
+        const int st = e / (2 * per), rest = e % (2 * per), kvh = rest / per, r = rest % per;
+        *reinterpret_cast<uint4*>(ring + st * PSA_STAGE_HALVES + kvh * PSA_SP * PSA_D
+                                  + (PSA_S + r / PSA_NC) * PSA_D + (r % PSA_NC) * 8) = make_uint4(0, 0, 0, 0);
+    }
+    __syncwarp();
+
+    // ---- the prefetch stream: positions of the order this warp will attend, in sequence ----
+    int f_pos = first_position(gw, first, step, n);                  // next position to load
+    int f_blk = f_pos < n ? (orow ? __ldg(orow + f_pos) : f_pos) : 0;
+    int f_slot = f_pos < n ? __ldg(btab + f_blk) : 0;
+    int a_pos = f_pos < n ? next_position(f_pos, gw, NW, first, step, n) : n;  // the one after it
+    int a_blk = a_pos < n ? (orow ? __ldg(orow + a_pos) : a_pos) : 0;
+    int issued = 0;
+    auto issue = [&]() {
+        if (f_pos < n) {
+            const __half* kb = k_pool + (long)f_slot * (PSA_S * PSA_D);
+            const __half* vb = v_pool + (long)f_slot * (PSA_S * PSA_D);
+            __half* st = ring + (issued % PSA_STAGES) * PSA_STAGE_HALVES;
+#pragma unroll
+            for (int e = lane; e < PSA_S * PSA_NC; e += 32) {
+                const int t = e / PSA_NC, c = e % PSA_NC;
+                cp_async16(st + t * PSA_D + swz(t, c) * 8, kb + t * PSA_D + c * 8);
+                cp_async16(st + (PSA_SP + t) * PSA_D + swz(t, c) * 8, vb + t * PSA_D + c * 8);
+            }
+        }
+        cp_async_commit();  // one group per element, empty past the end, so group counts stay aligned
+        ++issued;
+        f_pos = a_pos;      // advance: the slot load below was made possible by a_blk, loaded a step ago
+        f_blk = a_blk;
+        f_slot = f_pos < n ? __ldg(btab + f_blk) : 0;
+        a_pos = f_pos < n ? next_position(f_pos, gw, NW, first, step, n) : n;
+        a_blk = a_pos < n ? (orow ? __ldg(orow + a_pos) : a_pos) : 0;
+    };
+#pragma unroll
+    for (int s = 0; s < PSA_STAGES - 1; ++s) issue();
+
+    // This warp's running output for head hh: max logit, mass relative to it, and O = sum p v in
+    // the MMA accumulator layout (tile nt holds channels 8 nt + 2 quad, + 1 in elements 0, 1).
+    float wm = -PSA_INF, wl = 0.f;
+    float oacc[PSA_D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < PSA_D / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) oacc[nt][e] = 0.f;
+
+    // Chunk statistics per head, as float4 (max logit, mass relative to it, min log block mass, -):
+    // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
+    __shared__ float4 warp_stats[PSA_WARPS][PSA_G];
+    __shared__ float4 cta_stats[2][PSA_G];
+    // Verifier state, kept identically by every lane of every warp: per head the running max M,
+    // the attended mass AS_acc relative to M, the log of the lightest block's mass
+    // (AS_min = exp(vmin - M)), and the rule's estimated attended fraction.
+    float vM[PSA_G], vacc[PSA_G], vmin[PSA_G], vema[PSA_G], vfrac[PSA_G];
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        vM[h] = -PSA_INF; vacc[h] = 0.f; vmin[h] = PSA_INF; vema[h] = 0.f; vfrac[h] = 0.f;
+    }
+
+    int cur = first_position(gw, first, step, n), consumed = 0;
+    int pos = 0, it = 0, why = -1;
+    while (why < 0) {
+        const int end = chunk_end(pos, first, step, n);
+        // This warp's share of the chunk, for head hh: max logit, mass relative to it, min log block
+        // mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
+        float cm = -PSA_INF, cs = 0.f, cmin = PSA_INF, ce = 0.f;
+        const int clen = end - pos;
+
+        for (; cur < end; cur = next_position(cur, gw, NW, first, step, n), ++consumed) {
+            const int j = orow ? __ldg(orow + cur) : cur;
+            const int ntok = min(PSA_S, len - j * PSA_S);
+            __syncwarp();  // every lane is done reading the stage that issue() refills
+            issue();
+            cp_async_wait<PSA_STAGES - 1>();  // this lane's copies for `cur` have landed ...
+            __syncwarp();                      // ... and so have every other lane's
+            const __half* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
+            const __half* stv = stk + PSA_SP * PSA_D;
+
+            // S = Q K^T: tile nt holds the logits of tokens 8 nt + 2 quad, + 1 for head hh.
+            float sacc[PSA_NT][4];
+#pragma unroll
+            for (int nt = 0; nt < PSA_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < PSA_KS; ++ks)
+#pragma unroll
+                for (int pair = 0; pair < PSA_NT / 2; ++pair) {
+                    const int mi = lane >> 3;
+                    const int t = pair * 16 + (mi >> 1) * 8 + (lane & 7), c = 2 * ks + (mi & 1);
+                    unsigned int kb[4];
+                    ldmatrix_x4(smem_u32(stk + t * PSA_D + swz(t, c) * 8), kb);
+                    mma_rows8(sacc[2 * pair], qa_hi[ks][0], qa_hi[ks][1], kb[0], kb[1]);
+                    mma_rows8(sacc[2 * pair], qa_lo[ks][0], qa_lo[ks][1], kb[0], kb[1]);
+                    mma_rows8(sacc[2 * pair + 1], qa_hi[ks][0], qa_hi[ks][1], kb[2], kb[3]);
+                    mma_rows8(sacc[2 * pair + 1], qa_lo[ks][0], qa_lo[ks][1], kb[2], kb[3]);
+                }
+            // Block max and mass of head hh over its 4 lanes; padding and tokens past the end masked.
+            float bm = -PSA_INF;
+#pragma unroll
+            for (int nt = 0; nt < PSA_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (8 * nt + 2 * quad + e >= ntok) sacc[nt][e] = -PSA_INF;
+                    bm = fmaxf(bm, sacc[nt][e]);
+                }
+            bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+            bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
+            float bs = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < PSA_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    sacc[nt][e] = __expf(sacc[nt][e] - bm);
+                    bs += sacc[nt][e];
+                }
+            bs += __shfl_xor_sync(0xffffffffu, bs, 1);
+            bs += __shfl_xor_sync(0xffffffffu, bs, 2);
+            cmin = fminf(cmin, bm + __logf(bs));
+            const float nm = fmaxf(cm, bm);
+            // AS_ema after the chunk = (1-w)^clen AS_ema + sum_i w (1-w)^(clen-1-i) m_i over the chunk's
+            // blocks i in order; the very first block of the loop enters with weight 1, not w.
+            const int i_in_chunk = cur - pos;
+            const float coef = __expf((clen - 1 - i_in_chunk) * log_keep) * (it == 0 && i_in_chunk == 0 ? 1.f : ema_w);
+            const float rescale = __expf(cm - nm), here = bs * __expf(bm - nm);
+            cs = cs * rescale + here;
+            ce = ce * rescale + coef * here;
+            cm = nm;
+            // The warp's online softmax: rescale O, then O += (p * c) V with p * c split hi + lo.
+            const float nw = fmaxf(wm, bm);
+            const float alpha = __expf(wm - nw), c_new = __expf(bm - nw);
+            wl = wl * alpha + bs * c_new;
+            wm = nw;
+#pragma unroll
+            for (int nt = 0; nt < PSA_D / 8; ++nt) {
+                oacc[nt][0] *= alpha;
+                oacc[nt][1] *= alpha;
+            }
+#pragma unroll
+            for (int kt = 0; kt < PSA_SP / 16; ++kt) {
+                unsigned int pa_hi[2], pa_lo[2];
+                split2(sacc[2 * kt][0] * c_new, sacc[2 * kt][1] * c_new, pa_hi[0], pa_lo[0]);
+                split2(sacc[2 * kt + 1][0] * c_new, sacc[2 * kt + 1][1] * c_new, pa_hi[1], pa_lo[1]);
+#pragma unroll
+                for (int cp = 0; cp < PSA_D / 16; ++cp) {
+                    const int mi = lane >> 3;
+                    const int t = kt * 16 + (mi & 1) * 8 + (lane & 7), c = 2 * cp + (mi >> 1);
+                    unsigned int vb[4];
+                    ldmatrix_x4_trans(smem_u32(stv + t * PSA_D + swz(t, c) * 8), vb);
+                    mma_rows8(oacc[2 * cp], pa_hi[0], pa_hi[1], vb[0], vb[1]);
+                    mma_rows8(oacc[2 * cp], pa_lo[0], pa_lo[1], vb[0], vb[1]);
+                    mma_rows8(oacc[2 * cp + 1], pa_hi[0], pa_hi[1], vb[2], vb[3]);
+                    mma_rows8(oacc[2 * cp + 1], pa_lo[0], pa_lo[1], vb[2], vb[3]);
+                }
+            }
+        }
+
+        // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
+        if (quad == 0 && hh < PSA_G) warp_stats[warp][hh] = make_float4(cm, cs, cmin, ce);
+        __syncthreads();
+        if (warp == 0 && lane < PSA_G) {
+            float4 w[PSA_WARPS];
+#pragma unroll
+            for (int i = 0; i < PSA_WARPS; ++i) w[i] = warp_stats[i][lane];
+            float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
+#pragma unroll
+            for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
+            cta_stats[it & 1][lane] = t;
+        }
+        cluster_sync();
+        // Every warp reads the cluster's CTA totals (lane h, all ranks at once: one round trip) and
+        // combines them in rank order, so every warp reaches the same decision without another barrier.
+        float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
+        {
+            float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
+            if (lane < PSA_G) {
+                float4 c[PSA_CLUSTER];
+#pragma unroll
+                for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[it & 1][lane], r);
+#pragma unroll
+                for (int r = 0; r < PSA_CLUSTER; ++r) t = combine_stats(t, c[r]);
+            }
+#pragma unroll
+            for (int h = 0; h < PSA_G; ++h) {
+                tm[h] = __shfl_sync(0xffffffffu, t.x, h);
+                ts[h] = __shfl_sync(0xffffffffu, t.y, h);
+                tmin[h] = __shfl_sync(0xffffffffu, t.z, h);
+                te[h] = __shfl_sync(0xffffffffu, t.w, h);
+            }
+        }
+        bool all_hold = true;
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) {
+            const float nM = fmaxf(vM[h], tm[h]);
+            const float a = __expf(vM[h] - nM), e = __expf(tm[h] - nM);
+            vacc[h] = vacc[h] * a + ts[h] * e;
+            vema[h] = vema[h] * a * __expf((end - pos) * log_keep) + te[h] * e;  // 0 * ... before the first chunk
+            vM[h] = nM;
+            vmin[h] = fminf(vmin[h], tmin[h]);
+            // The rule's estimate of the attended fraction: AS_acc / (AS_acc + rest).
+            float rest = 0.f;
+            if (stop == PSA_STOP_EMA) rest = (float)(n - end) * vema[h];
+            else if (stop == PSA_STOP_REMAINING) rest = (float)(n - end) * __expf(vmin[h] - vM[h]);
+            else if (stop == PSA_STOP_SEED) rest = __expf(vmin[h] - vM[h]);
+            else if (stop == PSA_STOP_CERTIFIED)
+                rest = __expf(__ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end) - vM[h]);
+            vfrac[h] = vacc[h] / (vacc[h] + rest);
+            all_hold = all_hold && vfrac[h] >= threshold;
+        }
+        if (stop == PSA_STOP_BUDGET) why = PSA_REASON_BUDGET;
+        else if (end >= n) why = PSA_REASON_EXHAUSTED;
+        else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
+        pos = end;
+        ++it;
+    }
+    cp_async_wait_all();  // prefetches past the stop must land before the ring is reused below
+
+    // ---- merge the warps' outputs: warps of a CTA, then CTAs of the cluster ----
+    __syncthreads();  // every warp is done with its ring
+    float* f_o = reinterpret_cast<float*>(dyn_smem);  // [PSA_WARPS][PSA_G][PSA_D], reusing the rings
+    __shared__ float f_m[PSA_WARPS][PSA_G], f_l[PSA_WARPS][PSA_G];
+    __shared__ float c_m[PSA_G], c_l[PSA_G], c_o[PSA_G][PSA_D];
+    if (hh < PSA_G) {
+#pragma unroll
+        for (int nt = 0; nt < PSA_D / 8; ++nt) {
+            f_o[(warp * PSA_G + hh) * PSA_D + 8 * nt + 2 * quad] = oacc[nt][0];
+            f_o[(warp * PSA_G + hh) * PSA_D + 8 * nt + 2 * quad + 1] = oacc[nt][1];
+        }
+        if (quad == 0) { f_m[warp][hh] = wm; f_l[warp][hh] = wl; }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
+        const int h = idx / PSA_D, d = idx % PSA_D;
+        float M = -PSA_INF;
+        for (int w = 0; w < PSA_WARPS; ++w) M = fmaxf(M, f_m[w][h]);
+        float L = 0.f, O = 0.f;
+        if (M != -PSA_INF)
+            for (int w = 0; w < PSA_WARPS; ++w) {
+                const float e = __expf(f_m[w][h] - M);
+                L += f_l[w][h] * e;
+                O += f_o[(w * PSA_G + h) * PSA_D + d] * e;
+            }
+        c_o[h][d] = O;
+        if (d == 0) { c_m[h] = M; c_l[h] = L; }
+    }
+    cluster_sync();
+    if (rank == 0) {
+        for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
+            const int h = idx / PSA_D, d = idx % PSA_D;
+            float rm[PSA_CLUSTER];
+            float M = -PSA_INF;
+#pragma unroll
+            for (int r = 0; r < PSA_CLUSTER; ++r) {
+                rm[r] = dsmem_load(&c_m[h], r);
+                M = fmaxf(M, rm[r]);
+            }
+            float L = 0.f, O = 0.f;
+#pragma unroll
+            for (int r = 0; r < PSA_CLUSTER; ++r) {
+                if (rm[r] == -PSA_INF) continue;
+                const float e = __expf(rm[r] - M);
+                L += dsmem_load(&c_l[h], r) * e;
+                O += dsmem_load(&c_o[h][d], r) * e;
+            }
+            out[((long)b * Hq + h0 + h) * PSA_D + d] = O / L;
+        }
+        if (threadIdx.x == 0) {
+            const long gi = (long)b * Gn + g;
+            num_used[gi] = pos;
+            iterations[gi] = it;
+            reason[gi] = why;
+        }
+        if (threadIdx.x == 0)
+#pragma unroll
+            for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = vfrac[h];
+    }
+    cluster_sync();  // no CTA leaves while rank 0 may still read its shared memory
+}

@@ -1,0 +1,119 @@
+"""Stage 1 on the GPU: block metadata, in Numba CUDA.
+
+These kernels are written in Numba because they are plain per-channel loops that read like
+the reference (``psa_ref.blocks.block_metadata``); they run once per block at prefill and once
+per appended token, far from the hot path, and they run under Numba's CUDA simulator in CI
+(``NUMBA_ENABLE_CUDASIM=1``). The hot kernels (scoring, ordering, attention) are CUDA C.
+
+Layouts (``Dp`` is the padded head dimension, see ``psa_fast.cache.padded_dim``; padded channels are zero):
+
+* ``k_pool``, ``v_pool``: ``[slots, S, Dp]`` float16
+* ``block_table``: ``[B, Hkv, Nmax]`` int32, the slot of each block
+* ``seq_lens``: ``[B]`` int32
+* ``meta``: ``[B, Hkv, Nmax, 2, Dp]`` float16: (centre, radius) for ``cuboid_mean``, (mean, 0) for ``mean``
+* ``lohi``: ``[B, Hkv, Nmax, 2, Dp]`` float16: (lo, hi), kept for every metadata kind
+"""
+
+from __future__ import annotations
+
+from ._compat import patch_numpy_for_numba
+
+patch_numpy_for_numba()
+
+from numba import cuda, float32  # noqa: E402
+
+KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}
+
+
+@cuda.jit(device=True)
+def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, kind):
+    """Metadata of channel ``d`` of one block from its ``ntok`` keys (float32 arithmetic)."""
+    lo = float32(k_pool[slot, 0, d])
+    hi = lo
+    total = lo
+    for t in range(1, ntok):
+        x = float32(k_pool[slot, t, d])
+        lo = min(lo, x)
+        hi = max(hi, x)
+        total += x
+    lohi[b, kv, j, 0, d] = lo
+    lohi[b, kv, j, 1, d] = hi
+    if kind == 0:  # cuboid_mean: centre and mean distance to it
+        c = (lo + hi) * float32(0.5)
+        r = float32(0.0)
+        for t in range(ntok):
+            r += abs(float32(k_pool[slot, t, d]) - c)
+        meta[b, kv, j, 0, d] = c
+        meta[b, kv, j, 1, d] = r / ntok
+    elif kind == 2:  # mean key
+        meta[b, kv, j, 0, d] = total / ntok
+        meta[b, kv, j, 1, d] = float32(0.0)
+
+
+@cuda.jit
+def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, kind, block_size):
+    # grid (Nmax, Hkv, B), one thread per channel
+    j, kv, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+    d = cuda.threadIdx.x
+    length = seq_lens[b]
+    if d >= k_pool.shape[2] or j * block_size >= length:
+        return
+    _summarise(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi,
+               kind)
+
+
+@cuda.jit
+def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, kind, block_size):
+    # grid (Hkv, B), one thread per channel. Token t = seq_lens[b] goes to row t % S of block t // S;
+    # then that block's metadata is recomputed from its <= S tokens (the cache is never rescanned).
+    kv, b = cuda.blockIdx.x, cuda.blockIdx.y
+    d = cuda.threadIdx.x
+    if d >= k_pool.shape[2]:
+        return
+    t = seq_lens[b]
+    j = t // block_size
+    slot = block_table[b, kv, j]
+    k_pool[slot, t - j * block_size, d] = k_new[b, kv, d]
+    v_pool[slot, t - j * block_size, d] = v_new[b, kv, d]
+    # each thread reads back only the channel it wrote: no barrier needed
+    _summarise(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, kind)
+
+
+def _stream():
+    """Numba's view of CuPy's current stream, so both libraries' kernels run in order."""
+    if _simulating():
+        return 0
+    import cupy
+
+    return cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+
+
+def _simulating() -> bool:
+    from numba.cuda.core import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def _no_sync():
+    """CuPy arrays carry their stream; we launch on that same stream, so Numba need not synchronise."""
+    from numba.cuda.core import config
+
+    config.CUDA_ARRAY_INTERFACE_SYNC = False
+
+
+def build_metadata(k_pool, block_table, seq_lens, meta, lohi, *, kind: str, block_size: int) -> None:
+    """Compute ``meta`` and ``lohi`` for every block of every request (prefill)."""
+    _no_sync()
+    b, hkv, nmax = block_table.shape
+    _build_kernel[(nmax, hkv, b), k_pool.shape[2], _stream()](k_pool, block_table, seq_lens, meta, lohi,
+                                                              KIND_CODES[kind], block_size)
+
+
+def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, *, kind: str,
+                 block_size: int) -> None:
+    """Write one token per request (``k_new``, ``v_new``: ``[B, Hkv, Dp]``) at position ``seq_lens[b]``
+    and update its block's metadata. The caller then increments ``seq_lens``."""
+    _no_sync()
+    b, hkv, _ = block_table.shape
+    _append_kernel[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta,
+                                                         lohi, KIND_CODES[kind], block_size)

@@ -1,0 +1,155 @@
+"""Check another implementation's sparse attention result against the reference semantics.
+
+A GPU kernel cannot match a float64 reference bit for bit: its estimates come from float16
+metadata and its masses from float32 arithmetic, so where two blocks' estimates nearly tie, or
+a stop-rule ratio lies near the threshold, it may legitimately choose differently. This module
+checks that a result is *a correct execution of the contract up to those rounding margins*,
+and counts how often it agrees with the reference exactly:
+
+* I1 -- the output is softmax attention over the blocks it reports, within twice the error of a
+  naive float32 implementation of that same attention (the flash-attention budget);
+* I4 -- forced blocks first, then non-increasing reference estimate, up to ``est_tol``; nothing
+  it skipped ranks above what it attended by more than ``est_tol``;
+* I5 -- no earlier chunk boundary satisfies the stop rule by more than ``ratio_tol``, and the
+  boundary it stopped at satisfies it within ``ratio_tol`` (PSA);
+* I6 -- exactly ``min(k, N)`` blocks whose estimates sum to the top ``k`` within tolerance (top-k).
+
+Use it on your own kernel: run it, build the numbers it reports (``blocks_used``, ``output``,
+``iterations``, ``stop_reason``), and call :func:`check_result`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from .blocks import KVBlocks
+from .progressive import DEFAULT_STOP, attention, split_chunks
+from .scoring import estimate, forced_blocks, kv_head_of
+from .testing import brute_force_bound, log_block_mass, oracle_fractions
+from .topk import topk_attention
+
+FP16_META_REL = 2.0**-10  # float16 rounding of centre/radius (2^-11) with a factor 2 of margin
+
+
+@dataclass
+class Conformance:
+    """What :func:`check_result` found: the worst margins, and agreement with the reference."""
+
+    max_output_err: float  # largest |output - float64 attention over the reported blocks|
+    output_tol: float  # the tolerance it was held to
+    same_blocks: bool  # blocks_used equal to the reference's, group by group, in order
+    same_stop: bool  # same number of iterations in every group
+
+
+def _naive_fp32(q_head, keys, values, idx, scale) -> np.ndarray:
+    k = keys[idx].astype(np.float32)
+    logits = np.float32(scale) * (k @ q_head.astype(np.float32))
+    w = np.exp(logits - logits.max())
+    return (w @ values[idx].astype(np.float32)) / w.sum()
+
+
+def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, *, method: str = "psa", threshold: float = 0.95, stop: str = DEFAULT_STOP,
+                 step: int = 1, k: int = 8, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
+                 block_size: int = 16, metadata: str = "cuboid_mean", scale: float | None = None,
+                 est_tol: float | None = None, ratio_tol: float = 1e-4) -> Conformance:
+    """Assert that ``result`` is a valid PSA / top-k execution on these inputs; return the margins.
+
+    Args:
+        result: an object with ``output`` (array-like with the shape of ``q``), ``blocks_used``,
+            ``iterations`` and ``stop_reason`` laid out as :class:`psa_ref.AttentionResult`.
+        q: the query, ``[Hq, D]`` or ``[D]``, on the host.
+        keys: ``[Hkv, T, D]`` or ``[T, D]``, on the host.
+        values: the shape of ``keys``.
+        method: ``"psa"`` or ``"topk"``; the other keywords are the call's options.
+        est_tol: how far the implementation's estimates may be from the reference's; default:
+            float16 metadata rounding, ``2^-10 * scale * max_j sum_i |q_i| (|lo_ij| + |hi_ij|)``.
+        ratio_tol: how far a stop-rule ratio may be from the reference's (float32 masses).
+
+    Raises:
+        AssertionError: naming the invariant, the group and the numbers that broke it.
+    """
+    single = np.ndim(q) == 1
+    q2 = np.atleast_2d(np.asarray(q, np.float64))
+    k3 = np.asarray(keys, np.float64).reshape((-1,) + np.shape(keys)[-2:])
+    v3 = np.asarray(values, np.float64).reshape(k3.shape)
+    hq, d = q2.shape
+    hkv = k3.shape[0]
+    g = hq // hkv
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    blocks = KVBlocks.from_dense(k3, v3, block_size=block_size, metadata=metadata)
+    n = blocks.num_blocks
+    scores = estimate(q2, blocks, scale)
+    if est_tol is None:
+        mag = np.abs(blocks.meta["lo"]) + np.abs(blocks.meta["hi"])  # [Hkv, N, D]
+        est_tol = FP16_META_REL * scale * max(float((np.abs(q2[h]) * mag[kv]).sum(-1).max())
+                                               for h, kv in enumerate(kv_head_of(hq, hkv)))
+    groups = [[h] for h in range(hq)] if gqa == "per_head" else [list(range(c * g, (c + 1) * g)) for c in range(hkv)]
+    used = [np.asarray(result.blocks_used, np.int64)] if single else [np.asarray(u, np.int64)
+                                                                       for u in result.blocks_used]
+    iters = np.atleast_1d(result.iterations)
+    reasons = [result.stop_reason] if single else list(result.stop_reason)
+    out = np.atleast_2d(np.asarray(result.output, np.float64))
+    assert len(used) == len(groups), f"blocks_used has {len(used)} groups, expected {len(groups)}"
+    forced = forced_blocks(n, sink_blocks, recent_blocks)
+
+    ref = (attention(q2 if not single else q2[0], blocks, threshold, scale=scale, stop=stop, step=step, gqa=gqa,
+                     sink_blocks=sink_blocks, recent_blocks=recent_blocks) if method == "psa" else
+           topk_attention(q2 if not single else q2[0], blocks, k, scale=scale, gqa=gqa, sink_blocks=sink_blocks,
+                          recent_blocks=recent_blocks))
+    ref_used = [ref.blocks_used] if single else ref.blocks_used
+    worst, worst_tol = 0.0, 0.0
+    for gi, (heads, u) in enumerate(zip(groups, used)):
+        kv = heads[0] // g
+        assert u.size == len(set(u.tolist())) and (u.size == 0 or (u.min() >= 0 and u.max() < n)), \
+            f"group {gi}: blocks_used {u.tolist()} has repeats or indices outside [0, {n})"
+        # I1: output = attention over the reported blocks, within 2x a naive float32 attention's error
+        idx = blocks.token_indices(u)
+        for h in heads:
+            logits = scale * (k3[kv, idx] @ q2[h])
+            w = np.exp(logits - logits.max())
+            exact = (w @ v3[kv, idx]) / w.sum()
+            naive = np.abs(_naive_fp32(q2[h], k3[kv], v3[kv], idx, scale) - exact).max()
+            tol = 2 * naive + 1e-6 * np.abs(v3[kv]).max()
+            err = np.abs(out[h] - exact).max()
+            assert np.isfinite(out[h]).all(), f"head {h}: non-finite output"
+            assert err <= tol, f"I1 head {h}: output error {err:.3e} > tolerance {tol:.3e}"
+            if err > worst:
+                worst, worst_tol = err, tol
+        # I4: order
+        nf = forced.size if method == "psa" or u.size >= forced.size else u.size
+        assert set(u[:nf].tolist()) == set(forced[:nf].tolist()), f"group {gi}: forced blocks not first: {u.tolist()}"
+        s = scores[heads].max(axis=0)
+        ranked = u[nf:]
+        if ranked.size > 1:
+            rise = np.diff(s[ranked]).max()
+            assert rise <= est_tol, f"I4 group {gi}: estimate rises by {rise:.3e} > est_tol {est_tol:.3e} along the order"
+        rest = np.setdiff1d(np.arange(n), u)
+        if ranked.size and rest.size:
+            gap = s[rest].max() - s[ranked].min()
+            assert gap <= est_tol, f"I4 group {gi}: a skipped block's estimate exceeds an attended one by {gap:.3e}"
+        if method == "topk":  # I6
+            want = min(k, n)
+            assert u.size == want, f"I6 group {gi}: {u.size} blocks, expected {want}"
+            continue
+        # I5: stop
+        chunks = split_chunks(u, forced.size, step)
+        assert len(chunks) == iters[gi], f"group {gi}: {iters[gi]} iterations but blocks_used makes {len(chunks)}"
+        frac = np.array([oracle_fractions(stop, log_block_mass(q2[h], k3[kv], block_size, scale), chunks,
+                                          brute_force_bound(q2[h], k3[kv], block_size, scale), blocks.block_lengths)
+                         for h in heads])
+        if threshold < 1:
+            early = np.flatnonzero((frac[:, :-1] >= threshold + ratio_tol).all(axis=0))
+            assert early.size == 0, f"I5 group {gi}: the rule already held at boundary {early[0]} ({frac[:, early[0]]})"
+        if reasons[gi] == "threshold":
+            assert (frac[:, -1] >= threshold - ratio_tol).all(), \
+                f"I5 group {gi}: stopped where the rule does not hold ({frac[:, -1]} < {threshold})"
+        else:
+            assert reasons[gi] == "exhausted" and u.size == n, f"group {gi}: reason {reasons[gi]!r} with {u.size}/{n}"
+    same_blocks = all(np.array_equal(a, b) for a, b in zip(used, ref_used))
+    same_stop = bool(np.array_equal(iters, np.atleast_1d(ref.iterations)))
+    return Conformance(worst, worst_tol, same_blocks, same_stop)

@@ -1,0 +1,304 @@
+"""psa_fast on the GPU against the reference (skipped where there is no GPU).
+
+Every result is checked with psa_ref.conformance.check_result: output within twice a naive
+float32 attention's error, order and stop within float16-metadata / float32-ratio margins. On
+top, the test counts exact agreement with the reference's blocks, which must be the rule and not
+the exception.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import psa_fast
+import psa_ref
+from psa_ref.conformance import check_result
+from psa_ref.strategies import problems, thresholds
+
+pytestmark = pytest.mark.skipif(not psa_fast.gpu_available(), reason="needs a CUDA GPU (cupy.cuda.is_available())")
+
+if psa_fast.gpu_available():
+    import cupy
+
+AGREEMENT = {"runs": 0, "same": 0}
+
+
+@st.composite
+def gpu_problems(draw):
+    """Reference problems in float16, with head dims and block sizes limited to a few values: each
+    (padded D, S, heads per group) is a separate kernel compilation on the device."""
+    p = draw(problems(dtypes=("float16",), groups=(1, 3, 4, 8), max_tokens=300, max_dim=1))
+    d = draw(st.sampled_from([7, 64, 128]))
+    s = draw(st.sampled_from([5, 16]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    t = p.keys.shape[1]
+    scale = draw(st.sampled_from([0.0, 1.0, 3.0]))
+    q = (rng.standard_normal((p.q.shape[0], d)) * scale).astype(np.float16)
+    k = rng.standard_normal((p.keys.shape[0], t, d)).astype(np.float16)
+    v = rng.standard_normal((p.keys.shape[0], t, d)).astype(np.float16)
+    if draw(st.booleans()) and t > 1:  # an attention sink at token 0
+        k[:, 0] += (3.0 * q.astype(np.float32).reshape(k.shape[0], -1, d).mean(1)).astype(np.float16)
+    return dataclasses.replace(p, q=q, keys=k, values=v, block_size=s)
+
+
+def blocks_of(p):
+    return psa_fast.KVBlocks.from_dense(cupy.asarray(p.keys), cupy.asarray(p.values), block_size=p.block_size,
+                                        metadata=p.metadata)
+
+
+@settings(max_examples=150)
+@given(gpu_problems(), thresholds, st.sampled_from(psa_fast.STOP_RULES), st.sampled_from([1, 2, 5, 64]))
+def test_psa_conforms(p, tau, stop, step):
+    opts = dict(gqa=p.gqa, sink_blocks=p.sink_blocks, recent_blocks=p.recent_blocks)
+    res = psa_fast.attention(cupy.asarray(p.q), blocks_of(p), tau, stop=stop, step=step, exact_mass=True, **opts)
+    host = type(res)(cupy.asnumpy(res.output), res.blocks_used, res.iterations, res.stop_reason, res.mass_estimate,
+                     res.mass_exact, res.num_blocks)
+    c = check_result(host, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                     metadata=p.metadata, **opts)
+    AGREEMENT["runs"] += 1
+    AGREEMENT["same"] += c.same_blocks
+    if stop == "certified" and tau < 1:  # I3 on the GPU, within the float32 ratio margin
+        assert np.min(res.mass_exact) >= tau - 1e-4
+
+
+def test_psa_agrees_with_reference_on_most_draws():
+    if AGREEMENT["runs"] < 50:
+        pytest.skip("runs after test_psa_conforms")
+    assert AGREEMENT["same"] >= 0.9 * AGREEMENT["runs"], AGREEMENT
+
+
+@settings(max_examples=80)
+@given(gpu_problems(), st.integers(1, 20))
+def test_topk_conforms(p, k):
+    if k < min(p.sink_blocks + p.recent_blocks, p.num_blocks):
+        k = p.sink_blocks + p.recent_blocks
+    opts = dict(gqa=p.gqa, sink_blocks=p.sink_blocks, recent_blocks=p.recent_blocks)
+    res = psa_fast.topk_attention(cupy.asarray(p.q), blocks_of(p), k, **opts)
+    host = type(res)(cupy.asnumpy(res.output), res.blocks_used, res.iterations, res.stop_reason, res.mass_estimate,
+                     res.mass_exact, res.num_blocks)
+    check_result(host, p.q, p.keys, p.values, method="topk", k=k, block_size=p.block_size, metadata=p.metadata, **opts)
+    assert all(r == "budget" for r in np.atleast_1d(res.stop_reason))
+
+
+@settings(max_examples=60)
+@given(gpu_problems())
+def test_dense_within_twice_naive_fp32(p):
+    out = cupy.asnumpy(psa_fast.dense_attention(cupy.asarray(p.q), cupy.asarray(p.keys), cupy.asarray(p.values)))
+    ref = psa_ref.dense_attention(p.q, p.keys, p.values)
+    g = p.q.shape[0] // p.keys.shape[0]
+    for h in range(p.q.shape[0]):
+        k32, v32 = p.keys[h // g].astype(np.float32), p.values[h // g].astype(np.float32)
+        lg = (k32 @ p.q[h].astype(np.float32)) / np.float32(np.sqrt(p.q.shape[1]))
+        w = np.exp(lg - lg.max())
+        naive = np.abs((w @ v32) / w.sum() - ref[h]).max()
+        assert np.abs(out[h] - ref[h]).max() <= 2 * naive + 1e-6 * np.abs(v32).max()
+
+
+def test_every_output_element_is_written():
+    rng = np.random.default_rng(0)
+    q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=8, num_kv_heads=2, num_tokens=1000, head_dim=128,
+                                             dtype=np.float16)
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=2, head_dim=128, max_tokens=1000)
+    cache.prefill(0, 0, cupy.asarray(k), cupy.asarray(v))
+    for mode in ("psa", "topk", "dense"):
+        plan = psa_fast.plan(cache, num_q_heads=8, mode=mode, step=8)
+        for buf in (plan.out, plan.mass_estimate):
+            buf.fill(np.nan)  # poison
+        for buf in (plan.num_used, plan.iterations, plan.reason):
+            buf.fill(-7)
+        dec = plan.run(cupy.asarray(q[None]))
+        assert bool(cupy.isfinite(dec.out).all()), mode
+        assert bool((dec.num_used > 0).all()) and bool((dec.iterations > 0).all()) and bool((dec.reason >= 0).all())
+
+
+def test_batched_ragged_lengths_match_single_requests():
+    rng = np.random.default_rng(1)
+    lens = [33, 700, 1]
+    hq, hkv, d, s = 8, 2, 64, 16
+    cache = psa_fast.PagedKVCache(num_layers=2, batch=3, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens), block_size=s)
+    data = []
+    for b, t in enumerate(lens):
+        q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
+                                                 logit_scale=2.0, dtype=np.float16)
+        cache.prefill(1, b, cupy.asarray(k), cupy.asarray(v))
+        data.append((q, k, v))
+    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, step=4)
+    dec = plan.run(cupy.asarray(np.stack([q for q, _, _ in data])), layer=1)
+    out, order, used = cupy.asnumpy(dec.out), cupy.asnumpy(dec.order), cupy.asnumpy(dec.num_used)
+    iters, reason = cupy.asnumpy(dec.iterations), cupy.asnumpy(dec.reason)
+    for b, (q, k, v) in enumerate(data):
+        res = psa_ref.AttentionResult(out[b], [order[b, g, : used[b, g]] for g in range(hkv)], iters[b],
+                                      [psa_fast.REASONS[r] for r in reason[b]], None, None, -(-lens[b] // s))
+        check_result(res, q, k, v, threshold=0.9, step=4, block_size=s)
+
+
+def test_append_then_attend_equals_prefill():
+    rng = np.random.default_rng(2)
+    hq, hkv, d, t = 4, 1, 32, 48  # capacity = t: a multiple of the block size
+    q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
+                                             dtype=np.float16)
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=hkv, head_dim=d, max_tokens=t, block_size=8)
+    cache.prefill(0, 0, cupy.asarray(k[:, :20]), cupy.asarray(v[:, :20]))
+    for i in range(20, t):
+        cache.append(0, cupy.asarray(np.ascontiguousarray(k[None, :, i])), cupy.asarray(np.ascontiguousarray(v[None, :, i])))
+    with pytest.raises(ValueError, match="full"):
+        cache.append(0, cupy.asarray(np.ascontiguousarray(k[None, :, 0])), cupy.asarray(np.ascontiguousarray(v[None, :, 0])))
+    dec = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, step=2).run(cupy.asarray(q[None]))
+    g = [cupy.asnumpy(dec.order[0, 0, : int(dec.num_used[0, 0])])]
+    res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), g, cupy.asnumpy(dec.iterations[0]),
+                                  [psa_fast.REASONS[int(dec.reason[0, 0])]], None, None, -(-t // 8))
+    check_result(res, q, k, v, threshold=0.95, step=2, block_size=8)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_earlier_decode_kernels_still_conform(version):
+    """Versions 1 and 2 stay in the benchmark for comparison, so they must stay correct."""
+    rng = np.random.default_rng(10 + version)
+    for t, s, tau, step in [(300, 16, 0.9, 4), (97, 5, 0.99, 1), (1000, 16, 0.8, 64)]:
+        q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=8, num_kv_heads=2, num_tokens=t, head_dim=64,
+                                                 logit_scale=2.0, sink_strength=4.0, dtype=np.float16)
+        cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=2, head_dim=64, max_tokens=t, block_size=s)
+        cache.prefill(0, 0, cupy.asarray(k), cupy.asarray(v))
+        dec = psa_fast.plan(cache, num_q_heads=8, threshold=tau, step=step, stop="remaining",
+                            version=version).run(cupy.asarray(q[None]))
+        used = [cupy.asnumpy(dec.order[0, gi, : int(dec.num_used[0, gi])]) for gi in range(2)]
+        res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
+                                      [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None,
+                                      -(-t // s))
+        check_result(res, q, k, v, threshold=tau, step=step, stop="remaining", block_size=s)
+
+
+def test_torch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=4, num_kv_heads=2, num_tokens=100, head_dim=16,
+                                             dtype=np.float16)
+    kt, vt, qt = (torch.from_numpy(a).cuda() for a in (k, v, q))
+    res = psa_fast.attention(qt, psa_fast.KVBlocks.from_dense(kt, vt), 1.0)
+    assert isinstance(res.output, torch.Tensor) and res.output.is_cuda
+    ref = psa_ref.dense_attention(q, k, v)
+    assert np.abs(res.output.cpu().numpy() - ref).max() < 1e-2
+
+
+@pytest.mark.parametrize("bad, exc, words", [
+    (lambda q, b: psa_fast.attention(np.zeros((4, 16), np.float32), b), TypeError, "NumPy array on the host"),
+    (lambda q, b: psa_fast.attention(q[:, ::2], b), ValueError, "contiguous"),
+    (lambda q, b: psa_fast.attention(q[:3], b), ValueError, "multiple of the number of KV heads"),
+    (lambda q, b: psa_fast.attention(q, b, 1.5), ValueError, "threshold"),
+    (lambda q, b: psa_fast.attention(q, b, stop="x"), ValueError, "stop must be one of"),
+    (lambda q, b: psa_fast.attention(q.astype(cupy.int32), b), TypeError, "dtype"),
+    (lambda q, b: psa_fast.attention(q * cupy.nan, b), ValueError, "NaN"),
+    (lambda q, b: psa_fast.topk_attention(q, b, 0), ValueError, "k must be >= 1"),
+    (lambda q, b: psa_fast.KVBlocks.from_dense(cupy.zeros((2, 8, 16), cupy.float32), cupy.zeros((2, 8, 16), cupy.float32)),
+     TypeError, "float16"),
+])
+def test_bad_input(bad, exc, words):
+    q = cupy.ones((4, 16), cupy.float32)
+    b = psa_fast.KVBlocks.from_dense(cupy.ones((2, 40, 16), cupy.float16), cupy.ones((2, 40, 16), cupy.float16))
+    with pytest.raises(exc, match=words):
+        bad(q, b)
+
+
+def test_gather_from_mapped_host_memory_equals_host_store():
+    from psa_fast.offload import HostKVStore
+
+    rng = np.random.default_rng(4)
+    store = HostKVStore(64, block_size=16, head_dim=128)
+    try:
+        store.k[...] = rng.standard_normal(store.k.shape).astype(np.float16)
+        store.v[...] = rng.standard_normal(store.v.shape).astype(np.float16)
+        k_pool = cupy.full((20, 16, 128), np.nan, cupy.float16)  # poison
+        v_pool = cupy.full_like(k_pool, np.nan)
+        src = rng.choice(64, size=20, replace=False)
+        dst = rng.permutation(20)
+        store.gather(cupy.asarray(src, cupy.int64), cupy.asarray(dst, cupy.int32), k_pool, v_pool)
+        np.testing.assert_array_equal(cupy.asnumpy(k_pool)[dst], store.k[src])
+        np.testing.assert_array_equal(cupy.asnumpy(v_pool)[dst], store.v[src])
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("nmax, lens", [(1000, [1000 * 16]), (3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]),
+                                         (8192, [8192 * 16, 40 * 16])])
+def test_order_kernels_match_reference_rank(nmax, lens):
+    """Both sorts (one CTA per group, and slices + merge for long caches) give psa_ref's order, ties included."""
+    from psa_fast import _kernels
+    from psa_ref.scoring import forced_blocks, processing_order
+
+    rng = np.random.default_rng(nmax)
+    b, gn = len(lens), 3
+    scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties
+    seq = cupy.asarray(np.array(lens, np.int32))
+    out = cupy.full((b, gn, nmax), -7, cupy.int32)
+    ws = _kernels.order_workspace_shape(b, gn, nmax)
+    _kernels.order(cupy.asarray(scores), seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=1,
+                   recent_blocks=2, want_suffix=False, workspace=None if ws is None else cupy.empty(ws, cupy.uint64))
+    got = cupy.asnumpy(out)
+    for r, t in enumerate(lens):
+        n = -(-t // 16)
+        for g in range(gn):
+            want = processing_order(scores[r, g, :n].astype(np.float64), forced_blocks(n, 1, 2))
+            np.testing.assert_array_equal(got[r, g, :n], want)
+            assert (got[r, g, n:] == -1).all()
+
+
+@pytest.mark.parametrize("metadata", ["cuboid_mean", "minmax", "mean"])
+def test_estimates_of_a_long_cache_match_reference(metadata):
+    rng = np.random.default_rng(5)
+    hq, hkv, d, t = 8, 2, 64, 5000 * 16 + 7
+    q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
+                                             logit_scale=2.0, dtype=np.float16)
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=hkv, head_dim=d, max_tokens=t, metadata=metadata)
+    cache.prefill(0, 0, cupy.asarray(k), cupy.asarray(v))
+    plan = psa_fast.plan(cache, num_q_heads=hq, stop="certified", step=64)
+    plan.run(cupy.asarray(q[None]))
+    blocks = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata=metadata)
+    scale = 1 / np.sqrt(d)
+    ref = psa_ref.estimate(q.astype(np.float64), blocks, scale).reshape(hkv, hq // hkv, -1).max(axis=1)
+    bound = psa_ref.upper_bound(q.astype(np.float64), blocks, scale)
+    n = blocks.num_blocks
+    mag = (np.abs(blocks.meta["lo"]) + np.abs(blocks.meta["hi"]))  # [Hkv, N, D]
+    tol = 2.0**-10 * scale * float((np.abs(q.astype(np.float64))[:, None, :] * mag[np.arange(hq) // 4]).sum(-1).max())
+    psa_ref.testing.assert_close("long-cache estimates", cupy.asnumpy(plan.scores[0, :, :n]), ref, rtol=0, atol=tol)
+    psa_ref.testing.assert_close("long-cache bounds", cupy.asnumpy(plan.bounds[0, :, :n]), bound, rtol=0, atol=tol)
+    assert np.isneginf(cupy.asnumpy(plan.scores[0, :, n:])).all()
+
+
+def test_transformers_integration_with_the_fast_backend():
+    """attn_implementation="psa" with backend="fast" on the GPU: at tau = 1 the logits of a tiny random
+    Llama (float16 KV in psa_fast) are within twice the error of the model run in float16 end to end,
+    both against the model in float32."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from psa_ref import hf
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(cfg).eval().cuda()
+    ids = torch.randint(0, 97, (1, 80), generator=torch.Generator().manual_seed(1)).cuda()
+
+    def run(m):
+        cache = transformers.DynamicCache(config=m.config)
+        with torch.no_grad():
+            out = [m(ids[:, :50], cache=cache, use_cache=True).logits]
+            out += [m(ids[:, i : i + 1], cache=cache, use_cache=True).logits for i in range(50, 80)]
+        return torch.cat(out, dim=1).float()
+
+    model.set_attn_implementation("sdpa")
+    ref32 = run(model)
+    naive16 = run(model.half())
+    model.float()
+    session = hf.enable(model, hf.PSAConfig(threshold=1.0, block_size=16, backend="fast"))
+    try:
+        fast = run(model)
+    finally:
+        model.set_attn_implementation("sdpa")
+    naive_err = float((naive16 - ref32).abs().max())
+    err = float((fast - ref32).abs().max())
+    assert err <= 2 * naive_err, f"fast backend logits error {err:.3e} > 2 x float16 model error {naive_err:.3e}"
+    assert len(session.records) == 2 * 30

@@ -1,0 +1,81 @@
+"""psa_fast's Numba metadata kernels against psa_ref (on the GPU, or under Numba's CUDA simulator in CI)."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+import psa_ref  # noqa: E402
+from psa_fast import metadata  # noqa: E402
+from psa_fast._compat import gpu_available  # noqa: E402
+from psa_ref.testing import assert_close  # noqa: E402
+
+if gpu_available():
+    import cupy as xp
+
+    to_host = xp.asnumpy
+else:
+    xp = np
+    to_host = np.asarray
+
+FP16_REL = 2.0**-11  # one float16 rounding
+
+
+def pool_from_dense(keys, s):
+    """[Hkv, T, D] -> pool [Hkv*N, S, D] (zero padded), block_table [1, Hkv, N]."""
+    hkv, t, d = keys.shape
+    n = -(-t // s)
+    pool = np.zeros((hkv * n, s, d), np.float16)
+    pool.reshape(hkv, n * s, d)[:, :t] = keys
+    return pool, np.arange(hkv * n, dtype=np.int32).reshape(1, hkv, n)
+
+
+def check_meta(meta, lohi, keys, s, kind):
+    ref = psa_ref.KVBlocks.from_dense(keys.astype(np.float64), keys.astype(np.float64), block_size=s, metadata=kind)
+    assert_close("lo", lohi[0, :, :, 0], ref.meta["lo"], rtol=0)  # exact: min of float16 values
+    assert_close("hi", lohi[0, :, :, 1], ref.meta["hi"], rtol=0)
+    if kind == "cuboid_mean":
+        assert_close("centre", meta[0, :, :, 0], ref.meta["center"], rtol=FP16_REL)
+        assert_close("radius", meta[0, :, :, 1], ref.meta["radius"], rtol=2 * FP16_REL)
+    elif kind == "mean":
+        assert_close("mean", meta[0, :, :, 0], ref.meta["mean"], rtol=2 * FP16_REL)
+
+
+@pytest.mark.parametrize("kind", ["cuboid_mean", "minmax", "mean"])
+@pytest.mark.parametrize("t, s, d", [(1, 4, 8), (11, 4, 8), (16, 16, 8), (37, 16, 16), (9, 3, 8)])
+def test_build_metadata_matches_reference(kind, t, s, d):
+    rng = np.random.default_rng(t * 100 + s)
+    keys = rng.standard_normal((2, t, d)).astype(np.float16)
+    pool, table = pool_from_dense(keys, s)
+    n = table.shape[2]
+    meta = np.full((1, 2, n, 2, d), np.nan, np.float16)
+    lohi = np.full_like(meta, np.nan)
+    meta_d, lohi_d = xp.asarray(meta), xp.asarray(lohi)
+    metadata.build_metadata(xp.asarray(pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta_d,
+                            lohi_d, kind=kind, block_size=s)
+    check_meta(to_host(meta_d), to_host(lohi_d), keys, s, kind)
+
+
+@pytest.mark.parametrize("kind", ["cuboid_mean", "mean"])
+def test_append_token_by_token_equals_building_once(kind):
+    rng = np.random.default_rng(7)
+    hkv, t, s, d = 2, 13, 4, 8
+    keys = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    values = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    n = -(-t // s)
+    k_pool = xp.zeros((hkv * n, s, d), np.float16)
+    v_pool = xp.zeros_like(k_pool)
+    table = xp.asarray(np.arange(hkv * n, dtype=np.int32).reshape(1, hkv, n))
+    lens = xp.zeros(1, np.int32)
+    meta = xp.zeros((1, hkv, n, 2, d), np.float16)
+    lohi = xp.zeros_like(meta)
+    for i in range(t):
+        metadata.append_token(k_pool, v_pool, table, lens, xp.asarray(np.ascontiguousarray(keys[None, :, i])),
+                              xp.asarray(np.ascontiguousarray(values[None, :, i])),
+                              meta, lohi, kind=kind, block_size=s)
+        lens += 1
+    pool, _ = pool_from_dense(keys, s)
+    np.testing.assert_array_equal(to_host(k_pool), pool)  # every token landed in its slot and row
+    vpool, _ = pool_from_dense(values, s)
+    np.testing.assert_array_equal(to_host(v_pool), vpool)
+    check_meta(to_host(meta), to_host(lohi), keys, s, kind)
