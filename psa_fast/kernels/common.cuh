@@ -56,12 +56,6 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
 // Unpack 8 halves held in a uint4 into floats.
 __device__ __forceinline__ void unpack8(const uint4 v, float* f) {
     const __half2* h = reinterpret_cast<const __half2*>(&v);
