@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: environment, smoke check, GPU tests, benchmark; logs under $OUT.
-#   bash benchmarks/device_run.sh [quick|full] [test-profile]
+#   bash benchmarks/device_run.sh [quick|full|none] [test-profile]
+# env: TESTS (test files), TEST_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS, OFFLOAD=1 (+ OFFLOAD_ARGS, OFFLOAD_TIMEOUT)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
@@ -12,10 +13,10 @@ profile="${2:-dev}"
 cat "$OUT/env.txt"
 echo "== smoke"; timeout 120 python3 benchmarks/smoke.py 2>&1 | tee "$OUT/smoke.log"
 echo "== tests"; HYPOTHESIS_PROFILE="$profile" timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
-    tests/test_fast_metadata.py tests/test_fast.py tests/test_conformance.py 2>&1 | tee "$OUT/tests.log" | tail -25
+    ${TESTS:-tests/test_fast_metadata.py tests/test_fast_pool.py tests/test_fast.py tests/test_fast_offload.py tests/test_conformance.py} 2>&1 | tee "$OUT/tests.log" | tail -25
 if [ "$mode" != "none" ]; then
   echo "== bench"; timeout ${BENCH_TIMEOUT:-190} python3 benchmarks/bench_decode.py $([ "$mode" = quick ] && echo --quick) ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 fi
 if [ -n "${OFFLOAD:-}" ]; then
-  echo "== offload"; timeout 120 python3 benchmarks/bench_offload.py 2>&1 | tee "$OUT/offload.log"
+  echo "== offload"; timeout ${OFFLOAD_TIMEOUT:-240} python3 benchmarks/bench_offload.py ${OFFLOAD_ARGS:-} 2>&1 | tee "$OUT/offload.log"
 fi

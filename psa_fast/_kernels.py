@@ -194,3 +194,24 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         fn.max_dynamic_shared_size_bytes = smem
     allow_cluster(fn, cluster)
     fn(grid, (warps * 32,), args, shared_mem=smem)
+
+
+def decode_offload(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason, mass_est,
+                   slot_map, istate, vstate, groups_left, done_ptr, token, *, d, s, g, hq, hkv, nmax, stop, threshold,
+                   step, forced, cluster, warps=8, stages=None) -> None:
+    """One iteration of the progressive loop (decode v3 built with ``PSA_OFFLOAD``): the state is read
+    from and written back to ``istate``/``vstate``; blocks are found as ``slot_map[block_table[...]]``."""
+    from psa_ref.progressive import EMA_WEIGHT
+
+    b = q.shape[0]
+    _, warps, stages, smem = decode_config(d=d, s=s, g=g, version=3, warps=warps, stages=stages)
+    null = np.uint64(0)
+    args = (q, k_pool, v_pool, block_table, seq_lens, order_arr, null if log_suffix is None else log_suffix, out, num_used,
+            iterations, reason, mass_est, np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(STOP_CODES[stop]),
+            np.float32(threshold), np.int32(step), np.int32(forced), np.float32(EMA_WEIGHT), slot_map, istate, vstate, groups_left,
+            np.uint64(done_ptr), np.int32(token))
+    fn = kernel("decode", d=d, s=s, g=g, cluster=cluster, warps=warps, stages=stages, offload=1)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    allow_cluster(fn, cluster)
+    fn((cluster, hq // g, b), (warps * 32,), args, shared_mem=smem)

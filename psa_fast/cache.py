@@ -68,14 +68,20 @@ class PagedKVCache:
         self.dp = padded_dim(self.head_dim)
         self.nmax = -(-max_tokens // self.block_size)
         shape = (self.num_layers, self.batch, self.num_kv_heads, self.nmax)
-        slots = int(np.prod(shape))
-        self.k_pool = cupy.zeros((slots, self.block_size, self.dp), dtype=cupy.float16)
-        self.v_pool = cupy.zeros_like(self.k_pool)
-        self.block_table = cupy.arange(slots, dtype=cupy.int32).reshape(shape)
+        self.block_table = cupy.arange(int(np.prod(shape)), dtype=cupy.int32).reshape(shape)
+        self.k_pool, self.v_pool = self._allocate_blocks(int(np.prod(shape)))
         self.seq_lens = cupy.zeros((self.num_layers, self.batch), dtype=cupy.int32)
         self.host_lens = np.zeros((self.num_layers, self.batch), dtype=np.int64)  # mirror: capacity checks
         self.meta = cupy.zeros(shape + (2, self.dp), dtype=cupy.float16)
         self.lohi = cupy.zeros_like(self.meta)
+
+    def _allocate_blocks(self, num_blocks: int):
+        """``(k, v)``, each ``[num_blocks, S, Dp]`` float16, zeroed: here on the GPU (every block has a
+        slot); :class:`psa_fast.offload.OffloadKVCache` puts them in mapped pinned host memory."""
+        import cupy
+
+        k = cupy.zeros((num_blocks, self.block_size, self.dp), dtype=cupy.float16)
+        return k, cupy.zeros_like(k)
 
     @property
     def capacity(self) -> int:

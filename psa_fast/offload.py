@@ -1,13 +1,33 @@
-"""Host offload, first piece: the authoritative KV store in mapped pinned host memory, and the
-gather kernel that loads an iteration's missing blocks into GPU pool slots in one launch.
+"""Host offload: the KV cache lives in host memory, the GPU caches blocks, and a decode step loads
+what the progressive loop asks for while it computes (the paper's system half).
 
-The pool policy, the loader thread and the pipelined decode loop build on these (the offload
-issue); ``benchmarks/bench_offload.py`` measures the gather against the bulk and per-block copies.
+* :class:`HostKVStore`: every KV block in mapped pinned host memory, authoritative; kernels read
+  and write it through its unified virtual address.
+* :class:`OffloadKVCache`: a :class:`~psa_fast.cache.PagedKVCache` whose blocks live in a
+  :class:`HostKVStore`, plus a GPU pool of ``num_slots`` slots managed by
+  :class:`psa_fast.pool.GPUSlotPool` (unified over layers, or split per layer). Metadata stays
+  resident on the GPU. Appends write the token into the host store and, when its block is
+  resident, into its slot.
+* :class:`OffloadDecoder`: a :class:`~psa_fast.api.DecodePlan` whose attention stage runs one
+  iteration of the progressive loop per launch. A loader thread, on its own CUDA stream, names
+  the next iteration's blocks (:file:`kernels/iteration_ids.cu`), makes them resident (pool
+  access) and gathers the misses from host memory in one launch, while the current iteration
+  is attended. The decode kernel keeps the loop state on the GPU and, when the last group of the
+  batch stops, writes a token into mapped pinned memory; the loader polls it and stops issuing
+  loads. Nothing calls ``synchronize()`` inside the loop.
+
+``benchmarks/bench_offload.py`` measures the gather against the bulk and per-block copies and the
+decode step against ``max(transfer, compute)``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import queue
+import threading
+import time
+from typing import Any, Callable
 
 import numpy as np
 
@@ -15,6 +35,8 @@ from psa_ref import _validate
 
 from . import _kernels
 from ._compat import require_gpu
+from .api import DecodeOutput, DecodePlan
+from .cache import PagedKVCache
 
 CUDA_HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped: the GPU may read the pages directly (UVA)
 GATHER_THREADS = 128
@@ -44,6 +66,17 @@ class HostKVStore:
         self._ptrs = [cupy.cuda.runtime.hostAlloc(nbytes, CUDA_HOST_ALLOC_MAPPED) for _ in range(2)]
         self.k, self.v = (np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_uint16)), shape=shape)
                           .view(np.float16) for p in self._ptrs)
+
+    def device_arrays(self):
+        """``(k, v)`` as CuPy arrays over the same pinned bytes (``[num_blocks, S, Dp]``): GPU kernels
+        read and write them over PCIe, no copy is made."""
+        import cupy
+
+        dev = cupy.cuda.Device().id
+        nbytes = self.k.nbytes
+        return tuple(cupy.ndarray(self.k.shape, cupy.float16,
+                                  memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(p, nbytes, self, dev), 0))
+                     for p in self._ptrs)
 
     @property
     def device_pointers(self) -> tuple[int, int]:
@@ -82,3 +115,275 @@ class HostKVStore:
         hk, hv = self.device_pointers
         fn = _kernels.kernel("gather", d=self.head_dim, s=self.block_size, g=1, gather_threads=GATHER_THREADS)
         fn((n,), (GATHER_THREADS,), (np.uint64(hk), np.uint64(hv), src, dst, np.int32(n), k_pool, v_pool))
+
+
+class OffloadKVCache(PagedKVCache):
+    """A :class:`~psa_fast.cache.PagedKVCache` whose KV blocks live in host memory, cached on the GPU.
+
+    The host store (:class:`HostKVStore`) holds every block and is authoritative; ``k_pool`` and
+    ``v_pool`` are CuPy views of it (so prefill and append write there through UVA) and
+    ``block_table`` maps ``(layer, request, kv_head, block)`` to its id in the store. The GPU
+    slots are ``slot_k``/``slot_v`` (``[num_slots, S, Dp]`` float16), managed by ``pool``.
+
+    Args:
+        num_slots: GPU slots (one block of one KV head each). ``pool="per_layer"`` needs a
+            multiple of ``num_layers``.
+        pool: ``"unified"`` (one set of slots for all layers, the paper's) or ``"per_layer"``.
+        policy: ``"lru"`` or ``"fifo"``.
+        Others as :class:`~psa_fast.cache.PagedKVCache`.
+    """
+
+    def __init__(self, *, num_slots: int, pool: str = "unified", policy: str = "lru", **cache_args):
+        import cupy
+
+        from .pool import GPUSlotPool
+
+        self.num_slots = _validate.integer(num_slots, "num_slots", minimum=2)
+        self.pool_kind = _validate.choice(pool, "pool", ("unified", "per_layer"))
+        super().__init__(**cache_args)
+        parts = 1 if self.pool_kind == "unified" else self.num_layers
+        self.pool = GPUSlotPool(self.num_slots, num_store_blocks=self.store.num_blocks, num_partitions=parts,
+                                policy=policy, pin_window=2)
+        self.policy = policy
+        self.slot_k = cupy.zeros((self.num_slots, self.block_size, self.dp), dtype=cupy.float16)
+        self.slot_v = cupy.zeros_like(self.slot_k)
+
+    def _allocate_blocks(self, num_blocks: int):
+        self.store = HostKVStore(num_blocks, block_size=self.block_size, head_dim=self.dp)
+        self.store.k[...] = 0
+        self.store.v[...] = 0
+        return self.store.device_arrays()
+
+    def partition(self, layer: int) -> int:
+        """The pool partition ``layer`` draws slots from."""
+        return 0 if self.pool_kind == "unified" else layer
+
+    def reset_pool(self) -> None:
+        """Forget every resident block (after a loader fault: a slot may have been assigned and not
+        filled). Nothing is lost: the host store holds every block."""
+        from .pool import GPUSlotPool
+
+        old = self.pool
+        self.pool = GPUSlotPool(old.num_slots, num_store_blocks=self.store.num_blocks,
+                                num_partitions=old.num_partitions, policy=self.policy, pin_window=2)
+
+    def prefill(self, layer: int, request: int, keys: Any, values: Any) -> None:
+        """As :meth:`PagedKVCache.prefill`; the blocks go to the host store. A prefill of a request's
+        layer invalidates its resident blocks (their content changed)."""
+        super().prefill(layer, request, keys, values)
+        self.pool.release(self.block_table[layer, request].ravel())
+
+    def append(self, layer: int, keys: Any, values: Any) -> None:
+        """As :meth:`PagedKVCache.append`: the token is written into the host store, and into the slot
+        of its block when that block is resident (write-through), so no slot is ever stale."""
+        import cupy
+
+        t = self.seq_lens[layer].copy()  # positions the new tokens take (append advances seq_lens)
+        super().append(layer, keys, values)
+        blk = t // self.block_size
+        ids = cupy.take_along_axis(self.block_table[layer], blk[:, None, None].astype(cupy.int64), axis=2)[..., 0]
+        slots = self.pool.slot_of[ids]                          # [B, Hkv], -1 where not resident
+        row = (t % self.block_size)[:, None].astype(cupy.int64)
+        _write_through(slots, row, self.k_pool, self.v_pool, ids, self.slot_k, self.slot_v, self.block_size, self.dp)
+
+
+def _write_through(slots, row, host_k, host_v, ids, slot_k, slot_v, s, dp) -> None:
+    """Copy row ``row[b]`` of every resident block ``ids[b, h]`` from the host store into its slot."""
+    import cupy
+
+    b, hkv = slots.shape
+    src = (ids.astype(cupy.int64) * s + row) * dp          # [B, Hkv] element offsets of the row
+    dst = (slots.astype(cupy.int64) * s + row) * dp
+    mask = slots >= 0
+    for host, gpu in ((host_k, slot_k), (host_v, slot_v)):
+        _row_copy_kernel()(src[..., None], dst[..., None], mask[..., None], cupy.arange(dp, dtype=cupy.int64), host,
+                           gpu)
+
+
+@functools.lru_cache(maxsize=1)
+def _row_copy_kernel():
+    import cupy
+
+    return cupy.ElementwiseKernel("int64 src, int64 dst, bool mask, int64 d, raw float16 host", "raw float16 gpu",
+                                  "if (mask) gpu[dst + d] = host[src + d];", "psa_row_copy")
+
+
+class LoaderError(RuntimeError):
+    """The offload loader failed; the step's result is not valid. The pool was reset (no block is stale)."""
+
+
+class OffloadDecoder(DecodePlan):
+    """A decode plan over an :class:`OffloadKVCache`: the progressive loop one iteration per launch,
+    with a loader thread bringing the next iteration's blocks into the GPU pool meanwhile.
+
+    Same arguments as :class:`~psa_fast.api.DecodePlan` (``mode`` ``"psa"`` or ``"topk"``), plus:
+
+    Args:
+        lookahead: iterations the loader may issue beyond the last one the GPU has finished: it
+            hides the host's polling latency, at the price of up to ``lookahead`` iterations of
+            blocks loaded after the loop has stopped (they stay cached). 0: the loader issues
+            iteration ``j`` only once ``j - 2`` is done and the done flag is still clear.
+        timeout: seconds the caller waits for the loader before raising ``TimeoutError``.
+        fault: test hook, ``fault(stage, iteration)`` called by the loader before each stage
+            (``"ids"``, ``"access"``, ``"gather"``); an exception it raises surfaces in the caller
+            as :class:`LoaderError`.
+
+    Raises:
+        ValueError: the pool cannot hold two iterations of the batch (the one attended and the one
+            loading); make ``step`` or the batch smaller, or the pool larger.
+    """
+
+    def __init__(self, cache: OffloadKVCache, *, lookahead: int = 2, timeout: float = 60.0,
+                 fault: Callable[[str, int], None] | None = None, **options):
+        import cupy
+
+        if not isinstance(cache, OffloadKVCache):
+            raise TypeError(f"cache must be a psa_fast.offload.OffloadKVCache, got {type(cache).__name__}")
+        super().__init__(cache, **options)
+        if self.mode == "dense":
+            raise ValueError("mode='dense' is not offloaded: it reads every block, use a resident PagedKVCache")
+        if self.version != 3:
+            raise ValueError("the offload decoder runs decode version 3")
+        self.lookahead = _validate.integer(lookahead, "lookahead", minimum=0)
+        self.timeout = float(timeout)
+        self.fault = fault
+        b, gn, nmax = cache.batch, self.gn, cache.nmax
+        forced = self.sink_blocks + self.recent_blocks if self.mode == "psa" else 0
+        self._step_blocks = self.step if self.mode == "psa" else self.k
+        self._forced = forced
+        self.chunk = max(forced, self._step_blocks)             # the largest iteration per group
+        per_iteration = b * gn * self.chunk
+        if 2 * per_iteration > cache.pool.capacity_per_partition:
+            raise ValueError(f"num_slots: the pool gives each layer {cache.pool.capacity_per_partition} slots, but "
+                             f"two iterations of this batch name up to {2 * per_iteration} blocks ({b} requests x "
+                             f"{gn} groups x {self.chunk} blocks, the one attended and the one loading)")
+        self.max_iterations = 1 + (1 if forced else 0) + -(-max(nmax - forced, 0) // self._step_blocks)
+        if self.mode == "topk":
+            self.max_iterations = 1
+        i32 = cupy.int32
+        self.istate = cupy.zeros((b * gn, 4), i32)
+        self.vstate = cupy.zeros((b, self.hq, 7 + cache.dp), cupy.float32)
+        self.groups_left = cupy.zeros(1, i32)
+        self.ids = cupy.full((b, gn, self.chunk), -1, i32)
+        self._done_ptr = cupy.cuda.runtime.hostAlloc(4, CUDA_HOST_ALLOC_MAPPED)
+        self.done_host = np.ctypeslib.as_array(ctypes.cast(self._done_ptr, ctypes.POINTER(ctypes.c_int32)), (1,))
+        self.done_host[0] = 0
+        self._token = 0
+        self.loader_stream = cupy.cuda.Stream(non_blocking=True)
+        self.stats = {"steps": 0, "iterations": 0, "loads_issued": 0}
+
+    def __del__(self):
+        ptr = getattr(self, "_done_ptr", None)
+        if ptr:
+            try:
+                import cupy
+
+                cupy.cuda.runtime.freeHost(ptr)
+            except Exception:
+                pass
+
+    def _reset_state(self) -> None:
+        c = self.cache
+        self.istate[...] = 0
+        self.istate[:, 2] = -1
+        self.vstate[...] = 0
+        self.vstate[..., 0] = -np.inf   # M
+        self.vstate[..., 2] = np.inf    # min log block mass
+        self.vstate[..., 5] = -np.inf   # running output max
+        self.groups_left[...] = c.batch * self.gn
+
+    def _loader(self, layer: int, token: int, ready, loaded: queue.Queue, decoded: queue.Queue) -> None:
+        """The loader thread: ids, pool access and gather of iteration j on the loader stream, once
+        iteration j - 2 has been attended; stops when the decode kernel reports every group done."""
+        c = self.cache
+        try:
+            with self.loader_stream:
+                self.loader_stream.wait_event(ready)
+                done_events = []
+                for j in range(self.max_iterations):
+                    if j >= 2:  # slots named by iteration j - 1 stay pinned; those of j - 2 may go once it ran
+                        done_events.append(decoded.get(timeout=self.timeout))
+                        self.loader_stream.wait_event(done_events[j - 2])
+                    if self.done_host[0] == token:
+                        break
+                    if j >= 2 + self.lookahead:  # run at most `lookahead` iterations ahead of the GPU
+                        ev = done_events[j - 2 - self.lookahead]
+                        deadline = time.monotonic() + self.timeout
+                        while not ev.done and self.done_host[0] != token:
+                            if time.monotonic() > deadline:
+                                raise TimeoutError(f"iteration {j - 2 - self.lookahead} of layer {layer} did not "
+                                                   "finish")
+                        if self.done_host[0] == token:
+                            break
+                    if self.fault:
+                        self.fault("ids", j)
+                    ids_fn = _kernels.kernel("iteration_ids", d=16, s=c.block_size, g=self.g)
+                    ids_fn((self.gn, c.batch), (min(1024, max(32, self.chunk)),),
+                           (self.order_buf, self.istate, c.seq_lens[layer], c.block_table[layer], self.ids,
+                            np.int32(self.hq), np.int32(c.num_kv_heads), np.int32(c.nmax), np.int32(self.chunk),
+                            np.int32(j), np.int32(self._forced), np.int32(self._step_blocks)))
+                    if self.fault:
+                        self.fault("access", j)
+                    acc = c.pool.access(self.ids.ravel(), c.partition(layer))
+                    if self.fault:
+                        self.fault("gather", j)
+                    hk, hv = c.store.device_pointers
+                    gather = _kernels.kernel("gather", d=c.dp, s=c.block_size, g=1, gather_threads=GATHER_THREADS,
+                                             device_count=1)
+                    gather((self.ids.size,), (GATHER_THREADS,), (np.uint64(hk), np.uint64(hv), acc.load_src,
+                                                                 acc.load_dst, acc.num_loads, c.slot_k, c.slot_v))
+                    loaded.put(self.loader_stream.record())
+                    self.stats["loads_issued"] += 1
+        except BaseException as e:  # surfaces in the caller
+            loaded.put(e)
+            return
+        loaded.put(None)
+
+    def attend(self, layer: int) -> DecodeOutput:
+        """Stage 3 with offload: iterations launched as the loader makes their blocks resident."""
+        import cupy
+
+        c = self.cache
+        compute = cupy.cuda.get_current_stream()
+        self._reset_state()
+        self._token += 1
+        token = self._token
+        ready = compute.record()
+        loaded: queue.Queue = queue.Queue()
+        decoded: queue.Queue = queue.Queue()
+        thread = threading.Thread(target=self._loader, args=(layer, token, ready, loaded, decoded), daemon=True)
+        thread.start()
+        stop, thr, step, forced = ((self.stop, self.threshold if self.threshold < 1 else 2.0, self.step,
+                                    self._forced) if self.mode == "psa" else ("budget", 2.0, self.k, 0))
+        try:
+            while True:
+                try:
+                    item = loaded.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise TimeoutError(f"the offload loader gave nothing for {self.timeout} s (layer {layer})") from None
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise LoaderError(f"the offload loader failed in layer {layer}: {item!r}") from item
+                compute.wait_event(item)
+                _kernels.decode_offload(
+                    self.q, c.slot_k, c.slot_v, c.block_table[layer], c.seq_lens[layer], self.order_buf, self.log_suffix, self.out,
+                    self.num_used, self.iterations, self.reason, self.mass_estimate, c.pool.slot_of, self.istate,
+                    self.vstate, self.groups_left, self._done_ptr, token, d=c.dp, hkv=c.num_kv_heads, stop=stop,
+                    threshold=thr, step=step, forced=forced, cluster=self.cluster, warps=self.warps,
+                    stages=self.stages, **self._shape())
+                decoded.put(compute.record())
+                self.stats["iterations"] += 1
+        except BaseException:
+            thread.join(timeout=self.timeout)
+            self.loader_stream.synchronize()
+            compute.synchronize()
+            c.reset_pool()
+            raise
+        thread.join(timeout=self.timeout)
+        # Later work on this stream (an append's write-through, the next step) must not race with
+        # the loader's speculative accesses and gathers still queued on its stream.
+        compute.wait_event(self.loader_stream.record())
+        self.stats["steps"] += 1
+        return DecodeOutput(self.out[..., : c.head_dim], self.order_buf, self.num_used, self.iterations, self.reason,
+                            self.mass_estimate)

@@ -43,7 +43,23 @@
 //   mass_est   [B, Hq] float out: the rule's estimated attended fraction when the loop ended
 //   dynamic shared memory: PSA_WARPS * PSA_STAGES * 2 * SP * D halves, SP = S rounded up to 16
 //   (reused for the final merge)
+//
+// Offload build (PSA_OFFLOAD = 1, psa_fast.offload): one launch runs ONE iteration of the loop, so
+// that the host-offload loader can bring the next iteration's blocks into the GPU pool meanwhile.
+// The loop's state lives in global memory between launches: per group `istate` (next position,
+// iterations done, reason or -1 while running), per head `vstate` (the verifier's M, AS_acc, min
+// log-mass, AS_ema, estimated fraction, then the running output's max, mass and unnormalised
+// O[D]). A group that has stopped returns at once, so launches past the stop cost nothing. Blocks
+// are found through two tables: `block_table` maps a block to its id in the host store and
+// `slot_map` (the pool's) maps that id to its slot; the loader guarantees every block of the
+// iteration is resident and stays so while the launch runs. When the last group of the batch
+// stops, the kernel writes `token` into `done_host` (mapped pinned memory) for the loader to see.
 #include "common.cuh"
+
+#ifndef PSA_OFFLOAD
+#define PSA_OFFLOAD 0
+#endif
+#define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 
 #ifndef PSA_STAGES
 #define PSA_STAGES 3
@@ -147,7 +163,12 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
            const int* __restrict__ block_table, const int* __restrict__ seq_lens, const int* __restrict__ order,
            const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
-           int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w) {
+           int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w
+#if PSA_OFFLOAD
+           , const int* __restrict__ slot_map, int* __restrict__ istate, float* __restrict__ vstate,
+           int* __restrict__ groups_left, volatile int* done_host, int token
+#endif
+           ) {
     constexpr int NW = PSA_CLUSTER * PSA_WARPS;
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
@@ -161,6 +182,19 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     const int first = min(n, forced);
     const int* orow = order ? order + ((long)b * Gn + g) * Nmax : nullptr;
     const int* btab = block_table + ((long)b * Hkv + kv) * Nmax;
+#if PSA_OFFLOAD
+    const long gi = (long)b * Gn + g;
+    int pos = istate[gi * 4], it = istate[gi * 4 + 1], why = istate[gi * 4 + 2];
+    if (why >= 0) return;                          // stopped in an earlier launch: the whole cluster leaves
+    const int lim = chunk_end(pos, first, step, n);  // this launch attends [pos, lim) only
+#define PSA_SLOT(blk) __ldg(slot_map + __ldg(btab + (blk)))
+#define PSA_FIRST_POS (pos + gw < lim ? pos + gw : lim)
+#else
+    int pos = 0, it = 0, why = -1;
+    const int lim = n;
+#define PSA_SLOT(blk) __ldg(btab + (blk))
+#define PSA_FIRST_POS first_position(gw, first, step, n)
+#endif
     const int hh = lane >> 2;                      // the query head (MMA row) of this lane's fragments
     const int quad = lane & 3;                     // its column pair within a tile: 2 * quad, 2 * quad + 1
     __half* ring = reinterpret_cast<__half*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
@@ -190,14 +224,14 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     __syncwarp();
 
     // ---- the prefetch stream: positions of the order this warp will attend, in sequence ----
-    int f_pos = first_position(gw, first, step, n);                  // next position to load
-    int f_blk = f_pos < n ? (orow ? __ldg(orow + f_pos) : f_pos) : 0;
-    int f_slot = f_pos < n ? __ldg(btab + f_blk) : 0;
-    int a_pos = f_pos < n ? next_position(f_pos, gw, NW, first, step, n) : n;  // the one after it
-    int a_blk = a_pos < n ? (orow ? __ldg(orow + a_pos) : a_pos) : 0;
+    int f_pos = PSA_FIRST_POS;                                       // next position to load
+    int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : f_pos) : 0;
+    int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
+    int a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, step, lim) : lim;  // the one after it
+    int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : a_pos) : 0;
     int issued = 0;
     auto issue = [&]() {
-        if (f_pos < n) {
+        if (f_pos < lim) {
             const __half* kb = k_pool + (long)f_slot * (PSA_S * PSA_D);
             const __half* vb = v_pool + (long)f_slot * (PSA_S * PSA_D);
             __half* st = ring + (issued % PSA_STAGES) * PSA_STAGE_HALVES;
@@ -212,9 +246,9 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
         ++issued;
         f_pos = a_pos;      // advance: the slot load below was made possible by a_blk, loaded a step ago
         f_blk = a_blk;
-        f_slot = f_pos < n ? __ldg(btab + f_blk) : 0;
-        a_pos = f_pos < n ? next_position(f_pos, gw, NW, first, step, n) : n;
-        a_blk = a_pos < n ? (orow ? __ldg(orow + a_pos) : a_pos) : 0;
+        f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
+        a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, step, lim) : lim;
+        a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : a_pos) : 0;
     };
 #pragma unroll
     for (int s = 0; s < PSA_STAGES - 1; ++s) issue();
@@ -238,11 +272,15 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     float vM[PSA_G], vacc[PSA_G], vmin[PSA_G], vema[PSA_G], vfrac[PSA_G];
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
+#if PSA_OFFLOAD
+        const float* vs = vstate + ((long)b * Hq + h0 + h) * PSA_VSTATE;
+        vM[h] = vs[0]; vacc[h] = vs[1]; vmin[h] = vs[2]; vema[h] = vs[3]; vfrac[h] = vs[4];
+#else
         vM[h] = -PSA_INF; vacc[h] = 0.f; vmin[h] = PSA_INF; vema[h] = 0.f; vfrac[h] = 0.f;
+#endif
     }
 
-    int cur = first_position(gw, first, step, n), consumed = 0;
-    int pos = 0, it = 0, why = -1;
+    int cur = PSA_FIRST_POS, consumed = 0;
     while (why < 0) {
         const int end = chunk_end(pos, first, step, n);
         // This warp's share of the chunk, for head hh: max logit, mass relative to it, min log block
@@ -250,7 +288,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
         float cm = -PSA_INF, cs = 0.f, cmin = PSA_INF, ce = 0.f;
         const int clen = end - pos;
 
-        for (; cur < end; cur = next_position(cur, gw, NW, first, step, n), ++consumed) {
+        for (; cur < end; cur = next_position(cur, gw, NW, first, step, lim), ++consumed) {
             const int j = orow ? __ldg(orow + cur) : cur;
             const int ntok = min(PSA_S, len - j * PSA_S);
             __syncwarp();  // every lane is done reading the stage that issue() refills
@@ -396,6 +434,9 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
         else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
         pos = end;
         ++it;
+#if PSA_OFFLOAD
+        break;  // one iteration per launch
+#endif
     }
     cp_async_wait_all();  // prefetches past the stop must land before the ring is reused below
 
@@ -429,6 +470,11 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     }
     cluster_sync();
     if (rank == 0) {
+#if PSA_OFFLOAD
+        // Fold this iteration's output into the running one kept in vstate (read every running
+        // max and mass before any thread overwrites them).
+        float new_m[PSA_G], new_l[PSA_G];
+#endif
         for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
             const int h = idx / PSA_D, d = idx % PSA_D;
             float rm[PSA_CLUSTER];
@@ -446,17 +492,47 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
                 L += dsmem_load(&c_l[h], r) * e;
                 O += dsmem_load(&c_o[h][d], r) * e;
             }
+#if PSA_OFFLOAD
+            float* vs = vstate + ((long)b * Hq + h0 + h) * PSA_VSTATE;
+            const float pm = vs[5], pl = vs[6], nm = fmaxf(pm, M);
+            const float ep = pm == -PSA_INF ? 0.f : __expf(pm - nm), ec = M == -PSA_INF ? 0.f : __expf(M - nm);
+            O = vs[7 + d] * ep + O * ec;
+            L = pl * ep + L * ec;
+            if (d == 0) { new_m[h] = nm; new_l[h] = L; }
+            if (why < 0) { vs[7 + d] = O; continue; }
+#endif
             out[((long)b * Hq + h0 + h) * PSA_D + d] = O / L;
         }
+#if PSA_OFFLOAD
+        __syncthreads();  // every thread has read vs[5], vs[6]
+        for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x)
+            if (idx % PSA_D == 0) {
+                const int h = idx / PSA_D;
+                float* vs = vstate + ((long)b * Hq + h0 + h) * PSA_VSTATE;
+                vs[0] = vM[h]; vs[1] = vacc[h]; vs[2] = vmin[h]; vs[3] = vema[h]; vs[4] = vfrac[h];
+                vs[5] = new_m[h]; vs[6] = new_l[h];
+            }
         if (threadIdx.x == 0) {
+            istate[gi * 4] = pos;
+            istate[gi * 4 + 1] = it;
+            istate[gi * 4 + 2] = why;
+        }
+#endif
+        if (threadIdx.x == 0 && why >= 0) {
             const long gi = (long)b * Gn + g;
             num_used[gi] = pos;
             iterations[gi] = it;
             reason[gi] = why;
         }
-        if (threadIdx.x == 0)
+        if (threadIdx.x == 0 && why >= 0)
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = vfrac[h];
+#if PSA_OFFLOAD
+        if (threadIdx.x == 0 && why >= 0 && atomicSub(groups_left, 1) == 1) {  // the batch's last group to stop
+            __threadfence_system();
+            *done_host = token;
+        }
+#endif
     }
     cluster_sync();  // no CTA leaves while rank 0 may still read its shared memory
 }

@@ -10,21 +10,38 @@
 //   src             [count] long: block index in the host store
 //   dst             [count] int: slot in the pool
 //   k_pool, v_pool  [slots, S * D] half on the GPU
+//
+// With PSA_DEVICE_COUNT = 1 (the offload decoder) `src` is int and the count is read from device
+// memory, as the GPU pool wrote it: the grid is launched for the largest possible count and the
+// blocks past the real one return at once, so the host never waits for the count.
 #include "common.cuh"
 
 #ifndef PSA_GATHER_THREADS
 #define PSA_GATHER_THREADS 128
 #endif
+#ifndef PSA_DEVICE_COUNT
+#define PSA_DEVICE_COUNT 0
+#endif
+#if PSA_DEVICE_COUNT
+typedef int src_index_t;
+typedef const int* count_t;
+#define PSA_COUNT (*count)
+#else
+typedef long long src_index_t;
+typedef int count_t;
+#define PSA_COUNT count
+#endif
 
 extern "C" __global__ void __launch_bounds__(PSA_GATHER_THREADS)
-psa_gather(const __half* __restrict__ host_k, const __half* __restrict__ host_v, const long long* __restrict__ src,
-           const int* __restrict__ dst, int count, __half* __restrict__ k_pool, __half* __restrict__ v_pool) {
+psa_gather(const __half* __restrict__ host_k, const __half* __restrict__ host_v, const src_index_t* __restrict__ src,
+           const int* __restrict__ dst, count_t count, __half* __restrict__ k_pool, __half* __restrict__ v_pool) {
     constexpr int VECS = PSA_S * PSA_D / 8;  // 16-byte vectors per block of K (or V)
     constexpr int PER = (VECS + PSA_GATHER_THREADS - 1) / PSA_GATHER_THREADS;
     const int i = blockIdx.x;
-    if (i >= count) return;
-    const uint4* sk = reinterpret_cast<const uint4*>(host_k + src[i] * (long long)(PSA_S * PSA_D));
-    const uint4* sv = reinterpret_cast<const uint4*>(host_v + src[i] * (long long)(PSA_S * PSA_D));
+    if (i >= PSA_COUNT) return;
+    const long long from = src[i];
+    const uint4* sk = reinterpret_cast<const uint4*>(host_k + from * (PSA_S * PSA_D));
+    const uint4* sv = reinterpret_cast<const uint4*>(host_v + from * (PSA_S * PSA_D));
     uint4* dk = reinterpret_cast<uint4*>(k_pool + (long long)dst[i] * (PSA_S * PSA_D));
     uint4* dv = reinterpret_cast<uint4*>(v_pool + (long long)dst[i] * (PSA_S * PSA_D));
     uint4 a[PER], c[PER];
