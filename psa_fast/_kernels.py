@@ -42,14 +42,15 @@ def _source(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(name: str, *, d: int, s: int, g: int, cluster: int = 1, warps: int = 8, **defines):
-    """The kernel ``psa_<name>`` of ``kernels/<name>.cu`` for one configuration (a ``cupy.RawKernel``,
-    compiled now, cached on disk by CuPy). ``defines`` become ``-DPSA_<NAME>=value``."""
+def kernel(name: str, *, d: int, s: int, g: int, cluster: int = 1, warps: int = 8, entry: str | None = None,
+           **defines):
+    """The kernel ``psa_<entry or name>`` of ``kernels/<name>.cu`` for one configuration (a
+    ``cupy.RawKernel``, compiled now, cached on disk by CuPy). ``defines`` become ``-DPSA_<NAME>=value``."""
     import cupy
 
     options = ["-std=c++17", f"-DPSA_D={d}", f"-DPSA_S={s}", f"-DPSA_G={g}", f"-DPSA_CLUSTER={cluster}",
                f"-DPSA_WARPS={warps}"] + [f"-DPSA_{k.upper()}={int(v)}" for k, v in sorted(defines.items())]
-    fn = cupy.RawKernel(_source(f"{name}.cu"), f"psa_{name}", options=tuple(options))
+    fn = cupy.RawKernel(_source(f"{name}.cu"), f"psa_{entry or name}", options=tuple(options))
     fn.compile()
     return fn
 
@@ -209,7 +210,7 @@ def decode_offload(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suff
     args = (q, k_pool, v_pool, block_table, seq_lens, order_arr, null if log_suffix is None else log_suffix, out, num_used,
             iterations, reason, mass_est, np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(STOP_CODES[stop]),
             np.float32(threshold), np.int32(step), np.int32(forced), np.float32(EMA_WEIGHT), slot_map, istate, vstate, groups_left,
-            np.uint64(done_ptr), np.int32(token))
+            np.uint64(done_ptr), token)
     fn = kernel("decode", d=d, s=s, g=g, cluster=cluster, warps=warps, stages=stages, offload=1)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem

@@ -28,6 +28,9 @@ from psa_ref.blocks import METADATA_KINDS
 from ._compat import as_cupy, require_gpu
 
 
+GPU_METADATA = ("cuboid_mean", "minmax", "mean")  # the kinds psa_fast's estimate kernel scores
+
+
 def padded_dim(d: int) -> int:
     """The head dimension the kernels use: ``d`` rounded up to 16, 32, 64, 128 or 256 (whole
     tensor-core steps, and 16-byte rows that divide into 32 lanes)."""
@@ -64,6 +67,9 @@ class PagedKVCache:
         self.head_dim = _validate.integer(head_dim, "head_dim", minimum=1)
         self.block_size = _validate.integer(block_size, "block_size", minimum=1)
         self.metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
+        if self.metadata not in GPU_METADATA:
+            raise NotImplementedError(f"metadata={self.metadata!r} is not implemented on the GPU yet; psa_fast has "
+                                      f"{', '.join(GPU_METADATA)}")
         max_tokens = _validate.integer(max_tokens, "max_tokens", minimum=1)
         self.dp = padded_dim(self.head_dim)
         self.nmax = -(-max_tokens // self.block_size)

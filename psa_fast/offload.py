@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import queue
 import threading
 import time
 from typing import Any, Callable
@@ -130,7 +129,8 @@ class OffloadKVCache(PagedKVCache):
             multiple of ``num_layers``.
         pool: ``"unified"`` (one set of slots for all layers, the paper's) or ``"per_layer"``.
         policy: ``"lru"`` or ``"fifo"``.
-        Others as :class:`~psa_fast.cache.PagedKVCache`.
+        **cache_args: ``num_layers``, ``batch``, ``num_kv_heads``, ``head_dim``, ``max_tokens``,
+            ``block_size``, ``metadata``, as for :class:`~psa_fast.cache.PagedKVCache`.
     """
 
     def __init__(self, *, num_slots: int, pool: str = "unified", policy: str = "lru", **cache_args):
@@ -145,13 +145,13 @@ class OffloadKVCache(PagedKVCache):
         self.pool = GPUSlotPool(self.num_slots, num_store_blocks=self.store.num_blocks, num_partitions=parts,
                                 policy=policy, pin_window=2)
         self.policy = policy
+        self.pool_generation = 0
         self.slot_k = cupy.zeros((self.num_slots, self.block_size, self.dp), dtype=cupy.float16)
         self.slot_v = cupy.zeros_like(self.slot_k)
 
     def _allocate_blocks(self, num_blocks: int):
+        # not zeroed here (64 GiB would take seconds): prefill writes every block of a request, padding included
         self.store = HostKVStore(num_blocks, block_size=self.block_size, head_dim=self.dp)
-        self.store.k[...] = 0
-        self.store.v[...] = 0
         return self.store.device_arrays()
 
     def partition(self, layer: int) -> int:
@@ -164,6 +164,7 @@ class OffloadKVCache(PagedKVCache):
         from .pool import GPUSlotPool
 
         old = self.pool
+        self.pool_generation += 1  # decoders' graphs bake the old pool's arrays in
         self.pool = GPUSlotPool(old.num_slots, num_store_blocks=self.store.num_blocks,
                                 num_partitions=old.num_partitions, policy=self.policy, pin_window=2)
 
@@ -219,11 +220,21 @@ class OffloadDecoder(DecodePlan):
     Same arguments as :class:`~psa_fast.api.DecodePlan` (``mode`` ``"psa"`` or ``"topk"``), plus:
 
     Args:
-        lookahead: iterations the loader may issue beyond the last one the GPU has finished: it
-            hides the host's polling latency, at the price of up to ``lookahead`` iterations of
-            blocks loaded after the loop has stopped (they stay cached). 0: the loader issues
-            iteration ``j`` only once ``j - 2`` is done and the done flag is still clear.
-        timeout: seconds the caller waits for the loader before raising ``TimeoutError``.
+        lookahead: launches the loader may issue beyond the last one the GPU has finished: it
+            hides the host's polling latency, at the price of up to ``lookahead`` launches of
+            iterations after the loop has stopped (their blocks stay cached). 0: the loader issues
+            launch ``n`` only once ``n - 1`` is done and the done flag is still clear.
+        graphs: replay ``unroll`` pipelined iterations (each: attend j, load j + 1, five launches on
+            two streams) as one CUDA graph, captured at the second step of each layer; False issues
+            the launches one by one (the host's Python then bounds the step: ~200 µs per iteration).
+        unroll: iterations per graph launch. The done flag is read between launches, so up to
+            ``unroll - 1`` iterations run after the stop; they return at once, but each still makes
+            one pool access (their blocks were loaded speculatively anyway).
+        loader_thread: run the loader loop on its own host thread (started per step, joined before
+            :meth:`attend` returns) instead of in the caller's thread. The GPU overlap is the same
+            either way (it comes from the two streams); on the H200 host the thread's start and
+            hand-off cost ~0.7 ms per layer and step, so it is off by default.
+        timeout: seconds the caller waits for the loader thread before raising ``TimeoutError``.
         fault: test hook, ``fault(stage, iteration)`` called by the loader before each stage
             (``"ids"``, ``"access"``, ``"gather"``); an exception it raises surfaces in the caller
             as :class:`LoaderError`.
@@ -233,7 +244,8 @@ class OffloadDecoder(DecodePlan):
             loading); make ``step`` or the batch smaller, or the pool larger.
     """
 
-    def __init__(self, cache: OffloadKVCache, *, lookahead: int = 2, timeout: float = 60.0,
+    def __init__(self, cache: OffloadKVCache, *, lookahead: int = 1, graphs: bool = True, unroll: int = 4,
+                 loader_thread: bool = False, timeout: float = 60.0,
                  fault: Callable[[str, int], None] | None = None, **options):
         import cupy
 
@@ -269,8 +281,16 @@ class OffloadDecoder(DecodePlan):
         self.done_host = np.ctypeslib.as_array(ctypes.cast(self._done_ptr, ctypes.POINTER(ctypes.c_int32)), (1,))
         self.done_host[0] = 0
         self._token = 0
-        self.loader_stream = cupy.cuda.Stream(non_blocking=True)
-        self.stats = {"steps": 0, "iterations": 0, "loads_issued": 0}
+        self.token = cupy.zeros(1, i32)       # this step's token, written to done_host by the last group to stop
+        self.iteration = cupy.zeros(1, i32)   # the next iteration to load
+        self.stream = cupy.cuda.Stream(non_blocking=True)         # attention (a graph cannot capture the null stream)
+        self.loader_stream = cupy.cuda.Stream(non_blocking=True)  # pool accesses and gathers
+        self.graphs = bool(graphs)
+        self.unroll = _validate.integer(unroll, "unroll", minimum=1)
+        self.loader_thread = bool(loader_thread)
+        self._graphs: dict = {}   # (layer, pool generation) -> captured pipelined iteration
+        self._warm: set = set()   # (layer, pool generation) that ran once eagerly
+        self.stats = {"steps": 0, "iterations": 0, "loads_issued": 0, "host_wait_s": 0.0}
 
     def __del__(self):
         ptr = getattr(self, "_done_ptr", None)
@@ -282,108 +302,165 @@ class OffloadDecoder(DecodePlan):
             except Exception:
                 pass
 
-    def _reset_state(self) -> None:
-        c = self.cache
-        self.istate[...] = 0
-        self.istate[:, 2] = -1
-        self.vstate[...] = 0
-        self.vstate[..., 0] = -np.inf   # M
-        self.vstate[..., 2] = np.inf    # min log block mass
-        self.vstate[..., 5] = -np.inf   # running output max
-        self.groups_left[...] = c.batch * self.gn
+    def _reset_state(self, token: int) -> None:
+        """One launch: every group running from position 0, the verifier and output state empty,
+        this step's token, the iteration counter at 0."""
+        groups, rows = self.istate.shape[0], self.vstate.shape[0] * self.vstate.shape[1]
+        _reset_kernel()(np.int32(groups), np.int32(rows), np.int32(self.vstate.shape[-1]), np.int32(token),
+                        self.istate, self.vstate, self.groups_left, self.token, self.iteration, size=max(groups, rows))
 
-    def _loader(self, layer: int, token: int, ready, loaded: queue.Queue, decoded: queue.Queue) -> None:
-        """The loader thread: ids, pool access and gather of iteration j on the loader stream, once
-        iteration j - 2 has been attended; stops when the decode kernel reports every group done."""
+    def _load(self, layer: int) -> None:
+        """On the loader stream: name the blocks of iteration ``*self.iteration``, make them resident
+        (pool access), gather the misses from host memory, and count the iteration."""
         c = self.cache
+        ids_fn = _kernels.kernel("iteration_ids", d=16, s=c.block_size, g=self.g)
+        ids_fn((self.gn, c.batch), (min(1024, max(32, self.chunk)),),
+               (self.order_buf, self.istate, c.seq_lens[layer], c.block_table[layer], self.ids, np.int32(self.hq),
+                np.int32(c.num_kv_heads), np.int32(c.nmax), np.int32(self.chunk), self.iteration,
+                np.int32(self._forced), np.int32(self._step_blocks)))
+        acc = c.pool.access(self.ids.ravel(), c.partition(layer))
+        hk, hv = c.store.device_pointers
+        gather = _kernels.kernel("gather", d=c.dp, s=c.block_size, g=1, gather_threads=GATHER_THREADS, device_count=1)
+        gather((self.ids.size,), (GATHER_THREADS,), (np.uint64(hk), np.uint64(hv), acc.load_src, acc.load_dst,
+                                                     acc.num_loads, c.slot_k, c.slot_v))
+        self.iteration += 1
+
+    def _attend_one(self, layer: int) -> None:
+        """On the current stream: one iteration of the loop over resident blocks (decode, PSA_OFFLOAD)."""
+        c = self.cache
+        stop, thr, step, forced = ((self.stop, self.threshold if self.threshold < 1 else 2.0, self.step,
+                                    self._forced) if self.mode == "psa" else ("budget", 2.0, self.k, 0))
+        _kernels.decode_offload(
+            self.q, c.slot_k, c.slot_v, c.block_table[layer], c.seq_lens[layer], self.order_buf, self.log_suffix,
+            self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, c.pool.slot_of, self.istate,
+            self.vstate, self.groups_left, self._done_ptr, self.token, d=c.dp, hkv=c.num_kv_heads, stop=stop,
+            threshold=thr, step=step, forced=forced, cluster=self.cluster, warps=self.warps, stages=self.stages,
+            **self._shape())
+
+    def _pipelined(self, layer: int):
+        """A CUDA graph of ``unroll`` pipelined iterations on ``self.stream``: each attends iteration
+        j while the loader stream brings in j + 1 (its pool access may not evict j's blocks: they
+        stay pinned), then the next starts. Captured once per layer and pool (the pool's state
+        arrays are baked into it)."""
+        key = (layer, self.cache.pool_generation)
+        if key not in self._graphs:
+            st, ld = self.stream, self.loader_stream
+            st.begin_capture()
+            for _ in range(self.unroll):
+                ld.wait_event(st.record())
+                with ld:
+                    self._load(layer)
+                with st:
+                    self._attend_one(layer)
+                st.wait_event(ld.record())
+            self._graphs = {k: g for k, g in self._graphs.items() if k[1] == key[1]}  # drop a reset pool's
+            self._graphs[key] = st.end_capture()
+        return self._graphs[key]
+
+    def _loader(self, layer: int, token: int, failure: list) -> None:
+        """The loader thread: load iteration 0, then launch the pipelined iterations (attend j, load
+        j + 1; ``unroll`` per graph launch) until the decode kernel writes this step's token into the
+        done flag. It runs at most ``lookahead`` launches ahead of the GPU: before launch n it waits
+        (GIL released) for launch n - 1 - lookahead to finish and reads the flag."""
+        st = self.stream
+        done_events = []
         try:
-            with self.loader_stream:
-                self.loader_stream.wait_event(ready)
-                done_events = []
-                for j in range(self.max_iterations):
-                    if j >= 2:  # slots named by iteration j - 1 stay pinned; those of j - 2 may go once it ran
-                        done_events.append(decoded.get(timeout=self.timeout))
-                        self.loader_stream.wait_event(done_events[j - 2])
-                    if self.done_host[0] == token:
-                        break
-                    if j >= 2 + self.lookahead:  # run at most `lookahead` iterations ahead of the GPU
-                        ev = done_events[j - 2 - self.lookahead]
-                        deadline = time.monotonic() + self.timeout
-                        while not ev.done and self.done_host[0] != token:
-                            if time.monotonic() > deadline:
-                                raise TimeoutError(f"iteration {j - 2 - self.lookahead} of layer {layer} did not "
-                                                   "finish")
+            with st:
+                if self.fault:
+                    for stage in ("ids", "access", "gather"):
+                        self.fault(stage, 0)
+                self.loader_stream.wait_event(st.record())
+                with self.loader_stream:
+                    self._load(layer)
+                st.wait_event(self.loader_stream.record())
+                # the first step of a layer (and pool) runs eagerly: it compiles the kernels and
+                # allocates the pool's outputs, which a capture may not do
+                warm = (layer, self.cache.pool_generation) in self._warm
+                graph = self._pipelined(layer) if self.graphs and warm else None
+                per_launch = self.unroll if graph is not None else 1
+                for n, j in enumerate(range(0, self.max_iterations, per_launch)):  # launch n: iterations j..
+                    if n >= 1 + self.lookahead:
+                        t0 = time.perf_counter()
+                        done_events[n - 1 - self.lookahead].synchronize()
+                        self.stats["host_wait_s"] += time.perf_counter() - t0
                         if self.done_host[0] == token:
                             break
                     if self.fault:
-                        self.fault("ids", j)
-                    ids_fn = _kernels.kernel("iteration_ids", d=16, s=c.block_size, g=self.g)
-                    ids_fn((self.gn, c.batch), (min(1024, max(32, self.chunk)),),
-                           (self.order_buf, self.istate, c.seq_lens[layer], c.block_table[layer], self.ids,
-                            np.int32(self.hq), np.int32(c.num_kv_heads), np.int32(c.nmax), np.int32(self.chunk),
-                            np.int32(j), np.int32(self._forced), np.int32(self._step_blocks)))
-                    if self.fault:
-                        self.fault("access", j)
-                    acc = c.pool.access(self.ids.ravel(), c.partition(layer))
-                    if self.fault:
-                        self.fault("gather", j)
-                    hk, hv = c.store.device_pointers
-                    gather = _kernels.kernel("gather", d=c.dp, s=c.block_size, g=1, gather_threads=GATHER_THREADS,
-                                             device_count=1)
-                    gather((self.ids.size,), (GATHER_THREADS,), (np.uint64(hk), np.uint64(hv), acc.load_src,
-                                                                 acc.load_dst, acc.num_loads, c.slot_k, c.slot_v))
-                    loaded.put(self.loader_stream.record())
-                    self.stats["loads_issued"] += 1
+                        for k in range(j + 1, min(j + 1 + per_launch, self.max_iterations)):
+                            for stage in ("ids", "access", "gather"):
+                                self.fault(stage, k)
+                    if graph is not None:
+                        graph.launch(st)
+                    else:
+                        self.loader_stream.wait_event(st.record())
+                        with self.loader_stream:
+                            self._load(layer)
+                        self._attend_one(layer)
+                        st.wait_event(self.loader_stream.record())
+                    done_events.append(st.record())
+                    self.stats["iterations"] += per_launch
+                    self.stats["loads_issued"] += per_launch
+            self._warm.add((layer, self.cache.pool_generation))
         except BaseException as e:  # surfaces in the caller
-            loaded.put(e)
-            return
-        loaded.put(None)
+            failure.append(e)
 
     def attend(self, layer: int) -> DecodeOutput:
-        """Stage 3 with offload: iterations launched as the loader makes their blocks resident."""
+        """Stage 3 with offload: the loader thread brings each iteration's blocks in and launches it.
+
+        Returns once the last iteration is launched (results are ready in the current stream's order).
+
+        Raises:
+            LoaderError: the loader failed (an exception in it, e.g. an injected fault); the pool was
+                reset, so no slot is stale, and the host store still holds every block.
+        """
         import cupy
 
         c = self.cache
         compute = cupy.cuda.get_current_stream()
-        self._reset_state()
         self._token += 1
-        token = self._token
-        ready = compute.record()
-        loaded: queue.Queue = queue.Queue()
-        decoded: queue.Queue = queue.Queue()
-        thread = threading.Thread(target=self._loader, args=(layer, token, ready, loaded, decoded), daemon=True)
-        thread.start()
-        stop, thr, step, forced = ((self.stop, self.threshold if self.threshold < 1 else 2.0, self.step,
-                                    self._forced) if self.mode == "psa" else ("budget", 2.0, self.k, 0))
-        try:
-            while True:
-                try:
-                    item = loaded.get(timeout=self.timeout)
-                except queue.Empty:
-                    raise TimeoutError(f"the offload loader gave nothing for {self.timeout} s (layer {layer})") from None
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise LoaderError(f"the offload loader failed in layer {layer}: {item!r}") from item
-                compute.wait_event(item)
-                _kernels.decode_offload(
-                    self.q, c.slot_k, c.slot_v, c.block_table[layer], c.seq_lens[layer], self.order_buf, self.log_suffix, self.out,
-                    self.num_used, self.iterations, self.reason, self.mass_estimate, c.pool.slot_of, self.istate,
-                    self.vstate, self.groups_left, self._done_ptr, token, d=c.dp, hkv=c.num_kv_heads, stop=stop,
-                    threshold=thr, step=step, forced=forced, cluster=self.cluster, warps=self.warps,
-                    stages=self.stages, **self._shape())
-                decoded.put(compute.record())
-                self.stats["iterations"] += 1
-        except BaseException:
+        self._reset_state(self._token)
+        self.stream.wait_event(compute.record())
+        failure: list = []
+        if self.loader_thread:
+            thread = threading.Thread(target=self._loader, args=(layer, self._token, failure), daemon=True)
+            thread.start()
             thread.join(timeout=self.timeout)
+            if thread.is_alive():
+                raise TimeoutError(f"the offload loader did not finish layer {layer} in {self.timeout} s")
+        else:
+            self._loader(layer, self._token, failure)
+        if failure:
             self.loader_stream.synchronize()
-            compute.synchronize()
+            self.stream.synchronize()
             c.reset_pool()
-            raise
-        thread.join(timeout=self.timeout)
+            raise LoaderError(f"the offload loader failed in layer {layer}: {failure[0]!r}") from failure[0]
+        compute.wait_event(self.stream.record())
         # Later work on this stream (an append's write-through, the next step) must not race with
         # the loader's speculative accesses and gathers still queued on its stream.
         compute.wait_event(self.loader_stream.record())
         self.stats["steps"] += 1
         return DecodeOutput(self.out[..., : c.head_dim], self.order_buf, self.num_used, self.iterations, self.reason,
                             self.mass_estimate)
+
+
+@functools.lru_cache(maxsize=1)
+def _reset_kernel():
+    import cupy
+
+    return cupy.ElementwiseKernel(
+        "int32 groups, int32 rows, int32 width, int32 tok",
+        "raw int32 istate, raw float32 vstate, raw int32 groups_left, raw int32 token, raw int32 iteration",
+        """
+        if (i < groups) {  // position 0, no iteration done, running
+            istate[4 * i] = 0; istate[4 * i + 1] = 0; istate[4 * i + 2] = -1; istate[4 * i + 3] = 0;
+        }
+        if (i < rows) {  // one head: M, acc, min, ema, frac, output max, output mass, O[D]
+            const float inf = __int_as_float(0x7f800000);
+            float* v = &vstate[(long long)i * width];
+            for (int k = 0; k < width; ++k) v[k] = 0.f;
+            v[0] = -inf;
+            v[2] = inf;
+            v[5] = -inf;
+        }
+        if (i == 0) { groups_left[0] = groups; token[0] = tok; iteration[0] = 0; }
+        """, "psa_offload_reset")

@@ -9,7 +9,7 @@ copies (``load_src -> load_dst``) right behind it on the same stream.
 
 Blocks are named by an int32 *store id*, ``0 <= id < num_store_blocks``; the caller maps
 ``(request, layer, kv_head, block)`` to ids. The kernel is the reference's ``SlotPool.access`` loop
-run by one thread, line for line (LRU order, progressive pinning and the free-stack order are
+run by one thread, line for line (LRU order, victim choice and the free-stack order are
 sequential by nature). Cost on an H200, measured: ~0.85 us of dependent global loads per id (25 us for 32
 ids, 0.2 ms for 256, 3.5 ms for 4096), plus ~170-260 us of Numba dispatch on the host per launch (24
 arguments); ``kernel="cuda"`` (the default on a GPU) launches the same loop, translated to CUDA C,
@@ -53,6 +53,8 @@ from numba import cuda  # noqa: E402
 from .metadata import _no_sync, _simulating, _stream  # noqa: E402
 
 POLICIES = ("lru", "fifo")
+KERNELS = ("numba", "cuda", "parallel")
+LOG_PER_SLOT = 4  # kernel="parallel": log entries per slot of a partition (>= 1 + ids per access / slots)
 
 # error codes written to GPUSlotPool.error by the kernels
 NO_VICTIM = 1  # every block of the partition is pinned
@@ -129,7 +131,13 @@ def _access_kernel(ids, p, per, lru, pin_window, slot_of, block_of, nxt, prv, fr
     sentinel = block_of.shape[0] + p
     e = epoch[p] + 1
     epoch[p] = e
-    oldest_pinned = e - pin_window + 1  # pin >= this: named by this access (so far) or the last pin_window-1
+    oldest_pinned = e - pin_window + 1  # pin >= this: named by this access or the last pin_window - 1
+    for i in range(ids.shape[0]):  # the reference pins every block the access names before the loop
+        b = ids[i]
+        if 0 <= b < slot_of.shape[0]:
+            s = slot_of[b]
+            if s >= 0 and s // per == p:
+                pin[s] = e
     num_free = free_top[p]
     next_seq = seq[0]
     hits = 0
@@ -183,7 +191,7 @@ def _access_kernel(ids, p, per, lru, pin_window, slot_of, block_of, nxt, prv, fr
             load_dst[loads] = s
             loads += 1
             hit[i] = 0
-        pin[s] = e  # pinned from the next id on: the reference's progressive `pinned.add(key)`
+        pin[s] = e  # a block loaded now is pinned for the rest of the access
         slots[i] = s
     free_top[p] = num_free
     seq[0] = next_seq
@@ -230,14 +238,18 @@ class GPUSlotPool:
         num_partitions: 1 for a unified pool, ``L`` for a per-layer pool (``num_slots`` must be a
             multiple of it; partition ``p`` owns slots ``[p * per, (p + 1) * per)``).
         policy: ``"lru"`` (default) or ``"fifo"``.
-        pin_window: 1 (the reference): an access never evicts a block it named earlier; 2: nor a
+        pin_window: 1 (the reference): an access never evicts a block it names; 2: nor a
             block named by the previous access of the same partition (a pipelined decoder may still
             be reading those slots). Then two consecutive accesses of a partition must fit in its
             slots together, or the second one fails (see :meth:`check`).
-        kernel: how :meth:`access` runs its loop: ``"numba"`` (the readable kernel, the one CI runs
-            under the simulator) or ``"cuda"`` (``kernels/pool_access.cu``, its line-for-line CUDA C
-            translation, launched by CuPy in ~10 µs instead of Numba's ~200 µs of dispatch). Default:
-            ``"cuda"`` on a GPU, ``"numba"`` under the simulator.
+        kernel: how :meth:`access` decides: ``"numba"`` (the readable kernel, the one CI runs
+            under the simulator), ``"cuda"`` (``kernels/pool_access.cu``, its line-for-line CUDA C
+            translation, launched by CuPy in ~10 µs instead of Numba's ~200 µs of dispatch), or
+            ``"parallel"`` (``kernels/pool_parallel.cu``: the same decisions for every valid access,
+            by one CTA of 1024 threads, with the policy order kept as stamps and a log of them
+            instead of a linked list; an access with a bad id or too few victims changes nothing
+            there, where the sequential kernels keep the ids before the failure). Default:
+            ``"parallel"`` on a GPU, ``"numba"`` under the simulator.
 
     Device arrays are CuPy arrays on a GPU and NumPy arrays under Numba's CUDA simulator
     (``NUMBA_ENABLE_CUDASIM=1``); kernels run on CuPy's current stream.
@@ -257,9 +269,9 @@ class GPUSlotPool:
             raise ValueError(f"num_store_blocks must be < 2**31 (int32 ids), got {num_store_blocks}")
         if not _simulating():
             require_gpu()
-        self.kernel = _validate.choice(kernel or ("numba" if _simulating() else "cuda"), "kernel", ("numba", "cuda"))
-        if self.kernel == "cuda" and _simulating():
-            raise ValueError("kernel='cuda' needs a GPU; under Numba's simulator use kernel='numba'")
+        self.kernel = _validate.choice(kernel or ("numba" if _simulating() else "parallel"), "kernel", KERNELS)
+        if self.kernel != "numba" and _simulating():
+            raise ValueError(f"kernel={self.kernel!r} needs a GPU; under Numba's simulator use kernel='numba'")
         _no_sync()
         xp = _xp()
         n, pp, per = self.num_slots, self.num_partitions, self.capacity_per_partition
@@ -277,6 +289,15 @@ class GPUSlotPool:
         self.seq = xp.zeros(1, np.int64)
         self.counters = xp.zeros(4, np.int64)
         self.error = xp.zeros(1, np.int32)
+        if self.kernel == "parallel":  # the policy order as stamps, and a log of them per partition
+            self.stamp = xp.zeros(n, np.int64)
+            self.clock = xp.ones(1, np.int64)
+            self.log_capacity = LOG_PER_SLOT * per
+            self.log_slot = xp.full(pp * self.log_capacity, -1, np.int32)
+            self.log_stamp = xp.zeros(pp * self.log_capacity, np.int64)
+            self.log_head = xp.zeros(pp, np.int64)
+            self.log_tail = xp.zeros(pp, np.int64)
+            self.claim = xp.full(self.num_store_blocks, np.iinfo(np.int32).max, np.int32)
         # Numba views made once: Numba converts a CuPy argument at every launch (~15 us per array on an H200)
         self._state = tuple(_kernel_view(a) for a in (self.slot_of, self.block_of, self.next, self.prev, self.free,
                                                       self.free_top, self.pin, self.epoch, self.load_seq, self.seq,
@@ -290,7 +311,7 @@ class GPUSlotPool:
 
     # --- the operation of the attention loop ----------------------------------------------------
 
-    def access(self, ids, partition: int = 0, *, out: PoolAccess | None = None) -> PoolAccess:
+    def access(self, ids: Any, partition: int = 0, *, out: PoolAccess | None = None) -> PoolAccess:
         """Make the blocks ``ids`` resident in ``partition``: hits, slots, loads and evictions, on the device.
 
         Args:
@@ -326,6 +347,17 @@ class GPUSlotPool:
             _check_out(out, n)
             out_views = tuple(_kernel_view(getattr(out, f.name)) for f in fields(PoolAccess))
         lru = int(self.policy == "lru")
+        if self.kernel == "parallel":
+            from . import _kernels
+
+            fn = _kernels.kernel("pool_parallel", d=16, s=1, g=1)
+            fn((1,), (1024,), (ids, np.int32(n), np.int32(p), np.int32(cap), np.int32(lru), np.int32(self.pin_window),
+                               np.int32(self.num_store_blocks), np.int32(self.log_capacity), self.slot_of,
+                               self.block_of, self.free, self.free_top, self.pin, self.epoch, self.load_seq, self.seq,
+                               self.counters, self.error, self.stamp, self.clock, self.log_slot, self.log_stamp,
+                               self.log_head, self.log_tail, self.claim, out.slots, out.hit, out.load_src,
+                               out.load_dst, out.num_loads, out.evicted, out.num_evicted))
+            return out
         if self.kernel == "cuda":
             from . import _kernels
 
@@ -340,7 +372,7 @@ class GPUSlotPool:
                                                *out_views)
         return out
 
-    def release(self, ids) -> None:
+    def release(self, ids: Any) -> None:
         """Free the slots of the resident blocks among ``ids`` (a finished request); not evictions.
 
         Slots go back to their partition's free stack in the order the blocks were (last) loaded, as
@@ -356,6 +388,14 @@ class GPUSlotPool:
         slot = xp.where(valid, self.slot_of[xp.clip(ids, 0, self.num_store_blocks - 1)], -1)
         key = xp.where(slot >= 0, self.load_seq[xp.maximum(slot, 0)], _NO_ORDER)
         order = xp.argsort(key).astype(np.int32)  # load times of resident blocks are distinct
+        if self.kernel == "parallel":  # no linked list to unlink from: its log entries die with the block
+            from . import _kernels
+
+            fn = _kernels.kernel("pool_parallel", d=16, s=1, g=1, entry="pool_release")
+            fn((1,), (1,), (ids, order, np.int32(ids.shape[0]), np.int32(self.capacity_per_partition),
+                            np.int32(self.num_store_blocks), self.slot_of, self.block_of, self.free, self.free_top,
+                            self.error))
+            return
         _release_kernel[1, 1, _launch_stream()](ids, order, self.capacity_per_partition, self.slot_of,
                                                 self.block_of, self.next, self.prev, self.free, self.free_top,
                                                 self.error)
@@ -381,6 +421,11 @@ class GPUSlotPool:
     def eviction_order(self, partition: int = 0) -> list[int]:
         """Store ids resident in ``partition``, next victim first."""
         p = self._partition(partition)
+        if self.kernel == "parallel":  # resident slots of the partition by stamp
+            per = self.capacity_per_partition
+            block_of, stamp = _host(self.block_of)[p * per : (p + 1) * per], _host(self.stamp)[p * per : (p + 1) * per]
+            live = np.flatnonzero(block_of >= 0)
+            return [int(block_of[i]) for i in live[np.argsort(stamp[live], kind="stable")]]
         nxt, block_of = _host(self.next), _host(self.block_of)
         sentinel = self.num_slots + p
         order, node = [], int(nxt[sentinel])

@@ -205,7 +205,7 @@ class SlotPool:
         slots = np.zeros(len(keys), dtype=np.int64)
         evicted: list[BlockKey] = []
         loaded_bytes = 0
-        pinned: set[BlockKey] = set()  # blocks of this access: never evicted by it
+        pinned = set(keys)  # every block this access names: none of them is evicted by it
         for i, key in enumerate(keys):
             slot = self._slot.get(key)
             if slot is not None:
@@ -223,7 +223,6 @@ class SlotPool:
                 self._slot[key] = slot
                 part.policy.insert(key)
             slots[i] = slot
-            pinned.add(key)
 
         self.stats.hits += int(hit.sum())
         self.stats.misses += int((~hit).sum())

@@ -158,7 +158,7 @@ def test_loader_fault_raises_and_leaves_no_stale_block(stage, when):
         if at == stage and j == when:
             raise OSError(f"injected at {at} {j}")
 
-    dec = OffloadDecoder(off, fault=fault, **opts)
+    dec = OffloadDecoder(off, fault=fault, loader_thread=when == 1, **opts)  # on a thread or inline
     with pytest.raises(LoaderError, match="injected"):
         dec.run(qs[0])
     check_pool_matches_store(off)

@@ -26,13 +26,17 @@ if gpu_available() and not fast_pool._simulating():
     import cupy as xp
 
     to_host = xp.asnumpy
-    KERNELS = st.sampled_from(["numba", "cuda"])  # the readable kernel and its CUDA C translation
+    KERNELS = st.sampled_from(["numba", "cuda", "parallel"])  # the readable kernel, its CUDA C twin, the fast one
+    SEQUENTIAL = "cuda"
 else:
     xp = np
     KERNELS = st.just("numba")
+    SEQUENTIAL = "numba"
 
     def to_host(a):
         return np.array(a)  # a copy: the pool reuses its output arrays
+
+ON_GPU = not fast_pool._simulating() and gpu_available()
 
 
 L, HKV, NMAX, S, D = 2, 2, 3, 2, 2  # layers, KV heads, most blocks per (request, layer), block size, head dim
@@ -182,7 +186,7 @@ class WindowModel:
 
     def access(self, p, ids):
         order, free = self.order[p], self.free[p]
-        pinned = set().union(*self.history[p])
+        pinned = set().union(*self.history[p]) | {b for b in ids if b != -1}
         hit, slots, evicted, failed = [], [], [], False
         for b in ids:
             if failed or b == -1:
@@ -208,8 +212,9 @@ class WindowModel:
                 order[b] = slot
                 hit.append(0)
             slots.append(order[b])
-            pinned.add(b)
-        self.history[p].append({b for b, h in zip(ids, hit) if h >= 0})
+        # blocks pinned for the next access: every named block resident now (after a failure the kernel
+        # has pinned the resident blocks named past it too)
+        self.history[p].append({b for b in ids if b != -1 and b in order})
         return hit, slots, evicted, failed
 
 
@@ -228,6 +233,12 @@ def test_pin_window_two_protects_the_previous_access(policy, parts, per, steps, 
         resident_before = gpu.resident()
         got = read_access(gpu.access(ids_array(ids), p))
         hit, slots, evicted, failed = model.access(p, ids)
+        if kernel == "parallel" and failed:  # it changes nothing, where the model kept the ids before the failure
+            assert (got["hit"] == -1).all() and got["evicted"].size == 0 and got["load_src"].size == 0
+            with pytest.raises(RuntimeError, match="no victim"):
+                gpu.check()
+            np.testing.assert_array_equal(gpu.resident(), resident_before)
+            return  # the two states part here
         np.testing.assert_array_equal(got["hit"], hit)
         np.testing.assert_array_equal(got["slots"], slots)
         np.testing.assert_array_equal(got["evicted"], evicted)
@@ -244,7 +255,7 @@ def test_pin_window_two_protects_the_previous_access(policy, parts, per, steps, 
 
 
 def test_all_pinned_sets_the_error_flag_and_moves_nothing():
-    gpu = GPUSlotPool(4, num_store_blocks=8, pin_window=2)
+    gpu = GPUSlotPool(4, num_store_blocks=8, pin_window=2, kernel=SEQUENTIAL)
     gpu.access(ids_array([0, 1]))
     resident = gpu.resident()
     # 2 and 3 take the free slots; 4 finds 0, 1 pinned by the previous access and 2, 3 by this one
@@ -260,13 +271,14 @@ def test_all_pinned_sets_the_error_flag_and_moves_nothing():
         gpu.check()
     gpu.check()  # the flag was cleared
     assert gpu.eviction_order() == [0, 1, 2, 3]
-    got = read_access(gpu.access(ids_array([4])))  # the window moved on: 0 and 1 are evictable again
-    np.testing.assert_array_equal(got["evicted"], [0])
+    # the window moved on: 1 is evictable again; 0 is not, the failed access named it (and it is resident)
+    got = read_access(gpu.access(ids_array([4])))
+    np.testing.assert_array_equal(got["evicted"], [1])
     gpu.check()
 
 
 def test_ids_the_pool_cannot_hold_set_the_error_flag():
-    gpu = GPUSlotPool(8, num_store_blocks=8, num_partitions=2)
+    gpu = GPUSlotPool(8, num_store_blocks=8, num_partitions=2, kernel=SEQUENTIAL)
     got = read_access(gpu.access(ids_array([1, 8, 2]), 0))  # 8 is out of range: it and the rest are skipped
     np.testing.assert_array_equal(got["hit"], [0, -1, -1])
     with pytest.raises(RuntimeError, match="outside -1 .. num_store_blocks - 1"):
@@ -275,6 +287,31 @@ def test_ids_the_pool_cannot_hold_set_the_error_flag():
     with pytest.raises(RuntimeError, match="another partition"):
         gpu.check()
     assert gpu.eviction_order(0) == [1] and gpu.eviction_order(1) == []
+
+
+@pytest.mark.skipif(not ON_GPU, reason="kernel='parallel' needs a GPU")
+def test_parallel_kernel_changes_nothing_on_a_failed_access():
+    gpu = GPUSlotPool(4, num_store_blocks=8, num_partitions=1, pin_window=2, kernel="parallel")
+    gpu.access(ids_array([0, 1]))
+
+    def state():
+        return gpu.resident(), gpu.stats(), gpu.eviction_order()
+
+    before = state()
+    got = read_access(gpu.access(ids_array([2, 3, 4, 0])))  # 4 finds every block pinned
+    assert (got["hit"] == -1).all() and got["load_src"].size == 0
+    with pytest.raises(RuntimeError, match="every resident block of its partition was pinned"):
+        gpu.check()
+    after = state()
+    np.testing.assert_array_equal(after[0], before[0])
+    assert after[1:] == before[1:]
+    gpu.access(ids_array([5, 8]))  # an id out of range
+    with pytest.raises(RuntimeError, match="outside -1 .. num_store_blocks - 1"):
+        gpu.check()
+    np.testing.assert_array_equal(gpu.resident(), before[0])
+    got = read_access(gpu.access(ids_array([4])))  # the window moved on; 0 was named by the failed access
+    np.testing.assert_array_equal(got["evicted"], [])  # a free slot is left
+    gpu.check()
 
 
 def test_empty_access_only_advances_the_window():

@@ -47,7 +47,7 @@ class PlainModel:
         return self.parts[layer if self.partitions > 1 else 0]
 
     def access(self, layer, keys, tokens):
-        part, pinned, hit, evicted = self.part(layer), set(), [], []
+        part, pinned, hit, evicted = self.part(layer), set(keys), [], []
         for key, n in zip(keys, tokens):
             if key in part:
                 hit.append(True)
@@ -67,7 +67,6 @@ class PlainModel:
                 else:
                     part.append(key)
                 self.bytes += n * BYTES_PER_TOKEN
-            pinned.add(key)
         self.hits += sum(hit)
         self.misses += len(hit) - sum(hit)
         self.evictions += len(evicted)

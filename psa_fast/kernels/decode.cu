@@ -53,7 +53,7 @@
 // are found through two tables: `block_table` maps a block to its id in the host store and
 // `slot_map` (the pool's) maps that id to its slot; the loader guarantees every block of the
 // iteration is resident and stays so while the launch runs. When the last group of the batch
-// stops, the kernel writes `token` into `done_host` (mapped pinned memory) for the loader to see.
+// stops, the kernel writes `*token` into `done_host` (mapped pinned memory) for the loader to see.
 #include "common.cuh"
 
 #ifndef PSA_OFFLOAD
@@ -166,7 +166,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
            int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w
 #if PSA_OFFLOAD
            , const int* __restrict__ slot_map, int* __restrict__ istate, float* __restrict__ vstate,
-           int* __restrict__ groups_left, volatile int* done_host, int token
+           int* __restrict__ groups_left, volatile int* done_host, const int* __restrict__ token
 #endif
            ) {
     constexpr int NW = PSA_CLUSTER * PSA_WARPS;
@@ -530,7 +530,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
 #if PSA_OFFLOAD
         if (threadIdx.x == 0 && why >= 0 && atomicSub(groups_left, 1) == 1) {  // the batch's last group to stop
             __threadfence_system();
-            *done_host = token;
+            *done_host = *token;
         }
 #endif
     }

@@ -14,8 +14,9 @@
 
 extern "C" __global__ void psa_iteration_ids(const int* __restrict__ order, const int* __restrict__ istate,
                                              const int* __restrict__ seq_lens, const int* __restrict__ store_table,
-                                             int* __restrict__ ids, int Hq, int Hkv, int Nmax, int C, int j,
-                                             int forced, int step) {
+                                             int* __restrict__ ids, int Hq, int Hkv, int Nmax, int C,
+                                             const int* __restrict__ iteration, int forced, int step) {
+    const int j = *iteration;
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x;
     const long gi = (long)b * Gn + g;
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;

@@ -36,6 +36,13 @@ extern "C" __global__ void psa_pool_access(
     const long long e = epoch[p] + 1;
     epoch[p] = e;
     const long long oldest_pinned = e - pin_window + 1;
+    for (int i = 0; i < n; ++i) {  // the reference pins every block the access names before the loop
+        const int b = ids[i];
+        if (b >= 0 && b < num_store) {
+            const int s = slot_of[b];
+            if (s >= 0 && s / per == p) pin[s] = e;
+        }
+    }
     int num_free = free_top[p];
     long long next_seq = seq[0];
     int hits = 0, loads = 0, evictions = 0;
