@@ -209,6 +209,32 @@ def _row_copy_kernel():
                                   "if (mask) gpu[dst + d] = host[src + d];", "psa_row_copy")
 
 
+def blocks_per_iteration(*, num_q_heads: int, num_kv_heads: int, step: int, gqa: str = "shared",
+                         sink_blocks: int = 0, recent_blocks: int = 0) -> int:
+    """Pool slots one request's iteration names at most: one block per selection group (a KV head for
+    ``gqa="shared"``, a query head for ``"per_head"``) per position of the largest chunk (the forced
+    sink/recent blocks, or ``step``). Pure arithmetic; no GPU needed."""
+    for name, v in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("step", step)):
+        _validate.integer(v, name, minimum=1)
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    groups = num_kv_heads if _validate.choice(gqa, "gqa", ("shared", "per_head")) == "shared" else num_q_heads
+    forced = _validate.integer(sink_blocks, "sink_blocks", minimum=0) + _validate.integer(
+        recent_blocks, "recent_blocks", minimum=0)
+    return groups * max(step, forced)
+
+
+def batch_controller(capacity_per_partition: int, *, max_batch: int | None = None):
+    """psa_ref's FCFS :class:`~psa_ref.batch.BatchController` sized for :class:`OffloadDecoder`: the
+    pipelined loop keeps two iterations in a partition (the one attended and the one loading), so
+    a request is admitted when :func:`blocks_per_iteration` fits in half of
+    ``cache.pool.capacity_per_partition`` beside the requests already running."""
+    from psa_ref.batch import BatchController
+
+    return BatchController(_validate.integer(capacity_per_partition, "capacity_per_partition", minimum=2) // 2,
+                           max_batch=max_batch)
+
+
 class LoaderError(RuntimeError):
     """The offload loader failed; the step's result is not valid. The pool was reset (no block is stale)."""
 
@@ -264,7 +290,8 @@ class OffloadDecoder(DecodePlan):
         self._step_blocks = self.step if self.mode == "psa" else self.k
         self._forced = forced
         self.chunk = max(forced, self._step_blocks)             # the largest iteration per group
-        per_iteration = b * gn * self.chunk
+        per_iteration = b * blocks_per_iteration(num_q_heads=self.hq, num_kv_heads=cache.num_kv_heads,
+                                                 step=self._step_blocks, gqa=self.gqa, sink_blocks=forced)
         if 2 * per_iteration > cache.pool.capacity_per_partition:
             raise ValueError(f"num_slots: the pool gives each layer {cache.pool.capacity_per_partition} slots, but "
                              f"two iterations of this batch name up to {2 * per_iteration} blocks ({b} requests x "

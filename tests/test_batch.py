@@ -75,3 +75,24 @@ def test_rejects(call, exc, words):
     with pytest.raises(exc, match=words):
         call(ctl)
     assert ctl.waiting == ("a",)  # nothing else was queued
+
+
+def test_offload_admission_counts_two_iterations_per_request():
+    """psa_fast.offload's controller: a request needs one iteration's blocks, and the pipelined decoder
+    keeps two iterations in the pool, so half the partition is what requests may reserve."""
+    from psa_fast.offload import batch_controller, blocks_per_iteration
+
+    need = blocks_per_iteration(num_q_heads=32, num_kv_heads=8, step=64)
+    assert need == 8 * 64
+    assert blocks_per_iteration(num_q_heads=32, num_kv_heads=8, step=64, gqa="per_head") == 32 * 64
+    assert blocks_per_iteration(num_q_heads=4, num_kv_heads=1, step=2, sink_blocks=3, recent_blocks=1) == 4
+    ctl = batch_controller(4 * need + 1)  # room for two requests' iterations, twice over
+    for r in "abc":
+        ctl.submit(r, need)
+    assert ctl.admit() == ["a", "b"] and ctl.waiting == ("c",)
+    ctl.finish("a")
+    assert ctl.admit() == ["c"]
+    with pytest.raises(ValueError):
+        batch_controller(2 * need - 2).submit("d", need)  # can never run: refused at once
+    with pytest.raises(ValueError, match="num_q_heads"):
+        blocks_per_iteration(num_q_heads=6, num_kv_heads=4, step=8)
