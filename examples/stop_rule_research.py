@@ -37,6 +37,18 @@ evidence of docs/accuracy.md was made with::
         --confirm 10 --out /tmp/research.json          # about 4 minutes on 2 cores
 
 Without trace arguments it runs on the trace shipped with the package (small, seconds).
+
+Hidden heavy blocks (issue 4, goal 3). The setting string takes a fourth, research-only
+metadata field (``1/1/per_head/quant2``): per-token key sketches (``quant{b}``, ``sparq{r}``),
+outlier keys (``outlier{r}``) and a ball bound (``ball``), documented at
+:func:`token_sketch`. The rules ``{base}&next{lam}`` add a share condition to a mass rule
+(see :func:`rules`). The comparison of those orders and rules was made with::
+
+    python examples/stop_rule_research.py /tmp/traces/*.npz --positions 16 \
+        --settings 1/1/per_head,1/1/per_head/quant2,1/1/per_head/quant3,1/1/per_head/quant1,\
+1/1/per_head/sparq8,1/1/per_head/outlier1,1/1/per_head/outlier2,1/1/per_head/ball \
+        --detail "oracle_stop,ema,frontier16_b1&next0.001,frontier16_b1&next0.0007,est_raw&next0.001" \
+        --out /tmp/research_sketch.json         # about 9 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -75,6 +87,65 @@ def block_meta(keys: np.ndarray, block_size: int) -> dict[str, np.ndarray]:
             "mean": np.nanmean(kb, axis=1), "var": np.nanvar(kb, axis=1)}
 
 
+def _logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.squeeze(m, axis) + np.log(np.exp(x - m).sum(axis))
+
+
+# Research-only ranking metadata aimed at *hidden heavy blocks* (docs/accuracy.md: a block
+# ranked 44th-106th by cuboid_mean holds 11-90% of a head's mass through one token whose logit
+# is 10-25 nats above its block's median). Each returns per-token *approximate* logits
+# ``[N, S, G]`` (``-inf`` on the padding of a partial last block); the block estimate is then
+# their max or their log-mean-exp (the log of the block's mean token mass, so that
+# ``n_j exp(s_j)`` is its predicted mass). Bytes per block below are for fp16 metadata,
+# head dim 64, S = 16 (a block's K+V is 4096 B; ``cuboid_mean`` is 256 B).
+#
+# * ``quant{b}`` / ``quant{b}max``: every key quantised to ``b`` bits per channel on the block's
+#   own per-channel ``[lo, hi]`` grid (the ``minmax`` metadata), reconstructed at bin centres:
+#   ``256 + 128 b`` B per block (2 bits: 512 B, an eighth of the block's K). Also gives a
+#   certified per-token bound: ``|k - k_hat| <= (hi - lo) / 2^(b+1)`` per channel.
+# * ``sparq{r}``: SparQ-style, query-dependent: the ``r`` channels with the largest ``|q_i|``
+#   read exactly from every key, the block mean for the others: ``128 + 32 r`` B read per block.
+# * ``outlier{r}``: ``max(cuboid_mean, exact logits of the r keys farthest (L2) from the block
+#   mean)``: ``256 + 128 r`` B per block.
+# * ``ball``: ``q.mu + |q| max_t |k_t - mu|`` (a true upper bound): 130 B per block.
+
+
+def token_sketch(keys: np.ndarray, q: np.ndarray, scale: float, block_size: int, kind: str):
+    """Approximate logits ``[N, S, G]`` of every token from research metadata ``kind``
+    (``quant{b}`` or ``sparq{r}``), and for ``quant`` the per-block slack ``[N, G]`` that makes
+    ``approx + slack`` a certified upper bound on every logit of the block (else ``None``)."""
+    t, d = keys.shape
+    n = -(-t // block_size)
+    pad = np.full((n * block_size, d), np.nan)
+    pad[:t] = keys
+    kb = pad.reshape(n, block_size, d)
+    valid = ~np.isnan(kb[..., 0])
+    kz = np.where(valid[..., None], kb, 0.0)
+    if kind.startswith("quant"):
+        levels = 2 ** int(kind[5:])
+        lo, hi = np.nanmin(kb, axis=1), np.nanmax(kb, axis=1)
+        span = hi - lo
+        code = np.clip(np.floor((kz - lo[:, None]) / np.maximum(span, 1e-30)[:, None] * levels), 0, levels - 1)
+        k_hat = lo[:, None] + (code + 0.5) / levels * span[:, None]
+        approx = scale * np.einsum("nsd,gd->nsg", k_hat, q)
+        slack = scale * (span / (2 * levels)) @ np.abs(q).T
+    elif kind.startswith("sparq"):
+        r = int(kind[5:])
+        mu = np.nanmean(kb, axis=1)
+        approx = np.empty((n, block_size, q.shape[0]))
+        for h in range(q.shape[0]):
+            ch = np.argsort(-np.abs(q[h]))[:r]
+            rest = mu @ q[h] - mu[:, ch] @ q[h, ch]
+            approx[:, :, h] = scale * (rest[:, None] + kz[:, :, ch] @ q[h, ch])
+        slack = None
+    else:
+        raise ValueError(kind)
+    return np.where(valid[..., None], approx, -np.inf), slack
+
+
 @dataclass
 class Case:
     """The query heads of one KV head at one decode step, blocks in processing order.
@@ -93,6 +164,9 @@ class Case:
     forced: int  # blocks in the first (forced) iteration
     ideal: dict  # tau -> ([G] ideal blocks, [G] ideal error)
     sample_rest: np.ndarray  # [N, G] sampled-token estimate of the unseen mass (see rule "sample")
+    bmax: np.ndarray = None  # [N, G] the block's true max logit minus gmax (known once attended)
+    ball: np.ndarray = None  # [N, G] ball bound q.mu + |q| max|k - mu|, minus gmax (gate rules)
+    qub: np.ndarray = None  # [N, G] log of a certified bound on the block's mass (quant metadata only)
 
 
 def make_case(q, keys, values, scale, block_size, *, sink, recent, shared, metadata="cuboid_mean",
@@ -106,6 +180,12 @@ def make_case(q, keys, values, scale, block_size, *, sink, recent, shared, metad
     dense = weighted.sum(0) / mass.sum(0)[:, None]
     meta = block_meta(keys, block_size)
     ub = scale * np.maximum(q[:, None, :] * meta["hi"], q[:, None, :] * meta["lo"]).sum(-1).T  # [N, G]
+    starts = np.arange(0, keys.shape[0], block_size)
+    bmax = np.maximum.reduceat(logits, starts, axis=0)  # [N, G] true block max logit
+    rmax = np.maximum.reduceat(np.linalg.norm(keys - np.repeat(meta["mean"], block_size, 0)[: keys.shape[0]], axis=1),
+                               starts)
+    ball = scale * (meta["mean"] @ q.T + rmax[:, None] * np.linalg.norm(q, axis=1)[None])
+    qub = None
     if metadata == "cuboid_mean":
         est = scale * (meta["center"] @ q.T + meta["radius"] @ np.abs(q).T)
     elif metadata == "minmax":
@@ -115,6 +195,24 @@ def make_case(q, keys, values, scale, block_size, *, sink, recent, shared, metad
     elif metadata == "gaussian":
         # log of the mean token mass if the block's keys were Gaussian with diagonal covariance
         est = scale * meta["mean"] @ q.T + 0.5 * scale**2 * meta["var"] @ (q**2).T
+    elif metadata.startswith(("quant", "sparq")):
+        kind = metadata[:-3] if metadata.endswith("max") else metadata
+        approx, slack = token_sketch(keys, q, scale, block_size, kind)  # [N, S, G]
+        if slack is not None:
+            qub = _logsumexp(approx, 1) + slack  # certified: log sum_t exp(approx_t + slack) >= log mass
+        cnt = np.maximum(np.isfinite(approx).sum(1), 1)
+        est = approx.max(axis=1) if metadata.endswith("max") else _logsumexp(approx, 1) - np.log(cnt)
+    elif metadata.startswith("outlier"):
+        r = int(metadata[7:])
+        kb = np.full((n * block_size, keys.shape[1]), np.nan)
+        kb[: keys.shape[0]] = keys
+        kb = kb.reshape(n, block_size, -1)
+        dist = np.nan_to_num(np.linalg.norm(kb - meta["mean"][:, None], axis=-1), nan=-1.0)  # [N, S]
+        far = np.argsort(-dist, axis=1)[:, :r]  # the r keys farthest from the block mean
+        tok = np.minimum(far + np.arange(n)[:, None] * block_size, keys.shape[0] - 1)
+        est = np.maximum(scale * (meta["center"] @ q.T + meta["radius"] @ np.abs(q).T), logits[tok].max(axis=1))
+    elif metadata == "ball":
+        est = ball
     else:
         raise ValueError(metadata)
     lengths = np.full(n, block_size)
@@ -155,7 +253,8 @@ def make_case(q, keys, values, scale, block_size, *, sink, recent, shared, metad
         sample_rest[:, h] = np.where(cnt > 0, np.maximum(s, 0) * unseen_tokens[:, h] / np.maximum(cnt, 1), 0.0)
     return Case(mass=mass[order, heads], length=lengths[order].astype(np.float64), est=est[order, heads] - gmax,
                 ub=ub[order, heads] - gmax, out=analysis.relative_error(outs, dense), true=true,
-                forced=len(forced), ideal=ideal, sample_rest=sample_rest)
+                forced=len(forced), ideal=ideal, sample_rest=sample_rest, bmax=bmax[order, heads] - gmax,
+                ball=ball[order, heads] - gmax, qub=None if qub is None else qub[order, heads] - gmax)
 
 
 # --- candidate rules: each returns the unseen-mass estimate ``rest`` after every prefix ------------
@@ -200,7 +299,15 @@ def rules(c: Case) -> dict[str, np.ndarray]:
     * ``sample64``: exact logits of 64 random tokens, scaled up to the unseen tokens;
     * ``est_raw``: ``sum_unseen n_j exp(s_j - M)`` uncalibrated (in the right units only for
       the research-only ``gaussian`` metadata);
-    * ``max(a,b)``: the larger of two estimates.
+    * ``max(a,b)``: the larger of two estimates;
+    * ``est_raw_x{gamma}``: ``gamma * est_raw`` (with sketch metadata ``est_raw`` is the
+      sketch's own prediction of the unseen mass);
+    * ``certified_q`` (``quant{b}`` metadata only): ``sum_unseen sum_t exp(approx_t + slack_j)``,
+      a certified bound from the quantised keys;
+    * ``gate{g}(base)``: ``base``, but no stop while any unseen block's ball bound
+      ``q.mu + |q| max|k - mu|`` is within ``g`` nats of the largest logit seen (spike-aware gate);
+    * ``{base}&next{lam}``: ``base``, and the next block's predicted mass ``n_j exp(s_j)`` must be
+      below ``lam`` of ``AS_acc + rest`` (a share condition, meaningful for sketch metadata).
 
     Statistics named "ranked" leave the forced sink/recent blocks out: those are chosen by
     position, not estimate (the newest block is often near empty, which makes ``AS_min``
@@ -249,6 +356,34 @@ def rules(c: Case) -> dict[str, np.ndarray]:
                 r[f"ema{1 / a:g}_b{beta:g}"] = guard(np.nan_to_num(k, nan=np.inf) * unseen)
     r["sample64"] = c.sample_rest
     r["est_raw"] = suffix_sum(c.length * np.exp(c.est))  # uncalibrated: right units for "gaussian" only
+    # With per-token sketch metadata (quant{b}, sparq{r}: est = log mean token mass of the
+    # sketch) est_raw is the sketch's own prediction of the unseen mass; scaled variants trade
+    # safety for budget.
+    for gamma in (0.25, 0.5, 2.0, 4.0):
+        r[f"est_raw_x{gamma:g}"] = gamma * r["est_raw"]
+    if c.qub is not None:
+        # certified from quantised keys: every unseen token's logit is at most approx + slack
+        r["certified_q"] = suffix_sum(np.exp(c.qub))
+    # Gates (spike-aware): the rule may stop only once every unseen block's ball bound
+    # q.mu + |q| max|k - mu| is at least ``g`` nats below the largest logit seen so far.
+    unseen_max = np.concatenate([np.maximum.accumulate(c.ball[::-1], axis=0)[::-1][1:],
+                                 np.full((1, c.ball.shape[1]), -np.inf)], axis=0)
+    seen_max = np.maximum.accumulate(c.bmax, axis=0)
+    for gap in (0, 4, 8):
+        shut = unseen_max > seen_max - gap
+        for base in ("remaining_ranked", "ema_all4", "est_raw"):
+            r[f"gate{gap}({base})"] = np.where(shut, np.inf, r[base])
+    # Share condition ("&next{lam}", for per-token sketch metadata): besides the mass test,
+    # the next block's predicted mass n_j exp(s_j) must be below lam of the estimated total
+    # (acc + rest). At one budget, mean output error is lowest when every head stops where
+    # its next block is worth the same share, not at the same cumulative mass: concentrated
+    # heads read on (their tail blocks are cheap and still matter), flat heads stop nearer tau.
+    acc = np.cumsum(c.mass, axis=0)
+    nxt = np.concatenate([c.length[1:] * np.exp(c.est[1:]), np.zeros_like(c.est[:1])], axis=0)
+    for base in ("est_raw", "frontier16_b1", "ema8_b1"):
+        for lam in (0.0015, 0.001, 0.0007):
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r[f"{base}&next{lam:g}"] = np.where(nxt / (acc + r[base]) < lam, r[base], np.inf)
     for a, b in (("remaining_ranked", "frontier16_b1"), ("remaining_ranked", "ema16_b1"),
                  ("window_mean16", "frontier16_b1"), ("remaining_ranked", "frontier16_b0.5"),
                  ("remaining_ranked", "frontier32_b0.25"), ("remaining_ranked", "frontier64_b0.25"),
@@ -287,12 +422,19 @@ class Setting:
                 + ("" if self.metadata == "cuboid_mean" else f"/{self.metadata}"))
 
 
+# The research rule that psa_ref implements for each metadata kind it has: stop="ema" on the
+# per-block kinds, stop="sketch" (= frontier16_b1&next0.001) on quant3.
+CONFIRMED = {"cuboid_mean": ("ema", "ema"), "minmax": ("ema", "ema"), "mean": ("ema", "ema"),
+             "quant3": ("sketch", "frontier16_b1&next0.001")}
+
+
 def confirm(q, keys, values, scale, block_size, st: "Setting", c: Case, rest: np.ndarray, tau: float) -> None:
-    """Check one prefix-evaluated stop of ``stop="ema"`` against :func:`psa_ref.attention` itself."""
+    """Check one prefix-evaluated stop against :func:`psa_ref.attention` itself (the rule of :data:`CONFIRMED`)."""
     import psa_ref
 
     blocks = psa_ref.KVBlocks.from_dense(keys[None], values[None], block_size=block_size, metadata=st.metadata)
-    res = psa_ref.attention(q, blocks, tau, stop="ema", scale=scale, gqa="shared" if st.shared else "per_head",
+    res = psa_ref.attention(q, blocks, tau, stop=CONFIRMED[st.metadata][0], scale=scale,
+                            gqa="shared" if st.shared else "per_head",
                             sink_blocks=st.sink, recent_blocks=st.recent, exact_mass=True)
     mine = stops(c, rest, tau, st.shared)
     theirs = res.num_used if not st.shared else np.full(q.shape[0], res.num_used[0])
@@ -304,8 +446,9 @@ def confirm(q, keys, values, scale, block_size, st: "Setting", c: Case, rest: np
 def collect(trace_paths, settings, taus=TAUS, block_size=16, max_positions=None, progress=True, confirm_every=0):
     """Run every case; return per-(setting, rule, tau) lists of per-head records.
 
-    With ``confirm_every = n > 0`` every n-th case also runs ``stop="ema"`` through
-    :func:`psa_ref.attention` and checks that it stops where the prefix evaluation says.
+    With ``confirm_every = n > 0`` every n-th case also runs ``stop="ema"`` (``stop="sketch"``
+    for ``quant3`` settings) through :func:`psa_ref.attention` and checks that it stops where
+    the prefix evaluation says.
     """
     confirmed = 0
     from tqdm.auto import tqdm
@@ -348,9 +491,10 @@ def collect(trace_paths, settings, taus=TAUS, block_size=16, max_positions=None,
                             ideal.setdefault(t, []).extend(
                                 zip(c.ideal[t][0], c.ideal[t][1], [label] * g, [layer] * g))
                     all_rest = rules(c)
-                    if confirm_every and ci % confirm_every == 0:
+                    if confirm_every and ci % confirm_every == 0 and st.metadata in CONFIRMED:
                         for t in taus:
-                            confirm(q[heads], k[kv], v[kv], trace.scale, block_size, st, c, all_rest["ema"], t)
+                            confirm(q[heads], k[kv], v[kv], trace.scale, block_size, st, c,
+                                    all_rest[CONFIRMED[st.metadata][1]], t)
                         confirmed += 1
                     # oracle stop on this order: the first boundary whose true mass reaches tau
                     for t in taus:
@@ -368,7 +512,8 @@ def collect(trace_paths, settings, taus=TAUS, block_size=16, max_positions=None,
                                 zip(s, c.true[s - 1, hh], c.out[s - 1, hh], [label] * g, [layer] * g,
                                     [c.mass.shape[0]] * g))
     if confirm_every:
-        print(f"confirmed stop='ema' through psa_ref.attention on {confirmed} (case, setting) pairs x {len(taus)} taus")
+        print(f"confirmed stop='ema' (stop='sketch' on quant3) through psa_ref.attention on {confirmed} "
+              f"(case, setting) pairs x {len(taus)} taus")
     return rec, topk, ideal
 
 
@@ -434,7 +579,7 @@ def main(argv=None):
                         help="comma list of sink/recent/(per_head|shared)[/metadata]")
     parser.add_argument("--detail", default=None, help="comma list of rules to break down per trace and per layer")
     parser.add_argument("--confirm", type=int, default=0, metavar="N",
-                        help="every N-th case, check stop='ema' against psa_ref.attention itself")
+                        help="every N-th case, check stop='ema' (stop='sketch' on quant3) against psa_ref.attention")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     settings = []

@@ -133,7 +133,7 @@ class OffloadKVCache(PagedKVCache):
             ``block_size``, ``metadata``, as for :class:`~psa_fast.cache.PagedKVCache`.
     """
 
-    def __init__(self, *, num_slots: int, pool: str = "unified", policy: str = "lru", **cache_args):
+    def __init__(self, *, num_slots: int, pool: str = "unified", policy: str = "lru", **cache_args: Any):
         import cupy
 
         from .pool import GPUSlotPool

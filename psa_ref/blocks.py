@@ -10,6 +10,14 @@ Metadata kinds (the estimate each one gives is in :mod:`psa_ref.scoring`):
   of the block's keys and the radius ``r = mean_t |k_t - c|``.
 * ``"minmax"`` (Quest): per channel, ``lo = min_t k_t`` and ``hi = max_t k_t``.
 * ``"mean"``: the mean key of the block.
+* ``"quant3"``: ``lo``/``hi`` per channel plus every key of the block quantised to 3 bits
+  per channel on the block's own ``[lo, hi]`` grid: ``codes [S, D]`` uint8,
+  ``c_ti = clip(floor((k_ti - lo_i) / (hi_i - lo_i) * 8), 0, 7)``, and ``c_ti = 0`` where
+  ``hi_i == lo_i`` (then every key of the block has ``k_ti = lo_i`` and the reconstruction is
+  exact). Keys are reconstructed at bin centres, ``k^_ti = lo_i + (c_ti + 0.5) / 8 * (hi_i - lo_i)``
+  (:func:`dequantize`), so ``|k_ti - k^_ti| <= (hi_i - lo_i) / 16``. Rows of a partial last
+  block past its end hold code 0 and are never read. Costs ``2 D`` + ``3 S D / 8`` values per block:
+  640 B in float16 at ``D = 64, S = 16`` (``cuboid_mean``: 256 B; the block's keys and values: 4096 B).
 
 Whatever the kind, ``lo``/``hi`` are always kept: ``stop="certified"`` needs the
 min/max upper bound beside any ranking metadata.
@@ -24,19 +32,43 @@ from numpy.typing import ArrayLike
 
 from . import _validate
 
-METADATA_KINDS = ("cuboid_mean", "minmax", "mean")
+METADATA_KINDS = ("cuboid_mean", "minmax", "mean", "quant3")
+QUANT_LEVELS = 8  # 3 bits per channel and token (metadata "quant3")
 
 
-def block_metadata(keys: np.ndarray, kind: str) -> dict[str, np.ndarray]:
+def quantize(keys: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """3-bit codes of ``keys [..., n, D]`` on the per-channel grid ``lo, hi [..., D]``: ``[..., n, D]`` uint8.
+
+    ``c = clip(floor((k - lo) / (hi - lo) * 8), 0, 7)``; 0 on channels where ``hi == lo``.
+    """
+    span = (hi - lo)[..., None, :]
+    flat = span == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        code = np.floor((keys - lo[..., None, :]) / np.where(flat, 1.0, span) * QUANT_LEVELS)
+    return np.clip(np.where(flat, 0.0, code), 0, QUANT_LEVELS - 1).astype(np.uint8)
+
+
+def dequantize(codes: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Keys reconstructed at bin centres: ``lo + (codes + 0.5) / 8 * (hi - lo)``, float64.
+
+    ``codes`` is ``[..., n, D]``; ``lo``, ``hi`` are ``[..., D]``.
+    """
+    return lo[..., None, :] + (codes + 0.5) / QUANT_LEVELS * (hi - lo)[..., None, :]
+
+
+def block_metadata(keys: np.ndarray, kind: str, *, block_size: int | None = None) -> dict[str, np.ndarray]:
     """Metadata of one block of one head.
 
     Args:
         keys: ``[n, D]`` float64, the ``1 <= n <= S`` keys of the block.
         kind: one of :data:`METADATA_KINDS`.
+        block_size: ``S`` (default ``n``): the rows of ``quant3``'s ``codes``; rows past
+            ``n`` hold 0.
 
     Returns:
-        ``{"lo", "hi"}`` always, plus ``{"center", "radius"}`` for ``cuboid_mean`` or
-        ``{"mean"}`` for ``mean``; each ``[D]`` float64.
+        ``{"lo", "hi"}`` always, plus ``{"center", "radius"}`` for ``cuboid_mean``,
+        ``{"mean"}`` for ``mean``, each ``[D]`` float64; or ``{"codes"}`` ``[S, D]`` uint8
+        for ``quant3``.
     """
     lo, hi = keys.min(axis=0), keys.max(axis=0)
     meta = {"lo": lo, "hi": hi}
@@ -46,6 +78,10 @@ def block_metadata(keys: np.ndarray, kind: str) -> dict[str, np.ndarray]:
         meta["radius"] = np.abs(keys - center).mean(axis=0)
     elif kind == "mean":
         meta["mean"] = keys.mean(axis=0)
+    elif kind == "quant3":
+        codes = np.zeros((max(block_size or 0, keys.shape[0]), keys.shape[1]), dtype=np.uint8)
+        codes[: keys.shape[0]] = quantize(keys, lo, hi)
+        meta["codes"] = codes
     return meta
 
 
@@ -61,7 +97,8 @@ class KVBlocks:
         block_size: ``S``.
         metadata: the ranking metadata kind, one of :data:`METADATA_KINDS`.
         meta: name -> ``[Hkv, N, D]`` float64 arrays; always ``lo`` and ``hi``, plus the
-            arrays of :func:`block_metadata` for ``metadata``.
+            arrays of :func:`block_metadata` for ``metadata`` (``quant3``'s ``codes`` is
+            ``[Hkv, N, S, D]`` uint8).
         single_head: True when built from ``[T, D]`` keys (then ``Hkv == 1``).
     """
 
@@ -80,7 +117,7 @@ class KVBlocks:
             keys: ``[T, D]`` (one head) or ``[Hkv, T, D]``, float16/32/64, finite.
             values: same shape as ``keys``.
             block_size: ``S >= 1`` tokens per block; the last block holds ``T - (N-1)*S``.
-            metadata: ``"cuboid_mean"`` (default), ``"minmax"`` or ``"mean"``.
+            metadata: ``"cuboid_mean"`` (default), ``"minmax"``, ``"mean"`` or ``"quant3"``.
 
         Raises:
             TypeError: non-float dtypes or a non-integer ``block_size``.
@@ -99,7 +136,8 @@ class KVBlocks:
 
         n = -(-t // block_size)
         per_block = [
-            [block_metadata(k[h, j * block_size : (j + 1) * block_size], metadata) for j in range(n)]
+            [block_metadata(k[h, j * block_size : (j + 1) * block_size], metadata, block_size=block_size)
+             for j in range(n)]
             for h in range(hkv)
         ]
         meta = {name: np.array([[m[name] for m in row] for row in per_block]) for name in per_block[0][0]}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .blocks import METADATA_KINDS
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="psa", description="Progressive Sparse Attention: reference, demo and tools.")
@@ -33,11 +35,14 @@ def main(argv=None) -> int:
     ev.add_argument("--contexts", default="2048,4096,8192", help="comma-separated context lengths (default 2048,4096,8192)")
     ev.add_argument("--tokens", type=int, default=32, help="decoded (scored) tokens per window (default 32)")
     ev.add_argument("--windows", type=int, default=1, help="text windows per context, pooled (default 1)")
-    ev.add_argument("--rules", default=None, help="comma-separated stop rules (default: all)")
+    ev.add_argument("--rules", default=None, help="comma-separated stop rules (default: ema,remaining,seed,certified; "
+                                                    "sketch goes with --metadata quant3)")
     ev.add_argument("--taus", default="0.9,0.95,0.99", help="comma-separated thresholds (default 0.9,0.95,0.99)")
     ev.add_argument("--topk", default="8,16,32,64,128,256", help="comma-separated top-k budgets (default 8,...,256)")
     ev.add_argument("--text", default="pydoc", help="'pydoc' (CPython's pydoc topics) or a UTF-8 text file")
     ev.add_argument("--offset", type=int, default=30000, help="first token of the text window (default 30000)")
+    ev.add_argument("--metadata", default="cuboid_mean", choices=METADATA_KINDS,
+                    help="block metadata that ranks the blocks of PSA and top-k (default cuboid_mean)")
     ev.add_argument("--backend", choices=("sweep", "ref"), default="sweep", help="psa_ref backend (default sweep)")
     ev.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     ev.add_argument("--no-plots", action="store_true", help="print the table only")
@@ -60,9 +65,9 @@ def main(argv=None) -> int:
         ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
         floats = lambda text: tuple(float(x) for x in text.split(",") if x.strip())  # noqa: E731
         evaluate.main(out_dir=args.out, contexts=ints(args.contexts), tokens=args.tokens, windows=args.windows,
-                      rules=tuple(args.rules.split(",")) if args.rules else evaluate.STOP_RULES,
+                      rules=tuple(args.rules.split(",")) if args.rules else evaluate.BLOCK_STOP_RULES,
                       taus=floats(args.taus), topk=ints(args.topk), text=args.text, offset=args.offset,
-                      backend=args.backend, threads=args.threads, plots=not args.no_plots, progress=not args.quiet)
+                      metadata=args.metadata, backend=args.backend, threads=args.threads, plots=not args.no_plots, progress=not args.quiet)
     return 0
 
 

@@ -29,8 +29,8 @@ from numpy.typing import ArrayLike
 
 from .blocks import KVBlocks
 from .progressive import DEFAULT_STOP, attention, split_chunks
-from .scoring import estimate, forced_blocks, kv_head_of
-from .testing import brute_force_bound, log_block_mass, oracle_fractions
+from .scoring import estimate, forced_blocks, kv_head_of, processing_order
+from .testing import brute_force_bound, log_block_mass, oracle_fractions, oracle_sketch
 from .topk import topk_attention
 
 FP16_META_REL = 2.0**-10  # float16 rounding of centre/radius (2^-11) with a factor 2 of margin
@@ -139,14 +139,23 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
         # I5: stop
         chunks = split_chunks(u, forced.size, step)
         assert len(chunks) == iters[gi], f"group {gi}: {iters[gi]} iterations but blocks_used makes {len(chunks)}"
-        frac = np.array([oracle_fractions(stop, log_block_mass(q2[h], k3[kv], block_size, scale), chunks,
-                                          brute_force_bound(q2[h], k3[kv], block_size, scale), blocks.block_lengths)
-                         for h in heads])
+        if stop == "sketch":  # mass test and share test (margin in nats), from the reference's estimates and order
+            order = processing_order(s, forced)
+            rest_order = [j for j in order if j not in set(u.tolist())]
+            nxt = int(rest_order[0]) if rest_order else None
+            frac, margin = np.array([oracle_sketch(log_block_mass(q2[h], k3[kv], block_size, scale), chunks,
+                                                   scores[h] + np.log(blocks.block_lengths), forced.size, nxt)
+                                     for h in heads]).transpose(1, 0, 2)
+        else:
+            frac = np.array([oracle_fractions(stop, log_block_mass(q2[h], k3[kv], block_size, scale), chunks,
+                                              brute_force_bound(q2[h], k3[kv], block_size, scale), blocks.block_lengths)
+                             for h in heads])
+            margin = np.full_like(frac, np.inf)
         if threshold < 1:
-            early = np.flatnonzero((frac[:, :-1] >= threshold + ratio_tol).all(axis=0))
+            early = np.flatnonzero(((frac[:, :-1] >= threshold + ratio_tol) & (margin[:, :-1] > ratio_tol)).all(axis=0))
             assert early.size == 0, f"I5 group {gi}: the rule already held at boundary {early[0]} ({frac[:, early[0]]})"
         if reasons[gi] == "threshold":
-            assert (frac[:, -1] >= threshold - ratio_tol).all(), \
+            assert ((frac[:, -1] >= threshold - ratio_tol) & (margin[:, -1] > -ratio_tol)).all(), \
                 f"I5 group {gi}: stopped where the rule does not hold ({frac[:, -1]} < {threshold})"
         else:
             assert reasons[gi] == "exhausted" and u.size == n, f"group {gi}: reason {reasons[gi]!r} with {u.size}/{n}"

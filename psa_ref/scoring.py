@@ -8,13 +8,18 @@ so it is comparable with the logits ``l_t = scale * q . k_t``:
 * ``minmax``:      ``scale * sum_i max(q_i hi_i, q_i lo_i)`` -- an upper bound on every
   ``l_t`` of the block
 * ``mean``:        ``scale * q . mean``
+* ``quant3``:      ``log((1 / n_j) sum_{t in j} exp(scale * q . k^_t))``, the log of the
+  block's mean token mass under the sketch logits ``l~_t = scale * q . k^_t`` of the
+  dequantised keys (:func:`psa_ref.blocks.dequantize`); ``n_j exp(s_j - M)`` is then the
+  block's *sketch mass*, the sketch's prediction of ``sum_t exp(l_t - M)`` (used by
+  ``stop="sketch"``). Ranking by it ranks blocks by sketch mass per token.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .blocks import KVBlocks
+from .blocks import KVBlocks, dequantize
 
 
 def kv_head_of(num_q_heads: int, num_kv_heads: int) -> np.ndarray:
@@ -47,7 +52,31 @@ def estimate(q: np.ndarray, blocks: KVBlocks, scale: float) -> np.ndarray:
         return scale * (np.einsum("hd,hnd->hn", q, center) + np.einsum("hd,hnd->hn", np.abs(q), radius))
     if blocks.metadata == "mean":
         return scale * np.einsum("hd,hnd->hn", q, blocks.meta["mean"][kv])
+    if blocks.metadata == "quant3":
+        return sketch_estimate(q, blocks, scale)
     raise AssertionError(f"unknown metadata {blocks.metadata!r}")  # KVBlocks validated it
+
+
+def sketch_estimate(q: np.ndarray, blocks: KVBlocks, scale: float) -> np.ndarray:
+    """The ``quant3`` estimate, ``[Hq, N]`` float64: log mean token mass of each block's sketch logits.
+
+    One KV head at a time: dequantising its codes reads ``3 S D / 8`` bytes per block, the
+    sketch logits cost one ``[N S, D] x [D, G]`` product (as many multiply-adds as the exact
+    logits, from 3-bit inputs).
+    """
+    hq, hkv = q.shape[0], blocks.num_heads
+    g = hq // hkv
+    n, s = blocks.num_blocks, blocks.block_size
+    valid = np.arange(s)[None, :] < blocks.block_lengths[:, None]  # [N, S]: rows past a partial block's end
+    out = np.empty((hq, n))
+    for kv in range(hkv):
+        k_hat = dequantize(blocks.meta["codes"][kv], blocks.meta["lo"][kv], blocks.meta["hi"][kv])  # [N, S, D]
+        sketch = scale * np.einsum("nsd,gd->gns", k_hat, q[kv * g : (kv + 1) * g])  # [G, N, S]
+        sketch = np.where(valid, sketch, -np.inf)
+        top = sketch.max(axis=2, keepdims=True)  # finite: every block has a valid row
+        lse = top[..., 0] + np.log(np.exp(sketch - top).sum(axis=2))
+        out[kv * g : (kv + 1) * g] = lse - np.log(blocks.block_lengths)
+    return out
 
 
 def rank(scores: np.ndarray) -> np.ndarray:

@@ -34,6 +34,8 @@ from numpy.typing import ArrayLike
 from . import _validate
 from .blocks import METADATA_KINDS, KVBlocks
 
+STORE_METADATA = ("cuboid_mean", "minmax", "mean")  # quant3's per-token codes are not kept here yet
+
 STORE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -83,6 +85,9 @@ class HostStore:
         self.head_dim = _validate.integer(head_dim, "head_dim", minimum=1)
         self.block_size = _validate.integer(block_size, "block_size", minimum=1)
         self.metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
+        if self.metadata not in STORE_METADATA:
+            raise ValueError(f"metadata={self.metadata!r} is not kept by the host store (it stores per-block "
+                             f"summaries, not per-token codes); use one of {', '.join(STORE_METADATA)}")
         try:
             self.dtype = np.dtype(dtype)
         except TypeError:

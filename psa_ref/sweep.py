@@ -20,7 +20,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .blocks import KVBlocks
-from .progressive import DEFAULT_STOP, EMA_WEIGHT, estimated_fraction, run_groups
+from .progressive import (DEFAULT_STOP, EMA_WEIGHT, SKETCH_WINDOW, estimated_fraction, run_groups, sketch_next_small,
+                          sketch_rest)
 from .result import AttentionResult
 
 _EMA_SEGMENT = 256  # blocks per closed-form segment: (1 - w)^-256 stays far from float64 overflow
@@ -44,7 +45,36 @@ def ema_prefix(mass: np.ndarray, weight: float = EMA_WEIGHT) -> np.ndarray:
     return out
 
 
-def group_sweep(q, keys, values, blocks: KVBlocks, chunks, bound, threshold: float, stop: str, scale: float):
+def sketch_prefix(mass: np.ndarray, log_sketch: np.ndarray, num_forced: int, top: np.ndarray):
+    """``stop="sketch"`` after each block of the processing order: ``(rest [n, G], next_mass [n, G])``.
+
+    ``mass [n, G]`` holds the true block masses in processing order, relative to ``top``;
+    ``log_sketch [n, G]`` their ``log p_j + M`` (``s_j + log n_j``), the first ``num_forced``
+    of them forced. The calibration window is a sliding sum over the last ``SKETCH_WINDOW``
+    positions in which forced rows count as empty, i.e. the last ranked blocks; unseen
+    sketch sums are a reverse log-sum-exp accumulation (no cancellation).
+    """
+    n, g = mass.shape
+    ranked = (np.arange(n) >= num_forced)[:, None]
+    pad = SKETCH_WINDOW - 1
+    m_r = np.concatenate([np.zeros((pad, g)), np.where(ranked, mass, 0.0)])
+    lp_r = np.concatenate([np.full((pad, g), -np.inf), np.where(ranked, log_sketch, -np.inf)])
+    win = np.lib.stride_tricks.sliding_window_view
+    window_mass = win(m_r, SKETCH_WINDOW, axis=0).sum(axis=-1)  # [n, G]
+    lw = win(lp_r, SKETCH_WINDOW, axis=0)  # [n, G, W]
+    top_w = lw.max(axis=-1, keepdims=True)
+    top_w = np.where(np.isfinite(top_w), top_w, 0.0)
+    with np.errstate(divide="ignore"):
+        log_window = top_w[..., 0] + np.log(np.exp(lw - top_w).sum(axis=-1))
+    suffix = np.logaddexp.accumulate(log_sketch[::-1], axis=0)[::-1]  # log sum of p over positions >= i
+    log_unseen = np.concatenate([suffix[1:], np.full((1, g), -np.inf)])
+    with np.errstate(over="ignore"):
+        next_mass = np.concatenate([np.exp(log_sketch[1:] - top), np.zeros((1, g))])
+    return sketch_rest(window_mass, log_window, log_unseen), next_mass
+
+
+def group_sweep(q, keys, values, blocks: KVBlocks, chunks, bound, threshold: float, stop: str, scale: float,
+                num_forced: int = 0):
     """One selection group (query heads ``q [G, D]`` over one KV head): the loop's result.
 
     Arguments and return value ``(output [G, D], blocks_used [n], iterations, stop_reason,
@@ -68,10 +98,16 @@ def group_sweep(q, keys, values, blocks: KVBlocks, chunks, bound, threshold: flo
             in_order = (lengths[order] * np.exp(bound[:, order] - top[:, None])).T  # [N, G]
         suffix = np.cumsum(in_order[::-1], axis=0)[::-1]
         unseen = np.concatenate([suffix[1:], np.zeros_like(suffix[:1])])[ends]
+    next_small = True
+    if stop == "sketch":
+        rest, next_mass = sketch_prefix(mass, (bound + np.log(lengths))[:, order].T, num_forced, top)
+        unseen = rest[ends]
+        next_small = sketch_next_small(as_acc, unseen, next_mass[ends])
     with np.errstate(invalid="ignore"):
         fraction = estimated_fraction(stop, as_acc, as_min, n_left, unseen, as_ema)  # [boundaries, G]
 
-    holds = np.all(fraction >= threshold, axis=1) if threshold < 1.0 else np.zeros(len(chunks), dtype=bool)
+    holds = (np.all((fraction >= threshold) & next_small, axis=1) if threshold < 1.0
+             else np.zeros(len(chunks), dtype=bool))
     holds[-1] = True  # no block left
     b = int(np.argmax(holds))
     used = order[: ends[b] + 1].astype(np.int64)

@@ -94,22 +94,73 @@ def brute_force_bound(q_head, keys, block_size: int, scale: float) -> np.ndarray
     return np.array(out)
 
 
+def oracle_sketch(log_mass: np.ndarray, chunks: list[np.ndarray], log_sketch: np.ndarray, num_forced: int,
+                  next_block: int | None = None, window: int | None = None,
+                  share: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``stop="sketch"`` after each chunk, for one query head: ``(fractions, next_margin)``.
+
+    ``log_sketch`` is ``[N]``: ``log p_j`` of each block in absolute units (``s_j + log n_j``
+    with ``s_j`` the block's estimate); the first ``num_forced`` blocks of the order (the first
+    chunk) are forced and stay out of the calibration window; ``next_block`` is the block the
+    loop would process after the last chunk (None when every block is in ``chunks``). Every
+    block not in the prefix counts as unseen. Everything is recomputed from the
+    prefix of blocks attended, in absolute log units with no running maximum:
+    ``log rest = lse_W(log m) - lse_W(log p) + lse_unseen(log p)`` and the share test
+    ``log p_next < log(share) + logaddexp(log AS_acc, log rest)``, returned as its margin in
+    nats (``> 0`` where the next block is small enough; ``inf`` when no block is left).
+    """
+    if window is None or share is None:
+        from .progressive import SKETCH_NEXT_SHARE, SKETCH_WINDOW  # the constants only
+
+        window = SKETCH_WINDOW if window is None else window
+        share = SKETCH_NEXT_SHARE if share is None else share
+    order = np.concatenate(chunks)
+    fractions, small = [], []
+    done = 0
+    for chunk in chunks:
+        done += len(chunk)
+        prefix = order[:done]
+        unseen = np.setdiff1d(np.arange(log_mass.size), prefix)
+        nxt = order[done] if done < order.size else next_block
+        ranked = prefix[num_forced:]
+        w = ranked[-window:]
+        log_acc = _logsumexp(log_mass[prefix])
+        if unseen.size == 0:
+            log_rest = -np.inf
+        elif w.size == 0:
+            log_rest = np.inf
+        else:
+            log_rest = _logsumexp(log_mass[w]) - _logsumexp(log_sketch[w]) + _logsumexp(log_sketch[unseen])
+        with np.errstate(over="ignore", invalid="ignore"):
+            fractions.append(1.0 / (1.0 + np.exp(log_rest - log_acc)))
+        with np.errstate(invalid="ignore"):
+            margin = np.log(share) + np.logaddexp(log_acc, log_rest) - log_sketch[nxt] if nxt is not None else np.inf
+        small.append(margin)
+    return np.array(fractions), np.array(small)
+
+
 def oracle_fractions(stop: str, log_mass: np.ndarray, chunks: list[np.ndarray], log_bound: np.ndarray | None = None,
-                     lengths: np.ndarray | None = None, ema_weight: float | None = None) -> np.ndarray:
+                     lengths: np.ndarray | None = None, ema_weight: float | None = None,
+                     num_forced: int = 0) -> np.ndarray:
     """The stop rule's estimated attended fraction after each chunk, for one query head.
 
     Args:
-        stop: "ema", "remaining", "seed" or "certified".
+        stop: "ema", "remaining", "seed", "certified" or "sketch".
         log_mass: ``[N]`` log block masses (:func:`log_block_mass`).
         chunks: the processing order split into iterations.
-        log_bound: ``[N]`` min/max logit bounds (``certified`` only).
-        lengths: ``[N]`` tokens per block (``certified`` only).
+        log_bound: ``[N]`` min/max logit bounds (``certified``), or the block estimates
+            ``s_j`` (``sketch``).
+        lengths: ``[N]`` tokens per block (``certified``, ``sketch``).
         ema_weight: ``w`` of ``stop="ema"`` (default: the reference's ``EMA_WEIGHT``). The
             average is recomputed here from scratch in the log domain, one block at a time.
+        num_forced: forced blocks at the head of the order (``sketch`` only).
 
     Returns:
-        ``[len(chunks)]`` fractions in [0, 1], computed in the log domain.
+        ``[len(chunks)]`` fractions in [0, 1], computed in the log domain. ``sketch`` also
+        needs its share test to stop: see :func:`oracle_sketch`.
     """
+    if stop == "sketch":
+        return oracle_sketch(log_mass, chunks, log_bound + np.log(lengths), num_forced)[0]
     if ema_weight is None:
         from .progressive import EMA_WEIGHT as ema_weight  # the constant only; the formula is re-derived below
     n = log_mass.size
@@ -230,6 +281,21 @@ def brute_force_estimate(q_head, keys, block_size: int, scale: float, metadata: 
             out.append(scale * (q_head @ c + np.abs(q_head) @ np.abs(kb - c).mean(0)))
         elif metadata == "mean":
             out.append(scale * (q_head @ kb.mean(0)))
+        elif metadata == "quant3":
+            out.append(_logsumexp(scale * (brute_force_dequantized(kb) @ q_head)) - np.log(kb.shape[0]))
         else:
             raise ValueError(f"unknown metadata {metadata!r}")
     return np.array(out)
+
+
+def brute_force_dequantized(kb: np.ndarray) -> np.ndarray:
+    """``quant3`` keys of one block ``kb [n, D]``, quantised and reconstructed element by element
+    (the formula of :mod:`psa_ref.blocks`, written out with scalars)."""
+    out = np.empty(kb.shape)
+    lo, hi = kb.min(0), kb.max(0)
+    for t in range(kb.shape[0]):
+        for i in range(kb.shape[1]):
+            span = hi[i] - lo[i]
+            code = 0 if span == 0 else min(max(int(np.floor((kb[t, i] - lo[i]) / span * 8)), 0), 7)
+            out[t, i] = lo[i] + (code + 0.5) / 8 * span
+    return out

@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import psa_ref
-from psa_ref.testing import assert_close, budget64
+from psa_ref.blocks import dequantize
+from psa_ref.testing import assert_close, brute_force_dequantized, budget64
 
 
 @given(t=st.integers(1, 40), s=st.integers(1, 9), d=st.integers(1, 6), h=st.integers(1, 3), seed=st.integers(0, 999))
@@ -50,3 +51,43 @@ def test_single_head_and_inputs_copied_to_float64():
 def test_float_dtypes_accepted(dtype):
     k = np.ones((3, 2), dtype=dtype)
     assert psa_ref.KVBlocks.from_dense(k, k, block_size=2).num_blocks == 2
+
+
+# --- quant3: 3-bit per-token keys on the block's own [lo, hi] grid ------------------------------
+
+
+@given(t=st.integers(1, 40), s=st.integers(1, 9), d=st.integers(1, 6), h=st.integers(1, 2), seed=st.integers(0, 999),
+       flat=st.booleans())
+def test_quant3_matches_brute_force(t, s, d, h, seed, flat):
+    rng = np.random.default_rng(seed)
+    k, v = rng.standard_normal((2, h, t, d))
+    if flat:  # a channel constant over the cache: hi == lo in every block
+        k[..., 0] = 0.25
+    b = psa_ref.KVBlocks.from_dense(k, v, block_size=s, metadata="quant3")
+    n = -(-t // s)
+    assert b.meta["codes"].shape == (h, n, s, d) and b.meta["codes"].dtype == np.uint8
+    assert set(b.meta) == {"lo", "hi", "codes"}
+    for kv in range(h):
+        for j in range(n):
+            kb = k[kv, j * s : (j + 1) * s]
+            rows = kb.shape[0]
+            lo, hi = kb.min(0), kb.max(0)
+            for tt in range(rows):
+                for i in range(d):
+                    span = hi[i] - lo[i]
+                    code = 0 if span == 0 else min(max(int(np.floor((kb[tt, i] - lo[i]) / span * 8)), 0), 7)
+                    assert b.meta["codes"][kv, j, tt, i] == code
+            assert not b.meta["codes"][kv, j, rows:].any(), "rows past a partial block's end must hold 0"
+            k_hat = dequantize(b.meta["codes"][kv, j, :rows], b.meta["lo"][kv, j], b.meta["hi"][kv, j])
+            assert_close("quant3 reconstruction", k_hat, brute_force_dequantized(kb), rtol=budget64(1))
+            # bin centres: every key within half a bin of its reconstruction; exact on flat channels
+            assert np.all(np.abs(k_hat - kb) <= (hi - lo) / 16 * (1 + 1e-12) + 1e-300)
+
+
+def test_quant3_codes_by_hand():
+    keys = np.array([[0.0, 5.0], [1.0, 5.0], [0.5, 5.0], [0.124, 5.0], [0.999, 5.0]])  # channel 1 is flat
+    b = psa_ref.KVBlocks.from_dense(keys, keys, block_size=8, metadata="quant3")
+    assert b.meta["codes"][0, 0, :5, 0].tolist() == [0, 7, 4, 0, 7]  # floor(8 x), and x = 1 clipped to 7
+    assert b.meta["codes"][0, 0, :, 1].tolist() == [0] * 8
+    k_hat = dequantize(b.meta["codes"][0, 0, :5], b.meta["lo"][0, 0], b.meta["hi"][0, 0])
+    assert k_hat[:, 0].tolist() == [0.0625, 0.9375, 0.5625, 0.0625, 0.9375] and k_hat[:, 1].tolist() == [5.0] * 5

@@ -8,6 +8,7 @@ import pytest
 import psa_ref
 from psa_ref.cli import main as cli_main
 from psa_ref.demo import format_table, run_demo
+from psa_ref.progressive import BLOCK_STOP_RULES
 from psa_ref.trace import load_trace
 
 
@@ -35,10 +36,10 @@ def small(trace):
 def test_demo_rows_are_consistent(trace):
     result = run_demo(small(trace), taus=(0.9, 0.99), progress=False)
     rows = {(r.rule, r.tau): r for r in result.rows}
-    assert set(rows) == {(r, t) for r in ("ideal", *psa_ref.STOP_RULES) for t in (0.9, 0.99)}
+    assert set(rows) == {(r, t) for r in ("ideal", *BLOCK_STOP_RULES) for t in (0.9, 0.99)}
     # certified is a guarantee, on real attention too (I3)
     assert rows["certified", 0.9].mass_p1 >= 0.9 - 1e-9
-    for rule in ("ideal", *psa_ref.STOP_RULES):  # a higher threshold never attends fewer blocks
+    for rule in ("ideal", *BLOCK_STOP_RULES):  # a higher threshold never attends fewer blocks
         assert rows[rule, 0.99].blocks >= rows[rule, 0.9].blocks
     # the matched top-k budget really reaches the row's mean error, and k - 1 does not
     for r in result.rows:

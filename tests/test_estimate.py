@@ -9,7 +9,7 @@ from psa_ref.strategies import problems
 from psa_ref.testing import assert_close, brute_force_bound, brute_force_estimate, budget64
 
 
-@given(problems())
+@given(problems(metadata=psa_ref.METADATA_KINDS))
 def test_estimates_match_formulas_on_raw_keys(p):
     b = psa_ref.KVBlocks.from_dense(p.keys, p.values, block_size=p.block_size, metadata=p.metadata)
     scale = 0.7

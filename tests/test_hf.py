@@ -66,6 +66,8 @@ def test_threshold_one_reproduces_dense_logits(model, backend):
     hf.PSAConfig(threshold=0.8, block_size=4),
     hf.PSAConfig(threshold=0.6, stop="remaining", block_size=5, gqa="per_head", sink_blocks=0, recent_blocks=0, step=2),
     hf.PSAConfig(topk=3, block_size=4, sink_blocks=1, recent_blocks=0),
+    # incrementally kept quant3 codes, through the sweep, equal the loop on a fresh build
+    hf.PSAConfig(threshold=0.9, stop="sketch", metadata="quant3", block_size=4, backend="sweep"),
 ])
 def test_each_decode_step_is_psa_ref_on_the_models_cache(model, config):
     """Replace the attention function by a spy: every decode output equals psa_ref run on

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import psa_ref
 from psa_ref.scoring import kv_head_of
 from psa_ref.progressive import split_chunks
+from psa_ref.scoring import forced_blocks, processing_order
 from psa_ref.strategies import problems, thresholds
 from psa_ref.testing import (
     assert_close,
@@ -18,8 +19,11 @@ from psa_ref.testing import (
     exact_fraction,
     log_block_mass,
     oracle_fractions,
+    oracle_sketch,
     used_by_head,
 )
+
+ALL_KINDS = psa_ref.METADATA_KINDS  # draw quant3 too: every rule runs on every kind of metadata
 
 # Two float64 evaluations of a stop-rule ratio agree to ~1e-12; a boundary whose ratio
 # lies within this distance of the threshold may go either way.
@@ -41,8 +45,8 @@ def group_heads(p):
     return [(kv, list(range(kv * g, (kv + 1) * g))) for kv in range(hkv)]
 
 
-@given(problems(dtypes=("float16", "float32", "float64")), thresholds, st.sampled_from(psa_ref.STOP_RULES),
-       st.integers(1, 4))
+@given(problems(dtypes=("float16", "float32", "float64"), metadata=ALL_KINDS), thresholds,
+       st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
 def test_I1_output_is_dense_attention_over_blocks_used(p, tau, stop, step):
     b, res = run(p, tau, stop, step)
     used = used_by_head(res, p.q.shape[0], p.keys.shape[0], p.gqa)
@@ -55,7 +59,7 @@ def test_I1_output_is_dense_attention_over_blocks_used(p, tau, stop, step):
                      rtol=budget64(p.keys.shape[1] * p.q.shape[1]))
 
 
-@given(problems(), st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
+@given(problems(metadata=ALL_KINDS), st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
 def test_I2_threshold_one_is_dense(p, stop, step):
     b, res = run(p, 1.0, stop, step)
     dense = psa_ref.dense_attention(p.q, p.keys, p.values)
@@ -75,7 +79,7 @@ def test_I3_certified_attends_at_least_threshold_of_true_mass(p, tau, step):
         assert abs(true - res.mass_exact[h]) <= 1e-9
 
 
-@given(problems(), thresholds, st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
+@given(problems(metadata=ALL_KINDS), thresholds, st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
 def test_I4_ranked_blocks_in_non_increasing_estimate(p, tau, stop, step):
     b, res = run(p, tau, stop, step)
     scale = 1 / np.sqrt(p.q.shape[1])
@@ -100,7 +104,7 @@ def test_I4_ranked_blocks_in_non_increasing_estimate(p, tau, stop, step):
             assert score[rest].max() <= s.min() + tol
 
 
-@given(problems(), thresholds, st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
+@given(problems(metadata=ALL_KINDS), thresholds, st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
 def test_I5_stop_is_first_boundary_where_rule_holds(p, tau, stop, step):
     b, res = run(p, tau, stop, step)
     scale = 1 / np.sqrt(p.q.shape[1])
@@ -110,13 +114,26 @@ def test_I5_stop_is_first_boundary_where_rule_holds(p, tau, stop, step):
     for gi, ((kv, heads), used) in enumerate(zip(group_heads(p), res.blocks_used)):
         chunks = split_chunks(used, n_forced, step)
         assert len(chunks) == iters[gi]
-        frac = np.array([
-            oracle_fractions(stop, log_block_mass(p.q[h], p.keys[kv], p.block_size, scale), chunks,
-                             brute_force_bound(p.q[h], p.keys[kv], p.block_size, scale), b.block_lengths)
-            for h in heads
-        ])  # [G, iterations]
-        holds_low = (frac >= tau + RATIO_SLACK).all(axis=0)  # surely holds
-        holds_high = (frac >= tau - RATIO_SLACK).all(axis=0)  # may hold
+        if stop == "sketch":  # the mass test and the share test, from the brute-force estimates
+            # the block the loop would attend next: I4 checks the order, so take it from the reference
+            order = processing_order(psa_ref.estimate(p.q.astype(np.float64), b, scale)[heads].max(axis=0),
+                                     forced_blocks(b.num_blocks, p.sink_blocks, p.recent_blocks))
+            nxt = int(order[used.size]) if used.size < b.num_blocks else None
+            frac, margin = np.array([
+                oracle_sketch(log_block_mass(p.q[h], p.keys[kv], p.block_size, scale), chunks,
+                              brute_force_estimate(p.q[h], p.keys[kv], p.block_size, scale, p.metadata)
+                              + np.log(b.block_lengths), n_forced, nxt)
+                for h in heads
+            ]).transpose(1, 0, 2)  # each [G, iterations]; margin in nats, > 0 where the next block is small
+        else:
+            frac = np.array([
+                oracle_fractions(stop, log_block_mass(p.q[h], p.keys[kv], p.block_size, scale), chunks,
+                                 brute_force_bound(p.q[h], p.keys[kv], p.block_size, scale), b.block_lengths)
+                for h in heads
+            ])  # [G, iterations]
+            margin = np.full_like(frac, np.inf)
+        holds_low = ((frac >= tau + RATIO_SLACK) & (margin > RATIO_SLACK)).all(axis=0)  # surely holds
+        holds_high = ((frac >= tau - RATIO_SLACK) & (margin > -RATIO_SLACK)).all(axis=0)  # may hold
         if tau < 1:
             assert not holds_low[:-1].any(), f"the rule held earlier, at boundary {np.argmax(holds_low)}"
         if res.stop_reason[gi] == "threshold":
@@ -126,7 +143,7 @@ def test_I5_stop_is_first_boundary_where_rule_holds(p, tau, stop, step):
         assert_close("mass_estimate", res.mass_estimate[heads], frac[:, -1], rtol=1e-9, atol=1e-12)
 
 
-@given(problems(max_tokens=40), st.sampled_from(psa_ref.STOP_RULES), thresholds)
+@given(problems(max_tokens=40, metadata=ALL_KINDS), st.sampled_from(psa_ref.STOP_RULES), thresholds)
 def test_huge_logits_finite_and_equal_to_dense_over_blocks(p, stop, tau):
     q = p.q.astype(np.float64)
     k = p.keys.astype(np.float64)

@@ -1,8 +1,10 @@
-"""The "ema" stop rule, its invariant, and the vectorised twin of Algorithm 1 (psa_ref.sweep).
+"""The "ema" and "sketch" stop rules, their invariants, and the vectorised twin of Algorithm 1 (psa_ref.sweep).
 
-I1-I5 cover "ema" in test_progressive.py (it is in STOP_RULES, and the I5 oracle
-re-derives its moving average in the log domain); here: its numbers by hand, the guarantee
-it adds (it never stops before "remaining"), and psa_ref.sweep against the loop.
+I1-I5 cover both rules in test_progressive.py (they are in STOP_RULES, and the I5 oracle
+re-derives the moving average, and sketch's kappa and share test, in the log domain); here:
+their numbers by hand, the guarantees they add ("ema" never stops before "remaining";
+"sketch" never stops before a ranked block, nor earlier with a larger step), and
+psa_ref.sweep against the loop.
 """
 
 import numpy as np
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 
 import psa_ref
 from psa_ref import sweep
-from psa_ref.progressive import EMA_WEIGHT, split_chunks, update_ema
+from psa_ref.progressive import EMA_WEIGHT, SKETCH_NEXT_SHARE, sketch_next_small, sketch_rest, split_chunks, update_ema
 from psa_ref.strategies import problems, thresholds
 from psa_ref.testing import assert_close, brute_force_estimate, budget64, log_block_mass, oracle_fractions
 
@@ -114,7 +116,8 @@ def test_ema_estimate_is_between_remaining_and_seed_bounds(p, step):
 # --- psa_ref.sweep: the same result from all logits at once -------------------------------------
 
 
-@given(problems(dtypes=("float32", "float64")), thresholds, st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
+@given(problems(dtypes=("float32", "float64"), metadata=psa_ref.METADATA_KINDS), thresholds,
+       st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
 def test_sweep_equals_the_loop(p, tau, stop, step):
     b = blocks_of(p)
     ref = psa_ref.attention(p.q, b, tau, stop=stop, exact_mass=True, **options(p, step))
@@ -161,3 +164,92 @@ def test_sweep_rejects_bad_options():
         sweep.attention(q, b, 0.0)
     with pytest.raises(TypeError, match="step must be an integer"):
         sweep.attention(q, b, step=1.5)
+
+
+# --- the "sketch" rule (metadata "quant3") --------------------------------------------------------
+# I1, I2, I4 and I5 cover "sketch" in test_progressive.py (it is in STOP_RULES, quant3 is drawn,
+# and the I5 oracle re-derives kappa, rest and the share test in absolute log units); the
+# loop-vs-sweep test above draws it too. Here: a worked example, where the sketch is exact, and
+# the properties the rule adds.
+#
+# Blocks of 2 equal tokens, q = (1, 0), scale 1: a block's keys are constant, so quant3 (hi == lo)
+# reconstructs them exactly, p_j = m_j, kappa = 1 and rest is the true unseen mass. Per-token
+# exp(logit): B0 .001, B1 40, B2 10, B3 .0005, B4 .1; masses .002, 80, 20, .001, .2 (total 100.203);
+# order B1, B2, B4, B0, B3. tau = 0.9, lambda = 1e-3:
+#   after B1: 80 / 100.203 = .798                               no
+#   after B2: 100 / 100.203 = .998, but p_next = .2 >= .1002   no (the next block still matters)
+#   after B4: 100.2 / 100.203, p_next = .002 < .1002           STOP: [1, 2, 4]
+SKETCH_EXP = [0.001, 40, 10, 0.0005, 0.1]
+
+
+def sketch_worked():
+    logits = np.repeat(np.log(SKETCH_EXP), 2)
+    keys = np.stack([logits, np.zeros_like(logits)], axis=1)
+    return np.array([1.0, 0.0]), psa_ref.KVBlocks.from_dense(keys, np.arange(20.0).reshape(10, 2), block_size=2,
+                                                              metadata="quant3")
+
+
+@pytest.mark.parametrize("fn", [psa_ref.attention, sweep.attention])
+def test_sketch_worked_example_by_hand(fn):
+    assert SKETCH_NEXT_SHARE == 1e-3  # the numbers above assume it
+    q, b = sketch_worked()
+    res = fn(q, b, 0.9, scale=1.0, stop="sketch", exact_mass=True)
+    assert res.blocks_used.tolist() == [1, 2, 4] and res.stop_reason == "threshold"
+    assert res.mass_estimate == pytest.approx(100.2 / 100.203, rel=1e-12)  # an exact sketch: the true fraction
+    assert res.mass_exact == pytest.approx(res.mass_estimate, rel=1e-12)
+    # step 2: boundaries after {B1, B2} (the share test fails) and {B4, B0}: p_next = .001 (B3)
+    res = fn(q, b, 0.9, scale=1.0, stop="sketch", step=2)
+    assert res.blocks_used.tolist() == [1, 2, 4, 0] and res.iterations == 2
+    # a sink block goes first and is left out of kappa's window; no stop before a ranked block
+    res = fn(q, b, 0.001, scale=1.0, stop="sketch", sink_blocks=1)
+    assert res.blocks_used[0] == 0 and res.blocks_used.size >= 2
+
+
+def test_sketch_rest_and_share_by_hand():
+    # kappa = 6 / 3 = 2 over the window; unseen sketch 5: rest = 10. Units of the sketch cancel.
+    assert sketch_rest(np.array(6.0), np.log(3.0) + 7.0, np.log(5.0) + 7.0) == pytest.approx(10.0, rel=1e-15)
+    assert sketch_rest(np.array(0.0), np.array(-np.inf), np.log(5.0)) == np.inf  # no ranked block yet: cannot stop
+    assert sketch_rest(np.array(0.0), np.array(-np.inf), np.array(-np.inf)) == 0.0  # nothing unseen
+    assert sketch_rest(np.array(0.0), np.array(1.0), np.array(800.0)) == 0.0  # an empty window mass: no nan
+    assert sketch_rest(np.array(1.0), np.array(-800.0), np.array(800.0)) == np.inf  # overflow: rest = inf, no nan
+    assert sketch_next_small(np.array(99.0), np.array(1.0), np.array(0.0999))
+    assert not sketch_next_small(np.array(99.0), np.array(1.0), np.array(0.1))
+
+
+@given(problems(max_tokens=200, metadata=("quant3",)), thresholds, st.integers(2, 5))
+def test_sketch_sweep_equals_the_loop_on_long_caches(p, tau, step):
+    """Long enough for kappa's window of 16 ranked blocks to slide (blocks of 1 to 9 tokens)."""
+    b = blocks_of(p)
+    for s in (1, step):
+        ref = psa_ref.attention(p.q, b, tau, stop="sketch", exact_mass=True, **options(p, s))
+        vec = sweep.attention(p.q, b, tau, stop="sketch", exact_mass=True, **options(p, s))
+        near = np.any(np.abs(np.atleast_1d(ref.mass_estimate) - tau) <= RATIO_SLACK)
+        if [u.tolist() for u in ref.blocks_used] != [u.tolist() for u in vec.blocks_used]:
+            assert near, "the loop and the sweep stop apart away from the threshold"
+            continue
+        assert_close("sketch sweep output", vec.output, ref.output, rtol=budget64(p.keys.shape[1] * p.q.shape[1]))
+        assert_close("sketch sweep mass_estimate", vec.mass_estimate, ref.mass_estimate, rtol=1e-9, atol=1e-12)
+
+
+@given(problems(metadata=psa_ref.METADATA_KINDS), thresholds, st.integers(2, 4))
+def test_sketch_never_stops_before_a_ranked_block_nor_earlier_with_a_larger_step(p, tau, step):
+    """The estimate after a prefix does not depend on ``step`` (kappa counts blocks, p_next is the
+    next block's), so checking fewer boundaries can only stop later; and no stop (other than
+    running out of blocks) happens before the first ranked block is attended."""
+    b = blocks_of(p)
+    one = psa_ref.attention(p.q, b, tau, stop="sketch", **options(p, 1))
+    more = psa_ref.attention(p.q, b, tau, stop="sketch", **options(p, step))
+    n_forced = len(set(range(min(p.sink_blocks, b.num_blocks))) |
+                   set(range(max(b.num_blocks - p.recent_blocks, 0), b.num_blocks)))
+    for u1, uk, why in zip(one.blocks_used, more.blocks_used, more.stop_reason):
+        assert uk[: u1.size].tolist() == u1.tolist() or np.any(np.abs(one.mass_estimate - tau) <= RATIO_SLACK)
+        if why == "threshold":
+            assert uk.size > n_forced
+
+
+def test_sketch_and_quant3_names_are_checked():
+    q, b = sketch_worked()
+    with pytest.raises(ValueError, match="stop must be one of"):
+        psa_ref.attention(q, b, stop="sketch3")
+    with pytest.raises(ValueError, match="metadata must be one of"):
+        psa_ref.KVBlocks.from_dense(np.zeros((4, 2)), np.zeros((4, 2)), metadata="quant2")

@@ -10,7 +10,7 @@ from psa_ref.strategies import problems
 from psa_ref.testing import assert_close, brute_force_estimate, budget64, dense_over_blocks, used_by_head
 
 
-@given(problems(max_forced=0), st.integers(1, 12))
+@given(problems(max_forced=0, metadata=psa_ref.METADATA_KINDS), st.integers(1, 12))
 def test_I6_topk_attends_the_k_highest_estimates(p, k):
     b = psa_ref.KVBlocks.from_dense(p.keys, p.values, block_size=p.block_size, metadata=p.metadata)
     res = psa_ref.topk_attention(p.q, b, k, gqa=p.gqa)
