@@ -3,8 +3,6 @@
     python benchmarks/experiments.py
 """
 
-import numpy as np
-
 
 def main() -> None:
     import cupy

@@ -5,7 +5,6 @@ import numpy as np
 def main() -> None:
     import cupy
 
-    import psa_fast
     from psa_fast import _kernels
 
     b, gn, nmax = 1, 8, 8192

@@ -5,7 +5,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-import psa_ref
 from psa_ref.cli import main as cli_main
 from psa_ref.demo import format_table, run_demo
 from psa_ref.progressive import BLOCK_STOP_RULES
