@@ -169,9 +169,13 @@ def decode_config(*, d: int, s: int, g: int, version: int, warps: int = 8,
 
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
-           version=DECODE_VERSION, stages=None) -> None:
+           version=DECODE_VERSION, stages=None, offload: tuple | None = None) -> None:
     """Launch the decode kernel (``version`` 3; 1 and 2 are the earlier kernels, kept for comparison)
-    over ``[B, Hq/g]`` groups, ``cluster`` CTAs each."""
+    over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
+
+    ``offload = (slot_map, istate, vstate, groups_left, done_ptr, token)`` launches the ``PSA_OFFLOAD``
+    build instead (version 3, psa_fast.offload): one iteration, the loop state read from and written
+    back to ``istate``/``vstate``, blocks found as ``slot_map[block_table[...]]``."""
     b = q.shape[0]
     null = np.uint64(0)
     args = (q, k_pool, v_pool, block_table, seq_lens, null if order_arr is None else order_arr,
@@ -180,39 +184,23 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             np.int32(step), np.int32(forced))
     grid = (cluster, hq // g, b)
     version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
-    if version < 3 and stop == "ema":
-        raise NotImplementedError("stop='ema' needs decode version 3")
+    if version < 3 and (stop == "ema" or offload is not None):
+        raise NotImplementedError("stop='ema' and offload need decode version 3")
     if version == 1:
         kernel("decode_v1", d=d, s=s, g=g, cluster=cluster, warps=warps)(grid, (warps * 32,), args)
         return
+    defines = {}
     if version == 3:
         from psa_ref.progressive import EMA_WEIGHT
 
         args = args + (np.float32(EMA_WEIGHT),)
+    if offload is not None:
+        slot_map, istate, vstate, groups_left, done_ptr, token = offload
+        args = args + (slot_map, istate, vstate, groups_left, np.uint64(done_ptr), token)
+        defines["offload"] = 1
     fn = kernel("decode" if version == 3 else "decode_v2", d=d, s=s, g=g, cluster=cluster, warps=warps,
-                stages=stages)
+                stages=stages, **defines)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     allow_cluster(fn, cluster)
     fn(grid, (warps * 32,), args, shared_mem=smem)
-
-
-def decode_offload(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason, mass_est,
-                   slot_map, istate, vstate, groups_left, done_ptr, token, *, d, s, g, hq, hkv, nmax, stop, threshold,
-                   step, forced, cluster, warps=8, stages=None) -> None:
-    """One iteration of the progressive loop (decode v3 built with ``PSA_OFFLOAD``): the state is read
-    from and written back to ``istate``/``vstate``; blocks are found as ``slot_map[block_table[...]]``."""
-    from psa_ref.progressive import EMA_WEIGHT
-
-    b = q.shape[0]
-    _, warps, stages, smem = decode_config(d=d, s=s, g=g, version=3, warps=warps, stages=stages)
-    null = np.uint64(0)
-    args = (q, k_pool, v_pool, block_table, seq_lens, order_arr, null if log_suffix is None else log_suffix, out, num_used,
-            iterations, reason, mass_est, np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(STOP_CODES[stop]),
-            np.float32(threshold), np.int32(step), np.int32(forced), np.float32(EMA_WEIGHT), slot_map, istate, vstate, groups_left,
-            np.uint64(done_ptr), token)
-    fn = kernel("decode", d=d, s=s, g=g, cluster=cluster, warps=warps, stages=stages, offload=1)
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    allow_cluster(fn, cluster)
-    fn((cluster, hq // g, b), (warps * 32,), args, shared_mem=smem)

@@ -317,7 +317,7 @@ class OffloadDecoder(DecodePlan):
         self.loader_thread = bool(loader_thread)
         self._graphs: dict = {}   # (layer, pool generation) -> captured pipelined iteration
         self._warm: set = set()   # (layer, pool generation) that ran once eagerly
-        self.stats = {"steps": 0, "iterations": 0, "loads_issued": 0, "host_wait_s": 0.0}
+        self.stats = {"steps": 0, "iterations": 0, "host_wait_s": 0.0}
 
     def __del__(self):
         ptr = getattr(self, "_done_ptr", None)
@@ -357,12 +357,25 @@ class OffloadDecoder(DecodePlan):
         c = self.cache
         stop, thr, step, forced = ((self.stop, self.threshold if self.threshold < 1 else 2.0, self.step,
                                     self._forced) if self.mode == "psa" else ("budget", 2.0, self.k, 0))
-        _kernels.decode_offload(
-            self.q, c.slot_k, c.slot_v, c.block_table[layer], c.seq_lens[layer], self.order_buf, self.log_suffix,
-            self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, c.pool.slot_of, self.istate,
-            self.vstate, self.groups_left, self._done_ptr, self.token, d=c.dp, hkv=c.num_kv_heads, stop=stop,
-            threshold=thr, step=step, forced=forced, cluster=self.cluster, warps=self.warps, stages=self.stages,
-            **self._shape())
+        _kernels.decode(self.q, c.slot_k, c.slot_v, c.block_table[layer], c.seq_lens[layer], self.order_buf,
+                        self.log_suffix, self.out, self.num_used, self.iterations, self.reason, self.mass_estimate,
+                        d=c.dp, hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced,
+                        cluster=self.cluster, warps=self.warps, version=3, stages=self.stages,
+                        offload=(c.pool.slot_of, self.istate, self.vstate, self.groups_left, self._done_ptr,
+                                 self.token), **self._shape())
+
+    def _iteration(self, layer: int, attend: bool = True) -> None:
+        """Issue one pipelined iteration from ``self.stream``: fork the loader stream, which loads the
+        next iteration's blocks, attend the current one meanwhile (unless ``attend`` is False: the
+        first load of a step), and join the loader back into ``self.stream``."""
+        st, ld = self.stream, self.loader_stream
+        ld.wait_event(st.record())
+        with ld:
+            self._load(layer)
+        if attend:
+            with st:
+                self._attend_one(layer)
+        st.wait_event(ld.record())
 
     def _pipelined(self, layer: int):
         """A CUDA graph of ``unroll`` pipelined iterations on ``self.stream``: each attends iteration
@@ -371,15 +384,10 @@ class OffloadDecoder(DecodePlan):
         arrays are baked into it)."""
         key = (layer, self.cache.pool_generation)
         if key not in self._graphs:
-            st, ld = self.stream, self.loader_stream
+            st = self.stream
             st.begin_capture()
             for _ in range(self.unroll):
-                ld.wait_event(st.record())
-                with ld:
-                    self._load(layer)
-                with st:
-                    self._attend_one(layer)
-                st.wait_event(ld.record())
+                self._iteration(layer)
             self._graphs = {k: g for k, g in self._graphs.items() if k[1] == key[1]}  # drop a reset pool's
             self._graphs[key] = st.end_capture()
         return self._graphs[key]
@@ -396,10 +404,7 @@ class OffloadDecoder(DecodePlan):
                 if self.fault:
                     for stage in ("ids", "access", "gather"):
                         self.fault(stage, 0)
-                self.loader_stream.wait_event(st.record())
-                with self.loader_stream:
-                    self._load(layer)
-                st.wait_event(self.loader_stream.record())
+                self._iteration(layer, attend=False)  # iteration 0's blocks
                 # the first step of a layer (and pool) runs eagerly: it compiles the kernels and
                 # allocates the pool's outputs, which a capture may not do
                 warm = (layer, self.cache.pool_generation) in self._warm
@@ -419,14 +424,9 @@ class OffloadDecoder(DecodePlan):
                     if graph is not None:
                         graph.launch(st)
                     else:
-                        self.loader_stream.wait_event(st.record())
-                        with self.loader_stream:
-                            self._load(layer)
-                        self._attend_one(layer)
-                        st.wait_event(self.loader_stream.record())
+                        self._iteration(layer)
                     done_events.append(st.record())
                     self.stats["iterations"] += per_launch
-                    self.stats["loads_issued"] += per_launch
             self._warm.add((layer, self.cache.pool_generation))
         except BaseException as e:  # surfaces in the caller
             failure.append(e)
@@ -461,10 +461,10 @@ class OffloadDecoder(DecodePlan):
             self.stream.synchronize()
             c.reset_pool()
             raise LoaderError(f"the offload loader failed in layer {layer}: {failure[0]!r}") from failure[0]
+        # Every loader launch was joined back into self.stream, so this one wait also keeps later work
+        # on the caller's stream (an append's write-through, the next step) behind the speculative
+        # accesses and gathers.
         compute.wait_event(self.stream.record())
-        # Later work on this stream (an append's write-through, the next step) must not race with
-        # the loader's speculative accesses and gathers still queued on its stream.
-        compute.wait_event(self.loader_stream.record())
         self.stats["steps"] += 1
         return DecodeOutput(self.out[..., : c.head_dim], self.order_buf, self.num_used, self.iterations, self.reason,
                             self.mass_estimate)

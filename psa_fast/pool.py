@@ -299,7 +299,7 @@ class GPUSlotPool:
             self.log_tail = xp.zeros(pp, np.int64)
             self.claim = xp.full(self.num_store_blocks, np.iinfo(np.int32).max, np.int32)
         # Numba views made once: Numba converts a CuPy argument at every launch (~15 us per array on an H200)
-        self._state = tuple(_kernel_view(a) for a in (self.slot_of, self.block_of, self.next, self.prev, self.free,
+        self._state = None if self.kernel != "numba" else tuple(_kernel_view(a) for a in (self.slot_of, self.block_of, self.next, self.prev, self.free,
                                                       self.free_top, self.pin, self.epoch, self.load_seq, self.seq,
                                                       self.counters, self.error))
         self._outputs: dict[int, tuple[PoolAccess, tuple]] = {}  # n -> outputs and their Numba views
@@ -338,14 +338,15 @@ class GPUSlotPool:
         if n > cap:
             raise ValueError(f"ids: an access of {n} blocks cannot fit in the {cap} slots that partition {p} may "
                              "use; access fewer blocks at a time")
+        numba = self.kernel == "numba"  # only the Numba kernel takes views of the outputs
         if out is None:
             if n not in self._outputs:
                 new = PoolAccess.empty(n)
-                self._outputs[n] = new, tuple(_kernel_view(getattr(new, f.name)) for f in fields(PoolAccess))
+                self._outputs[n] = new, _output_views(new) if numba else None
             out, out_views = self._outputs[n]
         else:
             _check_out(out, n)
-            out_views = tuple(_kernel_view(getattr(out, f.name)) for f in fields(PoolAccess))
+            out_views = _output_views(out) if numba else None
         lru = int(self.policy == "lru")
         if self.kernel == "parallel":
             from . import _kernels
@@ -452,6 +453,11 @@ def _xp():
     import cupy
 
     return cupy
+
+
+def _output_views(out: PoolAccess) -> tuple:
+    """The Numba views of an access's outputs, in field order."""
+    return tuple(_kernel_view(getattr(out, f.name)) for f in fields(PoolAccess))
 
 
 def _kernel_view(a):
