@@ -62,12 +62,93 @@ def timed(torch, fn, steps: int, warmup: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def resident_bound(torch, cupy, model, stage, qp, xp, args) -> dict:
+    """32 layers of PSA over a resident PagedKVCache (psa_fast.plan), the same KV and queries."""
+    import psa_fast
+
+    b, t = qp.shape[0], args.tokens
+    res = psa_fast.PagedKVCache(num_layers=LAYERS, batch=b, num_kv_heads=HKV, head_dim=D, max_tokens=t,
+                                block_size=S)
+    for layer in range(LAYERS):
+        for r in range(b):
+            res.prefill(layer, r, stage._dense_view(stage.k_pool, 0, r)[:, :t],
+                        stage._dense_view(stage.v_pool, 0, r)[:, :t])
+    out = {}
+    for step in args.step:
+        plan = psa_fast.plan(res, num_q_heads=HQ, threshold=args.tau, stop="ema", step=step)
+
+        def attend(layer):
+            return torch.from_dlpack(plan.run(qp, layer=layer).out)
+
+        sec = timed(torch, lambda: model.step(torch, xp, attend), args.steps, 2)
+        out[step] = dict(batch=b, step=step, step_ms=sec * 1e3, tokens_per_s=b / sec)
+        print(f"PSA resident (no cap, bound for offload): B={b}, step {step}: {sec * 1e3:.1f} ms/step, "
+              f"{b / sec:.1f} tokens/s", flush=True)
+    del res
+    cupy.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def psa_run(torch, cupy, model, off, qp, xp, args, step: int, cluster, slots: int, nmax: int) -> dict:
+    """Decode steps of the 32 layers with a fresh OffloadDecoder (the pool keeps its contents)."""
+    from psa_fast.offload import OffloadDecoder
+
+    dec = OffloadDecoder(off, num_q_heads=HQ, threshold=args.tau, stop="ema", step=step, cluster=cluster)
+    b = qp.shape[0]
+
+    def psa_attend(layer):
+        return torch.from_dlpack(dec.run(qp, layer=layer).out)
+
+    for _ in range(3):  # eager first step per layer, then graph capture, then warm
+        model.step(torch, xp, psa_attend)
+    torch.cuda.synchronize()
+    st0 = off.pool.stats()
+    it0 = dec.stats["iterations"]
+    sec = timed(torch, lambda: model.step(torch, xp, psa_attend), args.steps, 0)
+    st1 = off.pool.stats()
+    acc = (st1["hits"] - st0["hits"]) + (st1["misses"] - st0["misses"])
+    hit = (st1["hits"] - st0["hits"]) / max(acc, 1)
+    used = float(cupy.asnumpy(dec.num_used).mean())
+    mem = (torch.cuda.memory_allocated() + cupy.get_default_memory_pool().used_bytes()) / GIB
+    its = (dec.stats["iterations"] - it0) / args.steps / LAYERS
+    run = dict(batch=b, step=step, cluster=dec.cluster, step_ms=sec * 1e3, tokens_per_s=b / sec, hit_rate=hit,
+               blocks_used=used, selected=used / nmax, iterations_per_layer=its, pool_slots=slots, gpu_gib=mem)
+    print(f"PSA + offload: B={b}, step {step}, cluster {dec.cluster}: {sec * 1e3:.1f} ms/step, {b / sec:.1f} "
+          f"tokens/s, hit rate {hit:.3f}, {used:.0f} of {nmax} blocks per group ({used / nmax:.0%}), {its:.1f} "
+          f"iterations per layer, GPU {mem:.1f} GiB", flush=True)
+    if args.profile:
+        profile_step(torch, lambda: model.step(torch, xp, psa_attend), args.out, f"step{step}_cluster{dec.cluster}")
+    return run
+
+
+def profile_step(torch, fn, out: str, tag: str) -> None:
+    """GPU time per kernel name over one step (CUPTI through torch.profiler), and host time issuing it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            fn()
+            host = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+    except Exception as e:  # CUPTI may be unavailable in a sandbox
+        print(f"profile failed: {e!r}", flush=True)
+        return
+    print(f"profiled step: host issue {host * 1e3:.1f} ms, wall {wall * 1e3:.1f} ms", flush=True)
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60)
+    print(table, flush=True)
+    with open(os.path.join(out, f"bench_e2e_profile_{tag}.txt"), "w") as f:
+        f.write(table)
+
+
 def main(argv=None) -> None:
     import cupy
     import torch
 
     import psa_fast
-    from psa_fast.offload import OffloadDecoder, OffloadKVCache
+    from psa_fast.offload import OffloadKVCache
     from psa_fast.synthetic import fill_skewed, trace_block_offsets
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,9 +156,17 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=131072)
     ap.add_argument("--psa-batch", type=int, default=4, help="requests for PSA + offload (host memory bound)")
     ap.add_argument("--tau", type=float, default=0.95)
-    ap.add_argument("--step", type=int, default=128, help="blocks per iteration of the progressive loop")
+    ap.add_argument("--step", type=int, nargs="+", default=[128],
+                    help="blocks per iteration of the progressive loop (several: one PSA run each, same cache)")
+    ap.add_argument("--cluster", type=int, nargs="+", default=[0],
+                    help="CTAs per group of the decode kernel (0: psa_fast's choice); several: one run each")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--skip-dense", action="store_true")
+    ap.add_argument("--resident-bound", action="store_true",
+                    help="also run PSA with the whole KV cache of the PSA batch resident (ignoring the cap): the "
+                         "speed the offload system would reach if moving blocks cost nothing")
+    ap.add_argument("--profile", action="store_true", help="after timing, print GPU time per kernel of one PSA step "
+                    "(torch.profiler / CUPTI) and the host's time issuing it")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     t = args.tokens
@@ -124,6 +213,8 @@ def main(argv=None) -> None:
             torch.cuda.empty_cache()
 
         b = args.psa_batch
+        if args.resident_bound:
+            results["resident_bound"] = resident_bound(torch, cupy, model, stage, q[:b].copy(), x0[:b].clone(), args)
         nmax = -(-t // S)
         meta_bytes = LAYERS * b * HKV * nmax * 2 * D * 2 * 2  # meta + lohi, float16
         slot_bytes = 2 * S * D * 2
@@ -142,34 +233,18 @@ def main(argv=None) -> None:
         torch.cuda.synchronize()
         print(f"  filled in {time.perf_counter() - t0:.0f} s", flush=True)
         del stage
-        dec = OffloadDecoder(off, num_q_heads=HQ, threshold=args.tau, stop="ema", step=args.step)
         qp = q[:b].copy()
-
-        def psa_attend(layer):
-            return torch.from_dlpack(dec.run(qp, layer=layer).out)
-
-        xp = x0[:b].clone()
-        for _ in range(3):  # eager first step per layer, then graph capture, then warm
-            model.step(torch, xp, psa_attend)
-        torch.cuda.synchronize()
-        st0 = off.pool.stats()
-        it0 = dec.stats["iterations"]
-        sec = timed(torch, lambda: model.step(torch, xp, psa_attend), args.steps, 0)
-        st1 = off.pool.stats()
-        acc = (st1["hits"] - st0["hits"]) + (st1["misses"] - st0["misses"])
-        hit = (st1["hits"] - st0["hits"]) / max(acc, 1)
-        used = float(cupy.asnumpy(dec.num_used).mean())
-        mem = (torch.cuda.memory_allocated() + cupy.get_default_memory_pool().used_bytes()) / GIB
-        its = (dec.stats["iterations"] - it0) / args.steps / LAYERS
-        results["psa"] = dict(batch=b, step_ms=sec * 1e3, tokens_per_s=b / sec, hit_rate=hit, blocks_used=used,
-                              selected=used / nmax, iterations_per_layer=its, pool_slots=slots, gpu_gib=mem)
-        print(f"PSA + offload: B={b}, {sec * 1e3:.1f} ms/step, {b / sec:.1f} tokens/s, hit rate {hit:.3f}, "
-              f"{used:.0f} of {nmax} blocks per group ({used / nmax:.0%}), {its:.1f} iterations per layer, "
-              f"GPU {mem:.1f} GiB", flush=True)
+        results["psa_runs"] = []
+        for step in args.step:
+            for cluster in args.cluster:
+                run = psa_run(torch, cupy, model, off, qp, x0[:b].clone(), args, step, cluster or None, slots, nmax)
+                results["psa_runs"].append(run)
+        results["psa"] = max(results["psa_runs"], key=lambda r: r["tokens_per_s"])
         if "dense" in results:
             ratio = results["psa"]["tokens_per_s"] / results["dense"]["tokens_per_s"]
             results["ratio"] = ratio
-            print(f"PSA + offload / dense tokens/s: {ratio:.2f}x", flush=True)
+            print(f"PSA + offload (best run: step {results['psa']['step']}, cluster {results['psa']['cluster']}) / "
+                  f"dense tokens/s: {ratio:.2f}x", flush=True)
     with open(os.path.join(args.out, "bench_e2e.json"), "w") as f:
         json.dump(results, f, indent=1)
 

@@ -47,7 +47,7 @@ def main():
         dec.order(0)
         t.append(time.perf_counter())
         dec._token += 1
-        dec._reset_state(dec._token)
+        dec._reset_state()
         t.append(time.perf_counter())
         dec._loader(0, dec._token, [])
         t.append(time.perf_counter())

@@ -39,6 +39,7 @@ from .cache import PagedKVCache
 
 CUDA_HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped: the GPU may read the pages directly (UVA)
 GATHER_THREADS = 128
+GATHER_CTAS_PER_SM = 16  # 16 x 128 threads: an SM's share of 16-byte reads in flight
 
 
 class HostKVStore:
@@ -113,7 +114,8 @@ class HostKVStore:
             return
         hk, hv = self.device_pointers
         fn = _kernels.kernel("gather", d=self.head_dim, s=self.block_size, g=1, gather_threads=GATHER_THREADS)
-        fn((n,), (GATHER_THREADS,), (np.uint64(hk), np.uint64(hv), src, dst, np.int32(n), k_pool, v_pool))
+        fn((_gather_grid(n),), (GATHER_THREADS,), (np.uint64(hk), np.uint64(hv), src, dst, np.int32(n), k_pool,
+                                                 v_pool))
 
 
 class OffloadKVCache(PagedKVCache):
@@ -250,9 +252,11 @@ class OffloadDecoder(DecodePlan):
             hides the host's polling latency, at the price of up to ``lookahead`` launches of
             iterations after the loop has stopped (their blocks stay cached). 0: the loader issues
             launch ``n`` only once ``n - 1`` is done and the done flag is still clear.
-        graphs: replay ``unroll`` pipelined iterations (each: attend j, load j + 1, five launches on
-            two streams) as one CUDA graph, captured at the second step of each layer; False issues
-            the launches one by one (the host's Python then bounds the step: ~200 µs per iteration).
+        graphs: replay ``unroll`` pipelined iterations (each: attend j, load j + 1, seven launches on
+            two streams) as one CUDA graph, captured at the second step of each layer, and likewise
+            :meth:`run`'s estimate, order and state reset, and the first iteration's load; False
+            issues the launches one by one (the host's Python then bounds the step: ~200 µs per
+            iteration).
         unroll: iterations per graph launch. The done flag is read between launches, so up to
             ``unroll - 1`` iterations run after the stop; they return at once, but each still makes
             one pool access (their blocks were loaded speculatively anyway).
@@ -315,8 +319,10 @@ class OffloadDecoder(DecodePlan):
         self.graphs = bool(graphs)
         self.unroll = _validate.integer(unroll, "unroll", minimum=1)
         self.loader_thread = bool(loader_thread)
-        self._graphs: dict = {}   # (layer, pool generation) -> captured pipelined iteration
+        self._graphs: dict = {}   # (layer, pool generation, first) -> captured first load / iterations
         self._warm: set = set()   # (layer, pool generation) that ran once eagerly
+        self._prologues: dict = {}  # layer -> captured estimate, order and state reset
+        self._prologue_warm: set = set()
         self.stats = {"steps": 0, "iterations": 0, "host_wait_s": 0.0}
 
     def __del__(self):
@@ -329,12 +335,31 @@ class OffloadDecoder(DecodePlan):
             except Exception:
                 pass
 
-    def _reset_state(self, token: int) -> None:
+    def _reset_state(self) -> None:
         """One launch: every group running from position 0, the verifier and output state empty,
-        this step's token, the iteration counter at 0."""
+        the token advanced to this step's (the device's count of steps, as ``self._token`` on the
+        host), the iteration counter at 0."""
         groups, rows = self.istate.shape[0], self.vstate.shape[0] * self.vstate.shape[1]
-        _reset_kernel()(np.int32(groups), np.int32(rows), np.int32(self.vstate.shape[-1]), np.int32(token),
-                        self.istate, self.vstate, self.groups_left, self.token, self.iteration, size=max(groups, rows))
+        _reset_kernel()(np.int32(groups), np.int32(rows), np.int32(self.vstate.shape[-1]), self.istate, self.vstate,
+                        self.groups_left, self.token, self.iteration, size=max(groups, rows))
+
+    def _prologue(self, layer: int) -> None:
+        """On ``self.stream``: estimate, order and the state reset of a step, replayed as one CUDA
+        graph once the layer has run eagerly (their launches cost the host ~250 µs per layer)."""
+        def stages():
+            self.estimate(layer)
+            self.order(layer)
+            self._reset_state()
+
+        if not self.graphs or layer not in self._prologue_warm:
+            stages()
+            self._prologue_warm.add(layer)
+            return
+        if layer not in self._prologues:
+            self.stream.begin_capture()
+            stages()
+            self._prologues[layer] = self.stream.end_capture()
+        self._prologues[layer].launch(self.stream)
 
     def _load(self, layer: int) -> None:
         """On the loader stream: name the blocks of iteration ``*self.iteration``, make them resident
@@ -348,8 +373,8 @@ class OffloadDecoder(DecodePlan):
         acc = c.pool.access(self.ids.ravel(), c.partition(layer))
         hk, hv = c.store.device_pointers
         gather = _kernels.kernel("gather", d=c.dp, s=c.block_size, g=1, gather_threads=GATHER_THREADS, device_count=1)
-        gather((self.ids.size,), (GATHER_THREADS,), (np.uint64(hk), np.uint64(hv), acc.load_src, acc.load_dst,
-                                                     acc.num_loads, c.slot_k, c.slot_v))
+        gather((_gather_grid(self.ids.size),), (GATHER_THREADS,),
+               (np.uint64(hk), np.uint64(hv), acc.load_src, acc.load_dst, acc.num_loads, c.slot_k, c.slot_v))
         self.iteration += 1
 
     def _attend_one(self, layer: int) -> None:
@@ -377,17 +402,20 @@ class OffloadDecoder(DecodePlan):
                 self._attend_one(layer)
         st.wait_event(ld.record())
 
-    def _pipelined(self, layer: int):
-        """A CUDA graph of ``unroll`` pipelined iterations on ``self.stream``: each attends iteration
-        j while the loader stream brings in j + 1 (its pool access may not evict j's blocks: they
-        stay pinned), then the next starts. Captured once per layer and pool (the pool's state
-        arrays are baked into it)."""
-        key = (layer, self.cache.pool_generation)
+    def _captured(self, layer: int, first: bool):
+        """A CUDA graph on ``self.stream``: iteration 0's load (``first``), or ``unroll`` pipelined
+        iterations, each attending iteration j while the loader stream brings in j + 1 (its pool
+        access may not evict j's blocks: they stay pinned). Captured once per layer and pool (the
+        pool's state arrays are baked into it)."""
+        key = (layer, self.cache.pool_generation, first)
         if key not in self._graphs:
             st = self.stream
             st.begin_capture()
-            for _ in range(self.unroll):
-                self._iteration(layer)
+            if first:
+                self._iteration(layer, attend=False)
+            else:
+                for _ in range(self.unroll):
+                    self._iteration(layer)
             self._graphs = {k: g for k, g in self._graphs.items() if k[1] == key[1]}  # drop a reset pool's
             self._graphs[key] = st.end_capture()
         return self._graphs[key]
@@ -404,11 +432,14 @@ class OffloadDecoder(DecodePlan):
                 if self.fault:
                     for stage in ("ids", "access", "gather"):
                         self.fault(stage, 0)
-                self._iteration(layer, attend=False)  # iteration 0's blocks
                 # the first step of a layer (and pool) runs eagerly: it compiles the kernels and
                 # allocates the pool's outputs, which a capture may not do
-                warm = (layer, self.cache.pool_generation) in self._warm
-                graph = self._pipelined(layer) if self.graphs and warm else None
+                warm = self.graphs and (layer, self.cache.pool_generation) in self._warm
+                if warm:  # iteration 0's blocks
+                    self._captured(layer, first=True).launch(st)
+                else:
+                    self._iteration(layer, attend=False)
+                graph = self._captured(layer, first=False) if warm else None
                 per_launch = self.unroll if graph is not None else 1
                 for n, j in enumerate(range(0, self.max_iterations, per_launch)):  # launch n: iterations j..
                     if n >= 1 + self.lookahead:
@@ -431,8 +462,22 @@ class OffloadDecoder(DecodePlan):
         except BaseException as e:  # surfaces in the caller
             failure.append(e)
 
+    def run(self, q, layer: int = 0) -> DecodeOutput:
+        """Attend ``q`` (``[B, Hq, D]``) to layer ``layer``, as :meth:`DecodePlan.run`, with offload.
+
+        The query is scaled on the caller's stream; the estimate, the order and the loop then run on
+        the decoder's streams (after the first step of a layer, the first three as one CUDA graph).
+        Returns once the last iteration is launched; results are ready in the caller's stream order.
+
+        Raises:
+            LoaderError: as :meth:`attend`.
+        """
+        layer = self.load_query(q, layer)
+        return self._attend(layer, prologue=True)
+
     def attend(self, layer: int) -> DecodeOutput:
-        """Stage 3 with offload: the loader thread brings each iteration's blocks in and launches it.
+        """Stage 3 with offload (after :meth:`estimate` and :meth:`order` on the caller's stream): the
+        loader brings each iteration's blocks in and launches it.
 
         Returns once the last iteration is launched (results are ready in the current stream's order).
 
@@ -440,13 +485,20 @@ class OffloadDecoder(DecodePlan):
             LoaderError: the loader failed (an exception in it, e.g. an injected fault); the pool was
                 reset, so no slot is stale, and the host store still holds every block.
         """
+        return self._attend(layer, prologue=False)
+
+    def _attend(self, layer: int, prologue: bool) -> DecodeOutput:
         import cupy
 
         c = self.cache
         compute = cupy.cuda.get_current_stream()
         self._token += 1
-        self._reset_state(self._token)
         self.stream.wait_event(compute.record())
+        with self.stream:
+            if prologue:
+                self._prologue(layer)
+            else:
+                self._reset_state()
         failure: list = []
         if self.loader_thread:
             thread = threading.Thread(target=self._loader, args=(layer, self._token, failure), daemon=True)
@@ -470,12 +522,17 @@ class OffloadDecoder(DecodePlan):
                             self.mass_estimate)
 
 
+def _gather_grid(n: int) -> int:
+    """CTAs of a gather of up to ``n`` blocks: one per block, at most 16 per SM (each loops over blocks)."""
+    return max(1, min(n, GATHER_CTAS_PER_SM * _kernels.num_sms()))
+
+
 @functools.lru_cache(maxsize=1)
 def _reset_kernel():
     import cupy
 
     return cupy.ElementwiseKernel(
-        "int32 groups, int32 rows, int32 width, int32 tok",
+        "int32 groups, int32 rows, int32 width",
         "raw int32 istate, raw float32 vstate, raw int32 groups_left, raw int32 token, raw int32 iteration",
         """
         if (i < groups) {  // position 0, no iteration done, running
@@ -489,5 +546,5 @@ def _reset_kernel():
             v[2] = inf;
             v[5] = -inf;
         }
-        if (i == 0) { groups_left[0] = groups; token[0] = tok; iteration[0] = 0; }
+        if (i == 0) { groups_left[0] = groups; token[0] += 1; iteration[0] = 0; }
         """, "psa_offload_reset")

@@ -54,6 +54,8 @@ from .metadata import _no_sync, _simulating, _stream  # noqa: E402
 
 POLICIES = ("lru", "fifo")
 KERNELS = ("numba", "cuda", "parallel")
+_ID_THREADS = 256  # kernel="parallel": threads per CTA of the grid launches (PSA_ID_T in pool_parallel.cu)
+_LOG_TILE = _ID_THREADS * 8  # log entries per tile of a compaction (PSA_TILE)
 LOG_PER_SLOT = 4  # kernel="parallel": log entries per slot of a partition (>= 1 + ids per access / slots)
 
 # error codes written to GPUSlotPool.error by the kernels
@@ -246,7 +248,8 @@ class GPUSlotPool:
             under the simulator), ``"cuda"`` (``kernels/pool_access.cu``, its line-for-line CUDA C
             translation, launched by CuPy in ~10 µs instead of Numba's ~200 µs of dispatch), or
             ``"parallel"`` (``kernels/pool_parallel.cu``: the same decisions for every valid access,
-            by one CTA of 1024 threads, with the policy order kept as stamps and a log of them
+            the per-id work on the whole GPU and what is sequential by nature (misses in order,
+            victims) on one CTA of 1024 threads, with the policy order kept as stamps and a log of them
             instead of a linked list; an access with a bad id or too few victims changes nothing
             there, where the sequential kernels keep the ids before the failure). Default:
             ``"parallel"`` on a GPU, ``"numba"`` under the simulator.
@@ -293,11 +296,16 @@ class GPUSlotPool:
             self.stamp = xp.zeros(n, np.int64)
             self.clock = xp.ones(1, np.int64)
             self.log_capacity = LOG_PER_SLOT * per
-            self.log_slot = xp.full(pp * self.log_capacity, -1, np.int32)
-            self.log_stamp = xp.zeros(pp * self.log_capacity, np.int64)
+            # two buffers per partition: a compaction copies the live entries into the other one
+            self.log_slot = xp.full(pp * 2 * self.log_capacity, -1, np.int32)
+            self.log_stamp = xp.zeros(pp * 2 * self.log_capacity, np.int64)
             self.log_head = xp.zeros(pp, np.int64)
             self.log_tail = xp.zeros(pp, np.int64)
+            self.log_base = xp.zeros(pp, np.int32)  # the current buffer of each partition
+            self.log_count = xp.zeros(-(-self.log_capacity // _LOG_TILE) + 1, np.int32)  # live entries per tile
             self.claim = xp.full(self.num_store_blocks, np.iinfo(np.int32).max, np.int32)
+            # one access from launch to launch: first bad id, ids named, any miss; failure, log tail, clock
+            self.ctl = xp.asarray(np.array([np.iinfo(np.int64).max] + [0] * 7, np.int64))
         # Numba views made once: Numba converts a CuPy argument at every launch (~15 us per array on an H200)
         self._state = None if self.kernel != "numba" else tuple(_kernel_view(a) for a in (self.slot_of, self.block_of, self.next, self.prev, self.free,
                                                       self.free_top, self.pin, self.epoch, self.load_seq, self.seq,
@@ -348,16 +356,30 @@ class GPUSlotPool:
             _check_out(out, n)
             out_views = _output_views(out) if numba else None
         lru = int(self.policy == "lru")
-        if self.kernel == "parallel":
+        if self.kernel == "parallel":  # probe (grid), decide (one CTA), finish (grid)
             from . import _kernels
 
-            fn = _kernels.kernel("pool_parallel", d=16, s=1, g=1)
-            fn((1,), (1024,), (ids, np.int32(n), np.int32(p), np.int32(cap), np.int32(lru), np.int32(self.pin_window),
-                               np.int32(self.num_store_blocks), np.int32(self.log_capacity), self.slot_of,
-                               self.block_of, self.free, self.free_top, self.pin, self.epoch, self.load_seq, self.seq,
-                               self.counters, self.error, self.stamp, self.clock, self.log_slot, self.log_stamp,
-                               self.log_head, self.log_tail, self.claim, out.slots, out.hit, out.load_src,
-                               out.load_dst, out.num_loads, out.evicted, out.num_evicted))
+            def entry(name):
+                return _kernels.kernel("pool_parallel", d=16, s=1, g=1, entry=name)
+
+            wide = (4 * _kernels.num_sms(),)  # the probe and the compaction also walk the log when it overflows
+            n32, p32, cap32 = np.int32(n), np.int32(p), np.int32(cap)
+            c32 = np.int32(self.log_capacity)
+            log = (self.log_slot, self.log_stamp, self.log_head, self.log_tail, self.log_base)
+            entry("pool_probe")(wide, (_ID_THREADS,), (ids, n32, p32, cap32, np.int32(self.num_store_blocks), c32,
+                                                       self.slot_of, self.block_of, self.pin, self.epoch, self.claim,
+                                                       out.hit, self.ctl, self.stamp, *log, self.log_count))
+            entry("pool_compact")(wide, (_ID_THREADS,), (n32, p32, c32, self.block_of, self.stamp, *log,
+                                                         self.log_count))
+            entry("pool_parallel")((1,), (1024,), (
+                ids, n32, p32, cap32, np.int32(lru), np.int32(self.pin_window), np.int32(self.num_store_blocks), c32,
+                self.slot_of, self.block_of, self.free, self.free_top, self.pin, self.epoch, self.load_seq, self.seq,
+                self.counters, self.error, self.stamp, self.clock, *log, self.log_count, self.claim, self.ctl,
+                out.hit, out.load_src, out.load_dst, out.num_loads, out.evicted, out.num_evicted))
+            grid = (max(1, min(-(-n // _ID_THREADS), 4 * _kernels.num_sms())),)
+            entry("pool_finish")(grid, (_ID_THREADS,), (ids, n32, p32, np.int32(lru), c32, self.slot_of, self.stamp,
+                                                        self.log_slot, self.log_stamp, self.log_base, self.ctl,
+                                                        out.slots, out.hit))
             return out
         if self.kernel == "cuda":
             from . import _kernels

@@ -314,6 +314,40 @@ def test_parallel_kernel_changes_nothing_on_a_failed_access():
     gpu.check()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="kernel='parallel' needs a GPU")
+@pytest.mark.parametrize("policy", ["lru", "fifo"])
+@pytest.mark.parametrize("pin_window", [1, 2])
+def test_parallel_kernel_equals_sequential_on_large_accesses(policy, pin_window):
+    """Long accesses (hundreds of ids, repeats, -1s) overflow the parallel kernel's log every few
+    accesses, with the log spanning several compaction tiles: every decision still equals the
+    sequential kernel's (itself the reference's twin, checked above)."""
+    per, parts, num_ids = 1536, 2, 8000  # log of 4 x 1536 entries = 3 tiles of 2048
+    rng = np.random.default_rng(7 + pin_window)
+    pools = {k: GPUSlotPool(per * parts, num_store_blocks=num_ids, num_partitions=parts, policy=policy,
+                            pin_window=pin_window, kernel=k) for k in ("cuda", "parallel")}
+    hot = rng.permutation(num_ids // parts)[:900]  # each partition's ids repeat, so hits and misses mix
+    par = pools["parallel"]
+    compactions = 0  # of a log longer than one tile
+    for step in range(64):
+        p = int(rng.integers(parts))
+        n = int(rng.integers(1, per // 2))
+        cold = 0.3 if step < 8 else 0.02  # misses and evictions first, then mostly hits: the log fills up
+        ids = np.where(rng.random(n) >= cold, rng.choice(hot, n), rng.integers(0, num_ids // parts, n))
+        ids = (ids + p * (num_ids // parts)).astype(np.int32)
+        ids[rng.random(n) < 0.1] = -1
+        head, tail = int(to_host(par.log_head)[p]), int(to_host(par.log_tail)[p])
+        got = {k: read_access(pool.access(ids_array(ids), p)) for k, pool in pools.items()}
+        compactions += int(to_host(par.log_tail)[p]) < tail + n and tail - head > fast_pool._LOG_TILE
+        for field in ("hit", "slots", "load_src", "load_dst", "evicted"):
+            np.testing.assert_array_equal(got["parallel"][field], got["cuda"][field], err_msg=f"{field} at {step}")
+        assert pools["parallel"].stats() == pools["cuda"].stats()
+        for pool in pools.values():
+            pool.check()
+    for q in range(parts):
+        assert pools["parallel"].eviction_order(q) == pools["cuda"].eviction_order(q)
+    assert compactions >= 2  # the test exercised what it is about
+
+
 def test_empty_access_only_advances_the_window():
     gpu = GPUSlotPool(2, num_store_blocks=4, pin_window=2)
     gpu.access(ids_array([0, 1]))

@@ -12,8 +12,9 @@
 //   k_pool, v_pool  [slots, S * D] half on the GPU
 //
 // With PSA_DEVICE_COUNT = 1 (the offload decoder) `src` is int and the count is read from device
-// memory, as the GPU pool wrote it: the grid is launched for the largest possible count and the
-// blocks past the real one return at once, so the host never waits for the count.
+// memory, as the GPU pool wrote it, so the host never waits for the count. Each CTA copies blocks
+// blockIdx.x, blockIdx.x + gridDim.x, ...: a grid of a few CTAs per SM keeps as many reads in
+// flight as one CTA per block would, and costs nothing when there is nothing to load.
 #include "common.cuh"
 
 #ifndef PSA_GATHER_THREADS
@@ -37,28 +38,29 @@ psa_gather(const __half* __restrict__ host_k, const __half* __restrict__ host_v,
            const int* __restrict__ dst, count_t count, __half* __restrict__ k_pool, __half* __restrict__ v_pool) {
     constexpr int VECS = PSA_S * PSA_D / 8;  // 16-byte vectors per block of K (or V)
     constexpr int PER = (VECS + PSA_GATHER_THREADS - 1) / PSA_GATHER_THREADS;
-    const int i = blockIdx.x;
-    if (i >= PSA_COUNT) return;
-    const long long from = src[i];
-    const uint4* sk = reinterpret_cast<const uint4*>(host_k + from * (PSA_S * PSA_D));
-    const uint4* sv = reinterpret_cast<const uint4*>(host_v + from * (PSA_S * PSA_D));
-    uint4* dk = reinterpret_cast<uint4*>(k_pool + (long long)dst[i] * (PSA_S * PSA_D));
-    uint4* dv = reinterpret_cast<uint4*>(v_pool + (long long)dst[i] * (PSA_S * PSA_D));
-    uint4 a[PER], c[PER];
+    const int count_now = PSA_COUNT;
+    for (int i = blockIdx.x; i < count_now; i += gridDim.x) {
+        const long long from = src[i];
+        const uint4* sk = reinterpret_cast<const uint4*>(host_k + from * (PSA_S * PSA_D));
+        const uint4* sv = reinterpret_cast<const uint4*>(host_v + from * (PSA_S * PSA_D));
+        uint4* dk = reinterpret_cast<uint4*>(k_pool + (long long)dst[i] * (PSA_S * PSA_D));
+        uint4* dv = reinterpret_cast<uint4*>(v_pool + (long long)dst[i] * (PSA_S * PSA_D));
+        uint4 a[PER], c[PER];
 #pragma unroll
-    for (int r = 0; r < PER; ++r) {  // all reads first: many PCIe requests in flight
-        const int e = threadIdx.x + r * PSA_GATHER_THREADS;
-        if (e < VECS) {
-            a[r] = sk[e];
-            c[r] = sv[e];
+        for (int r = 0; r < PER; ++r) {  // all reads first: many PCIe requests in flight
+            const int e = threadIdx.x + r * PSA_GATHER_THREADS;
+            if (e < VECS) {
+                a[r] = sk[e];
+                c[r] = sv[e];
+            }
         }
-    }
 #pragma unroll
-    for (int r = 0; r < PER; ++r) {
-        const int e = threadIdx.x + r * PSA_GATHER_THREADS;
-        if (e < VECS) {
-            dk[e] = a[r];
-            dv[e] = c[r];
+        for (int r = 0; r < PER; ++r) {
+            const int e = threadIdx.x + r * PSA_GATHER_THREADS;
+            if (e < VECS) {
+                dk[e] = a[r];
+                dv[e] = c[r];
+            }
         }
     }
 }
