@@ -154,15 +154,20 @@ class PagedKVCache:
         if full.size:
             raise ValueError(f"requests {full.tolist()} are full ({self.capacity} tokens) in layer {layer}; "
                              "nothing was appended")
-        from . import metadata as _metadata
-
         if self.dp != self.head_dim:
             k = cupy.pad(k, ((0, 0), (0, 0), (0, self.dp - self.head_dim)))
             v = cupy.pad(v, ((0, 0), (0, 0), (0, self.dp - self.head_dim)))
-        _metadata.append_token(self.k_pool, self.v_pool, self.block_table[layer], self.seq_lens[layer], k, v,
-                               self.meta[layer], self.lohi[layer], kind=self.metadata, block_size=self.block_size)
+        self._append_token(layer, k, v)
         self.seq_lens[layer] += 1
         self.host_lens[layer] += 1
+
+    def _append_token(self, layer: int, k, v) -> None:
+        """Write token ``seq_lens[layer]`` (``k``, ``v``: ``[B, Hkv, Dp]``, checked) and update its
+        block's metadata, on the current stream."""
+        from . import metadata as _metadata
+
+        _metadata.append_token(self.k_pool, self.v_pool, self.block_table[layer], self.seq_lens[layer], k, v,
+                               self.meta[layer], self.lohi[layer], kind=self.metadata, block_size=self.block_size)
 
     @staticmethod
     def _index(i, name: str, n: int) -> int:

@@ -6,8 +6,9 @@ what the progressive loop asks for while it computes (the paper's system half).
 * :class:`OffloadKVCache`: a :class:`~psa_fast.cache.PagedKVCache` whose blocks live in a
   :class:`HostKVStore`, plus a GPU pool of ``num_slots`` slots managed by
   :class:`psa_fast.pool.GPUSlotPool` (unified over layers, or split per layer). Metadata stays
-  resident on the GPU. Appends write the token into the host store and, when its block is
-  resident, into its slot.
+  resident on the GPU. An append writes the token into the block it extends, kept on the GPU
+  (with the metadata update), into its slot when the block is resident, and into the host store
+  on a write-back stream of its own, which the caller's stream never waits for.
 * :class:`OffloadDecoder`: a :class:`~psa_fast.api.DecodePlan` whose attention stage runs one
   iteration of the progressive loop per launch. A loader thread, on its own CUDA stream, names
   the next iteration's blocks (:file:`kernels/iteration_ids.cu`), makes them resident (pool
@@ -150,6 +151,18 @@ class OffloadKVCache(PagedKVCache):
         self.pool_generation = 0
         self.slot_k = cupy.zeros((self.num_slots, self.block_size, self.dp), dtype=cupy.float16)
         self.slot_v = cupy.zeros_like(self.slot_k)
+        # The block each (layer, request, KV head) is appending to, on the GPU: appends write here and
+        # update the metadata from here (no PCIe read), and the write-back stream copies the new row
+        # into the host store without the caller's stream waiting for it.
+        rows = self.batch * self.num_kv_heads
+        self.tail_k = cupy.zeros((self.num_layers, rows, self.block_size, self.dp), dtype=cupy.float16)
+        self.tail_v = cupy.zeros_like(self.tail_k)
+        self._tail_table = cupy.ascontiguousarray(cupy.broadcast_to(
+            cupy.arange(rows, dtype=cupy.int32).reshape(self.batch, self.num_kv_heads, 1),
+            (self.batch, self.num_kv_heads, self.nmax)))
+        self.writeback_stream = cupy.cuda.Stream(non_blocking=True)
+        self._written = None       # event: the last append's rows are in the host store
+        self._writeback_args = ()  # that write-back's index arrays, alive until it has run
 
     def _allocate_blocks(self, num_blocks: int):
         # not zeroed here (64 GiB would take seconds): prefill writes every block of a request, padding included
@@ -171,44 +184,76 @@ class OffloadKVCache(PagedKVCache):
                                 num_partitions=old.num_partitions, policy=self.policy, pin_window=2)
 
     def prefill(self, layer: int, request: int, keys: Any, values: Any) -> None:
-        """As :meth:`PagedKVCache.prefill`; the blocks go to the host store. A prefill of a request's
-        layer invalidates its resident blocks (their content changed)."""
-        super().prefill(layer, request, keys, values)
-        self.pool.release(self.block_table[layer, request].ravel())
-
-    def append(self, layer: int, keys: Any, values: Any) -> None:
-        """As :meth:`PagedKVCache.append`: the token is written into the host store, and into the slot
-        of its block when that block is resident (write-through), so no slot is ever stale."""
+        """As :meth:`PagedKVCache.prefill`; the blocks go to the host store (after any pending
+        write-back, which it overwrites). A prefill of a request's layer invalidates its resident
+        blocks (their content changed)."""
         import cupy
 
-        t = self.seq_lens[layer].copy()  # positions the new tokens take (append advances seq_lens)
-        super().append(layer, keys, values)
-        blk = t // self.block_size
-        ids = cupy.take_along_axis(self.block_table[layer], blk[:, None, None].astype(cupy.int64), axis=2)[..., 0]
-        slots = self.pool.slot_of[ids]                          # [B, Hkv], -1 where not resident
-        row = (t % self.block_size)[:, None].astype(cupy.int64)
-        _write_through(slots, row, self.k_pool, self.v_pool, ids, self.slot_k, self.slot_v, self.block_size, self.dp)
+        if self._written is not None:
+            cupy.cuda.get_current_stream().wait_event(self._written)
+        super().prefill(layer, request, keys, values)
+        self.pool.release(self.block_table[layer, request].ravel())
+        t, s, hkv = int(self.host_lens[layer, request]), self.block_size, self.num_kv_heads
+        if t % s:  # the partial last block continues on the GPU
+            ids = self.block_table[layer, request, :, t // s].astype(cupy.int64)
+            self.tail_k[layer, request * hkv : (request + 1) * hkv] = self.k_pool[ids]
+            self.tail_v[layer, request * hkv : (request + 1) * hkv] = self.v_pool[ids]
+
+    def _append_token(self, layer: int, k, v) -> None:
+        """Token ``seq_lens[layer]`` goes into the tail block on the GPU (with its metadata), into its
+        slot when the block is resident (write-through: no slot is ever stale), and into the host
+        store on :attr:`writeback_stream`, which the caller's stream does not wait for; the offload
+        decoder's loads (and :meth:`prefill`) wait for it before they read the host store."""
+        import cupy
+
+        from . import metadata as _metadata
+
+        caller = cupy.cuda.get_current_stream()
+        if self._written is not None:  # the previous write-back read the tail rows this one may reuse
+            caller.wait_event(self._written)
+        t = self.seq_lens[layer]                                     # [B], positions of the new tokens
+        _metadata.append_token(self.tail_k[layer], self.tail_v[layer], self._tail_table, t, k, v, self.meta[layer],
+                               self.lohi[layer], kind=self.metadata, block_size=self.block_size)
+        s, hkv = self.block_size, self.num_kv_heads
+        ids = cupy.take_along_axis(self.block_table[layer], (t // s)[:, None, None].astype(cupy.int64),
+                                   axis=2)[..., 0]                   # [B, Hkv] store ids of the blocks
+        row = (t % s)[:, None].astype(cupy.int64)
+        tail = (cupy.arange(self.batch * hkv, dtype=cupy.int64).reshape(self.batch, hkv) * s + row) * self.dp
+        slots = self.pool.slot_of[ids]                               # -1 where not resident
+        _copy_rows(tail, (slots.astype(cupy.int64) * s + row) * self.dp, slots >= 0, self.tail_k[layer],
+                   self.tail_v[layer], self.slot_k, self.slot_v, self.dp)
+        host = (ids.astype(cupy.int64) * s + row) * self.dp
+        everywhere = cupy.ones(ids.shape, cupy.bool_)
+        self.writeback_stream.wait_event(caller.record())
+        with self.writeback_stream:
+            _copy_rows(tail, host, everywhere, self.tail_k[layer], self.tail_v[layer], self.k_pool, self.v_pool,
+                       self.dp)
+            self._written = self.writeback_stream.record()
+        self._writeback_args = (tail, host, everywhere)
+
+    def synchronize_writeback(self) -> None:
+        """Block the host until every appended token is in the host store (before reading
+        ``store.k``/``store.v`` from the CPU)."""
+        if self._written is not None:
+            self._written.synchronize()
 
 
-def _write_through(slots, row, host_k, host_v, ids, slot_k, slot_v, s, dp) -> None:
-    """Copy row ``row[b]`` of every resident block ``ids[b, h]`` from the host store into its slot."""
+def _copy_rows(src, dst, mask, src_k, src_v, dst_k, dst_v, dp) -> None:
+    """Copy the ``dp`` elements at offsets ``src[b, h]`` of ``src_k``/``src_v`` to offsets ``dst[b, h]``
+    of ``dst_k``/``dst_v`` where ``mask``, on the current stream."""
     import cupy
 
-    b, hkv = slots.shape
-    src = (ids.astype(cupy.int64) * s + row) * dp          # [B, Hkv] element offsets of the row
-    dst = (slots.astype(cupy.int64) * s + row) * dp
-    mask = slots >= 0
-    for host, gpu in ((host_k, slot_k), (host_v, slot_v)):
-        _row_copy_kernel()(src[..., None], dst[..., None], mask[..., None], cupy.arange(dp, dtype=cupy.int64), host,
-                           gpu)
+    d = cupy.arange(dp, dtype=cupy.int64)
+    for a, b in ((src_k, dst_k), (src_v, dst_v)):
+        _row_copy_kernel()(src[..., None], dst[..., None], mask[..., None], d, a, b)
 
 
 @functools.lru_cache(maxsize=1)
 def _row_copy_kernel():
     import cupy
 
-    return cupy.ElementwiseKernel("int64 src, int64 dst, bool mask, int64 d, raw float16 host", "raw float16 gpu",
-                                  "if (mask) gpu[dst + d] = host[src + d];", "psa_row_copy")
+    return cupy.ElementwiseKernel("int64 src, int64 dst, bool mask, int64 d, raw float16 a", "raw float16 b",
+                                  "if (mask) b[dst + d] = a[src + d];", "psa_row_copy")
 
 
 def blocks_per_iteration(*, num_q_heads: int, num_kv_heads: int, step: int, gqa: str = "shared",
@@ -494,6 +539,8 @@ class OffloadDecoder(DecodePlan):
         compute = cupy.cuda.get_current_stream()
         self._token += 1
         self.stream.wait_event(compute.record())
+        if c._written is not None:  # gathers read the host store: appended rows must be there
+            self.stream.wait_event(c._written)
         with self.stream:
             if prologue:
                 self._prologue(layer)

@@ -70,6 +70,7 @@ def same_decode(a, b, what):
 
 def check_pool_matches_store(off):
     """Every resident block's slot holds exactly the host store's block (no stale slot)."""
+    off.synchronize_writeback()  # appended rows reach the host store on their own stream
     slot_of = off.pool.resident()
     ids = np.flatnonzero(slot_of >= 0)
     slots = slot_of[ids]
@@ -145,6 +146,10 @@ def test_appends_write_through_and_pool_never_stale():
         same_decode(a, dec.run(q, layer=layer), f"step {i}")
         resident_seen += check_pool_matches_store(off)
     assert resident_seen > 0
+    # the write-back stream lost nothing: the host store is the resident cache, block for block
+    off.synchronize_writeback()
+    np.testing.assert_array_equal(off.store.k, cupy.asnumpy(res.k_pool))
+    np.testing.assert_array_equal(off.store.v, cupy.asnumpy(res.v_pool))
 
 
 @pytest.mark.parametrize("stage", ["ids", "access", "gather"])
