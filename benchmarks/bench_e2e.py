@@ -113,7 +113,11 @@ def psa_run(torch, cupy, model, off, qp, xp, args, step: int, cluster, slots: in
     its = (dec.stats["iterations"] - it0) / args.steps / LAYERS
     run = dict(batch=b, step=step, cluster=dec.cluster, step_ms=sec * 1e3, tokens_per_s=b / sec, hit_rate=hit,
                blocks_used=used, selected=used / nmax, iterations_per_layer=its, pool_slots=slots, gpu_gib=mem)
-    print(f"PSA + offload: B={b}, step {step}, cluster {dec.cluster}: {sec * 1e3:.1f} ms/step, {b / sec:.1f} "
+    import psa_fast.offload
+    import psa_fast.pool
+
+    print(f"PSA + offload: B={b}, step {step}, cluster {dec.cluster}, loader CTAs/SM "
+          f"{psa_fast.pool.WIDE_CTAS_PER_SM}:{psa_fast.offload.GATHER_CTAS_PER_SM}: {sec * 1e3:.1f} ms/step, {b / sec:.1f} "
           f"tokens/s, hit rate {hit:.3f}, {used:.0f} of {nmax} blocks per group ({used / nmax:.0%}), {its:.1f} "
           f"iterations per layer, GPU {mem:.1f} GiB", flush=True)
     if args.profile:
@@ -162,6 +166,9 @@ def main(argv=None) -> None:
                     help="CTAs per group of the decode kernel (0: psa_fast's choice); several: one run each")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--skip-dense", action="store_true")
+    ap.add_argument("--loader-grid", nargs="+", default=[None], metavar="POOL:GATHER",
+                    help="CTAs per SM of the pool's grid launches and of the gather (psa_fast.pool.WIDE_CTAS_PER_SM, "
+                         "psa_fast.offload.GATHER_CTAS_PER_SM); several: one run each")
     ap.add_argument("--resident-bound", action="store_true",
                     help="also run PSA with the whole KV cache of the PSA batch resident (ignoring the cap): the "
                          "speed the offload system would reach if moving blocks cost nothing")
@@ -235,10 +242,18 @@ def main(argv=None) -> None:
         del stage
         qp = q[:b].copy()
         results["psa_runs"] = []
-        for step in args.step:
-            for cluster in args.cluster:
-                run = psa_run(torch, cupy, model, off, qp, x0[:b].clone(), args, step, cluster or None, slots, nmax)
-                results["psa_runs"].append(run)
+        import psa_fast.offload
+        import psa_fast.pool
+
+        for grid in args.loader_grid:
+            if grid:
+                psa_fast.pool.WIDE_CTAS_PER_SM, psa_fast.offload.GATHER_CTAS_PER_SM = map(int, grid.split(":"))
+            for step in args.step:
+                for cluster in args.cluster:
+                    run = psa_run(torch, cupy, model, off, qp, x0[:b].clone(), args, step, cluster or None, slots,
+                                  nmax)
+                    run["loader_grid"] = [psa_fast.pool.WIDE_CTAS_PER_SM, psa_fast.offload.GATHER_CTAS_PER_SM]
+                    results["psa_runs"].append(run)
         results["psa"] = max(results["psa_runs"], key=lambda r: r["tokens_per_s"])
         if "dense" in results:
             ratio = results["psa"]["tokens_per_s"] / results["dense"]["tokens_per_s"]

@@ -55,6 +55,7 @@ from .metadata import _no_sync, _simulating, _stream  # noqa: E402
 POLICIES = ("lru", "fifo")
 KERNELS = ("numba", "cuda", "parallel")
 _ID_THREADS = 256  # kernel="parallel": threads per CTA of the grid launches (PSA_ID_T in pool_parallel.cu)
+WIDE_CTAS_PER_SM = 4  # kernel="parallel": grid of its per-id and log launches, per SM
 _LOG_TILE = _ID_THREADS * 8  # log entries per tile of a compaction (PSA_TILE)
 LOG_PER_SLOT = 4  # kernel="parallel": log entries per slot of a partition (>= 1 + ids per access / slots)
 
@@ -362,7 +363,7 @@ class GPUSlotPool:
             def entry(name):
                 return _kernels.kernel("pool_parallel", d=16, s=1, g=1, entry=name)
 
-            wide = (4 * _kernels.num_sms(),)  # the probe and the compaction also walk the log when it overflows
+            wide = (WIDE_CTAS_PER_SM * _kernels.num_sms(),)  # the probe and the compaction may walk the whole log
             n32, p32, cap32 = np.int32(n), np.int32(p), np.int32(cap)
             c32 = np.int32(self.log_capacity)
             log = (self.log_slot, self.log_stamp, self.log_head, self.log_tail, self.log_base)
@@ -376,7 +377,7 @@ class GPUSlotPool:
                 self.slot_of, self.block_of, self.free, self.free_top, self.pin, self.epoch, self.load_seq, self.seq,
                 self.counters, self.error, self.stamp, self.clock, *log, self.log_count, self.claim, self.ctl,
                 out.hit, out.load_src, out.load_dst, out.num_loads, out.evicted, out.num_evicted))
-            grid = (max(1, min(-(-n // _ID_THREADS), 4 * _kernels.num_sms())),)
+            grid = (max(1, min(-(-n // _ID_THREADS), WIDE_CTAS_PER_SM * _kernels.num_sms())),)
             entry("pool_finish")(grid, (_ID_THREADS,), (ids, n32, p32, np.int32(lru), c32, self.slot_of, self.stamp,
                                                         self.log_slot, self.log_stamp, self.log_base, self.ctl,
                                                         out.slots, out.hit))
