@@ -163,15 +163,15 @@ def decode_step(stream, gather_gbs: float, reps: int) -> list:
                 compute = _events_us(lambda: plan.run(q), stream, reps)
                 used = float(cupy.asnumpy(plan.run(q).num_used).mean())
                 for state in ("cold", "warm"):
-                    before = off.reset_pool if state == "cold" else None
+                    before = off.pool.clear if state == "cold" else None
                     dec.run(q)
                     stream.synchronize()
                     st0 = off.pool.stats()
                     it0 = dec.stats["iterations"]
                     us = _events_us(lambda: dec.run(q), stream, reps, before)
                     st1 = off.pool.stats()
-                    if state == "cold":  # reset_pool replaced the counters: count one cold step
-                        off.reset_pool()
+                    if state == "cold":  # clear() zeroed the counters: count one cold step
+                        off.pool.clear()
                         dec.run(q)
                         stream.synchronize()
                         st0, st1 = {"loads": 0}, off.pool.stats()

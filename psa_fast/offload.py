@@ -309,7 +309,9 @@ class OffloadDecoder(DecodePlan):
             :meth:`attend` returns) instead of in the caller's thread. The GPU overlap is the same
             either way (it comes from the two streams); on the H200 host the thread's start and
             hand-off cost ~0.7 ms per layer and step, so it is off by default.
-        timeout: seconds the caller waits for the loader thread before raising ``TimeoutError``.
+        timeout: seconds the caller waits for the loader thread, and the loader for any one launch
+            to complete, before giving up (``TimeoutError``; inside the loader it surfaces as
+            :class:`LoaderError`, and the pool is reset).
         fault: test hook, ``fault(stage, iteration)`` called by the loader before each stage
             (``"ids"``, ``"access"``, ``"gather"``); an exception it raises surfaces in the caller
             as :class:`LoaderError`.
@@ -353,9 +355,15 @@ class OffloadDecoder(DecodePlan):
         self.vstate = cupy.zeros((b, self.hq, 7 + cache.dp), cupy.float32)
         self.groups_left = cupy.zeros(1, i32)
         self.ids = cupy.full((b, gn, self.chunk), -1, i32)
-        self._done_ptr = cupy.cuda.runtime.hostAlloc(4, CUDA_HOST_ALLOC_MAPPED)
-        self.done_host = np.ctypeslib.as_array(ctypes.cast(self._done_ptr, ctypes.POINTER(ctypes.c_int32)), (1,))
-        self.done_host[0] = 0
+        # Two int32 in mapped pinned memory that the GPU writes and the host polls: the done flag (the
+        # token of the last step whose loop stopped) and the number of loader launches completed.
+        self._done_ptr = cupy.cuda.runtime.hostAlloc(8, CUDA_HOST_ALLOC_MAPPED)
+        flags = np.ctypeslib.as_array(ctypes.cast(self._done_ptr, ctypes.POINTER(ctypes.c_int32)), (2,))
+        flags[:] = 0
+        self.done_host, self.progress_host = flags[0:1], flags[1:2]
+        self.launches = cupy.zeros(1, i32)    # launches completed, copied to progress_host by each
+        self._launched = 0                    # launches issued (the host's count of the same)
+        self._wait = "memory"                 # or "events": wait on a CUDA event per launch (benchmarks)
         self._token = 0
         self.token = cupy.zeros(1, i32)       # this step's token, written to done_host by the last group to stop
         self.iteration = cupy.zeros(1, i32)   # the next iteration to load
@@ -461,17 +469,34 @@ class OffloadDecoder(DecodePlan):
             else:
                 for _ in range(self.unroll):
                     self._iteration(layer)
+                self._mark()
             self._graphs = {k: g for k, g in self._graphs.items() if k[1] == key[1]}  # drop a reset pool's
             self._graphs[key] = st.end_capture()
         return self._graphs[key]
 
+    def _mark(self) -> None:
+        """On the current stream: count a completed launch into ``progress_host`` (mapped memory)."""
+        _mark_kernel()((1,), (1,), (self.launches, np.uint64(self._done_ptr + 4)))
+
+    def _wait_launch(self, n: int, token: int) -> None:
+        """Poll mapped memory (no CUDA call) until launch ``n`` of the loop (counted from
+        ``self._launched`` before the loop) has completed or this step's loop has stopped."""
+        t0 = time.perf_counter()
+        deadline = t0 + self.timeout
+        while int(self.progress_host[0]) < n and self.done_host[0] != token:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"the GPU did not finish an offload launch in {self.timeout} s")
+        self.stats["host_wait_s"] += time.perf_counter() - t0
+
     def _loader(self, layer: int, token: int, failure: list) -> None:
         """The loader thread: load iteration 0, then launch the pipelined iterations (attend j, load
         j + 1; ``unroll`` per graph launch) until the decode kernel writes this step's token into the
-        done flag. It runs at most ``lookahead`` launches ahead of the GPU: before launch n it waits
-        (GIL released) for launch n - 1 - lookahead to finish and reads the flag."""
+        done flag. It runs at most ``lookahead`` launches ahead of the GPU: before launch n it polls
+        mapped memory until launch n - 1 - lookahead has completed (each launch ends by counting
+        itself there), then reads the flag. No CUDA synchronisation call is made."""
         st = self.stream
-        done_events = []
+        first = self._launched
+        events = []
         try:
             with st:
                 if self.fault:
@@ -488,9 +513,12 @@ class OffloadDecoder(DecodePlan):
                 per_launch = self.unroll if graph is not None else 1
                 for n, j in enumerate(range(0, self.max_iterations, per_launch)):  # launch n: iterations j..
                     if n >= 1 + self.lookahead:
-                        t0 = time.perf_counter()
-                        done_events[n - 1 - self.lookahead].synchronize()
-                        self.stats["host_wait_s"] += time.perf_counter() - t0
+                        if self._wait == "memory":
+                            self._wait_launch(first + n - self.lookahead, token)
+                        else:  # "events": the CUDA event recorded after that launch
+                            t0 = time.perf_counter()
+                            events[n - 1 - self.lookahead].synchronize()
+                            self.stats["host_wait_s"] += time.perf_counter() - t0
                         if self.done_host[0] == token:
                             break
                     if self.fault:
@@ -498,10 +526,13 @@ class OffloadDecoder(DecodePlan):
                             for stage in ("ids", "access", "gather"):
                                 self.fault(stage, k)
                     if graph is not None:
-                        graph.launch(st)
+                        graph.launch(st)  # ends with _mark()
                     else:
                         self._iteration(layer)
-                    done_events.append(st.record())
+                        self._mark()
+                    self._launched += 1
+                    if self._wait != "memory":
+                        events.append(st.record())
                     self.stats["iterations"] += per_launch
             self._warm.add((layer, self.cache.pool_generation))
         except BaseException as e:  # surfaces in the caller
@@ -572,6 +603,19 @@ class OffloadDecoder(DecodePlan):
 def _gather_grid(n: int) -> int:
     """CTAs of a gather of up to ``n`` blocks: one per block, at most 16 per SM (each loops over blocks)."""
     return max(1, min(n, GATHER_CTAS_PER_SM * _kernels.num_sms()))
+
+
+@functools.lru_cache(maxsize=1)
+def _mark_kernel():
+    import cupy
+
+    return cupy.RawKernel(r"""
+    extern "C" __global__ void psa_mark(int* launches, unsigned long long host) {
+        const int c = launches[0] + 1;  // the launches before this one are complete (stream order)
+        launches[0] = c;
+        __threadfence_system();
+        *reinterpret_cast<volatile int*>(host) = c;
+    }""", "psa_mark")
 
 
 @functools.lru_cache(maxsize=1)

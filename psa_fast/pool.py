@@ -278,40 +278,55 @@ class GPUSlotPool:
             raise ValueError(f"kernel={self.kernel!r} needs a GPU; under Numba's simulator use kernel='numba'")
         _no_sync()
         xp = _xp()
-        n, pp, per = self.num_slots, self.num_partitions, self.capacity_per_partition
-        self.slot_of = xp.full(self.num_store_blocks, -1, np.int32)
-        self.block_of = xp.full(n, -1, np.int32)
-        sentinels = np.arange(n, n + pp, dtype=np.int32)  # every list empty: sentinel <-> itself
-        self.next = xp.asarray(np.concatenate([np.full(n, -1, np.int32), sentinels]))
-        self.prev = xp.asarray(np.concatenate([np.full(n, -1, np.int32), sentinels]))
-        # the reference's free list of partition p is [top slot, ..., lowest slot]: pop() gives the lowest
-        self.free = xp.asarray(np.arange(n, dtype=np.int32).reshape(pp, per)[:, ::-1].ravel())
-        self.free_top = xp.full(pp, per, np.int32)
-        self.pin = xp.full(n, -(2**62), np.int64)
-        self.epoch = xp.zeros(pp, np.int64)
-        self.load_seq = xp.zeros(n, np.int64)
-        self.seq = xp.zeros(1, np.int64)
-        self.counters = xp.zeros(4, np.int64)
-        self.error = xp.zeros(1, np.int32)
-        if self.kernel == "parallel":  # the policy order as stamps, and a log of them per partition
-            self.stamp = xp.zeros(n, np.int64)
-            self.clock = xp.ones(1, np.int64)
-            self.log_capacity = LOG_PER_SLOT * per
-            # two buffers per partition: a compaction copies the live entries into the other one
-            self.log_slot = xp.full(pp * 2 * self.log_capacity, -1, np.int32)
-            self.log_stamp = xp.zeros(pp * 2 * self.log_capacity, np.int64)
-            self.log_head = xp.zeros(pp, np.int64)
-            self.log_tail = xp.zeros(pp, np.int64)
-            self.log_base = xp.zeros(pp, np.int32)  # the current buffer of each partition
-            self.log_count = xp.zeros(-(-self.log_capacity // _LOG_TILE) + 1, np.int32)  # live entries per tile
-            self.claim = xp.full(self.num_store_blocks, np.iinfo(np.int32).max, np.int32)
-            # one access from launch to launch: first bad id, ids named, any miss; failure, log tail, clock
-            self.ctl = xp.asarray(np.array([np.iinfo(np.int64).max] + [0] * 7, np.int64))
+        if self.kernel == "parallel":
+            self.log_capacity = LOG_PER_SLOT * self.capacity_per_partition
+        for name, array in self._fresh_state(xp).items():
+            setattr(self, name, array)
         # Numba views made once: Numba converts a CuPy argument at every launch (~15 us per array on an H200)
         self._state = None if self.kernel != "numba" else tuple(_kernel_view(a) for a in (self.slot_of, self.block_of, self.next, self.prev, self.free,
                                                       self.free_top, self.pin, self.epoch, self.load_seq, self.seq,
                                                       self.counters, self.error))
         self._outputs: dict[int, tuple[PoolAccess, tuple]] = {}  # n -> outputs and their Numba views
+
+    def _fresh_state(self, xp) -> dict:
+        """The device state of an empty pool: every slot free, nothing resident, counters at zero."""
+        n, pp, per = self.num_slots, self.num_partitions, self.capacity_per_partition
+        st = {}
+        st["slot_of"] = xp.full(self.num_store_blocks, -1, np.int32)
+        st["block_of"] = xp.full(n, -1, np.int32)
+        sentinels = np.arange(n, n + pp, dtype=np.int32)  # every list empty: sentinel <-> itself
+        st["next"] = xp.asarray(np.concatenate([np.full(n, -1, np.int32), sentinels]))
+        st["prev"] = xp.asarray(np.concatenate([np.full(n, -1, np.int32), sentinels]))
+        # the reference's free list of partition p is [top slot, ..., lowest slot]: pop() gives the lowest
+        st["free"] = xp.asarray(np.arange(n, dtype=np.int32).reshape(pp, per)[:, ::-1].ravel())
+        st["free_top"] = xp.full(pp, per, np.int32)
+        st["pin"] = xp.full(n, -(2**62), np.int64)
+        st["epoch"] = xp.zeros(pp, np.int64)
+        st["load_seq"] = xp.zeros(n, np.int64)
+        st["seq"] = xp.zeros(1, np.int64)
+        st["counters"] = xp.zeros(4, np.int64)
+        st["error"] = xp.zeros(1, np.int32)
+        if self.kernel == "parallel":  # the policy order as stamps, and a log of them per partition
+            st["stamp"] = xp.zeros(n, np.int64)
+            st["clock"] = xp.ones(1, np.int64)
+            # two buffers per partition: a compaction copies the live entries into the other one
+            st["log_slot"] = xp.full(pp * 2 * self.log_capacity, -1, np.int32)
+            st["log_stamp"] = xp.zeros(pp * 2 * self.log_capacity, np.int64)
+            st["log_head"] = xp.zeros(pp, np.int64)
+            st["log_tail"] = xp.zeros(pp, np.int64)
+            st["log_base"] = xp.zeros(pp, np.int32)  # the current buffer of each partition
+            st["log_count"] = xp.zeros(-(-self.log_capacity // _LOG_TILE) + 1, np.int32)  # live entries per tile
+            st["claim"] = xp.full(self.num_store_blocks, np.iinfo(np.int32).max, np.int32)
+            # one access from launch to launch: first bad id, ids named, any miss; failure, log tail, clock
+            st["ctl"] = xp.asarray(np.array([np.iinfo(np.int64).max] + [0] * 7, np.int64))
+        return st
+
+    def clear(self) -> None:
+        """Empty the pool in place (its arrays stay where they are, so CUDA graphs that captured them
+        stay valid): afterwards it behaves as a new pool, counters included. Enqueued on the current
+        stream; the caller must not clear while an access may still run on another stream."""
+        for name, array in self._fresh_state(_xp()).items():
+            getattr(self, name)[...] = array
 
     @property
     def capacity_per_partition(self) -> int:

@@ -348,6 +348,26 @@ def test_parallel_kernel_equals_sequential_on_large_accesses(policy, pin_window)
     assert compactions >= 2  # the test exercised what it is about
 
 
+@given(kernel=KERNELS, seed=st.integers(0, 2**16))
+def test_clear_gives_a_new_pool_in_place(kernel, seed):
+    rng = np.random.default_rng(seed)
+    used = GPUSlotPool(6, num_store_blocks=20, num_partitions=2, pin_window=2, kernel=kernel)
+    arrays = {name: id(getattr(used, name)) for name in ("slot_of", "block_of", "pin", "counters")}
+    for _ in range(5):
+        used.access(ids_array(rng.integers(-1, 10, 3)), 0)
+        used.access(ids_array(rng.integers(10, 20, 3)), 1)
+    used.clear()
+    assert {name: id(getattr(used, name)) for name in arrays} == arrays  # the same arrays: graphs stay valid
+    fresh = GPUSlotPool(6, num_store_blocks=20, num_partitions=2, pin_window=2, kernel=kernel)
+    for _ in range(6):
+        p = int(rng.integers(2))
+        ids = ids_array(rng.integers(10 * p - 1, 10 * p + 10, 3))
+        a, b = read_access(used.access(ids, p)), read_access(fresh.access(ids, p))
+        for field in a:
+            np.testing.assert_array_equal(a[field], b[field])
+    assert used.stats() == fresh.stats() and used.eviction_order(0) == fresh.eviction_order(0)
+
+
 def test_empty_access_only_advances_the_window():
     gpu = GPUSlotPool(2, num_store_blocks=4, pin_window=2)
     gpu.access(ids_array([0, 1]))
