@@ -163,6 +163,7 @@ class OffloadKVCache(PagedKVCache):
         self.writeback_stream = cupy.cuda.Stream(non_blocking=True)
         self._written = None       # event: the last append's rows are in the host store
         self._writeback_args = ()  # that write-back's index arrays, alive until it has run
+        self._tail_rows = cupy.arange(rows, dtype=cupy.int64).reshape(self.batch, self.num_kv_heads) * self.block_size
 
     def _allocate_blocks(self, num_blocks: int):
         # not zeroed here (64 GiB would take seconds): prefill writes every block of a request, padding included
@@ -189,8 +190,7 @@ class OffloadKVCache(PagedKVCache):
         blocks (their content changed)."""
         import cupy
 
-        if self._written is not None:
-            cupy.cuda.get_current_stream().wait_event(self._written)
+        self.wait_for_writeback(cupy.cuda.get_current_stream())
         super().prefill(layer, request, keys, values)
         self.pool.release(self.block_table[layer, request].ravel())
         t, s, hkv = int(self.host_lens[layer, request]), self.block_size, self.num_kv_heads
@@ -209,16 +209,15 @@ class OffloadKVCache(PagedKVCache):
         from . import metadata as _metadata
 
         caller = cupy.cuda.get_current_stream()
-        if self._written is not None:  # the previous write-back read the tail rows this one may reuse
-            caller.wait_event(self._written)
+        self.wait_for_writeback(caller)  # the previous write-back read tail rows this one may reuse
         t = self.seq_lens[layer]                                     # [B], positions of the new tokens
         _metadata.append_token(self.tail_k[layer], self.tail_v[layer], self._tail_table, t, k, v, self.meta[layer],
                                self.lohi[layer], kind=self.metadata, block_size=self.block_size)
-        s, hkv = self.block_size, self.num_kv_heads
+        s = self.block_size
         ids = cupy.take_along_axis(self.block_table[layer], (t // s)[:, None, None].astype(cupy.int64),
                                    axis=2)[..., 0]                   # [B, Hkv] store ids of the blocks
         row = (t % s)[:, None].astype(cupy.int64)
-        tail = (cupy.arange(self.batch * hkv, dtype=cupy.int64).reshape(self.batch, hkv) * s + row) * self.dp
+        tail = (self._tail_rows + row) * self.dp
         slots = self.pool.slot_of[ids]                               # -1 where not resident
         _copy_rows(tail, (slots.astype(cupy.int64) * s + row) * self.dp, slots >= 0, self.tail_k[layer],
                    self.tail_v[layer], self.slot_k, self.slot_v, self.dp)
@@ -230,6 +229,12 @@ class OffloadKVCache(PagedKVCache):
                        self.dp)
             self._written = self.writeback_stream.record()
         self._writeback_args = (tail, host, everywhere)
+
+    def wait_for_writeback(self, stream) -> None:
+        """Make ``stream`` wait (on the GPU, the host does not block) until the last append's rows
+        are in the host store: before anything on it reads or overwrites the store."""
+        if self._written is not None:
+            stream.wait_event(self._written)
 
     def synchronize_writeback(self) -> None:
         """Block the host until every appended token is in the host store (before reading
@@ -363,7 +368,6 @@ class OffloadDecoder(DecodePlan):
         self.done_host, self.progress_host = flags[0:1], flags[1:2]
         self.launches = cupy.zeros(1, i32)    # launches completed, copied to progress_host by each
         self._launched = 0                    # launches issued (the host's count of the same)
-        self._wait = "memory"                 # or "events": wait on a CUDA event per launch (benchmarks)
         self._token = 0
         self.token = cupy.zeros(1, i32)       # this step's token, written to done_host by the last group to stop
         self.iteration = cupy.zeros(1, i32)   # the next iteration to load
@@ -496,7 +500,6 @@ class OffloadDecoder(DecodePlan):
         itself there), then reads the flag. No CUDA synchronisation call is made."""
         st = self.stream
         first = self._launched
-        events = []
         try:
             with st:
                 if self.fault:
@@ -513,12 +516,7 @@ class OffloadDecoder(DecodePlan):
                 per_launch = self.unroll if graph is not None else 1
                 for n, j in enumerate(range(0, self.max_iterations, per_launch)):  # launch n: iterations j..
                     if n >= 1 + self.lookahead:
-                        if self._wait == "memory":
-                            self._wait_launch(first + n - self.lookahead, token)
-                        else:  # "events": the CUDA event recorded after that launch
-                            t0 = time.perf_counter()
-                            events[n - 1 - self.lookahead].synchronize()
-                            self.stats["host_wait_s"] += time.perf_counter() - t0
+                        self._wait_launch(first + n - self.lookahead, token)
                         if self.done_host[0] == token:
                             break
                     if self.fault:
@@ -531,8 +529,6 @@ class OffloadDecoder(DecodePlan):
                         self._iteration(layer)
                         self._mark()
                     self._launched += 1
-                    if self._wait != "memory":
-                        events.append(st.record())
                     self.stats["iterations"] += per_launch
             self._warm.add((layer, self.cache.pool_generation))
         except BaseException as e:  # surfaces in the caller
@@ -570,8 +566,7 @@ class OffloadDecoder(DecodePlan):
         compute = cupy.cuda.get_current_stream()
         self._token += 1
         self.stream.wait_event(compute.record())
-        if c._written is not None:  # gathers read the host store: appended rows must be there
-            self.stream.wait_event(c._written)
+        c.wait_for_writeback(self.stream)  # gathers read the host store: appended rows must be there
         with self.stream:
             if prologue:
                 self._prologue(layer)

@@ -97,28 +97,12 @@ __device__ int tile_entries(const int* lslot, const long long* lstamp, long long
     return live;
 }
 
-// Inclusive prefix sum of x over the CTA (PSA_T threads); `buf` is [PSA_T] shared.
-__device__ int cta_scan(int x, int* buf) {
-    const int t = threadIdx.x;
-    buf[t] = x;
-    __syncthreads();
-    for (int o = 1; o < PSA_T; o <<= 1) {
-        const int y = t >= o ? buf[t - o] : 0;
-        __syncthreads();
-        buf[t] += y;
-        __syncthreads();
-    }
-    return buf[t];
-}
-
-extern "C" __global__ void __launch_bounds__(PSA_ID_T) psa_pool_probe(const int* __restrict__ ids, int n, int p, int per, int num_store, int C,
-                                          const int* __restrict__ slot_of, const int* __restrict__ block_of,
-                                          long long* pin, const long long* __restrict__ epoch, int* claim,
-                                          signed char* hit, long long* ctl, const long long* __restrict__ stamp,
-                                          const int* __restrict__ log_slot, const long long* __restrict__ log_stamp,
-                                          const long long* __restrict__ log_head,
-                                          const long long* __restrict__ log_tail, const int* __restrict__ log_base,
-                                          int* log_count) {
+extern "C" __global__ void __launch_bounds__(PSA_ID_T) psa_pool_probe(
+    const int* __restrict__ ids, int n, int p, int per, int num_store, int C, const int* __restrict__ slot_of,
+    const int* __restrict__ block_of, long long* pin, const long long* __restrict__ epoch, int* claim,
+    signed char* hit, long long* ctl, const long long* __restrict__ stamp, const int* __restrict__ log_slot,
+    const long long* __restrict__ log_stamp, const long long* __restrict__ log_head,
+    const long long* __restrict__ log_tail, const int* __restrict__ log_base, int* log_count) {
     __shared__ int warp_sums[32];
     const long long head = log_head[p], tail = log_tail[p];
     if (tail + n - head > C) {  // this access overflows the log: count each tile's live entries
@@ -165,11 +149,10 @@ extern "C" __global__ void __launch_bounds__(PSA_ID_T) psa_pool_probe(const int*
     }
 }
 
-extern "C" __global__ void __launch_bounds__(PSA_ID_T) psa_pool_compact(int n, int p, int C, const int* __restrict__ block_of,
-                                            const long long* __restrict__ stamp, int* log_slot, long long* log_stamp,
-                                            const long long* __restrict__ log_head,
-                                            const long long* __restrict__ log_tail, const int* __restrict__ log_base,
-                                            const int* __restrict__ log_count) {
+extern "C" __global__ void __launch_bounds__(PSA_ID_T) psa_pool_compact(
+    int n, int p, int C, const int* __restrict__ block_of, const long long* __restrict__ stamp, int* log_slot,
+    long long* log_stamp, const long long* __restrict__ log_head, const long long* __restrict__ log_tail,
+    const int* __restrict__ log_base, const int* __restrict__ log_count) {
     __shared__ int warp_sums[32];
     const long long head = log_head[p], tail = log_tail[p];
     if (tail + n - head <= C) return;
@@ -204,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(PSA_T) psa_pool_parallel(
     int* log_slot, long long* log_stamp, long long* log_head, long long* log_tail, int* log_base,
     const int* __restrict__ log_count, int* claim, long long* ctl, signed char* hit, int* load_src, int* load_dst,
     int* num_loads, int* evicted, int* num_evicted) {
-    __shared__ int buf[PSA_T];
+    __shared__ int warp_sums[32];
     __shared__ unsigned long long s_keep;
     const int t = threadIdx.x;
     const long long e = epoch[p] + 1, oldest = e - pin_window + 1, clk = clock[0], seq0 = seq[0];
@@ -217,20 +200,19 @@ extern "C" __global__ void __launch_bounds__(PSA_T) psa_pool_parallel(
     // 1. misses in access order: load_src[rank] = block; the first occurrence is the miss
     int m = 0;
     if (!bad && any_miss)
-        for (int base = 0; base < n; base += PSA_T) {
-            const int i = base + t;
-            int f = 0, b = -1;
+        for (int i0 = 0; i0 < n; i0 += PSA_T) {
+            const int i = i0 + t;
+            int f = 0, b = -1, total;
             if (i < n) {
                 b = ids[i];
                 f = b >= 0 && slot_of[b] < 0 && claim[b] == i;
             }
-            const int r = cta_scan(f, buf);
+            const int r = cta_exclusive_scan(f, warp_sums, &total);
             if (f) {
-                load_src[m + r - 1] = b;
+                load_src[m + r] = b;
                 hit[i] = 0;
             }
-            m += buf[PSA_T - 1];
-            __syncthreads();
+            m += total;
         }
     const int nf = free_top[p], from_free = min(m, nf), need = m - from_free;
 
@@ -238,12 +220,11 @@ extern "C" __global__ void __launch_bounds__(PSA_T) psa_pool_parallel(
     // other buffer: switch to it; then take victims from the log's head
     if (!bad && tail + n - head > C) {
         const long long tiles = (tail - head + PSA_TILE - 1) / PSA_TILE;
-        int live = 0;
+        int live = 0, total;
         for (long long k = t; k < tiles; k += PSA_T) live += log_count[k];
-        cta_scan(live, buf);
-        tail = head + buf[PSA_T - 1];
+        cta_exclusive_scan(live, warp_sums, &total);
+        tail = head + total;
         base = 1 - base;
-        __syncthreads();
     }
     int* lslot = PSA_LOG(log_slot, base);
     long long* lstamp = PSA_LOG(log_stamp, base);
@@ -254,23 +235,19 @@ extern "C" __global__ void __launch_bounds__(PSA_T) psa_pool_parallel(
     long long pos = head;
     while (!bad && found < need && pos < tail) {
         const long long j = pos + t;
-        int sl = -1;
-        bool live = false, take = false;
-        if (j < tail) {
-            sl = lslot[j % C];
-            live = sl >= 0 && block_of[sl] >= 0 && stamp[sl] == lstamp[j % C];
-        }
+        const int sl = j < tail ? lslot[j % C] : -1;
+        const bool live = j < tail && live_entry(sl, lstamp[j % C], block_of, stamp);
         const bool free_victim = live && pin[sl] < oldest;
-        const int r = found + cta_scan(free_victim, buf) - 1;
-        take = free_victim && r < need;
+        int total;
+        const int r = found + cta_exclusive_scan(free_victim, warp_sums, &total);
+        const bool take = free_victim && r < need;
         if (take) {
             load_dst[from_free + r] = sl;
             evicted[r] = block_of[sl];
         }
         if (live && !take) atomicMin(&s_keep, (unsigned long long)j);  // the new head cannot pass it
-        found = min(need, found + buf[PSA_T - 1]);
+        found = min(need, found + total);
         pos += PSA_T;
-        __syncthreads();
     }
     const int fail = bad ? bad : (found < need ? PSA_NO_VICTIM : 0);
     if (fail) {  // change nothing but pins: release the claims, report (psa_pool_finish skips every id)
