@@ -164,6 +164,23 @@ def bench_size(t: int, b: int, offsets, reps: int, stream, log) -> list[dict]:
                     row(f"PSA τ={tau} remaining" + (f" (decode v{v})" if v != 3 else ""), usv,
                         meta_bytes + small + usedv / n * kv_bytes, mean_err(outsv), usedv, 5)
 
+        # stop="sketch" on metadata="quant3": the same KV (same seeds) in a second cache with 3-bit codes
+        q3 = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=HKV, head_dim=D, max_tokens=t,
+                                   block_size=S, metadata="quant3")
+        for layer in range(layers):
+            fill_skewed(q3, layer, HQ, offsets, seed=layer)
+        meta_q3 = b * HKV * n * (2 * D * 2 + S * D // 2)  # lo/hi float16 + 4-bit codes
+        small_q3 = small + b * HQ * n * 4 * 3  # per-head estimates written and read, their suffix sums
+        p3 = psa_fast.plan(q3, num_q_heads=HQ, mode="psa", threshold=0.95, step=step, stop="sketch")
+        us3, outs3, used3 = timed(p3)
+        row("PSA τ=0.95 sketch (quant3)", us3, meta_q3 + small_q3 + used3 / n * kv_bytes, mean_err(outs3), used3, 5,
+            f"stop sketch, metadata quant3, step {p3.step}, cluster {p3.cluster}")
+        parts = {name: graph_us(fn) for name, fn in (
+            ("query", lambda layer: p3.load_query(qs[layer], layer)), ("estimate", p3.estimate),
+            ("order", p3.order), ("attend", p3.attend))}
+        log(dict(T=t, B=b, breakdown_us=parts, method="PSA τ=0.95 sketch (quant3)"))
+        del q3, p3, outs3
+
         def topk(k):
             us, outs, _ = timed(psa_fast.plan(cache, num_q_heads=HQ, mode="topk", k=int(k)))
             return us, mean_err(outs)
@@ -214,7 +231,7 @@ def main(argv=None) -> None:
             f.write(json.dumps(r) + "\n")
             f.flush()
             if "breakdown_us" in r:
-                print(f"  {r['T']:>6} {r['B']:>3} PSA τ=0.95 stages alone (µs): "
+                print(f"  {r['T']:>6} {r['B']:>3} {r.get('method', 'PSA τ=0.95')} stages alone (µs): "
                       + ", ".join(f"{k} {v:.1f}" for k, v in r["breakdown_us"].items()), flush=True)
                 return
             print(f"  {r['T']:>6} {r['B']:>3} {r['method']:<38} {r['us']:9.1f} us {r['gbs']:7.0f} GB/s "

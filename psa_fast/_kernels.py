@@ -12,12 +12,15 @@ from importlib import resources
 
 import numpy as np
 
-STOP_CODES = {"remaining": 0, "seed": 1, "certified": 2, "none": 3, "budget": 4, "ema": 5}
-STOP_RULES = ("ema", "remaining", "seed", "certified")  # the reference's rules the GPU verifier implements
+STOP_CODES = {"remaining": 0, "seed": 1, "certified": 2, "none": 3, "budget": 4, "ema": 5, "sketch": 6}
+STOP_RULES = ("ema", "remaining", "seed", "certified", "sketch")  # the reference's rules the GPU verifier implements
 REASONS = ("threshold", "exhausted", "budget")
-KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}
+KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}  # quant3 has its own kernel (sketch.cu)
+BOUND_CODES = {None: 0, "bounds": 1, "estimates": 2}  # what estimate() writes per head beside the group scores
 ESTIMATE_WARPS = 8
+QUANT3_WARPS = 8
 ORDER_THREADS = 1024
+SUFFIX_THREADS = 1024  # at most (psa_order_suffix's launch bound)
 MAX_SMEM_SORT = 16384  # largest padded block count sorted in shared memory (128 KiB of keys)
 
 
@@ -79,15 +82,30 @@ def allow_cluster(fn, cluster: int) -> None:
         driver.funcSetAttribute(fn.kernel.ptr, 14, 1)  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 
 
-def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax, kind, want_bounds) -> None:
-    """Launch ``psa_estimate``: ``scores [B, Hq/g, Nmax]`` and, if asked, ``bounds [B, Hq, Nmax]``.
+def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax, kind, per_head=None,
+             codes=None) -> None:
+    """Launch ``psa_estimate`` (``psa_estimate_quant3`` for ``kind="quant3"``, which reads ``codes``):
+    ``scores [B, Hq/g, Nmax]`` and, if ``per_head`` is ``"bounds"`` (min/max bounds, certified) or
+    ``"estimates"`` (each head's estimate, sketch), ``bounds [B, Hq, Nmax]``.
 
-    Each warp scores up to 32 consecutive blocks (fewer when that would leave SMs idle)."""
+    Each warp scores up to 32 (quant3: 16) consecutive blocks (fewer when that would leave SMs idle)."""
     b = q.shape[0]
+    want_bounds = per_head is not None
+    if kind == "quant3":
+        per_warp = 16
+        while per_warp > 1 and b * (hq // g) * -(-nmax // (QUANT3_WARPS * per_warp)) < 2 * num_sms():
+            per_warp //= 2
+        fn = kernel("sketch", d=d, s=s, g=g, warps=QUANT3_WARPS, entry="estimate_quant3", bounds=BOUND_CODES[per_head],
+                    est_warp_blocks=per_warp)
+        per_cta = QUANT3_WARPS * per_warp
+        fn(((nmax + per_cta - 1) // per_cta, hq // g, b), (QUANT3_WARPS * 32,),
+           (q, lohi, codes, seq_lens, scores, bounds if want_bounds else scores, np.int32(hq), np.int32(hkv),
+            np.int32(nmax)))
+        return
     per_warp = 32
     while per_warp > 4 and b * (hq // g) * -(-nmax // (ESTIMATE_WARPS * per_warp)) < 2 * num_sms():
         per_warp //= 2
-    fn = kernel("estimate", d=d, s=s, g=g, warps=ESTIMATE_WARPS, kind=KIND_CODES[kind], bounds=want_bounds,
+    fn = kernel("estimate", d=d, s=s, g=g, warps=ESTIMATE_WARPS, kind=KIND_CODES[kind], bounds=BOUND_CODES[per_head],
                 est_warp_blocks=per_warp)
     per_cta = ESTIMATE_WARPS * per_warp
     fn(((nmax + per_cta - 1) // per_cta, hq // g, b), (ESTIMATE_WARPS * 32,),
@@ -100,11 +118,12 @@ SLICE = 1024  # keys per CTA in the two-kernel sort
 
 def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
           want_suffix, workspace=None) -> None:
-    """The processing order ``[B, Gn, Nmax]`` (and certified suffix sums).
+    """The processing order ``[B, Gn, Nmax]`` and, if ``want_suffix``, the suffix log-sum-exp of the
+    per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``).
 
     One CTA per group sorts and writes the order (``psa_order``) when a group has up to ``SLICE``
-    blocks, for ``certified``, and when there are enough groups to fill the GPU. Otherwise a group is
-    split: ``psa_order_slice`` sorts slices of ``SLICE`` blocks on many CTAs into ``workspace``
+    blocks and when there are enough groups to fill the GPU. Otherwise a group is split:
+    ``psa_order_slice`` sorts slices of ``SLICE`` blocks on many CTAs into ``workspace``
     (``[B, Gn, P * SLICE]`` uint64) and ``psa_order_merge`` places every key at its rank (its binary
     searches cost more than they save once the groups alone fill the GPU: 252 vs 167 µs at B = 32)."""
     b, gn, _ = scores.shape
@@ -112,7 +131,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     if npad > MAX_SMEM_SORT:
         raise NotImplementedError(f"ordering more than {MAX_SMEM_SORT} blocks per head is not implemented yet "
                                   f"(got {nmax}); use a larger block_size")
-    if npad > SLICE and not want_suffix and workspace is not None and b * gn < num_sms():
+    if npad > SLICE and workspace is not None and b * gn < num_sms():
         p = npad // SLICE
         fn = kernel("order_slice", d=16, s=s, g=g, npad=SLICE)
         fn((p, gn, b), (SLICE,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
@@ -120,16 +139,19 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         merge = kernel("order_merge", d=16, s=s, g=g)
         merge((-(-max(npad, nmax) // 256), gn, b), (256,), (workspace, seq_lens, out_order, np.int32(nmax),
                                                            np.int32(p), np.int32(SLICE)))
-        return
-    sn = max(npad, 32)
-    threads = min(ORDER_THREADS, sn)
-    fn = kernel("order", d=16, s=s, g=g, npad=npad)
-    smem = max(sn * 8, 2 * threads * 4)
-    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    fn((gn, b), (threads,), (scores, seq_lens, out_order, bounds if want_suffix else scores,
-                             log_suffix if want_suffix else scores, np.int32(hq), np.int32(nmax), np.int32(npad),
-                             np.int32(sink_blocks), np.int32(recent_blocks), np.int32(want_suffix)), shared_mem=smem)
+    else:
+        sn = max(npad, 32)
+        threads = min(ORDER_THREADS, sn)
+        fn = kernel("order", d=16, s=s, g=g, npad=npad)
+        smem = sn * 8
+        if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+        fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
+                                 np.int32(recent_blocks)), shared_mem=smem)
+    if want_suffix:
+        threads = min(SUFFIX_THREADS, max(32, -(-nmax // 32) * 32))
+        kernel("suffix", d=16, s=s, g=g, entry="order_suffix")((hq, b), (threads,), (
+            out_order, seq_lens, bounds, log_suffix, np.int32(hq), np.int32(nmax)))
 
 
 def order_workspace_shape(batch: int, groups: int, nmax: int) -> tuple[int, int, int] | None:
@@ -169,13 +191,16 @@ def decode_config(*, d: int, s: int, g: int, version: int, warps: int = 8,
 
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
-           version=DECODE_VERSION, stages=None, offload: tuple | None = None) -> None:
+           version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None) -> None:
     """Launch the decode kernel (``version`` 3; 1 and 2 are the earlier kernels, kept for comparison)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
 
     ``offload = (slot_map, istate, vstate, groups_left, done_ptr, token)`` launches the ``PSA_OFFLOAD``
     build instead (version 3, psa_fast.offload): one iteration, the loop state read from and written
-    back to ``istate``/``vstate``, blocks found as ``slot_map[block_table[...]]``."""
+    back to ``istate``/``vstate``, blocks found as ``slot_map[block_table[...]]``.
+
+    ``sketch = (ests, lmass)`` (stop = sketch): each head's block estimates ``[B, Hq, Nmax]`` and a
+    scratch buffer of the same shape for the attended blocks' log masses."""
     b = q.shape[0]
     null = np.uint64(0)
     args = (q, k_pool, v_pool, block_table, seq_lens, null if order_arr is None else order_arr,
@@ -184,16 +209,20 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             np.int32(step), np.int32(forced))
     grid = (cluster, hq // g, b)
     version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
-    if version < 3 and (stop == "ema" or offload is not None):
-        raise NotImplementedError("stop='ema' and offload need decode version 3")
+    if version < 3 and (stop in ("ema", "sketch") or offload is not None):
+        raise NotImplementedError("stop='ema', stop='sketch' and offload need decode version 3")
+    if stop == "sketch" and sketch is None:
+        raise ValueError("stop='sketch' needs sketch=(ests, lmass)")
     if version == 1:
         kernel("decode_v1", d=d, s=s, g=g, cluster=cluster, warps=warps)(grid, (warps * 32,), args)
         return
     defines = {}
     if version == 3:
-        from psa_ref.progressive import EMA_WEIGHT
+        from psa_ref.progressive import EMA_WEIGHT, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 
-        args = args + (np.float32(EMA_WEIGHT),)
+        assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"
+        ests, lmass = sketch if sketch is not None else (null, null)
+        args = args + (np.float32(EMA_WEIGHT), ests, lmass, np.float32(SKETCH_NEXT_SHARE), np.int32(SKETCH_WINDOW))
     if offload is not None:
         slot_map, istate, vstate, groups_left, done_ptr, token = offload
         args = args + (slot_map, istate, vstate, groups_left, np.uint64(done_ptr), token)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from psa_ref import _validate
+from psa_ref.blocks import METADATA_KINDS
 from psa_ref.progressive import DEFAULT_STOP, STOP_RULES
 from psa_ref.result import AttentionResult
 
@@ -83,9 +84,6 @@ class DecodePlan:
         self.mode = _validate.choice(mode, "mode", MODES)
         self.threshold = _validate.threshold(threshold)
         self.stop = _validate.choice(stop, "stop", STOP_RULES)
-        if self.stop not in _kernels.STOP_RULES:
-            raise NotImplementedError(f"stop={self.stop!r} is not implemented on the GPU yet; "
-                                      f"psa_fast has {', '.join(_kernels.STOP_RULES)}")
         self.step = _validate.integer(step, "step", minimum=1)
         self.k = _validate.integer(k, "k", minimum=1)
         self.gqa = _validate.choice(gqa, "gqa", GQA_MODES)
@@ -115,9 +113,12 @@ class DecodePlan:
         self.order_buf = cupy.empty((b, self.gn, nmax), i32)
         ws = _kernels.order_workspace_shape(b, self.gn, nmax)
         self.sort_workspace = None if ws is None else cupy.empty(ws, cupy.uint64)
-        certified = self.mode == "psa" and self.stop == "certified"
-        self.bounds = cupy.empty((b, self.hq, nmax), f32) if certified else None
-        self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if certified else None
+        # per head beside the group scores: min/max bounds (certified) or each head's estimates (sketch),
+        # and their suffix log-sum-exp along the order
+        self._per_head = {"certified": "bounds", "sketch": "estimates"}.get(self.stop) if self.mode == "psa" else None
+        self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
+        self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if self._per_head else None
+        self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
         self.out = cupy.empty((b, self.hq, dp), f32)
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
@@ -156,13 +157,16 @@ class DecodePlan:
         return dict(s=c.block_size, g=self.g, hq=self.hq, nmax=c.nmax)
 
     def estimate(self, layer: int) -> None:
-        """Stage 1: every block's estimate (and min/max bounds for ``certified``)."""
+        """Stage 1: every block's estimate (and per head: min/max bounds for ``certified``, the
+        estimates for ``sketch``)."""
         c = self.cache
         _kernels.estimate(self.q, c.meta[layer], c.lohi[layer], c.seq_lens[layer], self.scores, self.bounds, d=c.dp,
-                          hkv=c.num_kv_heads, kind=c.metadata, want_bounds=self.bounds is not None, **self._shape())
+                          hkv=c.num_kv_heads, kind=c.metadata, per_head=self._per_head,
+                          codes=None if c.codes is None else c.codes[layer], **self._shape())
 
     def order(self, layer: int) -> None:
-        """Stage 2: the processing order (and ``certified``'s suffix bounds)."""
+        """Stage 2: the processing order (and, for ``certified`` and ``sketch``, the suffix sums of the
+        per-head values along it)."""
         _kernels.order(self.scores, self.cache.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
                        sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
                        want_suffix=self.bounds is not None, workspace=self.sort_workspace, **self._shape())
@@ -181,7 +185,8 @@ class DecodePlan:
         _kernels.decode(self.q, c.k_pool, c.v_pool, c.block_table[layer], c.seq_lens[layer], order, self.log_suffix,
                         self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
                         hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
-                        warps=self.warps, version=self.version, stages=self.stages, **self._shape())
+                        warps=self.warps, version=self.version, stages=self.stages,
+                        sketch=(self.bounds, self.lmass) if self.lmass is not None else None, **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
                             self.mass_estimate)
 
@@ -209,13 +214,13 @@ class KVBlocks:
             keys: ``[T, D]`` or ``[Hkv, T, D]`` float16, a CuPy array or CUDA torch tensor.
             values: the same shape.
             block_size: ``S >= 1``.
-            metadata: ``"cuboid_mean"``, ``"minmax"`` or ``"mean"``.
+            metadata: ``"cuboid_mean"``, ``"minmax"``, ``"mean"`` or ``"quant3"``.
         """
         require_gpu()
         import cupy
 
         block_size = _validate.integer(block_size, "block_size", minimum=1)
-        metadata = _validate.choice(metadata, "metadata", ("cuboid_mean", "minmax", "mean"))
+        metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
         k = as_cupy(keys, "keys", dtypes=("float16",))
         v = as_cupy(values, "values", dtypes=("float16",))
         _validate.kv_shapes(k.shape, v.shape)

@@ -13,6 +13,9 @@ Shapes (``L`` layers, ``B`` requests, ``Dp`` the head dimension padded by :func:
 ``block_table``    ``[L, B, Hkv, Nmax]``               int32
 ``seq_lens``       ``[L, B]``                          int32
 ``meta``, ``lohi``  ``[L, B, Hkv, Nmax, 2, Dp]``        float16
+``codes``          ``[L, B, Hkv, Nmax, S, Dp / 8]``    uint32, ``quant3`` only (None otherwise):
+                                                       4 bits per key channel, see
+                                                       :mod:`psa_fast.metadata`
 =================  ==================================  =========
 """
 
@@ -26,9 +29,6 @@ from psa_ref import _validate
 from psa_ref.blocks import METADATA_KINDS
 
 from ._compat import as_cupy, require_gpu
-
-
-GPU_METADATA = ("cuboid_mean", "minmax", "mean")  # the kinds psa_fast's estimate kernel scores
 
 
 def padded_dim(d: int) -> int:
@@ -67,9 +67,6 @@ class PagedKVCache:
         self.head_dim = _validate.integer(head_dim, "head_dim", minimum=1)
         self.block_size = _validate.integer(block_size, "block_size", minimum=1)
         self.metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
-        if self.metadata not in GPU_METADATA:
-            raise NotImplementedError(f"metadata={self.metadata!r} is not implemented on the GPU yet; psa_fast has "
-                                      f"{', '.join(GPU_METADATA)}")
         max_tokens = _validate.integer(max_tokens, "max_tokens", minimum=1)
         self.dp = padded_dim(self.head_dim)
         self.nmax = -(-max_tokens // self.block_size)
@@ -80,6 +77,8 @@ class PagedKVCache:
         self.host_lens = np.zeros((self.num_layers, self.batch), dtype=np.int64)  # mirror: capacity checks
         self.meta = cupy.zeros(shape + (2, self.dp), dtype=cupy.float16)
         self.lohi = cupy.zeros_like(self.meta)
+        self.codes = (cupy.zeros(shape + (self.block_size, self.dp // 8), dtype=cupy.uint32)
+                      if self.metadata == "quant3" else None)
 
     def _allocate_blocks(self, num_blocks: int):
         """``(k, v)``, each ``[num_blocks, S, Dp]`` float16, zeroed: here on the GPU (every block has a
@@ -130,7 +129,7 @@ class PagedKVCache:
         _metadata.build_metadata(self.k_pool, self.block_table[layer, request : request + 1],
                                  self.seq_lens[layer, request : request + 1], self.meta[layer, request : request + 1],
                                  self.lohi[layer, request : request + 1], kind=self.metadata,
-                                 block_size=self.block_size)
+                                 block_size=self.block_size, codes=self._codes(layer, request))
 
     def append(self, layer: int, keys: Any, values: Any) -> None:
         """Append one decoded token to every request of one layer.
@@ -167,7 +166,14 @@ class PagedKVCache:
         from . import metadata as _metadata
 
         _metadata.append_token(self.k_pool, self.v_pool, self.block_table[layer], self.seq_lens[layer], k, v,
-                               self.meta[layer], self.lohi[layer], kind=self.metadata, block_size=self.block_size)
+                               self.meta[layer], self.lohi[layer], kind=self.metadata, block_size=self.block_size,
+                               codes=self._codes(layer))
+
+    def _codes(self, layer: int, request: int | None = None):
+        """quant3's codes of one layer (``[B, ...]``) or of one request in it (``[1, ...]``); None otherwise."""
+        if self.codes is None:
+            return None
+        return self.codes[layer] if request is None else self.codes[layer, request : request + 1]
 
     @staticmethod
     def _index(i, name: str, n: int) -> int:

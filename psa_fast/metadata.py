@@ -12,6 +12,9 @@ Layouts (``Dp`` is the padded head dimension, see ``psa_fast.cache.padded_dim``;
 * ``seq_lens``: ``[B]`` int32
 * ``meta``: ``[B, Hkv, Nmax, 2, Dp]`` float16: (centre, radius) for ``cuboid_mean``, (mean, 0) for ``mean``
 * ``lohi``: ``[B, Hkv, Nmax, 2, Dp]`` float16: (lo, hi), kept for every metadata kind
+* ``codes``: ``[B, Hkv, Nmax, S, Dp / 8]`` uint32 (``quant3`` only): each key's 3-bit codes
+  (:func:`psa_ref.blocks.quantize`), one 4-bit nibble per channel: bits ``4k .. 4k + 3`` of word ``w``
+  of row ``t`` hold channel ``8w + k`` of token ``t``; rows past the block's last token are 0
 """
 
 from __future__ import annotations
@@ -20,14 +23,22 @@ from ._compat import patch_numpy_for_numba
 
 patch_numpy_for_numba()
 
-from numba import cuda, float32  # noqa: E402
+import math  # noqa: E402
 
-KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}
+import numpy as np  # noqa: E402
+from numba import cuda, float32, float64, uint32  # noqa: E402
+
+from psa_ref.blocks import QUANT_LEVELS  # noqa: E402
+
+KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2, "quant3": 3}
+NIBBLES = 8  # quant3 codes per uint32 word
 
 
 @cuda.jit(device=True)
-def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, kind):
-    """Metadata of channel ``d`` of one block from its ``ntok`` keys (float32 arithmetic)."""
+def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind):
+    """Metadata of channel ``d`` of one block from its ``ntok`` keys (float32 arithmetic; quant3's
+    codes in float64, the reference's formula, so that they are bit-identical to it). Every thread
+    of the CTA calls it (quant3 has a barrier)."""
     lo = float32(k_pool[slot, 0, d])
     hi = lo
     total = lo
@@ -48,10 +59,23 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, kind):
     elif kind == 2:  # mean key
         meta[b, kv, j, 0, d] = total / ntok
         meta[b, kv, j, 1, d] = float32(0.0)
+    elif kind == 3:  # 3-bit codes on the [lo, hi] grid, OR-ed into words another thread cleared
+        if d < codes.shape[4]:
+            for t in range(codes.shape[3]):
+                codes[b, kv, j, t, d] = uint32(0)
+        cuda.syncthreads()
+        span = float64(hi) - float64(lo)
+        for t in range(ntok):
+            c = 0
+            if span != 0.0:
+                c = int(math.floor((float64(k_pool[slot, t, d]) - float64(lo)) / span * QUANT_LEVELS))
+                c = min(max(c, 0), QUANT_LEVELS - 1)
+            if c:
+                cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
 
 
 @cuda.jit
-def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, kind, block_size):
+def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_size):
     # grid (Nmax, Hkv, B), one thread per channel
     j, kv, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
     d = cuda.threadIdx.x
@@ -59,11 +83,11 @@ def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, kind, block_size):
     if d >= k_pool.shape[2] or j * block_size >= length:
         return
     _summarise(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi,
-               kind)
+               codes, kind)
 
 
 @cuda.jit
-def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, kind, block_size):
+def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, codes, kind, block_size):
     # grid (Hkv, B), one thread per channel. Token t = seq_lens[b] goes to row t % S of block t // S;
     # then that block's metadata is recomputed from its <= S tokens (the cache is never rescanned).
     kv, b = cuda.blockIdx.x, cuda.blockIdx.y
@@ -76,7 +100,7 @@ def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lo
     k_pool[slot, t - j * block_size, d] = k_new[b, kv, d]
     v_pool[slot, t - j * block_size, d] = v_new[b, kv, d]
     # each thread reads back only the channel it wrote: no barrier needed
-    _summarise(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, kind)
+    _summarise(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, codes, kind)
 
 
 def _stream():
@@ -101,19 +125,31 @@ def _no_sync():
     config.CUDA_ARRAY_INTERFACE_SYNC = False
 
 
-def build_metadata(k_pool, block_table, seq_lens, meta, lohi, *, kind: str, block_size: int) -> None:
-    """Compute ``meta`` and ``lohi`` for every block of every request (prefill)."""
+def _codes_arg(codes, like):
+    """``codes``, or a one-word stand-in for the kinds without codes (the kernels' types stay fixed)."""
+    if codes is not None:
+        return codes
+    if isinstance(like, np.ndarray):
+        return np.zeros((1, 1, 1, 1, 1), np.uint32)
+    import cupy
+
+    return cupy.zeros((1, 1, 1, 1, 1), cupy.uint32)
+
+
+def build_metadata(k_pool, block_table, seq_lens, meta, lohi, *, kind: str, block_size: int, codes=None) -> None:
+    """Compute ``meta``, ``lohi`` (and ``codes`` for ``quant3``) for every block of every request (prefill)."""
     _no_sync()
     b, hkv, nmax = block_table.shape
     _build_kernel[(nmax, hkv, b), k_pool.shape[2], _stream()](k_pool, block_table, seq_lens, meta, lohi,
-                                                              KIND_CODES[kind], block_size)
+                                                              _codes_arg(codes, meta), KIND_CODES[kind], block_size)
 
 
 def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, *, kind: str,
-                 block_size: int) -> None:
+                 block_size: int, codes=None) -> None:
     """Write one token per request (``k_new``, ``v_new``: ``[B, Hkv, Dp]``) at position ``seq_lens[b]``
-    and update its block's metadata. The caller then increments ``seq_lens``."""
+    and update its block's metadata (all of its ``quant3`` codes: ``lo``/``hi`` may move). The caller
+    then increments ``seq_lens``."""
     _no_sync()
     b, hkv, _ = block_table.shape
     _append_kernel[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta,
-                                                         lohi, KIND_CODES[kind], block_size)
+                                                         lohi, _codes_arg(codes, meta), KIND_CODES[kind], block_size)

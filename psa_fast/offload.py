@@ -43,6 +43,9 @@ GATHER_THREADS = 128
 GATHER_CTAS_PER_SM = 16  # 16 x 128 threads: an SM's share of 16-byte reads in flight
 
 
+STOP_RULES = tuple(r for r in _kernels.STOP_RULES if r != "sketch")  # the rules offered with host offload
+
+
 class HostKVStore:
     """Every KV block in mapped pinned host memory: ``k``, ``v`` are ``[num_blocks, S, Dp]`` float16
     NumPy views of it, and kernels read the same bytes through their unified virtual address.
@@ -143,6 +146,10 @@ class OffloadKVCache(PagedKVCache):
 
         self.num_slots = _validate.integer(num_slots, "num_slots", minimum=2)
         self.pool_kind = _validate.choice(pool, "pool", ("unified", "per_layer"))
+        if cache_args.get("metadata") == "quant3":
+            raise NotImplementedError("metadata='quant3' is not offered with host offload: its per-token codes are "
+                                      "not kept in the host store (psa_ref.store has the same limit); use "
+                                      "cuboid_mean, minmax or mean")
         super().__init__(**cache_args)
         parts = 1 if self.pool_kind == "unified" else self.num_layers
         self.pool = GPUSlotPool(self.num_slots, num_store_blocks=self.store.num_blocks, num_partitions=parts,
@@ -338,6 +345,10 @@ class OffloadDecoder(DecodePlan):
             raise ValueError("mode='dense' is not offloaded: it reads every block, use a resident PagedKVCache")
         if self.version != 3:
             raise ValueError("the offload decoder runs decode version 3")
+        if self.mode == "psa" and self.stop not in STOP_RULES:
+            raise NotImplementedError("stop='sketch' is not offered with host offload (it is meant for "
+                                      "metadata='quant3', which the host store does not keep); use a resident "
+                                      "PagedKVCache")
         self.lookahead = _validate.integer(lookahead, "lookahead", minimum=0)
         self.timeout = float(timeout)
         self.fault = fault

@@ -34,7 +34,7 @@ class Problem:
         return -(-self.keys.shape[1] // self.block_size)
 
 
-PORTABLE_METADATA = ("cuboid_mean", "minmax", "mean")  # the kinds every backend implements (psa_fast: no quant3)
+PORTABLE_METADATA = ("cuboid_mean", "minmax", "mean")  # the kinds every backend implements (host stores: no quant3)
 
 
 @st.composite

@@ -30,7 +30,8 @@ AGREEMENT = {"runs": 0, "same": 0}
 def gpu_problems(draw):
     """Reference problems in float16, with head dims and block sizes limited to a few values: each
     (padded D, S, heads per group) is a separate kernel compilation on the device."""
-    p = draw(problems(dtypes=("float16",), groups=(1, 3, 4, 8), max_tokens=300, max_dim=1))
+    p = draw(problems(dtypes=("float16",), groups=(1, 3, 4, 8), max_tokens=300, max_dim=1,
+                      metadata=psa_ref.METADATA_KINDS))
     d = draw(st.sampled_from([7, 64, 128]))
     s = draw(st.sampled_from([5, 16]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -97,14 +98,16 @@ def test_dense_within_twice_naive_fp32(p):
         assert np.abs(out[h] - ref[h]).max() <= 2 * naive + 1e-6 * np.abs(v32).max()
 
 
-def test_every_output_element_is_written():
+@pytest.mark.parametrize("metadata, stop", [("cuboid_mean", "ema"), ("quant3", "sketch")])
+def test_every_output_element_is_written(metadata, stop):
     rng = np.random.default_rng(0)
     q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=8, num_kv_heads=2, num_tokens=1000, head_dim=128,
                                              dtype=np.float16)
-    cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=2, head_dim=128, max_tokens=1000)
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=2, head_dim=128, max_tokens=1000,
+                                  metadata=metadata)
     cache.prefill(0, 0, cupy.asarray(k), cupy.asarray(v))
     for mode in ("psa", "topk", "dense"):
-        plan = psa_fast.plan(cache, num_q_heads=8, mode=mode, step=8)
+        plan = psa_fast.plan(cache, num_q_heads=8, mode=mode, step=8, stop=stop)
         for buf in (plan.out, plan.mass_estimate):
             buf.fill(np.nan)  # poison
         for buf in (plan.num_used, plan.iterations, plan.reason):
@@ -114,25 +117,27 @@ def test_every_output_element_is_written():
         assert bool((dec.num_used > 0).all()) and bool((dec.iterations > 0).all()) and bool((dec.reason >= 0).all())
 
 
-def test_batched_ragged_lengths_match_single_requests():
+@pytest.mark.parametrize("metadata, stop", [("cuboid_mean", "ema"), ("quant3", "sketch"), ("minmax", "certified")])
+def test_batched_ragged_lengths_match_single_requests(metadata, stop):
     rng = np.random.default_rng(1)
     lens = [33, 700, 1]
     hq, hkv, d, s = 8, 2, 64, 16
-    cache = psa_fast.PagedKVCache(num_layers=2, batch=3, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens), block_size=s)
+    cache = psa_fast.PagedKVCache(num_layers=2, batch=3, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens), block_size=s,
+                                  metadata=metadata)
     data = []
     for b, t in enumerate(lens):
         q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
                                                  logit_scale=2.0, dtype=np.float16)
         cache.prefill(1, b, cupy.asarray(k), cupy.asarray(v))
         data.append((q, k, v))
-    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, step=4)
+    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, step=4, stop=stop)
     dec = plan.run(cupy.asarray(np.stack([q for q, _, _ in data])), layer=1)
     out, order, used = cupy.asnumpy(dec.out), cupy.asnumpy(dec.order), cupy.asnumpy(dec.num_used)
     iters, reason = cupy.asnumpy(dec.iterations), cupy.asnumpy(dec.reason)
     for b, (q, k, v) in enumerate(data):
         res = psa_ref.AttentionResult(out[b], [order[b, g, : used[b, g]] for g in range(hkv)], iters[b],
                                       [psa_fast.REASONS[r] for r in reason[b]], None, None, -(-lens[b] // s))
-        check_result(res, q, k, v, threshold=0.9, step=4, block_size=s)
+        check_result(res, q, k, v, threshold=0.9, step=4, block_size=s, stop=stop, metadata=metadata)
 
 
 def test_append_then_attend_equals_prefill():
@@ -245,25 +250,29 @@ def test_order_kernels_match_reference_rank(nmax, lens):
             assert (got[r, g, n:] == -1).all()
 
 
-@pytest.mark.parametrize("metadata", ["cuboid_mean", "minmax", "mean"])
-def test_estimates_of_a_long_cache_match_reference(metadata):
+@pytest.mark.parametrize("stop", ["certified", "sketch"])
+@pytest.mark.parametrize("metadata", psa_ref.METADATA_KINDS)
+def test_estimates_of_a_long_cache_match_reference(metadata, stop):
+    """Group scores, and per head the min/max bounds (certified) or the estimates (sketch)."""
     rng = np.random.default_rng(5)
     hq, hkv, d, t = 8, 2, 64, 5000 * 16 + 7
     q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
                                              logit_scale=2.0, dtype=np.float16)
     cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=hkv, head_dim=d, max_tokens=t, metadata=metadata)
     cache.prefill(0, 0, cupy.asarray(k), cupy.asarray(v))
-    plan = psa_fast.plan(cache, num_q_heads=hq, stop="certified", step=64)
+    plan = psa_fast.plan(cache, num_q_heads=hq, stop=stop, step=64)
     plan.run(cupy.asarray(q[None]))
     blocks = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata=metadata)
     scale = 1 / np.sqrt(d)
-    ref = psa_ref.estimate(q.astype(np.float64), blocks, scale).reshape(hkv, hq // hkv, -1).max(axis=1)
-    bound = psa_ref.upper_bound(q.astype(np.float64), blocks, scale)
+    per_head = psa_ref.estimate(q.astype(np.float64), blocks, scale)
+    ref = per_head.reshape(hkv, hq // hkv, -1).max(axis=1)
+    bound = psa_ref.upper_bound(q.astype(np.float64), blocks, scale) if stop == "certified" else per_head
     n = blocks.num_blocks
     mag = (np.abs(blocks.meta["lo"]) + np.abs(blocks.meta["hi"]))  # [Hkv, N, D]
     tol = 2.0**-10 * scale * float((np.abs(q.astype(np.float64))[:, None, :] * mag[np.arange(hq) // 4]).sum(-1).max())
     psa_ref.testing.assert_close("long-cache estimates", cupy.asnumpy(plan.scores[0, :, :n]), ref, rtol=0, atol=tol)
-    psa_ref.testing.assert_close("long-cache bounds", cupy.asnumpy(plan.bounds[0, :, :n]), bound, rtol=0, atol=tol)
+    psa_ref.testing.assert_close(f"long-cache per-head values ({stop})", cupy.asnumpy(plan.bounds[0, :, :n]), bound,
+                                 rtol=0, atol=tol)
     assert np.isneginf(cupy.asnumpy(plan.scores[0, :, n:])).all()
 
 

@@ -30,10 +30,24 @@ def pool_from_dense(keys, s):
     return pool, np.arange(hkv * n, dtype=np.int32).reshape(1, hkv, n)
 
 
-def check_meta(meta, lohi, keys, s, kind):
+def unpack_codes(codes, d):
+    """[1, Hkv, N, S, Dp/8] uint32 nibble words -> [Hkv, N, S, d] uint8 codes."""
+    shifts = 4 * np.arange(metadata.NIBBLES, dtype=np.uint32)
+    nib = (codes[0][..., None] >> shifts) & 15  # [Hkv, N, S, Dp/8, 8]
+    return nib.reshape(nib.shape[:3] + (-1,))[..., :d].astype(np.uint8)
+
+
+def codes_buffer(hkv, n, s, d):
+    """quant3 code words, poisoned with all bits set (every nibble 15, never a valid 3-bit code)."""
+    return np.full((1, hkv, n, s, -(-d // 8)), 0xFFFFFFFF, np.uint32)
+
+
+def check_meta(meta, lohi, keys, s, kind, codes=None):
     ref = psa_ref.KVBlocks.from_dense(keys.astype(np.float64), keys.astype(np.float64), block_size=s, metadata=kind)
     assert_close("lo", lohi[0, :, :, 0], ref.meta["lo"], rtol=0)  # exact: min of float16 values
     assert_close("hi", lohi[0, :, :, 1], ref.meta["hi"], rtol=0)
+    if kind == "quant3":  # bit-identical: the same float64 formula on the same float16 keys
+        np.testing.assert_array_equal(unpack_codes(codes, keys.shape[2]), ref.meta["codes"])
     if kind == "cuboid_mean":
         assert_close("centre", meta[0, :, :, 0], ref.meta["center"], rtol=FP16_REL)
         assert_close("radius", meta[0, :, :, 1], ref.meta["radius"], rtol=2 * FP16_REL)
@@ -41,22 +55,26 @@ def check_meta(meta, lohi, keys, s, kind):
         assert_close("mean", meta[0, :, :, 0], ref.meta["mean"], rtol=2 * FP16_REL)
 
 
-@pytest.mark.parametrize("kind", ["cuboid_mean", "minmax", "mean"])
+@pytest.mark.parametrize("kind", psa_ref.METADATA_KINDS)
 @pytest.mark.parametrize("t, s, d", [(1, 4, 8), (11, 4, 8), (16, 16, 8), (37, 16, 16), (9, 3, 8)])
 def test_build_metadata_matches_reference(kind, t, s, d):
     rng = np.random.default_rng(t * 100 + s)
     keys = rng.standard_normal((2, t, d)).astype(np.float16)
+    if t > 1:  # a flat channel (hi == lo: code 0) and a key on a grid point
+        keys[:, :, 1] = keys[:, :1, 1]
+        keys[:, 1, 2] = (keys[:, 0, 2].astype(np.float32) + keys[:, 2 % t, 2]) / 2
     pool, table = pool_from_dense(keys, s)
     n = table.shape[2]
     meta = np.full((1, 2, n, 2, d), np.nan, np.float16)
     lohi = np.full_like(meta, np.nan)
     meta_d, lohi_d = xp.asarray(meta), xp.asarray(lohi)
+    codes_d = xp.asarray(codes_buffer(2, n, s, d)) if kind == "quant3" else None
     metadata.build_metadata(xp.asarray(pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta_d,
-                            lohi_d, kind=kind, block_size=s)
-    check_meta(to_host(meta_d), to_host(lohi_d), keys, s, kind)
+                            lohi_d, kind=kind, block_size=s, codes=codes_d)
+    check_meta(to_host(meta_d), to_host(lohi_d), keys, s, kind, None if codes_d is None else to_host(codes_d))
 
 
-@pytest.mark.parametrize("kind", ["cuboid_mean", "mean"])
+@pytest.mark.parametrize("kind", ["cuboid_mean", "mean", "quant3"])
 def test_append_token_by_token_equals_building_once(kind):
     rng = np.random.default_rng(7)
     hkv, t, s, d = 2, 13, 4, 8
@@ -69,13 +87,16 @@ def test_append_token_by_token_equals_building_once(kind):
     lens = xp.zeros(1, np.int32)
     meta = xp.zeros((1, hkv, n, 2, d), np.float16)
     lohi = xp.zeros_like(meta)
+    codes = xp.asarray(codes_buffer(hkv, n, s, d)) if kind == "quant3" else None
     for i in range(t):
         metadata.append_token(k_pool, v_pool, table, lens, xp.asarray(np.ascontiguousarray(keys[None, :, i])),
                               xp.asarray(np.ascontiguousarray(values[None, :, i])),
-                              meta, lohi, kind=kind, block_size=s)
+                              meta, lohi, kind=kind, block_size=s, codes=codes)
         lens += 1
     pool, _ = pool_from_dense(keys, s)
     np.testing.assert_array_equal(to_host(k_pool), pool)  # every token landed in its slot and row
     vpool, _ = pool_from_dense(values, s)
     np.testing.assert_array_equal(to_host(v_pool), vpool)
-    check_meta(to_host(meta), to_host(lohi), keys, s, kind)
+    check_meta(to_host(meta), to_host(lohi), keys, s, kind, None if codes is None else to_host(codes))
+    if codes is not None:  # rows past the last token of the partial block are cleared, not left poisoned
+        assert not to_host(codes)[0, :, -1, t % s :].any()

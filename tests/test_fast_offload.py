@@ -92,7 +92,7 @@ def test_offload_decode_equals_resident(data):
     hq = hkv * data.draw(st.sampled_from([1, 4]), label="g")
     d, s = data.draw(st.sampled_from([(64, 16), (128, 16), (32, 8)]), label="d, s")
     gqa = data.draw(st.sampled_from(["shared", "per_head"]), label="gqa")
-    stop = data.draw(st.sampled_from(psa_fast.STOP_RULES), label="stop")
+    stop = data.draw(st.sampled_from(psa_fast.offload.STOP_RULES), label="stop")
     tau = data.draw(st.sampled_from([0.5, 0.9, 0.99, 1.0]), label="tau")
     step = data.draw(st.sampled_from([1, 3, 8]), label="step")
     sink, recent = data.draw(st.sampled_from([(0, 0), (1, 1), (2, 0)]), label="sink, recent")
@@ -185,3 +185,14 @@ def test_bad_cache_type():
     res, _, _ = build(rng, lens=[20], hq=4, hkv=1, d=64, s=16, num_slots=64, layers=1)
     with pytest.raises(TypeError, match="OffloadKVCache"):
         OffloadDecoder(res, num_q_heads=4)
+
+
+def test_quant3_and_sketch_are_refused_with_offload():
+    """The host store keeps per-block summaries, not quant3's per-token codes; sketch is meant for quant3."""
+    with pytest.raises(NotImplementedError, match="quant3"):
+        OffloadKVCache(num_slots=64, num_layers=1, batch=1, num_kv_heads=1, head_dim=64, max_tokens=64,
+                       metadata="quant3")
+    rng = np.random.default_rng(8)
+    _, off, _ = build(rng, lens=[20], hq=4, hkv=1, d=64, s=16, num_slots=64, layers=1)
+    with pytest.raises(NotImplementedError, match="sketch"):
+        OffloadDecoder(off, num_q_heads=4, stop="sketch")

@@ -44,6 +44,7 @@ static_assert(32 % PSA_LPT == 0, "PSA_D / 8 must divide 32");
 #define PSA_STOP_NONE 3    // attend every block (threshold 1, dense)
 #define PSA_STOP_BUDGET 4  // top-k: exactly one chunk
 #define PSA_STOP_EMA 5     // N_left times a moving average of the block masses seen
+#define PSA_STOP_SKETCH 6  // sketch masses calibrated on the newest ranked blocks, and a share test
 
 // Why a loop ended (psa_fast._kernels.REASONS).
 #define PSA_REASON_THRESHOLD 0
@@ -54,6 +55,15 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
+}
+
+// log sum_lanes exp(x), the same bits in every lane; -inf when every x is -inf.
+__device__ __forceinline__ float warp_logsumexp(float x) {
+    float m = x;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (m == -PSA_INF) return m;
+    return m + __logf(warp_sum(__expf(x - m)));
 }
 
 // Unpack 8 halves held in a uint4 into floats.

@@ -25,8 +25,9 @@
 // prefetched blocks per warp go unused. The 16-byte chunks of each row are stored XOR-swizzled by
 // the row index so that ldmatrix reads are free of bank conflicts.
 //
-// Verifier: per iteration only three scalars per query head cross warps and CTAs (the chunk's
-// largest logit, its mass relative to that, its lightest block's log-mass). Warp 0 of each CTA
+// Verifier: per iteration only four scalars per query head cross warps and CTAs (the chunk's
+// largest logit, its mass and moving-average terms relative to that, its lightest block's
+// log-mass); stop = sketch also reads its window's block masses back from global memory. Warp 0 of each CTA
 // combines its warps' scalars; after one cluster barrier every warp reads the CTAs' totals through
 // distributed shared memory (one round trip) and combines them in rank order, so every warp holds
 // bit-identical verifier state and reaches the same decision with no further barrier; the loop
@@ -38,9 +39,13 @@
 //   block_table[B, Hkv, Nmax] int: slot of each block
 //   seq_lens   [B] int
 //   order      [B, Gn, Nmax] int (psa_order), or null for the identity order (dense)
-//   log_suffix [B, Hq, Nmax + 1] float (stop = certified)
+//   log_suffix [B, Hq, Nmax + 1] float (stop = certified: of the min/max bounds; stop = sketch: of the
+//              per-head estimates), log sum_{i' >= i} n_j exp(x_j) along the order (psa_order)
 //   out        [B, Hq, D] float out;  num_used, iterations, reason [B, Gn] int out;
 //   mass_est   [B, Hq] float out: the rule's estimated attended fraction when the loop ended
+//   ests       [B, Hq, Nmax] float (stop = sketch): each head's estimate s_j of every block
+//   lmass      [B, Hq, Nmax] float scratch (stop = sketch): log of each attended block's true mass, by
+//              position in the order, written by the warp that attends it and read by the verifier
 //   dynamic shared memory: PSA_WARPS * PSA_STAGES * 2 * SP * D halves, SP = S rounded up to 16
 //   (reused for the final merge)
 //
@@ -163,7 +168,8 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
            const int* __restrict__ block_table, const int* __restrict__ seq_lens, const int* __restrict__ order,
            const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
-           int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w
+           int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w,
+           const float* __restrict__ ests, float* __restrict__ lmass, float sketch_share, int sketch_window
 #if PSA_OFFLOAD
            , const int* __restrict__ slot_map, int* __restrict__ istate, float* __restrict__ vstate,
            int* __restrict__ groups_left, volatile int* done_host, const int* __restrict__ token
@@ -338,7 +344,10 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
                 }
             bs += __shfl_xor_sync(0xffffffffu, bs, 1);
             bs += __shfl_xor_sync(0xffffffffu, bs, 2);
-            cmin = fminf(cmin, bm + __logf(bs));
+            const float log_mass = bm + __logf(bs);
+            cmin = fminf(cmin, log_mass);
+            if (stop == PSA_STOP_SKETCH && quad == 0 && hh < PSA_G)
+                lmass[((long)b * Hq + h0 + hh) * Nmax + cur] = log_mass;
             const float nm = fmaxf(cm, bm);
             // AS_ema after the chunk = (1-w)^clen AS_ema + sum_i w (1-w)^(clen-1-i) m_i over the chunk's
             // blocks i in order; the very first block of the loop enters with weight 1, not w.
@@ -410,6 +419,25 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
                 te[h] = __shfl_sync(0xffffffffu, t.w, h);
             }
         }
+        // stop = sketch: per head, log sums over the calibration window W (the last sketch_window
+        // ranked positions attended, one per lane) of the true masses and of the sketch masses
+        // n_j exp(s_j), and the next block's log sketch mass. Every warp computes the same bits.
+        float w_true[PSA_G], w_sketch[PSA_G], next_sketch[PSA_G];
+        if (stop == PSA_STOP_SKETCH) {
+            const int p = max(first, end - sketch_window) + lane;
+            const bool in_w = p < end;
+            const int jw = in_w ? (orow ? __ldg(orow + p) : p) : 0;
+            const float log_nw = __logf((float)min(PSA_S, len - jw * PSA_S));
+            const int jn = end < n ? (orow ? __ldg(orow + end) : end) : 0;
+#pragma unroll
+            for (int h = 0; h < PSA_G; ++h) {
+                const long row = ((long)b * Hq + h0 + h) * Nmax;
+                w_true[h] = warp_logsumexp(in_w ? __ldcg(lmass + row + p) : -PSA_INF);
+                w_sketch[h] = warp_logsumexp(in_w ? __ldg(ests + row + jw) + log_nw : -PSA_INF);
+                next_sketch[h] = end < n ? __ldg(ests + row + jn) + __logf((float)min(PSA_S, len - jn * PSA_S))
+                                         : -PSA_INF;
+            }
+        }
         bool all_hold = true;
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {
@@ -426,8 +454,16 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
             else if (stop == PSA_STOP_SEED) rest = __expf(vmin[h] - vM[h]);
             else if (stop == PSA_STOP_CERTIFIED)
                 rest = __expf(__ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end) - vM[h]);
+            bool next_small = true;
+            if (stop == PSA_STOP_SKETCH) {
+                // rest = kappa sum_unseen p_j = (sum_W m_j) exp(lse_unseen - lse_W); infinite while no
+                // ranked block has been attended; the next block's sketch mass must be a small share
+                const float unseen = __ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end);
+                rest = end <= first ? (end < n ? PSA_INF : 0.f) : __expf(w_true[h] - vM[h] + unseen - w_sketch[h]);
+                next_small = __expf(next_sketch[h] - vM[h]) < sketch_share * (vacc[h] + rest);
+            }
             vfrac[h] = vacc[h] / (vacc[h] + rest);
-            all_hold = all_hold && vfrac[h] >= threshold;
+            all_hold = all_hold && vfrac[h] >= threshold && next_small;
         }
         if (stop == PSA_STOP_BUDGET) why = PSA_REASON_BUDGET;
         else if (end >= n) why = PSA_REASON_EXHAUSTED;

@@ -10,8 +10,9 @@
 //   meta    [B, Hkv, Nmax, 2, PSA_D]  half: (centre, radius) for cuboid_mean, (mean, -) for mean
 //   lohi    [B, Hkv, Nmax, 2, PSA_D]  half: per-channel (lo, hi) of the block's keys
 //   scores  [B, Hq/PSA_G, Nmax]       float out: max over the group's heads; -inf past the last block
-//   bounds  [B, Hq, Nmax]             float out (want_bounds): min/max bound on the block's logits
-//   PSA_KIND (compile time) 0 cuboid_mean, 1 minmax, 2 mean; PSA_BOUNDS (compile time) write bounds
+//   bounds  [B, Hq, Nmax]             float out (PSA_BOUNDS): min/max bound on the block's logits
+//                                     (1, stop = certified) or each head's own estimate (2, stop = sketch)
+//   PSA_KIND (compile time) 0 cuboid_mean, 1 minmax, 2 mean (quant3: sketch.cu)
 #include "common.cuh"
 
 #ifndef PSA_EST_BLOCKS
@@ -35,7 +36,7 @@ psa_estimate(const float* __restrict__ q, const __half* __restrict__ meta, const
              const int* __restrict__ seq_lens, float* __restrict__ scores, float* __restrict__ bounds,
              int Hq, int Hkv, int Nmax) {
     constexpr int kind = PSA_KIND;
-    constexpr bool want_bounds = PSA_BOUNDS;
+    constexpr bool want_bounds = PSA_BOUNDS != 0;
     const int b = blockIdx.z, g = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int jw = (blockIdx.x * PSA_WARPS + warp) * PSA_EST_WARP_BLOCKS;
@@ -43,7 +44,7 @@ psa_estimate(const float* __restrict__ q, const __half* __restrict__ meta, const
     const int h0 = g * PSA_G;                // first query head of the group
     const int kv = h0 / (Hq / Hkv);          // the KV head it reads
     const int n_blocks = (seq_lens[b] + PSA_S - 1) / PSA_S;
-    constexpr bool need_lohi = kind == 1 || want_bounds;
+    constexpr bool need_lohi = kind == 1 || PSA_BOUNDS == 1;
 
     // This lane's query values: vector v = lane + 32 i covers channels 8 (v mod LPT) .. + 8 of the
     // first (v < LPT) or second metadata array.
@@ -110,7 +111,7 @@ psa_estimate(const float* __restrict__ q, const __half* __restrict__ meta, const
                 const float eh = kind == 1 ? bh : warp_sum(est[h]);
                 best = fmaxf(best, eh);
                 if (want_bounds && lane == 0)
-                    bounds[((long)b * Hq + h0 + h) * Nmax + j] = j < n_blocks ? bh : -PSA_INF;
+                    bounds[((long)b * Hq + h0 + h) * Nmax + j] = j < n_blocks ? (PSA_BOUNDS == 1 ? bh : eh) : -PSA_INF;
             }
             if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = j < n_blocks ? best : -PSA_INF;
         }
