@@ -33,6 +33,7 @@
 #define PSA_WPR (PSA_D / 8)               // code words per token row
 #define PSA_QTILES ((PSA_S + 7) / 8)      // n = 8 token tiles per block
 #define PSA_QM (PSA_D / 4)                // channels per lane quad (those = quad mod 4)
+#define PSA_LHV ((PSA_D / 4 + 31) / 32)   // 16-byte lo/hi vectors per lane
 static_assert(PSA_D % 16 == 0, "the quant3 estimate needs the head dimension padded to a multiple of 16");
 static_assert(PSA_G <= 8, "the quant3 estimate takes at most 8 query heads per group (the MMA's first 8 rows)");
 
@@ -65,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_quant3(const float* __restrict__ q, const __half* __restrict__ lohi,
                     const unsigned int* __restrict__ codes, const int* __restrict__ seq_lens,
                     float* __restrict__ scores, float* __restrict__ ests, int Hq, int Hkv, int Nmax) {
-    __shared__ __align__(16) __half tsm[PSA_WARPS][2][4][PSA_QM + 2];  // lo, hi by (channel mod 4, channel / 4), padded
+    __shared__ __align__(16) __half tsm[PSA_WARPS][2][4][PSA_QM + 4];  // lo, hi by (channel mod 4, channel / 4), padded
     const int b = blockIdx.z, g = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int hh = lane >> 2, quad = lane & 3;
@@ -84,52 +85,76 @@ psa_estimate_quant3(const float* __restrict__ q, const __half* __restrict__ lohi
         qa[m] = hh < PSA_G ? __ldg(q + ((long)b * Hq + h0 + hh) * PSA_D + quad + 4 * m) : 0.f;
 
     const long blk0 = ((long)b * Hkv + kv) * Nmax;
+    // One block ahead: its lo/hi vectors and this lane's token rows (token 8 nt + hh of tile nt) are
+    // loaded while the current block is scored (version 2 without it was latency-bound: one block's
+    // loads in flight per warp).
+    uint4 lh_next[PSA_LHV];
+    unsigned int wd_next[PSA_QTILES][PSA_WPR];
+    auto load = [&](int j) {
+        if (j >= jend || j >= n_blocks) return;
+        const uint4* row = reinterpret_cast<const uint4*>(lohi + (blk0 + j) * 2 * PSA_D);
+#pragma unroll
+        for (int i = 0; i < PSA_LHV; ++i)
+            if (lane + 32 * i < PSA_D / 4) lh_next[i] = __ldg(row + lane + 32 * i);
+#pragma unroll
+        for (int nt = 0; nt < PSA_QTILES; ++nt) {
+            const unsigned int* crow = codes + ((blk0 + j) * PSA_S + min(8 * nt + hh, PSA_S - 1)) * PSA_WPR;
+            if constexpr (PSA_WPR % 4 == 0) {
+#pragma unroll
+                for (int i = 0; i < PSA_WPR / 4; ++i) {
+                    const uint4 x = __ldg(reinterpret_cast<const uint4*>(crow) + i);
+                    wd_next[nt][4 * i] = x.x; wd_next[nt][4 * i + 1] = x.y;
+                    wd_next[nt][4 * i + 2] = x.z; wd_next[nt][4 * i + 3] = x.w;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < PSA_WPR; ++i) wd_next[nt][i] = __ldg(crow + i);
+            }
+        }
+    };
+    load(jw);
     for (int j = jw; j < jend; ++j) {
         float est = -PSA_INF, bnd = -PSA_INF;
         if (j < n_blocks) {  // uniform across the warp
             const int ntok = min(PSA_S, len - j * PSA_S);
-            // lo/hi into shared memory, transposed so that lane quad q reads channels q mod 4 in a row
-            const __half* row = lohi + (blk0 + j) * 2 * PSA_D;
-            __syncwarp();
-            for (int v = lane; v < PSA_D / 4; v += 32) {
-                const uint4 x = __ldg(reinterpret_cast<const uint4*>(row) + v);
-                const __half* xh = reinterpret_cast<const __half*>(&x);
-                const int which = (8 * v) / PSA_D, c0 = (8 * v) % PSA_D;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) tsm[warp][which][(c0 + e) & 3][(c0 + e) >> 2] = xh[e];
-            }
-            // this lane's token rows (token n = 8 nt + hh of each tile), issued before they are needed
             unsigned int wd[PSA_QTILES][PSA_WPR];
-#pragma unroll
-            for (int nt = 0; nt < PSA_QTILES; ++nt) {
-                const int t = 8 * nt + hh;
-                const unsigned int* crow = codes + ((blk0 + j) * PSA_S + min(t, PSA_S - 1)) * PSA_WPR;
-                if constexpr (PSA_WPR % 4 == 0) {
-#pragma unroll
-                    for (int i = 0; i < PSA_WPR / 4; ++i) {
-                        const uint4 x = __ldg(reinterpret_cast<const uint4*>(crow) + i);
-                        wd[nt][4 * i] = x.x; wd[nt][4 * i + 1] = x.y; wd[nt][4 * i + 2] = x.z; wd[nt][4 * i + 3] = x.w;
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < PSA_WPR; ++i) wd[nt][i] = __ldg(crow + i);
-                }
-            }
-            __syncwarp();
-            // A = w (hi + lo halves) per k-step, the constant C and (certified) the min/max bound
-            float cst = 0.f, bsum = 0.f;
-            float sacc[PSA_QTILES][4];
 #pragma unroll
             for (int nt = 0; nt < PSA_QTILES; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
+                for (int i = 0; i < PSA_WPR; ++i) wd[nt][i] = wd_next[nt][i];
+            // lo/hi into shared memory, transposed so that lane quad q reads channels q mod 4 in a row
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < PSA_LHV; ++i) {
+                const int v = lane + 32 * i;
+                if (v < PSA_D / 4) {
+                    const __half* xh = reinterpret_cast<const __half*>(&lh_next[i]);
+                    const int which = (8 * v) / PSA_D, c0 = (8 * v) % PSA_D;
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) tsm[warp][which][(c0 + e) & 3][(c0 + e) >> 2] = xh[e];
+                }
+            }
+            __syncwarp();
+            load(j + 1);
+            // A = w (hi + lo halves) per k-step, the constant C and (certified) the min/max bound;
+            // the hi and lo products accumulate apart (two independent MMA chains per tile)
+            float cst = 0.f, bsum = 0.f;
+            float sacc[PSA_QTILES][4], sacc_lo[PSA_QTILES][4];
+#pragma unroll
+            for (int nt = 0; nt < PSA_QTILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sacc[nt][e] = sacc_lo[nt][e] = 0.f;
 #pragma unroll
             for (int ks = 0; ks < PSA_D / 16; ++ks) {
+                const uint2 lo4 = *reinterpret_cast<const uint2*>(&tsm[warp][0][quad][4 * ks]);
+                const uint2 hi4 = *reinterpret_cast<const uint2*>(&tsm[warp][1][quad][4 * ks]);
+                const __half* loh = reinterpret_cast<const __half*>(&lo4);
+                const __half* hih = reinterpret_cast<const __half*>(&hi4);
                 float wv[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int m = 4 * ks + e;
-                    const float lo = __half2float(tsm[warp][0][quad][m]), hi = __half2float(tsm[warp][1][quad][m]);
+                    const float lo = __half2float(loh[e]), hi = __half2float(hih[e]);
                     wv[e] = qa[m] * ((hi - lo) * 0.125f);
                     cst += qa[m] * lo + 0.5f * wv[e];
                     if (PSA_BOUNDS == 1) bsum += fmaxf(qa[m] * hi, qa[m] * lo);
@@ -141,9 +166,13 @@ psa_estimate_quant3(const float* __restrict__ q, const __half* __restrict__ lohi
                 for (int nt = 0; nt < PSA_QTILES; ++nt) {
                     const unsigned int b0 = code_pair(wd[nt][2 * ks], quad), b1 = code_pair(wd[nt][2 * ks + 1], quad);
                     mma_rows8_q3(sacc[nt], a0h, a2h, b0, b1);
-                    mma_rows8_q3(sacc[nt], a0l, a2l, b0, b1);
+                    mma_rows8_q3(sacc_lo[nt], a0l, a2l, b0, b1);
                 }
             }
+#pragma unroll
+            for (int nt = 0; nt < PSA_QTILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) sacc[nt][e] += sacc_lo[nt][e];
             cst += __shfl_xor_sync(0xffffffffu, cst, 1);
             cst += __shfl_xor_sync(0xffffffffu, cst, 2);
             if (PSA_BOUNDS == 1) {
