@@ -180,7 +180,7 @@ def bench_size(t: int, b: int, offsets, reps: int, stream, log) -> list[dict]:
         us3, outs3, used3 = timed(p3)
         row("PSA τ=0.95 sketch (quant3)", us3, meta_q3 + small_q3 + used3 / n * kv_bytes, mean_err(outs3), used3, 5,
             f"stop sketch, metadata quant3, step {p3.step}, cluster {p3.cluster}")
-        log(dict(T=t, B=b, breakdown_us=stage_times(p3, us3), method="PSA τ=0.95 sketch (quant3)"))
+        log(dict(T=t, B=b, breakdown_us=stage_times(p3, us3), of="PSA τ=0.95 sketch (quant3)"))
         del q3, p3, outs3
 
         def topk(k):
@@ -233,7 +233,7 @@ def main(argv=None) -> None:
             f.write(json.dumps(r) + "\n")
             f.flush()
             if "breakdown_us" in r:
-                print(f"  {r['T']:>6} {r['B']:>3} {r.get('method', 'PSA τ=0.95')} stages alone (µs): "
+                print(f"  {r['T']:>6} {r['B']:>3} {r.get('of', 'PSA τ=0.95')} stages alone (µs): "
                       + ", ".join(f"{k} {v:.1f}" for k, v in r["breakdown_us"].items()), flush=True)
                 return
             print(f"  {r['T']:>6} {r['B']:>3} {r['method']:<38} {r['us']:9.1f} us {r['gbs']:7.0f} GB/s "
