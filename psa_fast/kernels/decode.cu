@@ -60,6 +60,7 @@
 // iteration is resident and stays so while the launch runs. When the last group of the batch
 // stops, the kernel writes `*token` into `done_host` (mapped pinned memory) for the loader to see.
 #include "common.cuh"
+#include "mma.cuh"
 
 #ifndef PSA_OFFLOAD
 #define PSA_OFFLOAD 0
@@ -130,24 +131,6 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned int addr, unsigned int (&r)
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned int addr, unsigned int (&r)[4]) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-// d += A B for one m16n8k16 tile; A rows 8..15 are zero here (a1 = a3 = 0).
-__device__ __forceinline__ void mma_rows8(float (&d)[4], unsigned int a0, unsigned int a2, unsigned int b0,
-                                          unsigned int b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-
-// Two floats as f16x2 hi and lo parts (x = hi + lo to about 22 bits).
-__device__ __forceinline__ void split2(float x, float y, unsigned int& hi, unsigned int& lo) {
-    const __half2 h = __floats2half2_rn(x, y);
-    const float2 hf = __half22float2(h);
-    const __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
-    hi = *reinterpret_cast<const unsigned int*>(&h);
-    lo = *reinterpret_cast<const unsigned int*>(&l);
 }
 
 // Merge two shares of a chunk's statistics (max logit, mass and EMA terms relative to it, min log

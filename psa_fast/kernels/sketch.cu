@@ -23,6 +23,7 @@
 //   ests   [B, Hq, Nmax]                 float out: per head, the min/max bound on the block's logits
 //                                        (PSA_BOUNDS 1, stop = certified) or the estimate (2, stop = sketch)
 #include "common.cuh"
+#include "mma.cuh"
 
 #ifndef PSA_EST_WARP_BLOCKS
 #define PSA_EST_WARP_BLOCKS 16
@@ -36,22 +37,6 @@
 #define PSA_LHV ((PSA_D / 4 + 31) / 32)   // 16-byte lo/hi vectors per lane
 static_assert(PSA_D % 16 == 0, "the quant3 estimate needs the head dimension padded to a multiple of 16");
 static_assert(PSA_G <= 8, "the quant3 estimate takes at most 8 query heads per group (the MMA's first 8 rows)");
-
-__device__ __forceinline__ void mma_rows8_q3(float (&d)[4], unsigned int a0, unsigned int a2, unsigned int b0,
-                                             unsigned int b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void split2_q3(float x, float y, unsigned int& hi, unsigned int& lo) {
-    const __half2 h = __floats2half2_rn(x, y);
-    const float2 hf = __half22float2(h);
-    const __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
-    hi = *reinterpret_cast<const unsigned int*>(&h);
-    lo = *reinterpret_cast<const unsigned int*>(&l);
-}
 
 // Codes of channels (8 W + q, 8 W + q + 4) of one token as an f16x2 B register (exact small integers).
 __device__ __forceinline__ unsigned int code_pair(unsigned int word, int quad) {
@@ -160,13 +145,13 @@ psa_estimate_quant3(const float* __restrict__ q, const __half* __restrict__ lohi
                     if (PSA_BOUNDS == 1) bsum += fmaxf(qa[m] * hi, qa[m] * lo);
                 }
                 unsigned int a0h, a0l, a2h, a2l;
-                split2_q3(wv[0], wv[1], a0h, a0l);  // channels 16 ks + q, + 4
-                split2_q3(wv[2], wv[3], a2h, a2l);  // channels 16 ks + 8 + q, + 12
+                split2(wv[0], wv[1], a0h, a0l);  // channels 16 ks + q, + 4
+                split2(wv[2], wv[3], a2h, a2l);  // channels 16 ks + 8 + q, + 12
 #pragma unroll
                 for (int nt = 0; nt < PSA_QTILES; ++nt) {
                     const unsigned int b0 = code_pair(wd[nt][2 * ks], quad), b1 = code_pair(wd[nt][2 * ks + 1], quad);
-                    mma_rows8_q3(sacc[nt], a0h, a2h, b0, b1);
-                    mma_rows8_q3(sacc_lo[nt], a0l, a2l, b0, b1);
+                    mma_rows8(sacc[nt], a0h, a2h, b0, b1);
+                    mma_rows8(sacc_lo[nt], a0l, a2l, b0, b1);
                 }
             }
 #pragma unroll
