@@ -84,32 +84,26 @@ def allow_cluster(fn, cluster: int) -> None:
 
 def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax, kind, per_head=None,
              codes=None) -> None:
-    """Launch ``psa_estimate`` (``psa_estimate_quant3`` for ``kind="quant3"``, which reads ``codes``):
-    ``scores [B, Hq/g, Nmax]`` and, if ``per_head`` is ``"bounds"`` (min/max bounds, certified) or
-    ``"estimates"`` (each head's estimate, sketch), ``bounds [B, Hq, Nmax]``.
+    """Launch ``psa_estimate`` (``psa_estimate_quant3`` for ``kind="quant3"``, which reads ``codes``
+    where the others read ``meta``): ``scores [B, Hq/g, Nmax]`` and, if ``per_head`` is ``"bounds"``
+    (min/max bounds, certified) or ``"estimates"`` (each head's estimate, sketch), ``bounds [B, Hq, Nmax]``.
 
     Each warp scores up to 32 (quant3: 16) consecutive blocks (fewer when that would leave SMs idle)."""
     b = q.shape[0]
-    want_bounds = per_head is not None
     if kind == "quant3":
-        per_warp = 16
-        while per_warp > 1 and b * (hq // g) * -(-nmax // (QUANT3_WARPS * per_warp)) < 2 * num_sms():
-            per_warp //= 2
-        fn = kernel("sketch", d=d, s=s, g=g, warps=QUANT3_WARPS, entry="estimate_quant3", bounds=BOUND_CODES[per_head],
-                    est_warp_blocks=per_warp)
-        per_cta = QUANT3_WARPS * per_warp
-        fn(((nmax + per_cta - 1) // per_cta, hq // g, b), (QUANT3_WARPS * 32,),
-           (q, lohi, codes, seq_lens, scores, bounds if want_bounds else scores, np.int32(hq), np.int32(hkv),
-            np.int32(nmax)))
-        return
-    per_warp = 32
-    while per_warp > 4 and b * (hq // g) * -(-nmax // (ESTIMATE_WARPS * per_warp)) < 2 * num_sms():
+        warps, per_warp, least = QUANT3_WARPS, 16, 1
+        make = functools.partial(kernel, "sketch", entry="estimate_quant3")
+        summary = codes
+    else:
+        warps, per_warp, least = ESTIMATE_WARPS, 32, 4
+        make = functools.partial(kernel, "estimate", kind=KIND_CODES[kind])
+        summary = meta
+    while per_warp > least and b * (hq // g) * -(-nmax // (warps * per_warp)) < 2 * num_sms():
         per_warp //= 2
-    fn = kernel("estimate", d=d, s=s, g=g, warps=ESTIMATE_WARPS, kind=KIND_CODES[kind], bounds=BOUND_CODES[per_head],
-                est_warp_blocks=per_warp)
-    per_cta = ESTIMATE_WARPS * per_warp
-    fn(((nmax + per_cta - 1) // per_cta, hq // g, b), (ESTIMATE_WARPS * 32,),
-       (q, meta, lohi, seq_lens, scores, bounds if want_bounds else scores, np.int32(hq), np.int32(hkv),
+    fn = make(d=d, s=s, g=g, warps=warps, bounds=BOUND_CODES[per_head], est_warp_blocks=per_warp)
+    per_cta = warps * per_warp
+    fn(((nmax + per_cta - 1) // per_cta, hq // g, b), (warps * 32,),
+       (q, summary, lohi, seq_lens, scores, scores if per_head is None else bounds, np.int32(hq), np.int32(hkv),
         np.int32(nmax)))
 
 

@@ -23,6 +23,7 @@ from ._compat import patch_numpy_for_numba
 
 patch_numpy_for_numba()
 
+import functools  # noqa: E402
 import math  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -126,10 +127,16 @@ def _no_sync():
 
 
 def _codes_arg(codes, like):
-    """``codes``, or a one-word stand-in for the kinds without codes (the kernels' types stay fixed)."""
+    """``codes``, or a one-word stand-in for the kinds without codes (the kernels' types stay fixed),
+    made once: appends call this for every token of every layer."""
     if codes is not None:
         return codes
-    if isinstance(like, np.ndarray):
+    return _no_codes("numpy" if isinstance(like, np.ndarray) else "cupy")
+
+
+@functools.lru_cache(maxsize=None)
+def _no_codes(module: str):
+    if module == "numpy":
         return np.zeros((1, 1, 1, 1, 1), np.uint32)
     import cupy
 

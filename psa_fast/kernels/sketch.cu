@@ -17,8 +17,9 @@
 // in shared memory transposed to that order.
 //
 //   q      [B, Hq, PSA_D]                float, already multiplied by the logit scale
-//   lohi   [B, Hkv, Nmax, 2, PSA_D]      half: per-channel (lo, hi) of the block's keys
 //   codes  [B, Hkv, Nmax, S, PSA_D / 8]  uint32: nibble k of word w of row t is channel 8 w + k's code
+//                                        (where psa_estimate takes meta: one launch path, psa_fast._kernels)
+//   lohi   [B, Hkv, Nmax, 2, PSA_D]      half: per-channel (lo, hi) of the block's keys
 //   scores [B, Hq/PSA_G, Nmax]           float out: max over the group's heads; -inf past the last block
 //   ests   [B, Hq, Nmax]                 float out: per head, the min/max bound on the block's logits
 //                                        (PSA_BOUNDS 1, stop = certified) or the estimate (2, stop = sketch)
@@ -48,8 +49,8 @@ __device__ __forceinline__ unsigned int code_pair(unsigned int word, int quad) {
 }
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
-psa_estimate_quant3(const float* __restrict__ q, const __half* __restrict__ lohi,
-                    const unsigned int* __restrict__ codes, const int* __restrict__ seq_lens,
+psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict__ codes,
+                    const __half* __restrict__ lohi, const int* __restrict__ seq_lens,
                     float* __restrict__ scores, float* __restrict__ ests, int Hq, int Hkv, int Nmax) {
     __shared__ __align__(16) __half tsm[PSA_WARPS][2][4][PSA_QM + 4];  // lo, hi by (channel mod 4, channel / 4), padded
     const int b = blockIdx.z, g = blockIdx.y;
