@@ -74,6 +74,21 @@ def pick_cluster(num_groups: int) -> int:
     return c
 
 
+def pick_launch(num_groups: int, nmax: int, cluster: int | None = None,
+                warps: int | None = None) -> tuple[int, int]:
+    """``(cluster, warps)`` of the decode kernel: CTAs per selection group and warps per CTA.
+
+    By default 8 warps per CTA and :func:`pick_cluster`'s clusters. When even clusters of 8 leave
+    half the multiprocessors idle (at most 1/16 as many groups as SMs: one request of 8 KV heads
+    on an H200) and the cache is long (``nmax`` >= 2048 blocks), clusters of 16 CTAs of 4 warps: the
+    same warps per group over twice the SMs. On the H200 that is 8% faster at 128K tokens and 2% at
+    32K, but 5-8% slower at 8K, where the 16-CTA barrier of each iteration weighs more
+    (benchmarks/NOTES.md). Either value given is kept."""
+    if cluster is None and warps is None and num_groups * 16 <= num_sms() and nmax >= 2048:
+        return 16, 4
+    return cluster or pick_cluster(num_groups), warps or 8
+
+
 def allow_cluster(fn, cluster: int) -> None:
     """Clusters above 8 CTAs are 'non-portable' on Hopper and must be enabled per kernel."""
     if cluster > 8:
@@ -208,7 +223,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if stop == "sketch" and sketch is None:
         raise ValueError("stop='sketch' needs sketch=(ests, lmass)")
     if version == 1:
-        kernel("decode_v1", d=d, s=s, g=g, cluster=cluster, warps=warps)(grid, (warps * 32,), args)
+        fn = kernel("decode_v1", d=d, s=s, g=g, cluster=cluster, warps=warps)
+        allow_cluster(fn, cluster)
+        fn(grid, (warps * 32,), args)
         return
     defines = {}
     if version == 3:

@@ -67,15 +67,16 @@ class DecodePlan:
         recent_blocks: last blocks attended likewise.
         scale: logit scale, default ``1/sqrt(D)``.
         cluster: CTAs per selection group (default: enough to cover the GPU).
-        warps: warps per CTA.
+        warps: warps per CTA (default: 8, or 4 where the default cluster is 16 CTAs:
+            ``psa_fast._kernels.pick_launch``).
         version: decode kernel version: 3 (tensor cores); 1 and 2 are earlier kernels kept for comparison.
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
     """
 
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
                  stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
-                 recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None, warps: int = 8,
-                 version: int = 3, stages: int | None = None):
+                 recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
+                 warps: int | None = None, version: int = 3, stages: int | None = None):
         import cupy
 
         if not isinstance(cache, PagedKVCache):
@@ -102,8 +103,11 @@ class DecodePlan:
             raise NotImplementedError(f"{self.g} query heads per group at head dim {cache.dp} exceed the kernel's "
                                       "shared-memory layout; use gqa='per_head'")
         self.gn = self.hq // self.g
-        self.cluster = cluster or _kernels.pick_cluster(cache.batch * self.gn)
-        self.warps = _validate.integer(warps, "warps", minimum=1)
+        if cluster is not None:
+            cluster = _validate.integer(cluster, "cluster", minimum=1)
+        if warps is not None:
+            warps = _validate.integer(warps, "warps", minimum=1)
+        self.cluster, self.warps = _kernels.pick_launch(cache.batch * self.gn, cache.nmax, cluster, warps)
         self.version = int(_validate.choice(str(version), "version", ("1", "2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         b, nmax, dp = cache.batch, cache.nmax, cache.dp

@@ -245,11 +245,9 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     // This warp's running output for head hh: max logit, mass relative to it, and O = sum p v in
     // the MMA accumulator layout (tile nt holds channels 8 nt + 2 quad, + 1 in elements 0, 1).
     float wm = -PSA_INF, wl = 0.f;
-    float oacc[PSA_D / 8][4];
+    float oacc[PSA_D / 8][2];
 #pragma unroll
-    for (int nt = 0; nt < PSA_D / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) oacc[nt][e] = 0.f;
+    for (int nt = 0; nt < PSA_D / 8; ++nt) oacc[nt][0] = oacc[nt][1] = 0.f;
 
     // Chunk statistics per head, as float4 (max logit, mass relative to it, min log block mass, -):
     // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
@@ -288,11 +286,9 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
             const __half* stv = stk + PSA_SP * PSA_D;
 
             // S = Q K^T: tile nt holds the logits of tokens 8 nt + 2 quad, + 1 for head hh.
-            float sacc[PSA_NT][4];
+            float sacc[PSA_NT][2];
 #pragma unroll
-            for (int nt = 0; nt < PSA_NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
+            for (int nt = 0; nt < PSA_NT; ++nt) sacc[nt][0] = sacc[nt][1] = 0.f;
 #pragma unroll
             for (int ks = 0; ks < PSA_KS; ++ks)
 #pragma unroll
@@ -301,10 +297,10 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
                     const int t = pair * 16 + (mi >> 1) * 8 + (lane & 7), c = 2 * ks + (mi & 1);
                     unsigned int kb[4];
                     ldmatrix_x4(smem_u32(stk + t * PSA_D + swz(t, c) * 8), kb);
-                    mma_rows8(sacc[2 * pair], qa_hi[ks][0], qa_hi[ks][1], kb[0], kb[1]);
-                    mma_rows8(sacc[2 * pair], qa_lo[ks][0], qa_lo[ks][1], kb[0], kb[1]);
-                    mma_rows8(sacc[2 * pair + 1], qa_hi[ks][0], qa_hi[ks][1], kb[2], kb[3]);
-                    mma_rows8(sacc[2 * pair + 1], qa_lo[ks][0], qa_lo[ks][1], kb[2], kb[3]);
+                    const unsigned int* qh = qa_hi[ks];
+                    const unsigned int* ql = qa_lo[ks];
+                    mma_rows8_add(sacc[2 * pair], qh[0], qh[1], ql[0], ql[1], kb[0], kb[1]);
+                    mma_rows8_add(sacc[2 * pair + 1], qh[0], qh[1], ql[0], ql[1], kb[2], kb[3]);
                 }
             // Block max and mass of head hh over its 4 lanes; padding and tokens past the end masked.
             float bm = -PSA_INF;
@@ -361,10 +357,8 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
                     const int t = kt * 16 + (mi & 1) * 8 + (lane & 7), c = 2 * cp + (mi >> 1);
                     unsigned int vb[4];
                     ldmatrix_x4_trans(smem_u32(stv + t * PSA_D + swz(t, c) * 8), vb);
-                    mma_rows8(oacc[2 * cp], pa_hi[0], pa_hi[1], vb[0], vb[1]);
-                    mma_rows8(oacc[2 * cp], pa_lo[0], pa_lo[1], vb[0], vb[1]);
-                    mma_rows8(oacc[2 * cp + 1], pa_hi[0], pa_hi[1], vb[2], vb[3]);
-                    mma_rows8(oacc[2 * cp + 1], pa_lo[0], pa_lo[1], vb[2], vb[3]);
+                    mma_rows8_add(oacc[2 * cp], pa_hi[0], pa_hi[1], pa_lo[0], pa_lo[1], vb[0], vb[1]);
+                    mma_rows8_add(oacc[2 * cp + 1], pa_hi[0], pa_hi[1], pa_lo[0], pa_lo[1], vb[2], vb[3]);
                 }
             }
         }

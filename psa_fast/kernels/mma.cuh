@@ -12,6 +12,19 @@ __device__ __forceinline__ void mma_rows8(float (&d)[4], unsigned int a0, unsign
                  : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
+// d[0..1] += (A_hi + A_lo) B for rows 0..7 of one tile, through a fresh accumulator and one float32 add
+// per element. The tensor cores add each k-step's products to the accumulator after aligning them to the
+// largest term and truncating: chained into d, every product would lose the bits below d's last place,
+// an error that grows with the running sum (benchmarks/NOTES.md, "Output precision of decode v3").
+__device__ __forceinline__ void mma_rows8_add(float (&d)[2], unsigned int hi0, unsigned int hi2, unsigned int lo0,
+                                              unsigned int lo2, unsigned int b0, unsigned int b1) {
+    float t[4] = {0.f, 0.f, 0.f, 0.f};
+    mma_rows8(t, hi0, hi2, b0, b1);
+    mma_rows8(t, lo0, lo2, b0, b1);
+    d[0] += t[0];
+    d[1] += t[1];
+}
+
 // Two floats as f16x2 hi and lo parts (x = hi + lo to about 22 bits).
 __device__ __forceinline__ void split2(float x, float y, unsigned int& hi, unsigned int& lo) {
     const __half2 h = __floats2half2_rn(x, y);
