@@ -150,9 +150,9 @@ def bench_size(t: int, b: int, offsets, reps: int, stream, log) -> list[dict]:
             usv, outsv, _ = timed(psa_fast.plan(cache, num_q_heads=HQ, mode="dense", version=v))
             row(f"psa_fast dense (decode v{v})", usv, kv_bytes, rel_err(outsv[0], refs[0]), launches=3)
 
-        cluster, warps = _kernels.pick_launch(b * HKV, n)
+        cluster = _kernels.pick_cluster(b * HKV)
         # at least one block per warp per iteration, and at most ~64 iterations over the whole cache
-        step = max(cluster * warps, n // 64)
+        step = max(cluster * 8, n // 64)
         psa = {}
         for tau in (0.9, 0.95):
             p = psa_fast.plan(cache, num_q_heads=HQ, mode="psa", threshold=tau, step=step)

@@ -74,21 +74,6 @@ def pick_cluster(num_groups: int) -> int:
     return c
 
 
-def pick_launch(num_groups: int, nmax: int, cluster: int | None = None,
-                warps: int | None = None) -> tuple[int, int]:
-    """``(cluster, warps)`` of the decode kernel: CTAs per selection group and warps per CTA.
-
-    By default 8 warps per CTA and :func:`pick_cluster`'s clusters. When even clusters of 8 leave
-    half the multiprocessors idle (at most 1/16 as many groups as SMs: one request of 8 KV heads
-    on an H200) and the cache is long (``nmax`` >= 2048 blocks), clusters of 16 CTAs of 4 warps: the
-    same warps per group over twice the SMs. On the H200 that is 8% faster at 128K tokens and 2% at
-    32K, but 5-8% slower at 8K, where the 16-CTA barrier of each iteration weighs more
-    (benchmarks/NOTES.md). Either value given is kept."""
-    if cluster is None and warps is None and num_groups * 16 <= num_sms() and nmax >= 2048:
-        return 16, 4
-    return cluster or pick_cluster(num_groups), warps or 8
-
-
 def allow_cluster(fn, cluster: int) -> None:
     """Clusters above 8 CTAs are 'non-portable' on Hopper and must be enabled per kernel."""
     if cluster > 8:
@@ -198,6 +183,19 @@ def decode_config(*, d: int, s: int, g: int, version: int, warps: int = 8,
     return version, warps, stages, smem
 
 
+@functools.lru_cache(maxsize=None)
+def _scale_query_kernel():
+    import cupy
+
+    return cupy.ElementwiseKernel("T x, float32 s, float32 p", "float32 a, float32 b", "a = (float)x * s; b = (float)x * p;",
+                                  "psa_scale_query")
+
+
+def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2) -> None:
+    """One launch: ``out_scaled = q * scale`` (float32 products) and ``out_pow2 = q * pow2`` (exact)."""
+    _scale_query_kernel()(q, np.float32(scale), np.float32(pow2), out_scaled, out_pow2)
+
+
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None) -> None:
@@ -209,7 +207,16 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     back to ``istate``/``vstate``, blocks found as ``slot_map[block_table[...]]``.
 
     ``sketch = (ests, lmass)`` (stop = sketch): each head's block estimates ``[B, Hq, Nmax]`` and a
-    scratch buffer of the same shape for the attended blocks' log masses."""
+    scratch buffer of the same shape for the attended blocks' log masses.
+
+    ``q`` is the scaled query ``[B, Hq, Dp]`` float32, or ``(q, q_mma, qk_scale)``: version 3 then
+    reads ``q_mma`` (the query scaled by a power of two) and multiplies its logits by ``qk_scale``."""
+    q, q_mma, qk_scale = q if isinstance(q, tuple) else (q, None, 1.0)
+    version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
+    if version == 3 and q_mma is not None:  # Q K^T of v3 from Q scaled by a power of two, the rest of the scale after
+        q = q_mma
+    else:
+        qk_scale = 1.0
     b = q.shape[0]
     null = np.uint64(0)
     args = (q, k_pool, v_pool, block_table, seq_lens, null if order_arr is None else order_arr,
@@ -217,7 +224,6 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(STOP_CODES[stop]), np.float32(threshold),
             np.int32(step), np.int32(forced))
     grid = (cluster, hq // g, b)
-    version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
     if version < 3 and (stop in ("ema", "sketch") or offload is not None):
         raise NotImplementedError("stop='ema', stop='sketch' and offload need decode version 3")
     if stop == "sketch" and sketch is None:
@@ -233,7 +239,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"
         ests, lmass = sketch if sketch is not None else (null, null)
-        args = args + (np.float32(EMA_WEIGHT), ests, lmass, np.float32(SKETCH_NEXT_SHARE), np.int32(SKETCH_WINDOW))
+        args = args + (np.float32(EMA_WEIGHT), ests, lmass, np.float32(SKETCH_NEXT_SHARE), np.int32(SKETCH_WINDOW),
+                       np.float32(qk_scale))
     if offload is not None:
         slot_map, istate, vstate, groups_left, done_ptr, token = offload
         args = args + (slot_map, istate, vstate, groups_left, np.uint64(done_ptr), token)

@@ -67,8 +67,7 @@ class DecodePlan:
         recent_blocks: last blocks attended likewise.
         scale: logit scale, default ``1/sqrt(D)``.
         cluster: CTAs per selection group (default: enough to cover the GPU).
-        warps: warps per CTA (default: 8, or 4 where the default cluster is 16 CTAs:
-            ``psa_fast._kernels.pick_launch``).
+        warps: warps per CTA.
         version: decode kernel version: 3 (tensor cores); 1 and 2 are earlier kernels kept for comparison.
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
     """
@@ -76,7 +75,7 @@ class DecodePlan:
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
                  stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
                  recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
-                 warps: int | None = None, version: int = 3, stages: int | None = None):
+                 warps: int = 8, version: int = 3, stages: int | None = None):
         import cupy
 
         if not isinstance(cache, PagedKVCache):
@@ -103,16 +102,20 @@ class DecodePlan:
             raise NotImplementedError(f"{self.g} query heads per group at head dim {cache.dp} exceed the kernel's "
                                       "shared-memory layout; use gqa='per_head'")
         self.gn = self.hq // self.g
-        if cluster is not None:
-            cluster = _validate.integer(cluster, "cluster", minimum=1)
-        if warps is not None:
-            warps = _validate.integer(warps, "warps", minimum=1)
-        self.cluster, self.warps = _kernels.pick_launch(cache.batch * self.gn, cache.nmax, cluster, warps)
+        self.cluster = (_kernels.pick_cluster(cache.batch * self.gn) if cluster is None
+                        else _validate.integer(cluster, "cluster", minimum=1))
+        self.warps = _validate.integer(warps, "warps", minimum=1)
         self.version = int(_validate.choice(str(version), "version", ("1", "2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         b, nmax, dp = cache.batch, cache.nmax, cache.dp
         f32, i32 = cupy.float32, cupy.int32
         self.q = cupy.zeros((b, self.hq, dp), f32)
+        # Decode v3 multiplies Q K^T on the tensor cores with Q as float16 hi + lo halves. Q scaled by a
+        # power of two only (q_mma) keeps a float16 query exact, with no lo half for the kernel to multiply;
+        # the rest of the scale (qk_scale, in [0.7, 1.42]) is applied to the float32 logits.
+        self._pow2 = float(2.0 ** np.round(np.log2(self.scale)))
+        self.qk_scale = self.scale / self._pow2
+        self.q_mma = cupy.zeros((b, self.hq, dp), f32)
         self.scores = cupy.empty((b, self.gn, nmax), f32)
         self.order_buf = cupy.empty((b, self.gn, nmax), i32)
         ws = _kernels.order_workspace_shape(b, self.gn, nmax)
@@ -143,7 +146,8 @@ class DecodePlan:
         return self.attend(layer)
 
     def load_query(self, q, layer: int) -> int:
-        """Stage 0: copy ``q`` into the plan's buffer, scaled and zero-padded. Returns the checked layer."""
+        """Stage 0: copy ``q`` into the plan's buffers, zero-padded: scaled (``q``, for the estimates) and
+        scaled by a power of two (``q_mma``, for the decode kernel). Returns the checked layer."""
         c = self.cache
         qa = as_cupy(q, "q", dtypes=("float16", "float32"))
         if qa.shape != (c.batch, self.hq, c.head_dim):
@@ -152,8 +156,7 @@ class DecodePlan:
         empty = np.flatnonzero(c.host_lens[layer] == 0)
         if empty.size:
             raise ValueError(f"requests {empty.tolist()} have no tokens in layer {layer}; prefill them first")
-        self.q[..., : c.head_dim] = qa
-        self.q *= self.scale
+        _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim], self.q_mma[..., : c.head_dim])
         return layer
 
     def _shape(self) -> dict:
@@ -186,7 +189,7 @@ class DecodePlan:
         else:
             stop, thr, step, forced = "none", 2.0, c.nmax, 0
         order = None if self.mode == "dense" else self.order_buf
-        _kernels.decode(self.q, c.k_pool, c.v_pool, c.block_table[layer], c.seq_lens[layer], order, self.log_suffix,
+        _kernels.decode((self.q, self.q_mma, self.qk_scale), c.k_pool, c.v_pool, c.block_table[layer], c.seq_lens[layer], order, self.log_suffix,
                         self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
                         hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
                         warps=self.warps, version=self.version, stages=self.stages,

@@ -11,11 +11,14 @@
 // Arithmetic: version 2 spent ~1200 instructions per block on CUDA-core dot products and
 // shuffles and could not keep up with memory. Here both products run on the tensor cores with
 // mma.sync m16n8k16 (f16 inputs, f32 accumulation): S = Q K^T with the group's <= 8 query heads
-// as the M rows, then O += P V with P taken straight from S's accumulator registers. Q and P are
-// not float16 numbers, so each is split into two halves, x = hi + lo with hi = f16(x) and
-// lo = f16(x - hi), and multiplied twice: K and V are float16 already, so the products keep about
-// 22 bits, as float32 arithmetic would (the tests hold the output to twice a naive float32
-// attention's error).
+// as the M rows, then O += P V with P taken straight from S's accumulator registers. P (and Q
+// unless it is a float16 query scaled by a power of two, the rest of the scale applied to the
+// logits) are not float16 numbers, so each is split into two halves, x = hi + lo with hi = f16(x)
+// and lo = f16(x - hi), and multiplied twice: K and V are float16 already, so the products keep
+// about 22 bits, as float32 arithmetic would. Each k-step's products go into a fresh accumulator
+// that is then added in float32: the tensor cores truncate what they add to the accumulator's
+// last place, and a running sum of logit size would cost bits (the tests hold the output to
+// twice a naive float32 attention's error; benchmarks/NOTES.md has the measurements).
 //
 // Memory pipeline: the chunk boundaries are known in advance (forced blocks, then `step` at a
 // time), so each warp knows the whole sequence of blocks it will attend if the loop does not
@@ -34,7 +37,8 @@
 // stops at the first chunk boundary where the rule holds. Nothing is computed for chunks after the
 // stop and the host never waits.
 //
-//   q          [B, Hq, D]  float, scaled by the logit scale, zero-padded to PSA_D (a multiple of 16)
+//   q          [B, Hq, D]  float, zero-padded to PSA_D (a multiple of 16), scaled so that q * qk_scale
+//              has the logit scale (the host scales by a power of two: a float16 query stays exact)
 //   k_pool     [slots, S, D] half;  v_pool likewise
 //   block_table[B, Hkv, Nmax] int: slot of each block
 //   seq_lens   [B] int
@@ -152,7 +156,8 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
            const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
            int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w,
-           const float* __restrict__ ests, float* __restrict__ lmass, float sketch_share, int sketch_window
+           const float* __restrict__ ests, float* __restrict__ lmass, float sketch_share, int sketch_window,
+           float qk_scale
 #if PSA_OFFLOAD
            , const int* __restrict__ slot_map, int* __restrict__ istate, float* __restrict__ vstate,
            int* __restrict__ groups_left, volatile int* done_host, const int* __restrict__ token
@@ -202,6 +207,11 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
             }
             split2(x, y, qa_hi[ks][half], qa_lo[ks][half]);
         }
+    // A float16 query scaled by a power of two (the host's q_mma) has no lo half: skip its products.
+    unsigned int lo_bits = 0;
+#pragma unroll
+    for (int ks = 0; ks < PSA_KS; ++ks) lo_bits |= qa_lo[ks][0] | qa_lo[ks][1];
+    const bool q_has_lo = __any_sync(0xffffffffu, lo_bits != 0);
     // Rows S..SP-1 of every stage are padding the MMA reads: zero them once.
     constexpr int pad_per = (PSA_SP - PSA_S) * PSA_NC;  // 16-byte chunks of padding per K or V tile
     for (int e = lane; pad_per > 0 && e < PSA_STAGES * 2 * pad_per; e += 32) {
@@ -299,8 +309,8 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
                     ldmatrix_x4(smem_u32(stk + t * PSA_D + swz(t, c) * 8), kb);
                     const unsigned int* qh = qa_hi[ks];
                     const unsigned int* ql = qa_lo[ks];
-                    mma_rows8_add(sacc[2 * pair], qh[0], qh[1], ql[0], ql[1], kb[0], kb[1]);
-                    mma_rows8_add(sacc[2 * pair + 1], qh[0], qh[1], ql[0], ql[1], kb[2], kb[3]);
+                    mma_rows8_add(sacc[2 * pair], qh[0], qh[1], ql[0], ql[1], kb[0], kb[1], q_has_lo);
+                    mma_rows8_add(sacc[2 * pair + 1], qh[0], qh[1], ql[0], ql[1], kb[2], kb[3], q_has_lo);
                 }
             // Block max and mass of head hh over its 4 lanes; padding and tokens past the end masked.
             float bm = -PSA_INF;
@@ -308,7 +318,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
             for (int nt = 0; nt < PSA_NT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    if (8 * nt + 2 * quad + e >= ntok) sacc[nt][e] = -PSA_INF;
+                    sacc[nt][e] = 8 * nt + 2 * quad + e < ntok ? sacc[nt][e] * qk_scale : -PSA_INF;
                     bm = fmaxf(bm, sacc[nt][e]);
                 }
             bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 1));

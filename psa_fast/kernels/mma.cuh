@@ -16,11 +16,12 @@ __device__ __forceinline__ void mma_rows8(float (&d)[4], unsigned int a0, unsign
 // per element. The tensor cores add each k-step's products to the accumulator after aligning them to the
 // largest term and truncating: chained into d, every product would lose the bits below d's last place,
 // an error that grows with the running sum (benchmarks/NOTES.md, "Output precision of decode v3").
+// `with_lo` false skips the lo product (a warp-uniform choice: an A operand that is float16 already).
 __device__ __forceinline__ void mma_rows8_add(float (&d)[2], unsigned int hi0, unsigned int hi2, unsigned int lo0,
-                                              unsigned int lo2, unsigned int b0, unsigned int b1) {
+                                              unsigned int lo2, unsigned int b0, unsigned int b1, bool with_lo = true) {
     float t[4] = {0.f, 0.f, 0.f, 0.f};
     mma_rows8(t, hi0, hi2, b0, b1);
-    mma_rows8(t, lo0, lo2, b0, b1);
+    if (with_lo) mma_rows8(t, lo0, lo2, b0, b1);
     d[0] += t[0];
     d[1] += t[1];
 }
