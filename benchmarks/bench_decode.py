@@ -8,6 +8,7 @@ ceiling; speedup over SDPA in the same run; mean relative output error vs dense.
 
     python benchmarks/bench_decode.py                 # every size
     python benchmarks/bench_decode.py --quick         # 8K and 32K, B = 1 and 8
+    python benchmarks/bench_decode.py --profile per-head   # heads as different as the trace's
 """
 
 from __future__ import annotations
@@ -210,11 +211,14 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=60)
     parser.add_argument("--versions", default="", help="also time these earlier decode kernels, e.g. 1,2")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--profile", choices=("pooled", "per-head"), default="pooled",
+                        help="block masses: every head from the trace's pooled distribution (the run of record), "
+                             "or each KV head from one (layer, position, head) of the trace")
     args = parser.parse_args(argv)
 
     import cupy
 
-    from psa_fast.synthetic import trace_block_offsets
+    from psa_fast.synthetic import trace_block_offsets, trace_block_profiles
 
     global CEILING_GBS, VERSIONS
     VERSIONS = [int(v) for v in args.versions.split(",") if v]
@@ -222,13 +226,14 @@ def main(argv=None) -> None:
     measured = copy_ceiling_gbs(stream)
     print(f"device {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, copy ceiling measured "
           f"{measured:.0f} GB/s (DESIGN.md: {CEILING_GBS:.0f})", flush=True)
-    offsets = trace_block_offsets()
+    offsets = trace_block_offsets() if args.profile == "pooled" else trace_block_profiles()
+    suffix = "" if args.profile == "pooled" else "_per_head"
     sizes = [(t, b) for t in (8192, 32768, 131072) for b in (1, 8, 32)]
     if args.quick:
         sizes = [(t, b) for t in (8192, 32768) for b in (1, 8)]
     rows = []
     start = time.time()
-    with open(os.path.join(args.out, "bench_decode.jsonl"), "w") as f:
+    with open(os.path.join(args.out, f"bench_decode{suffix}.jsonl"), "w") as f:
         def log(r):
             f.write(json.dumps(r) + "\n")
             f.flush()
@@ -249,7 +254,7 @@ def main(argv=None) -> None:
                      f"{100 * r['pct']:.0f}% | {100 * r['frac']:.1f}% | {r['launches']} | {r['speedup']:.2f}× | "
                      f"{r['err']:.4f} |")
     table = "\n".join(lines)
-    with open(os.path.join(args.out, "bench_decode.md"), "w") as f:
+    with open(os.path.join(args.out, f"bench_decode{suffix}.md"), "w") as f:
         f.write(table + "\n")
     print(table)
 

@@ -230,6 +230,17 @@ def test_launch_shape_defaults_and_explicit_values():
         psa_fast.plan(cache, num_q_heads=4, cluster=0)
 
 
+def test_synthetic_fill_with_per_head_profiles():
+    from psa_fast.synthetic import fill_skewed, trace_block_profiles
+
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=2, num_kv_heads=2, head_dim=32, max_tokens=64 * 16)
+    q = fill_skewed(cache, 0, 4, trace_block_profiles(), seed=1)
+    assert q.shape == (2, 4, 32) and q.dtype == cupy.float16
+    assert cupy.asnumpy(cache.seq_lens[0]).tolist() == [64 * 16] * 2
+    with pytest.raises(ValueError, match="offsets"):
+        fill_skewed(cache, 0, 4, np.zeros((2, 2, 2)))
+
+
 def test_torch_tensors_in_and_out():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(3)
