@@ -20,15 +20,17 @@ def main() -> None:
     ap.add_argument("--configs", default="px8x3,2px4x3,px4x3")
     ap.add_argument("--steps", default="0")
     ap.add_argument("--topk", default="", help="also top-k at these multiples of the last PSA run's blocks")
+    ap.add_argument("--topk-max", action="store_true", help="also top-k at the last PSA run's largest group budget")
+    ap.add_argument("--profile", choices=("pooled", "per-head"), default="pooled")
     args = ap.parse_args()
     import cupy
 
     import psa_fast
     from psa_fast import _kernels
     from bench_decode import capture, median_us
-    from psa_fast.synthetic import fill_skewed, trace_block_offsets
+    from psa_fast.synthetic import fill_skewed, trace_block_offsets, trace_block_profiles
 
-    offsets = trace_block_offsets()
+    offsets = trace_block_offsets() if args.profile == "pooled" else trace_block_profiles()
     stream = cupy.cuda.Stream(non_blocking=True)
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     configs = [c.split("x") for c in args.configs.split(",")]
@@ -55,18 +57,20 @@ def main() -> None:
                         o = cupy.array(p.run(qs[layer], layer).out, dtype=cupy.float64)
                         r = cupy.array(d.run(qs[layer], layer).out, dtype=cupy.float64)
                         err.append(float((cupy.linalg.norm(o - r, axis=-1) / cupy.linalg.norm(r, axis=-1)).mean()))
-                    used = float(cupy.asnumpy(p.num_used).mean())
+                    per_group = cupy.asnumpy(p.num_used).ravel()
+                    used = float(per_group.mean())
                     iters = float(cupy.asnumpy(p.iterations).mean())
                     us = graph_us(lambda layer: p.run(qs[layer], layer))
                     us_dense = graph_us(lambda layer: d.run(qs[layer], layer))
                     print(f"T {t} B {b} cluster {cluster} warps {warps} stages {stages} step {step}: PSA step "
                           f"{us:.1f} us, dense {us_dense:.1f} us, blocks {used:.0f}, iterations {iters:.1f}, "
-                          f"error {np.mean(err):.4f}", flush=True)
+                          f"error {np.mean(err):.4f}; blocks per group p10/p50/p90/max "
+                          f"{'/'.join(str(int(x)) for x in np.percentile(per_group, [10, 50, 90, 100]))}", flush=True)
                 except Exception as e:  # a configuration that does not launch is a result too
                     print(f"T {t} B {b} cluster {cluster} warps {warps} stages {stages} step {step}: "
                           f"{type(e).__name__}: {e}", flush=True)
-            for factor in [float(x) for x in args.topk.split(",") if x]:
-                k = int(round(used * factor))
+            ks = [int(round(used * float(x))) for x in args.topk.split(",") if x]
+            for k in ks + ([int(per_group.max())] if args.topk_max else []):
                 tk = psa_fast.plan(cache, num_q_heads=32, mode="topk", k=k)
                 d = psa_fast.plan(cache, num_q_heads=32, mode="dense")
                 err = []
