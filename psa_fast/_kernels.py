@@ -187,8 +187,8 @@ def decode_config(*, d: int, s: int, g: int, version: int, warps: int = 8,
 def _scale_query_kernel():
     import cupy
 
-    return cupy.ElementwiseKernel("T x, float32 s, float32 p", "float32 a, float32 b", "a = (float)x * s; b = (float)x * p;",
-                                  "psa_scale_query")
+    return cupy.ElementwiseKernel("T x, float32 s, float32 p", "float32 a, float32 b",
+                                  "a = (float)x * s; b = (float)x * p;", "psa_scale_query")
 
 
 def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2) -> None:
@@ -198,7 +198,8 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2) -> None:
 
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
-           version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None) -> None:
+           version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
+           q_mma=None, qk_scale: float = 1.0) -> None:
     """Launch the decode kernel (``version`` 3; 1 and 2 are the earlier kernels, kept for comparison)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
 
@@ -209,11 +210,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``sketch = (ests, lmass)`` (stop = sketch): each head's block estimates ``[B, Hq, Nmax]`` and a
     scratch buffer of the same shape for the attended blocks' log masses.
 
-    ``q`` is the scaled query ``[B, Hq, Dp]`` float32, or ``(q, q_mma, qk_scale)``: version 3 then
-    reads ``q_mma`` (the query scaled by a power of two) and multiplies its logits by ``qk_scale``."""
-    q, q_mma, qk_scale = q if isinstance(q, tuple) else (q, None, 1.0)
+    ``q`` is the scaled query ``[B, Hq, Dp]`` float32. Given ``q_mma`` (the query scaled by a power of
+    two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; versions 1 and 2
+    read ``q``."""
     version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
-    if version == 3 and q_mma is not None:  # Q K^T of v3 from Q scaled by a power of two, the rest of the scale after
+    if version == 3 and q_mma is not None:
         q = q_mma
     else:
         qk_scale = 1.0

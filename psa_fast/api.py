@@ -189,11 +189,12 @@ class DecodePlan:
         else:
             stop, thr, step, forced = "none", 2.0, c.nmax, 0
         order = None if self.mode == "dense" else self.order_buf
-        _kernels.decode((self.q, self.q_mma, self.qk_scale), c.k_pool, c.v_pool, c.block_table[layer], c.seq_lens[layer], order, self.log_suffix,
+        _kernels.decode(self.q, c.k_pool, c.v_pool, c.block_table[layer], c.seq_lens[layer], order, self.log_suffix,
                         self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
                         hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
                         warps=self.warps, version=self.version, stages=self.stages,
-                        sketch=(self.bounds, self.lmass) if self.lmass is not None else None, **self._shape())
+                        sketch=(self.bounds, self.lmass) if self.lmass is not None else None, q_mma=self.q_mma,
+                        qk_scale=self.qk_scale, **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
                             self.mass_estimate)
 

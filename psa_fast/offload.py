@@ -450,12 +450,12 @@ class OffloadDecoder(DecodePlan):
         c = self.cache
         stop, thr, step, forced = ((self.stop, self.threshold if self.threshold < 1 else 2.0, self.step,
                                     self._forced) if self.mode == "psa" else ("budget", 2.0, self.k, 0))
-        _kernels.decode((self.q, self.q_mma, self.qk_scale), c.slot_k, c.slot_v, c.block_table[layer], c.seq_lens[layer], self.order_buf,
+        _kernels.decode(self.q, c.slot_k, c.slot_v, c.block_table[layer], c.seq_lens[layer], self.order_buf,
                         self.log_suffix, self.out, self.num_used, self.iterations, self.reason, self.mass_estimate,
                         d=c.dp, hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced,
                         cluster=self.cluster, warps=self.warps, version=3, stages=self.stages,
                         offload=(c.pool.slot_of, self.istate, self.vstate, self.groups_left, self._done_ptr,
-                                 self.token), **self._shape())
+                                 self.token), q_mma=self.q_mma, qk_scale=self.qk_scale, **self._shape())
 
     def _iteration(self, layer: int, attend: bool = True) -> None:
         """Issue one pipelined iteration from ``self.stream``: fork the loader stream, which loads the

@@ -104,15 +104,22 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
+#if PSA_CLUSTER > 1
+// The address in CTA `rank`'s shared memory of what sits at `local_ptr` in this CTA's.
+__device__ __forceinline__ unsigned int dsmem_addr(const void* local_ptr, unsigned int rank) {
+    const unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local_ptr));
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    return remote;
+}
+#endif
+
 // Read a float4 from the shared memory of CTA `rank` of this cluster (distributed shared memory).
 __device__ __forceinline__ float4 dsmem_load4(const float4* local_ptr, unsigned int rank) {
 #if PSA_CLUSTER > 1
-    unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local_ptr));
-    unsigned int remote;
     float4 v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote));
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(dsmem_addr(local_ptr, rank)));
     return v;
 #else
     return *local_ptr;
@@ -122,11 +129,8 @@ __device__ __forceinline__ float4 dsmem_load4(const float4* local_ptr, unsigned 
 // Read a float from the shared memory of CTA `rank` of this cluster (distributed shared memory).
 __device__ __forceinline__ float dsmem_load(const float* local_ptr, unsigned int rank) {
 #if PSA_CLUSTER > 1
-    unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local_ptr));
-    unsigned int remote;
     float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_addr(local_ptr, rank)) : "memory");
     return v;
 #else
     return *local_ptr;
