@@ -43,8 +43,12 @@ def main(argv=None) -> int:
     ev.add_argument("--offset", type=int, default=30000, help="first token of the text window (default 30000)")
     ev.add_argument("--metadata", default="cuboid_mean", choices=METADATA_KINDS,
                     help="block metadata that ranks the blocks of PSA and top-k (default cuboid_mean)")
+    ev.add_argument("--gqa", choices=("shared", "per_head"), default="shared",
+                    help="selection per KV head (default) or per query head, the group's union read")
     ev.add_argument("--backend", choices=("sweep", "ref"), default="sweep", help="psa_ref backend (default sweep)")
-    ev.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    ev.add_argument("--threads", type=int, default=2, help="torch CPU threads (per process with --jobs; default 2)")
+    ev.add_argument("--jobs", type=int, default=1, help="evaluate the windows in this many processes at once, each "
+                                                       "loading the model (default 1: one process)")
     ev.add_argument("--no-plots", action="store_true", help="print the table only")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -67,7 +71,7 @@ def main(argv=None) -> int:
         evaluate.main(out_dir=args.out, contexts=ints(args.contexts), tokens=args.tokens, windows=args.windows,
                       rules=tuple(args.rules.split(",")) if args.rules else evaluate.BLOCK_STOP_RULES,
                       taus=floats(args.taus), topk=ints(args.topk), text=args.text, offset=args.offset,
-                      metadata=args.metadata, backend=args.backend, threads=args.threads, plots=not args.no_plots, progress=not args.quiet)
+                      metadata=args.metadata, backend=args.backend, gqa=args.gqa, threads=args.threads, jobs=args.jobs, plots=not args.no_plots, progress=not args.quiet)
     return 0
 
 

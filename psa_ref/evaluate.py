@@ -27,6 +27,7 @@ import json
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -151,15 +152,19 @@ def teacher_forced(model, cache, tokens, start: int, count: int, progress=None, 
 
 def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET, windows: int = 1,
              contexts=CONTEXTS, tokens: int = 32, rules=BLOCK_STOP_RULES, taus=TAUS, topk=TOPK_LADDER, block_size: int = 16,
-             metadata: str = "cuboid_mean", backend: str = "sweep", progress: bool = True) -> list[Run]:
+             metadata: str = "cuboid_mean", backend: str = "sweep", progress: bool = True,
+             topk_at_budget: bool = True, ideal: bool = True, gqa: str = "shared") -> list[Run]:
     """Run every configuration at every context length; return the :class:`Run` list.
 
     Window ``i`` of context ``C`` reads text tokens ``[o_i, o_i + C]`` with
     ``o_i = offset + i * (max(contexts) + 1)`` (windows never overlap): its first
     ``C - tokens`` tokens are prefilled (dense), its last ``tokens`` decoded and scored. A
     configuration's scores and budgets pool every window of its context. ``metadata`` ranks
-    the blocks of every PSA and top-k configuration; top-k is also run at the mean budget of
-    the first rule of ``rules`` at each threshold.
+    the blocks of every PSA and top-k configuration, and ``gqa`` is their selection (one per KV
+    head, or per query head with the union read); top-k is also run at the mean budget of
+    the first rule of ``rules`` at each threshold (unless ``topk_at_budget`` is false:
+    :func:`evaluate_parallel` adds those runs once every window's budget is known); without
+    ``ideal`` the ``τ = 1`` run that records the ideal budgets is left out.
     """
     import torch
     from tqdm.auto import tqdm
@@ -180,19 +185,20 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
             raise ValueError(f"tokens must lie in [1, context), got {tokens} for context {ctx}")
         start = ctx - tokens  # first decoded position: it predicts token start + 1
         n_blocks = -(-ctx // block_size)
-        configs: list[tuple[Run, hf.PSAConfig | None]] = [
-            (Run("dense (sdpa)", "dense", ctx), None),
-            (Run("dense (psa τ=1)", "psa", ctx, stop=DEFAULT_STOP, tau=1.0),
-             hf.PSAConfig(threshold=1.0, block_size=block_size, metadata=metadata, backend=backend, record_ideal=True)),
-        ]
+        configs: list[tuple[Run, hf.PSAConfig | None]] = [(Run("dense (sdpa)", "dense", ctx), None)]
+        if ideal:
+            configs.append((Run("dense (psa τ=1)", "psa", ctx, stop=DEFAULT_STOP, tau=1.0),
+                            hf.PSAConfig(threshold=1.0, block_size=block_size, metadata=metadata, backend=backend,
+                                         record_ideal=True)))
         for stop in rules:
             for tau in taus:
                 configs.append((Run(f"psa {stop} τ={tau:g}", "psa", ctx, stop=stop, tau=tau),
                                 hf.PSAConfig(threshold=tau, stop=stop, block_size=block_size, metadata=metadata,
-                                             backend=backend)))
+                                             backend=backend, gqa=gqa)))
         for k in sorted({min(k, n_blocks) for k in topk}):
             configs.append((Run(f"top-{k}", "topk", ctx, k=k), hf.PSAConfig(topk=k, block_size=block_size,
-                                                                           metadata=metadata, backend=backend)))
+                                                                           metadata=metadata, backend=backend,
+                                                                           gqa=gqa)))
 
         # one dense prefill per window, kept for every configuration (each decode crops its tokens off again)
         model.set_attn_implementation("sdpa")
@@ -232,23 +238,29 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
 
         ctx_runs = [run_one(run, cfg) for run, cfg in configs]
         # top-k at the first rule's mean budget (blocks per layer and KV head), per threshold
-        for tau in taus:
+        for tau in taus if topk_at_budget else ():
             psa = next((r for r in ctx_runs if rules and r.stop == rules[0] and r.tau == tau and r.method == "psa"),
                        None)
             if psa is None:
                 continue
-            k = max(2, min(n_blocks, int(round(psa.kv_blocks_per_token / _kv_groups(model)))))
+            k = _k_at_budget(psa, n_blocks, _kv_groups(model))
             if any(r.k == k for r in ctx_runs):
                 continue
             bar.total += tokens * windows
             ctx_runs.append(run_one(Run(f"top-{k}", "topk", ctx, k=k),
-                                    hf.PSAConfig(topk=k, block_size=block_size, metadata=metadata, backend=backend)))
+                                    hf.PSAConfig(topk=k, block_size=block_size, metadata=metadata, backend=backend,
+                                                 gqa=gqa)))
         bar.close()
         model.set_attn_implementation("sdpa")
         _score(ctx_runs)
         runs.extend(ctx_runs)
         del prefilled
     return runs
+
+
+def _k_at_budget(psa: Run, n_blocks: int, kv_groups: int) -> int:
+    """The top-k ``k`` that reads as many KV blocks per decode token as ``psa`` did."""
+    return max(2, min(n_blocks, int(round(psa.kv_blocks_per_token / kv_groups))))
 
 
 def _kv_groups(model) -> int:
@@ -287,6 +299,157 @@ def _score(runs: list[Run]) -> None:
         r.kl_mean = float(np.mean(r.kl))
 
 
+# --- many windows in parallel ---------------------------------------------------------------------
+
+
+def pool_windows(per_window: list[list[Run]]) -> list[Run]:
+    """Pool the runs of separately evaluated windows into one run per (context, label).
+
+    ``per_window[i]`` is :func:`evaluate`'s result for window ``i`` alone. Per-token lists are
+    concatenated in window order and the scores recomputed against the pooled dense run;
+    budgets are averaged over windows (every window decodes the same number of tokens, so
+    this equals pooling the records); the ideal budgets of the CDF figure are concatenated.
+    A configuration missing from some window is left out. The result equals what
+    :func:`evaluate` returns for the same windows in one call (``tests/test_hf.py``).
+    """
+    if not per_window:
+        raise ValueError("per_window must hold at least one window's runs")
+    keys = [(r.context, r.label) for r in per_window[0]]
+    found = [{(r.context, r.label): r for r in runs} for runs in per_window]
+    pooled: list[Run] = []
+    for key in keys:
+        if not all(key in f for f in found):
+            continue
+        parts = [f[key] for f in found]
+        first = parts[0]
+        run = Run(first.label, first.method, first.context, stop=first.stop, tau=first.tau, k=first.k)
+        for part in parts:
+            run.nll += part.nll
+            run.argmax += part.argmax
+            run.kl += part.kl
+            run.seconds += part.seconds
+        for name in ("blocks_per_head", "kv_blocks_per_token", "kv_bytes_per_token", "kv_share"):
+            setattr(run, name, float(np.mean([getattr(part, name) for part in parts])))
+        run.layers = _pool_layers([part.layers for part in parts])
+        pooled.append(run)
+    pooled.sort(key=lambda r: r.context)  # stable: the configurations keep their order within a context
+    for ctx in dict.fromkeys(r.context for r in pooled):
+        _score([r for r in pooled if r.context == ctx])
+    return pooled
+
+
+def _pool_layers(layers: list[dict]) -> dict:
+    if not layers[0]:
+        return {}
+    out = {}
+    for layer, first in layers[0].items():
+        parts = [part[layer] for part in layers]
+        row = {}
+        for name, value in first.items():
+            values = [part[name] for part in parts]
+            if name == "needed95":
+                row[name] = [n for v in values for n in v]
+            elif isinstance(value, dict):
+                row[name] = {t: float(np.mean([v[t] for v in values])) for t in value}
+            elif isinstance(value, list):
+                row[name] = np.mean(values, axis=0).tolist()
+            else:
+                row[name] = float(np.mean(values))
+        out[layer] = row
+    return out
+
+
+_WORKER_MODEL: tuple | None = None  # (model, tokenizer), loaded once per worker process
+
+
+def _window_job(job: dict) -> tuple[list[Run], int]:
+    """In a worker process: evaluate one window; return its runs and ``layers x KV heads``."""
+    import torch
+
+    global _WORKER_MODEL
+    torch.set_num_threads(job.pop("threads"))
+    if _WORKER_MODEL is None:
+        _WORKER_MODEL = load_smollm2()
+    model, tokenizer = _WORKER_MODEL
+    return evaluate(model, tokenizer, progress=False, **job), _kv_groups(model)
+
+
+@contextmanager
+def _worker_threads(threads: int):
+    """Spawned workers inherit the environment: cap their NumPy (BLAS) threads, not only
+    torch's, for the duration; restore the caller's settings afterwards."""
+    names = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(threads) for name in names})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def evaluate_parallel(*, jobs: int, threads: int = 1, text: str = "pydoc", offset: int = TEXT_OFFSET,
+                      windows: int = 1, contexts=CONTEXTS, tokens: int = 32, rules=BLOCK_STOP_RULES, taus=TAUS,
+                      topk=TOPK_LADDER, block_size: int = 16, metadata: str = "cuboid_mean", backend: str = "sweep",
+                      gqa: str = "shared", progress: bool = True) -> list[Run]:
+    """:func:`evaluate` on SmolLM2 with every window in its own process, ``jobs`` at a time.
+
+    Same windows, configurations and result as ``evaluate(..., windows=windows)`` (each
+    process loads the model once and runs ``threads`` torch and NumPy threads). Two phases:
+    every configuration on every window, then top-k at the first rule's mean budget over all
+    windows (the serial run uses the same pooled budget).
+
+    Raises:
+        RuntimeError: two processes decoded a window's dense reference differently.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from tqdm.auto import tqdm
+
+    _validate.integer(jobs, "jobs", minimum=1)
+    _validate.integer(threads, "threads", minimum=1)
+    _validate.integer(windows, "windows", minimum=1)
+    stride = max(contexts) + 1
+    common = dict(text=text, tokens=tokens, block_size=block_size, metadata=metadata, backend=backend, gqa=gqa,
+                  threads=threads, windows=1, topk_at_budget=False)
+    first = [dict(common, offset=offset + i * stride, contexts=tuple(contexts), rules=tuple(rules), taus=tuple(taus),
+                  topk=tuple(topk)) for i in range(windows)]
+    second = []  # per context and window: top-k at the first rule's pooled budgets, with a dense reference
+    with _worker_threads(threads), ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        done = list(tqdm(pool.map(_window_job, first), total=windows, desc="psa eval windows", unit="window",
+                         disable=not progress))
+        per_window = [runs for runs, _ in done]
+        kv_groups = done[0][1]
+        pooled = pool_windows(per_window)
+        for ctx in contexts:
+            ks = []
+            for tau in taus:
+                psa = next((r for r in pooled if rules and r.context == ctx and r.method == "psa"
+                            and r.stop == rules[0] and r.tau == tau), None)
+                k = None if psa is None else _k_at_budget(psa, -(-ctx // block_size), kv_groups)
+                if k is not None and k not in ks and not any(r.context == ctx and r.k == k for r in pooled):
+                    ks.append(k)
+            if ks:
+                second += [dict(common, offset=offset + i * stride, contexts=(ctx,), rules=(), taus=(),
+                                topk=tuple(ks), ideal=False) for i in range(windows)]
+        extra = list(tqdm(pool.map(_window_job, second), total=len(second), desc="psa eval top-k at PSA's budget",
+                          unit="window", disable=not progress or not second))
+    if not extra:
+        return pooled
+    for j, (runs, _) in enumerate(extra):
+        i = j % windows  # `second` holds every window of one context, then the next context's
+        dense = next(r for r in runs if r.label == "dense (sdpa)")
+        mine = next(r for r in per_window[i] if r.label == "dense (sdpa)" and r.context == dense.context)
+        if dense.argmax != mine.argmax:
+            raise RuntimeError(f"dense decode differs between processes on window {i}: not deterministic")
+        per_window[i] += [r for r in runs if r.method == "topk"]
+    return pool_windows(per_window)
+
+
 # --- reporting ----------------------------------------------------------------------------------
 
 
@@ -304,12 +467,26 @@ def topk_of_equal_kl(runs: list[Run], run: Run) -> Run | None:
     return min(good, key=lambda r: r.kv_bytes_per_token, default=None)
 
 
+def topk_equal_kl_interpolated(runs: list[Run], run: Run) -> tuple[float, float] | None:
+    """``(k, KV bytes per token)`` of a top-k whose mean KL to dense would equal ``run``'s:
+    interpolated between the two top-k runs of the same context that bracket it, linearly
+    in ``k`` and in ``log KL`` (top-k's KL falls about exponentially with ``k``). None when
+    no two top-k runs bracket it."""
+    top = sorted((r for r in runs if r.method == "topk" and r.context == run.context and r.kl_mean > 0),
+                 key=lambda r: r.k)
+    for a, b in zip(top, top[1:]):
+        if a.kl_mean >= run.kl_mean >= b.kl_mean and a.kl_mean > b.kl_mean:
+            t = math.log(a.kl_mean / run.kl_mean) / math.log(a.kl_mean / b.kl_mean)
+            return a.k + t * (b.k - a.k), a.kv_bytes_per_token + t * (b.kv_bytes_per_token - a.kv_bytes_per_token)
+    return None
+
+
 def format_table(runs: list[Run]) -> str:
     """The eval table as Markdown, one row per (context, configuration)."""
     lines = ["| context | attention | next-token agreement | perplexity | Δ ppl | KL to dense (nats) | blocks / head "
              "| KV read / token | % of dense | top-k of equal agreement and ppl: KV (× PSA) "
-             "| top-k of equal KL: KV (× PSA) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| top-k of equal KL: KV (× PSA) | ≈ k of equal KL (× PSA) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         sparse_psa = r.method == "psa" and r.tau is not None and r.tau < 1
 
@@ -321,9 +498,12 @@ def format_table(runs: list[Run]) -> str:
             return f"{match.label}: {match.kv_bytes_per_token / 1e6:.2f} MB ({match.kv_bytes_per_token / r.kv_bytes_per_token:.1f}×)"
 
         blocks = "all" if r.method == "dense" else f"{r.blocks_per_head:.1f}"
+        at_kl = topk_equal_kl_interpolated(runs, r) if sparse_psa else None
+        interpolated = ("—" if not sparse_psa else "outside the ladder" if at_kl is None
+                        else f"{at_kl[0]:.0f} ({at_kl[1] / r.kv_bytes_per_token:.2f}×)")
         lines.append(f"| {r.context} | {r.label} | {100 * r.agreement:.1f}% | {r.ppl:.3f} | {r.ppl_increase_pct:+.2f}% | "
                      f"{r.kl_mean:.2e} | {blocks} | {r.kv_bytes_per_token / 1e6:.2f} MB | {100 * r.kv_share:.1f}% | "
-                     f"{versus(topk_of_equal_quality(runs, r))} | {versus(topk_of_equal_kl(runs, r))} |")
+                     f"{versus(topk_of_equal_quality(runs, r))} | {versus(topk_of_equal_kl(runs, r))} | {interpolated} |")
     return "\n".join(lines)
 
 
@@ -388,22 +568,33 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
 
 def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: int = 1, rules=BLOCK_STOP_RULES, taus=TAUS,
          topk=TOPK_LADDER, text: str = "pydoc", offset: int = TEXT_OFFSET, metadata: str = "cuboid_mean",
-         backend: str = "sweep", threads: int = 2, plots: bool = True, progress: bool = True) -> list[Run]:
-    """Load SmolLM2, run :func:`evaluate`, print the table, write the JSON and the figures."""
+         backend: str = "sweep", gqa: str = "shared", threads: int = 2, jobs: int = 1, plots: bool = True,
+         progress: bool = True) -> list[Run]:
+    """Load SmolLM2, run :func:`evaluate` (or, with ``jobs > 1``, :func:`evaluate_parallel`:
+    ``jobs`` processes of ``threads`` threads each), print the table, write the JSON and the figures."""
     import torch
 
+    _validate.integer(jobs, "jobs", minimum=1)
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    model, tokenizer = load_smollm2()
-    print(f"SmolLM2-135M-Instruct ({GGUF_FILE}): {model.config.num_hidden_layers} layers, "
-          f"{model.config.num_attention_heads} query / {model.config.num_key_value_heads} KV heads; text {text!r} "
-          f"from token {offset}; {windows} window(s) x {tokens} decoded tokens per context; backend {backend!r}",
-          flush=True)
-    runs = evaluate(model, tokenizer, text=text, offset=offset, windows=windows, contexts=contexts, tokens=tokens,
-                    rules=rules, taus=taus, topk=topk, metadata=metadata, backend=backend, progress=progress)
+    if jobs == 1:
+        model, tokenizer = load_smollm2()
+        shape = (f"{model.config.num_hidden_layers} layers, {model.config.num_attention_heads} query / "
+                 f"{model.config.num_key_value_heads} KV heads; ")
+    else:
+        shape = ""
+    print(f"SmolLM2-135M-Instruct ({GGUF_FILE}): {shape}text {text!r} from token {offset}; {windows} window(s) x "
+          f"{tokens} decoded tokens per context; backend {backend!r}"
+          + (f"; {jobs} processes x {threads} threads" if jobs > 1 else ""), flush=True)
+    kw = dict(text=text, offset=offset, windows=windows, contexts=contexts, tokens=tokens, rules=rules, taus=taus,
+              topk=topk, metadata=metadata, backend=backend, gqa=gqa, progress=progress)
+    if jobs == 1:
+        runs = evaluate(model, tokenizer, **kw)
+    else:
+        runs = evaluate_parallel(jobs=jobs, threads=threads, **kw)
     seconds = time.perf_counter() - start
     print()
-    print(f"Blocks of 16 tokens, {metadata} metadata, GQA shared, 1 sink + 1 recent block forced; KV read counts keys "
+    print(f"Blocks of 16 tokens, {metadata} metadata, GQA {gqa}, 1 sink + 1 recent block forced; KV read counts keys "
           "and values in float16; agreement and Δ ppl are against dense SDPA decode.")
     print(format_table(runs))
     out = Path(out_dir)
@@ -413,7 +604,7 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
             print(f"wrote {p}")
     summary = out / "psa_eval.json"
     summary.write_text(json.dumps({"runs": [asdict(r) for r in runs], "seconds": seconds, "text": text,
-                                   "offset": offset, "windows": windows, "tokens": tokens, "metadata": metadata}, indent=1,
+                                   "offset": offset, "windows": windows, "tokens": tokens, "metadata": metadata, "gqa": gqa}, indent=1,
                                   default=_json_default))
     print(f"wrote {summary}  ({seconds:.0f} s)")
     return runs

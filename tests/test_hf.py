@@ -298,6 +298,71 @@ def test_smollm2_psa_keeps_argmax_agreement(smollm2):
     assert s["kv_bytes_per_token"] < s["dense_kv_bytes_per_token"], "PSA read the whole cache"
 
 
+def test_pooled_windows_equal_one_evaluation_of_all_windows():
+    """evaluate_parallel's pooling: windows evaluated one at a time, pooled, equal the
+    serial evaluation of the same windows (scores, per-token lists, budgets, ideal budgets)."""
+    from psa_ref import evaluate
+
+    model = tiny_llama(seed=8)
+
+    def tokenizer(text, **kw):
+        return {"input_ids": [ord(c) % 97 for c in text]}
+
+    kw = dict(contexts=(40, 64), tokens=3, rules=("ema",), taus=(0.9,), topk=(2, 4), block_size=8, progress=False)
+    serial = evaluate.evaluate(model, tokenizer, windows=3, **kw)
+    stride = 64 + 1
+    per_window = [evaluate.evaluate(model, tokenizer, offset=evaluate.TEXT_OFFSET + i * stride, windows=1,
+                                    topk_at_budget=False, **kw) for i in range(3)]
+    pooled = evaluate.pool_windows(per_window)
+    by_key = {(r.context, r.label): r for r in serial}
+    assert [(r.context, r.label) for r in pooled] == [(r.context, r.label) for r in serial if r.label in
+                                                       {p.label for p in per_window[0]}]
+    for r in pooled:
+        s = by_key[(r.context, r.label)]
+        assert r.argmax == s.argmax and r.nll == pytest.approx(s.nll, abs=1e-12) and len(r.kl) == 9
+        assert (r.agreement, r.ppl) == pytest.approx((s.agreement, s.ppl), rel=1e-12)
+        if r.method != "dense":
+            assert r.kv_bytes_per_token == pytest.approx(s.kv_bytes_per_token, rel=1e-12)
+            assert r.blocks_per_head == pytest.approx(s.blocks_per_head, rel=1e-12)
+            assert r.layers[1]["blocks_per_head"] == pytest.approx(s.layers[1]["blocks_per_head"], rel=1e-12)
+    ideal = next(r for r in pooled if r.label == "dense (psa τ=1)" and r.context == 64)
+    assert sorted(ideal.layers[0]["needed95"]) == sorted(by_key[(64, "dense (psa τ=1)")].layers[0]["needed95"])
+    with pytest.raises(ValueError, match="per_window"):
+        evaluate.pool_windows([])
+
+
+def test_topk_of_equal_kl_is_interpolated_in_log_kl():
+    from psa_ref.evaluate import Run, format_table, topk_equal_kl_interpolated
+
+    def top(k, kl):
+        return Run(f"top-{k}", "topk", 4096, k=k, kl_mean=kl, kv_bytes_per_token=1000.0 * k)
+
+    ladder = [top(64, 1e-2), top(128, 1e-3), top(192, 1e-5)]
+    psa = Run("psa ema τ=0.95", "psa", 4096, stop="ema", tau=0.95, kl_mean=1e-4, kv_bytes_per_token=50_000.0)
+    k, kv = topk_equal_kl_interpolated(ladder + [psa], psa)
+    assert k == pytest.approx(160.0) and kv == pytest.approx(160_000.0)  # halfway between 1e-3 and 1e-5 in log
+    assert topk_equal_kl_interpolated(ladder, Run("x", "psa", 4096, kl_mean=1e-6)) is None  # below the ladder
+    assert topk_equal_kl_interpolated(ladder, Run("x", "psa", 2048, kl_mean=1e-4)) is None  # other context
+    assert "| 160 (3.20×) |" in format_table(ladder + [psa])
+
+
+@needs_smollm2
+def test_psa_eval_in_parallel_processes(smollm2):
+    """psa eval --jobs 2: two windows in two processes equal the serial evaluation, top-k at
+    the pooled PSA budget included."""
+    from psa_ref import evaluate
+
+    model, tokenizer = smollm2
+    kw = dict(contexts=(256,), tokens=2, windows=2, rules=("ema",), taus=(0.95,), topk=(4,), progress=False)
+    serial = evaluate.evaluate(model, tokenizer, **kw)
+    parallel = evaluate.evaluate_parallel(jobs=2, threads=1, **kw)
+    assert [r.label for r in parallel] == [r.label for r in serial]
+    assert any(r.method == "topk" and r.k != 4 for r in parallel)  # the run at PSA's budget
+    for p, s in zip(parallel, serial):
+        assert p.argmax == s.argmax and p.nll == pytest.approx(s.nll, abs=1e-4)
+        assert p.kv_bytes_per_token == pytest.approx(s.kv_bytes_per_token, rel=1e-9)
+
+
 @needs_smollm2
 def test_psa_eval_table_json_and_figures(smollm2, tmp_path):
     from psa_ref import evaluate
