@@ -16,6 +16,9 @@ prints ``psa eval``'s table with a top-k ladder run alongside::
 
     for i in 0 1; do python examples/oracle_in_model.py --windows 8 --part $i/2 --out /tmp/oracle_$i.pkl & done; wait
     python examples/oracle_in_model.py --pool /tmp/oracle_0.pkl /tmp/oracle_1.pkl
+
+(docs/accuracy.md: ``--taus 0.8,0.9,0.95 --topk 64,96,128``, and ``--criterion output --taus 0.9,0.95,0.98``,
+where each head stops once its output is within ``1 - tau`` of dense, relative L2 error.)
 """
 
 from __future__ import annotations
@@ -47,6 +50,33 @@ def oracle_selection(mass: np.ndarray, tau: float, forced: np.ndarray) -> np.nda
     return np.flatnonzero(chosen)
 
 
+def output_oracle_selection(weights: np.ndarray, values: np.ndarray, starts: np.ndarray, delta: float,
+                            forced: np.ndarray) -> np.ndarray:
+    """Blocks of one KV group under a criterion on the *output*, not the mass: each head takes
+    the forced blocks, then its heaviest blocks until its output over them is within
+    ``delta`` of its dense output (relative L2 error); union over the heads. ``weights`` is
+    ``[T, G]`` (unnormalised softmax weights), ``values`` ``[T, D]``."""
+    chosen = np.zeros(starts.size, dtype=bool)
+    chosen[forced] = True
+    for h in range(weights.shape[1]):
+        w = weights[:, h]
+        mass = np.add.reduceat(w, starts)  # [N]
+        num = np.add.reduceat(w[:, None] * values, starts, axis=0)  # [N, D]
+        dense = num.sum(axis=0) / mass.sum()
+        rest = np.setdiff1d(np.argsort(-mass, kind="stable"), forced, assume_unique=True)
+        order_mass = np.r_[mass[forced].sum(), mass[rest]].cumsum()
+        order_num = np.vstack([num[forced].sum(axis=0), num[rest]]).cumsum(axis=0)
+        err = np.linalg.norm(order_num / order_mass[:, None] - dense, axis=1) / np.linalg.norm(dense)
+        ok = err <= delta
+        ok[-1] = True  # every block: the dense output itself (err is rounding there)
+        count = int(np.argmax(ok))  # prefixes 0..: forced only, then + rest[:count]
+        chosen[rest[:count]] = True
+    return np.flatnonzero(chosen)
+
+
+CRITERION = "mass"  # or "output": the threshold's 1 - tau is the relative output error allowed
+
+
 def oracle_decode(session, layer, b, q, key, value, scaling):
     """``hf._decode_ref`` with the oracle selection in place of the stop rule (top-k and
     ``threshold = 1`` runs go through the original)."""
@@ -65,8 +95,11 @@ def oracle_decode(session, layer, b, q, key, value, scaling):
     for kv in range(hkv):
         heads = slice(kv * g, (kv + 1) * g)
         logits = scaling * blocks.keys[kv] @ q64[heads].T  # [T, G]
-        mass = np.add.reduceat(np.exp(logits - logits.max(axis=0)), starts, axis=0)
-        chosen = oracle_selection(mass, cfg.threshold, forced)
+        weights = np.exp(logits - logits.max(axis=0))
+        if CRITERION == "mass":
+            chosen = oracle_selection(np.add.reduceat(weights, starts, axis=0), cfg.threshold, forced)
+        else:
+            chosen = output_oracle_selection(weights, blocks.values[kv], starts, 1.0 - cfg.threshold, forced)
         tokens = blocks.token_indices(chosen)
         for h in range(kv * g, (kv + 1) * g):
             out[h] = softmax_attention(q64[h], blocks.keys[kv, tokens], blocks.values[kv, tokens], scaling)
@@ -85,6 +118,8 @@ def main(argv=None) -> None:
     parser.add_argument("--topk", default="64,96,128")
     parser.add_argument("--text", default="pydoc")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--criterion", choices=("mass", "output"), default="mass",
+                        help="stop at tau of each head's mass, or at relative output error 1 - tau")
     parser.add_argument("--out", help="pickle of this part's per-window runs")
     parser.add_argument("--pool", nargs="+", help="pool these parts and print the table")
     args = parser.parse_args(argv)
@@ -93,12 +128,14 @@ def main(argv=None) -> None:
         runs = evaluate.pool_windows([w[1] for w in per_window])
         for r in runs:
             if r.method == "psa" and r.tau < 1:
-                r.label = f"oracle τ={r.tau:g}"
+                r.label = f"oracle τ={r.tau:g}"  # with --criterion output: relative output error 1 - τ
         print(evaluate.format_table(runs))
         return
     import torch
 
     torch.set_num_threads(args.threads)
+    global CRITERION
+    CRITERION = args.criterion
     hf._decode_ref = oracle_decode
     model, tokenizer = evaluate.load_smollm2()
     index, parts = (int(x) for x in args.part.split("/"))
