@@ -332,7 +332,10 @@ def pool_windows(per_window: list[list[Run]]) -> list[Run]:
             setattr(run, name, float(np.mean([getattr(part, name) for part in parts])))
         run.layers = _pool_layers([part.layers for part in parts])
         pooled.append(run)
-    pooled.sort(key=lambda r: r.context)  # stable: the configurations keep their order within a context
+    # group by context in first-seen order (later runs of a context, such as the second pass of
+    # evaluate_parallel, follow that context's); the sort is stable within a context
+    rank = {ctx: i for i, ctx in enumerate(dict.fromkeys(r.context for r in pooled))}
+    pooled.sort(key=lambda r: rank[r.context])
     for ctx in dict.fromkeys(r.context for r in pooled):
         _score([r for r in pooled if r.context == ctx])
     return pooled
