@@ -29,8 +29,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from psa_ref import evaluate, hf
-from psa_ref.dense import softmax_attention
+from psa_ref import analysis, evaluate, hf
 
 _original_decode = hf._decode_ref
 
@@ -50,27 +49,22 @@ def oracle_selection(mass: np.ndarray, tau: float, forced: np.ndarray) -> np.nda
     return np.flatnonzero(chosen)
 
 
-def output_oracle_selection(weights: np.ndarray, values: np.ndarray, starts: np.ndarray, delta: float,
-                            forced: np.ndarray) -> np.ndarray:
+def output_oracle_selection(mass: np.ndarray, weighted: np.ndarray, delta: float, forced: np.ndarray) -> np.ndarray:
     """Blocks of one KV group under a criterion on the *output*, not the mass: each head takes
     the forced blocks, then its heaviest blocks until its output over them is within
-    ``delta`` of its dense output (relative L2 error); union over the heads. ``weights`` is
-    ``[T, G]`` (unnormalised softmax weights), ``values`` ``[T, D]``."""
-    chosen = np.zeros(starts.size, dtype=bool)
-    chosen[forced] = True
-    for h in range(weights.shape[1]):
-        w = weights[:, h]
-        mass = np.add.reduceat(w, starts)  # [N]
-        num = np.add.reduceat(w[:, None] * values, starts, axis=0)  # [N, D]
-        dense = num.sum(axis=0) / mass.sum()
-        rest = np.setdiff1d(np.argsort(-mass, kind="stable"), forced, assume_unique=True)
-        order_mass = np.r_[mass[forced].sum(), mass[rest]].cumsum()
-        order_num = np.vstack([num[forced].sum(axis=0), num[rest]]).cumsum(axis=0)
-        err = np.linalg.norm(order_num / order_mass[:, None] - dense, axis=1) / np.linalg.norm(dense)
-        ok = err <= delta
-        ok[-1] = True  # every block: the dense output itself (err is rounding there)
-        count = int(np.argmax(ok))  # prefixes 0..: forced only, then + rest[:count]
-        chosen[rest[:count]] = True
+    ``delta`` of its dense output (relative L2 error); union over the heads. ``mass``
+    ``[N, G]`` and ``weighted`` ``[N, G, D]`` come from :func:`psa_ref.analysis.block_sums`."""
+    n, g = mass.shape
+    rest = [np.setdiff1d(np.argsort(-mass[:, h], kind="stable"), forced, assume_unique=True) for h in range(g)]
+    order = np.stack([np.r_[forced, r] for r in rest], axis=1)  # [N, G]: forced, then heaviest first
+    outputs, _ = analysis.prefix_attention(mass, weighted, order)  # [N, G, D]
+    dense = weighted.sum(axis=0) / mass.sum(axis=0)[:, None]
+    ok = analysis.relative_error(outputs, dense) <= delta  # [N, G]
+    ok[: max(forced.size - 1, 0)] = False  # the forced blocks always come whole
+    ok[-1] = True  # every block: the dense output itself (the error is rounding there)
+    chosen = np.zeros(n, dtype=bool)
+    for h in range(g):
+        chosen[order[: int(np.argmax(ok[:, h])) + 1, h]] = True
     return np.flatnonzero(chosen)
 
 
@@ -89,20 +83,18 @@ def oracle_decode(session, layer, b, q, key, value, scaling):
     hq, hkv, n = q64.shape[0], blocks.num_heads, blocks.num_blocks
     g = hq // hkv
     forced = np.unique(np.r_[np.arange(min(cfg.sink_blocks, n)), np.arange(max(n - cfg.recent_blocks, 0), n)])
-    starts = np.arange(0, blocks.num_tokens, blocks.block_size)
     out = np.empty_like(q64)
     used = []
     for kv in range(hkv):
         heads = slice(kv * g, (kv + 1) * g)
-        logits = scaling * blocks.keys[kv] @ q64[heads].T  # [T, G]
-        weights = np.exp(logits - logits.max(axis=0))
+        mass, weighted = analysis.block_sums(q64[heads], blocks.keys[kv], blocks.values[kv], blocks.block_size,
+                                             scaling)
         if CRITERION == "mass":
-            chosen = oracle_selection(np.add.reduceat(weights, starts, axis=0), cfg.threshold, forced)
+            chosen = oracle_selection(mass, cfg.threshold, forced)
         else:
-            chosen = output_oracle_selection(weights, blocks.values[kv], starts, 1.0 - cfg.threshold, forced)
-        tokens = blocks.token_indices(chosen)
-        for h in range(kv * g, (kv + 1) * g):
-            out[h] = softmax_attention(q64[h], blocks.keys[kv, tokens], blocks.values[kv, tokens], scaling)
+            chosen = output_oracle_selection(mass, weighted, 1.0 - cfg.threshold, forced)
+        # softmax attention over the chosen blocks, from the same block sums
+        out[heads] = weighted[chosen].sum(axis=0) / mass[chosen].sum(axis=0)[:, None]
         used.append(chosen)
     if cfg.record:
         hf._record(session, layer, blocks, q64, SimpleNamespace(blocks_used=used), scaling)

@@ -238,14 +238,7 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
 
         ctx_runs = [run_one(run, cfg) for run, cfg in configs]
         # top-k at the first rule's mean budget (blocks per layer and KV head), per threshold
-        for tau in taus if topk_at_budget else ():
-            psa = next((r for r in ctx_runs if rules and r.stop == rules[0] and r.tau == tau and r.method == "psa"),
-                       None)
-            if psa is None:
-                continue
-            k = _k_at_budget(psa, n_blocks, _kv_groups(model))
-            if any(r.k == k for r in ctx_runs):
-                continue
+        for k in _ks_at_budget(ctx_runs, ctx, rules, taus, n_blocks, _kv_groups(model)) if topk_at_budget else ():
             bar.total += tokens * windows
             ctx_runs.append(run_one(Run(f"top-{k}", "topk", ctx, k=k),
                                     hf.PSAConfig(topk=k, block_size=block_size, metadata=metadata, backend=backend,
@@ -258,9 +251,17 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
     return runs
 
 
-def _k_at_budget(psa: Run, n_blocks: int, kv_groups: int) -> int:
-    """The top-k ``k`` that reads as many KV blocks per decode token as ``psa`` did."""
-    return max(2, min(n_blocks, int(round(psa.kv_blocks_per_token / kv_groups))))
+def _ks_at_budget(runs: list[Run], ctx: int, rules, taus, n_blocks: int, kv_groups: int) -> list[int]:
+    """The top-k ``k`` that reads as many KV blocks per decode token as the first rule did at
+    each threshold, for context ``ctx``; those ``runs`` already hold are left out."""
+    ks = []
+    for tau in taus:
+        psa = next((r for r in runs if rules and r.context == ctx and r.method == "psa" and r.stop == rules[0]
+                    and r.tau == tau), None)
+        k = None if psa is None else max(2, min(n_blocks, int(round(psa.kv_blocks_per_token / kv_groups))))
+        if k is not None and k not in ks and not any(r.context == ctx and r.k == k for r in runs):
+            ks.append(k)
+    return ks
 
 
 def _kv_groups(model) -> int:
@@ -429,13 +430,7 @@ def evaluate_parallel(*, jobs: int, threads: int = 1, text: str = "pydoc", offse
         kv_groups = done[0][1]
         pooled = pool_windows(per_window)
         for ctx in contexts:
-            ks = []
-            for tau in taus:
-                psa = next((r for r in pooled if rules and r.context == ctx and r.method == "psa"
-                            and r.stop == rules[0] and r.tau == tau), None)
-                k = None if psa is None else _k_at_budget(psa, -(-ctx // block_size), kv_groups)
-                if k is not None and k not in ks and not any(r.context == ctx and r.k == k for r in pooled):
-                    ks.append(k)
+            ks = _ks_at_budget(pooled, ctx, rules, taus, -(-ctx // block_size), kv_groups)
             if ks:
                 second += [dict(common, offset=offset + i * stride, contexts=(ctx,), rules=(), taus=(),
                                 topk=tuple(ks), ideal=False) for i in range(windows)]
