@@ -163,7 +163,7 @@ def bench_size(t: int, b: int, offsets, reps: int, stream, log) -> list[dict]:
                 f"stop {p.stop}, step {p.step}, cluster {p.cluster}")
             if tau == 0.95:  # where the time goes: each stage alone
                 log(dict(T=t, B=b, breakdown_us=stage_times(p, us)))
-                for v in [3] + VERSIONS:  # the paper's rule, and the earlier kernels (which implement it)
+                for v in [3] + VERSIONS:  # the paper's rule, and the other kernels (which implement it)
                     pv = psa_fast.plan(cache, num_q_heads=HQ, mode="psa", threshold=tau, step=step, stop="remaining",
                                        version=v)
                     usv, outsv, usedv = timed(pv)
@@ -209,7 +209,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=60)
-    parser.add_argument("--versions", default="", help="also time these earlier decode kernels, e.g. 1,2")
+    parser.add_argument("--versions", default="", help="also time these other decode kernels, e.g. 2 (CUDA cores)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--profile", choices=("pooled", "per-head"), default="pooled",
                         help="block masses: every head from the trace's pooled distribution (the run of record), "

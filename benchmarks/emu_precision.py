@@ -58,7 +58,7 @@ VARIANTS = {  # name: (bits, fresh_every)
 
 def main() -> None:
     import psa_ref
-    from psa_ref.conformance import _naive_fp32
+    from psa_ref.testing.conformance import _naive_fp32
 
     rng = np.random.default_rng(0)  # the draws of exp_precision.py
     ratios = {name: [] for name in VARIANTS}

@@ -21,7 +21,7 @@ def main() -> None:
 
     import psa_fast
     import psa_ref
-    from psa_ref.conformance import _naive_fp32
+    from psa_ref.testing.conformance import _naive_fp32
 
     rng = np.random.default_rng(0)
     ratios, scales = [], []

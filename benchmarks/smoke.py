@@ -13,7 +13,7 @@ def main() -> None:
 
     import psa_fast
     import psa_ref
-    from psa_ref.conformance import check_result
+    from psa_ref.testing.conformance import check_result
 
     rng = np.random.default_rng(0)
     q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=32, num_kv_heads=8, num_tokens=3000, head_dim=128,

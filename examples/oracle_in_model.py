@@ -11,7 +11,7 @@ head's mass, so this bounds what any stop rule on the mass criterion can reach a
 at equal KL. Research only: it needs every logit, which is what PSA avoids computing.
 
 Each process evaluates a range of the windows of ``psa eval --contexts 4096 --windows W``
-and writes its runs; ``--pool`` pools the files (``psa_ref.evaluate.pool_windows``) and
+and writes its runs; ``--pool`` pools the files (``psa_ref.tools.evaluate.pool_windows``) and
 prints ``psa eval``'s table with a top-k ladder run alongside::
 
     for i in 0 1; do python examples/oracle_in_model.py --windows 8 --part $i/2 --out /tmp/oracle_$i.pkl & done; wait
@@ -29,7 +29,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from psa_ref import analysis, evaluate, hf
+from psa_ref import analysis
+from psa_ref.tools import evaluate, hf
 
 _original_decode = hf._decode_ref
 

@@ -17,7 +17,7 @@ import importlib.util
 import torch
 import transformers
 
-import psa_ref.hf as psa_hf
+import psa_ref.tools.hf as psa_hf
 
 
 def load(tiny: bool):
@@ -27,7 +27,7 @@ def load(tiny: bool):
         cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                                        num_attention_heads=6, num_key_value_heads=2, head_dim=8)
         return transformers.LlamaForCausalLM(cfg).eval(), torch.randint(0, 97, (1, 300)), None
-    from psa_ref import evaluate
+    from psa_ref.tools import evaluate
 
     model, tokenizer = evaluate.load_smollm2()
     ids = tokenizer(evaluate.load_text("pydoc"), add_special_tokens=False, verbose=False)["input_ids"]

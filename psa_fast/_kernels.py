@@ -163,11 +163,10 @@ def decode_config(*, d: int, s: int, g: int, version: int, warps: int = 8,
                   stages: int | None = None) -> tuple[int, int, int, int]:
     """``(version, warps, stages, dynamic shared memory)`` that fit the GPU for this shape.
 
-    Version 3 (tensor cores) takes at most 8 query heads per group; larger groups use version 2."""
+    Version 3 (tensor cores) takes at most 8 query heads per group; larger groups use version 2
+    (CUDA cores, any group size; stop rules remaining, seed and certified)."""
     if version == 3 and g > 8:
         version = 2
-    if version == 1:
-        return 1, warps, 0, 0
     sp = -(-s // 16) * 16 if version == 3 else s
     stages = stages or DECODE_STAGES
     while True:
@@ -200,7 +199,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0) -> None:
-    """Launch the decode kernel (``version`` 3; 1 and 2 are the earlier kernels, kept for comparison)
+    """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
+    more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
 
     ``offload = (slot_map, istate, vstate, groups_left, done_ptr, token)`` launches the ``PSA_OFFLOAD``
@@ -211,8 +211,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     scratch buffer of the same shape for the attended blocks' log masses.
 
     ``q`` is the scaled query ``[B, Hq, Dp]`` float32. Given ``q_mma`` (the query scaled by a power of
-    two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; versions 1 and 2
-    read ``q``."""
+    two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; version 2 reads
+    ``q``."""
     version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
     if version == 3 and q_mma is not None:
         q = q_mma
@@ -229,11 +229,6 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         raise NotImplementedError("stop='ema', stop='sketch' and offload need decode version 3")
     if stop == "sketch" and sketch is None:
         raise ValueError("stop='sketch' needs sketch=(ests, lmass)")
-    if version == 1:
-        fn = kernel("decode_v1", d=d, s=s, g=g, cluster=cluster, warps=warps)
-        allow_cluster(fn, cluster)
-        fn(grid, (warps * 32,), args)
-        return
     defines = {}
     if version == 3:
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_NEXT_SHARE, SKETCH_WINDOW

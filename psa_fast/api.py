@@ -68,7 +68,8 @@ class DecodePlan:
         scale: logit scale, default ``1/sqrt(D)``.
         cluster: CTAs per selection group (default: enough to cover the GPU).
         warps: warps per CTA.
-        version: decode kernel version: 3 (tensor cores); 1 and 2 are earlier kernels kept for comparison.
+        version: decode kernel: 3 (tensor cores, at most 8 query heads per KV head) or 2 (CUDA cores,
+            any group size, stop rules remaining/seed/certified; groups of more than 8 heads use it).
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
     """
 
@@ -105,7 +106,7 @@ class DecodePlan:
         self.cluster = (_kernels.pick_cluster(cache.batch * self.gn) if cluster is None
                         else _validate.integer(cluster, "cluster", minimum=1))
         self.warps = _validate.integer(warps, "warps", minimum=1)
-        self.version = int(_validate.choice(str(version), "version", ("1", "2", "3")))
+        self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         b, nmax, dp = cache.batch, cache.nmax, cache.dp
         f32, i32 = cupy.float32, cupy.int32

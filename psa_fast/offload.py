@@ -148,7 +148,7 @@ class OffloadKVCache(PagedKVCache):
         self.pool_kind = _validate.choice(pool, "pool", ("unified", "per_layer"))
         if cache_args.get("metadata") == "quant3":
             raise NotImplementedError("metadata='quant3' is not offered with host offload: its per-token codes are "
-                                      "not kept in the host store (psa_ref.store has the same limit); use "
+                                      "not kept in the host store (psa_ref.kvcache.store has the same limit); use "
                                       "cuboid_mean, minmax or mean")
         super().__init__(**cache_args)
         parts = 1 if self.pool_kind == "unified" else self.num_layers
@@ -284,11 +284,11 @@ def blocks_per_iteration(*, num_q_heads: int, num_kv_heads: int, step: int, gqa:
 
 
 def batch_controller(capacity_per_partition: int, *, max_batch: int | None = None):
-    """psa_ref's FCFS :class:`~psa_ref.batch.BatchController` sized for :class:`OffloadDecoder`: the
+    """psa_ref's FCFS :class:`~psa_ref.kvcache.batch.BatchController` sized for :class:`OffloadDecoder`: the
     pipelined loop keeps two iterations in a partition (the one attended and the one loading), so
     a request is admitted when :func:`blocks_per_iteration` fits in half of
     ``cache.pool.capacity_per_partition`` beside the requests already running."""
-    from psa_ref.batch import BatchController
+    from psa_ref.kvcache.batch import BatchController
 
     return BatchController(_validate.integer(capacity_per_partition, "capacity_per_partition", minimum=2) // 2,
                            max_batch=max_batch)

@@ -1,6 +1,6 @@
 """KV cache manager on the GPU: the slot pool's policy, decided on the device.
 
-The device twin of :class:`psa_ref.pool.UnifiedPool` / :class:`psa_ref.pool.PerLayerPool`. The
+The device twin of :class:`psa_ref.kvcache.pool.UnifiedPool` / :class:`psa_ref.kvcache.pool.PerLayerPool`. The
 slots themselves (one ``[slots, S, Dp]`` tensor per K and V) belong to the caller; a
 :class:`GPUSlotPool` owns only the *policy state*, on the device, and decides for each access which
 blocks hit, which slot every block gets and which blocks are evicted, with no host round trip:
@@ -127,7 +127,7 @@ def _append(nxt, prv, node, sentinel):
 @cuda.jit
 def _access_kernel(ids, p, per, lru, pin_window, slot_of, block_of, nxt, prv, free, free_top, pin, epoch,
                    load_seq, seq, counters, error, slots, hit, load_src, load_dst, num_loads, evicted, num_evicted):
-    # One thread, like psa_ref.pool.SlotPool.access. The cost is latency: ~1 us per id of dependent global
+    # One thread, like psa_ref.kvcache.pool.SlotPool.access. The cost is latency: ~1 us per id of dependent global
     # loads, so counters live in registers and are written back once.
     if cuda.grid(1) != 0:
         return

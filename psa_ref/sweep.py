@@ -11,7 +11,7 @@ arrays of boundaries), then exact softmax attention over the blocks before the f
 boundary where the rule holds.
 
 It reads the whole KV cache, so it says nothing about speed; ``tests/test_stop_rules.py``
-checks it against the loop. :mod:`psa_ref.hf` uses it as ``backend="sweep"``.
+checks it against the loop. :mod:`psa_ref.tools.hf` uses it as ``backend="sweep"``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import psa_ref
 from psa_ref import analysis
-from psa_ref.strategies import problems
+from psa_ref.testing.strategies import problems
 from psa_ref.testing import assert_close, budget64, exact_fraction
 
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psa_ref.batch import BatchController
+from psa_ref.kvcache.batch import BatchController
 
 
 @given(capacity=st.integers(1, 20), max_batch=st.one_of(st.none(), st.integers(1, 5)),

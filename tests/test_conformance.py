@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import psa_ref
-from psa_ref.conformance import check_result
-from psa_ref.strategies import problems, thresholds
+from psa_ref.testing.conformance import check_result
+from psa_ref.testing.strategies import problems, thresholds
 
 
 @given(problems(dtypes=("float16",)), thresholds, st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))

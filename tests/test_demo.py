@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from psa_ref.cli import main as cli_main
-from psa_ref.demo import format_table, run_demo
+from psa_ref.tools.cli import main as cli_main
+from psa_ref.tools.demo import format_table, run_demo
 from psa_ref.progressive import BLOCK_STOP_RULES
 from psa_ref.trace import load_trace
 
@@ -49,7 +49,7 @@ def test_demo_rows_are_consistent(trace):
 
 
 def test_cli_demo_writes_table_and_figures(tmp_path, capsys, monkeypatch):
-    import psa_ref.demo as demo
+    import psa_ref.tools.demo as demo
 
     monkeypatch.setattr(demo, "load_trace", lambda path=None: small(load_trace(path)))
     assert cli_main(["demo", "--out", str(tmp_path), "--quiet"]) == 0

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given
 
 import psa_ref
-from psa_ref.strategies import problems
+from psa_ref.testing.strategies import problems
 from psa_ref.testing import assert_close, budget64
 
 

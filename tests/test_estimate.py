@@ -5,7 +5,7 @@ from hypothesis import given
 
 import psa_ref
 from psa_ref.scoring import forced_blocks, kv_head_of, processing_order
-from psa_ref.strategies import problems
+from psa_ref.testing.strategies import problems
 from psa_ref.testing import assert_close, brute_force_bound, brute_force_estimate, budget64
 
 

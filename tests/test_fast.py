@@ -1,6 +1,6 @@
 """psa_fast on the GPU against the reference (skipped where there is no GPU).
 
-Every result is checked with psa_ref.conformance.check_result: output within twice a naive
+Every result is checked with psa_ref.testing.conformance.check_result: output within twice a naive
 float32 attention's error, order and stop within float16-metadata / float32-ratio margins. On
 top, the test counts exact agreement with the reference's blocks, which must be the rule and not
 the exception.
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import psa_fast
 import psa_ref
-from psa_ref.conformance import check_result
-from psa_ref.strategies import problems, thresholds
+from psa_ref.testing.conformance import check_result
+from psa_ref.testing.strategies import problems, thresholds
 
 pytestmark = pytest.mark.skipif(not psa_fast.gpu_available(), reason="needs a CUDA GPU (cupy.cuda.is_available())")
 
@@ -195,16 +195,17 @@ def test_append_then_attend_equals_prefill():
     check_result(res, q, k, v, threshold=0.95, step=2, block_size=8)
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_earlier_decode_kernels_still_conform(version):
-    """Versions 1 and 2 stay in the benchmark for comparison, so they must stay correct."""
-    rng = np.random.default_rng(10 + version)
+@pytest.mark.parametrize("hq, version", [(8, 2), (32, 3)])
+def test_cuda_core_decode_kernel_conforms(hq, version):
+    """Version 2 (CUDA cores) is the kernel for groups of more than 8 query heads: asked for directly
+    (4 heads a group) and as the fallback of version 3 (16 heads a group)."""
+    rng = np.random.default_rng(10 + hq)
     for t, s, tau, step in [(300, 16, 0.9, 4), (97, 5, 0.99, 1), (1000, 16, 0.8, 64)]:
-        q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=8, num_kv_heads=2, num_tokens=t, head_dim=64,
+        q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=2, num_tokens=t, head_dim=64,
                                                  logit_scale=2.0, sink_strength=4.0, dtype=np.float16)
         cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=2, head_dim=64, max_tokens=t, block_size=s)
         cache.prefill(0, 0, cupy.asarray(k), cupy.asarray(v))
-        dec = psa_fast.plan(cache, num_q_heads=8, threshold=tau, step=step, stop="remaining",
+        dec = psa_fast.plan(cache, num_q_heads=hq, threshold=tau, step=step, stop="remaining",
                             version=version).run(cupy.asarray(q[None]))
         used = [cupy.asnumpy(dec.order[0, gi, : int(dec.num_used[0, gi])]) for gi in range(2)]
         res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
@@ -347,7 +348,7 @@ def test_transformers_integration_with_the_fast_backend():
     both against the model in float32."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from psa_ref import hf
+    from psa_ref.tools import hf
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -367,7 +368,9 @@ def test_transformers_integration_with_the_fast_backend():
     ref32 = run(model)
     naive16 = run(model.half())
     model.float()
-    session = hf.enable(model, hf.PSAConfig(threshold=1.0, block_size=16, backend="fast"))
+    import psa_fast.hf
+
+    session = psa_fast.hf.enable(model, hf.PSAConfig(threshold=1.0, block_size=16))
     try:
         fast = run(model)
     finally:

@@ -19,8 +19,8 @@ pytest.importorskip("numba")
 from psa_fast import pool as fast_pool  # noqa: E402
 from psa_fast._compat import gpu_available  # noqa: E402
 from psa_fast.pool import GPUSlotPool, PoolAccess  # noqa: E402
-from psa_ref.pool import PerLayerPool, UnifiedPool  # noqa: E402
-from psa_ref.store import BlockKey, HostStore  # noqa: E402
+from psa_ref.kvcache.pool import PerLayerPool, UnifiedPool  # noqa: E402
+from psa_ref.kvcache.store import BlockKey, HostStore  # noqa: E402
 
 if gpu_available() and not fast_pool._simulating():
     import cupy as xp

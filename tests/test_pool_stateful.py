@@ -21,9 +21,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from psa_ref.kvtesting import assert_pool_consistent
-from psa_ref.pool import PerLayerPool, UnifiedPool
-from psa_ref.store import BlockKey, HostStore
+from psa_ref.testing.kvcache import assert_pool_consistent
+from psa_ref.kvcache.pool import PerLayerPool, UnifiedPool
+from psa_ref.kvcache.store import BlockKey, HostStore
 
 L, HKV, D, S = 3, 2, 3, 4
 REQUESTS = (0, 1, 2, 3)

@@ -9,7 +9,7 @@ import psa_ref
 from psa_ref.scoring import kv_head_of
 from psa_ref.progressive import split_chunks
 from psa_ref.scoring import forced_blocks, processing_order
-from psa_ref.strategies import problems, thresholds
+from psa_ref.testing.strategies import problems, thresholds
 from psa_ref.testing import (
     assert_close,
     brute_force_bound,

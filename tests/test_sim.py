@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import psa_ref
-from psa_ref import sim
-from psa_ref.cli import main as cli_main
+from psa_ref.kvcache import sim
+from psa_ref.tools.cli import main as cli_main
 from psa_ref.trace import load_trace
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import psa_ref
 from psa_ref import sweep
 from psa_ref.progressive import EMA_WEIGHT, SKETCH_NEXT_SHARE, sketch_next_small, sketch_rest, split_chunks, update_ema
-from psa_ref.strategies import problems, thresholds
+from psa_ref.testing.strategies import problems, thresholds
 from psa_ref.testing import assert_close, brute_force_estimate, budget64, log_block_mass, oracle_fractions
 
 RATIO_SLACK = 1e-9  # as in test_progressive.py: ratios within this of tau may go either way

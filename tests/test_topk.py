@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import psa_ref
 from psa_ref.scoring import kv_head_of
-from psa_ref.strategies import problems
+from psa_ref.testing.strategies import problems
 from psa_ref.testing import assert_close, brute_force_estimate, budget64, dense_over_blocks, used_by_head
 
 

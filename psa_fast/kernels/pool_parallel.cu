@@ -24,7 +24,7 @@
 // is current), by the whole GPU: tiles of PSA_COMPACT entries per thread are counted, each tile's
 // CTA sums the counts before it and writes its live entries from there.
 //
-// Semantics (psa_ref.pool.SlotPool.access): every block the access names is pinned first (with
+// Semantics (psa_ref.kvcache.pool.SlotPool.access): every block the access names is pinned first (with
 // pin_window = 2 also those named by the previous access); misses, in order of first occurrence,
 // take free slots (the stack's top first), then evict the first unpinned blocks in policy order.
 // A bad id or an access that finds too few victims changes nothing but pins and sets `error` (the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .blocks import METADATA_KINDS
+from ..blocks import METADATA_KINDS
 
 
 def main(argv=None) -> int:
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 
         demo_module.main(out_dir=args.out, trace_path=args.trace, plots=not args.no_plots, progress=not args.quiet)
     elif args.command == "sim":
-        from . import sim as sim_module
+        from ..kvcache import sim as sim_module
 
         sim_module.main(out_dir=args.out, trace_path=args.trace, plots=not args.no_plots, progress=not args.quiet,
                         threshold=args.threshold, step=args.step, policy=args.policy, synthetic=not args.no_synthetic,

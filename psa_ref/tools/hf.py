@@ -6,7 +6,7 @@ the layer's whole KV cache, with block metadata kept per layer and updated incre
 as tokens append (only the last, partial block is recomputed). What each decode step
 attended is recorded per layer and head for analysis::
 
-    import psa_ref.hf as psa_hf
+    import psa_ref.tools.hf as psa_hf
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     session = psa_hf.enable(model, psa_hf.PSAConfig(threshold=0.95))   # switches to "psa"
     out = model.generate(ids, max_new_tokens=32)
@@ -17,7 +17,8 @@ or register the name first and pass it at load time (``psa_hf.register()`` then
 
 Backends: ``"ref"`` calls :func:`psa_ref.attention` (the readable loop, the oracle);
 ``"sweep"`` calls :func:`psa_ref.sweep.attention`, the same result from all logits at once
-(faster in Python, used by ``psa eval``); ``"fast"`` calls ``psa_fast`` on CUDA tensors.
+(faster in Python, used by ``psa eval``). The GPU backend ``"fast"`` belongs to :mod:`psa_fast.hf`, which
+registers it here (``psa_fast.hf.enable(model, config)``); this module never imports ``psa_fast``.
 Needs ``torch`` and ``transformers`` (the ``hf`` extra); :mod:`psa_ref` itself does not.
 """
 
@@ -31,16 +32,17 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from . import _validate
-from . import sweep as _sweep
-from .analysis import blocks_for_mass
-from .blocks import METADATA_KINDS, KVBlocks, block_metadata, quantize
-from .progressive import DEFAULT_STOP, STOP_RULES
-from .progressive import attention as _ref_attention
-from .topk import topk_attention
+from .. import _validate
+from .. import sweep as _sweep
+from ..analysis import blocks_for_mass
+from ..blocks import METADATA_KINDS, KVBlocks, block_metadata, quantize
+from ..progressive import DEFAULT_STOP, STOP_RULES
+from ..progressive import attention as _ref_attention
+from ..topk import topk_attention
 
 ATTN_IMPLEMENTATION = "psa"
-BACKENDS = ("ref", "sweep", "fast")
+BACKENDS = ("ref", "sweep", "fast")  # "fast" is registered by psa_fast.hf (see register_backend)
+_DECODERS: dict = {}  # backend name -> decode function(session, layer, q [Hq, D], key, value, scaling) -> [Hq, D]
 IDEAL_TAUS = (0.9, 0.95, 0.99)  # thresholds of the ideal budgets recorded with ``record_ideal``
 
 
@@ -303,16 +305,14 @@ def enable(model, config: PSAConfig | None = None) -> PSASession:
     if config is None:
         config = PSAConfig()
     if not isinstance(config, PSAConfig):
-        raise TypeError(f"config must be a psa_ref.hf.PSAConfig, got {type(config).__name__}")
+        raise TypeError(f"config must be a psa_ref.tools.hf.PSAConfig, got {type(config).__name__}")
     modules = attention_modules(model)
     if not modules:
         raise ValueError("model has no attention module with layer_idx and num_key_value_groups "
                          "(a transformers decoder using AttentionInterface, such as Llama, is expected)")
-    if config.backend == "fast":
-        import psa_fast
-
-        if not psa_fast.gpu_available():
-            raise ValueError("backend='fast' needs psa_fast and a CUDA GPU; use backend='ref' or 'sweep' on the CPU")
+    if config.backend not in ("ref", "sweep") and config.backend not in _DECODERS:
+        raise ValueError(f"backend={config.backend!r} is provided by psa_fast.hf: call psa_fast.hf.enable(model, "
+                         "config) on a machine with a CUDA GPU, or use backend='ref' or 'sweep' on the CPU")
     register()
     session = PSASession(config)
     for m in modules:
@@ -348,7 +348,7 @@ def _decode_ref(session: PSASession, layer: int, b: int, q: torch.Tensor, key, v
     return res.output
 
 
-def _step_record(layer: int, num_tokens: int, block_size: int, per_head: list[np.ndarray], hkv: int) -> StepRecord:
+def step_record(layer: int, num_tokens: int, block_size: int, per_head: list[np.ndarray], hkv: int) -> StepRecord:
     """A :class:`StepRecord` from the blocks each query head attended."""
     n = -(-num_tokens // block_size)
     lengths = np.full(n, block_size)
@@ -363,7 +363,7 @@ def _record(session: PSASession, layer: int, blocks: KVBlocks, q64: np.ndarray, 
     hq, hkv = q64.shape[0], blocks.num_heads
     g = hq // hkv
     per_head = res.blocks_used if session.config.gqa == "per_head" else [res.blocks_used[h // g] for h in range(hq)]
-    rec = _step_record(layer, blocks.num_tokens, blocks.block_size, per_head, hkv)
+    rec = step_record(layer, blocks.num_tokens, blocks.block_size, per_head, hkv)
     if session.config.record_ideal:
         starts = np.arange(0, blocks.num_tokens, blocks.block_size)
         mass = np.empty((blocks.num_blocks, hq))
@@ -375,26 +375,16 @@ def _record(session: PSASession, layer: int, blocks: KVBlocks, q64: np.ndarray, 
     session.records.append(rec)
 
 
-def _decode_fast(session: PSASession, layer: int, q: torch.Tensor, key, value, scaling: float):
-    """One sequence's decode step through ``psa_fast`` (CUDA tensors; metadata rebuilt on the GPU)."""
-    import psa_fast
-
-    cfg = session.config
-    blocks = psa_fast.KVBlocks.from_dense(key.half().contiguous(), value.half().contiguous(),
-                                          block_size=cfg.block_size, metadata=cfg.metadata)
-    common = dict(scale=scaling, gqa=cfg.gqa, sink_blocks=cfg.sink_blocks, recent_blocks=cfg.recent_blocks)
-    if cfg.topk is not None:
-        res = psa_fast.topk_attention(q.half().contiguous(), blocks, cfg.topk, **common)
-    else:
-        res = psa_fast.attention(q.half().contiguous(), blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, **common)
-    if cfg.record:
-        hq, hkv = q.shape[0], key.shape[0]
-        g = hq // hkv
-        used = [np.asarray(u) for u in (res.blocks_used if isinstance(res.blocks_used, list) else [res.blocks_used])]
-        per_head = used if cfg.gqa == "per_head" else [used[h // g] for h in range(hq)]
-        session._head_dim = key.shape[2]
-        session.records.append(_step_record(layer, key.shape[1], cfg.block_size, per_head, hkv))
-    return torch.as_tensor(res.output, device=q.device)
+def register_backend(name: str, decode) -> None:
+    """Make ``PSAConfig(backend=name)`` call ``decode(session, layer, q, key, value, scaling)`` for each
+    sequence's decode step (``q [Hq, D]``, ``key, value [Hkv, T, D]`` tensors; returns ``[Hq, D]``).
+    :mod:`psa_fast.hf` registers ``"fast"`` this way, so the reference never imports the GPU package."""
+    _validate.choice(name, "name", BACKENDS)
+    if name in ("ref", "sweep"):
+        raise ValueError(f"backend {name!r} is built in and cannot be replaced")
+    if not callable(decode):
+        raise TypeError(f"decode must be callable, got {type(decode).__name__}")
+    _DECODERS[name] = decode
 
 
 def psa_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -425,8 +415,9 @@ def psa_attention_forward(module, query, key, value, attention_mask, dropout: fl
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     outs = []
     for b in range(query.shape[0]):
-        if session.config.backend == "fast":
-            o = _decode_fast(session, module.layer_idx, query[b, :, 0], key[b], value[b], scale)
+        decode = _DECODERS.get(session.config.backend)
+        if decode is not None:
+            o = decode(session, module.layer_idx, query[b, :, 0], key[b], value[b], scale)
         else:
             o = torch.from_numpy(_decode_ref(session, module.layer_idx, b, query[b, :, 0], key[b], value[b], scale))
         outs.append(o.to(device=query.device, dtype=query.dtype))

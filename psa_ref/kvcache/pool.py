@@ -35,7 +35,7 @@ from typing import Iterable
 
 import numpy as np
 
-from . import _validate
+from .. import _validate
 from .store import BlockKey, HostStore
 
 
@@ -107,7 +107,7 @@ class Access:
     """What one :meth:`SlotPool.access` did, one entry per block named, in the order given.
 
     Attributes:
-        keys: the ``n`` blocks, as :class:`~psa_ref.store.BlockKey`.
+        keys: the ``n`` blocks, as :class:`~psa_ref.kvcache.store.BlockKey`.
         hit: ``[n]`` bool, True where the block was resident.
         slots: ``[n]`` int64, the slot that holds each block now.
         tokens: ``[n]`` int64, the tokens in each block.
@@ -156,7 +156,7 @@ class SlotPool:
 
     def __init__(self, store: HostStore, num_slots: int, policy: str, num_partitions: int):
         if not isinstance(store, HostStore):
-            raise TypeError(f"store must be a psa_ref.store.HostStore, got {type(store).__name__}")
+            raise TypeError(f"store must be a psa_ref.kvcache.store.HostStore, got {type(store).__name__}")
         self.store = store
         self.num_slots = num_slots
         self.policy = _validate.choice(policy, "policy", tuple(POLICIES))
@@ -330,7 +330,7 @@ class UnifiedPool(SlotPool):
     Args:
         num_slots: ``>= 1`` slots of one block of one KV head each.
         policy: ``"lru"`` (default) or ``"fifo"``.
-        store: the :class:`~psa_ref.store.HostStore` the blocks come from.
+        store: the :class:`~psa_ref.kvcache.store.HostStore` the blocks come from.
     """
 
     def __init__(self, num_slots: int, policy: str = "lru", *, store: HostStore):
@@ -349,7 +349,7 @@ class PerLayerPool(SlotPool):
             slots; an uneven split would favour some layers, which is not the baseline).
         num_layers: ``L``; must equal ``store.num_layers``.
         policy: ``"lru"`` (default) or ``"fifo"``.
-        store: the :class:`~psa_ref.store.HostStore` the blocks come from.
+        store: the :class:`~psa_ref.kvcache.store.HostStore` the blocks come from.
     """
 
     def __init__(self, num_slots: int, num_layers: int, policy: str = "lru", *, store: HostStore):

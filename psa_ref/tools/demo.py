@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _plotting, analysis
-from .blocks import KVBlocks
-from .dense import dense_attention
-from .scoring import estimate, rank
-from .progressive import BLOCK_STOP_RULES, attention
-from .trace import Trace, load_trace
+from .. import _plotting, analysis
+from ..blocks import KVBlocks
+from ..dense import dense_attention
+from ..scoring import estimate, rank
+from ..progressive import BLOCK_STOP_RULES, attention
+from ..trace import Trace, load_trace
 
 TAUS = (0.8, 0.9, 0.95, 0.99)
 

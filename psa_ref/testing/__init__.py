@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .scoring import kv_head_of
+from ..scoring import kv_head_of
 
 EPS64 = float(np.finfo(np.float64).eps)
 
@@ -110,7 +110,7 @@ def oracle_sketch(log_mass: np.ndarray, chunks: list[np.ndarray], log_sketch: np
     nats (``> 0`` where the next block is small enough; ``inf`` when no block is left).
     """
     if window is None or share is None:
-        from .progressive import SKETCH_NEXT_SHARE, SKETCH_WINDOW  # the constants only
+        from ..progressive import SKETCH_NEXT_SHARE, SKETCH_WINDOW  # the constants only
 
         window = SKETCH_WINDOW if window is None else window
         share = SKETCH_NEXT_SHARE if share is None else share
@@ -162,7 +162,7 @@ def oracle_fractions(stop: str, log_mass: np.ndarray, chunks: list[np.ndarray], 
     if stop == "sketch":
         return oracle_sketch(log_mass, chunks, log_bound + np.log(lengths), num_forced)[0]
     if ema_weight is None:
-        from .progressive import EMA_WEIGHT as ema_weight  # the constant only; the formula is re-derived below
+        from ..progressive import EMA_WEIGHT as ema_weight  # the constant only; the formula is re-derived below
     n = log_mass.size
     seen = np.zeros(n, dtype=bool)
     log_ema = None  # log of AS_ema, in absolute (not running-max) units

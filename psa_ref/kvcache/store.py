@@ -1,7 +1,7 @@
 """KV cache manager, part 1: the host store, where every KV block lives.
 
 The host store is the authoritative copy of the KV cache (host memory, pinned on GPU
-runs). A GPU pool (:mod:`psa_ref.pool`) caches some of its blocks; evicting a block from a
+runs). A GPU pool (:mod:`psa_ref.kvcache.pool`) caches some of its blocks; evicting a block from a
 pool never loses data, because the host store still holds it.
 
 A block is addressed by a :class:`BlockKey` ``(request, layer, kv_head, block)`` and holds
@@ -31,8 +31,8 @@ from typing import Hashable, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _validate
-from .blocks import METADATA_KINDS, KVBlocks
+from .. import _validate
+from ..blocks import METADATA_KINDS, KVBlocks
 
 STORE_METADATA = ("cuboid_mean", "minmax", "mean")  # quant3's per-token codes are not kept here yet
 

@@ -1,4 +1,4 @@
-"""Test helpers for the KV cache manager (:mod:`psa_ref.store`, :mod:`psa_ref.pool`).
+"""Test helpers for the KV cache manager (:mod:`psa_ref.kvcache.store`, :mod:`psa_ref.kvcache.pool`).
 
 Kept apart from :mod:`psa_ref.testing` so that the attention helpers and these evolve
 independently; nothing in the package itself uses them.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pool import SlotPool
+from ..kvcache.pool import SlotPool
 
 
 def assert_pool_consistent(pool: SlotPool) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Hashable
 
-from . import _validate
+from .. import _validate
 
 
 class BatchController:
@@ -32,7 +32,7 @@ class BatchController:
 
     Args:
         capacity: the slots one layer's iteration may use: ``pool.capacity_per_layer``
-            of a :class:`~psa_ref.pool.UnifiedPool` or :class:`~psa_ref.pool.PerLayerPool`
+            of a :class:`~psa_ref.kvcache.pool.UnifiedPool` or :class:`~psa_ref.kvcache.pool.PerLayerPool`
             (the attention loop accesses one layer at a time).
         max_batch: at most this many requests run together (None: no limit but capacity).
 

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .blocks import KVBlocks
-from .progressive import DEFAULT_STOP, attention, split_chunks
-from .scoring import estimate, forced_blocks, kv_head_of, processing_order
-from .testing import brute_force_bound, log_block_mass, oracle_fractions, oracle_sketch
-from .topk import topk_attention
+from ..blocks import KVBlocks
+from ..progressive import DEFAULT_STOP, attention, split_chunks
+from ..scoring import estimate, forced_blocks, kv_head_of, processing_order
+from . import brute_force_bound, log_block_mass, oracle_fractions, oracle_sketch
+from ..topk import topk_attention
 
 FP16_META_REL = 2.0**-10  # float16 rounding of centre/radius (2^-11) with a factor 2 of margin
 

@@ -9,13 +9,13 @@ counts what moves. Three stages, each usable on its own:
    makes many requests whose layers differ in how flat their attention is.
 2. **Selection** (:func:`select`): the blocks each (request, step, layer, KV head) reads,
    in processing order, from :func:`psa_ref.attention` (``gqa="shared"``) or
-   :func:`psa_ref.topk_attention` called on the :class:`~psa_ref.store.HostStore`'s view of
+   :func:`psa_ref.topk_attention` called on the :class:`~psa_ref.kvcache.store.HostStore`'s view of
    the cache as it grows token by token. The selection does not depend on the pool.
 3. **Replay** (:func:`replay`): requests are admitted by the
-   :class:`~psa_ref.batch.BatchController`, prefilled into a host store, and decoded step
+   :class:`~psa_ref.kvcache.batch.BatchController`, prefilled into a host store, and decoded step
    by step; every layer runs its attention loop one iteration at a time (``step`` blocks
    per KV head), and each iteration of the whole batch is one
-   :meth:`~psa_ref.pool.SlotPool.access` of the pool.
+   :meth:`~psa_ref.kvcache.pool.SlotPool.access` of the pool.
 
 Modelled time of a decode step (:class:`CostModel`), summed over the layers because a
 layer cannot start before the previous one is done::
@@ -38,14 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _plotting, _validate
+from .. import _plotting, _validate
 from .batch import BatchController
 from .pool import PerLayerPool, PoolStats, SlotPool, UnifiedPool
-from .progressive import DEFAULT_STOP, attention
+from ..progressive import DEFAULT_STOP, attention
 from .store import HostStore
-from .testing import skewed_like_trace
-from .topk import topk_attention
-from .trace import Trace, load_trace
+from ..testing import skewed_like_trace
+from ..topk import topk_attention
+from ..trace import Trace, load_trace
 
 METHODS = ("psa", "topk")
 POOL_KINDS = ("unified", "per_layer")
@@ -253,9 +253,9 @@ def select(workload: Workload, method: str = "psa", *, threshold: float = 0.95, 
            k: int | None = None, step: int = 1, metadata: str = "cuboid_mean", progress: bool = False) -> Selections:
     """Run the reference selection on every decode step of ``workload``.
 
-    Each request's tokens are written into a :class:`~psa_ref.store.HostStore` as decoding
+    Each request's tokens are written into a :class:`~psa_ref.kvcache.store.HostStore` as decoding
     would (prefill, then one token per step and layer); at every step the store's
-    :meth:`~psa_ref.store.HostStore.kv_blocks` view goes through :func:`psa_ref.attention`
+    :meth:`~psa_ref.kvcache.store.HostStore.kv_blocks` view goes through :func:`psa_ref.attention`
     (``method="psa"``, GQA shared, no sink/recent blocks) or
     :func:`psa_ref.topk_attention` (``method="topk"``, budget ``k``).
     """
@@ -334,7 +334,7 @@ class Replay:
     Attributes:
         pool, policy, num_slots: the pool replayed.
         records: one :class:`StepRecord` per decode step.
-        stats: the pool's :class:`~psa_ref.pool.PoolStats` at the end.
+        stats: the pool's :class:`~psa_ref.kvcache.pool.PoolStats` at the end.
         layer_hits, layer_accesses: ``[L]`` int64, per layer.
         admitted: request indices in admission order.
     """
@@ -366,7 +366,7 @@ class Replay:
 
 
 def make_pool(kind: str, num_slots: int, store: HostStore, policy: str = "lru") -> SlotPool:
-    """A :class:`~psa_ref.pool.UnifiedPool` (``kind="unified"``) or :class:`~psa_ref.pool.PerLayerPool`."""
+    """A :class:`~psa_ref.kvcache.pool.UnifiedPool` (``kind="unified"``) or :class:`~psa_ref.kvcache.pool.PerLayerPool`."""
     kind = _validate.choice(kind, "pool", POOL_KINDS)
     if kind == "unified":
         return UnifiedPool(num_slots, policy, store=store)
@@ -377,7 +377,7 @@ def replay(workload: Workload, selections: Selections, *, pool: str = "unified",
            policy: str = "lru", max_batch: int | None = None, cost: CostModel | None = None) -> Replay:
     """Decode every request of ``workload`` through a pool; count hits, misses, bytes and time.
 
-    Requests are submitted in order to a :class:`~psa_ref.batch.BatchController` (demand
+    Requests are submitted in order to a :class:`~psa_ref.kvcache.batch.BatchController` (demand
     ``Hkv * step`` slots); admitted ones are prefilled into a fresh host store (the pool
     starts cold for them), decode one token per step, and leave when done, freeing their
     blocks. A pool too small for one iteration raises ``ValueError`` from the controller.
