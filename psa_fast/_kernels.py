@@ -198,7 +198,7 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2) -> None:
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
-           q_mma=None, qk_scale: float = 1.0) -> None:
+           q_mma=None, qk_scale: float = 1.0, split: tuple | None = None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -209,6 +209,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 
     ``sketch = (ests, lmass)`` (stop = sketch): each head's block estimates ``[B, Hq, Nmax]`` and a
     scratch buffer of the same shape for the attended blocks' log masses.
+
+    ``split = (splits, split_len, partial)`` (dense and top-k, version 3, ``cluster`` 1) launches the
+    ``PSA_SPLIT`` build: ``splits`` CTAs per group each attend ``split_len`` consecutive positions and
+    write their partial outputs to ``partial [B, Hq, splits, Dp + 2]``; ``psa_merge_splits`` then writes
+    ``out`` and the diagnostics.
 
     ``q`` is the scaled query ``[B, Hq, Dp]`` float32. Given ``q_mma`` (the query scaled by a power of
     two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; version 2 reads
@@ -241,9 +246,30 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         slot_map, istate, vstate, groups_left, done_ptr, token = offload
         args = args + (slot_map, istate, vstate, groups_left, np.uint64(done_ptr), token)
         defines["offload"] = 1
+    if split is not None:
+        if version != 3 or offload is not None or cluster != 1 or stop not in ("none", "budget"):
+            raise ValueError("the split build runs dense or top-k attention on decode version 3, one CTA per split")
+        splits, split_len, partial = split
+        args = args + (np.int32(split_len), partial)
+        defines["split"] = 1
+        grid = (splits, hq // g, b)
     fn = kernel("decode" if version == 3 else "decode_v2", d=d, s=s, g=g, cluster=cluster, warps=warps,
                 stages=stages, **defines)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     allow_cluster(fn, cluster)
     fn(grid, (warps * 32,), args, shared_mem=smem)
+    if split is not None:
+        merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
+                       **defines)
+        why = REASONS.index("budget" if stop == "budget" else "exhausted")
+        merge((hq, b), (d,), (partial, seq_lens, out, num_used, iterations, reason, mass_est, np.int32(splits),
+                              np.int32(step), np.int32(why)))
+
+
+def pick_splits(groups: int, positions: int, warps: int) -> int:
+    """CTAs per group for the split build (dense, top-k): about one wave over the SMs (one CTA of
+    ``warps`` warps fits per SM at the decode kernel's register count), each split at least one
+    position per warp; 1 when the groups alone fill the GPU."""
+    splits = max(1, round(num_sms() / groups))
+    return max(1, min(splits, positions // max(1, warps)))

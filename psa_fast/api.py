@@ -71,12 +71,15 @@ class DecodePlan:
         version: decode kernel: 3 (tensor cores, at most 8 query heads per KV head) or 2 (CUDA cores,
             any group size, stop rules remaining/seed/certified; groups of more than 8 heads use it).
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
+        splits: CTAs per group for dense and top-k (split-KV: each attends a slice of the positions,
+            partial outputs merged by log-sum-exp). Default: about one wave over the SMs when the groups
+            alone leave SMs idle (one request, few KV heads), else 1. PSA's loop runs one cluster per group.
     """
 
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
                  stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
                  recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
-                 warps: int = 8, version: int = 3, stages: int | None = None):
+                 warps: int = 8, version: int = 3, stages: int | None = None, splits: int | None = None):
         import cupy
 
         if not isinstance(cache, PagedKVCache):
@@ -108,6 +111,7 @@ class DecodePlan:
         self.warps = _validate.integer(warps, "warps", minimum=1)
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
+        self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
         b, nmax, dp = cache.batch, cache.nmax, cache.dp
         f32, i32 = cupy.float32, cupy.int32
         self.q = cupy.zeros((b, self.hq, dp), f32)
@@ -132,6 +136,30 @@ class DecodePlan:
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)
         self.mass_estimate = cupy.empty((b, self.hq), f32)
+
+    def _plan_splits(self, splits, cluster) -> tuple:
+        """``(splits, positions per split, partial-output buffer or None)``; sets ``cluster`` to 1 when split."""
+        import cupy
+
+        c = self.cache
+        if splits is not None:
+            splits = _validate.integer(splits, "splits", minimum=1)
+            if splits > 1 and self.mode == "psa":
+                raise ValueError("splits > 1 runs dense and top-k attention only; PSA's loop runs one cluster "
+                                 "per group (leave splits=None)")
+        version, warps, _, _ = _kernels.decode_config(d=c.dp, s=c.block_size, g=self.g, version=self.version,
+                                                      warps=self.warps, stages=self.stages)
+        positions = c.nmax if self.mode == "dense" else min(self.k, c.nmax)
+        if splits is None:
+            splits = (1 if self.mode == "psa" or version != 3 or cluster is not None
+                      else _kernels.pick_splits(c.batch * self.gn, positions, warps))
+        if splits == 1:
+            return 1, positions, None
+        if version != 3:
+            raise ValueError(f"splits > 1 needs decode version 3 (at most 8 query heads per group, got {self.g})")
+        self.cluster = 1
+        split_len = -(-positions // splits)
+        return splits, split_len, cupy.empty((c.batch, self.hq, splits, c.dp + 2), cupy.float32)
 
     def run(self, q, layer: int = 0) -> DecodeOutput:
         """Attend ``q`` (``[B, Hq, D]`` float16/float32 on the GPU) to layer ``layer`` of the cache.
@@ -195,7 +223,9 @@ class DecodePlan:
                         hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
                         warps=self.warps, version=self.version, stages=self.stages,
                         sketch=(self.bounds, self.lmass) if self.lmass is not None else None, q_mma=self.q_mma,
-                        qk_scale=self.qk_scale, **self._shape())
+                        qk_scale=self.qk_scale,
+                        split=None if self.partial is None else (self.splits, self.split_len, self.partial),
+                        **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
                             self.mass_estimate)
 

@@ -177,6 +177,85 @@ def test_batched_ragged_lengths_match_single_requests(metadata, stop):
         check_result(res, q, k, v, threshold=0.9, step=4, block_size=s, stop=stop, metadata=metadata)
 
 
+@pytest.mark.parametrize("mode", ["dense", "topk"])
+@pytest.mark.parametrize("splits", [None, 1, 3, 7])
+def test_split_kv_matches_the_reference_on_ragged_batches(mode, splits):
+    """Split-KV (dense, top-k): splits of a group's positions on separate CTAs, merged by log-sum-exp.
+    Ragged lengths leave some splits empty; every output is still the reference's within I1's budget,
+    and the diagnostics are those of one chunk."""
+    rng = np.random.default_rng(2)
+    lens = [1, 700, 2000]
+    hq, hkv, d, s, k = 8, 2, 64, 16, 37
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=3, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
+                                  block_size=s)
+    data = []
+    for b, t in enumerate(lens):
+        q, kk, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
+                                                  logit_scale=2.0, dtype=np.float16)
+        cache.prefill(0, b, cupy.asarray(kk), cupy.asarray(v))
+        data.append((q, kk, v))
+    plan = psa_fast.plan(cache, num_q_heads=hq, mode=mode, k=k, splits=splits)
+    if splits is not None:
+        assert plan.splits == splits
+    plan.out.fill(np.nan)
+    dec = plan.run(cupy.asarray(np.stack([q for q, _, _ in data])))
+    out, used = cupy.asnumpy(dec.out), cupy.asnumpy(dec.num_used)
+    for b, (q, kk, v) in enumerate(data):
+        n = -(-lens[b] // s)
+        assert used[b].tolist() == [min(n, k) if mode == "topk" else n] * hkv
+        assert cupy.asnumpy(dec.iterations[b]).tolist() == [1] * hkv
+        want = "budget" if mode == "topk" else "exhausted"
+        assert [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[b])] == [want] * hkv
+        if mode == "topk":
+            blocks = [cupy.asnumpy(dec.order[b, g, : used[b, g]]) for g in range(hkv)]
+            res = psa_ref.AttentionResult(out[b], blocks, np.ones(hkv, np.int64), [want] * hkv, None, None, n)
+            check_result(res, q, kk, v, method="topk", k=k, block_size=s)  # I1, I4, I6
+        else:  # I2: dense within twice a naive float32 attention's error
+            ref = psa_ref.dense_attention(q, kk, v)
+            for h in range(hq):
+                k32, v32 = kk[h // (hq // hkv)].astype(np.float32), v[h // (hq // hkv)].astype(np.float32)
+                lg = (k32 @ q[h].astype(np.float32)) / np.float32(np.sqrt(d))
+                w = np.exp(lg - lg.max())
+                naive = np.abs((w @ v32) / w.sum() - ref[h]).max()
+                assert np.abs(out[b, h] - ref[h]).max() <= 2 * naive + 1e-6 * np.abs(v32).max(), (b, h)
+
+
+def test_split_kv_is_chosen_for_one_request_and_refused_for_psa():
+    from psa_fast import _kernels
+
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=1, head_dim=256, max_tokens=32768)
+    p = psa_fast.plan(cache, num_q_heads=4, mode="dense")
+    assert p.splits == _kernels.pick_splits(1, cache.nmax, 4) > 8 and p.cluster == 1
+    assert psa_fast.plan(cache, num_q_heads=4, mode="psa").splits == 1
+    with pytest.raises(ValueError, match="splits"):
+        psa_fast.plan(cache, num_q_heads=4, mode="psa", splits=4)
+    with pytest.raises(ValueError, match="splits must be >= 1"):
+        psa_fast.plan(cache, num_q_heads=4, mode="dense", splits=0)
+
+
+@pytest.mark.parametrize("mode", ["psa", "topk", "dense"])
+def test_gemma_shape_one_kv_head_head_dim_256(mode):
+    """Gemma 3 270M's global layers: 4 query heads on 1 KV head, head dim 256, scale 0.0625."""
+    rng = np.random.default_rng(5)
+    t = 3000
+    q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=4, num_kv_heads=1, num_tokens=t, head_dim=256,
+                                             logit_scale=2.0, sink_strength=4.0, dtype=np.float16)
+    blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v), block_size=16)
+    opts = dict(scale=0.0625, sink_blocks=1, recent_blocks=1)
+    if mode == "psa":
+        res = psa_fast.attention(cupy.asarray(q), blocks, 0.95, step=16, **opts)
+        kw = dict(threshold=0.95, step=16)
+    elif mode == "topk":
+        res = psa_fast.topk_attention(cupy.asarray(q), blocks, 40, **opts)
+        kw = dict(method="topk", k=40)
+    else:
+        res = psa_fast.topk_attention(cupy.asarray(q), blocks, -(-t // 16), **opts)
+        kw = dict(method="topk", k=-(-t // 16))
+    host = type(res)(cupy.asnumpy(res.output), res.blocks_used, res.iterations, res.stop_reason, res.mass_estimate,
+                     res.mass_exact, res.num_blocks)
+    check_result(host, q, k, v, block_size=16, **opts, **kw)
+
+
 def test_append_then_attend_equals_prefill():
     rng = np.random.default_rng(2)
     hq, hkv, d, t = 4, 1, 32, 48  # capacity = t: a multiple of the block size

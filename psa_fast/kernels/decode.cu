@@ -63,12 +63,24 @@
 // `slot_map` (the pool's) maps that id to its slot; the loader guarantees every block of the
 // iteration is resident and stays so while the launch runs. When the last group of the batch
 // stops, the kernel writes `*token` into `done_host` (mapped pinned memory) for the loader to see.
+//
+// Split build (PSA_SPLIT = 1; dense and top-k, which need no verifier decision): one group's
+// positions [0, min(n, step)) are cut into gridDim.x splits of `split_len` positions, each attended
+// by one CTA (PSA_CLUSTER = 1) with no barrier between CTAs, so that one request over a long cache
+// fills every SM (flash-decoding). Each CTA writes its heads' unnormalised output and its log-sum-exp
+// terms (max, mass relative to it) to `partial [B, Hq, splits, PSA_D + 2]`; psa_merge_splits (below)
+// combines them and writes the outputs and the group's diagnostics. Costs one extra pass over
+// splits * (D + 2) floats per head: at B = 1, 32 heads, 16 splits, D 128 that is 264 KiB, ~0.1 us.
 #include "common.cuh"
 #include "mma.cuh"
 
 #ifndef PSA_OFFLOAD
 #define PSA_OFFLOAD 0
 #endif
+#ifndef PSA_SPLIT
+#define PSA_SPLIT 0
+#endif
+static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 
 #ifndef PSA_STAGES
@@ -162,6 +174,9 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
            , const int* __restrict__ slot_map, int* __restrict__ istate, float* __restrict__ vstate,
            int* __restrict__ groups_left, volatile int* done_host, const int* __restrict__ token
 #endif
+#if PSA_SPLIT
+           , int split_len, float* __restrict__ partial
+#endif
            ) {
     constexpr int NW = PSA_CLUSTER * PSA_WARPS;
     extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -172,9 +187,18 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     const int h0 = g * PSA_G, kv = h0 / (Hq / Hkv);
     const float log_keep = __logf(1.f - ema_w);    // stop = ema: log of the weight kept per block
     const int len = seq_lens[b];
+#if PSA_SPLIT
+    // This CTA's positions [base, base + n) of the group's min(blocks, step): one chunk, no decision.
+    const int total = min((len + PSA_S - 1) / PSA_S, step);
+    const int base = min(total, (int)blockIdx.x * split_len);
+    const int n = min(total - base, split_len);
+    const int first = n;
+#else
+    constexpr int base = 0;
     const int n = (len + PSA_S - 1) / PSA_S;
     const int first = min(n, forced);
-    const int* orow = order ? order + ((long)b * Gn + g) * Nmax : nullptr;
+#endif
+    const int* orow = order ? order + ((long)b * Gn + g) * Nmax + base : nullptr;
     const int* btab = block_table + ((long)b * Hkv + kv) * Nmax;
 #if PSA_OFFLOAD
     const long gi = (long)b * Gn + g;
@@ -224,10 +248,10 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
 
     // ---- the prefetch stream: positions of the order this warp will attend, in sequence ----
     int f_pos = PSA_FIRST_POS;                                       // next position to load
-    int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : f_pos) : 0;
+    int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : base + f_pos) : 0;
     int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
     int a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, step, lim) : lim;  // the one after it
-    int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : a_pos) : 0;
+    int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
     int issued = 0;
     auto issue = [&]() {
         if (f_pos < lim) {
@@ -247,7 +271,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
         f_blk = a_blk;
         f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
         a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, step, lim) : lim;
-        a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : a_pos) : 0;
+        a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
     };
 #pragma unroll
     for (int s = 0; s < PSA_STAGES - 1; ++s) issue();
@@ -286,7 +310,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
         const int clen = end - pos;
 
         for (; cur < end; cur = next_position(cur, gw, NW, first, step, lim), ++consumed) {
-            const int j = orow ? __ldg(orow + cur) : cur;
+            const int j = orow ? __ldg(orow + cur) : base + cur;
             const int ntok = min(PSA_S, len - j * PSA_S);
             __syncwarp();  // every lane is done reading the stage that issue() refills
             issue();
@@ -491,6 +515,16 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
         c_o[h][d] = O;
         if (d == 0) { c_m[h] = M; c_l[h] = L; }
     }
+#if PSA_SPLIT
+    // One CTA per split: its heads' unnormalised output and log-sum-exp terms for psa_merge_splits.
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < PSA_G * (PSA_D + 2); idx += blockDim.x) {
+        const int h = idx / (PSA_D + 2), d = idx % (PSA_D + 2);
+        float* dst = partial + (((long)b * Hq + h0 + h) * gridDim.x + blockIdx.x) * (PSA_D + 2);
+        dst[d] = d < PSA_D ? c_o[h][d] : (d == PSA_D ? c_m[h] : c_l[h]);
+    }
+    return;
+#endif
     cluster_sync();
     if (rank == 0) {
 #if PSA_OFFLOAD
@@ -559,3 +593,37 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     }
     cluster_sync();  // no CTA leaves while rank 0 may still read its shared memory
 }
+
+#if PSA_SPLIT
+// Combine the splits of psa_decode's split build: per (request, query head), the output
+// sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s; and per group the diagnostics the
+// one-CTA build writes (every position attended, one iteration; `why` is exhausted or budget).
+// Grid (Hq, B), PSA_D threads; reads splits * (D + 2) floats per head.
+extern "C" __global__ void __launch_bounds__(PSA_D)
+psa_merge_splits(const float* __restrict__ partial, const int* __restrict__ seq_lens, float* __restrict__ out,
+                 int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
+                 float* __restrict__ mass_est, int splits, int step, int why) {
+    const int h = blockIdx.x, b = blockIdx.y, Hq = gridDim.x, d = threadIdx.x;
+    const float* row = partial + ((long)b * Hq + h) * splits * (PSA_D + 2);
+    float M = -PSA_INF;
+    for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, __ldg(row + sp * (PSA_D + 2) + PSA_D));
+    float L = 0.f, O = 0.f;
+    for (int sp = 0; sp < splits; ++sp) {
+        const float m = __ldg(row + sp * (PSA_D + 2) + PSA_D);
+        if (m == -PSA_INF) continue;
+        const float e = __expf(m - M);
+        L += __ldg(row + sp * (PSA_D + 2) + PSA_D + 1) * e;
+        O += __ldg(row + sp * (PSA_D + 2) + d) * e;
+    }
+    out[((long)b * Hq + h) * PSA_D + d] = O / L;
+    if (d == 0) {
+        mass_est[(long)b * Hq + h] = 1.f;
+        if (h % PSA_G == 0) {
+            const long gi = (long)b * (Hq / PSA_G) + h / PSA_G;
+            num_used[gi] = min((seq_lens[b] + PSA_S - 1) / PSA_S, step);
+            iterations[gi] = 1;
+            reason[gi] = why;
+        }
+    }
+}
+#endif
