@@ -10,9 +10,13 @@ Run it:  python examples/worked_example.py
 
 from __future__ import annotations
 
+# The tutorial shows the marked sections (imports, data, run) as they are: top-level code that runs when copied.
+# --8<-- [start:imports]
 import numpy as np
 
 import psa_ref
+
+# --8<-- [end:imports]
 from psa_ref.progressive import update_ema
 from psa_ref.testing import log_block_mass, oracle_fractions
 
@@ -26,38 +30,50 @@ blocks = psa_ref.KVBlocks.from_dense(keys, values, block_size=2)
 
 
 def iteration_table(tau: float = 0.74) -> str:
-    """Each rule's estimated attended fraction after each block, as a Markdown table."""
+    """Each rule's estimated attended fraction after each block, as a Markdown table: one column per block
+    in processing order, one row per quantity (narrow enough for a page)."""
     order = psa_ref.rank(psa_ref.estimate(q[None], blocks, 1.0)[0])
     chunks = [order[i : i + 1] for i in range(order.size)]
     log_mass = log_block_mass(q, keys, 2, 1.0)
     bound = psa_ref.upper_bound(q[None], blocks, 1.0)[0]
     rules = ("seed", "remaining", "certified", "ema")
-    rows = ["| after block | AS_acc | AS_min | AS_ema | N_left | seed | remaining | certified | ema |",
-            "|---|---|---|---|---|---|---|---|---|"]
     fractions = {rule: oracle_fractions(rule, log_mass, chunks, bound, blocks.block_lengths) for rule in rules}
     mass = np.exp(log_mass)
-    ema = None
-    for i, j in enumerate(order):
-        seen = order[: i + 1]
+    ema, ema_after = None, []
+    for j in order:
         ema = update_ema(ema, mass[[j]][None])  # [G=1, chunk=1]
-        cells = [f"{fractions[r][i]:.3f}" + (" **stop**" if fractions[r][i] >= tau and
-                                              (i == 0 or fractions[r][i - 1] < tau) else "")
-                 for r in rules]
-        rows.append(f"| B{j} | {mass[seen].sum():g} | {mass[seen].min():g} | {ema[0]:.4g} | {order.size - i - 1} | "
-                    + " | ".join(cells) + " |")
-    return "\n".join(rows)
+        ema_after.append(float(ema[0]))
+    rows = {
+        "AS_acc": [f"{mass[order[: i + 1]].sum():g}" for i in range(order.size)],
+        "AS_min": [f"{mass[order[: i + 1]].min():g}" for i in range(order.size)],
+        "AS_ema": [f"{e:.4g}" for e in ema_after],
+        "N_left": [str(order.size - i - 1) for i in range(order.size)],
+        "true fraction": [f"{mass[order[: i + 1]].sum() / mass.sum():.3f}" for i in range(order.size)],
+    }
+    for r in rules:
+        f = fractions[r]
+        rows[f"`{r}`"] = [f"{f[i]:.3f}" + (" **stop**" if f[i] >= tau and (i == 0 or f[i - 1] < tau) else "")
+                          for i in range(order.size)]
+    lines = ["| after block | " + " | ".join(f"B{j}" for j in order) + " |", "|---" * (order.size + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows.items()]
+    return "\n".join(lines)
+
+
+# --8<-- [start:run]
+def compare_rules(tau: float = 0.74) -> None:
+    """Run Algorithm 1 on the example with each stop rule and print what it attended."""
+    for stop in ("seed", "certified", "remaining", "ema"):
+        res = psa_ref.attention(q, blocks, tau, scale=1.0, stop=stop, exact_mass=True)
+        print(f"{stop:>9}: blocks {res.blocks_used.tolist()}, estimated mass {res.mass_estimate:.3f}, "
+              f"true mass {res.mass_exact:.3f}, output {np.round(res.output, 3).tolist()}")
+# --8<-- [end:run]
 
 
 def main() -> None:
     print(f"order by estimate: {[f'B{j}' for j in psa_ref.rank(psa_ref.estimate(q[None], blocks, 1.0)[0])]}")
     print(iteration_table())
     print()
-    # --8<-- [start:run]
-    for stop in ("seed", "certified", "remaining", "ema"):
-        res = psa_ref.attention(q, blocks, 0.74, scale=1.0, stop=stop, exact_mass=True)
-        print(f"{stop:>9}: blocks {res.blocks_used.tolist()}, estimated mass {res.mass_estimate:.3f}, "
-              f"true mass {res.mass_exact:.3f}, output {np.round(res.output, 3).tolist()}")
-    # --8<-- [end:run]
+    compare_rules()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """psa_fast: Progressive Sparse Attention on NVIDIA GPUs (CuPy + Numba CUDA, Hopper sm_90).
 
-The same functions and results as :mod:`psa_ref`, on GPU arrays (CuPy or CUDA torch tensors,
+The same functions and results as ``psa_ref``, on GPU arrays (CuPy or CUDA torch tensors,
 exchanged through DLPack without copies), plus a batched decode path over a paged KV cache::
 
     import psa_fast

@@ -33,12 +33,30 @@ def gpu_available() -> bool:
 
 
 def require_gpu() -> None:
-    """Raise a clear error where there is no GPU."""
+    """Raise a clear ``RuntimeError`` where there is no GPU: CuPy missing, or no CUDA device."""
     if not gpu_available():
+        try:
+            import cupy  # noqa: F401
+
+            why = "CuPy is installed but sees no CUDA device (cupy.cuda.is_available() is False)"
+        except Exception as exc:  # ImportError, or a broken install
+            why = f"CuPy cannot be imported ({type(exc).__name__}: {exc})"
         raise RuntimeError(
-            "psa_fast needs an NVIDIA GPU and CuPy (pip install 'psa[gpu]'); none is available here "
-            "(cupy.cuda.is_available() is False). psa_ref computes the same results on the CPU."
+            f"psa_fast needs an NVIDIA GPU and CuPy (pip install 'psa[gpu]'); {why}. "
+            "psa_ref computes the same results on the CPU."
         )
+
+
+def requires_gpu(fn):
+    """The gate of psa_fast's public entry points: ``fn`` raises ``require_gpu``'s ``RuntimeError``
+    before it touches CuPy where there is no GPU, instead of an ``ImportError`` from deep inside."""
+
+    @functools.wraps(fn)
+    def gated(*args, **kwargs):
+        require_gpu()
+        return fn(*args, **kwargs)
+
+    return gated
 
 
 def array_kind(x) -> str:

@@ -1,11 +1,12 @@
 """The public API of psa_fast: the reference's functions on GPU arrays, and a batched decode plan.
 
-* :func:`attention`, :func:`topk_attention`, :func:`dense_attention` and :class:`KVBlocks` take the
-  same arguments and return the same :class:`psa_ref.AttentionResult` as their ``psa_ref`` twins,
+* [`attention`][psa_fast.attention], [`topk_attention`][psa_fast.topk_attention],
+  [`dense_attention`][psa_fast.dense_attention] and [`KVBlocks`][psa_fast.KVBlocks] take the
+  same arguments and return the same [`psa_ref.AttentionResult`][psa_ref.AttentionResult] as their ``psa_ref`` twins,
   with ``output`` on the GPU (a CuPy array or torch tensor, like ``q``). They check every input
   (including NaN/Inf, which costs a device synchronisation) and copy the small diagnostics back.
-* :class:`DecodePlan` is the hot path: buffers and kernels chosen once for a
-  :class:`~psa_fast.cache.PagedKVCache`, then :meth:`DecodePlan.run` per decode step, with no host
+* [`DecodePlan`][psa_fast.DecodePlan] is the hot path: buffers and kernels chosen once for a
+  [`PagedKVCache`][psa_fast.PagedKVCache], then [`DecodePlan.run`][psa_fast.DecodePlan.run] per decode step, with no host
   synchronisation and fixed buffers, so a step can be captured in a CUDA graph.
 """
 
@@ -17,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from psa_ref import _validate
-from psa_ref.blocks import METADATA_KINDS
+from psa_ref.blocks import METADATA_KINDS, to_hnd
 from psa_ref.progressive import DEFAULT_STOP, STOP_RULES
 from psa_ref.result import AttentionResult
 
 from . import _kernels
-from ._compat import array_kind, as_cupy, like, require_gpu
+from ._compat import array_kind, as_cupy, like, requires_gpu
 from .cache import PagedKVCache
 
 MODES = ("psa", "topk", "dense")
@@ -51,7 +52,7 @@ class DecodeOutput:
 
 
 class DecodePlan:
-    """One decode configuration over a :class:`PagedKVCache`: plan once, :meth:`run` every step.
+    """One decode configuration over a [`PagedKVCache`][psa_fast.PagedKVCache]: plan once, [`run`][psa_fast.DecodePlan.run] every step.
 
     Args:
         cache: the KV cache.
@@ -76,6 +77,7 @@ class DecodePlan:
             alone leave SMs idle (one request, few KV heads), else 1. PSA's loop runs one cluster per group.
     """
 
+    @requires_gpu
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
                  stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
                  recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
@@ -230,8 +232,9 @@ class DecodePlan:
                             self.mass_estimate)
 
 
+@requires_gpu
 def plan(cache: PagedKVCache, **options) -> DecodePlan:
-    """Shorthand for :class:`DecodePlan` ``(cache, **options)``."""
+    """Shorthand for [`DecodePlan`][psa_fast.DecodePlan] ``(cache, **options)``."""
     return DecodePlan(cache, **options)
 
 
@@ -239,23 +242,31 @@ def plan(cache: PagedKVCache, **options) -> DecodePlan:
 
 
 class KVBlocks:
-    """GPU twin of :class:`psa_ref.KVBlocks`: one request's KV cache in a :class:`PagedKVCache`."""
+    """GPU twin of [`psa_ref.KVBlocks`][psa_ref.KVBlocks]: one request's KV cache in a [`PagedKVCache`][psa_fast.PagedKVCache]."""
 
     def __init__(self, cache: PagedKVCache, single_head: bool):
         self.cache = cache
         self.single_head = single_head
 
     @classmethod
-    def from_dense(cls, keys: Any, values: Any, *, block_size: int = 16, metadata: str = "cuboid_mean") -> "KVBlocks":
+    @requires_gpu
+    def from_dense(cls, keys: Any, values: Any, *, block_size: int = 16, metadata: str = "cuboid_mean",
+                   kv_layout: str | None = None) -> "KVBlocks":
         """Split dense keys and values into blocks on the GPU and compute their metadata.
 
         Args:
-            keys: ``[T, D]`` or ``[Hkv, T, D]`` float16, a CuPy array or CUDA torch tensor.
+            keys: ``[T, D]``, or ``[Hkv, T, D]`` (``kv_layout="HND"``, the default) or ``[T, Hkv, D]``
+                (``"NHD"``); float16, a CuPy array or CUDA torch tensor.
             values: the same shape.
             block_size: ``S >= 1``.
             metadata: ``"cuboid_mean"``, ``"minmax"``, ``"mean"`` or ``"quant3"``.
+            kv_layout: ``"HND"``, ``"NHD"`` (transposed into the paged cache) or None: HND, with a
+                ``KVLayoutWarning`` when 3-D keys hold more heads than tokens; the same check as
+                ``psa_ref.KVBlocks.from_dense`` (``psa_ref.blocks.to_hnd``).
+
+        Raises:
+            RuntimeError: no GPU (CuPy missing or no CUDA device).
         """
-        require_gpu()
         import cupy
 
         block_size = _validate.integer(block_size, "block_size", minimum=1)
@@ -263,6 +274,7 @@ class KVBlocks:
         k = as_cupy(keys, "keys", dtypes=("float16",))
         v = as_cupy(values, "values", dtypes=("float16",))
         _validate.kv_shapes(k.shape, v.shape)
+        k, v = to_hnd(k, v, kv_layout, stacklevel=4)  # 4: past this method's GPU gate, at the caller
         for name, a in (("keys", k), ("values", v)):
             bad = int(a.size - cupy.count_nonzero(cupy.isfinite(a)))
             if bad:
@@ -274,6 +286,12 @@ class KVBlocks:
                              max_tokens=k.shape[1], block_size=block_size, metadata=metadata)
         cache.prefill(0, 0, cupy.ascontiguousarray(k), cupy.ascontiguousarray(v))
         return cls(cache, single)
+
+    def __repr__(self) -> str:
+        """Shapes and settings only, like ``psa_ref.KVBlocks``; reads no device memory."""
+        heads = "" if self.single_head else f"Hkv={self.num_heads}, "
+        return (f"psa_fast.KVBlocks({heads}T={self.num_tokens}, D={self.head_dim}, block_size={self.block_size}, "
+                f"num_blocks={self.num_blocks}, metadata={self.metadata!r}, dtype=float16)")
 
     @property
     def num_heads(self) -> int:
@@ -379,10 +397,11 @@ def _result(dec: DecodeOutput, p: DecodePlan, blocks: KVBlocks, q3, single: bool
     return AttentionResult(like(out, kind), used, iters, reasons, est, exact, nb)
 
 
+@requires_gpu
 def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | None = None, stop: str = DEFAULT_STOP,
               step: int = 1, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
               exact_mass: bool = False) -> AttentionResult:
-    """Progressive sparse attention on the GPU; the arguments and result of :func:`psa_ref.attention`.
+    """Progressive sparse attention on the GPU; the arguments and result of [`psa_ref.attention`][psa_ref.attention].
 
     ``q`` is ``[D]`` or ``[Hq, D]`` (float16/32/64, CuPy or CUDA torch); ``output`` is float32 on
     the GPU, of the same array type; the other fields are on the host.
@@ -397,9 +416,10 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     return _result(p.run(q3), p, blocks, q3, single, kind, exact_mass)
 
 
+@requires_gpu
 def topk_attention(q, blocks: KVBlocks, k: int = 8, *, scale: float | None = None, gqa: str = "shared",
                    sink_blocks: int = 0, recent_blocks: int = 0, exact_mass: bool = False) -> AttentionResult:
-    """Top-k block attention on the GPU; the arguments and result of :func:`psa_ref.topk_attention`."""
+    """Top-k block attention on the GPU; the arguments and result of [`psa_ref.topk_attention`][psa_ref.topk_attention]."""
     k = _validate.integer(k, "k", minimum=1)
     q3, single, kind = _query(q, blocks)
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)
@@ -411,12 +431,13 @@ def topk_attention(q, blocks: KVBlocks, k: int = 8, *, scale: float | None = Non
     return _result(p.run(q3), p, blocks, q3, single, kind, exact_mass)
 
 
+@requires_gpu
 def dense_attention(q, keys, values, *, scale: float | None = None):
-    """Full attention on the GPU (the paged kernel over every block); :func:`psa_ref.dense_attention`'s
+    """Full attention on the GPU (the paged kernel over every block); [`psa_ref.dense_attention`][psa_ref.dense_attention]'s
     arguments. Returns float32 on the GPU, the shape of ``q``."""
     import cupy
 
-    blocks = KVBlocks.from_dense(keys, values, block_size=16)
+    blocks = KVBlocks.from_dense(keys, values, block_size=16, kv_layout="HND")  # HND, like psa_ref.dense_attention
     q3, single, kind = _query(q, blocks)
     p = DecodePlan(blocks.cache, num_q_heads=q3.shape[1], mode="dense", scale=scale)
     out = cupy.ascontiguousarray(p.run(q3).out[0])

@@ -3,9 +3,9 @@
 One pool of equal slots holds every KV block of every layer (a slot is one block of one KV head:
 ``S`` tokens of K and of V). A block table per layer maps ``(request, kv_head, block)`` to a slot.
 Per-block metadata and min/max bounds stay resident next to it and are updated when a token is
-appended (:mod:`psa_fast.metadata`).
+appended (``psa_fast.metadata``).
 
-Shapes (``L`` layers, ``B`` requests, ``Dp`` the head dimension padded by :func:`padded_dim`):
+Shapes (``L`` layers, ``B`` requests, ``Dp`` the head dimension padded by ``padded_dim``):
 
 =================  ==================================  =========
 ``k_pool``         ``[slots, S, Dp]``                  float16
@@ -15,7 +15,7 @@ Shapes (``L`` layers, ``B`` requests, ``Dp`` the head dimension padded by :func:
 ``meta``, ``lohi``  ``[L, B, Hkv, Nmax, 2, Dp]``        float16
 ``codes``          ``[L, B, Hkv, Nmax, S, Dp / 8]``    uint32, ``quant3`` only (None otherwise):
                                                        4 bits per key channel, see
-                                                       :mod:`psa_fast.metadata`
+                                                       ``psa_fast.metadata``
 =================  ==================================  =========
 """
 
@@ -82,7 +82,7 @@ class PagedKVCache:
 
     def _allocate_blocks(self, num_blocks: int):
         """``(k, v)``, each ``[num_blocks, S, Dp]`` float16, zeroed: here on the GPU (every block has a
-        slot); :class:`psa_fast.offload.OffloadKVCache` puts them in mapped pinned host memory."""
+        slot); [`psa_fast.offload.OffloadKVCache`][psa_fast.offload.OffloadKVCache] puts them in mapped pinned host memory."""
         import cupy
 
         k = cupy.zeros((num_blocks, self.block_size, self.dp), dtype=cupy.float16)

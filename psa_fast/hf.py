@@ -1,8 +1,8 @@
 """The GPU backend of the transformers integration: ``psa_ref.tools.hf`` with decode steps on ``psa_fast``.
 
-The reference integration (:mod:`psa_ref.tools.hf`) runs each decode step through the NumPy
+The reference integration (``psa_ref.tools.hf``) runs each decode step through the NumPy
 reference; this module registers the backend ``"fast"`` there, which runs the same step through
-:func:`psa_fast.attention` / :func:`psa_fast.topk_attention` on the model's CUDA tensors::
+[`psa_fast.attention`][psa_fast.attention] / [`psa_fast.topk_attention`][psa_fast.topk_attention] on the model's CUDA tensors::
 
     import psa_fast.hf
     from psa_ref.tools.hf import PSAConfig
@@ -34,7 +34,7 @@ def decode_step(session, layer: int, q: torch.Tensor, key: torch.Tensor, value: 
 
     cfg = session.config
     blocks = psa_fast.KVBlocks.from_dense(key.half().contiguous(), value.half().contiguous(),
-                                          block_size=cfg.block_size, metadata=cfg.metadata)
+                                          block_size=cfg.block_size, metadata=cfg.metadata, kv_layout="HND")
     common = dict(scale=scaling, gqa=cfg.gqa, sink_blocks=cfg.sink_blocks, recent_blocks=cfg.recent_blocks)
     if cfg.topk is not None:
         res = psa_fast.topk_attention(q.half().contiguous(), blocks, cfg.topk, **common)
@@ -57,7 +57,7 @@ def register() -> None:
 
 
 def enable(model, config: _hf.PSAConfig | None = None) -> _hf.PSASession:
-    """:func:`psa_ref.tools.hf.enable` with ``backend="fast"`` (a CUDA GPU required).
+    """[`psa_ref.tools.hf.enable`][psa_ref.tools.hf.enable] with ``backend="fast"`` (a CUDA GPU required).
 
     Raises:
         RuntimeError: where there is no CUDA GPU (or CuPy is missing).

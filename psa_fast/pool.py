@@ -1,10 +1,10 @@
 """KV cache manager on the GPU: the slot pool's policy, decided on the device.
 
-The device twin of :class:`psa_ref.kvcache.pool.UnifiedPool` / :class:`psa_ref.kvcache.pool.PerLayerPool`. The
+The device twin of [`psa_ref.kvcache.pool.UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] / [`psa_ref.kvcache.pool.PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]. The
 slots themselves (one ``[slots, S, Dp]`` tensor per K and V) belong to the caller; a
-:class:`GPUSlotPool` owns only the *policy state*, on the device, and decides for each access which
+[`GPUSlotPool`][psa_fast.pool.GPUSlotPool] owns only the *policy state*, on the device, and decides for each access which
 blocks hit, which slot every block gets and which blocks are evicted, with no host round trip:
-:meth:`GPUSlotPool.access` launches one kernel and never synchronises, so the loader can enqueue the
+[`GPUSlotPool.access`][psa_fast.pool.GPUSlotPool.access] launches one kernel and never synchronises, so the loader can enqueue the
 copies (``load_src -> load_dst``) right behind it on the same stream.
 
 Blocks are named by an int32 *store id*, ``0 <= id < num_store_blocks``; the caller maps
@@ -29,9 +29,9 @@ Device state (``P`` partitions of ``per = num_slots / P`` slots; partition ``p``
 ``free_top``        ``[P]`` int32
 ``pin``             ``[num_slots]`` int64         the partition epoch in which the slot's block was last named
 ``epoch``           ``[P]`` int64                 accesses made to each partition
-``load_seq``        ``[num_slots]`` int64         when the slot was last loaded (orders :meth:`~GPUSlotPool.release`)
+``load_seq``        ``[num_slots]`` int64         when the slot was last loaded (orders [`release`][psa_fast.pool.GPUSlotPool.release])
 ``counters``        ``[4]`` int64                 hits, misses, evictions, blocks loaded
-``error``           ``[1]`` int32                 0, or an error code set by a kernel (see :meth:`~GPUSlotPool.check`)
+``error``           ``[1]`` int32                 0, or an error code set by a kernel (see [`check`][psa_fast.pool.GPUSlotPool.check])
 ==================  ============================  ========================================
 """
 
@@ -74,7 +74,7 @@ _NO_ORDER = np.iinfo(np.int64).max  # release: sort key of an id that is not res
 
 @dataclass(frozen=True)
 class PoolAccess:
-    """What one :meth:`GPUSlotPool.access` of ``n`` ids decided, as device arrays.
+    """What one [`GPUSlotPool.access`][psa_fast.pool.GPUSlotPool.access] of ``n`` ids decided, as device arrays.
 
     Attributes:
         slots: ``[n]`` int32, the slot of each id after the access (-1 for a skipped id).
@@ -244,8 +244,8 @@ class GPUSlotPool:
         pin_window: 1 (the reference): an access never evicts a block it names; 2: nor a
             block named by the previous access of the same partition (a pipelined decoder may still
             be reading those slots). Then two consecutive accesses of a partition must fit in its
-            slots together, or the second one fails (see :meth:`check`).
-        kernel: how :meth:`access` decides: ``"numba"`` (the readable kernel, the one CI runs
+            slots together, or the second one fails (see [`check`][psa_fast.pool.GPUSlotPool.check]).
+        kernel: how [`access`][psa_fast.pool.GPUSlotPool.access] decides: ``"numba"`` (the readable kernel, the one CI runs
             under the simulator), ``"cuda"`` (``kernels/pool_access.cu``, its line-for-line CUDA C
             translation, launched by CuPy in ~10 µs instead of Numba's ~200 µs of dispatch), or
             ``"parallel"`` (``kernels/pool_parallel.cu``: the same decisions for every valid access,
@@ -342,18 +342,18 @@ class GPUSlotPool:
             ids: ``[n]`` int32 device array of store ids; ``-1`` entries are skipped (no effect, slot -1,
                 not a hit, not loaded). A block named twice counts twice (the second a hit).
             partition: ``0 <= partition < num_partitions`` (the layer for a per-layer pool, 0 for unified).
-            out: a :class:`PoolAccess` of ``n`` entries to write into; by default one kept per ``n`` and
+            out: a [`PoolAccess`][psa_fast.pool.PoolAccess] of ``n`` entries to write into; by default one kept per ``n`` and
                 reused by the next access of the same length (read or copy it before then).
 
         Returns:
-            :class:`PoolAccess`. Nothing is synchronised: results are ready in stream order.
+            [`PoolAccess`][psa_fast.pool.PoolAccess]. Nothing is synchronised: results are ready in stream order.
 
         Raises:
             ValueError: ``n > capacity_per_partition`` (checked on the host, on ``n`` since the number of
                 distinct ids is on the device); nothing changes then. If the kernel still finds no
                 victim (duplicates do not count, but blocks pinned by the previous access do, with
-                ``pin_window=2``), it sets :attr:`error`, skips the remaining ids and leaves a consistent
-                state; :meth:`check` raises it.
+                ``pin_window=2``), it sets ``error``, skips the remaining ids and leaves a consistent
+                state; [`check`][psa_fast.pool.GPUSlotPool.check] raises it.
         """
         ids = _device_ids(ids)
         p = self._partition(partition)
@@ -507,7 +507,7 @@ _streams: dict[int, Any] = {}
 
 
 def _launch_stream():
-    """Numba's view of CuPy's current stream (as :func:`psa_fast.metadata._stream`), made once per stream."""
+    """Numba's view of CuPy's current stream (as ``psa_fast.metadata._stream``), made once per stream."""
     if _simulating():
         return 0
     import cupy

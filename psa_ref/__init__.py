@@ -12,7 +12,7 @@ Everything is computed in float64 from plain NumPy operations; the GPU backend
 ``psa_fast`` is tested against this package, never the other way round.
 """
 
-from .blocks import METADATA_KINDS, KVBlocks
+from .blocks import METADATA_KINDS, KVBlocks, KVLayoutWarning
 from .dense import dense_attention
 from .scoring import estimate, rank, upper_bound
 from .progressive import STOP_RULES, attention
@@ -22,6 +22,7 @@ from .topk import topk_attention
 __all__ = [
     "AttentionResult",
     "KVBlocks",
+    "KVLayoutWarning",
     "METADATA_KINDS",
     "STOP_RULES",
     "attention",

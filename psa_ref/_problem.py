@@ -77,7 +77,7 @@ def exact_mass_fraction(q: np.ndarray, blocks, used_per_head: list[np.ndarray], 
 
 def assemble(p: Problem, out: np.ndarray, used: list[np.ndarray], iterations: list[int], reasons: list[str],
              mass_estimate: np.ndarray, exact_mass: bool) -> AttentionResult:
-    """Pack the per-group results of a sparse attention call into an :class:`AttentionResult`.
+    """Pack the per-group results of a sparse attention call into an [`AttentionResult`][psa_ref.AttentionResult].
 
     ``out`` is ``[Hq, D]`` and ``mass_estimate`` ``[Hq]``; the lists have one entry per group.
     """

@@ -1,4 +1,4 @@
-"""Input checks shared by every public function of :mod:`psa_ref`.
+"""Input checks shared by every public function of ``psa_ref``.
 
 Each check raises ``TypeError`` (wrong kind of value) or ``ValueError`` (right kind,
 bad value) with a message that names the argument and says what was expected.

@@ -21,7 +21,7 @@ def block_sums(q: np.ndarray, keys: np.ndarray, values: np.ndarray, block_size: 
 
     Returns:
         ``(mass [N, G], weighted [N, G, D])`` with ``mass[j, h] = sum_{t in j} exp(l_ht - max_t l_ht)``
-        and ``weighted[j, h] = sum_{t in j} exp(...) v_t``.
+            and ``weighted[j, h] = sum_{t in j} exp(...) v_t``.
     """
     logits = scale * (keys @ q.T)  # [T, G]
     w = np.exp(logits - logits.max(axis=0))
@@ -35,12 +35,12 @@ def prefix_attention(mass: np.ndarray, weighted: np.ndarray, order: np.ndarray):
     """Attention over the first ``n`` blocks of ``order`` for every ``n = 1..len(order)``.
 
     Args:
-        mass, weighted: from :func:`block_sums`.
+        mass, weighted: from ``block_sums``.
         order: ``[n]`` block indices, or ``[n, G]`` for one order per head.
 
     Returns:
         ``(outputs [n, G, D], mass_fraction [n, G])``: outputs and true attended mass
-        fraction after each prefix.
+            fraction after each prefix.
     """
     order = np.asarray(order)
     if order.ndim == 1:

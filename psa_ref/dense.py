@@ -19,7 +19,7 @@ def softmax_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale
 
     Returns:
         ``[D]``: ``sum_t softmax(scale * q . k)_t v_t``, computed after subtracting the
-        largest logit so that no ``exp`` overflows.
+            largest logit so that no ``exp`` overflows.
     """
     logits = scale * (keys @ q)
     w = np.exp(logits - logits.max())

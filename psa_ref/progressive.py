@@ -126,8 +126,8 @@ def estimated_fraction(stop: str, as_acc, as_min, n_left, unseen_bound, as_ema=N
     All masses are relative to the same running maximum, so their ratios are exact.
     ``unseen_bound`` is the estimated unseen mass for the rules that need a sum over the
     unseen blocks: ``sum_{j unseen} n_j exp(ub_j - M)`` (``certified``) or ``rest`` of
-    :func:`sketch_rest` (``sketch``, whose stop also needs :func:`sketch_next_small`);
-    ``as_ema`` (``ema`` only) is the moving average of :func:`update_ema`. Works elementwise,
+    ``sketch_rest`` (``sketch``, whose stop also needs ``sketch_next_small``);
+    ``as_ema`` (``ema`` only) is the moving average of ``update_ema``. Works elementwise,
     so the arguments may also be arrays over many boundaries at once.
     """
     if stop == "ema":
@@ -149,7 +149,7 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
         q: ``[G, D]`` float64, the group's query heads.
         keys: ``[T, D]`` float64, the group's KV head.
         values: ``[T, D]`` float64.
-        blocks: the :class:`KVBlocks` (for block spans and lengths).
+        blocks: the [`KVBlocks`][psa_ref.KVBlocks] (for block spans and lengths).
         chunks: the processing order split into iterations (lists of block indices).
         bound: ``[G, N]`` per-token logit level of each block, scaled by its token count ``n_j``
             by the rule: the min/max bound (``stop="certified"``) or the estimate ``s_j``
@@ -251,7 +251,7 @@ def attention(
     Args:
         q: ``[D]`` for single-head ``blocks``, or ``[Hq, D]`` with ``Hq % Hkv == 0``;
             float16/32/64 (computed in float64).
-        blocks: the KV cache, from :meth:`KVBlocks.from_dense`.
+        blocks: the KV cache, from [`KVBlocks.from_dense`][psa_ref.KVBlocks.from_dense].
         threshold: ``tau`` in (0, 1]: stop once the attended mass is estimated to be at
             least this share of the total. 1 attends every block.
         scale: logit scale, default ``1/sqrt(D)``.
@@ -267,8 +267,8 @@ def attention(
         exact_mass: also compute the true attended mass fraction (``mass_exact``).
 
     Returns:
-        :class:`AttentionResult`; ``output`` is softmax attention over exactly the blocks
-        in ``blocks_used``.
+        [`AttentionResult`][psa_ref.AttentionResult]; ``output`` is softmax attention over exactly the blocks
+            in ``blocks_used``.
     """
     return run_groups(progressive_loop, q, blocks, threshold, scale=scale, stop=stop, step=step, gqa=gqa,
                       sink_blocks=sink_blocks, recent_blocks=recent_blocks, exact_mass=exact_mass)
@@ -276,10 +276,10 @@ def attention(
 
 def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, gqa, sink_blocks, recent_blocks,
                exact_mass) -> AttentionResult:
-    """Check the arguments of :func:`attention`, run ``group_fn`` on every selection group, pack the result.
+    """Check the arguments of [`attention`][psa_ref.attention], run ``group_fn`` on every selection group, pack the result.
 
-    ``group_fn`` has the signature and return value of :func:`progressive_loop`; the
-    vectorised twin :func:`psa_ref.sweep.attention` passes its own.
+    ``group_fn`` has the signature and return value of ``progressive_loop``; the
+    vectorised twin [`psa_ref.sweep.attention`][psa_ref.sweep.attention] passes its own.
     """
     threshold = _validate.threshold(threshold)
     stop = _validate.choice(stop, "stop", STOP_RULES)

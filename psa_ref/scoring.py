@@ -10,7 +10,7 @@ so it is comparable with the logits ``l_t = scale * q . k_t``:
 * ``mean``:        ``scale * q . mean``
 * ``quant3``:      ``log((1 / n_j) sum_{t in j} exp(scale * q . k^_t))``, the log of the
   block's mean token mass under the sketch logits ``l~_t = scale * q . k^_t`` of the
-  dequantised keys (:func:`psa_ref.blocks.dequantize`); ``n_j exp(s_j - M)`` is then the
+  dequantised keys ([`psa_ref.blocks.dequantize`][psa_ref.blocks.dequantize]); ``n_j exp(s_j - M)`` is then the
   block's *sketch mass*, the sketch's prediction of ``sum_t exp(l_t - M)`` (used by
   ``stop="sketch"``). Ranking by it ranks blocks by sketch mass per token.
 """
@@ -96,6 +96,6 @@ def forced_blocks(num_blocks: int, sink_blocks: int, recent_blocks: int) -> np.n
 
 
 def processing_order(scores: np.ndarray, forced: np.ndarray) -> np.ndarray:
-    """The order of Algorithm 1: ``forced`` blocks first, then the rest by :func:`rank`."""
+    """The order of Algorithm 1: ``forced`` blocks first, then the rest by [`rank`][psa_ref.rank]."""
     ranked = rank(scores)
     return np.concatenate([forced, ranked[~np.isin(ranked, forced)]]).astype(np.int64)

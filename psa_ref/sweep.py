@@ -1,17 +1,17 @@
-"""Algorithm 1 evaluated from all logits at once: the vectorised twin of :func:`psa_ref.attention`.
+"""Algorithm 1 evaluated from all logits at once: the vectorised twin of [`psa_ref.attention`][psa_ref.attention].
 
-:func:`psa_ref.attention` walks the blocks one chunk at a time, as a GPU kernel does, and
+[`psa_ref.attention`][psa_ref.attention] walks the blocks one chunk at a time, as a GPU kernel does, and
 reads only the blocks it attends. That loop is the reference, but in Python it costs about
 100 us per iteration, which is too slow for accuracy studies that decode hundreds of tokens
-through a 30-layer model. :func:`attention` here returns the *same result* (same
+through a 30-layer model. [`attention`][psa_ref.sweep.attention] here returns the *same result* (same
 ``blocks_used``, same output, same stop) computed differently: every logit and every block
 mass under one maximum per head, every stop-rule estimate at every chunk boundary at once
-(the rule's formula is :func:`psa_ref.progressive.estimated_fraction` itself, applied to
+(the rule's formula is ``psa_ref.progressive.estimated_fraction`` itself, applied to
 arrays of boundaries), then exact softmax attention over the blocks before the first
 boundary where the rule holds.
 
 It reads the whole KV cache, so it says nothing about speed; ``tests/test_stop_rules.py``
-checks it against the loop. :mod:`psa_ref.tools.hf` uses it as ``backend="sweep"``.
+checks it against the loop. ``psa_ref.tools.hf`` uses it as ``backend="sweep"``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def ema_prefix(mass: np.ndarray, weight: float = EMA_WEIGHT) -> np.ndarray:
     """``AS_ema`` after each block of ``mass [n, G]`` (in processing order): ``[n, G]``.
 
     The recurrence ``e_0 = m_0``, ``e_i = (1 - w) e_(i-1) + w m_i`` of
-    :func:`psa_ref.progressive.update_ema`, in closed form per segment of blocks:
+    ``psa_ref.progressive.update_ema``, in closed form per segment of blocks:
     ``e_(s+k) = (1-w)^(k+1) e_(s-1) + sum_(j<=k) w (1-w)^(k-j) m_(s+j)``.
     """
     out = np.empty_like(mass)
@@ -78,7 +78,7 @@ def group_sweep(q, keys, values, blocks: KVBlocks, chunks, bound, threshold: flo
     """One selection group (query heads ``q [G, D]`` over one KV head): the loop's result.
 
     Arguments and return value ``(output [G, D], blocks_used [n], iterations, stop_reason,
-    fraction [G])`` are those of :func:`psa_ref.progressive.progressive_loop`.
+    fraction [G])`` are those of ``psa_ref.progressive.progressive_loop``.
     """
     lengths = blocks.block_lengths
     logits = scale * (keys @ q.T)  # [T, G]; reads every key, which the loop does not
@@ -133,9 +133,9 @@ def attention(
     recent_blocks: int = 0,
     exact_mass: bool = False,
 ) -> AttentionResult:
-    """The result of :func:`psa_ref.attention` with the same arguments, computed from all logits.
+    """The result of [`psa_ref.attention`][psa_ref.attention] with the same arguments, computed from all logits.
 
-    Shapes, options and the result are those of :func:`psa_ref.attention`. Where a stop-rule
+    Shapes, options and the result are those of [`psa_ref.attention`][psa_ref.attention]. Where a stop-rule
     ratio lies within rounding (about 1e-12) of ``threshold`` the two may stop one boundary
     apart; elsewhere they agree exactly.
     """

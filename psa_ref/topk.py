@@ -27,20 +27,20 @@ def topk_attention(
     """Attention over the ``min(k, N)`` blocks with the highest criticality estimates.
 
     Args:
-        q: ``[D]`` or ``[Hq, D]``, as for :func:`psa_ref.attention`.
-        blocks: the KV cache, from :meth:`KVBlocks.from_dense`.
+        q: ``[D]`` or ``[Hq, D]``, as for [`psa_ref.attention`][psa_ref.attention].
+        blocks: the KV cache, from [`KVBlocks.from_dense`][psa_ref.KVBlocks.from_dense].
         k: the block budget, ``k >= 1``. Sink and recent blocks count towards it, so
             ``k`` must be at least their number.
-        scale: as for :func:`psa_ref.attention`.
-        gqa: as for :func:`psa_ref.attention`.
-        sink_blocks: as for :func:`psa_ref.attention`.
-        recent_blocks: as for :func:`psa_ref.attention`.
-        exact_mass: as for :func:`psa_ref.attention`.
+        scale: as for [`psa_ref.attention`][psa_ref.attention].
+        gqa: as for [`psa_ref.attention`][psa_ref.attention].
+        sink_blocks: as for [`psa_ref.attention`][psa_ref.attention].
+        recent_blocks: as for [`psa_ref.attention`][psa_ref.attention].
+        exact_mass: as for [`psa_ref.attention`][psa_ref.attention].
 
     Returns:
-        :class:`AttentionResult` with ``stop_reason="budget"``, one iteration and
-        ``mass_estimate`` NaN; ``blocks_used`` lists the forced blocks, then the rest by
-        estimate (descending, ties to the lower index).
+        [`AttentionResult`][psa_ref.AttentionResult] with ``stop_reason="budget"``, one iteration and
+            ``mass_estimate`` NaN; ``blocks_used`` lists the forced blocks, then the rest by
+            estimate (descending, ties to the lower index).
     """
     k = _validate.integer(k, "k", minimum=1)
     p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks)

@@ -1,13 +1,14 @@
 """The shipped trace and the demo (on a slice of the trace, to stay fast)."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
-from psa_ref.tools.cli import main as cli_main
-from psa_ref.tools.demo import format_table, run_demo
 from psa_ref.progressive import BLOCK_STOP_RULES
+from psa_ref.tools.cli import main as cli_main
+from psa_ref.tools.demo import format_table, run_demo, strict_json
 from psa_ref.trace import load_trace
 
 
@@ -57,3 +58,20 @@ def test_cli_demo_writes_table_and_figures(tmp_path, capsys, monkeypatch):
     assert "| rule | τ |" in out and "| certified | 0.95 |" in out
     for name in ("psa_demo_blocks_cdf.png", "psa_demo_budget_error.png", "psa_demo.json"):
         assert (tmp_path / name).stat().st_size > 1000
+
+    # strict JSON: the ideal rows' unmeasured masses are null, never NaN (which strict parsers reject)
+    def reject(constant):
+        raise ValueError(f"psa_demo.json contains {constant}, which is not JSON")
+
+    text = (tmp_path / "psa_demo.json").read_text()
+    summary = json.loads(text, parse_constant=reject)
+    ideal = [r for r in summary["rows"] if r["rule"] == "ideal"]
+    assert ideal and all(r["mass_mean"] is None and r["mass_p1"] is None for r in ideal)
+    assert all(isinstance(r["mass_mean"], float) for r in summary["rows"] if r["rule"] != "ideal")
+    assert '"mass_mean": null' in text
+
+
+def test_strict_json_replaces_every_non_finite_float():
+    x = {"a": [np.nan, 1.5, np.float32(np.inf)], "b": (np.int64(3), -np.inf), "c": {"d": float("nan"), "e": "x"}}
+    assert strict_json(x) == {"a": [None, 1.5, None], "b": [3, None], "c": {"d": None, "e": "x"}}
+    json.dumps(strict_json(x), allow_nan=False)

@@ -458,3 +458,26 @@ def test_transformers_integration_with_the_fast_backend():
     err = float((fast - ref32).abs().max())
     assert err <= 2 * naive_err, f"fast backend logits error {err:.3e} > 2 x float16 model error {naive_err:.3e}"
     assert len(session.records) == 2 * 30
+
+
+def test_kv_layout_nhd_equals_hnd_and_the_check_is_psa_ref_s():
+    """kv_layout="NHD" ([T, Hkv, D], vLLM's layout) gives the blocks and results of the same cache in HND; left out,
+    an NHD cache with more tokens than heads warns like psa_ref's (the shared psa_ref.blocks.to_hnd)."""
+    rng = np.random.default_rng(17)
+    k, v = rng.standard_normal((2, 4, 100, 64)).astype(np.float16)  # HND: Hkv=4, T=100
+    q = cupy.asarray(rng.standard_normal((8, 64)).astype(np.float16))
+    k_nhd, v_nhd = (cupy.asarray(np.ascontiguousarray(a.transpose(1, 0, 2))) for a in (k, v))
+    hnd = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v), block_size=16, kv_layout="HND")
+    nhd = psa_fast.KVBlocks.from_dense(k_nhd, v_nhd, block_size=16, kv_layout="NHD")
+    assert (nhd.num_heads, nhd.num_tokens, nhd.head_dim) == (4, 100, 64)
+    for stop in ("ema", "certified"):
+        a, b = psa_fast.attention(q, hnd, 0.9, stop=stop), psa_fast.attention(q, nhd, 0.9, stop=stop)
+        np.testing.assert_array_equal(cupy.asnumpy(a.output), cupy.asnumpy(b.output))
+        assert all(np.array_equal(x, y) for x, y in zip(a.blocks_used, b.blocks_used))
+    with pytest.warns(psa_ref.blocks.KVLayoutWarning, match="kv_layout='NHD'") as record:
+        wrong = psa_fast.KVBlocks.from_dense(k_nhd, v_nhd, block_size=16)
+    assert record[0].filename == __file__ and wrong.num_heads == 100
+    with pytest.raises(ValueError, match="kv_layout"):
+        psa_fast.KVBlocks.from_dense(k_nhd, v_nhd, kv_layout="nhd")
+    assert repr(nhd) == ("psa_fast.KVBlocks(Hkv=4, T=100, D=64, block_size=16, num_blocks=7, metadata='cuboid_mean', "
+                         "dtype=float16)")

@@ -288,6 +288,7 @@ def smollm2():
     return evaluate.load_smollm2()
 
 
+@pytest.mark.slow  # SmolLM2 on the CPU: deselected by a plain pytest, run by .ci/run
 @needs_smollm2
 def test_smollm2_psa_keeps_argmax_agreement(smollm2):
     """At tau 0.99 (default rule) PSA agrees with dense decode on >= 99% of next tokens."""
@@ -361,6 +362,7 @@ def test_topk_of_equal_kl_is_interpolated_in_log_kl():
     assert "| 160 (3.20×) |" in format_table(ladder + [psa])
 
 
+@pytest.mark.slow  # SmolLM2 on the CPU: deselected by a plain pytest, run by .ci/run
 @needs_smollm2
 def test_psa_eval_in_parallel_processes(smollm2):
     """psa eval --jobs 2: two windows in two processes equal the serial evaluation, top-k at
@@ -378,6 +380,7 @@ def test_psa_eval_in_parallel_processes(smollm2):
         assert p.kv_bytes_per_token == pytest.approx(s.kv_bytes_per_token, rel=1e-9)
 
 
+@pytest.mark.slow  # SmolLM2 on the CPU: deselected by a plain pytest, run by .ci/run
 @needs_smollm2
 def test_psa_eval_table_json_and_figures(smollm2, tmp_path):
     from psa_ref.tools import evaluate

@@ -2,22 +2,22 @@
 
 A pool is one array of ``num_slots`` equal slots (on a GPU, one device tensor); a slot
 holds one block of one KV head, ``S`` tokens of K and V, ``2 * S * D * itemsize`` bytes.
-:meth:`SlotPool.access` is what the attention loop calls before it reads a chunk of
+[`SlotPool.access`][psa_ref.kvcache.pool.SlotPool.access] is what the attention loop calls before it reads a chunk of
 blocks: the blocks already in a slot are *hits*; the others are *misses*, copied from
 the host store (over PCIe on a GPU) into a free slot or into the slot of a block the
 policy evicts. Block metadata never moves: it stays resident beside the store.
 
 Two ways to share the slots between the layers of a model:
 
-* :class:`UnifiedPool` -- one set of slots for every layer (the paper's "unified GPU
+* [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] -- one set of slots for every layer (the paper's "unified GPU
   memory management"). A layer whose attention is flat and needs many blocks can use
   the slots that a peaked layer does not need.
-* :class:`PerLayerPool` -- the same slots split evenly between the layers (the
+* [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool] -- the same slots split evenly between the layers (the
   vLLM-style baseline): each layer has ``num_slots / L`` slots, used or not.
 
 Eviction policies (one small class each, chosen by name): ``"lru"`` evicts the block
 least recently accessed, ``"fifo"`` the block loaded first. The blocks of one
-:meth:`~SlotPool.access` are never evicted by that same access, so every block it
+[`access`][psa_ref.kvcache.pool.SlotPool.access] are never evicted by that same access, so every block it
 names is resident when it returns; an access that names more distinct blocks than its
 layer may hold raises ``ValueError`` (the batch controller keeps iterations smaller).
 
@@ -104,10 +104,10 @@ class PoolStats:
 
 @dataclass(frozen=True)
 class Access:
-    """What one :meth:`SlotPool.access` did, one entry per block named, in the order given.
+    """What one [`SlotPool.access`][psa_ref.kvcache.pool.SlotPool.access] did, one entry per block named, in the order given.
 
     Attributes:
-        keys: the ``n`` blocks, as :class:`~psa_ref.kvcache.store.BlockKey`.
+        keys: the ``n`` blocks, as [`BlockKey`][psa_ref.kvcache.store.BlockKey].
         hit: ``[n]`` bool, True where the block was resident.
         slots: ``[n]`` int64, the slot that holds each block now.
         tokens: ``[n]`` int64, the tokens in each block.
@@ -145,13 +145,13 @@ class _Partition:
 class SlotPool:
     """``num_slots`` equal slots caching blocks of ``store``, split into partitions of layers.
 
-    Use :class:`UnifiedPool` or :class:`PerLayerPool`. Slot content:
+    Use [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] or [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]. Slot content:
 
     Attributes:
         keys: ``[num_slots, S, D]`` in the store's dtype; slot ``i`` holds ``lengths[i]`` tokens.
         values: ``[num_slots, S, D]``.
         lengths: ``[num_slots]`` int64 (0 for a free slot).
-        stats: :class:`PoolStats`.
+        stats: [`PoolStats`][psa_ref.kvcache.pool.PoolStats].
     """
 
     def __init__(self, store: HostStore, num_slots: int, policy: str, num_partitions: int):
@@ -186,11 +186,11 @@ class SlotPool:
                 named twice counts as two accesses (the second one a hit).
 
         Returns:
-            :class:`Access`: hit or loaded, and the slot of each block.
+            [`Access`][psa_ref.kvcache.pool.Access]: hit or loaded, and the slot of each block.
 
         Raises:
             ValueError: a block the store does not hold, or more distinct blocks than
-                the slots ``layer`` may use (:attr:`capacity_per_layer`). Nothing
+                the slots ``layer`` may use ([`capacity_per_layer`][psa_ref.kvcache.pool.SlotPool.capacity_per_layer]). Nothing
                 changes then.
         """
         layer = self.store._check_layer(layer)
@@ -330,7 +330,7 @@ class UnifiedPool(SlotPool):
     Args:
         num_slots: ``>= 1`` slots of one block of one KV head each.
         policy: ``"lru"`` (default) or ``"fifo"``.
-        store: the :class:`~psa_ref.kvcache.store.HostStore` the blocks come from.
+        store: the [`HostStore`][psa_ref.kvcache.store.HostStore] the blocks come from.
     """
 
     def __init__(self, num_slots: int, policy: str = "lru", *, store: HostStore):
@@ -349,7 +349,7 @@ class PerLayerPool(SlotPool):
             slots; an uneven split would favour some layers, which is not the baseline).
         num_layers: ``L``; must equal ``store.num_layers``.
         policy: ``"lru"`` (default) or ``"fifo"``.
-        store: the :class:`~psa_ref.kvcache.store.HostStore` the blocks come from.
+        store: the [`HostStore`][psa_ref.kvcache.store.HostStore] the blocks come from.
     """
 
     def __init__(self, num_slots: int, num_layers: int, policy: str = "lru", *, store: HostStore):

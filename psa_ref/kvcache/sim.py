@@ -3,21 +3,21 @@
 It replays decode steps of several requests through block selection and a pool and
 counts what moves. Three stages, each usable on its own:
 
-1. **Workload** (:class:`Workload`): per request, the prompt's K/V, then for each decode
-   step the new token's K/V and the queries of every layer. :func:`trace_workload` turns
-   the shipped SmolLM2 trace into one request of 6 layers; :func:`synthetic_workload`
+1. **Workload** (``Workload``): per request, the prompt's K/V, then for each decode
+   step the new token's K/V and the queries of every layer. [`trace_workload`][psa_ref.kvcache.sim.trace_workload] turns
+   the shipped SmolLM2 trace into one request of 6 layers; [`synthetic_workload`][psa_ref.kvcache.sim.synthetic_workload]
    makes many requests whose layers differ in how flat their attention is.
-2. **Selection** (:func:`select`): the blocks each (request, step, layer, KV head) reads,
-   in processing order, from :func:`psa_ref.attention` (``gqa="shared"``) or
-   :func:`psa_ref.topk_attention` called on the :class:`~psa_ref.kvcache.store.HostStore`'s view of
+2. **Selection** ([`select`][psa_ref.kvcache.sim.select]): the blocks each (request, step, layer, KV head) reads,
+   in processing order, from [`psa_ref.attention`][psa_ref.attention] (``gqa="shared"``) or
+   [`psa_ref.topk_attention`][psa_ref.topk_attention] called on the [`HostStore`][psa_ref.kvcache.store.HostStore]'s view of
    the cache as it grows token by token. The selection does not depend on the pool.
-3. **Replay** (:func:`replay`): requests are admitted by the
-   :class:`~psa_ref.kvcache.batch.BatchController`, prefilled into a host store, and decoded step
+3. **Replay** ([`replay`][psa_ref.kvcache.sim.replay]): requests are admitted by the
+   [`BatchController`][psa_ref.kvcache.batch.BatchController], prefilled into a host store, and decoded step
    by step; every layer runs its attention loop one iteration at a time (``step`` blocks
    per KV head), and each iteration of the whole batch is one
-   :meth:`~psa_ref.kvcache.pool.SlotPool.access` of the pool.
+   [`access`][psa_ref.kvcache.pool.SlotPool.access] of the pool.
 
-Modelled time of a decode step (:class:`CostModel`), summed over the layers because a
+Modelled time of a decode step ([`CostModel`][psa_ref.kvcache.sim.CostModel]), summed over the layers because a
 layer cannot start before the previous one is done::
 
     t_layer = max(bytes_attended / HBM, bytes_missed / PCIe) + iterations * overhead
@@ -106,7 +106,7 @@ class Workload:
 
     Attributes:
         name: for tables.
-        requests: the :class:`Request` list, in arrival order.
+        requests: the ``Request`` list, in arrival order.
         block_size: ``S``.
         scale: the logit scale.
         layer_names: one label per layer (the model's layer numbers for a trace).
@@ -167,10 +167,10 @@ def synthetic_workload(seed: int = 0, *, num_requests: int = 16, num_layers: int
                        group: int = 3, head_dim: int = 64, block_size: int = 16,
                        prompt_tokens: tuple[int, int] = (512, 1536), decode_steps: tuple[int, int] = (16, 32),
                        query_drift: float = 0.3) -> Workload:
-    """Many requests with skewed attention (:func:`psa_ref.testing.skewed_like_trace`).
+    """Many requests with skewed attention (``psa_ref.testing.skewed_like_trace``).
 
     Layers differ as in real models (the paper's Observation 2): layer ``l`` scales its
-    queries by a temperature and has a share of hot blocks from :data:`SYNTHETIC_LAYERS`,
+    queries by a temperature and has a share of hot blocks from ``SYNTHETIC_LAYERS``,
     so some layers need most of their blocks and others a few. Consecutive decode
     queries of a layer are one base query plus ``query_drift`` noise, which keeps the hot
     blocks hot from step to step, as in real decoding.
@@ -253,11 +253,11 @@ def select(workload: Workload, method: str = "psa", *, threshold: float = 0.95, 
            k: int | None = None, step: int = 1, metadata: str = "cuboid_mean", progress: bool = False) -> Selections:
     """Run the reference selection on every decode step of ``workload``.
 
-    Each request's tokens are written into a :class:`~psa_ref.kvcache.store.HostStore` as decoding
+    Each request's tokens are written into a [`HostStore`][psa_ref.kvcache.store.HostStore] as decoding
     would (prefill, then one token per step and layer); at every step the store's
-    :meth:`~psa_ref.kvcache.store.HostStore.kv_blocks` view goes through :func:`psa_ref.attention`
+    [`kv_blocks`][psa_ref.kvcache.store.HostStore.kv_blocks] view goes through [`psa_ref.attention`][psa_ref.attention]
     (``method="psa"``, GQA shared, no sink/recent blocks) or
-    :func:`psa_ref.topk_attention` (``method="topk"``, budget ``k``).
+    [`psa_ref.topk_attention`][psa_ref.topk_attention] (``method="topk"``, budget ``k``).
     """
     from tqdm.auto import tqdm
 
@@ -312,7 +312,7 @@ class StepRecord:
         bytes_attended: bytes of K and V the attention read from the pool.
         bytes_pcie: bytes loaded from the host store (the misses).
         iterations: loop iterations, summed over layers.
-        seconds: the modelled step time (:class:`CostModel`).
+        seconds: the modelled step time ([`CostModel`][psa_ref.kvcache.sim.CostModel]).
         live_blocks: blocks in the host store after the step's appends.
     """
 
@@ -329,12 +329,12 @@ class StepRecord:
 
 @dataclass
 class Replay:
-    """The result of :func:`replay`.
+    """The result of [`replay`][psa_ref.kvcache.sim.replay].
 
     Attributes:
         pool, policy, num_slots: the pool replayed.
-        records: one :class:`StepRecord` per decode step.
-        stats: the pool's :class:`~psa_ref.kvcache.pool.PoolStats` at the end.
+        records: one ``StepRecord`` per decode step.
+        stats: the pool's [`PoolStats`][psa_ref.kvcache.pool.PoolStats] at the end.
         layer_hits, layer_accesses: ``[L]`` int64, per layer.
         admitted: request indices in admission order.
     """
@@ -366,7 +366,7 @@ class Replay:
 
 
 def make_pool(kind: str, num_slots: int, store: HostStore, policy: str = "lru") -> SlotPool:
-    """A :class:`~psa_ref.kvcache.pool.UnifiedPool` (``kind="unified"``) or :class:`~psa_ref.kvcache.pool.PerLayerPool`."""
+    """A [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] (``kind="unified"``) or [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]."""
     kind = _validate.choice(kind, "pool", POOL_KINDS)
     if kind == "unified":
         return UnifiedPool(num_slots, policy, store=store)
@@ -377,7 +377,7 @@ def replay(workload: Workload, selections: Selections, *, pool: str = "unified",
            policy: str = "lru", max_batch: int | None = None, cost: CostModel | None = None) -> Replay:
     """Decode every request of ``workload`` through a pool; count hits, misses, bytes and time.
 
-    Requests are submitted in order to a :class:`~psa_ref.kvcache.batch.BatchController` (demand
+    Requests are submitted in order to a [`BatchController`][psa_ref.kvcache.batch.BatchController] (demand
     ``Hkv * step`` slots); admitted ones are prefilled into a fresh host store (the pool
     starts cold for them), decode one token per step, and leave when done, freeing their
     blocks. A pool too small for one iteration raises ``ValueError`` from the controller.
@@ -473,7 +473,7 @@ def run_sim(workloads: list[Workload] | None = None, *, fractions=FRACTIONS, thr
             cost: CostModel | None = None, progress: bool = True) -> SimResult:
     """Sweep pool sizes for PSA and top-k (at PSA's mean budget), unified against per-layer.
 
-    ``workloads`` defaults to the shipped trace and :func:`synthetic_workload`. Pool sizes
+    ``workloads`` defaults to the shipped trace and [`synthetic_workload`][psa_ref.kvcache.sim.synthetic_workload]. Pool sizes
     are ``fractions`` of the peak live KV cache of each workload, measured by a replay
     through a pool that holds everything.
     """

@@ -1,24 +1,24 @@
 """KV cache manager, part 1: the host store, where every KV block lives.
 
 The host store is the authoritative copy of the KV cache (host memory, pinned on GPU
-runs). A GPU pool (:mod:`psa_ref.kvcache.pool`) caches some of its blocks; evicting a block from a
+runs). A GPU pool (``psa_ref.kvcache.pool``) caches some of its blocks; evicting a block from a
 pool never loses data, because the host store still holds it.
 
-A block is addressed by a :class:`BlockKey` ``(request, layer, kv_head, block)`` and holds
+A block is addressed by a [`BlockKey`][psa_ref.kvcache.store.BlockKey] ``(request, layer, kv_head, block)`` and holds
 up to ``S`` tokens of K and V of one KV head: ``2 * S * D * itemsize`` bytes. Decoding
 appends one token per layer at a time: the last block of each ``(request, layer)`` fills
 up, then a new block starts. Block metadata (``lo``/``hi`` always, plus the ranking
 metadata) is updated for the blocks a write touches, never rebuilt for the whole cache:
 
 * ``lo``, ``hi``: running minimum and maximum, exactly those of
-  :meth:`psa_ref.KVBlocks.from_dense`;
+  [`psa_ref.KVBlocks.from_dense`][psa_ref.KVBlocks.from_dense];
 * ``center = (hi + lo) / 2`` and ``radius = mean_t |k_t - center|`` (``cuboid_mean``): the
   radius depends on the centre, which moves as tokens arrive, so it is recomputed from
   the block's ``<= S`` tokens whenever the block changes;
 * ``mean``: a running sum divided by the token count.
 
 Metadata is computed in float64 from the stored tokens (so from the same values a
-:class:`~psa_ref.KVBlocks` built from them would see), and it stays resident: pools move
+[`KVBlocks`][psa_ref.KVBlocks] built from them would see), and it stays resident: pools move
 only KV content.
 """
 
@@ -70,12 +70,12 @@ class HostStore:
         head_dim: ``D``.
         block_size: ``S``, tokens per block.
         metadata: the ranking metadata kept per block, one of
-            :data:`psa_ref.METADATA_KINDS`; ``lo``/``hi`` are always kept.
+            ``psa_ref.METADATA_KINDS``; ``lo``/``hi`` are always kept.
         dtype: float16 (default, as served), float32 or float64: the dtype of the stored
             K and V, and so of every pool slot. Tokens are cast to it on the way in.
 
-    Requests are created by their first :meth:`append` or :meth:`extend` and deleted by
-    :meth:`remove` (a finished request). Any hashable value names a request.
+    Requests are created by their first [`append`][psa_ref.kvcache.store.HostStore.append] or [`extend`][psa_ref.kvcache.store.HostStore.extend] and deleted by
+    [`remove`][psa_ref.kvcache.store.HostStore.remove] (a finished request). Any hashable value names a request.
     """
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int = 16,
@@ -218,7 +218,7 @@ class HostStore:
         return {name: a[:, :n] for name, a in seq.meta.items()}
 
     def kv_blocks(self, request, layer: int) -> KVBlocks:
-        """A :class:`~psa_ref.KVBlocks` of one (request, layer), for :func:`psa_ref.attention`.
+        """A [`KVBlocks`][psa_ref.KVBlocks] of one (request, layer), for [`psa_ref.attention`][psa_ref.attention].
 
         Keys and values ``[Hkv, T, D]`` are float64 copies of the stored tokens; the
         metadata is the store's incremental metadata (copied), not recomputed.

@@ -3,15 +3,15 @@ independent oracle of the stop rules, and input generators.
 
 Nothing here is used by the reference itself; the oracle is written from log-domain
 block masses with a global maximum, a different route from the running-maximum loop of
-:mod:`psa_ref.progressive`, so one bug cannot hide in both.
+``psa_ref.progressive``, so one bug cannot hide in both.
 
 Error budgets (see ``docs/testing.md``):
 
 * float64 against float64: both sides sum at most ``T`` products in a different order,
-  so they differ by a few ``T * eps64`` relative to the largest value: :func:`budget64`.
+  so they differ by a few ``T * eps64`` relative to the largest value: [`budget64`][psa_ref.testing.budget64].
 * a low-precision kernel against the float64 reference: at most twice the error of a
   naive implementation in that precision, measured on the same inputs
-  (flash-attention's rule): pass ``naive_err`` to :func:`assert_close`.
+  (flash-attention's rule): pass ``naive_err`` to [`assert_close`][psa_ref.testing.assert_close].
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def oracle_fractions(stop: str, log_mass: np.ndarray, chunks: list[np.ndarray], 
 
     Args:
         stop: "ema", "remaining", "seed", "certified" or "sketch".
-        log_mass: ``[N]`` log block masses (:func:`log_block_mass`).
+        log_mass: ``[N]`` log block masses (``log_block_mass``).
         chunks: the processing order split into iterations.
         log_bound: ``[N]`` min/max logit bounds (``certified``), or the block estimates
             ``s_j`` (``sketch``).
@@ -157,7 +157,7 @@ def oracle_fractions(stop: str, log_mass: np.ndarray, chunks: list[np.ndarray], 
 
     Returns:
         ``[len(chunks)]`` fractions in [0, 1], computed in the log domain. ``sketch`` also
-        needs its share test to stop: see :func:`oracle_sketch`.
+            needs its share test to stop: see [`oracle_sketch`][psa_ref.testing.oracle_sketch].
     """
     if stop == "sketch":
         return oracle_sketch(log_mass, chunks, log_bound + np.log(lengths), num_forced)[0]
@@ -207,7 +207,7 @@ def dense_over_blocks(q_head, keys, values, block_size: int, used, scale: float)
 
 
 def used_by_head(result, num_q_heads: int, num_kv_heads: int, gqa: str) -> list[np.ndarray]:
-    """The blocks each query head attended, from an :class:`~psa_ref.AttentionResult`."""
+    """The blocks each query head attended, from an [`AttentionResult`][psa_ref.AttentionResult]."""
     if isinstance(result.blocks_used, np.ndarray):
         return [result.blocks_used]
     if gqa == "per_head":
@@ -290,7 +290,7 @@ def brute_force_estimate(q_head, keys, block_size: int, scale: float, metadata: 
 
 def brute_force_dequantized(kb: np.ndarray) -> np.ndarray:
     """``quant3`` keys of one block ``kb [n, D]``, quantised and reconstructed element by element
-    (the formula of :mod:`psa_ref.blocks`, written out with scalars)."""
+    (the formula of ``psa_ref.blocks``, written out with scalars)."""
     out = np.empty(kb.shape)
     lo, hi = kb.min(0), kb.max(0)
     for t in range(kb.shape[0]):

@@ -15,7 +15,7 @@ and counts how often it agrees with the reference exactly:
 * I6 -- exactly ``min(k, N)`` blocks whose estimates sum to the top ``k`` within tolerance (top-k).
 
 Use it on your own kernel: run it, build the numbers it reports (``blocks_used``, ``output``,
-``iterations``, ``stop_reason``), and call :func:`check_result`.
+``iterations``, ``stop_reason``), and call [`check_result`][psa_ref.testing.conformance.check_result].
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ FP16_META_REL = 2.0**-10  # float16 rounding of centre/radius (2^-11) with a fac
 
 @dataclass
 class Conformance:
-    """What :func:`check_result` found: the worst margins, and agreement with the reference."""
+    """What [`check_result`][psa_ref.testing.conformance.check_result] found: the worst margins, and agreement with the reference."""
 
     max_output_err: float  # largest |output - float64 attention over the reported blocks|
     output_tol: float  # the tolerance it was held to
@@ -61,7 +61,7 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
 
     Args:
         result: an object with ``output`` (array-like with the shape of ``q``), ``blocks_used``,
-            ``iterations`` and ``stop_reason`` laid out as :class:`psa_ref.AttentionResult`.
+            ``iterations`` and ``stop_reason`` laid out as [`psa_ref.AttentionResult`][psa_ref.AttentionResult].
         q: the query, ``[Hq, D]`` or ``[D]``, on the host.
         keys: ``[Hkv, T, D]`` or ``[T, D]``, on the host.
         values: the shape of ``keys``.
@@ -81,7 +81,7 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
     hkv = k3.shape[0]
     g = hq // hkv
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
-    blocks = KVBlocks.from_dense(k3, v3, block_size=block_size, metadata=metadata)
+    blocks = KVBlocks.from_dense(k3, v3, block_size=block_size, metadata=metadata, kv_layout="HND")
     n = blocks.num_blocks
     scores = estimate(q2, blocks, scale)
     if est_tol is None:

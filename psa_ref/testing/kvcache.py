@@ -1,6 +1,6 @@
-"""Test helpers for the KV cache manager (:mod:`psa_ref.kvcache.store`, :mod:`psa_ref.kvcache.pool`).
+"""Test helpers for the KV cache manager (``psa_ref.kvcache.store``, ``psa_ref.kvcache.pool``).
 
-Kept apart from :mod:`psa_ref.testing` so that the attention helpers and these evolve
+Kept apart from ``psa_ref.testing`` so that the attention helpers and these evolve
 independently; nothing in the package itself uses them.
 """
 

@@ -40,10 +40,10 @@ PORTABLE_METADATA = ("cuboid_mean", "minmax", "mean")  # the kinds every backend
 @st.composite
 def problems(draw, *, max_tokens: int = 70, max_dim: int = 12, groups=(1, 3, 4, 8), dtypes=("float64",),
              max_forced: int = 2, metadata=PORTABLE_METADATA) -> Problem:
-    """Draw a :class:`Problem` (multi-head layout; take ``q[0]``, ``keys[0]`` for one head).
+    """Draw a ``Problem`` (multi-head layout; take ``q[0]``, ``keys[0]`` for one head).
 
     ``metadata``: the kinds to draw from (default: those every backend implements); pass
-    :data:`psa_ref.METADATA_KINDS` for all of them.
+    ``psa_ref.METADATA_KINDS`` for all of them.
     """
     hkv = draw(st.integers(1, 2))
     g = draw(st.sampled_from(groups))

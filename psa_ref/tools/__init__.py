@@ -1,10 +1,10 @@
 """Tools around the algorithm and the KV cache manager (layer 3): what the ``psa`` command runs.
 
-* :mod:`~psa_ref.tools.cli` — the ``psa`` command (``psa demo``, ``psa sim``, ``psa eval``);
-* :mod:`~psa_ref.tools.demo` — the demo on the shipped real-attention trace;
-* :mod:`~psa_ref.tools.hf` — the transformers integration (``attn_implementation="psa"``, CPU
-  backends; the GPU backend is :mod:`psa_fast.hf`);
-* :mod:`~psa_ref.tools.evaluate` — ``psa eval``: PSA inside a real model against dense and top-k.
+* ``psa_ref.tools.cli`` — the ``psa`` command (``psa demo``, ``psa sim``, ``psa eval``);
+* ``psa_ref.tools.demo`` — the demo on the shipped real-attention trace;
+* ``psa_ref.tools.hf`` — the transformers integration (``attn_implementation="psa"``, CPU
+  backends; the GPU backend is ``psa_fast.hf``);
+* ``psa_ref.tools.evaluate`` — ``psa eval``: PSA inside a real model against dense and top-k.
 
 Modules here import the layers below them; nothing below imports them. ``hf`` and
 ``evaluate`` need the ``hf`` extra (torch, transformers).

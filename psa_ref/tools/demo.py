@@ -1,7 +1,7 @@
 """``psa demo``: Algorithm 1 against top-k and the ideal budget on real attention.
 
 Every decode step of the shipped SmolLM2 trace (6 layers x 32 positions, 9 query heads,
-3 KV heads, about 2K tokens in blocks of 16) is run through :func:`psa_ref.attention` for
+3 KV heads, about 2K tokens in blocks of 16) is run through [`psa_ref.attention`][psa_ref.attention] for
 each stop rule and threshold, and compared with dense attention and with top-k at every
 budget. The table says, per rule and threshold, how many blocks PSA attended, how much
 of the true attention mass that covered, the output error, and the top-k budget that
@@ -83,7 +83,7 @@ def run_demo(trace: Trace | None = None, *, taus=TAUS, rules=BLOCK_STOP_RULES, b
     cases = [(li, pi) for li in range(n_layers) for pi in range(n_pos)]
     for li, pi in tqdm(cases, desc="psa demo", unit="step", disable=not progress):
         q, keys, values = (a.astype(np.float64) for a in trace.case(li, pi))
-        blocks = KVBlocks.from_dense(keys, values, block_size=block_size, metadata=metadata)
+        blocks = KVBlocks.from_dense(keys, values, block_size=block_size, metadata=metadata, kv_layout="HND")
         dense = dense_attention(q, keys, values, scale=trace.scale)
         scores = estimate(q, blocks, trace.scale)
         for kv in range(hkv):
@@ -196,6 +196,20 @@ def plot(result: DemoResult, out_dir: Path) -> list[Path]:
     return paths
 
 
+def strict_json(x):
+    """``x`` with every NaN or infinite float replaced by None, so that ``json.dumps`` writes ``null``
+    (strict JSON has no ``NaN``): the ``ideal`` rows have no measured mass, by construction."""
+    if isinstance(x, dict):
+        return {k: strict_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict_json(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if np.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
 def main(out_dir: str = ".", trace_path: str | None = None, plots: bool = True, progress: bool = True) -> DemoResult:
     """Run the demo, print the tables, write the figures and a JSON summary into ``out_dir``."""
     trace = load_trace(trace_path)
@@ -215,8 +229,9 @@ def main(out_dir: str = ".", trace_path: str | None = None, plots: bool = True, 
             print(f"wrote {p}")
     summary = out / "psa_demo.json"
     out.mkdir(parents=True, exist_ok=True)
-    summary.write_text(json.dumps({"rows": [r.__dict__ for r in result.rows], "meta": result.meta,
-                                   "needed95_mean": {str(k): float(v.mean()) for k, v in result.needed95.items()},
-                                   "seconds": result.seconds}, indent=1))
+    summary.write_text(json.dumps(strict_json({
+        "rows": [r.__dict__ for r in result.rows], "meta": result.meta,
+        "needed95_mean": {str(k): float(v.mean()) for k, v in result.needed95.items()},
+        "seconds": result.seconds}), indent=1, allow_nan=False))
     print(f"wrote {summary}  ({result.seconds:.1f} s)")
     return result

@@ -5,7 +5,7 @@ offline by transformers on the CPU) reads a window of real English text at each 
 length. The window's first tokens are prefilled once with dense attention; then the last
 ``tokens`` tokens are decoded one at a time, teacher-forced (each step is fed the true next
 token), once per attention configuration, every decode attention going through
-:mod:`psa_ref.tools.hf`. Each configuration is compared with the stock dense (SDPA) decode:
+``psa_ref.tools.hf``. Each configuration is compared with the stock dense (SDPA) decode:
 
 * perplexity of the decoded tokens, and its increase over dense;
 * next-token agreement: the share of steps whose argmax equals dense's argmax;
@@ -154,7 +154,7 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
              contexts=CONTEXTS, tokens: int = 32, rules=BLOCK_STOP_RULES, taus=TAUS, topk=TOPK_LADDER, block_size: int = 16,
              metadata: str = "cuboid_mean", backend: str = "sweep", progress: bool = True,
              topk_at_budget: bool = True, ideal: bool = True, gqa: str = "shared") -> list[Run]:
-    """Run every configuration at every context length; return the :class:`Run` list.
+    """Run every configuration at every context length; return the ``Run`` list.
 
     Window ``i`` of context ``C`` reads text tokens ``[o_i, o_i + C]`` with
     ``o_i = offset + i * (max(contexts) + 1)`` (windows never overlap): its first
@@ -163,7 +163,7 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
     the blocks of every PSA and top-k configuration, and ``gqa`` is their selection (one per KV
     head, or per query head with the union read); top-k is also run at the mean budget of
     the first rule of ``rules`` at each threshold (unless ``topk_at_budget`` is false:
-    :func:`evaluate_parallel` adds those runs once every window's budget is known); without
+    [`evaluate_parallel`][psa_ref.tools.evaluate.evaluate_parallel] adds those runs once every window's budget is known); without
     ``ideal`` the ``τ = 1`` run that records the ideal budgets is left out.
     """
     import torch
@@ -306,12 +306,12 @@ def _score(runs: list[Run]) -> None:
 def pool_windows(per_window: list[list[Run]]) -> list[Run]:
     """Pool the runs of separately evaluated windows into one run per (context, label).
 
-    ``per_window[i]`` is :func:`evaluate`'s result for window ``i`` alone. Per-token lists are
+    ``per_window[i]`` is [`evaluate`][psa_ref.tools.evaluate.evaluate]'s result for window ``i`` alone. Per-token lists are
     concatenated in window order and the scores recomputed against the pooled dense run;
     budgets are averaged over windows (every window decodes the same number of tokens, so
     this equals pooling the records); the ideal budgets of the CDF figure are concatenated.
     A configuration missing from some window is left out. The result equals what
-    :func:`evaluate` returns for the same windows in one call (``tests/test_hf.py``).
+    [`evaluate`][psa_ref.tools.evaluate.evaluate] returns for the same windows in one call (``tests/test_hf.py``).
     """
     if not per_window:
         raise ValueError("per_window must hold at least one window's runs")
@@ -399,7 +399,7 @@ def evaluate_parallel(*, jobs: int, threads: int = 1, text: str = "pydoc", offse
                       windows: int = 1, contexts=CONTEXTS, tokens: int = 32, rules=BLOCK_STOP_RULES, taus=TAUS,
                       topk=TOPK_LADDER, block_size: int = 16, metadata: str = "cuboid_mean", backend: str = "sweep",
                       gqa: str = "shared", progress: bool = True) -> list[Run]:
-    """:func:`evaluate` on SmolLM2 with every window in its own process, ``jobs`` at a time.
+    """[`evaluate`][psa_ref.tools.evaluate.evaluate] on SmolLM2 with every window in its own process, ``jobs`` at a time.
 
     Same windows, configurations and result as ``evaluate(..., windows=windows)`` (each
     process loads the model once and runs ``threads`` torch and NumPy threads). Two phases:
@@ -568,7 +568,7 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
          topk=TOPK_LADDER, text: str = "pydoc", offset: int = TEXT_OFFSET, metadata: str = "cuboid_mean",
          backend: str = "sweep", gqa: str = "shared", threads: int = 2, jobs: int = 1, plots: bool = True,
          progress: bool = True) -> list[Run]:
-    """Load SmolLM2, run :func:`evaluate` (or, with ``jobs > 1``, :func:`evaluate_parallel`:
+    """Load SmolLM2, run [`evaluate`][psa_ref.tools.evaluate.evaluate] (or, with ``jobs > 1``, [`evaluate_parallel`][psa_ref.tools.evaluate.evaluate_parallel]:
     ``jobs`` processes of ``threads`` threads each), print the table, write the JSON and the figures."""
     import torch
 

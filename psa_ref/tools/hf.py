@@ -13,13 +13,13 @@ attended is recorded per layer and head for analysis::
     session.summary()            # blocks and KV bytes attended per decode token, per layer
 
 or register the name first and pass it at load time (``psa_hf.register()`` then
-``from_pretrained(..., attn_implementation="psa")``; configure with :func:`enable`).
+``from_pretrained(..., attn_implementation="psa")``; configure with [`enable`][psa_ref.tools.hf.enable]).
 
-Backends: ``"ref"`` calls :func:`psa_ref.attention` (the readable loop, the oracle);
-``"sweep"`` calls :func:`psa_ref.sweep.attention`, the same result from all logits at once
-(faster in Python, used by ``psa eval``). The GPU backend ``"fast"`` belongs to :mod:`psa_fast.hf`, which
+Backends: ``"ref"`` calls [`psa_ref.attention`][psa_ref.attention] (the readable loop, the oracle);
+``"sweep"`` calls [`psa_ref.sweep.attention`][psa_ref.sweep.attention], the same result from all logits at once
+(faster in Python, used by ``psa eval``). The GPU backend ``"fast"`` belongs to ``psa_fast.hf``, which
 registers it here (``psa_fast.hf.enable(model, config)``); this module never imports ``psa_fast``.
-Needs ``torch`` and ``transformers`` (the ``hf`` extra); :mod:`psa_ref` itself does not.
+Needs ``torch`` and ``transformers`` (the ``hf`` extra); ``psa_ref`` itself does not.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ class PSAConfig:
 
     Attributes:
         threshold: ``tau`` in (0, 1]; 1 attends every block (dense).
-        stop: a rule of :data:`psa_ref.STOP_RULES` (default ``"ema"``).
+        stop: a rule of ``psa_ref.STOP_RULES`` (default ``"ema"``).
         block_size: ``S`` tokens per KV block.
-        metadata: ranking metadata, one of :data:`psa_ref.METADATA_KINDS`.
+        metadata: ranking metadata, one of ``psa_ref.METADATA_KINDS``.
         step: blocks per iteration of the loop.
         gqa: ``"shared"`` (one selection per KV head) or ``"per_head"``.
         sink_blocks: first blocks attended before the ranked ones (default 1: real models
@@ -111,8 +111,8 @@ class PSAConfig:
 def metadata_all(keys: np.ndarray, block_size: int, kind: str) -> dict[str, np.ndarray]:
     """Metadata of every block of ``keys [Hkv, T, D]`` at once: name -> ``[Hkv, N, D]``.
 
-    The formulas of :func:`psa_ref.blocks.block_metadata`, vectorised over full blocks; the
-    partial last block goes through :func:`~psa_ref.blocks.block_metadata` itself.
+    The formulas of [`psa_ref.blocks.block_metadata`][psa_ref.blocks.block_metadata], vectorised over full blocks; the
+    partial last block goes through [`block_metadata`][psa_ref.blocks.block_metadata] itself.
     """
     hkv, t, d = keys.shape
     full = t // block_size
@@ -136,7 +136,7 @@ def metadata_all(keys: np.ndarray, block_size: int, kind: str) -> dict[str, np.n
 class LayerBlocks:
     """One sequence's KV cache of one layer as float64 blocks with metadata, grown in place.
 
-    :meth:`sync` brings it in line with the model's cache: when the cache only grew, the new
+    ``sync`` brings it in line with the model's cache: when the cache only grew, the new
     tokens are copied and the metadata of the blocks they touch recomputed (O(S D) per token
     and head); otherwise (a new sequence, a cropped cache) everything is rebuilt.
     """
@@ -297,7 +297,7 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def enable(model, config: PSAConfig | None = None) -> PSASession:
-    """Switch ``model`` to ``"psa"`` attention with ``config`` (default :class:`PSAConfig`).
+    """Switch ``model`` to ``"psa"`` attention with ``config`` (default [`PSAConfig`][psa_ref.tools.hf.PSAConfig]).
 
     Returns the session that holds the configuration and the records; calling again
     replaces both. Use ``model.set_attn_implementation("sdpa")`` to switch back.
@@ -332,7 +332,7 @@ def _session_of(module) -> PSASession:
 
 
 def _decode_ref(session: PSASession, layer: int, b: int, q: torch.Tensor, key, value, scaling: float):
-    """One sequence's decode step through :mod:`psa_ref`: ``q [Hq, D]`` -> output ``[Hq, D]`` float64."""
+    """One sequence's decode step through ``psa_ref``: ``q [Hq, D]`` -> output ``[Hq, D]`` float64."""
     cfg = session.config
     state = session.layers.setdefault((layer, b), LayerBlocks(cfg.block_size, cfg.metadata))
     blocks = state.sync(key, value)
@@ -349,7 +349,7 @@ def _decode_ref(session: PSASession, layer: int, b: int, q: torch.Tensor, key, v
 
 
 def step_record(layer: int, num_tokens: int, block_size: int, per_head: list[np.ndarray], hkv: int) -> StepRecord:
-    """A :class:`StepRecord` from the blocks each query head attended."""
+    """A ``StepRecord`` from the blocks each query head attended."""
     n = -(-num_tokens // block_size)
     lengths = np.full(n, block_size)
     lengths[-1] = num_tokens - (n - 1) * block_size
@@ -378,7 +378,7 @@ def _record(session: PSASession, layer: int, blocks: KVBlocks, q64: np.ndarray, 
 def register_backend(name: str, decode) -> None:
     """Make ``PSAConfig(backend=name)`` call ``decode(session, layer, q, key, value, scaling)`` for each
     sequence's decode step (``q [Hq, D]``, ``key, value [Hkv, T, D]`` tensors; returns ``[Hq, D]``).
-    :mod:`psa_fast.hf` registers ``"fast"`` this way, so the reference never imports the GPU package."""
+    ``psa_fast.hf`` registers ``"fast"`` this way, so the reference never imports the GPU package."""
     _validate.choice(name, "name", BACKENDS)
     if name in ("ref", "sweep"):
         raise ValueError(f"backend {name!r} is built in and cannot be replaced")
