@@ -1,30 +1,267 @@
-"""Decode-step benchmark on the GPU: torch SDPA dense vs psa_fast dense, top-k and PSA.
+"""Decode-step benchmark on the GPU: torch SDPA dense vs psa_fast dense, top-k and PSA, each against its floor.
 
-Llama-3.1-8B attention shapes (32 query / 8 KV heads, D 128, S 16, float16), KV caches filled
-with synthetic keys whose block masses follow the shipped SmolLM2 trace (psa_fast.synthetic).
-Each row: median µs over CUDA-graph replays timed with CUDA events, the L2 cold by rotating
-over several layers' caches; GB/s on the bytes the method touches against the measured copy
-ceiling; speedup over SDPA in the same run; mean relative output error vs dense.
+The data and the kernels are measured apart. The data (``--profile``) sets how many bytes a method must
+read; the kernels set how close a step gets to that:
 
-    python benchmarks/bench_decode.py                 # every size
+* ``pooled`` (the run of record) / ``per-head``: keys whose block masses follow the shipped SmolLM2
+  trace (every head from its pooled distribution, or each KV head from one (layer, position, head));
+* ``sparsity``: the family of ``psa_fast.synthetic.sparsity_profiles``: each KV head's ideal τ 0.95
+  budget lies around a chosen share of the blocks (``--shares``, default 2, 5, 10, 20, 30%; heads
+  differ up to 2× either way, mean on target), with a sink block holding 25% of the mass and a heavy
+  recent window, as real models show.
+
+Shapes (``--shape``): ``llama8b`` (Llama-3.1-8B attention: 32 query / 8 KV heads, D 128), ``gemma3``
+(Gemma 3 270M's global layers: 4 / 1, D 256, scale 0.0625), ``smollm2`` (SmolLM2-135M: 9 / 3, D 64);
+blocks of 16 tokens, float16.
+
+Each row: median device µs per call, 16 calls (several layers' caches in turn, so the L2 stays cold)
+captured in one CUDA graph and timed with CUDA events; the **floor** = bytes the method must move (``floor_bytes``: the K and V of the blocks it
+read, per KV head; for estimating methods every block's metadata, the scores and the order; the query and
+the output) divided by the copy ceiling measured in this run; **step ÷ floor**; GB/s on those bytes;
+speedup over SDPA in the same run; the share of blocks read; mean relative output error vs psa_fast
+dense. Each (size, batch, share) first prints the ideal τ 0.95 share measured on the filled cache (true
+logits of every layer on the GPU, per query head). Rows go to ``bench_decode*.jsonl`` (one file per
+profile and shape), a table to ``.md`` and to stdout last.
+
+    python benchmarks/bench_decode.py                 # every size, Llama shapes, the trace pooled
     python benchmarks/bench_decode.py --quick         # 8K and 32K, B = 1 and 8
     python benchmarks/bench_decode.py --profile per-head   # heads as different as the trace's
+    python benchmarks/bench_decode.py --profile sparsity --shape gemma3 --sizes 32768 --batches 1,8,32
+    python benchmarks/bench_decode.py --profile sparsity --sizes 32768:1,131072:1,131072:8 --shares 0.02,0.2
+
+A real captured K/V cache plugs in as another ``fill(cache, layer) -> q`` (see ``bench_size``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-HQ, HKV, D, S = 32, 8, 128, 16
 L2_BYTES = 60 * 2**20
-CEILING_GBS = 4229.0  # HBM copy, DESIGN.md; re-measured below
+PER_GRAPH = 16  # calls captured in one CUDA graph per timing (see graph_us)
+CEILING_GBS = 4229.0  # HBM copy, DESIGN.md; main() replaces it with the ceiling measured in the run
 VERSIONS: list[int] = []
+TAU_IDEAL = 0.95
 
+
+@dataclass(frozen=True)
+class Shape:
+    """Attention shape of one layer: ``hq`` query heads, ``hkv`` KV heads, head dim ``d``, blocks of ``s``
+    tokens, logit scale ``scale`` (None: ``1/sqrt(d)``)."""
+
+    name: str
+    hq: int
+    hkv: int
+    d: int
+    s: int = 16
+    scale: float | None = None
+    about: str = ""
+
+    @property
+    def g(self) -> int:
+        """Query heads per KV head."""
+        return self.hq // self.hkv
+
+    @property
+    def logit_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.d)
+
+
+SHAPES = {
+    "llama8b": Shape("llama8b", 32, 8, 128, about="Llama-3.1-8B attention"),
+    "gemma3": Shape("gemma3", 4, 1, 256, scale=0.0625, about="Gemma 3 270M global layer"),
+    "smollm2": Shape("smollm2", 9, 3, 64, about="SmolLM2-135M"),
+}
+PROFILES = ("pooled", "per-head", "sparsity")
+DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
+SKIPPABLE = ("tau0.9", "remaining", "sketch", "topk", "stages")
+# metadata bytes per (request, KV head, block) that the estimate reads
+META_BYTES = {
+    "cuboid_mean": lambda sh: 2 * sh.d * 2,  # centre + radius, float16
+    "quant3": lambda sh: 2 * sh.d * 2 + sh.s * sh.d // 2,  # lo/hi float16 + 4-bit codes
+}
+
+
+# --- the floor: bytes a step must move, over the copy ceiling (pure functions, tested on the CPU) -------
+
+def floor_bytes(shape: Shape, *, t: int, b: int, blocks_read: float | None = None, metadata: str | None = None,
+                groups: int | None = None, per_head_passes: int = 0) -> int:
+    """Bytes one decode step of ``b`` requests of ``t`` tokens must move, whatever the kernels.
+
+    * K and V of the blocks read: ``b * Hkv * blocks_read * 2 * S * D * 2`` (float16; a block shared by
+      a group's query heads counts once);
+    * the query in (float16) and the output out (float32): ``b * Hq * D * 6``;
+    * estimating methods (``metadata`` given): every block's metadata (``META_BYTES``), the scores written
+      and read and the order written (12 bytes per block and selection group, ``groups`` per request:
+      ``Hkv`` shared, ``Hq`` per head), the attended part of the order read (4 bytes per block read), and
+      ``per_head_passes`` 4-byte passes over ``[B, Hq, N]`` (sketch: each head's estimates and log masses).
+
+    Args:
+        blocks_read: mean blocks read per (request, KV head), ``0 <= blocks_read <= N``; None: every block.
+        metadata: ``"cuboid_mean"``, ``"quant3"`` or None (no estimate: dense).
+    """
+    n = -(-t // shape.s)
+    read = n if blocks_read is None else float(blocks_read)
+    if not 0 <= read <= n:
+        raise ValueError(f"blocks_read must lie in [0, N={n}], got {blocks_read}")
+    total = b * shape.hkv * read * 2 * shape.s * shape.d * 2 + b * shape.hq * shape.d * (2 + 4)
+    if metadata is not None:
+        if metadata not in META_BYTES:
+            raise ValueError(f"metadata must be one of {sorted(META_BYTES)} or None, got {metadata!r}")
+        gn = shape.hkv if groups is None else groups
+        total += b * shape.hkv * n * META_BYTES[metadata](shape)
+        total += b * gn * (12 * n + 4 * read)
+        total += b * shape.hq * n * 4 * per_head_passes
+    return int(round(total))
+
+
+def floor_us(nbytes: float, ceiling_gbs: float) -> float:
+    """µs to move ``nbytes`` at ``ceiling_gbs`` (GB/s: 1 GB/s is 1e3 bytes per µs)."""
+    if ceiling_gbs <= 0:
+        raise ValueError(f"ceiling_gbs must be > 0, got {ceiling_gbs}")
+    return nbytes / (ceiling_gbs * 1e3)
+
+
+def blocks_read_per_kv_head(order: np.ndarray, num_used: np.ndarray, num_kv_heads: int) -> float:
+    """Mean distinct blocks read per (request, KV head): the union over each KV head's selection groups
+    of the first ``num_used`` entries of ``order`` (``[B, Gn, N]``, ``num_used [B, Gn]``, NumPy; one
+    group per KV head when shared, one per query head when ``gqa="per_head"``)."""
+    b, gn, n = order.shape
+    if gn % num_kv_heads:
+        raise ValueError(f"{gn} selection groups do not split over {num_kv_heads} KV heads")
+    taken = np.arange(n)[None, None, :] < num_used[:, :, None]
+    bi, gi, pi = np.nonzero(taken)
+    mask = np.zeros((b, gn, n), bool)
+    mask[bi, gi, order[bi, gi, pi]] = True
+    return float(mask.reshape(b, num_kv_heads, gn // num_kv_heads, n).any(axis=2).sum(axis=-1).mean())
+
+
+# --- arguments --------------------------------------------------------------------------------------
+
+def _tokens(x: str) -> int:
+    x = x.strip()
+    return int(x[:-1]) * 1024 if x[-1:] in ("k", "K") else int(x)
+
+
+def parse_sizes(sizes: str, batches: str) -> list[tuple[int, int]]:
+    """``"32768:1,128K:8"`` -> ``[(32768, 1), (131072, 8)]``; an entry without ``:B`` takes every batch of
+    ``batches`` (``"1,8,32"``)."""
+    try:
+        bs = [int(x) for x in batches.split(",") if x.strip()]
+        out = []
+        for item in (x for x in sizes.split(",") if x.strip()):
+            t, _, b = item.partition(":")
+            out += [(_tokens(t), int(b))] if b else [(_tokens(t), bb) for bb in bs]
+    except ValueError:
+        raise ValueError(f"sizes must look like 32768:1,131072 and batches like 1,8,32; got {sizes!r}, "
+                         f"{batches!r}") from None
+    if not out or any(t < 1 or b < 1 for t, b in out):
+        raise ValueError(f"sizes and batches must be positive and not empty; got {sizes!r}, {batches!r}")
+    return out
+
+
+def parse_shares(shares: str) -> list[float]:
+    """``"0.02,0.1"`` -> ``[0.02, 0.1]``, each in (0, 1)."""
+    try:
+        out = [float(x) for x in shares.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"shares must be numbers in (0, 1) like 0.02,0.1; got {shares!r}") from None
+    if not out or not all(0 < s < 1 for s in out):
+        raise ValueError(f"shares must be numbers in (0, 1) like 0.02,0.1; got {shares!r}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="8K and 32K, B = 1 and 8 (unless --sizes)")
+    p.add_argument("--reps", type=int, default=60)
+    p.add_argument("--versions", default="", help="also time these other decode kernels, e.g. 2 (CUDA cores)")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--profile", choices=PROFILES, default="pooled",
+                   help="block masses: the trace pooled (the run of record), per head from the trace, or the "
+                        "sparsity family (--shares)")
+    p.add_argument("--shape", choices=tuple(SHAPES), default="llama8b")
+    p.add_argument("--sizes", default=None, help="tokens[:batch],... e.g. 32768:1,131072:1,131072:8 or 32K,128K "
+                                                 "(default 8K,32K,128K; --quick 8K,32K)")
+    p.add_argument("--batches", default=None, help="batches for sizes given without one (default 1,8,32; "
+                                                   "--quick 1,8)")
+    p.add_argument("--shares", default=DEFAULT_SHARES, help="ideal τ 0.95 budgets of --profile sparsity")
+    p.add_argument("--recent-blocks", type=int, default=2, help="heavy recent blocks of --profile sparsity")
+    p.add_argument("--per-head", action="store_true", help="also PSA τ=0.95 with gqa='per_head'")
+    p.add_argument("--skip", default="", help=f"rows to leave out, of {','.join(SKIPPABLE)}")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parsed arguments with ``shape`` a ``Shape``, ``sizes`` ``[(T, B)]``, ``shares`` floats (sparsity),
+    ``skip`` a set and ``versions`` ints. Bad values exit through the parser's error."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        batches = args.batches or ("1,8" if args.quick else "1,8,32")
+        args.sizes = parse_sizes(args.sizes or ("8192,32768" if args.quick else "8192,32768,131072"), batches)
+        args.shares = parse_shares(args.shares) if args.profile == "sparsity" else [None]
+        args.versions = [int(v) for v in args.versions.split(",") if v.strip()]
+    except ValueError as exc:
+        parser.error(str(exc))
+    args.skip = {x.strip() for x in args.skip.split(",") if x.strip()}
+    if args.skip - set(SKIPPABLE):
+        parser.error(f"--skip takes {','.join(SKIPPABLE)}; got {','.join(sorted(args.skip - set(SKIPPABLE)))}")
+    if args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
+    if args.recent_blocks < 0:
+        parser.error(f"--recent-blocks must be >= 0, got {args.recent_blocks}")
+    args.shape = SHAPES[args.shape]
+    return args
+
+
+def out_stem(profile: str, shape: Shape) -> str:
+    """File stem of a run's rows: ``bench_decode`` (trace pooled, Llama, the run of record),
+    ``bench_decode_per_head`` (Llama), else ``bench_decode_<profile>_<shape>``."""
+    if shape.name == "llama8b" and profile in ("pooled", "per-head"):
+        return "bench_decode" + ("" if profile == "pooled" else "_per_head")
+    return f"bench_decode_{profile.replace('-', '_')}_{shape.name}"
+
+
+def format_row(r: dict) -> str:
+    """One printed line of a JSONL record."""
+    head = f"  {r['T']:>6} {r['B']:>3}" + (f" {100 * r['share']:4.1f}%" if r.get("share") is not None else "")
+    if "breakdown_us" in r:
+        return (f"{head} {r.get('of', 'PSA τ=0.95')} stages alone (µs): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in r["breakdown_us"].items()))
+    if "skipped" in r:
+        return f"{head} {r['skipped']:<38} skipped: {r['reason']}"
+    if "ideal" in r and "method" not in r:
+        return (f"{head} ideal τ={TAU_IDEAL} share measured on the cache: mean {100 * r['ideal']:.1f}% of blocks, "
+                f"p90 {100 * r['ideal_p90']:.1f}% (profiles: {100 * r['ideal_profile']:.1f}%)"
+                if r.get("ideal_profile") is not None else
+                f"{head} ideal τ={TAU_IDEAL} share measured on the cache: mean {100 * r['ideal']:.1f}% of blocks, "
+                f"p90 {100 * r['ideal_p90']:.1f}%")
+    return (f"{head} {r['method']:<38} {r['us']:9.1f} us  floor {r['floor_us']:7.1f} us  x{r['step_floor']:5.2f} "
+            f"floor  {r['gbs']:6.0f} GB/s  x{r['speedup']:.2f} SDPA  read {100 * r['frac']:5.1f}%  "
+            f"err {r['err']:.4f} {r['note']}")
+
+
+def table(rows: list[dict], ceiling_gbs: float) -> str:
+    """The markdown table printed last."""
+    lines = [f"| shape | share | T | B | method | median µs | floor µs | step ÷ floor | GB/s | % of {ceiling_gbs:.0f} "
+             "| vs SDPA | blocks read | ideal τ 0.95 | rel. error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        share = "—" if r.get("share") is None else f"{100 * r['share']:g}%"
+        lines.append(f"| {r['shape']} | {share} | {r['T'] // 1024}K | {r['B']} | {r['method']} | {r['us']:.1f} | "
+                     f"{r['floor_us']:.1f} | {r['step_floor']:.2f} | {r['gbs']:.0f} | {100 * r['pct']:.0f}% | "
+                     f"{r['speedup']:.2f}× | {100 * r['frac']:.1f}% | {100 * r['ideal']:.1f}% | {r['err']:.4f} |")
+    return "\n".join(lines)
+
+
+# --- timing -----------------------------------------------------------------------------------------
 
 def median_us(fn_launch, stream, reps: int, rotate: int) -> float:
     import cupy
@@ -40,9 +277,17 @@ def median_us(fn_launch, stream, reps: int, rotate: int) -> float:
 
 
 def capture(run, stream):
-    """A CUDA graph of ``run()`` on ``stream`` (CuPy stream capture)."""
+    """A CUDA graph of ``run()`` on ``stream`` (CuPy stream capture). If ``run`` raises, the capture is
+    ended (and dropped) so that the stream stays usable for the next rows."""
     stream.begin_capture()
-    run()
+    try:
+        run()
+    except BaseException:
+        try:
+            stream.end_capture()
+        except Exception:
+            pass
+        raise
     return stream.end_capture()
 
 
@@ -64,38 +309,105 @@ def rel_err(out, ref) -> float:
     return float((cupy.linalg.norm(o - r, axis=-1) / cupy.linalg.norm(r, axis=-1)).mean())
 
 
-def bench_size(t: int, b: int, offsets, reps: int, stream, log) -> list[dict]:
+def measured_ideal_share(cache, qs, scale: float, tau: float = TAU_IDEAL) -> tuple[float, float]:
+    """``(mean, p90)`` over every layer, request and query head of the ideal ``tau`` budget as a share of
+    the blocks, from the true logits ``scale * K q`` of the filled cache (on the GPU, one (layer, request,
+    KV head) at a time: ``T x D`` float32 keys)."""
+    import cupy
+
+    from psa_fast.synthetic import ideal_share_of_logits
+
+    L, b, hkv, n, s, d = cache.num_layers, cache.batch, cache.num_kv_heads, cache.nmax, cache.block_size, cache.head_dim
+    kviews = cache.k_pool.reshape(L, b, hkv, n * s, cache.dp)
+    shares = []
+    for layer, q in enumerate(qs):
+        g = q.shape[1] // hkv
+        for r in range(b):
+            t = int(cache.host_lens[layer, r])
+            for kv in range(hkv):
+                k = kviews[layer, r, kv, :t, :d].astype(cupy.float32)  # [T, D]
+                logits = scale * (q[r, kv * g : (kv + 1) * g].astype(cupy.float32) @ k.T)  # [g, T]
+                shares.append(ideal_share_of_logits(logits, s, tau))
+                del k, logits
+    shares = cupy.asnumpy(cupy.concatenate(shares))
+    return float(shares.mean()), float(np.percentile(shares, 90))
+
+
+# --- one (size, batch, data) ------------------------------------------------------------------------
+
+def bench_size(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling_gbs: float,
+               skip=frozenset(), per_head: bool = False, tags: dict | None = None) -> list[dict]:
+    """Every row for ``b`` requests of ``t`` tokens of ``shape``.
+
+    ``fill(cache, layer) -> q`` writes one layer of a ``PagedKVCache`` (to capacity) and returns its
+    queries ``[B, Hq, D]`` float16: the data. It is called for every layer of the cache, and again for a
+    second cache with ``metadata="quant3"`` (the sketch row), so it must give the same K/V for the same
+    layer (``fill_skewed`` seeds by layer; a replay of captured K/V would copy them in)."""
+    import cupy
+    import torch
+
+    rows = _rows(shape, t, b, fill, reps, stream, log, ceiling_gbs=ceiling_gbs, skip=skip, per_head=per_head,
+                 tags=tags)
+    cupy.get_default_memory_pool().free_all_blocks()  # every cache and plan of the size is gone with _rows' frame
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling_gbs: float, skip, per_head: bool,
+          tags: dict | None) -> list[dict]:
     import cupy
     import torch
 
     import psa_fast
     from psa_fast import _kernels
-    from psa_fast.synthetic import fill_skewed
 
-    per_layer = b * HKV * t * D * 2 * 2
+    n = -(-t // shape.s)
+    per_layer = b * shape.hkv * n * shape.s * shape.d * 2 * 2
     layers = max(2, -(-4 * L2_BYTES // per_layer))  # rotate over >= 4x L2 of KV
+    tags = dict(tags or {}, shape=shape.name)
+    hq, hkv, s = shape.hq, shape.hkv, shape.s
     rows = []
+
+    def attempt(name, fn):
+        """``fn()``, or None with the reason logged when this shape or size cannot run it."""
+        try:
+            return fn()
+        except Exception as exc:  # e.g. NotImplementedError for a shape, a compile error, out of memory
+            msg = str(exc).strip().splitlines()
+            log(dict(T=t, B=b, **tags, skipped=name, reason=f"{type(exc).__name__}: {msg[0] if msg else ''}"[:300]))
+            return None
+
     with stream:
-        cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=HKV, head_dim=D, max_tokens=t,
-                                      block_size=S)
-        qs = [fill_skewed(cache, layer, HQ, offsets, seed=layer) for layer in range(layers)]
-        n = cache.nmax
+        cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=hkv, head_dim=shape.d, max_tokens=t,
+                                      block_size=s)
+        if cache.dp != shape.d:
+            raise NotImplementedError(f"head dim {shape.d} is padded to {cache.dp}: SDPA's view of the pool needs D "
+                                      "of 16, 32, 64, 128 or 256")
+        qs = [fill(cache, layer) for layer in range(layers)]
+        assert cache.nmax == n
+        ideal, ideal_p90 = measured_ideal_share(cache, qs, shape.logit_scale)
+        log(dict(T=t, B=b, **tags, ideal=ideal, ideal_p90=ideal_p90))
 
         def graph_us(fn):
-            """Median µs of ``fn(layer)`` replayed as CUDA graphs, rotating over the layers."""
-            graphs = [capture(lambda layer=layer: fn(layer), stream) for layer in range(layers)]
-            for gr in graphs[:2]:
-                gr.launch(stream)
-            return median_us(lambda i: graphs[i].launch(stream), stream, reps, layers)
+            """Median device µs per call of ``fn(layer)``: PER_GRAPH calls, the layers in turn, captured in one
+            CUDA graph (as a decoder captures a step of all its layers). A graph of one call would also time
+            the host's launch latency (~3.5 µs, more than some stages take)."""
+            def calls():
+                for i in range(PER_GRAPH):
+                    fn(i % layers)
+            gr = capture(calls, stream)
+            gr.launch(stream)
+            return median_us(lambda i: gr.launch(stream), stream, reps, 1) / PER_GRAPH
 
         def timed(plan_obj):
-            """(median µs, outputs per layer, mean blocks attended per group)."""
-            outs, used = [], []
+            """(median µs, outputs per layer, mean blocks read per (request, KV head))."""
+            outs, reads = [], []
             for layer in range(layers):  # warm-up (compiles) and results
                 dec = plan_obj.run(qs[layer], layer)
                 outs.append(cupy.array(dec.out))
-                used.append(float(cupy.asnumpy(dec.num_used).mean()) if dec.order is not None else n)
-            return graph_us(lambda layer: plan_obj.run(qs[layer], layer)), outs, float(np.mean(used))
+                reads.append(n if dec.order is None else blocks_read_per_kv_head(
+                    cupy.asnumpy(dec.order), cupy.asnumpy(dec.num_used), hkv))
+            return graph_us(lambda layer: plan_obj.run(qs[layer], layer)), outs, float(np.mean(reads))
 
         def stage_times(p, total):
             """Each stage before the attention alone; the attention is the rest of the step (replayed
@@ -105,158 +417,231 @@ def bench_size(t: int, b: int, offsets, reps: int, stream, log) -> list[dict]:
             parts["attend (rest of the step)"] = total - sum(parts.values())
             return parts
 
-        dense_plan = psa_fast.plan(cache, num_q_heads=HQ, mode="dense")
-        us_dense, refs, _ = timed(dense_plan)
-
         # torch SDPA on the same memory: the resident pool is [L, B, Hkv, T, D] when T = Nmax * S
         tstream = torch.cuda.ExternalStream(stream.ptr)
-        kviews = cache.k_pool.reshape(layers, b, HKV, n * S, D)
-        vviews = cache.v_pool.reshape(layers, b, HKV, n * S, D)
+        kviews = cache.k_pool.reshape(layers, b, hkv, n * s, shape.d)
+        vviews = cache.v_pool.reshape(layers, b, hkv, n * s, shape.d)
         tk = [torch.from_dlpack(kviews[layer]) for layer in range(layers)]
         tv = [torch.from_dlpack(vviews[layer]) for layer in range(layers)]
         tq = [torch.from_dlpack(q).unsqueeze(2) for q in qs]
 
         def sdpa(layer):
-            return torch.nn.functional.scaled_dot_product_attention(tq[layer], tk[layer], tv[layer], enable_gqa=True)
+            return torch.nn.functional.scaled_dot_product_attention(tq[layer], tk[layer], tv[layer], enable_gqa=True,
+                                                                    scale=shape.logit_scale)
 
         with torch.cuda.stream(tstream):
-            sdpa_out = sdpa(0)
-            sdpa(1)
-            tgraphs = []
-            for layer in range(layers):
-                gr = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(gr, stream=tstream):
-                    sdpa(layer)
-                tgraphs.append(gr)
-            us_sdpa = median_us(lambda i: tgraphs[i].replay(), stream, reps, layers)
-        sdpa_err = rel_err(cupy.from_dlpack(sdpa_out.squeeze(2).float()), refs[0])
+            sdpa_outs = [cupy.from_dlpack(sdpa(layer).squeeze(2).float().contiguous()) for layer in range(layers)]
+            tgraph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(tgraph, stream=tstream):
+                for i in range(PER_GRAPH):
+                    sdpa(i % layers)
+            tgraph.replay()
+            us_sdpa = median_us(lambda i: tgraph.replay(), stream, reps, 1) / PER_GRAPH
 
-        kv_bytes = b * HKV * n * S * D * 2 * 2
-        meta_bytes = b * HKV * n * (2 * D * 2)  # centre + radius, float16
-        small = b * HKV * n * 12  # scores written and read, order written
+        kv_floor = floor_bytes(shape, t=t, b=b)  # SDPA and dense read the whole KV
 
-        def row(method, us, touched, err, used=None, launches=0, extra=""):
-            r = dict(T=t, B=b, method=method, us=us, gbs=touched / us / 1e3, pct=touched / us / 1e3 / CEILING_GBS,
-                     speedup=us_sdpa / us, err=err, frac=(used / n if used is not None else 1.0), launches=launches,
-                     note=extra)
+        def row(method, us, nbytes, err, read=None, launches=0, extra=""):
+            fl = floor_us(nbytes, ceiling_gbs)
+            r = dict(T=t, B=b, **tags, method=method, us=us, floor_bytes=nbytes, floor_us=fl, step_floor=us / fl,
+                     gbs=nbytes / us / 1e3, pct=nbytes / us / 1e3 / ceiling_gbs, speedup=us_sdpa / us, err=err,
+                     frac=(read / n if read is not None else 1.0), ideal=ideal, launches=launches, note=extra)
             rows.append(r)
             log(r)
+
+        dense_plan = attempt("psa_fast dense", lambda: psa_fast.plan(cache, num_q_heads=hq, mode="dense",
+                                                                      scale=shape.scale))
+        dense = attempt("psa_fast dense", lambda: timed(dense_plan)) if dense_plan is not None else None
+        refs = dense[1] if dense is not None else sdpa_outs  # errors against psa_fast dense, else SDPA
 
         def mean_err(outs):
             return float(np.mean([rel_err(o, r) for o, r in zip(outs, refs)]))
 
-        row("torch SDPA", us_sdpa, kv_bytes, sdpa_err, launches=1)
-        row("psa_fast dense", us_dense, kv_bytes, 0.0, launches=3, extra=f"cluster {dense_plan.cluster}")
+        row("torch SDPA", us_sdpa, kv_floor, mean_err(sdpa_outs), launches=1)
+        if dense is not None:
+            split = getattr(dense_plan, "splits", None)
+            row("psa_fast dense", dense[0], kv_floor, mean_err(dense[1]), launches=3,
+                extra=f"cluster {dense_plan.cluster}" + (f", splits {split}" if split else ""))
         for v in VERSIONS:
-            usv, outsv, _ = timed(psa_fast.plan(cache, num_q_heads=HQ, mode="dense", version=v))
-            row(f"psa_fast dense (decode v{v})", usv, kv_bytes, rel_err(outsv[0], refs[0]), launches=3)
+            got = attempt(f"psa_fast dense (decode v{v})", lambda v=v: timed(
+                psa_fast.plan(cache, num_q_heads=hq, mode="dense", version=v, scale=shape.scale)))
+            if got is not None:
+                row(f"psa_fast dense (decode v{v})", got[0], kv_floor, mean_err(got[1]), launches=3)
 
-        cluster = _kernels.pick_cluster(b * HKV)
+        cluster = _kernels.pick_cluster(b * hkv)
         # at least one block per warp per iteration, and at most ~64 iterations over the whole cache
         step = max(cluster * 8, n // 64)
+
+        def psa_floor(read, groups=hkv, metadata="cuboid_mean", passes=0):
+            return floor_bytes(shape, t=t, b=b, blocks_read=read, metadata=metadata, groups=groups,
+                               per_head_passes=passes)
+
         psa = {}
         for tau in (0.9, 0.95):
-            p = psa_fast.plan(cache, num_q_heads=HQ, mode="psa", threshold=tau, step=step)
-            us, outs, used = timed(p)
-            psa[tau] = (mean_err(outs), used)
-            row(f"PSA τ={tau}", us, meta_bytes + small + used / n * kv_bytes, psa[tau][0], used, 5,
-                f"stop {p.stop}, step {p.step}, cluster {p.cluster}")
-            if tau == 0.95:  # where the time goes: each stage alone
-                log(dict(T=t, B=b, breakdown_us=stage_times(p, us)))
+            if tau == 0.9 and "tau0.9" in skip:
+                continue
+            name = f"PSA τ={tau}"
+
+            def run_psa(tau=tau):
+                p = psa_fast.plan(cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, scale=shape.scale)
+                return p, timed(p)
+
+            got = attempt(name, run_psa)
+            if got is None:
+                continue
+            p, (us, outs, read) = got
+            psa[tau] = (mean_err(outs), read)
+            row(name, us, psa_floor(read), psa[tau][0], read, 5, f"stop {p.stop}, step {p.step}, cluster {p.cluster}")
+            if tau != 0.95:
+                continue
+            if "stages" not in skip:  # where the time goes: each stage alone
+                parts = attempt(f"{name} stages", lambda p=p, us=us: stage_times(p, us))
+                if parts is not None:
+                    log(dict(T=t, B=b, **tags, breakdown_us=parts))
+            if "remaining" not in skip:
                 for v in [3] + VERSIONS:  # the paper's rule, and the other kernels (which implement it)
-                    pv = psa_fast.plan(cache, num_q_heads=HQ, mode="psa", threshold=tau, step=step, stop="remaining",
-                                       version=v)
-                    usv, outsv, usedv = timed(pv)
-                    row(f"PSA τ={tau} remaining" + (f" (decode v{v})" if v != 3 else ""), usv,
-                        meta_bytes + small + usedv / n * kv_bytes, mean_err(outsv), usedv, 5)
+                    vname = f"PSA τ={tau} remaining" + (f" (decode v{v})" if v != 3 else "")
+                    gotv = attempt(vname, lambda v=v: timed(psa_fast.plan(
+                        cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, stop="remaining", version=v,
+                        scale=shape.scale)))
+                    if gotv is not None:
+                        usv, outsv, readv = gotv
+                        row(vname, usv, psa_floor(readv), mean_err(outsv), readv, 5)
+            if per_head:  # each query head its own order and stop; a KV block read once per KV head at best
+                pname = f"{name} per_head"
 
-        # stop="sketch" on metadata="quant3": the same KV (same seeds) in a second cache with 3-bit codes
-        q3 = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=HKV, head_dim=D, max_tokens=t,
-                                   block_size=S, metadata="quant3")
-        for layer in range(layers):
-            fill_skewed(q3, layer, HQ, offsets, seed=layer)
-        meta_q3 = b * HKV * n * (2 * D * 2 + S * D // 2)  # lo/hi float16 + 4-bit codes
-        small_q3 = small + b * HQ * n * 4 * 3  # per-head estimates written and read, their suffix sums
-        p3 = psa_fast.plan(q3, num_q_heads=HQ, mode="psa", threshold=0.95, step=step, stop="sketch")
-        us3, outs3, used3 = timed(p3)
-        row("PSA τ=0.95 sketch (quant3)", us3, meta_q3 + small_q3 + used3 / n * kv_bytes, mean_err(outs3), used3, 5,
-            f"stop sketch, metadata quant3, step {p3.step}, cluster {p3.cluster}")
-        log(dict(T=t, B=b, breakdown_us=stage_times(p3, us3), of="PSA τ=0.95 sketch (quant3)"))
-        del q3, p3, outs3
+                def run_per_head():
+                    cl = _kernels.pick_cluster(b * hq)
+                    ph = psa_fast.plan(cache, num_q_heads=hq, mode="psa", threshold=tau, step=max(cl * 8, n // 64),
+                                       gqa="per_head", scale=shape.scale)
+                    return ph, timed(ph)
 
-        def topk(k):
-            us, outs, _ = timed(psa_fast.plan(cache, num_q_heads=HQ, mode="topk", k=int(k)))
-            return us, mean_err(outs)
+                goth = attempt(pname, run_per_head)
+                if goth is not None:
+                    ph, (ush, outsh, readh) = goth
+                    row(pname, ush, psa_floor(readh, groups=hq), mean_err(outsh), readh, 5,
+                        f"stop {ph.stop}, step {ph.step}, cluster {ph.cluster}")
 
-        err95, used95 = psa[0.95]
-        k_budget = max(1, int(round(used95)))
-        us, err = topk(k_budget)
-        row(f"top-k k={k_budget} (PSA τ=0.95 budget)", us, meta_bytes + small + k_budget / n * kv_bytes, err,
-            k_budget, 5)
-        for factor in (1.25, 1.5, 2, 3, 4, 6, 8, 12, 16):  # the smallest k on this grid with PSA's error
-            k = min(n, int(round(k_budget * factor)))
-            us_k, err_k = topk(k)
-            if err_k <= err95 or k == n:
-                row(f"top-k k={k} (error ≤ PSA τ=0.95)", us_k, meta_bytes + small + k / n * kv_bytes, err_k, k, 5)
-                break
-        del cache, qs, tk, tv, tq, tgraphs, kviews, vviews
-    cupy.get_default_memory_pool().free_all_blocks()
-    torch.cuda.empty_cache()
+        if "sketch" not in skip:
+            # stop="sketch" on metadata="quant3": the same KV (same fill, same layers) in a second cache with 3-bit codes
+            def run_sketch():
+                q3 = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=hkv, head_dim=shape.d,
+                                           max_tokens=t, block_size=s, metadata="quant3")
+                for layer in range(layers):
+                    fill(q3, layer)
+                p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95, step=step, stop="sketch",
+                                   scale=shape.scale)
+                us3, outs3, read3 = timed(p3)
+                row("PSA τ=0.95 sketch (quant3)", us3, psa_floor(read3, metadata="quant3", passes=3), mean_err(outs3),
+                    read3, 5, f"stop sketch, metadata quant3, step {p3.step}, cluster {p3.cluster}")
+                if "stages" not in skip:
+                    parts = attempt("PSA τ=0.95 sketch (quant3) stages", lambda: stage_times(p3, us3))
+                    if parts is not None:
+                        log(dict(T=t, B=b, **tags, breakdown_us=parts, of="PSA τ=0.95 sketch (quant3)"))
+
+            attempt("PSA τ=0.95 sketch (quant3)", run_sketch)
+            cupy.get_default_memory_pool().free_all_blocks()  # the quant3 cache is gone with run_sketch's frame
+
+        if "topk" not in skip and 0.95 in psa:
+            def topk(k):
+                us, outs, _ = timed(psa_fast.plan(cache, num_q_heads=hq, mode="topk", k=int(k), scale=shape.scale))
+                return us, mean_err(outs)
+
+            def run_topk():
+                err95, read95 = psa[0.95]
+                k_budget = max(1, int(round(read95)))
+                us, err = topk(k_budget)
+                row(f"top-k k={k_budget} (PSA τ=0.95 budget)", us, psa_floor(k_budget), err, k_budget, 5)
+                for factor in (1.25, 1.5, 2, 3, 4, 6, 8, 12, 16):  # the smallest k on this grid with PSA's error
+                    k = min(n, int(round(k_budget * factor)))
+                    us_k, err_k = topk(k)
+                    if err_k <= err95 or k == n:
+                        row(f"top-k k={k} (error ≤ PSA τ=0.95)", us_k, psa_floor(k), err_k, k, 5)
+                        break
+
+            attempt("top-k", run_topk)
     return rows
 
 
+# --- the data -----------------------------------------------------------------------------------------
+
+def trace_fill(shape: Shape, offsets):
+    """``fill(cache, layer)`` from the trace's block log-masses (pooled 1-D or per-head 2-D)."""
+    from psa_fast.synthetic import fill_skewed
+
+    return lambda cache, layer: fill_skewed(cache, layer, shape.hq, offsets, seed=layer)
+
+
+def sparsity_fill(shape: Shape, share: float, recent_blocks: int, *, xp=None):
+    """``fill(cache, layer)`` from ``sparsity_profiles``: one profile per (layer, request, KV head), each used
+    once, so the mean ideal budget of the filled cache is the target's (up to whole blocks and the
+    within-block spread). The profiles are drawn on the first call (NumPy, ~1 s per 100 heads at 8K blocks)
+    and reused for the same cache dimensions (the sketch row's second cache). ``fill.profile_share`` is their
+    mean ideal share. ``xp=numpy`` fills on the CPU (tests, with a stand-in cache)."""
+    from psa_fast.synthetic import fill_skewed, ideal_share, sparsity_profiles
+
+    made = {}
+
+    def fill(cache, layer):
+        key = (cache.num_layers, cache.batch, cache.num_kv_heads, cache.nmax)
+        heads = cache.batch * cache.num_kv_heads
+        if key not in made:
+            made[key] = sparsity_profiles(cache.nmax, share, num_profiles=cache.num_layers * heads,
+                                          recent_blocks=recent_blocks, seed=int(round(share * 1e4)))
+            fill.profile_share = float(ideal_share(made[key]).mean())
+        rows = made[key][layer * heads : (layer + 1) * heads]
+        return fill_skewed(cache, layer, shape.hq, rows, seed=layer, positional=True, xp=xp)
+
+    fill.profile_share = None
+    return fill
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--reps", type=int, default=60)
-    parser.add_argument("--versions", default="", help="also time these other decode kernels, e.g. 2 (CUDA cores)")
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--profile", choices=("pooled", "per-head"), default="pooled",
-                        help="block masses: every head from the trace's pooled distribution (the run of record), "
-                             "or each KV head from one (layer, position, head) of the trace")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
 
     import cupy
 
     from psa_fast.synthetic import trace_block_offsets, trace_block_profiles
 
     global CEILING_GBS, VERSIONS
-    VERSIONS = [int(v) for v in args.versions.split(",") if v]
+    VERSIONS = args.versions
+    shape = args.shape
     stream = cupy.cuda.Stream(non_blocking=True)
     measured = copy_ceiling_gbs(stream)
     print(f"device {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, copy ceiling measured "
-          f"{measured:.0f} GB/s (DESIGN.md: {CEILING_GBS:.0f})", flush=True)
-    offsets = trace_block_offsets() if args.profile == "pooled" else trace_block_profiles()
-    suffix = "" if args.profile == "pooled" else "_per_head"
-    sizes = [(t, b) for t in (8192, 32768, 131072) for b in (1, 8, 32)]
-    if args.quick:
-        sizes = [(t, b) for t in (8192, 32768) for b in (1, 8)]
+          f"{measured:.0f} GB/s (DESIGN.md: {CEILING_GBS:.0f}); shape {shape.name} ({shape.about}: Hq {shape.hq}, "
+          f"Hkv {shape.hkv}, D {shape.d}, S {shape.s}, scale {shape.logit_scale:g}), profile {args.profile}", flush=True)
+    CEILING_GBS = measured
+    base = None  # the trace's fill; the sparsity family makes one per share
+    if args.profile == "pooled":
+        base = trace_fill(shape, trace_block_offsets(block_size=shape.s))
+    elif args.profile == "per-head":
+        base = trace_fill(shape, trace_block_profiles(block_size=shape.s))
     rows = []
     start = time.time()
-    with open(os.path.join(args.out, f"bench_decode{suffix}.jsonl"), "w") as f:
+    stem = out_stem(args.profile, shape)
+    with open(os.path.join(args.out, f"{stem}.jsonl"), "w") as f:
         def log(r):
             f.write(json.dumps(r) + "\n")
             f.flush()
-            if "breakdown_us" in r:
-                print(f"  {r['T']:>6} {r['B']:>3} {r.get('of', 'PSA τ=0.95')} stages alone (µs): "
-                      + ", ".join(f"{k} {v:.1f}" for k, v in r["breakdown_us"].items()), flush=True)
-                return
-            print(f"  {r['T']:>6} {r['B']:>3} {r['method']:<38} {r['us']:9.1f} us {r['gbs']:7.0f} GB/s "
-                  f"x{r['speedup']:.2f} err {r['err']:.4f} frac {r['frac']:.3f} {r['note']}", flush=True)
+            print(format_row(r), flush=True)
 
-        for t, b in sizes:
-            rows += bench_size(t, b, offsets, args.reps, stream, log)
+        for t, b in args.sizes:
+            for share in args.shares:
+                fill = base if share is None else sparsity_fill(shape, share, args.recent_blocks)
+                tags = dict(profile=args.profile, share=share)
+
+                def log_tagged(r, fill=fill):
+                    if share is not None and "ideal" in r and "method" not in r:
+                        r["ideal_profile"] = fill.profile_share
+                    log(r)
+
+                rows += bench_size(shape, t, b, fill, args.reps, stream, log_tagged, ceiling_gbs=measured,
+                                   skip=args.skip, per_head=args.per_head, tags=tags)
     print(f"\n{len(rows)} rows in {time.time() - start:.0f} s\n")
-    lines = ["| T | B | method | median µs | GB/s touched | % of 4229 | blocks read | launches | vs SDPA | rel. error |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['T'] // 1024}K | {r['B']} | {r['method']} | {r['us']:.1f} | {r['gbs']:.0f} | "
-                     f"{100 * r['pct']:.0f}% | {100 * r['frac']:.1f}% | {r['launches']} | {r['speedup']:.2f}× | "
-                     f"{r['err']:.4f} |")
-    table = "\n".join(lines)
-    with open(os.path.join(args.out, f"bench_decode{suffix}.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    text = table(rows, measured)
+    with open(os.path.join(args.out, f"{stem}.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -148,6 +148,31 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
             out_order, seq_lens, bounds, log_suffix, np.int32(hq), np.int32(nmax)))
 
 
+SELECT_THREADS = 1024  # psa_order_head's CTA
+
+
+def _pow2(x: int, least: int) -> int:
+    return max(least, 1 << max(0, int(x - 1).bit_length()))
+
+
+def order_head(scores, seq_lens, out_order, *, s, g, nmax, sink_blocks, recent_blocks, head) -> None:
+    """The first ``min(head, n)`` positions of the processing order ``[B, Gn, Nmax]`` (what
+    ``order`` writes there), by a radix select of the head and a sort of only its keys
+    (``psa_order_head``, one CTA per group). Positions past the head are left untouched."""
+    b, gn, _ = scores.shape
+    npad_n = _pow2(nmax, SELECT_THREADS)
+    if npad_n > MAX_SMEM_SORT:
+        raise NotImplementedError(f"selecting among more than {MAX_SMEM_SORT} blocks per head is not implemented "
+                                  f"yet (got {nmax}); use a larger block_size")
+    npad = _pow2(min(head, nmax), SELECT_THREADS)
+    fn = kernel("select", d=16, s=s, g=g, npad=npad, npad_n=npad_n, entry="order_head")
+    smem = npad * 8
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    fn((gn, b), (SELECT_THREADS,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
+                                    np.int32(recent_blocks), np.int32(head)), shared_mem=smem)
+
+
 def order_workspace_shape(batch: int, groups: int, nmax: int) -> tuple[int, int, int] | None:
     """Shape of the uint64 workspace the two-kernel sort needs, or None when one CTA per group sorts."""
     npad = 1 << max(1, int(nmax - 1).bit_length())

@@ -204,7 +204,13 @@ class DecodePlan:
 
     def order(self, layer: int) -> None:
         """Stage 2: the processing order (and, for ``certified`` and ``sketch``, the suffix sums of the
-        per-head values along it)."""
+        per-head values along it). Top-k needs only the first ``k`` positions: a radix select finds
+        them and only they are sorted."""
+        if self.mode == "topk":
+            _kernels.order_head(self.scores, self.cache.seq_lens[layer], self.order_buf, s=self.cache.block_size,
+                                g=self.g, nmax=self.cache.nmax, sink_blocks=self.sink_blocks,
+                                recent_blocks=self.recent_blocks, head=self.k)
+            return
         _kernels.order(self.scores, self.cache.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
                        sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
                        want_suffix=self.bounds is not None, workspace=self.sort_workspace, **self._shape())

@@ -434,10 +434,11 @@ class OffloadDecoder(DecodePlan):
         (pool access), gather the misses from host memory, and count the iteration."""
         c = self.cache
         ids_fn = _kernels.kernel("iteration_ids", d=16, s=c.block_size, g=self.g)
+        head = self.k if self.mode == "topk" else c.nmax  # top-k's order holds only its first k positions
         ids_fn((self.gn, c.batch), (min(1024, max(32, self.chunk)),),
                (self.order_buf, self.istate, c.seq_lens[layer], c.block_table[layer], self.ids, np.int32(self.hq),
                 np.int32(c.num_kv_heads), np.int32(c.nmax), np.int32(self.chunk), self.iteration,
-                np.int32(self._forced), np.int32(self._step_blocks)))
+                np.int32(self._forced), np.int32(self._step_blocks), np.int32(head)))
         acc = c.pool.access(self.ids.ravel(), c.partition(layer))
         hk, hv = c.store.device_pointers
         gather = _kernels.kernel("gather", d=c.dp, s=c.block_size, g=1, gather_threads=GATHER_THREADS, device_count=1)

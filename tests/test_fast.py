@@ -395,6 +395,36 @@ def test_order_kernels_match_reference_rank(nmax, lens):
             assert (got[r, g, n:] == -1).all()
 
 
+@pytest.mark.parametrize("nmax, lens, head", [(1000, [1000 * 16, 7 * 16 + 3], 37), (3000, [3000 * 16, 1500 * 16], 1),
+                                               (8192, [8192 * 16, 40 * 16], 328), (8192, [8192 * 16], 5000),
+                                               (16384, [16384 * 16, 16000 * 16], 2048), (50, [50 * 16], 64)])
+@pytest.mark.parametrize("values", ["ties", "distinct", "equal"])
+def test_head_of_the_order_by_radix_select(nmax, lens, head, values):
+    """psa_order_head writes exactly the first min(head, n) positions of psa_ref's order (forced blocks,
+    then estimates descending, ties by lower index) and leaves the rest untouched: on many exact ties,
+    on distinct values, and on all-equal scores (every key shares its top bits)."""
+    from psa_fast import _kernels
+    from psa_ref.scoring import forced_blocks, processing_order
+
+    rng = np.random.default_rng(nmax + head)
+    b, gn = len(lens), 3
+    scores = {"ties": rng.integers(-50, 50, size=(b, gn, nmax)) / 4,
+              "distinct": rng.standard_normal((b, gn, nmax)) * 3,
+              "equal": np.full((b, gn, nmax), 1.5)}[values].astype(np.float32)
+    seq = cupy.asarray(np.array(lens, np.int32))
+    out = cupy.full((b, gn, nmax), -7, cupy.int32)
+    _kernels.order_head(cupy.asarray(scores), seq, out, s=16, g=1, nmax=nmax, sink_blocks=1, recent_blocks=2,
+                        head=head)
+    got = cupy.asnumpy(out)
+    for r, t in enumerate(lens):
+        n = -(-t // 16)
+        k = min(n, head)
+        for g in range(gn):
+            want = processing_order(scores[r, g, :n].astype(np.float64), forced_blocks(n, 1, 2))
+            np.testing.assert_array_equal(got[r, g, :k], want[:k])
+            assert (got[r, g, k:] == -7).all()
+
+
 @pytest.mark.parametrize("stop", ["certified", "sketch"])
 @pytest.mark.parametrize("metadata", psa_ref.METADATA_KINDS)
 def test_estimates_of_a_long_cache_match_reference(metadata, stop):

@@ -209,7 +209,8 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
 #define PSA_FIRST_POS (pos + gw < lim ? pos + gw : lim)
 #else
     int pos = 0, it = 0, why = -1;
-    const int lim = n;
+    // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
+    const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
 #define PSA_SLOT(blk) __ldg(btab + (blk))
 #define PSA_FIRST_POS first_position(gw, first, step, n)
 #endif

@@ -10,12 +10,13 @@
 //   seq_lens    [B] int
 //   store_table [B, Hkv, Nmax] int: host-store id of each block
 //   ids         [B, Gn, C] int out, C >= the largest chunk
+//   head        positions of `order` that hold blocks (top-k: k; PSA: Nmax)
 #include "common.cuh"
 
 extern "C" __global__ void psa_iteration_ids(const int* __restrict__ order, const int* __restrict__ istate,
                                              const int* __restrict__ seq_lens, const int* __restrict__ store_table,
                                              int* __restrict__ ids, int Hq, int Hkv, int Nmax, int C,
-                                             const int* __restrict__ iteration, int forced, int step) {
+                                             const int* __restrict__ iteration, int forced, int step, int head) {
     const int j = *iteration;
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x;
     const long gi = (long)b * Gn + g;
@@ -29,7 +30,7 @@ extern "C" __global__ void psa_iteration_ids(const int* __restrict__ order, cons
         lo = j * step;
         hi = lo + step;
     }
-    hi = min(hi, n);
+    hi = min(hi, min(n, head));  // top-k's order holds only its head (psa_order_head): nothing past it
     const bool running = istate[gi * 4 + 2] < 0;
     const int kv = g * PSA_G / (Hq / Hkv);
     for (int i = threadIdx.x; i < C; i += blockDim.x) {

@@ -1,0 +1,182 @@
+"""The CPU side of benchmarks/bench_decode.py and plot_decode.py: arguments, the floor arithmetic, the
+blocks-read count, the sparsity data path and the plots (the timing itself needs the GPU)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import bench_decode as bd  # noqa: E402
+import plot_decode  # noqa: E402
+
+LLAMA, GEMMA = bd.SHAPES["llama8b"], bd.SHAPES["gemma3"]
+
+
+def test_import_needs_no_gpu_library():
+    code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_decode, plot_decode; "
+            "assert not {'cupy', 'torch', 'matplotlib'} & set(sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=BENCH.parent)
+
+
+def test_default_arguments_are_the_run_of_record():
+    a = bd.parse_args([])
+    assert a.shape is LLAMA and (a.shape.hq, a.shape.hkv, a.shape.d, a.shape.s) == (32, 8, 128, 16)
+    assert a.profile == "pooled" and a.shares == [None] and a.skip == set() and a.versions == []
+    assert a.sizes == [(t, b) for t in (8192, 32768, 131072) for b in (1, 8, 32)]
+    assert bd.parse_args(["--quick"]).sizes == [(8192, 1), (8192, 8), (32768, 1), (32768, 8)]
+
+
+def test_sparsity_arguments():
+    a = bd.parse_args(["--profile", "sparsity", "--shape", "gemma3", "--sizes", "32768:1,131072:1,131072:8",
+                       "--skip", "sketch,topk", "--versions", "2"])
+    assert a.sizes == [(32768, 1), (131072, 1), (131072, 8)]
+    assert a.shares == [0.02, 0.05, 0.1, 0.2, 0.3]
+    assert (a.shape.hq, a.shape.hkv, a.shape.d, a.shape.g) == (4, 1, 256, 4)
+    assert a.shape.logit_scale == 0.0625 and a.skip == {"sketch", "topk"} and a.versions == [2]
+    smol = bd.parse_args(["--shape", "smollm2", "--sizes", "32K,128K", "--batches", "1,8"])
+    assert (smol.shape.hq, smol.shape.hkv, smol.shape.d) == (9, 3, 64)
+    assert smol.shape.logit_scale == pytest.approx(1 / 8)
+    assert smol.sizes == [(32768, 1), (32768, 8), (131072, 1), (131072, 8)]
+    assert bd.parse_args(["--profile", "sparsity", "--shares", "0.3,0.02"]).shares == [0.3, 0.02]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--sizes", "32768:x"], ["--sizes", "0"], ["--batches", "1,0"], ["--profile", "sparsity", "--shares", "0.1,1.5"],
+    ["--profile", "sparsity", "--shares", "a"], ["--skip", "dense"], ["--shape", "gpt2"], ["--profile", "flat"],
+    ["--reps", "0"], ["--recent-blocks", "-1"],
+])
+def test_bad_arguments_exit(argv):
+    with pytest.raises(SystemExit):
+        bd.parse_args(argv)
+
+
+def test_floor_of_dense_is_the_whole_kv():
+    # Llama-3.1-8B, 128K tokens, one request: 8 KV heads x 131072 tokens x 128 x float16, K and V
+    kv = 8 * 131072 * 128 * 2 * 2
+    assert bd.floor_bytes(LLAMA, t=131072, b=1) == kv + 32 * 128 * 6  # + query in, output out
+    # at DESIGN.md's 4229 GB/s that is ~127 µs: torch SDPA's ~129 µs there is at its floor
+    assert bd.floor_us(bd.floor_bytes(LLAMA, t=131072, b=1), 4229.0) == pytest.approx(126.95, abs=0.01)
+    # Gemma 3's global layer, 32K, B = 8: one KV head of D 256
+    assert bd.floor_bytes(GEMMA, t=32768, b=8) == 8 * (32768 * 256 * 4 + 4 * 256 * 6)
+    # a partial last block is read whole
+    assert bd.floor_bytes(LLAMA, t=17, b=1) == bd.floor_bytes(LLAMA, t=32, b=1)
+
+
+def test_floor_of_psa_is_metadata_plus_the_blocks_it_read():
+    n = 8192  # 128K / 16
+    read = 0.04 * n  # issue 14: ~4% of blocks, floor ~13.5 µs
+    want = (8 * read * 16 * 128 * 4  # K and V of the blocks read
+            + 8 * n * 128 * 4  # centre and radius per block, float16
+            + 8 * (12 * n + 4 * read)  # scores written and read, order written, its head read
+            + 32 * 128 * 6)
+    got = bd.floor_bytes(LLAMA, t=131072, b=1, blocks_read=read, metadata="cuboid_mean")
+    assert got == round(want)
+    assert bd.floor_us(got, 4229.0) == pytest.approx(13.2, abs=0.1)
+    # the metadata is most of it: at 4% of blocks a step cannot beat ~10x fewer bytes than dense
+    assert 9 < bd.floor_bytes(LLAMA, t=131072, b=1) / got < 10
+    # per head: Hq groups of scores and order instead of Hkv
+    ph = bd.floor_bytes(LLAMA, t=131072, b=1, blocks_read=read, metadata="cuboid_mean", groups=32)
+    assert ph - got == pytest.approx(24 * (12 * n + 4 * read), abs=1)  # each rounded to whole bytes
+    # quant3 reads 4-bit codes of every key besides lo/hi; sketch adds 3 passes over [B, Hq, N] floats
+    q3 = bd.floor_bytes(LLAMA, t=131072, b=1, blocks_read=read, metadata="quant3", per_head_passes=3)
+    assert q3 - got == 8 * n * 16 * 128 // 2 + 32 * n * 4 * 3
+    # more blocks read, more bytes; B requests, B times the bytes
+    assert bd.floor_bytes(LLAMA, t=131072, b=1, blocks_read=2 * read, metadata="cuboid_mean") > got
+    assert bd.floor_bytes(LLAMA, t=131072, b=8, blocks_read=read, metadata="cuboid_mean") == pytest.approx(8 * got, abs=8)
+
+
+def test_floor_rejects_nonsense():
+    with pytest.raises(ValueError, match="blocks_read"):
+        bd.floor_bytes(LLAMA, t=1024, b=1, blocks_read=65)
+    with pytest.raises(ValueError, match="metadata"):
+        bd.floor_bytes(LLAMA, t=1024, b=1, blocks_read=3, metadata="minmax")
+    with pytest.raises(ValueError, match="ceiling"):
+        bd.floor_us(1e6, 0.0)
+    assert bd.floor_us(4229e3, 4229.0) == pytest.approx(1.0)
+
+
+def test_blocks_read_counts_each_kv_heads_union():
+    # shared: one group per KV head, its first num_used blocks
+    order = np.tile(np.arange(4), (2, 2, 1))
+    assert bd.blocks_read_per_kv_head(order, np.array([[1, 4], [2, 0]]), 2) == pytest.approx(1.75)
+    # per head: the two query heads of one KV head read {3, 1} and {1, 2}: three distinct blocks
+    order = np.array([[[3, 1, 0, 2], [1, 2, 3, 0]]])
+    assert bd.blocks_read_per_kv_head(order, np.array([[2, 2]]), 1) == 3.0
+    assert bd.blocks_read_per_kv_head(order, np.array([[2, 2]]), 2) == 2.0  # as two KV heads
+    with pytest.raises(ValueError):
+        bd.blocks_read_per_kv_head(order, np.array([[2, 2]]), 3)
+
+
+def test_output_names_and_printing():
+    assert bd.out_stem("pooled", LLAMA) == "bench_decode"
+    assert bd.out_stem("per-head", LLAMA) == "bench_decode_per_head"
+    assert bd.out_stem("sparsity", GEMMA) == "bench_decode_sparsity_gemma3"
+    assert bd.out_stem("pooled", bd.SHAPES["smollm2"]) == "bench_decode_pooled_smollm2"
+    r = dict(T=32768, B=8, shape="gemma3", profile="sparsity", share=0.05, method="PSA τ=0.95", us=50.0,
+             floor_bytes=84_560_000, floor_us=20.0, step_floor=2.5, gbs=1691.2, pct=0.4, speedup=1.86, err=0.0123,
+             frac=0.081, ideal=0.049, launches=5, note="stop ema")
+    line = bd.format_row(r)
+    for part in ("5.0%", "PSA τ=0.95", "50.0 us", "floor    20.0 us", "x 2.50 floor", "x1.86 SDPA", "8.1%"):
+        assert part in line, (part, line)
+    assert "| gemma3 | 5% | 32K | 8 | PSA τ=0.95 | 50.0 | 20.0 | 2.50 | 1691 | 40% | 1.86× | 8.1% | 4.9% |" in \
+        bd.table([r], 4229.0)
+    assert "skipped: NotImplementedError" in bd.format_row(dict(T=1, B=1, skipped="x", reason="NotImplementedError"))
+    ideal = bd.format_row(dict(T=1, B=1, share=0.02, ideal=0.0196, ideal_p90=0.031, ideal_profile=0.02))
+    assert "mean 2.0% of blocks" in ideal and "p90 3.1%" in ideal
+
+
+def test_sparsity_fill_uses_each_profile_once():
+    """The bench's data path on the CPU: every (layer, request, KV head) gets its own profile, so the mean
+    ideal share of the whole cache is the target's."""
+    from test_synthetic import HostCache, head_shares
+
+    shape = bd.Shape("tiny", 4, 2, 64)
+    fill = bd.sparsity_fill(shape, 0.1, 2, xp=np)
+    cache = HostCache(batch=2, num_kv_heads=2, head_dim=64, max_tokens=4096, num_layers=3)
+    qs = [fill(cache, layer) for layer in range(3)]
+    assert fill.profile_share == pytest.approx(0.1, rel=0.03)
+    got = np.concatenate([head_shares(cache, layer, q).ravel() for layer, q in enumerate(qs)])
+    assert got.size == 12 and np.unique(got).size >= 8  # heads differ
+    assert got.mean() == pytest.approx(0.1, rel=0.06)
+    q_again = fill(cache, 1)  # the sketch row refills a second cache: the same data
+    np.testing.assert_array_equal(q_again, qs[1])
+
+
+def fake_rows():
+    rows = []
+    for b, sdpa in ((1, 40.0), (8, 300.0)):
+        for frac in (0.03, 0.3, 0.1):
+            rows.append(dict(T=32768, B=b, shape="llama8b", profile="sparsity", share=frac, method="PSA τ=0.95",
+                             us=sdpa * frac * 3, speedup=1 / (frac * 3), step_floor=2.0, frac=frac, err=0.01))
+            rows.append(dict(T=32768, B=b, shape="llama8b", method=f"top-k k={int(frac * 3000)} (error ≤ PSA τ=0.95)",
+                             us=sdpa * frac * 4, speedup=1 / (frac * 4), frac=1.5 * frac, err=0.01))
+            rows.append(dict(T=32768, B=b, shape="llama8b", method="psa_fast dense", us=sdpa * 1.2,
+                             speedup=1 / 1.2, frac=1.0, err=0.0))
+            rows.append(dict(T=32768, B=b, shape="llama8b", method="torch SDPA", us=sdpa, speedup=1.0, frac=1.0))
+        rows.append(dict(T=32768, B=b, breakdown_us={"query": 3.0}))
+        rows.append(dict(T=32768, B=b, skipped="PSA τ=0.95 sketch (quant3)", reason="NotImplementedError: D"))
+        rows.append(dict(T=32768, B=b, ideal=0.05, ideal_p90=0.08))
+    return rows
+
+
+def test_plot_speedup_against_blocks_read(tmp_path):
+    src, dst = tmp_path / "rows.jsonl", tmp_path / "vs_blocks.png"
+    src.write_text("".join(json.dumps(r) + "\n" for r in fake_rows()))
+    lines = plot_decode.plot_vs_blocks(str(src), str(dst))
+    assert dst.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and dst.stat().st_size > 10_000
+    psa = lines[32768, 1, "PSA τ=0.95"]
+    assert [x for x, _ in psa] == [0.03, 0.1, 0.3]  # sorted by share read, one point per share
+    assert psa[0][1] == pytest.approx(1 / 0.09)
+    assert lines[32768, 8, "PSA τ=0.95 at its floor"][0][1] == pytest.approx(2 / 0.09)
+    assert len(lines[32768, 8, "top-k (error ≤ PSA τ=0.95)"]) == 3
+    assert (32768, 1, "torch SDPA") not in lines
+    plot_decode.main(str(src), str(tmp_path / "bars.png"))  # the bar chart reads the same rows
+    assert (tmp_path / "bars.png").stat().st_size > 10_000
+    with pytest.raises(ValueError, match="no rows"):
+        plot_decode.plot_vs_blocks(str(src), str(dst), batches=(32,))
