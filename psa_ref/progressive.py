@@ -52,6 +52,15 @@ near a block's largest logit for ``minmax`` and ``cuboid_mean``, so the share te
 and the rule reads nearly every block; use ``quant3``.
 
 ``threshold = 1`` attends every block whatever the rule.
+
+Schedule. The forced sink/recent blocks form the first iteration, then ``step`` ranked blocks
+per iteration. ``first_chunk`` changes only where the boundaries lie, never the order or the
+rule: an integer ``c`` makes the first ranked iteration ``c`` blocks long; ``"predicted"``
+sizes it from the estimates, as the shortest prefix of the order whose *estimated* masses
+``n_j exp(s_j)`` (forced blocks included) hold ``threshold`` of every head's estimated total
+(``predicted_first_chunk``). Where the estimates predict the true masses well, most groups then
+stop right after that iteration, and a GPU pays one verifier decision instead of one per
+``step`` blocks; where they do not, the rule still decides at the next boundaries.
 """
 
 from __future__ import annotations
@@ -226,11 +235,42 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
     raise AssertionError("the chunks must cover every block")
 
 
-def split_chunks(order: np.ndarray, num_forced: int, step: int) -> list[np.ndarray]:
-    """Iterations of the loop: the forced (sink/recent) blocks together first, then ``step`` at a time."""
+def split_chunks(order: np.ndarray, num_forced: int, step: int, first: int = 0) -> list[np.ndarray]:
+    """Iterations of the loop: the forced (sink/recent) blocks together first, then the first ``first``
+    ranked blocks (none when 0), then ``step`` at a time."""
     head = [order[:num_forced]] if num_forced else []
     rest = order[num_forced:]
+    if first and rest.size:
+        head.append(rest[:first])
+        rest = rest[first:]
     return head + [rest[i : i + step] for i in range(0, rest.size, step)]
+
+
+def predicted_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced: int, lengths: np.ndarray,
+                          threshold: float) -> int:
+    """``first_chunk="predicted"``: how many ranked blocks the estimates say reach ``threshold``.
+
+    Each block's estimated mass is ``n_j exp(s_j)`` (its token count times the exponential of its
+    estimate). Walking ``order`` (the forced blocks first), this is the fewest ranked blocks after
+    which the prefix holds ``threshold`` of the estimated total, for every head of the group: the
+    largest of the heads' counts. 0 when the forced blocks alone suffice (or ``threshold`` is 1:
+    every block is read anyway, in the usual steps).
+
+    Args:
+        scores: ``[G, N]`` estimates ``s_j`` of the group's query heads.
+        order: ``[N]`` the group's processing order.
+        num_forced: its leading forced blocks.
+        lengths: ``[N]`` tokens per block ``n_j``.
+        threshold: ``tau``.
+    """
+    if threshold >= 1.0 or order.size == num_forced:
+        return 0
+    log_mass = scores[:, order] + np.log(lengths[order])  # [G, N] in processing order
+    w = np.exp(log_mass - log_mass.max(axis=1, keepdims=True))
+    held = np.cumsum(w, axis=1) / w.sum(axis=1, keepdims=True)  # share held by each prefix
+    reached = held >= threshold * (1 - 1e-12)  # tolerance: a prefix that holds exactly tau counts
+    first_prefix = reached.argmax(axis=1) + 1  # prefix lengths, forced blocks included
+    return int(max(0, (first_prefix - num_forced).max()))
 
 
 def attention(
@@ -245,6 +285,7 @@ def attention(
     sink_blocks: int = 0,
     recent_blocks: int = 0,
     exact_mass: bool = False,
+    first_chunk: int | str | None = None,
 ) -> AttentionResult:
     """Progressive sparse attention of a decode query (Algorithm 1).
 
@@ -265,17 +306,38 @@ def attention(
             iteration of their own, before any ranked block.
         recent_blocks: the last blocks, attended likewise.
         exact_mass: also compute the true attended mass fraction (``mass_exact``).
+        first_chunk: the size of the first iteration of ranked blocks: None (``step``, the
+            default), an integer ``>= 1``, or ``"predicted"`` (from the estimates; see the module
+            doc). Changes where the rule is tested, not the order.
 
     Returns:
         [`AttentionResult`][psa_ref.AttentionResult]; ``output`` is softmax attention over exactly the blocks
             in ``blocks_used``.
     """
     return run_groups(progressive_loop, q, blocks, threshold, scale=scale, stop=stop, step=step, gqa=gqa,
-                      sink_blocks=sink_blocks, recent_blocks=recent_blocks, exact_mass=exact_mass)
+                      sink_blocks=sink_blocks, recent_blocks=recent_blocks, exact_mass=exact_mass,
+                      first_chunk=first_chunk)
+
+
+def check_first_chunk(first_chunk) -> int | str | None:
+    """``first_chunk`` as given, after checking it: None, an integer ``>= 1`` or ``"predicted"``."""
+    if first_chunk is None or isinstance(first_chunk, str):
+        return None if first_chunk is None else _validate.choice(first_chunk, "first_chunk", ("predicted",))
+    return _validate.integer(first_chunk, "first_chunk", minimum=1)
+
+
+def first_chunk_size(first_chunk, scores: np.ndarray, order: np.ndarray, num_forced: int, lengths: np.ndarray,
+                     threshold: float) -> int:
+    """The ranked blocks of the first ranked iteration for a checked ``first_chunk`` (0: ``step``)."""
+    if first_chunk is None:
+        return 0
+    if first_chunk == "predicted":
+        return predicted_first_chunk(scores, order, num_forced, lengths, threshold)
+    return int(first_chunk)
 
 
 def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, gqa, sink_blocks, recent_blocks,
-               exact_mass) -> AttentionResult:
+               exact_mass, first_chunk=None) -> AttentionResult:
     """Check the arguments of [`attention`][psa_ref.attention], run ``group_fn`` on every selection group, pack the result.
 
     ``group_fn`` has the signature and return value of ``progressive_loop``; the
@@ -284,6 +346,7 @@ def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, g
     threshold = _validate.threshold(threshold)
     stop = _validate.choice(stop, "stop", STOP_RULES)
     step = _validate.integer(step, "step", minimum=1)
+    first_chunk = check_first_chunk(first_chunk)
     p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks)
     # the per-token logit level that "certified" and "sketch" scale by n_j (no other rule needs one)
     bound = upper_bound(p.q, blocks, p.scale) if stop == "certified" else p.scores if stop == "sketch" else None
@@ -293,10 +356,12 @@ def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, g
     used, iterations, reasons = [], [], []
     for grp in p.groups:
         order = processing_order(p.scores[grp.q_heads].max(axis=0), p.forced)
+        first = first_chunk_size(first_chunk, p.scores[grp.q_heads], order, p.forced.size, blocks.block_lengths,
+                                 threshold)
         o, u, it, why, frac = group_fn(
             p.q[grp.q_heads], blocks.keys[grp.kv_head], blocks.values[grp.kv_head], blocks,
-            split_chunks(order, p.forced.size, step), None if bound is None else bound[grp.q_heads], threshold, stop,
-            p.scale, p.forced.size,
+            split_chunks(order, p.forced.size, step, first), None if bound is None else bound[grp.q_heads],
+            threshold, stop, p.scale, p.forced.size,
         )
         out[grp.q_heads], fraction[grp.q_heads] = o, frac
         used.append(u)

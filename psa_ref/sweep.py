@@ -132,6 +132,7 @@ def attention(
     sink_blocks: int = 0,
     recent_blocks: int = 0,
     exact_mass: bool = False,
+    first_chunk: int | str | None = None,
 ) -> AttentionResult:
     """The result of [`psa_ref.attention`][psa_ref.attention] with the same arguments, computed from all logits.
 
@@ -140,4 +141,5 @@ def attention(
     apart; elsewhere they agree exactly.
     """
     return run_groups(group_sweep, q, blocks, threshold, scale=scale, stop=stop, step=step, gqa=gqa,
-                      sink_blocks=sink_blocks, recent_blocks=recent_blocks, exact_mass=exact_mass)
+                      sink_blocks=sink_blocks, recent_blocks=recent_blocks, exact_mass=exact_mass,
+                      first_chunk=first_chunk)

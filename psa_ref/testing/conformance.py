@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..blocks import KVBlocks
-from ..progressive import DEFAULT_STOP, attention, split_chunks
+from ..progressive import DEFAULT_STOP, attention, check_first_chunk, first_chunk_size, split_chunks
 from ..scoring import estimate, forced_blocks, kv_head_of, processing_order
 from . import brute_force_bound, log_block_mass, oracle_fractions, oracle_sketch
 from ..topk import topk_attention
@@ -56,7 +56,8 @@ def _naive_fp32(q_head, keys, values, idx, scale) -> np.ndarray:
 def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, *, method: str = "psa", threshold: float = 0.95, stop: str = DEFAULT_STOP,
                  step: int = 1, k: int = 8, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
                  block_size: int = 16, metadata: str = "cuboid_mean", scale: float | None = None,
-                 est_tol: float | None = None, ratio_tol: float = 1e-4) -> Conformance:
+                 est_tol: float | None = None, ratio_tol: float = 1e-4,
+                 first_chunk: int | str | None = None) -> Conformance:
     """Assert that ``result`` is a valid PSA / top-k execution on these inputs; return the margins.
 
     Args:
@@ -69,6 +70,8 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
         est_tol: how far the implementation's estimates may be from the reference's; default:
             float16 metadata rounding, ``2^-10 * scale * max_j sum_i |q_i| (|lo_ij| + |hi_ij|)``.
         ratio_tol: how far a stop-rule ratio may be from the reference's (float32 masses).
+        first_chunk: the call's ``first_chunk`` (psa): the chunk boundaries are the reference's, the
+            predicted size computed from the reference's estimates and order.
 
     Raises:
         AssertionError: naming the invariant, the group and the numbers that broke it.
@@ -97,8 +100,10 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
     assert len(used) == len(groups), f"blocks_used has {len(used)} groups, expected {len(groups)}"
     forced = forced_blocks(n, sink_blocks, recent_blocks)
 
+    first_chunk = check_first_chunk(first_chunk)
     ref = (attention(q2 if not single else q2[0], blocks, threshold, scale=scale, stop=stop, step=step, gqa=gqa,
-                     sink_blocks=sink_blocks, recent_blocks=recent_blocks) if method == "psa" else
+                     sink_blocks=sink_blocks, recent_blocks=recent_blocks, first_chunk=first_chunk)
+           if method == "psa" else
            topk_attention(q2 if not single else q2[0], blocks, k, scale=scale, gqa=gqa, sink_blocks=sink_blocks,
                           recent_blocks=recent_blocks))
     ref_used = [ref.blocks_used] if single else ref.blocks_used
@@ -137,7 +142,9 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
             assert u.size == want, f"I6 group {gi}: {u.size} blocks, expected {want}"
             continue
         # I5: stop
-        chunks = split_chunks(u, forced.size, step)
+        first = first_chunk_size(first_chunk, scores[heads], processing_order(s, forced), forced.size,
+                                 blocks.block_lengths, threshold)
+        chunks = split_chunks(u, forced.size, step, first)
         assert len(chunks) == iters[gi], f"group {gi}: {iters[gi]} iterations but blocks_used makes {len(chunks)}"
         if stop == "sketch":  # mass test and share test (margin in nats), from the reference's estimates and order
             order = processing_order(s, forced)

@@ -1,0 +1,135 @@
+"""first_chunk: the size of the first ranked iteration (a fixed count, or predicted from the estimates).
+
+The schedule moves the boundaries where the stop rule is tested and nothing else: the order, the
+rules and the output's definition are those of Algorithm 1, so every invariant is checked again
+with the new boundaries (psa_ref.testing.conformance.check_result takes first_chunk).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import psa_ref
+from psa_ref import sweep
+from psa_ref.progressive import predicted_first_chunk, split_chunks
+from psa_ref.scoring import processing_order
+from psa_ref.testing import exact_fraction
+from psa_ref.testing.conformance import check_result
+from psa_ref.testing.strategies import problems, thresholds
+
+# Two float64 evaluations of a stop-rule ratio agree to ~1e-12; a boundary whose ratio lies this close to
+# the threshold may go either way (as in tests/test_stop_rules.py).
+RATIO_SLACK = 1e-9
+FIRST = st.one_of(st.none(), st.integers(1, 6), st.just("predicted"))
+
+
+def blocks_of(p, block_size=None):
+    return psa_ref.KVBlocks.from_dense(p.keys, p.values, block_size=block_size or p.block_size, metadata=p.metadata,
+                                       kv_layout="HND")
+
+
+def test_split_chunks_with_a_first_chunk():
+    order = np.arange(10)
+    assert [c.tolist() for c in split_chunks(order, 2, 3, first=4)] == [[0, 1], [2, 3, 4, 5], [6, 7, 8], [9]]
+    assert [c.tolist() for c in split_chunks(order, 0, 4, first=1)] == [[0], [1, 2, 3, 4], [5, 6, 7, 8], [9]]
+    assert [c.tolist() for c in split_chunks(order, 2, 3, first=20)] == [[0, 1], list(range(2, 10))]
+    assert [c.tolist() for c in split_chunks(order, 2, 3)] == [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]
+    assert [c.tolist() for c in split_chunks(order[:2], 2, 3, first=4)] == [[0, 1]]  # no ranked block: no chunk
+
+
+def test_predicted_first_chunk_by_hand():
+    """Blocks of 2, 2, 1 tokens; estimates log 4, log 1, log 2 give estimated masses 8, 2, 2 (total 12).
+    In the order [0, 2, 1]: prefixes hold 8/12, 10/12, 12/12."""
+    scores = np.log([[4.0, 1.0, 2.0]])
+    lengths = np.array([2, 2, 1])
+    order = np.array([0, 2, 1])
+    assert predicted_first_chunk(scores, order, 0, lengths, 0.6) == 1
+    assert predicted_first_chunk(scores, order, 0, lengths, 0.8) == 2
+    assert predicted_first_chunk(scores, order, 0, lengths, 10 / 12) == 2  # exactly tau counts
+    assert predicted_first_chunk(scores, order, 0, lengths, 0.9) == 3
+    assert predicted_first_chunk(scores, order, 1, lengths, 0.6) == 0  # the forced block 0 alone holds 2/3
+    assert predicted_first_chunk(scores, order, 1, lengths, 0.8) == 1
+    assert predicted_first_chunk(scores, order, 0, lengths, 1.0) == 0  # tau = 1: every block in the usual steps
+    # two heads sharing the order: the count that satisfies both
+    two = np.log([[4.0, 1.0, 2.0], [1.0, 4.0, 1.0]])  # head 1's masses in order: 2, 1, 8 -> needs all three
+    assert predicted_first_chunk(two, order, 0, lengths, 0.6) == 3
+
+
+@given(problems(metadata=psa_ref.METADATA_KINDS), thresholds, st.sampled_from(psa_ref.STOP_RULES),
+       st.integers(1, 4), FIRST)
+def test_every_invariant_holds_with_the_first_chunk(p, tau, stop, step, first):
+    """I1, I4 and I5 (the stop is the first of the new boundaries where the rule holds) against the
+    contract; the vectorised twin gives the same blocks."""
+    b = blocks_of(p)
+    opts = dict(gqa=p.gqa, sink_blocks=p.sink_blocks, recent_blocks=p.recent_blocks)
+    res = psa_ref.attention(p.q, b, tau, stop=stop, step=step, first_chunk=first, **opts)
+    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                 metadata=p.metadata, first_chunk=first, **opts)
+    tw = sweep.attention(p.q, b, tau, stop=stop, step=step, first_chunk=first, **opts)
+    groups = (lambda r: r.blocks_used if isinstance(r.blocks_used, list) else [r.blocks_used])
+    for gi, (ur, uv) in enumerate(zip(groups(res), groups(tw))):
+        if ur.tolist() != uv.tolist():  # only where a ratio sits on the threshold
+            assert np.any(np.abs(np.atleast_1d(res.mass_estimate) - tau) <= RATIO_SLACK) or np.any(
+                np.abs(np.atleast_1d(tw.mass_estimate) - tau) <= RATIO_SLACK), f"group {gi}: {ur} != {uv}"
+
+
+@given(problems(), thresholds, st.integers(1, 4), FIRST)
+def test_ema_never_stops_before_remaining_on_the_same_schedule(p, tau, step, first):
+    """I7 holds for any schedule: both rules are tested at the same boundaries."""
+    b = blocks_of(p)
+    opts = dict(gqa=p.gqa, sink_blocks=p.sink_blocks, recent_blocks=p.recent_blocks, step=step, first_chunk=first)
+    ema = psa_ref.attention(p.q, b, tau, stop="ema", **opts)
+    rem = psa_ref.attention(p.q, b, tau, stop="remaining", **opts)
+    for e, r in zip(np.atleast_1d(ema.iterations), np.atleast_1d(rem.iterations)):
+        assert e >= r
+
+
+@given(problems(dtypes=("float64",), max_tokens=120), st.floats(0.5, 0.99))
+def test_predicted_chunk_holds_tau_of_the_true_mass_when_estimates_are_exact(p, tau):
+    """With one token per block, cuboid_mean's estimate is the logit itself (centre = key, radius 0),
+    so the predicted prefix holds tau of every head's true mass: the estimates' share is the truth's."""
+    b = blocks_of(p, block_size=1)
+    res = psa_ref.attention(p.q, b, tau, stop="ema", step=1, first_chunk="predicted", gqa=p.gqa,
+                            exact_mass=True)
+    hq, hkv = p.q.shape[0], p.keys.shape[0]
+    scale = 1 / np.sqrt(p.q.shape[1])
+    groups = ([[h] for h in range(hq)] if p.gqa == "per_head" else
+              [list(range(kv * (hq // hkv), (kv + 1) * (hq // hkv))) for kv in range(hkv)])
+    used = res.blocks_used if isinstance(res.blocks_used, list) else [res.blocks_used]
+    scores = psa_ref.estimate(p.q.astype(np.float64), b, scale)  # [Hq, N]
+    for heads, u in zip(groups, used):
+        kv = heads[0] // (hq // hkv)
+        order = processing_order(scores[heads].max(axis=0), np.array([], dtype=np.int64))
+        c = predicted_first_chunk(scores[heads], order, 0, b.block_lengths, tau)
+        for h in heads:
+            frac = exact_fraction(p.q[h].astype(np.float64), p.keys[kv].astype(np.float64), 1, scale, order[:c])
+            assert frac >= tau - 1e-9, f"head {h}: the predicted prefix holds {frac:.6f} < tau {tau}"
+        assert u.size >= c and set(order[:c].tolist()) <= set(u.tolist())  # the first ranked chunk is read whole
+
+
+def test_first_chunk_is_checked():
+    b = psa_ref.KVBlocks.from_dense(np.ones((32, 4)), np.ones((32, 4)), block_size=8)
+    q = np.ones(4)
+    with pytest.raises(ValueError, match="first_chunk must be >= 1"):
+        psa_ref.attention(q, b, first_chunk=0)
+    with pytest.raises(ValueError, match="first_chunk must be one of"):
+        psa_ref.attention(q, b, first_chunk="guess")
+    with pytest.raises(TypeError, match="first_chunk"):
+        psa_ref.attention(q, b, first_chunk=2.5)
+    with pytest.raises(ValueError, match="first_chunk must be >= 1"):
+        sweep.attention(q, b, first_chunk=-3)
+
+
+def test_a_predicted_chunk_saves_iterations_on_the_shipped_trace():
+    """On real attention (the shipped SmolLM2 trace, one layer) the predicted first chunk must cut the
+    iterations of step = 1 by a large factor: it is read in one go where the loop took one block at a time."""
+    from psa_ref.trace import load_trace
+
+    trace = load_trace()
+    q, k, v = (a.astype(np.float64) for a in trace.case(0, 0))
+    b = psa_ref.KVBlocks.from_dense(k, v, block_size=16, kv_layout="HND")
+    opts = dict(scale=trace.scale, sink_blocks=1, recent_blocks=1, step=1)
+    base = psa_ref.attention(q, b, 0.95, **opts)
+    pred = psa_ref.attention(q, b, 0.95, first_chunk="predicted", **opts)
+    assert np.mean(pred.iterations) * 3 <= np.mean(base.iterations), (pred.iterations, base.iterations)
