@@ -80,7 +80,7 @@ SHAPES = {
 }
 PROFILES = ("pooled", "per-head", "sparsity")
 DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
-SKIPPABLE = ("tau0.9", "remaining", "sketch", "topk", "stages")
+SKIPPABLE = ("tau0.9", "remaining", "predicted", "sketch", "topk", "stages")
 # metadata bytes per (request, KV head, block) that the estimate reads
 META_BYTES = {
     "cuboid_mean": lambda sh: 2 * sh.d * 2,  # centre + radius, float16
@@ -506,6 +506,15 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     if gotv is not None:
                         usv, outsv, readv = gotv
                         row(vname, usv, psa_floor(readv), mean_err(outsv), readv, 5)
+            if "predicted" not in skip:  # the first ranked chunk sized from the estimates (first_chunk)
+                fname = f"{name} first chunk predicted"
+                gotf = attempt(fname, lambda: timed(psa_fast.plan(
+                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk="predicted",
+                    scale=shape.scale)))
+                if gotf is not None:
+                    usf, outsf, readf = gotf
+                    # per head: the estimates written, read back by the suffix sums, which write their own
+                    row(fname, usf, psa_floor(readf, passes=3), mean_err(outsf), readf, 7)
             if per_head:  # each query head its own order and stop; a KV block read once per KV head at best
                 pname = f"{name} per_head"
 

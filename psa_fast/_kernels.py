@@ -223,7 +223,7 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2) -> None:
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
-           q_mma=None, qk_scale: float = 1.0, split: tuple | None = None) -> None:
+           q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -240,6 +240,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     write their partial outputs to ``partial [B, Hq, splits, Dp + 2]``; ``psa_merge_splits`` then writes
     ``out`` and the diagnostics.
 
+    ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
+    (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
+
     ``q`` is the scaled query ``[B, Hq, Dp]`` float32. Given ``q_mma`` (the query scaled by a power of
     two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; version 2 reads
     ``q``."""
@@ -255,8 +258,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(STOP_CODES[stop]), np.float32(threshold),
             np.int32(step), np.int32(forced))
     grid = (cluster, hq // g, b)
-    if version < 3 and (stop in ("ema", "sketch") or offload is not None):
-        raise NotImplementedError("stop='ema', stop='sketch' and offload need decode version 3")
+    if version < 3 and (stop in ("ema", "sketch") or offload is not None or first_len is not None):
+        raise NotImplementedError("stop='ema', stop='sketch', first_chunk and offload need decode version 3")
     if stop == "sketch" and sketch is None:
         raise ValueError("stop='sketch' needs sketch=(ests, lmass)")
     defines = {}
@@ -266,7 +269,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"
         ests, lmass = sketch if sketch is not None else (null, null)
         args = args + (np.float32(EMA_WEIGHT), ests, lmass, np.float32(SKETCH_NEXT_SHARE), np.int32(SKETCH_WINDOW),
-                       np.float32(qk_scale))
+                       np.float32(qk_scale), null if first_len is None else first_len)
     if offload is not None:
         slot_map, istate, vstate, groups_left, done_ptr, token = offload
         args = args + (slot_map, istate, vstate, groups_left, np.uint64(done_ptr), token)
@@ -290,6 +293,15 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         why = REASONS.index("budget" if stop == "budget" else "exhausted")
         merge((hq, b), (d,), (partial, seq_lens, out, num_used, iterations, reason, mass_est, np.int32(splits),
                               np.int32(step), np.int32(why)))
+
+
+def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold) -> None:
+    """``first_chunk="predicted"``: each group's ranked blocks of its first ranked chunk, ``first_len
+    [B, Gn]``, from the per-head suffix sums of the estimates along the order (``psa_first_chunk``)."""
+    b, gn = first_len.shape
+    fn = kernel("first_chunk", d=16, s=s, g=g)
+    fn((gn, b), (32,), (log_suffix, seq_lens, first_len, np.int32(hq), np.int32(nmax), np.int32(forced),
+                        np.float32(np.log1p(-threshold))))
 
 
 def pick_splits(groups: int, positions: int, warps: int) -> int:

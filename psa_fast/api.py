@@ -19,7 +19,7 @@ import numpy as np
 
 from psa_ref import _validate
 from psa_ref.blocks import METADATA_KINDS, to_hnd
-from psa_ref.progressive import DEFAULT_STOP, STOP_RULES
+from psa_ref.progressive import DEFAULT_STOP, STOP_RULES, check_first_chunk
 from psa_ref.result import AttentionResult
 
 from . import _kernels
@@ -72,6 +72,10 @@ class DecodePlan:
         version: decode kernel: 3 (tensor cores, at most 8 query heads per KV head) or 2 (CUDA cores,
             any group size, stop rules remaining/seed/certified; groups of more than 8 heads use it).
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
+        first_chunk: psa: the ranked blocks of the first ranked iteration, as in
+            [`psa_ref.attention`][psa_ref.attention]: None (``step``), an integer, or ``"predicted"``
+            (from each head's estimates along the order, on the GPU; not with ``stop="certified"``,
+            whose per-head buffer holds the bounds).
         splits: CTAs per group for dense and top-k (split-KV: each attends a slice of the positions,
             partial outputs merged by log-sum-exp). Default: about one wave over the SMs when the groups
             alone leave SMs idle (one request, few KV heads), else 1. PSA's loop runs one cluster per group.
@@ -81,7 +85,8 @@ class DecodePlan:
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
                  stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
                  recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
-                 warps: int = 8, version: int = 3, stages: int | None = None, splits: int | None = None):
+                 warps: int = 8, version: int = 3, stages: int | None = None, splits: int | None = None,
+                 first_chunk: int | str | None = None):
         import cupy
 
         if not isinstance(cache, PagedKVCache):
@@ -114,6 +119,14 @@ class DecodePlan:
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
+        self.first_chunk = check_first_chunk(first_chunk)
+        if self.first_chunk is not None and self.mode != "psa":
+            raise ValueError(f"first_chunk sizes PSA's first ranked iteration; mode={self.mode!r} has none")
+        if self.first_chunk == "predicted" and self.stop == "certified":
+            raise NotImplementedError("first_chunk='predicted' with stop='certified' is not implemented on the GPU "
+                                      "(its per-head buffer holds the min/max bounds, not the estimates)")
+        if self.first_chunk is not None and self.version != 3:
+            raise ValueError("first_chunk needs decode version 3")
         b, nmax, dp = cache.batch, cache.nmax, cache.dp
         f32, i32 = cupy.float32, cupy.int32
         self.q = cupy.zeros((b, self.hq, dp), f32)
@@ -130,6 +143,8 @@ class DecodePlan:
         # per head beside the group scores: min/max bounds (certified) or each head's estimates (sketch),
         # and their suffix log-sum-exp along the order
         self._per_head = {"certified": "bounds", "sketch": "estimates"}.get(self.stop) if self.mode == "psa" else None
+        if self.first_chunk == "predicted":
+            self._per_head = "estimates"  # the predicted first chunk sums each head's estimates along the order
         self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
         self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if self._per_head else None
         self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
@@ -138,6 +153,11 @@ class DecodePlan:
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)
         self.mass_estimate = cupy.empty((b, self.hq), f32)
+        # first_chunk: per group, the ranked blocks of the first ranked iteration (constant, or predicted per step)
+        self.first_len = None
+        if self.first_chunk is not None:
+            fixed = 0 if self.first_chunk == "predicted" else self.first_chunk
+            self.first_len = cupy.full((b, self.gn), fixed, i32)
 
     def _plan_splits(self, splits, cluster) -> tuple:
         """``(splits, positions per split, partial-output buffer or None)``; sets ``cluster`` to 1 when split."""
@@ -214,6 +234,10 @@ class DecodePlan:
         _kernels.order(self.scores, self.cache.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
                        sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
                        want_suffix=self.bounds is not None, workspace=self.sort_workspace, **self._shape())
+        if self.first_chunk == "predicted" and self.threshold < 1:
+            _kernels.first_chunk(self.log_suffix, self.cache.seq_lens[layer], self.first_len, s=self.cache.block_size,
+                                 g=self.g, hq=self.hq, nmax=self.cache.nmax,
+                                 forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold)
 
     def attend(self, layer: int) -> DecodeOutput:
         """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel."""
@@ -233,7 +257,7 @@ class DecodePlan:
                         sketch=(self.bounds, self.lmass) if self.lmass is not None else None, q_mma=self.q_mma,
                         qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
-                        **self._shape())
+                        first_len=self.first_len, **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
                             self.mass_estimate)
 
@@ -406,7 +430,7 @@ def _result(dec: DecodeOutput, p: DecodePlan, blocks: KVBlocks, q3, single: bool
 @requires_gpu
 def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | None = None, stop: str = DEFAULT_STOP,
               step: int = 1, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
-              exact_mass: bool = False) -> AttentionResult:
+              exact_mass: bool = False, first_chunk: int | str | None = None) -> AttentionResult:
     """Progressive sparse attention on the GPU; the arguments and result of [`psa_ref.attention`][psa_ref.attention].
 
     ``q`` is ``[D]`` or ``[Hq, D]`` (float16/32/64, CuPy or CUDA torch); ``output`` is float32 on
@@ -418,7 +442,7 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     q3, single, kind = _query(q, blocks)
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)
     p = DecodePlan(blocks.cache, num_q_heads=q3.shape[1], mode="psa", threshold=threshold, stop=stop, step=step,
-                   gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks, scale=scale)
+                   gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks, scale=scale, first_chunk=first_chunk)
     return _result(p.run(q3), p, blocks, q3, single, kind, exact_mass)
 
 

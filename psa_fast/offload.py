@@ -345,6 +345,9 @@ class OffloadDecoder(DecodePlan):
             raise ValueError("mode='dense' is not offloaded: it reads every block, use a resident PagedKVCache")
         if self.version != 3:
             raise ValueError("the offload decoder runs decode version 3")
+        if self.first_chunk is not None:
+            raise NotImplementedError("first_chunk is not offered with host offload yet (its loader names each "
+                                      "iteration's blocks from step alone); use a resident PagedKVCache")
         if self.mode == "psa" and self.stop not in STOP_RULES:
             raise NotImplementedError("stop='sketch' is not offered with host offload (it is meant for "
                                       "metadata='quant3', which the host store does not keep); use a resident "

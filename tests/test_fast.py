@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import psa_fast
 import psa_ref
-from psa_ref.testing.conformance import check_result
+from psa_ref.testing.conformance import FP16_META_REL, check_result
 from psa_ref.testing.strategies import problems, thresholds
 
 pytestmark = pytest.mark.skipif(not psa_fast.gpu_available(), reason="needs a CUDA GPU (cupy.cuda.is_available())")
@@ -63,6 +63,62 @@ def test_psa_conforms(p, tau, stop, step):
     AGREEMENT["same"] += c.same_blocks
     if stop == "certified" and tau < 1:  # I3 on the GPU, within the float32 ratio margin
         assert np.min(res.mass_exact) >= tau - 1e-4
+
+
+@settings(max_examples=100)
+@given(gpu_problems(), thresholds, st.sampled_from(psa_fast.STOP_RULES), st.sampled_from([1, 2, 5]),
+       st.sampled_from([1, 3, 8, "predicted"]))
+def test_psa_with_a_first_chunk_conforms(p, tau, stop, step, first):
+    """first_chunk on the GPU: an integer is the reference's schedule exactly; "predicted" sizes come from
+    float32 estimates of float16 metadata, so each group's size is checked against the reference's
+    prediction (equal, or the prefix shares at the two sizes straddle tau within rounding) and the run
+    against the contract on the GPU's own boundaries."""
+    from psa_ref.progressive import predicted_first_chunk
+    from psa_ref.scoring import processing_order
+
+    if first == "predicted" and stop == "certified":
+        with pytest.raises(NotImplementedError, match="certified"):
+            psa_fast.plan(blocks_of(p).cache, num_q_heads=p.q.shape[0], stop=stop, first_chunk=first)
+        return
+    b = blocks_of(p)
+    n = b.num_blocks
+    sink = min(p.sink_blocks, n)
+    recent = min(p.recent_blocks, n - sink)
+    plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], threshold=tau, stop=stop, step=step, gqa=p.gqa,
+                         sink_blocks=sink, recent_blocks=recent, first_chunk=first)
+    dec = plan.run(cupy.asarray(p.q.astype(np.float32)[None]))
+    used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
+    sizes = cupy.asnumpy(plan.first_len[0]).tolist()
+    res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
+                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None, n)
+    opts = dict(gqa=p.gqa, sink_blocks=sink, recent_blocks=recent)
+    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                 metadata=p.metadata, first_chunk=sizes if first == "predicted" else first, **opts)
+    if first != "predicted":
+        assert sizes == [first] * plan.gn
+        return
+    ref_blocks = psa_ref.KVBlocks.from_dense(p.keys.astype(np.float64), p.values.astype(np.float64),
+                                             block_size=p.block_size, metadata=p.metadata, kv_layout="HND")
+    scores = psa_ref.estimate(p.q.astype(np.float64), ref_blocks, 1 / np.sqrt(p.q.shape[1]))
+    forced = psa_ref.scoring.forced_blocks(n, sink, recent)
+    g = p.q.shape[0] // plan.gn
+    for gi, c in enumerate(sizes):
+        heads = scores[gi * g : (gi + 1) * g]
+        order = processing_order(heads.max(axis=0), forced)
+        want = predicted_first_chunk(heads, order, forced.size, ref_blocks.block_lengths, tau)
+        if c != want:  # only where a prefix share lies within float32 rounding of tau
+            lm = heads[:, order] + np.log(ref_blocks.block_lengths[order])
+            held = np.cumsum(np.exp(lm - lm.max(axis=1, keepdims=True)), axis=1)
+            held /= held[:, -1:]
+            lo = forced.size + min(c, want)
+            # float16 metadata moves an estimate by at most est (check_result's est_tol), each estimated mass by
+            # a factor within exp(+-est), so a prefix share by less than expm1(2 est)
+            mag = np.abs(ref_blocks.meta["lo"]) + np.abs(ref_blocks.meta["hi"])
+            kv = gi * g // (p.q.shape[0] // p.keys.shape[0])
+            est = FP16_META_REL / np.sqrt(p.q.shape[1]) * float((np.abs(p.q[gi * g : (gi + 1) * g].astype(np.float64))
+                                                                  @ mag[kv].T).max())
+            assert np.abs(held[:, lo - 1] - tau).min() <= np.expm1(2 * est) + 1e-6, \
+                f"group {gi}: GPU first chunk {c}, reference {want}"
 
 
 def test_psa_agrees_with_reference_on_most_draws():

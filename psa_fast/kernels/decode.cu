@@ -104,19 +104,20 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// The end of the chunk that holds position x of the order: forced blocks form the first chunk,
-// then chunks of `step`.
-__device__ __forceinline__ int chunk_end(int x, int first, int step, int n) {
-    const int e = x < first ? first : first + ((x - first) / step + 1) * step;
+// The end of the chunk that holds position x of the order: forced blocks [0, first) form the first
+// chunk, ranked positions [first, first2) the next (first_chunk; none when first2 == first), then
+// chunks of `step`.
+__device__ __forceinline__ int chunk_end(int x, int first, int first2, int step, int n) {
+    const int e = x < first ? first : x < first2 ? first2 : first2 + ((x - first2) / step + 1) * step;
     return min(e, n);
 }
 
 // The next position of the order that warp `gw` of NW attends after position i (n if none).
-__device__ __forceinline__ int next_position(int i, int gw, int nw, int first, int step, int n) {
-    int e = chunk_end(i, first, step, n);
+__device__ __forceinline__ int next_position(int i, int gw, int nw, int first, int first2, int step, int n) {
+    int e = chunk_end(i, first, first2, step, n);
     if (i + nw < e) return i + nw;
     while (e < n) {
-        const int e2 = chunk_end(e, first, step, n);
+        const int e2 = chunk_end(e, first, first2, step, n);
         if (e + gw < e2) return e + gw;
         e = e2;
     }
@@ -124,9 +125,9 @@ __device__ __forceinline__ int next_position(int i, int gw, int nw, int first, i
 }
 
 // The first position of the order that warp `gw` attends (n if none).
-__device__ __forceinline__ int first_position(int gw, int first, int step, int n) {
+__device__ __forceinline__ int first_position(int gw, int first, int first2, int step, int n) {
     for (int e = 0; e < n;) {
-        const int e2 = chunk_end(e, first, step, n);
+        const int e2 = chunk_end(e, first, first2, step, n);
         if (e + gw < e2) return e + gw;
         e = e2;
     }
@@ -169,7 +170,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
            int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w,
            const float* __restrict__ ests, float* __restrict__ lmass, float sketch_share, int sketch_window,
-           float qk_scale
+           float qk_scale, const int* __restrict__ first_len
 #if PSA_OFFLOAD
            , const int* __restrict__ slot_map, int* __restrict__ istate, float* __restrict__ vstate,
            int* __restrict__ groups_left, volatile int* done_host, const int* __restrict__ token
@@ -198,13 +199,15 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     const int n = (len + PSA_S - 1) / PSA_S;
     const int first = min(n, forced);
 #endif
+    // first_chunk: the ranked blocks of the first ranked chunk, per group (psa_first_chunk), or none
+    const int first2 = first_len ? min(n, first + __ldg(first_len + (long)b * Gn + g)) : first;
     const int* orow = order ? order + ((long)b * Gn + g) * Nmax + base : nullptr;
     const int* btab = block_table + ((long)b * Hkv + kv) * Nmax;
 #if PSA_OFFLOAD
     const long gi = (long)b * Gn + g;
     int pos = istate[gi * 4], it = istate[gi * 4 + 1], why = istate[gi * 4 + 2];
     if (why >= 0) return;                          // stopped in an earlier launch: the whole cluster leaves
-    const int lim = chunk_end(pos, first, step, n);  // this launch attends [pos, lim) only
+    const int lim = chunk_end(pos, first, first2, step, n);  // this launch attends [pos, lim) only
 #define PSA_SLOT(blk) __ldg(slot_map + __ldg(btab + (blk)))
 #define PSA_FIRST_POS (pos + gw < lim ? pos + gw : lim)
 #else
@@ -212,7 +215,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
     const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS first_position(gw, first, step, n)
+#define PSA_FIRST_POS first_position(gw, first, first2, step, n)
 #endif
     const int hh = lane >> 2;                      // the query head (MMA row) of this lane's fragments
     const int quad = lane & 3;                     // its column pair within a tile: 2 * quad, 2 * quad + 1
@@ -251,7 +254,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     int f_pos = PSA_FIRST_POS;                                       // next position to load
     int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : base + f_pos) : 0;
     int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
-    int a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, step, lim) : lim;  // the one after it
+    int a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, first2, step, lim) : lim;  // the one after it
     int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
     int issued = 0;
     auto issue = [&]() {
@@ -271,7 +274,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
         f_pos = a_pos;      // advance: the slot load below was made possible by a_blk, loaded a step ago
         f_blk = a_blk;
         f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
-        a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, step, lim) : lim;
+        a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, first2, step, lim) : lim;
         a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
     };
 #pragma unroll
@@ -304,13 +307,13 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
 
     int cur = PSA_FIRST_POS, consumed = 0;
     while (why < 0) {
-        const int end = chunk_end(pos, first, step, n);
+        const int end = chunk_end(pos, first, first2, step, n);
         // This warp's share of the chunk, for head hh: max logit, mass relative to it, min log block
         // mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
         float cm = -PSA_INF, cs = 0.f, cmin = PSA_INF, ce = 0.f;
         const int clen = end - pos;
 
-        for (; cur < end; cur = next_position(cur, gw, NW, first, step, lim), ++consumed) {
+        for (; cur < end; cur = next_position(cur, gw, NW, first, first2, step, lim), ++consumed) {
             const int j = orow ? __ldg(orow + cur) : base + cur;
             const int ntok = min(PSA_S, len - j * PSA_S);
             __syncwarp();  // every lane is done reading the stage that issue() refills

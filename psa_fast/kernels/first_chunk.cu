@@ -1,0 +1,34 @@
+// first_chunk = "predicted" on the GPU: per selection group, how many ranked blocks the estimates say
+// reach tau (psa_ref.progressive.predicted_first_chunk), from the per-head suffix sums that
+// psa_order_suffix computes along the order over the heads' estimates:
+//   log_suffix[h][i] = log sum_{i' >= i} n_j exp(s_jh),  j = order[i'].
+// The prefix [0, L) holds tau of head h's estimated total when
+//   1 - exp(log_suffix[h][L] - log_suffix[h][0]) >= tau,  i.e.  log_suffix[h][L] <= log_suffix[h][0] + log(1 - tau),
+// and log_suffix is non-increasing in L, so each head's smallest such L is found by a binary search
+// (14 steps at 16384 blocks). The group's count is the largest over its heads, less the forced blocks.
+//
+// One warp per group (lane h < PSA_G searches head h); grid (Gn, B).
+//   log_suffix [B, Hq, Nmax + 1] float (psa_order_suffix over the per-head estimates)
+//   first_len  [B, Gn] int out: ranked blocks of the first ranked chunk (0: none)
+#include "common.cuh"
+
+extern "C" __global__ void __launch_bounds__(32)
+psa_first_chunk(const float* __restrict__ log_suffix, const int* __restrict__ seq_lens, int* __restrict__ first_len,
+                int Hq, int Nmax, int forced, float log_rest) {
+    const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, lane = threadIdx.x;
+    const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
+    int need = 0;
+    if (lane < PSA_G) {
+        const float* ls = log_suffix + ((long)b * Hq + g * PSA_G + lane) * (Nmax + 1);
+        const float target = __ldg(ls) + log_rest;
+        int lo = 1, hi = n;  // the answer lies in [1, n]: ls[n] = -inf passes
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (__ldg(ls + mid) <= target) hi = mid; else lo = mid + 1;
+        }
+        need = lo;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) need = max(need, __shfl_xor_sync(0xffffffffu, need, o));
+    if (lane == 0) first_len[(long)b * Gn + g] = max(0, need - min(n, forced));
+}
