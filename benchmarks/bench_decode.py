@@ -15,9 +15,9 @@ Shapes (``--shape``): ``llama8b`` (Llama-3.1-8B attention: 32 query / 8 KV heads
 blocks of 16 tokens, float16.
 
 Each row: median device µs per call, 16 calls (several layers' caches in turn, so the L2 stays cold)
-captured in one CUDA graph and timed with CUDA events; the **floor** = bytes the method must move (``floor_bytes``: the K and V of the blocks it
-read, per KV head; for estimating methods every block's metadata, the scores and the order; the query and
-the output) divided by the copy ceiling measured in this run; **step ÷ floor**; GB/s on those bytes;
+captured in one CUDA graph and timed with CUDA events; the **floor** = bytes the method must move (``floor_bytes``: the
+K and V of the blocks it read, per KV head; for estimating methods every block's metadata, the scores and the order; the
+query and the output) divided by the copy ceiling measured in this run; **step ÷ floor**; GB/s on those bytes;
 speedup over SDPA in the same run; the share of blocks read; mean relative output error vs psa_fast
 dense. Each (size, batch, share) first prints the ideal τ 0.95 share measured on the filled cache (true
 logits of every layer on the GPU, per query head). Rows go to ``bench_decode*.jsonl`` (one file per

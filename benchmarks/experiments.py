@@ -3,9 +3,10 @@
     python benchmarks/experiments.py [--sizes 32768x1,131072x1] [--configs px8x3,2px4x3,16x4x3] [--steps 0,256]
 
 For each size (tokens x batch) and decode configuration (cluster x warps x stages; cluster `p` is the one
-psa_fast picks for the batch, `2p` twice that) and step (0: the benchmark's, max(64, blocks / 64)) it times the whole PSA step (τ 0.95,
-the default rule) and the dense kernel, each as CUDA-graph replays over two layers, and reports the blocks
-attended, the iterations and PSA's mean relative output error against dense. Results and what they showed go to benchmarks/NOTES.md.
+psa_fast picks for the batch, `2p` twice that) and step (0: the benchmark's, max(64, blocks / 64)) it times the whole
+PSA step (τ 0.95, the default rule) and the dense kernel, each as CUDA-graph replays over two layers, and reports the
+blocks attended, the iterations and PSA's mean relative output error against dense. Results and what they showed go to
+benchmarks/NOTES.md.
 """
 
 import argparse

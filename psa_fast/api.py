@@ -6,8 +6,8 @@
   with ``output`` on the GPU (a CuPy array or torch tensor, like ``q``). They check every input
   (including NaN/Inf, which costs a device synchronisation) and copy the small diagnostics back.
 * [`DecodePlan`][psa_fast.DecodePlan] is the hot path: buffers and kernels chosen once for a
-  [`PagedKVCache`][psa_fast.PagedKVCache], then [`DecodePlan.run`][psa_fast.DecodePlan.run] per decode step, with no host
-  synchronisation and fixed buffers, so a step can be captured in a CUDA graph.
+  [`PagedKVCache`][psa_fast.PagedKVCache], then [`DecodePlan.run`][psa_fast.DecodePlan.run] per decode step, with no
+  host synchronisation and fixed buffers, so a step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ class DecodeOutput:
 
 
 class DecodePlan:
-    """One decode configuration over a [`PagedKVCache`][psa_fast.PagedKVCache]: plan once, [`run`][psa_fast.DecodePlan.run] every step.
+    """One decode configuration over a [`PagedKVCache`][psa_fast.PagedKVCache]: plan once,
+    [`run`][psa_fast.DecodePlan.run] every step.
 
     Args:
         cache: the KV cache.
@@ -272,7 +273,8 @@ def plan(cache: PagedKVCache, **options) -> DecodePlan:
 
 
 class KVBlocks:
-    """GPU twin of [`psa_ref.KVBlocks`][psa_ref.KVBlocks]: one request's KV cache in a [`PagedKVCache`][psa_fast.PagedKVCache]."""
+    """GPU twin of [`psa_ref.KVBlocks`][psa_ref.KVBlocks]: one request's KV cache in a
+    [`PagedKVCache`][psa_fast.PagedKVCache]."""
 
     def __init__(self, cache: PagedKVCache, single_head: bool):
         self.cache = cache
@@ -449,7 +451,8 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
 @requires_gpu
 def topk_attention(q, blocks: KVBlocks, k: int = 8, *, scale: float | None = None, gqa: str = "shared",
                    sink_blocks: int = 0, recent_blocks: int = 0, exact_mass: bool = False) -> AttentionResult:
-    """Top-k block attention on the GPU; the arguments and result of [`psa_ref.topk_attention`][psa_ref.topk_attention]."""
+    """Top-k block attention on the GPU; the arguments and result of
+    [`psa_ref.topk_attention`][psa_ref.topk_attention]."""
     k = _validate.integer(k, "k", minimum=1)
     q3, single, kind = _query(q, blocks)
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)
@@ -463,8 +466,8 @@ def topk_attention(q, blocks: KVBlocks, k: int = 8, *, scale: float | None = Non
 
 @requires_gpu
 def dense_attention(q, keys, values, *, scale: float | None = None):
-    """Full attention on the GPU (the paged kernel over every block); [`psa_ref.dense_attention`][psa_ref.dense_attention]'s
-    arguments. Returns float32 on the GPU, the shape of ``q``."""
+    """Full attention on the GPU (the paged kernel over every block);
+    [`psa_ref.dense_attention`][psa_ref.dense_attention]'s arguments. Returns float32 on the GPU, the shape of ``q``."""
     import cupy
 
     blocks = KVBlocks.from_dense(keys, values, block_size=16, kv_layout="HND")  # HND, like psa_ref.dense_attention

@@ -82,7 +82,8 @@ class PagedKVCache:
 
     def _allocate_blocks(self, num_blocks: int):
         """``(k, v)``, each ``[num_blocks, S, Dp]`` float16, zeroed: here on the GPU (every block has a
-        slot); [`psa_fast.offload.OffloadKVCache`][psa_fast.offload.OffloadKVCache] puts them in mapped pinned host memory."""
+        slot); [`psa_fast.offload.OffloadKVCache`][psa_fast.offload.OffloadKVCache] puts them in mapped pinned host
+        memory."""
         import cupy
 
         k = cupy.zeros((num_blocks, self.block_size, self.dp), dtype=cupy.float16)

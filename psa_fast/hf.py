@@ -2,7 +2,8 @@
 
 The reference integration (``psa_ref.tools.hf``) runs each decode step through the NumPy
 reference; this module registers the backend ``"fast"`` there, which runs the same step through
-[`psa_fast.attention`][psa_fast.attention] / [`psa_fast.topk_attention`][psa_fast.topk_attention] on the model's CUDA tensors::
+[`psa_fast.attention`][psa_fast.attention] / [`psa_fast.topk_attention`][psa_fast.topk_attention] on the model's CUDA
+tensors::
 
     import psa_fast.hf
     from psa_ref.tools.hf import PSAConfig

@@ -13,8 +13,8 @@ Layouts (``Dp`` is the padded head dimension, see ``psa_fast.cache.padded_dim``;
 * ``meta``: ``[B, Hkv, Nmax, 2, Dp]`` float16: (centre, radius) for ``cuboid_mean``, (mean, 0) for ``mean``
 * ``lohi``: ``[B, Hkv, Nmax, 2, Dp]`` float16: (lo, hi), kept for every metadata kind
 * ``codes``: ``[B, Hkv, Nmax, S, Dp / 8]`` uint32 (``quant3`` only): each key's 3-bit codes
-  ([`psa_ref.blocks.quantize`][psa_ref.blocks.quantize]), one 4-bit nibble per channel: bits ``4k .. 4k + 3`` of word ``w``
-  of row ``t`` hold channel ``8w + k`` of token ``t``; rows past the block's last token are 0
+  ([`psa_ref.blocks.quantize`][psa_ref.blocks.quantize]), one 4-bit nibble per channel: bits ``4k .. 4k + 3`` of word
+  ``w`` of row ``t`` hold channel ``8w + k`` of token ``t``; rows past the block's last token are 0
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Host offload: the KV cache lives in host memory, the GPU caches blocks, and a decode step loads
 what the progressive loop asks for while it computes (the paper's system half).
 
-* [`HostKVStore`][psa_fast.offload.HostKVStore]: every KV block in mapped pinned host memory, authoritative; kernels read
+* [`HostKVStore`][psa_fast.offload.HostKVStore]: every KV block in mapped pinned host memory, authoritative; kernels
+read
   and write it through its unified virtual address.
 * [`OffloadKVCache`][psa_fast.offload.OffloadKVCache]: a [`PagedKVCache`][psa_fast.PagedKVCache] whose blocks live in a
   [`HostKVStore`][psa_fast.offload.HostKVStore], plus a GPU pool of ``num_slots`` slots managed by
@@ -9,7 +10,8 @@ what the progressive loop asks for while it computes (the paper's system half).
   resident on the GPU. An append writes the token into the block it extends, kept on the GPU
   (with the metadata update), into its slot when the block is resident, and into the host store
   on a write-back stream of its own, which the caller's stream never waits for.
-* [`OffloadDecoder`][psa_fast.offload.OffloadDecoder]: a [`DecodePlan`][psa_fast.DecodePlan] whose attention stage runs one
+* [`OffloadDecoder`][psa_fast.offload.OffloadDecoder]: a [`DecodePlan`][psa_fast.DecodePlan] whose attention stage runs
+one
   iteration of the progressive loop per launch. A loader thread, on its own CUDA stream, names
   the next iteration's blocks (``kernels/iteration_ids.cu``), makes them resident (pool
   access) and gathers the misses from host memory in one launch, while the current iteration
@@ -125,8 +127,8 @@ class HostKVStore:
 class OffloadKVCache(PagedKVCache):
     """A [`PagedKVCache`][psa_fast.PagedKVCache] whose KV blocks live in host memory, cached on the GPU.
 
-    The host store ([`HostKVStore`][psa_fast.offload.HostKVStore]) holds every block and is authoritative; ``k_pool`` and
-    ``v_pool`` are CuPy views of it (so prefill and append write there through UVA) and
+    The host store ([`HostKVStore`][psa_fast.offload.HostKVStore]) holds every block and is authoritative; ``k_pool``
+    and ``v_pool`` are CuPy views of it (so prefill and append write there through UVA) and
     ``block_table`` maps ``(layer, request, kv_head, block)`` to its id in the store. The GPU
     slots are ``slot_k``/``slot_v`` (``[num_slots, S, Dp]`` float16), managed by ``pool``.
 
@@ -192,8 +194,8 @@ class OffloadKVCache(PagedKVCache):
                                 num_partitions=old.num_partitions, policy=self.policy, pin_window=2)
 
     def prefill(self, layer: int, request: int, keys: Any, values: Any) -> None:
-        """As [`PagedKVCache.prefill`][psa_fast.PagedKVCache.prefill]; the blocks go to the host store (after any pending
-        write-back, which it overwrites). A prefill of a request's layer invalidates its resident
+        """As [`PagedKVCache.prefill`][psa_fast.PagedKVCache.prefill]; the blocks go to the host store (after any
+        pending write-back, which it overwrites). A prefill of a request's layer invalidates its resident
         blocks (their content changed)."""
         import cupy
 
@@ -210,7 +212,8 @@ class OffloadKVCache(PagedKVCache):
         """Token ``seq_lens[layer]`` goes into the tail block on the GPU (with its metadata), into its
         slot when the block is resident (write-through: no slot is ever stale), and into the host
         store on ``writeback_stream``, which the caller's stream does not wait for; the offload
-        decoder's loads (and [`prefill`][psa_fast.offload.OffloadKVCache.prefill]) wait for it before they read the host store."""
+        decoder's loads (and [`prefill`][psa_fast.offload.OffloadKVCache.prefill]) wait for it before they read the host
+        store."""
         import cupy
 
         from . import metadata as _metadata
@@ -284,9 +287,9 @@ def blocks_per_iteration(*, num_q_heads: int, num_kv_heads: int, step: int, gqa:
 
 
 def batch_controller(capacity_per_partition: int, *, max_batch: int | None = None):
-    """psa_ref's FCFS [`BatchController`][psa_ref.kvcache.batch.BatchController] sized for [`OffloadDecoder`][psa_fast.offload.OffloadDecoder]: the
-    pipelined loop keeps two iterations in a partition (the one attended and the one loading), so
-    a request is admitted when ``blocks_per_iteration`` fits in half of
+    """psa_ref's FCFS [`BatchController`][psa_ref.kvcache.batch.BatchController] sized for
+    [`OffloadDecoder`][psa_fast.offload.OffloadDecoder]: the pipelined loop keeps two iterations in a partition (the one
+    attended and the one loading), so a request is admitted when ``blocks_per_iteration`` fits in half of
     ``cache.pool.capacity_per_partition`` beside the requests already running."""
     from psa_ref.kvcache.batch import BatchController
 
@@ -299,8 +302,8 @@ class LoaderError(RuntimeError):
 
 
 class OffloadDecoder(DecodePlan):
-    """A decode plan over an [`OffloadKVCache`][psa_fast.offload.OffloadKVCache]: the progressive loop one iteration per launch,
-    with a loader thread bringing the next iteration's blocks into the GPU pool meanwhile.
+    """A decode plan over an [`OffloadKVCache`][psa_fast.offload.OffloadKVCache]: the progressive loop one iteration per
+    launch, with a loader thread bringing the next iteration's blocks into the GPU pool meanwhile.
 
     Same arguments as [`DecodePlan`][psa_fast.DecodePlan] (``mode`` ``"psa"`` or ``"topk"``), plus:
 
@@ -311,15 +314,15 @@ class OffloadDecoder(DecodePlan):
             launch ``n`` only once ``n - 1`` is done and the done flag is still clear.
         graphs: replay ``unroll`` pipelined iterations (each: attend j, load j + 1, seven launches on
             two streams) as one CUDA graph, captured at the second step of each layer, and likewise
-            [`run`][psa_fast.offload.OffloadDecoder.run]'s estimate, order and state reset, and the first iteration's load; False
-            issues the launches one by one (the host's Python then bounds the step: ~200 µs per
+            [`run`][psa_fast.offload.OffloadDecoder.run]'s estimate, order and state reset, and the first iteration's
+            load; False issues the launches one by one (the host's Python then bounds the step: ~200 µs per
             iteration).
         unroll: iterations per graph launch. The done flag is read between launches, so up to
             ``unroll - 1`` iterations run after the stop; they return at once, but each still makes
             one pool access (their blocks were loaded speculatively anyway).
         loader_thread: run the loader loop on its own host thread (started per step, joined before
-            [`attend`][psa_fast.offload.OffloadDecoder.attend] returns) instead of in the caller's thread. The GPU overlap is the same
-            either way (it comes from the two streams); on the H200 host the thread's start and
+            [`attend`][psa_fast.offload.OffloadDecoder.attend] returns) instead of in the caller's thread. The GPU
+            overlap is the same either way (it comes from the two streams); on the H200 host the thread's start and
             hand-off cost ~0.7 ms per layer and step, so it is off by default.
         timeout: seconds the caller waits for the loader thread, and the loader for any one launch
             to complete, before giving up (``TimeoutError``; inside the loader it surfaces as
@@ -550,7 +553,8 @@ class OffloadDecoder(DecodePlan):
             failure.append(e)
 
     def run(self, q, layer: int = 0) -> DecodeOutput:
-        """Attend ``q`` (``[B, Hq, D]``) to layer ``layer``, as [`DecodePlan.run`][psa_fast.DecodePlan.run], with offload.
+        """Attend ``q`` (``[B, Hq, D]``) to layer ``layer``, as [`DecodePlan.run`][psa_fast.DecodePlan.run], with
+        offload.
 
         The query is scaled on the caller's stream; the estimate, the order and the loop then run on
         the decoder's streams (after the first step of a layer, the first three as one CUDA graph).
@@ -563,8 +567,9 @@ class OffloadDecoder(DecodePlan):
         return self._attend(layer, prologue=True)
 
     def attend(self, layer: int) -> DecodeOutput:
-        """Stage 3 with offload (after [`estimate`][psa_fast.DecodePlan.estimate] and [`order`][psa_fast.DecodePlan.order] on the caller's stream): the
-        loader brings each iteration's blocks in and launches it.
+        """Stage 3 with offload (after [`estimate`][psa_fast.DecodePlan.estimate] and
+        [`order`][psa_fast.DecodePlan.order] on the caller's stream): the loader brings each iteration's blocks in and
+        launches it.
 
         Returns once the last iteration is launched (results are ready in the current stream's order).
 

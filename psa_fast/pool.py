@@ -1,11 +1,12 @@
 """KV cache manager on the GPU: the slot pool's policy, decided on the device.
 
-The device twin of [`psa_ref.kvcache.pool.UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] / [`psa_ref.kvcache.pool.PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]. The
-slots themselves (one ``[slots, S, Dp]`` tensor per K and V) belong to the caller; a
-[`GPUSlotPool`][psa_fast.pool.GPUSlotPool] owns only the *policy state*, on the device, and decides for each access which
+The device twin of [`psa_ref.kvcache.pool.UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] /
+[`psa_ref.kvcache.pool.PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]. The slots themselves (one ``[slots, S, Dp]``
+tensor per K and V) belong to the caller; a [`GPUSlotPool`][psa_fast.pool.GPUSlotPool] owns only the *policy state*, on
+the device, and decides for each access which
 blocks hit, which slot every block gets and which blocks are evicted, with no host round trip:
-[`GPUSlotPool.access`][psa_fast.pool.GPUSlotPool.access] launches one kernel and never synchronises, so the loader can enqueue the
-copies (``load_src -> load_dst``) right behind it on the same stream.
+[`GPUSlotPool.access`][psa_fast.pool.GPUSlotPool.access] launches one kernel and never synchronises, so the loader can
+enqueue the copies (``load_src -> load_dst``) right behind it on the same stream.
 
 Blocks are named by an int32 *store id*, ``0 <= id < num_store_blocks``; the caller maps
 ``(request, layer, kv_head, block)`` to ids. The kernel is the reference's ``SlotPool.access`` loop
@@ -29,10 +30,11 @@ Device state (``P`` partitions of ``per = num_slots / P`` slots; partition ``p``
 ``free_top``        ``[P]`` int32
 ``pin``             ``[num_slots]`` int64         the partition epoch in which the slot's block was last named
 ``epoch``           ``[P]`` int64                 accesses made to each partition
-``load_seq``        ``[num_slots]`` int64         when the slot was last loaded (orders [`release`][psa_fast.pool.GPUSlotPool.release])
-``counters``        ``[4]`` int64                 hits, misses, evictions, blocks loaded
-``error``           ``[1]`` int32                 0, or an error code set by a kernel (see [`check`][psa_fast.pool.GPUSlotPool.check])
-==================  ============================  ========================================
+``load_seq``        ``[num_slots]`` int64         when the slot was last loaded (orders
+[`release`][psa_fast.pool.GPUSlotPool.release]) ``counters``        ``[4]`` int64                 hits, misses,
+evictions, blocks loaded ``error``           ``[1]`` int32                 0, or an error code set by a kernel (see
+[`check`][psa_fast.pool.GPUSlotPool.check]) ==================  ============================
+========================================
 """
 
 from __future__ import annotations
@@ -245,8 +247,8 @@ class GPUSlotPool:
             block named by the previous access of the same partition (a pipelined decoder may still
             be reading those slots). Then two consecutive accesses of a partition must fit in its
             slots together, or the second one fails (see [`check`][psa_fast.pool.GPUSlotPool.check]).
-        kernel: how [`access`][psa_fast.pool.GPUSlotPool.access] decides: ``"numba"`` (the readable kernel, the one CI runs
-            under the simulator), ``"cuda"`` (``kernels/pool_access.cu``, its line-for-line CUDA C
+        kernel: how [`access`][psa_fast.pool.GPUSlotPool.access] decides: ``"numba"`` (the readable kernel, the one CI
+            runs under the simulator), ``"cuda"`` (``kernels/pool_access.cu``, its line-for-line CUDA C
             translation, launched by CuPy in ~10 µs instead of Numba's ~200 µs of dispatch), or
             ``"parallel"`` (``kernels/pool_parallel.cu``: the same decisions for every valid access,
             the per-id work on the whole GPU and what is sequential by nature (misses in order,
@@ -342,8 +344,8 @@ class GPUSlotPool:
             ids: ``[n]`` int32 device array of store ids; ``-1`` entries are skipped (no effect, slot -1,
                 not a hit, not loaded). A block named twice counts twice (the second a hit).
             partition: ``0 <= partition < num_partitions`` (the layer for a per-layer pool, 0 for unified).
-            out: a [`PoolAccess`][psa_fast.pool.PoolAccess] of ``n`` entries to write into; by default one kept per ``n`` and
-                reused by the next access of the same length (read or copy it before then).
+            out: a [`PoolAccess`][psa_fast.pool.PoolAccess] of ``n`` entries to write into; by default one kept per
+                ``n`` and reused by the next access of the same length (read or copy it before then).
 
         Returns:
             [`PoolAccess`][psa_fast.pool.PoolAccess]. Nothing is synchronised: results are ready in stream order.

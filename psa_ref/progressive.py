@@ -338,7 +338,8 @@ def first_chunk_size(first_chunk, scores: np.ndarray, order: np.ndarray, num_for
 
 def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, gqa, sink_blocks, recent_blocks,
                exact_mass, first_chunk=None) -> AttentionResult:
-    """Check the arguments of [`attention`][psa_ref.attention], run ``group_fn`` on every selection group, pack the result.
+    """Check the arguments of [`attention`][psa_ref.attention], run ``group_fn`` on every selection group, pack the
+    result.
 
     ``group_fn`` has the signature and return value of ``progressive_loop``; the
     vectorised twin [`psa_ref.sweep.attention`][psa_ref.sweep.attention] passes its own.

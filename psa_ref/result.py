@@ -1,4 +1,5 @@
-"""The result type shared by [`psa_ref.attention`][psa_ref.attention] and [`psa_ref.topk_attention`][psa_ref.topk_attention]."""
+"""The result type shared by [`psa_ref.attention`][psa_ref.attention] and
+[`psa_ref.topk_attention`][psa_ref.topk_attention]."""
 
 from __future__ import annotations
 

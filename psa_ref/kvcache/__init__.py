@@ -4,8 +4,10 @@
   (host memory) with its metadata, updated as tokens append;
 * ``psa_ref.kvcache.pool`` — GPU slot pools that cache blocks of the store:
   [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] (one pool shared by all layers, the paper's design) and
-  [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool] (equal per-layer partitions, the vLLM-style baseline), LRU or FIFO;
-* ``psa_ref.kvcache.batch`` — [`BatchController`][psa_ref.kvcache.batch.BatchController], FCFS admission by the blocks of one
+  [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool] (equal per-layer partitions, the vLLM-style baseline), LRU or
+  FIFO;
+* ``psa_ref.kvcache.batch`` — [`BatchController`][psa_ref.kvcache.batch.BatchController], FCFS admission by the blocks
+of one
   iteration;
 * ``psa_ref.kvcache.sim`` — the simulator behind ``psa sim`` (workloads, replays, tables).
 

@@ -13,7 +13,8 @@ The controller admits requests on that basis:
   admitted when its demand fits in the slots not reserved (``capacity - reserved``) and,
   when ``max_batch`` is given, the batch is not full. Slots that are not reserved still
   cache blocks; they are just evictable.
-* **Leaving**: [`BatchController.finish`][psa_ref.kvcache.batch.BatchController.finish] releases a finished request's reservation.
+* **Leaving**: [`BatchController.finish`][psa_ref.kvcache.batch.BatchController.finish] releases a finished request's
+reservation.
 
 A request whose demand exceeds the whole capacity could never run; ``submit``
 refuses it at once rather than let it wait forever.
@@ -32,8 +33,8 @@ class BatchController:
 
     Args:
         capacity: the slots one layer's iteration may use: ``pool.capacity_per_layer``
-            of a [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] or [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]
-            (the attention loop accesses one layer at a time).
+            of a [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] or
+            [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool] (the attention loop accesses one layer at a time).
         max_batch: at most this many requests run together (None: no limit but capacity).
 
     Attributes:

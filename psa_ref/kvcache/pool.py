@@ -104,7 +104,8 @@ class PoolStats:
 
 @dataclass(frozen=True)
 class Access:
-    """What one [`SlotPool.access`][psa_ref.kvcache.pool.SlotPool.access] did, one entry per block named, in the order given.
+    """What one [`SlotPool.access`][psa_ref.kvcache.pool.SlotPool.access] did, one entry per block named, in the order
+    given.
 
     Attributes:
         keys: the ``n`` blocks, as [`BlockKey`][psa_ref.kvcache.store.BlockKey].
@@ -145,7 +146,8 @@ class _Partition:
 class SlotPool:
     """``num_slots`` equal slots caching blocks of ``store``, split into partitions of layers.
 
-    Use [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] or [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]. Slot content:
+    Use [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] or [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]. Slot
+    content:
 
     Attributes:
         keys: ``[num_slots, S, D]`` in the store's dtype; slot ``i`` holds ``lengths[i]`` tokens.
@@ -190,8 +192,8 @@ class SlotPool:
 
         Raises:
             ValueError: a block the store does not hold, or more distinct blocks than
-                the slots ``layer`` may use ([`capacity_per_layer`][psa_ref.kvcache.pool.SlotPool.capacity_per_layer]). Nothing
-                changes then.
+                the slots ``layer`` may use ([`capacity_per_layer`][psa_ref.kvcache.pool.SlotPool.capacity_per_layer]).
+                Nothing changes then.
         """
         layer = self.store._check_layer(layer)
         keys, tokens = self._keys(layer, blocks)

@@ -5,12 +5,13 @@ counts what moves. Three stages, each usable on its own:
 
 1. **Workload** (``Workload``): per request, the prompt's K/V, then for each decode
    step the new token's K/V and the queries of every layer. [`trace_workload`][psa_ref.kvcache.sim.trace_workload] turns
-   the shipped SmolLM2 trace into one request of 6 layers; [`synthetic_workload`][psa_ref.kvcache.sim.synthetic_workload]
-   makes many requests whose layers differ in how flat their attention is.
+   the shipped SmolLM2 trace into one request of 6 layers;
+   [`synthetic_workload`][psa_ref.kvcache.sim.synthetic_workload] makes many requests whose layers differ in how flat
+   their attention is.
 2. **Selection** ([`select`][psa_ref.kvcache.sim.select]): the blocks each (request, step, layer, KV head) reads,
    in processing order, from [`psa_ref.attention`][psa_ref.attention] (``gqa="shared"``) or
-   [`psa_ref.topk_attention`][psa_ref.topk_attention] called on the [`HostStore`][psa_ref.kvcache.store.HostStore]'s view of
-   the cache as it grows token by token. The selection does not depend on the pool.
+   [`psa_ref.topk_attention`][psa_ref.topk_attention] called on the [`HostStore`][psa_ref.kvcache.store.HostStore]'s
+   view of the cache as it grows token by token. The selection does not depend on the pool.
 3. **Replay** ([`replay`][psa_ref.kvcache.sim.replay]): requests are admitted by the
    [`BatchController`][psa_ref.kvcache.batch.BatchController], prefilled into a host store, and decoded step
    by step; every layer runs its attention loop one iteration at a time (``step`` blocks
@@ -366,7 +367,8 @@ class Replay:
 
 
 def make_pool(kind: str, num_slots: int, store: HostStore, policy: str = "lru") -> SlotPool:
-    """A [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] (``kind="unified"``) or [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]."""
+    """A [`UnifiedPool`][psa_ref.kvcache.pool.UnifiedPool] (``kind="unified"``) or
+    [`PerLayerPool`][psa_ref.kvcache.pool.PerLayerPool]."""
     kind = _validate.choice(kind, "pool", POOL_KINDS)
     if kind == "unified":
         return UnifiedPool(num_slots, policy, store=store)
@@ -473,8 +475,8 @@ def run_sim(workloads: list[Workload] | None = None, *, fractions=FRACTIONS, thr
             cost: CostModel | None = None, progress: bool = True) -> SimResult:
     """Sweep pool sizes for PSA and top-k (at PSA's mean budget), unified against per-layer.
 
-    ``workloads`` defaults to the shipped trace and [`synthetic_workload`][psa_ref.kvcache.sim.synthetic_workload]. Pool sizes
-    are ``fractions`` of the peak live KV cache of each workload, measured by a replay
+    ``workloads`` defaults to the shipped trace and [`synthetic_workload`][psa_ref.kvcache.sim.synthetic_workload]. Pool
+    sizes are ``fractions`` of the peak live KV cache of each workload, measured by a replay
     through a pool that holds everything.
     """
     from tqdm.auto import tqdm

@@ -74,8 +74,9 @@ class HostStore:
         dtype: float16 (default, as served), float32 or float64: the dtype of the stored
             K and V, and so of every pool slot. Tokens are cast to it on the way in.
 
-    Requests are created by their first [`append`][psa_ref.kvcache.store.HostStore.append] or [`extend`][psa_ref.kvcache.store.HostStore.extend] and deleted by
-    [`remove`][psa_ref.kvcache.store.HostStore.remove] (a finished request). Any hashable value names a request.
+    Requests are created by their first [`append`][psa_ref.kvcache.store.HostStore.append] or
+    [`extend`][psa_ref.kvcache.store.HostStore.extend] and deleted by [`remove`][psa_ref.kvcache.store.HostStore.remove]
+    (a finished request). Any hashable value names a request.
     """
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int = 16,

@@ -38,7 +38,8 @@ FP16_META_REL = 2.0**-10  # float16 rounding of centre/radius (2^-11) with a fac
 
 @dataclass
 class Conformance:
-    """What [`check_result`][psa_ref.testing.conformance.check_result] found: the worst margins, and agreement with the reference."""
+    """What [`check_result`][psa_ref.testing.conformance.check_result] found: the worst margins, and agreement with the
+    reference."""
 
     max_output_err: float  # largest |output - float64 attention over the reported blocks|
     output_tol: float  # the tolerance it was held to

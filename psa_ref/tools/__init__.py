@@ -5,7 +5,9 @@
 * ``psa_ref.tools.hf`` — the transformers integration (``attn_implementation="psa"``, CPU
   backends; the GPU backend is ``psa_fast.hf``);
 * ``psa_ref.tools.evaluate`` — ``psa eval``: PSA inside a real model against dense and top-k.
+* ``psa_ref.tools.tensor_parallel`` — head-parallel decode over ``torch.distributed`` (the reference of
+  ``psa_fast.distributed``; gloo on CPUs).
 
 Modules here import the layers below them; nothing below imports them. ``hf`` and
-``evaluate`` need the ``hf`` extra (torch, transformers).
+``evaluate`` need the ``hf`` extra (torch, transformers); ``tensor_parallel`` needs torch when a step runs.
 """

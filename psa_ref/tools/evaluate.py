@@ -163,8 +163,8 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
     the blocks of every PSA and top-k configuration, and ``gqa`` is their selection (one per KV
     head, or per query head with the union read); top-k is also run at the mean budget of
     the first rule of ``rules`` at each threshold (unless ``topk_at_budget`` is false:
-    [`evaluate_parallel`][psa_ref.tools.evaluate.evaluate_parallel] adds those runs once every window's budget is known); without
-    ``ideal`` the ``τ = 1`` run that records the ideal budgets is left out.
+    [`evaluate_parallel`][psa_ref.tools.evaluate.evaluate_parallel] adds those runs once every window's budget is
+    known); without ``ideal`` the ``τ = 1`` run that records the ideal budgets is left out.
     """
     import torch
     from tqdm.auto import tqdm
@@ -306,8 +306,8 @@ def _score(runs: list[Run]) -> None:
 def pool_windows(per_window: list[list[Run]]) -> list[Run]:
     """Pool the runs of separately evaluated windows into one run per (context, label).
 
-    ``per_window[i]`` is [`evaluate`][psa_ref.tools.evaluate.evaluate]'s result for window ``i`` alone. Per-token lists are
-    concatenated in window order and the scores recomputed against the pooled dense run;
+    ``per_window[i]`` is [`evaluate`][psa_ref.tools.evaluate.evaluate]'s result for window ``i`` alone. Per-token lists
+    are concatenated in window order and the scores recomputed against the pooled dense run;
     budgets are averaged over windows (every window decodes the same number of tokens, so
     this equals pooling the records); the ideal budgets of the CDF figure are concatenated.
     A configuration missing from some window is left out. The result equals what
@@ -399,7 +399,8 @@ def evaluate_parallel(*, jobs: int, threads: int = 1, text: str = "pydoc", offse
                       windows: int = 1, contexts=CONTEXTS, tokens: int = 32, rules=BLOCK_STOP_RULES, taus=TAUS,
                       topk=TOPK_LADDER, block_size: int = 16, metadata: str = "cuboid_mean", backend: str = "sweep",
                       gqa: str = "shared", progress: bool = True) -> list[Run]:
-    """[`evaluate`][psa_ref.tools.evaluate.evaluate] on SmolLM2 with every window in its own process, ``jobs`` at a time.
+    """[`evaluate`][psa_ref.tools.evaluate.evaluate] on SmolLM2 with every window in its own process, ``jobs`` at a
+    time.
 
     Same windows, configurations and result as ``evaluate(..., windows=windows)`` (each
     process loads the model once and runs ``threads`` torch and NumPy threads). Two phases:
@@ -568,8 +569,9 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
          topk=TOPK_LADDER, text: str = "pydoc", offset: int = TEXT_OFFSET, metadata: str = "cuboid_mean",
          backend: str = "sweep", gqa: str = "shared", threads: int = 2, jobs: int = 1, plots: bool = True,
          progress: bool = True) -> list[Run]:
-    """Load SmolLM2, run [`evaluate`][psa_ref.tools.evaluate.evaluate] (or, with ``jobs > 1``, [`evaluate_parallel`][psa_ref.tools.evaluate.evaluate_parallel]:
-    ``jobs`` processes of ``threads`` threads each), print the table, write the JSON and the figures."""
+    """Load SmolLM2, run [`evaluate`][psa_ref.tools.evaluate.evaluate] (or, with ``jobs > 1``,
+    [`evaluate_parallel`][psa_ref.tools.evaluate.evaluate_parallel]: ``jobs`` processes of ``threads`` threads each),
+    print the table, write the JSON and the figures."""
     import torch
 
     _validate.integer(jobs, "jobs", minimum=1)
