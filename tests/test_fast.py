@@ -210,19 +210,25 @@ def test_every_output_element_is_written(metadata, stop):
         assert bool((dec.num_used > 0).all()) and bool((dec.iterations > 0).all()) and bool((dec.reason >= 0).all())
 
 
-@pytest.mark.parametrize("metadata, stop", [("cuboid_mean", "ema"), ("quant3", "sketch"), ("minmax", "certified")])
-def test_batched_ragged_lengths_match_single_requests(metadata, stop):
-    rng = np.random.default_rng(1)
-    lens = [33, 700, 1]
-    hq, hkv, d, s = 8, 2, 64, 16
-    cache = psa_fast.PagedKVCache(num_layers=2, batch=3, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens), block_size=s,
-                                  metadata=metadata)
+def ragged_cache(rng, lens, *, hq, hkv, d, s, layer=0, metadata="cuboid_mean"):
+    """A cache whose requests hold ``lens`` tokens in layer ``layer`` (of ``layer + 1``), and each request's
+    host problem ``(q [Hq, D], k, v [Hkv, T, D])`` float16."""
+    cache = psa_fast.PagedKVCache(num_layers=layer + 1, batch=len(lens), num_kv_heads=hkv, head_dim=d,
+                                  max_tokens=max(lens), block_size=s, metadata=metadata)
     data = []
     for b, t in enumerate(lens):
         q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
                                                  logit_scale=2.0, dtype=np.float16)
-        cache.prefill(1, b, cupy.asarray(k), cupy.asarray(v))
+        cache.prefill(layer, b, cupy.asarray(k), cupy.asarray(v))
         data.append((q, k, v))
+    return cache, data
+
+
+@pytest.mark.parametrize("metadata, stop", [("cuboid_mean", "ema"), ("quant3", "sketch"), ("minmax", "certified")])
+def test_batched_ragged_lengths_match_single_requests(metadata, stop):
+    lens = [33, 700, 1]
+    hq, hkv, s = 8, 2, 16
+    cache, data = ragged_cache(np.random.default_rng(1), lens, hq=hq, hkv=hkv, d=64, s=s, layer=1, metadata=metadata)
     plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, step=4, stop=stop)
     dec = plan.run(cupy.asarray(np.stack([q for q, _, _ in data])), layer=1)
     out, order, used = cupy.asnumpy(dec.out), cupy.asnumpy(dec.order), cupy.asnumpy(dec.num_used)
@@ -239,17 +245,9 @@ def test_split_kv_matches_the_reference_on_ragged_batches(mode, splits):
     """Split-KV (dense, top-k): splits of a group's positions on separate CTAs, merged by log-sum-exp.
     Ragged lengths leave some splits empty; every output is still the reference's within I1's budget,
     and the diagnostics are those of one chunk."""
-    rng = np.random.default_rng(2)
     lens = [1, 700, 2000]
     hq, hkv, d, s, k = 8, 2, 64, 16, 37
-    cache = psa_fast.PagedKVCache(num_layers=1, batch=3, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
-                                  block_size=s)
-    data = []
-    for b, t in enumerate(lens):
-        q, kk, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
-                                                  logit_scale=2.0, dtype=np.float16)
-        cache.prefill(0, b, cupy.asarray(kk), cupy.asarray(v))
-        data.append((q, kk, v))
+    cache, data = ragged_cache(np.random.default_rng(2), lens, hq=hq, hkv=hkv, d=d, s=s)
     plan = psa_fast.plan(cache, num_q_heads=hq, mode=mode, k=k, splits=splits)
     if splits is not None:
         assert plan.splits == splits
