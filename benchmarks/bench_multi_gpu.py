@@ -198,7 +198,7 @@ def scaling(one_gpu_us: float, rank_step_us, world_size: int) -> dict:
 
 def projection_budget(world_size: int, eps: float, reorder_rel: float) -> float:
     """Relative error budget of a row-parallel projection in a precision of epsilon ``eps`` against one GPU's: the
-    reordered sum (``reorder_rel``, ``psa_ref.testing.parallel.row_parallel_atol`` over max|y|), each rank's partial
+    reordered sum (``reorder_rel``: twice the one GPU's own error against float64, over max|y|), each rank's partial
     rounded to ``eps`` once more and each of the ``W - 1`` additions of the all-reduce rounded once (up to 2 ulps
     of the larger partials: the factor 2)."""
     extra = 0.0 if world_size == 1 else 2.0 * world_size * eps
@@ -307,7 +307,6 @@ def run_size(args, t: int, b: int, offsets, rank: int, world: int, log) -> dict 
     import psa_fast
     from psa_fast import _kernels
     from psa_fast.distributed import HeadParallelDecoder, shard_cache, shard_heads
-    from psa_ref.testing.parallel import row_parallel_atol
 
     sh = args.shape
     shard = shard_heads(num_q_heads=sh.hq, num_kv_heads=sh.hkv, world_size=world)[rank]
@@ -377,7 +376,11 @@ def run_size(args, t: int, b: int, offsets, rank: int, world: int, log) -> dict 
             scale = float(np.abs(ref).max())
             err = float(np.abs(y.float().cpu().numpy() - ref).max()) / scale
             eps = float(torch.finfo(wdt).eps)
-            reorder = row_parallel_atol(o1, w_full.float().cpu().numpy(), eps=eps) / scale
+            # The worst-case bound of a reordered sum (row_parallel_atol) is far above what a GEMM does in
+            # practice (16 n eps ~ 64 at n = 4096 in float16); the budget that can fail is twice the one GPU's
+            # own error against the same projection in float64 (STYLE.md's rule), plus the all-reduce's roundings.
+            exact = o1.astype(np.float64) @ w_full.double().cpu().numpy()
+            reorder = 2 * float(np.abs(ref - exact).max()) / scale
             same = None
             if args.mode != "dense":  # groups in head order: rank r's are a contiguous slice of the one GPU's
                 same = same_blocks([u[0] for u in used], [u[1] for u in used], cupy.asnumpy(plan.num_used),
