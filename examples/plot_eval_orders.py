@@ -3,13 +3,14 @@ and its top-k ladder (top-k ranks by that run's metadata), KV read against next-
 agreement and against KL to dense. Also writes each run trimmed for the repository (no
 per-head budgets or ideal-budget lists, which make up most of ``psa_eval.json``).
 
-The 4K acceptance figure of docs/accuracy.md was made with::
+The trimmed 4K results in ``benchmarks/`` were written with::
 
     python examples/plot_eval_orders.py cuboid_mean=/tmp/eval/cuboid/psa_eval.json \\
-        quant3=/tmp/eval/quant3/psa_eval.json --out docs/img/psa_eval_4k_kv_vs_accuracy.png \\
+        quant3=/tmp/eval/quant3/psa_eval.json --out /tmp/psa_eval_4k.png \\
         --trim benchmarks/results_eval_4k_{name}.json
 
-and the 8K one likewise from the 8K runs (``psa_eval_8k_kv_vs_accuracy.png``, ``results_eval_8k_{name}.json``).
+and the 8K ones likewise (``results_eval_8k_{name}.json``). The figure written here is a quick look; the
+docs' figures are drawn from the trimmed files by ``examples/plot_docs_figures.py``, at page size.
 """
 
 from __future__ import annotations
