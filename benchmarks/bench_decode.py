@@ -8,7 +8,10 @@ read; the kernels set how close a step gets to that:
 * ``sparsity``: the family of ``psa_fast.synthetic.sparsity_profiles``: each KV head's ideal τ 0.95
   budget lies around a chosen share of the blocks (``--shares``, default 2, 5, 10, 20, 30%; heads
   differ up to 2× either way, mean on target), with a sink block holding 25% of the mass and a heavy
-  recent window, as real models show.
+  recent window, as real models show;
+* ``long-context``: ``psa_fast.synthetic.long_context_profiles``: each KV head one head of Gemma 3 270M's
+  global layers measured at the nearest captured length (2K-32K: its budget, sink, recent window and tail),
+  grown to 128K by the power law fitted on 2K-32K (docs/performance.md, "Synthetic long-context profiles").
 
 Shapes (``--shape``): ``llama8b`` (Llama-3.1-8B attention: 32 query / 8 KV heads, D 128), ``gemma3``
 (Gemma 3 270M's global layers: 4 / 1, D 256, scale 0.0625), ``smollm2`` (SmolLM2-135M: 9 / 3, D 64);
@@ -28,6 +31,7 @@ profile and shape), a table to ``.md`` and to stdout last.
     python benchmarks/bench_decode.py --profile per-head   # heads as different as the trace's
     python benchmarks/bench_decode.py --profile sparsity --shape gemma3 --sizes 32768 --batches 1,8,32
     python benchmarks/bench_decode.py --profile sparsity --sizes 32768:1,131072:1,131072:8 --shares 0.02,0.2
+    python benchmarks/bench_decode.py --profile long-context --shape gemma3 --sizes 32768,131072 --batches 1,8
 
 A real captured K/V cache plugs in as another ``fill(cache, layer) -> q`` (see ``bench_size``).
 """
@@ -78,7 +82,7 @@ SHAPES = {
     "gemma3": Shape("gemma3", 4, 1, 256, scale=0.0625, about="Gemma 3 270M global layer"),
     "smollm2": Shape("smollm2", 9, 3, 64, about="SmolLM2-135M"),
 }
-PROFILES = ("pooled", "per-head", "sparsity")
+PROFILES = ("pooled", "per-head", "sparsity", "long-context")
 DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
 SKIPPABLE = ("tau0.9", "remaining", "predicted", "sketch", "topk", "stages")
 # metadata bytes per (request, KV head, block) that the estimate reads
@@ -184,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--versions", default="", help="also time these other decode kernels, e.g. 2 (CUDA cores)")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--profile", choices=PROFILES, default="pooled",
-                   help="block masses: the trace pooled (the run of record), per head from the trace, or the "
-                        "sparsity family (--shares)")
+                   help="block masses: the trace pooled (the run of record), per head from the trace, the "
+                        "sparsity family (--shares), or heads of the long Gemma 3 captures (long-context)")
     p.add_argument("--shape", choices=tuple(SHAPES), default="llama8b")
     p.add_argument("--sizes", default=None, help="tokens[:batch],... e.g. 32768:1,131072:1,131072:8 or 32K,128K "
                                                  "(default 8K,32K,128K; --quick 8K,32K)")
@@ -604,6 +608,24 @@ def sparsity_fill(shape: Shape, share: float, recent_blocks: int, *, xp=None):
     return fill
 
 
+def long_context_fill(shape: Shape, *, xp=None):
+    """``fill(cache, layer)`` from ``long_context_profiles``: one profile per (layer, request, KV head), drawn on
+    the first call for the cache's dimensions, as ``sparsity_fill`` does."""
+    from psa_fast.synthetic import fill_skewed, long_context_profiles
+
+    made = {}
+
+    def fill(cache, layer):
+        key = (cache.num_layers, cache.batch, cache.num_kv_heads, cache.nmax)
+        heads = cache.batch * cache.num_kv_heads
+        if key not in made:
+            made[key] = long_context_profiles(cache.nmax, num_profiles=cache.num_layers * heads, seed=0)
+        return fill_skewed(cache, layer, shape.hq, made[key][layer * heads : (layer + 1) * heads], seed=layer,
+                           positional=True, xp=xp)
+
+    return fill
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
 
@@ -625,6 +647,8 @@ def main(argv=None) -> None:
         base = trace_fill(shape, trace_block_offsets(block_size=shape.s))
     elif args.profile == "per-head":
         base = trace_fill(shape, trace_block_profiles(block_size=shape.s))
+    elif args.profile == "long-context":
+        base = long_context_fill(shape)
     rows = []
     start = time.time()
     stem = out_stem(args.profile, shape)

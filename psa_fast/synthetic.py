@@ -9,11 +9,19 @@ attention mass is about what the trace shows, at any length.
 profiles whose ideal budget (the fewest blocks that hold 95% of the mass) is a chosen share of the
 blocks, with heads that differ, a sink block and a recent window, as real models show;
 ``ideal_share`` and ``ideal_share_of_logits`` measure that budget from offsets or from logits.
+
+``long_context_profiles`` (NumPy only) draws profiles from real long-context attention: per head, the
+budget, the sink's and the recent window's shares and the tail of a head of Gemma 3 270M measured at
+2K-32K (``psa_fast/data/long_context_profiles.json``, written by ``examples/fit_long_budget.py``), grown
+to 128K by a power law fitted on 2K-32K (``long_context_fit``, ``long_context_budget``).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import numbers
+from importlib import resources
 
 import numpy as np
 
@@ -189,28 +197,32 @@ def ideal_share_of_logits(logits, block_size: int, tau: float = 0.95):
     return ((cum < tau - 1e-12).sum(axis=-1) + 1) / n  # the rule of psa_ref.analysis.blocks_for_mass
 
 
-def _top_share(beta, log_u, k, sink_c):
-    """``[P]`` share of the total mass in the ``k`` heaviest blocks, the non-sink masses being
+def _top_share(beta, log_u, k, pinned):
+    """``[P]`` share of the total mass in the ``k`` heaviest blocks, the ranked masses being
     ``exp(beta * log_u)`` (``log_u [P, M]`` descending, so the order never changes with ``beta``) and
-    the sink ``sink_c`` times their sum (0: no sink). The top ``k`` of the union is the top ``k`` of the
-    rest or the sink and the top ``k - 1``."""
+    the ``R`` pinned blocks (a sink, a recent window) ``pinned [P, R]`` times their sum (``R = 0``: none).
+    The top ``k`` of the union is, for some ``j``, the ``j`` heaviest pinned blocks and the top ``k - j``
+    of the rest: the largest of those ``R + 1`` sums."""
     w = np.exp(beta[:, None] * (log_u - log_u[:, :1]))
     cum = np.concatenate([np.zeros((w.shape[0], 1)), np.cumsum(w, axis=1)], axis=1)  # [P, M + 1]
     rows, m = np.arange(w.shape[0]), w.shape[1]
     top = cum[rows, np.minimum(k, m)]
-    total = cum[:, -1] * (1.0 + sink_c)
-    if sink_c:
-        top = np.maximum(top, np.where(k >= 1, sink_c * cum[:, -1] + cum[rows, np.clip(k - 1, 0, m)], 0.0))
+    c = -np.sort(-pinned, axis=1)  # heaviest first
+    total = cum[:, -1] * (1.0 + c.sum(axis=1))
+    held = np.zeros(w.shape[0])
+    for j in range(c.shape[1]):
+        held = held + c[:, j]
+        top = np.maximum(top, np.where(k >= j + 1, held * cum[:, -1] + cum[rows, np.clip(k - j - 1, 0, m)], 0.0))
     return top / total
 
 
-def _solve_beta(log_u, m, sink_c, tau, iterations=64):
+def _solve_beta(log_u, m, pinned, tau, iterations=64):
     """``[P]`` exponents ``beta >= 0`` whose ideal ``tau`` budget is ``m`` blocks: the geometric middle of
     the interval ``[beta_a, beta_b]`` where it is (``beta_a`` the smallest with ``m`` blocks holding
     ``tau``, ``beta_b`` the largest with ``m - 1`` blocks holding less), so that perturbing the masses
     a little moves the budget little."""
     def holds(beta, k):
-        return _top_share(beta, log_u, k, sink_c) >= tau - 1e-12
+        return _top_share(beta, log_u, k, pinned) >= tau - 1e-12
 
     p = log_u.shape[0]
     hi = np.ones(p)
@@ -306,11 +318,158 @@ def sparsity_profiles(n_blocks: int, ideal_share: float, *, num_profiles: int = 
     log_u = -np.sort(-np.log1p(-rng.random((num_profiles, n - first))), axis=1)  # log U, U in (0, 1], descending
     flat = int(analysis.blocks_for_mass(np.append(np.ones(n - first), sink_c * (n - first))[:, None], tau)[0])
     m = np.clip(np.round(shares * n).astype(np.int64), first + recent + 1, max(flat, first + recent + 1))
-    beta = _solve_beta(log_u, m, sink_c, tau)
+    beta = _solve_beta(log_u, m, np.full((num_profiles, first), sink_c), tau)
     rest = beta[:, None] * (log_u - log_u[:, :1])  # [P, N - first] log-masses, descending
     out = np.empty((num_profiles, n))
     out[:, n - recent:] = rng.permuted(rest[:, :recent], axis=1)
     out[:, first : n - recent] = rng.permuted(rest[:, recent:], axis=1)
     if sink:
         out[:, 0] = np.log(sink_c * np.exp(rest).sum(axis=1))
+    return np.maximum(out - out.max(axis=1, keepdims=True), OFFSET_FLOOR)
+
+
+# --- profiles calibrated on the long Gemma 3 captures (NumPy only) ----------------------------------
+
+LONG_CONTEXT_DATA = "long_context_profiles.json"  # in psa_fast/data/, written by examples/fit_long_budget.py
+LONG_CONTEXT_BLOCK = 16  # the captures' block size: the profiles are blocks of 16 tokens
+LONG_CONTEXT_MAX_BLOCKS = 8192  # 128K tokens: the documented reach of the fit (docs/performance.md)
+LONG_CONTEXT_MIN_BLOCKS = 8  # a sink, two recent blocks and some ranked ones
+LONG_CONTEXT_SHAPES = (1.0, 0.6, 0.35, 0.2, 0.1, 0.0)  # kappa of the ranked blocks' curves, exponential to Zipf
+_TINY_SHARE = 1e-12  # floor of a pinned block's share (the file rounds shares to 3 significant digits)
+
+
+@functools.lru_cache(maxsize=1)
+def load_long_context_data() -> dict:
+    """The statistics ``long_context_profiles`` draws from, as ``examples/fit_long_budget.py`` wrote them
+    (``psa_fast/data/long_context_profiles.json``): ``fit`` (the power laws of the ideal budget against the
+    context, pooled and per layer, with their residuals and points) and ``samples`` (per window end of the
+    captures, one row per head-query: layer, blocks, τ 0.95 budget, block 0's share of the mass, the last and
+    the previous block's shares, the τ 0.9 and 0.99 budgets). Cached: treat it as read-only."""
+    with resources.files("psa_fast").joinpath("data", LONG_CONTEXT_DATA).open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _long_context_layer(layer) -> str:
+    """The key of ``layer``'s fit (``"pooled"`` for None); a layer the captures lack raises ValueError."""
+    if layer is None:
+        return "pooled"
+    layers = sorted(int(k.split("_")[1]) for k in load_long_context_data()["fit"] if k.startswith("layer_"))
+    if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, numbers.Integral):
+        raise TypeError(f"layer must be None or an integer of {layers}, got {type(layer).__name__} {layer!r}")
+    if int(layer) not in layers:
+        raise ValueError(f"layer must be None (pooled) or one of the captured layers {layers}, got {layer}")
+    return f"layer_{int(layer)}"
+
+
+def _long_context_blocks(n_blocks) -> int:
+    n = _validate.integer(n_blocks, "n_blocks", minimum=LONG_CONTEXT_MIN_BLOCKS)
+    if n > LONG_CONTEXT_MAX_BLOCKS:
+        raise ValueError(f"n_blocks must be <= {LONG_CONTEXT_MAX_BLOCKS} (128K tokens in blocks of "
+                         f"{LONG_CONTEXT_BLOCK}, the fit's documented reach), got {n}")
+    return n
+
+
+def long_context_fit(*, layer=None) -> dict:
+    """The fitted growth of the mean ideal τ 0.95 budget with the context: ``n_ideal = a * N ** b`` blocks of
+    16 tokens, ``N`` the context's blocks, fitted on the 16 window ends 2K, 4K, ..., 32K of the Gemma 3 270M
+    captures (docs/performance.md, "Synthetic long-context profiles").
+
+    Args:
+        layer: None (the three global layers pooled) or one of them (5, 11, 17).
+
+    Returns:
+        A new dict: ``a``, ``b``, ``rms_log_residual``, ``max_log_residual``, ``max_relative_error``,
+            ``points``, ``contexts`` (the first and last window end fitted, in tokens).
+    """
+    return dict(load_long_context_data()["fit"][_long_context_layer(layer)])
+
+
+def long_context_budget(n_blocks: int, *, layer=None) -> float:
+    """The fit's mean ideal τ 0.95 budget, in blocks, of a context of ``n_blocks`` blocks of 16 tokens:
+    ``a * n_blocks ** b`` ([`long_context_fit`][psa_fast.synthetic.long_context_fit]); beyond 32K an
+    extrapolation."""
+    n = _long_context_blocks(n_blocks)
+    fit = long_context_fit(layer=layer)
+    return float(fit["a"] * n ** fit["b"])
+
+
+def long_context_profiles(n_blocks: int, *, num_profiles: int = 64, layer=None, seed: int = 0) -> np.ndarray:
+    """Block log-mass offsets drawn from real long-context attention, for ``fill_skewed(..., positional=True)``.
+
+    Calibrated on Gemma 3 270M's global layers at 2K-32K (``examples/fit_long_budget.py``; blocks of 16
+    tokens, τ 0.95). Construction, per profile (row):
+
+    1. **A measured head.** Take the window end of the captures nearest to ``16 * n_blocks`` tokens (in
+       ``log``; 2K, 4K, ..., 32K) and draw one of its head-queries (pooled over the layers, or of ``layer``):
+       its ideal budget ``n95`` of its ``n`` blocks, block 0's share of the mass (the sink), and the shares of
+       its last two blocks (the recent window). Heads keep their measured spread and their correlations (a
+       heavy sink goes with a small budget).
+    2. **Its budget at this length.** ``m = round(n95 * (n_blocks / n) ** b)``, ``b`` the exponent of the
+       fitted power law ([`long_context_fit`][psa_fast.synthetic.long_context_fit]): the measured budget at the
+       captures' own lengths (``n_blocks = n``), grown as the fit says beyond 32K (the 32K heads scaled by
+       ``(n_blocks / 2048) ** b``).
+    3. **Its shape.** Block 0 and the last two blocks hold their measured shares of the total; every other
+       block gets ``U_j ** beta`` (``U_j`` uniform on (0, 1], at a random position), ``beta`` found by
+       bisection so that exactly ``m`` blocks hold 95% (as in
+       [`sparsity_profiles`][psa_fast.synthetic.sparsity_profiles]); ``m`` is clipped to what the pinned shares
+       allow (one ranked block holding all the rest, or flat).
+    4. ``offsets = log(mass / max mass)``, clipped at ``OFFSET_FLOOR``.
+
+    The sink's and the recent window's shares stay those of the nearest window end (at 128K, those measured at
+    32K); the ratio of the τ 0.99 to the τ 0.95 budget comes out about right at 2K-8K and ~25% short at 32K
+    (docs/performance.md gives the numbers).
+
+    Args:
+        n_blocks: ``N``, blocks of 16 tokens per head, ``8 <= N <= 8192`` (128K tokens).
+        num_profiles: rows to draw.
+        layer: None (the captured global layers pooled) or one of them (5, 11, 17).
+        seed: NumPy random seed; the measured heads drawn do not depend on ``n_blocks`` within one window end's
+            range (every ``n_blocks >= 1983``, 31.7K tokens, draws from 32K), so one seed at two such lengths
+            gives the same heads.
+
+    Returns:
+        ``[num_profiles, N]`` float64 offsets, ``<= 0``, 0 at each row's heaviest block.
+
+    Raises:
+        TypeError: ``n_blocks``, ``num_profiles`` or ``layer`` is not an integer.
+        ValueError: an argument is out of range (the message names it).
+    """
+    n = _long_context_blocks(n_blocks)
+    num_profiles = _validate.integer(num_profiles, "num_profiles", minimum=1)
+    key = _long_context_layer(layer)
+    data = load_long_context_data()
+    tau, b = float(data["tau"]), float(data["fit"][key]["b"])
+    columns = data["samples"]["columns"]
+    windows = sorted(int(c) for c in data["samples"]["by_context"])
+    window = min(windows, key=lambda c: abs(np.log(c / (LONG_CONTEXT_BLOCK * n))))
+    table = np.asarray(data["samples"]["by_context"][str(window)], dtype=np.float64)
+    if layer is not None:
+        table = table[table[:, columns.index("layer")] == int(layer)]
+    rng = np.random.default_rng(seed)
+    pick = table[rng.integers(0, len(table), num_profiles)]
+    n95, n_measured = pick[:, columns.index("n95")], pick[:, columns.index("n_blocks")]
+    shares = np.maximum(pick[:, [columns.index(c) for c in ("sink", "last", "prev")]], _TINY_SHARE)  # [P, 3]
+    shares *= np.minimum(1.0, 0.999 / shares.sum(axis=1))[:, None]  # the ranked blocks keep some mass
+    pinned = shares / (1.0 - shares.sum(axis=1))[:, None]  # as multiples of the ranked blocks' sum
+    v = np.sort(1.0 - rng.random((num_profiles, n - 3)), axis=1)  # uniform on (0, 1], ascending
+    # the budgets the pinned shares allow: ranked blocks flat (beta = 0) or all in one (beta -> infinity)
+    flat, peaked = np.ones(n - 3), np.zeros(n - 3)
+    peaked[0] = 1.0
+    lo = analysis.blocks_for_mass(np.concatenate([pinned * 1.0, np.tile(peaked, (num_profiles, 1))], axis=1).T, tau)
+    hi = analysis.blocks_for_mass(np.concatenate([pinned * (n - 3), np.tile(flat, (num_profiles, 1))], axis=1).T, tau)
+    m = np.clip(np.round(n95 * (n / n_measured) ** b).astype(np.int64), lo, hi)
+    want = np.log(pick[:, columns.index("n99")] / n95)  # the head's tail: its tau 0.99 over its tau 0.95 budget
+    best, rest = np.full(num_profiles, np.inf), np.empty((num_profiles, n - 3))
+    for kappa in LONG_CONTEXT_SHAPES:  # keep, per head, the shape whose 0.99 / 0.95 budgets are nearest its own
+        base = -np.log(v) if kappa == 0 else (1.0 - v**kappa) / kappa  # [P, N - 3] descending, 0 at the top
+        beta = _solve_beta(base, m, pinned, tau, iterations=40)  # 2^-40 of the bracket: far below a block's step
+        cand = beta[:, None] * (base - base[:, :1])  # log-masses, 0 at the heaviest ranked block
+        mass = np.concatenate([pinned, np.exp(cand) / np.exp(cand).sum(axis=1, keepdims=True)], axis=1)
+        miss = np.abs(np.log(analysis.blocks_for_mass(mass.T, 0.99) / analysis.blocks_for_mass(mass.T, tau)) - want)
+        better = miss < best
+        best, rest[better] = np.where(better, miss, best), cand[better]
+    rest_sum = np.exp(rest).sum(axis=1)
+    out = np.empty((num_profiles, n))
+    out[:, 1 : n - 2] = rng.permuted(rest, axis=1)
+    out[:, [0, n - 1, n - 2]] = np.log(pinned * rest_sum[:, None])  # sink, last block, the one before
     return np.maximum(out - out.max(axis=1, keepdims=True), OFFSET_FLOOR)
