@@ -102,6 +102,48 @@ def as_cupy(x, name: str, *, dtypes: tuple[str, ...]):
     return a
 
 
+KV_DTYPES = ("float16", "bfloat16")  # what the KV pools hold; metadata is float16 for both
+BF16_BITS = "int16"  # CuPy has no bfloat16: bfloat16 KV lives in CuPy as int16 arrays of the same bits
+
+
+def as_cupy_kv(x, name: str, kv_dtype: str):
+    """``as_cupy`` for KV data of ``kv_dtype``: a float16 array, or for ``"bfloat16"`` a CUDA torch
+    bfloat16 tensor (viewed as its bits, no copy) or a CuPy ``int16`` array of bfloat16 bits.
+
+    Raises ``TypeError`` naming ``name`` when the dtype does not match the cache's."""
+    if kv_dtype == "float16":
+        return as_cupy(x, name, dtypes=("float16",))
+    if array_kind(x) == "torch" and str(x.dtype) == "torch.bfloat16":
+        import torch
+
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (call .contiguous()); got strides {tuple(x.stride())}")
+        return as_cupy(x.view(torch.int16), name, dtypes=(BF16_BITS,))
+    try:
+        return as_cupy(x, name, dtypes=(BF16_BITS,))
+    except TypeError as exc:
+        raise TypeError(f"{name} must be bfloat16 for a bfloat16 cache (a torch.bfloat16 CUDA tensor, or a CuPy "
+                        f"int16 array of bfloat16 bits); {exc}") from None
+
+
+def kv_to_float32(a, kv_dtype: str):
+    """KV data as float32 CuPy (exact for both KV dtypes): float16 widened, bfloat16 bits shifted."""
+    import cupy
+
+    if kv_dtype == "float16":
+        return a.astype(cupy.float32)
+    return (a.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
+
+
+def float32_to_bf16_bits(a):
+    """float32 CuPy -> bfloat16 bits (int16), round to nearest even (finite inputs)."""
+    import cupy
+
+    u = cupy.ascontiguousarray(a, dtype=cupy.float32).view(cupy.uint32)
+    rounded = (u + cupy.uint32(0x7FFF) + ((u >> 16) & cupy.uint32(1))) >> 16
+    return rounded.astype(cupy.uint16).view(cupy.int16)
+
+
 def like(a, kind: str):
     """Return CuPy array ``a`` as the kind of array the caller passed (torch via DLPack, no copy)."""
     if kind == "torch":

@@ -215,15 +215,28 @@ def _scale_query_kernel():
                                   "a = (float)x * s; b = (float)x * p;", "psa_scale_query")
 
 
-def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2) -> None:
-    """One launch: ``out_scaled = q * scale`` (float32 products) and ``out_pow2 = q * pow2`` (exact)."""
-    _scale_query_kernel()(q, np.float32(scale), np.float32(pow2), out_scaled, out_pow2)
+@functools.lru_cache(maxsize=None)
+def _scale_query_bf16_kernel():
+    import cupy
+
+    return cupy.ElementwiseKernel("int16 x, float32 s, float32 p", "float32 a, float32 b",
+                                  "const float f = __int_as_float(((int)(unsigned short)x) << 16); "
+                                  "a = f * s; b = f * p;",
+                                  "psa_scale_query_bf16")
+
+
+def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits: bool = False) -> None:
+    """One launch: ``out_scaled = q * scale`` (float32 products) and ``out_pow2 = q * pow2`` (exact).
+    ``bf16_bits``: ``q`` is int16 holding bfloat16 bits."""
+    fn = _scale_query_bf16_kernel() if bf16_bits else _scale_query_kernel()
+    fn(q, np.float32(scale), np.float32(pow2), out_scaled, out_pow2)
 
 
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
-           q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None) -> None:
+           q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
+           q_exact: bool = False) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -245,7 +258,10 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 
     ``q`` is the scaled query ``[B, Hq, Dp]`` float32. Given ``q_mma`` (the query scaled by a power of
     two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; version 2 reads
-    ``q``."""
+    ``q``. ``q_exact``: ``q_mma`` holds numbers of the KV's type (a query of that type), so the tensor
+    cores take it in one part (``PSA_QPARTS`` 1); otherwise in 2 (float16) or 3 (bfloat16) parts.
+
+    The KV dtype follows the pools: float16, or int16 holding bfloat16 (the ``PSA_BF16`` build)."""
     version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
     if version == 3 and q_mma is not None:
         q = q_mma
@@ -262,8 +278,10 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         raise NotImplementedError("stop='ema', stop='sketch', first_chunk and offload need decode version 3")
     if stop == "sketch" and sketch is None:
         raise ValueError("stop='sketch' needs sketch=(ests, lmass)")
-    defines = {}
+    bf16 = k_pool.dtype == np.int16
+    defines = {"bf16": 1} if bf16 else {}
     if version == 3:
+        defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"

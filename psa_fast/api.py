@@ -23,7 +23,7 @@ from psa_ref.progressive import DEFAULT_STOP, STOP_RULES, check_first_chunk
 from psa_ref.result import AttentionResult
 
 from . import _kernels
-from ._compat import array_kind, as_cupy, like, requires_gpu
+from ._compat import BF16_BITS, KV_DTYPES, array_kind, as_cupy, as_cupy_kv, kv_to_float32, like, requires_gpu
 from .cache import PagedKVCache
 
 MODES = ("psa", "topk", "dense")
@@ -131,12 +131,14 @@ class DecodePlan:
         b, nmax, dp = cache.batch, cache.nmax, cache.dp
         f32, i32 = cupy.float32, cupy.int32
         self.q = cupy.zeros((b, self.hq, dp), f32)
-        # Decode v3 multiplies Q K^T on the tensor cores with Q as float16 hi + lo halves. Q scaled by a
-        # power of two only (q_mma) keeps a float16 query exact, with no lo half for the kernel to multiply;
-        # the rest of the scale (qk_scale, in [0.7, 1.42]) is applied to the float32 logits.
+        # Decode v3 multiplies Q K^T on the tensor cores with Q split into parts of the KV's type. Q scaled
+        # by a power of two only (q_mma) keeps a query of that type exact, with no lo part to multiply
+        # (a bfloat16 query: one part; a float16 one: the kernel skips an all-zero lo part); the rest of
+        # the scale (qk_scale, in [0.7, 1.42]) is applied to the float32 logits.
         self._pow2 = float(2.0 ** np.round(np.log2(self.scale)))
         self.qk_scale = self.scale / self._pow2
         self.q_mma = cupy.zeros((b, self.hq, dp), f32)
+        self._q_exact = False  # the last query loaded was bfloat16 for a bfloat16 cache (see load_query)
         self.scores = cupy.empty((b, self.gn, nmax), f32)
         self.order_buf = cupy.empty((b, self.gn, nmax), i32)
         ws = _kernels.order_workspace_shape(b, self.gn, nmax)
@@ -185,7 +187,7 @@ class DecodePlan:
         return splits, split_len, cupy.empty((c.batch, self.hq, splits, c.dp + 2), cupy.float32)
 
     def run(self, q, layer: int = 0) -> DecodeOutput:
-        """Attend ``q`` (``[B, Hq, D]`` float16/float32 on the GPU) to layer ``layer`` of the cache.
+        """Attend ``q`` (``[B, Hq, D]`` float16, bfloat16 or float32 on the GPU) to layer ``layer`` of the cache.
 
         Launches the stages on the current stream (query scaling, then estimate and order unless
         dense, then the decode kernel) and returns without synchronising. Shapes and dtypes are
@@ -201,14 +203,20 @@ class DecodePlan:
         """Stage 0: copy ``q`` into the plan's buffers, zero-padded: scaled (``q``, for the estimates) and
         scaled by a power of two (``q_mma``, for the decode kernel). Returns the checked layer."""
         c = self.cache
-        qa = as_cupy(q, "q", dtypes=("float16", "float32"))
+        if array_kind(q) == "torch" and str(q.dtype) == "torch.bfloat16":
+            qa = as_cupy_kv(q, "q", "bfloat16")
+        else:
+            qa = as_cupy(q, "q", dtypes=("float16", "float32"))
+        bf16_q = qa.dtype == np.dtype(BF16_BITS)
         if qa.shape != (c.batch, self.hq, c.head_dim):
             raise ValueError(f"q must have shape [B, Hq, D] = {(c.batch, self.hq, c.head_dim)}, got {qa.shape}")
         layer = PagedKVCache._index(layer, "layer", c.num_layers)
         empty = np.flatnonzero(c.host_lens[layer] == 0)
         if empty.size:
             raise ValueError(f"requests {empty.tolist()} have no tokens in layer {layer}; prefill them first")
-        _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim], self.q_mma[..., : c.head_dim])
+        _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim], self.q_mma[..., : c.head_dim],
+                             bf16_bits=bf16_q)
+        self._q_exact = bf16_q and c.dtype == "bfloat16"  # float16 can underflow once scaled: not claimed
         return layer
 
     def _shape(self) -> dict:
@@ -258,7 +266,7 @@ class DecodePlan:
                         sketch=(self.bounds, self.lmass) if self.lmass is not None else None, q_mma=self.q_mma,
                         qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
-                        first_len=self.first_len, **self._shape())
+                        first_len=self.first_len, q_exact=self._q_exact, **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
                             self.mass_estimate)
 
@@ -283,18 +291,20 @@ class KVBlocks:
     @classmethod
     @requires_gpu
     def from_dense(cls, keys: Any, values: Any, *, block_size: int = 16, metadata: str = "cuboid_mean",
-                   kv_layout: str | None = None) -> "KVBlocks":
+                   kv_layout: str | None = None, dtype: str | None = None) -> "KVBlocks":
         """Split dense keys and values into blocks on the GPU and compute their metadata.
 
         Args:
             keys: ``[T, D]``, or ``[Hkv, T, D]`` (``kv_layout="HND"``, the default) or ``[T, Hkv, D]``
-                (``"NHD"``); float16, a CuPy array or CUDA torch tensor.
+                (``"NHD"``); a CUDA torch tensor (float16 or bfloat16) or a CuPy array (float16, or int16
+                holding bfloat16 bits with ``dtype="bfloat16"``).
             values: the same shape.
             block_size: ``S >= 1``.
             metadata: ``"cuboid_mean"``, ``"minmax"``, ``"mean"`` or ``"quant3"``.
             kv_layout: ``"HND"``, ``"NHD"`` (transposed into the paged cache) or None: HND, with a
                 ``KVLayoutWarning`` when 3-D keys hold more heads than tokens; the same check as
                 ``psa_ref.KVBlocks.from_dense`` (``psa_ref.blocks.to_hnd``).
+            dtype: the KV dtype, ``"float16"`` or ``"bfloat16"``; default: that of ``keys``.
 
         Raises:
             RuntimeError: no GPU (CuPy missing or no CUDA device).
@@ -303,19 +313,22 @@ class KVBlocks:
 
         block_size = _validate.integer(block_size, "block_size", minimum=1)
         metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
-        k = as_cupy(keys, "keys", dtypes=("float16",))
-        v = as_cupy(values, "values", dtypes=("float16",))
+        if dtype is None:
+            dtype = "bfloat16" if array_kind(keys) == "torch" and str(keys.dtype) == "torch.bfloat16" else "float16"
+        dtype = _validate.choice(str(dtype).replace("torch.", ""), "dtype", KV_DTYPES)
+        k = as_cupy_kv(keys, "keys", dtype)
+        v = as_cupy_kv(values, "values", dtype)
         _validate.kv_shapes(k.shape, v.shape)
         k, v = to_hnd(k, v, kv_layout, stacklevel=4)  # 4: past this method's GPU gate, at the caller
         for name, a in (("keys", k), ("values", v)):
-            bad = int(a.size - cupy.count_nonzero(cupy.isfinite(a)))
+            bad = int(a.size - cupy.count_nonzero(cupy.isfinite(kv_to_float32(a, dtype))))
             if bad:
                 raise ValueError(f"{name} contains {bad} NaN or Inf value(s); every element must be finite")
         single = k.ndim == 2
         if single:
             k, v = k[None], v[None]
         cache = PagedKVCache(num_layers=1, batch=1, num_kv_heads=k.shape[0], head_dim=k.shape[2],
-                             max_tokens=k.shape[1], block_size=block_size, metadata=metadata)
+                             max_tokens=k.shape[1], block_size=block_size, metadata=metadata, dtype=dtype)
         cache.prefill(0, 0, cupy.ascontiguousarray(k), cupy.ascontiguousarray(v))
         return cls(cache, single)
 
@@ -323,7 +336,7 @@ class KVBlocks:
         """Shapes and settings only, like ``psa_ref.KVBlocks``; reads no device memory."""
         heads = "" if self.single_head else f"Hkv={self.num_heads}, "
         return (f"psa_fast.KVBlocks({heads}T={self.num_tokens}, D={self.head_dim}, block_size={self.block_size}, "
-                f"num_blocks={self.num_blocks}, metadata={self.metadata!r}, dtype=float16)")
+                f"num_blocks={self.num_blocks}, metadata={self.metadata!r}, dtype={self.cache.dtype})")
 
     @property
     def num_heads(self) -> int:
@@ -357,7 +370,10 @@ def _query(q, blocks: KVBlocks):
     if not isinstance(blocks, KVBlocks):
         raise TypeError(f"blocks must be a psa_fast.KVBlocks (see KVBlocks.from_dense), got {type(blocks).__name__}")
     kind = array_kind(q)
-    qa = as_cupy(q, "q", dtypes=("float16", "float32", "float64"))
+    if kind == "torch" and str(q.dtype) == "torch.bfloat16":
+        qa = kv_to_float32(as_cupy_kv(q, "q", "bfloat16"), "bfloat16")
+    else:
+        qa = as_cupy(q, "q", dtypes=("float16", "float32", "float64"))
     if qa.ndim == 1:
         if not blocks.single_head:
             raise ValueError(f"q has shape {qa.shape} (one head) but the KV blocks have {blocks.num_heads} heads; "
@@ -393,7 +409,7 @@ def _exact_mass(q3, blocks: KVBlocks, scale: float, used_per_head: list[np.ndarr
 
     c = blocks.cache
     t = blocks.num_tokens
-    keys = c._dense_view(c.k_pool, 0, 0)[:, :t, : c.head_dim].astype(cupy.float64)
+    keys = kv_to_float32(c._dense_view(c.k_pool, 0, 0)[:, :t, : c.head_dim], c.dtype).astype(cupy.float64)
     hq = q3.shape[1]
     kv = np.arange(hq) // (hq // c.num_kv_heads)
     token_block = cupy.arange(t) // c.block_size
@@ -435,7 +451,7 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
               exact_mass: bool = False, first_chunk: int | str | None = None) -> AttentionResult:
     """Progressive sparse attention on the GPU; the arguments and result of [`psa_ref.attention`][psa_ref.attention].
 
-    ``q`` is ``[D]`` or ``[Hq, D]`` (float16/32/64, CuPy or CUDA torch); ``output`` is float32 on
+    ``q`` is ``[D]`` or ``[Hq, D]`` (float16/32/64 or bfloat16, CuPy or CUDA torch); ``output`` is float32 on
     the GPU, of the same array type; the other fields are on the host.
     """
     threshold = _validate.threshold(threshold)

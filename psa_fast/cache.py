@@ -8,8 +8,8 @@ appended (``psa_fast.metadata``).
 Shapes (``L`` layers, ``B`` requests, ``Dp`` the head dimension padded by ``padded_dim``):
 
 =================  ==================================  =========
-``k_pool``         ``[slots, S, Dp]``                  float16
-``v_pool``         ``[slots, S, Dp]``                  float16
+``k_pool``         ``[slots, S, Dp]``                  float16, or int16 holding bfloat16 bits
+``v_pool``         ``[slots, S, Dp]``                  likewise
 ``block_table``    ``[L, B, Hkv, Nmax]``               int32
 ``seq_lens``       ``[L, B]``                          int32
 ``meta``, ``lohi``  ``[L, B, Hkv, Nmax, 2, Dp]``        float16
@@ -17,6 +17,11 @@ Shapes (``L`` layers, ``B`` requests, ``Dp`` the head dimension padded by ``padd
                                                        4 bits per key channel, see
                                                        ``psa_fast.metadata``
 =================  ==================================  =========
+
+The KV dtype (``dtype="float16"`` or ``"bfloat16"``) is the model's; CuPy has no bfloat16, so a
+bfloat16 pool is an int16 array of the same bits (torch tensors are viewed, not converted). The
+metadata is float16 for both: it is computed in float32 from the exact keys and rounded once, and
+float16 keeps 3 more bits than bfloat16. Keys beyond float16's range (65504) are refused at prefill.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 from psa_ref import _validate
 from psa_ref.blocks import METADATA_KINDS
 
-from ._compat import as_cupy, require_gpu
+from ._compat import KV_DTYPES, as_cupy_kv, kv_to_float32, require_gpu
 
 
 def padded_dim(d: int) -> int:
@@ -51,13 +56,14 @@ class PagedKVCache:
         max_tokens: capacity per request; ``Nmax = ceil(max_tokens / S)`` blocks.
         block_size: ``S``.
         metadata: ranking metadata, one of ``psa_ref.METADATA_KINDS``.
+        dtype: the KV dtype, ``"float16"`` or ``"bfloat16"`` (the model's).
 
     Every block gets its own slot (the resident layout); the offload system replaces
     ``block_table`` with a smaller pool and a loader.
     """
 
     def __init__(self, *, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, max_tokens: int,
-                 block_size: int = 16, metadata: str = "cuboid_mean"):
+                 block_size: int = 16, metadata: str = "cuboid_mean", dtype: str = "float16"):
         require_gpu()
         import cupy
 
@@ -67,6 +73,7 @@ class PagedKVCache:
         self.head_dim = _validate.integer(head_dim, "head_dim", minimum=1)
         self.block_size = _validate.integer(block_size, "block_size", minimum=1)
         self.metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
+        self.dtype = _validate.choice(str(dtype).replace("torch.", ""), "dtype", KV_DTYPES)
         max_tokens = _validate.integer(max_tokens, "max_tokens", minimum=1)
         self.dp = padded_dim(self.head_dim)
         self.nmax = -(-max_tokens // self.block_size)
@@ -81,13 +88,18 @@ class PagedKVCache:
                       if self.metadata == "quant3" else None)
 
     def _allocate_blocks(self, num_blocks: int):
-        """``(k, v)``, each ``[num_blocks, S, Dp]`` float16, zeroed: here on the GPU (every block has a
-        slot); [`psa_fast.offload.OffloadKVCache`][psa_fast.offload.OffloadKVCache] puts them in mapped pinned host
-        memory."""
+        """``(k, v)``, each ``[num_blocks, S, Dp]`` of ``pool_dtype``, zeroed: here on the GPU (every block has
+        a slot); [`psa_fast.offload.OffloadKVCache`][psa_fast.offload.OffloadKVCache] puts them in mapped pinned
+        host memory."""
         import cupy
 
-        k = cupy.zeros((num_blocks, self.block_size, self.dp), dtype=cupy.float16)
+        k = cupy.zeros((num_blocks, self.block_size, self.dp), dtype=self.pool_dtype)
         return k, cupy.zeros_like(k)
+
+    @property
+    def pool_dtype(self):
+        """The CuPy dtype of the KV pools: float16, or int16 (bfloat16 bits)."""
+        return np.float16 if self.dtype == "float16" else np.int16
 
     @property
     def capacity(self) -> int:
@@ -103,13 +115,18 @@ class PagedKVCache:
         """Store a request's whole prompt for one layer and build its metadata.
 
         Args:
-            keys: ``[Hkv, T, D]`` float16 CuPy array or CUDA torch tensor.
+            keys: ``[Hkv, T, D]`` of the cache's dtype: a CUDA torch tensor, or a CuPy array (float16, or
+                int16 bfloat16 bits).
             values: the same shape.
+
+        Raises:
+            ValueError: wrong shapes, too many tokens, or (bfloat16) keys beyond float16's range, which
+                the float16 metadata could not hold.
         """
         layer = self._index(layer, "layer", self.num_layers)
         request = self._index(request, "request", self.batch)
-        k = as_cupy(keys, "keys", dtypes=("float16",))
-        v = as_cupy(values, "values", dtypes=("float16",))
+        k = as_cupy_kv(keys, "keys", self.dtype)
+        v = as_cupy_kv(values, "values", self.dtype)
         if k.ndim != 3 or k.shape[0] != self.num_kv_heads or k.shape[2] != self.head_dim:
             raise ValueError(f"keys must have shape [Hkv={self.num_kv_heads}, T, D={self.head_dim}], got {k.shape}")
         if v.shape != k.shape:
@@ -120,6 +137,10 @@ class PagedKVCache:
         if t > self.capacity:
             raise ValueError(f"{t} tokens do not fit: the cache holds {self.capacity} per request "
                              f"(max_tokens rounded up to blocks of {self.block_size})")
+        if self.dtype == "bfloat16" and t:
+            top = float(abs(kv_to_float32(k, self.dtype)).max())
+            if not top <= 65504.0:
+                raise ValueError(f"keys reach {top:g}, beyond float16's range (65504) that the block metadata uses")
         kd, vd = self._dense_view(self.k_pool, layer, request), self._dense_view(self.v_pool, layer, request)
         kd[...] = 0
         vd[...] = 0
@@ -136,7 +157,7 @@ class PagedKVCache:
         """Append one decoded token to every request of one layer.
 
         Args:
-            keys: ``[B, Hkv, D]`` float16.
+            keys: ``[B, Hkv, D]`` of the cache's dtype (see ``prefill``).
             values: likewise.
 
         Raises:
@@ -145,8 +166,8 @@ class PagedKVCache:
         import cupy
 
         layer = self._index(layer, "layer", self.num_layers)
-        k = as_cupy(keys, "keys", dtypes=("float16",))
-        v = as_cupy(values, "values", dtypes=("float16",))
+        k = as_cupy_kv(keys, "keys", self.dtype)
+        v = as_cupy_kv(values, "values", self.dtype)
         want = (self.batch, self.num_kv_heads, self.head_dim)
         if k.shape != want or v.shape != want:
             raise ValueError(f"keys and values must have shape [B, Hkv, D] = {want}, got {k.shape} and {v.shape}")
@@ -158,7 +179,8 @@ class PagedKVCache:
             k = cupy.pad(k, ((0, 0), (0, 0), (0, self.dp - self.head_dim)))
             v = cupy.pad(v, ((0, 0), (0, 0), (0, self.dp - self.head_dim)))
         self._append_token(layer, k, v)
-        self.seq_lens[layer] += 1
+        lens = self.seq_lens[layer]
+        cupy.add(lens, 1, out=lens)  # in place, no temporary: the step stays capturable in a CUDA graph
         self.host_lens[layer] += 1
 
     def _append_token(self, layer: int, k, v) -> None:

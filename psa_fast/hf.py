@@ -1,46 +1,70 @@
-"""The GPU backend of the transformers integration: ``psa_ref.tools.hf`` with decode steps on ``psa_fast``.
+"""transformers on the GPU: a paged KV cache with resident metadata, batched PSA decode, captured steps.
 
-The reference integration (``psa_ref.tools.hf``) runs each decode step through the NumPy
-reference; this module registers the backend ``"fast"`` there, which runs the same step through
-[`psa_fast.attention`][psa_fast.attention] / [`psa_fast.topk_attention`][psa_fast.topk_attention] on the model's CUDA
-tensors::
+``psa_ref.tools.hf`` is the integration's reference (every decode step through the NumPy
+reference). This module runs it on the GPU::
 
     import psa_fast.hf
     from psa_ref.tools.hf import PSAConfig
-    session = psa_fast.hf.enable(model, PSAConfig(threshold=0.95))   # model on a CUDA device
-    out = model.generate(ids, max_new_tokens=32)
 
-Each step rebuilds the blocks' metadata on the GPU from the layer's whole cache (float16);
-the reference never imports this package.
+    session = psa_fast.hf.enable(model, PSAConfig(threshold=0.95, step=16))  # a bf16/fp16 model on CUDA
+    cache = psa_fast.hf.PagedCache(model, batch=len(prompts), max_tokens=8192)
+    out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=64)
+
+How a step runs. The [`PagedCache`][psa_fast.hf.PagedCache] is a transformers ``Cache`` whose PSA layers
+(``PSAConfig.layers``: by default every layer without a sliding window) live in one
+[`psa_fast.PagedKVCache`][psa_fast.PagedKVCache] in the model's dtype (bfloat16 or float16); the other
+layers keep transformers' own cache layers and stock SDPA with their sliding window. At prefill a PSA
+layer's attention is stock SDPA over the prompt, then each request's real tokens (padding dropped, as
+the attention mask says) are written into blocks and their metadata computed once. At each decode step
+the layer appends one token per request (only the last block's metadata is recomputed: O(layers x
+heads x S x D) per step, nothing grows with the cache) and runs one batched
+[`psa_fast.DecodePlan`][psa_fast.DecodePlan] straight on the paged cache. Every launch goes to torch's current
+stream, with no host synchronisation, so [`CapturedDecoder`][psa_fast.hf.CapturedDecoder] can capture a whole
+decode step in a CUDA graph.
+
+Without a ``PagedCache`` (transformers' default cache), the decode step falls back to rebuilding each
+sequence's metadata from the dense cache ([`decode_step`][psa_fast.hf.decode_step], slow, kept for checks).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from psa_ref import _validate
 from psa_ref.tools import hf as _hf
 
 from ._compat import gpu_available
 
+MODEL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+# --- the fallback: one sequence at a time over transformers' dense cache ---------------------------
+
 
 def decode_step(session, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 scaling: float) -> torch.Tensor:
-    """One sequence's decode step: ``q [Hq, D]``, ``key, value [Hkv, T, D]`` CUDA tensors -> ``[Hq, D]``.
-
-    Metadata is rebuilt on the GPU from the whole cache; K, V and q are read as float16."""
+    """One sequence's decode step over a dense cache: ``q [Hq, D]``, ``key, value [Hkv, T, D]`` CUDA
+    tensors -> ``[Hq, D]``. Metadata is rebuilt from the whole cache (what a
+    [`PagedCache`][psa_fast.hf.PagedCache] avoids); bfloat16 stays bfloat16, other dtypes are read as
+    float16."""
     import psa_fast
 
     cfg = session.config
-    blocks = psa_fast.KVBlocks.from_dense(key.half().contiguous(), value.half().contiguous(),
-                                          block_size=cfg.block_size, metadata=cfg.metadata, kv_layout="HND")
+    if key.dtype != torch.bfloat16:
+        key, value, q = key.half(), value.half(), q.half()
+    blocks = psa_fast.KVBlocks.from_dense(key.contiguous(), value.contiguous(), block_size=cfg.block_size,
+                                          metadata=cfg.metadata, kv_layout="HND")
     common = dict(scale=scaling, gqa=cfg.gqa, sink_blocks=cfg.sink_blocks, recent_blocks=cfg.recent_blocks)
     if cfg.topk is not None:
-        res = psa_fast.topk_attention(q.half().contiguous(), blocks, cfg.topk, **common)
+        res = psa_fast.topk_attention(q.contiguous(), blocks, cfg.topk, **common)
     else:
-        res = psa_fast.attention(q.half().contiguous(), blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, **common)
+        res = psa_fast.attention(q.contiguous(), blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, **common)
     if cfg.record:
         hq, hkv = q.shape[0], key.shape[0]
         g = hq // hkv
@@ -51,6 +75,437 @@ def decode_step(session, layer: int, q: torch.Tensor, key: torch.Tensor, value: 
     return torch.as_tensor(res.output, device=q.device)
 
 
+# --- the paged cache --------------------------------------------------------------------------------
+
+
+class _PagedLayer(CacheLayerMixin):
+    """A PSA layer's place in the transformers ``Cache``: the tokens live in the owner's
+    ``PagedKVCache``; ``update`` passes the new states through to the attention function, which
+    writes them there (it knows the attention mask: padding is not stored)."""
+
+    is_sliding = False
+    is_compileable = False  # its attention calls CuPy and Numba: torch.compile must not trace it
+
+    def __init__(self, owner: "PagedCache", layer: int):
+        super().__init__()
+        self.owner, self.layer = owner, layer
+        self.seen = 0  # positions the model has fed this layer (padding included), as DynamicLayer counts
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.owner._pending[self.layer] = key_states.shape[-2]
+        self.seen += key_states.shape[-2]
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0  # the prompt's mask at prefill; unused at decode (PSA needs none)
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return self.owner.max_tokens
+
+    def reset(self) -> None:
+        raise NotImplementedError("a PagedCache is not reset in place: make a new one for new requests")
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("beam search is not supported by psa_fast.hf.PagedCache")
+
+
+class _StaticLayer(CacheLayerMixin):
+    """A non-PSA layer for captured steps: K and V in fixed buffers of ``capacity`` slots, the write
+    position and each slot's token position kept on the GPU, and the decode mask computed there, so a
+    replayed step needs no host state (transformers' own static sliding layer keeps its length on the
+    host, which a replay cannot advance).
+
+    ``window`` None: a full-attention layer (slot = position). Else a sliding window of ``window``
+    tokens kept as a ring (slot = position mod window); a query at position p attends positions
+    > p - window, as transformers' sliding masks do."""
+
+    is_compileable = False
+
+    def __init__(self, owner: "PagedCache", layer: int, capacity: int, window: int | None):
+        super().__init__()
+        self.owner, self.layer, self.window = owner, layer, window
+        self.is_sliding = window is not None
+        self.capacity = min(capacity, window) if window else capacity
+        self.seen = 0
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        b, h, _, d = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = torch.zeros((b, h, self.capacity, d), dtype=self.dtype, device=self.device)
+        self.values = torch.zeros_like(self.keys)
+        self.positions = torch.full((self.capacity,), -(2**40), dtype=torch.long, device=self.device)
+        self.length = torch.zeros((), dtype=torch.long, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        self.owner._pending[self.layer] = n
+        if n > 1:  # prefill from empty (eager): keep the last `capacity` tokens; SDPA uses the prompt itself
+            if self.seen:
+                raise NotImplementedError("a static PagedCache takes one prefill (chunked prefill is not supported)")
+            pos = torch.arange(max(0, n - self.capacity), n, device=self.device)
+            slot = pos % self.capacity
+            self.keys[:, :, slot] = key_states[:, :, pos]
+            self.values[:, :, slot] = value_states[:, :, pos]
+            self.positions[slot] = pos
+            self.length.fill_(n)
+            self.seen += n
+            return key_states, value_states
+        slot = (self.length % self.capacity).view(1)
+        self.keys.index_copy_(2, slot, key_states)
+        self.values.index_copy_(2, slot, value_states)
+        self.positions.index_copy_(0, slot, self.length.view(1))
+        self.length.add_(1)
+        self.seen += 1
+        return self.keys, self.values
+
+    def decode_mask(self):
+        """``[1, 1, 1, capacity]`` bool: the slots the newest token attends (device only)."""
+        cur = self.length - 1
+        ok = (self.positions >= 0) & (self.positions <= cur)
+        if self.window is not None:
+            ok = ok & (self.positions > cur - self.window)
+        return ok.view(1, 1, 1, -1)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (query_length, 0) if self.seen == 0 else (self.capacity, 0)
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+
+class PagedCache(Cache):
+    """A transformers ``Cache`` for ``B`` requests whose PSA layers live in a
+    [`psa_fast.PagedKVCache`][psa_fast.PagedKVCache] (see the module doc).
+
+    Args:
+        model: a transformers causal LM on a CUDA device, in bfloat16 or float16, enabled with
+            [`enable`][psa_fast.hf.enable] (its session holds the ``PSAConfig``).
+        batch: ``B``, the number of requests (the batch ``generate`` is given).
+        max_tokens: capacity per request: prompt (without padding) plus generated tokens.
+        static: give the non-PSA layers transformers' static layers (fixed shapes) and report fixed
+            mask sizes, as a CUDA graph needs ([`CapturedDecoder`][psa_fast.hf.CapturedDecoder]);
+            default dynamic layers.
+        mode: ``"psa"`` (default; ``"topk"`` when the config sets ``topk``), ``"dense"`` (every
+            block through the same paged kernels: the paged baseline) or ``"sdpa"`` (``static`` only:
+            the PSA layers too keep K and V in static buffers and run stock SDPA, the dense baseline
+            measured the same way).
+
+    Attributes:
+        kv: the ``PagedKVCache`` (its layer ``i`` is the model layer ``psa_layers[i]``).
+        psa_layers: the model layers that run PSA.
+        reads: ``[len(psa_layers), B, groups]`` int64 on the GPU: blocks attended, summed over decode
+            steps (each group's ``num_used``); ``blocks_seen`` ``[len(psa_layers), B]``: the blocks each
+            request had at those steps, summed; [`blocks_read`][psa_fast.hf.PagedCache.blocks_read] divides them.
+        steps: decode steps run per PSA layer (host counter).
+
+    Raises:
+        RuntimeError: no CUDA GPU. ValueError: a model dtype other than bfloat16/float16, or no
+        layer left to run PSA. TypeError: ``model`` was not enabled with ``psa_fast.hf.enable``.
+    """
+
+    def __init__(self, model, *, batch: int, max_tokens: int, static: bool = False, mode: str | None = None):
+        import psa_fast
+
+        if not gpu_available():
+            raise RuntimeError("psa_fast.hf.PagedCache needs a CUDA GPU and CuPy (pip install 'psa[gpu]')")
+        session = _session(model)
+        cfg = session.config
+        text = model.config.get_text_config()
+        self.batch = _validate.integer(batch, "batch", minimum=1)
+        self.max_tokens = _validate.integer(max_tokens, "max_tokens", minimum=1)
+        self.static = bool(static)
+        dtype = MODEL_DTYPES.get(model.dtype)
+        if dtype is None:
+            raise ValueError(f"psa_fast.hf runs bfloat16 and float16 models; this one is {model.dtype} "
+                             "(load it with dtype=torch.bfloat16)")
+        num_layers = text.num_hidden_layers
+        layer_types = list(getattr(text, "layer_types", None) or ["full_attention"] * num_layers)
+        sliding = [t == "sliding_attention" for t in layer_types]
+        window = getattr(text, "sliding_window", None)
+        self.psa_layers = [i for i in range(num_layers) if cfg.runs_psa(i, sliding[i])]
+        if not self.psa_layers:
+            raise ValueError(f"PSAConfig(layers={cfg.layers!r}) leaves no layer of this model to run PSA")
+        if any(sliding[i] for i in self.psa_layers):
+            raise ValueError("PSA attends the whole cache: a sliding-window layer cannot run it (use layers='global')")
+        self.slot = {layer: i for i, layer in enumerate(self.psa_layers)}
+        hq = text.num_attention_heads
+        hkv = getattr(text, "num_key_value_heads", None) or hq
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // hq
+        self.mode = _validate.choice(mode or ("topk" if cfg.topk is not None else "psa"), "mode",
+                                     ("psa", "topk", "dense", "sdpa"))
+        if self.mode == "sdpa" and not self.static:
+            raise ValueError("mode='sdpa' is the captured dense baseline: it needs static=True")
+        self.kv = None if self.mode == "sdpa" else psa_fast.PagedKVCache(
+            num_layers=len(self.psa_layers), batch=self.batch, num_kv_heads=hkv, head_dim=head_dim,
+            max_tokens=self.max_tokens, block_size=cfg.block_size, metadata=cfg.metadata, dtype=dtype)
+        self.num_q_heads = hq
+        self.config = cfg
+        self._plans: dict = {}
+        self._pending: dict = {}
+        self.steps = 0
+        layers = []
+        for i in range(num_layers):
+            if i in self.slot and self.kv is not None:
+                layers.append(_PagedLayer(self, i))
+            elif self.static:
+                layers.append(_StaticLayer(self, i, self.max_tokens, window if sliding[i] else None))
+            else:
+                layers.append(DynamicSlidingWindowLayer(sliding_window=window) if sliding[i] else DynamicLayer())
+        super().__init__(layers=layers)
+        gn = hq if cfg.gqa == "per_head" else hkv
+        import cupy
+
+        self.reads = cupy.zeros((len(self.psa_layers), self.batch, gn), cupy.int64)
+        self.blocks_seen = cupy.zeros((len(self.psa_layers), self.batch), cupy.int64)
+        self._counted = [layer for layer in self.layers if isinstance(layer, (_PagedLayer, _StaticLayer))]
+        session.cache = self
+
+    def plan(self, scale: float):
+        """The batched ``DecodePlan`` of this cache for logit scale ``scale`` (made once per scale)."""
+        import psa_fast
+
+        p = self._plans.get(scale)
+        if p is None:
+            cfg = self.config
+            opts = dict(num_q_heads=self.num_q_heads, mode=self.mode, gqa=cfg.gqa, scale=scale,
+                        sink_blocks=cfg.sink_blocks if self.mode != "dense" else 0,
+                        recent_blocks=cfg.recent_blocks if self.mode != "dense" else 0)
+            if self.mode == "psa":
+                opts.update(threshold=cfg.threshold, stop=cfg.stop, step=cfg.step)
+            elif self.mode == "topk":
+                opts.update(k=cfg.topk)
+            p = self._plans[scale] = psa_fast.DecodePlan(self.kv, **opts)
+        return p
+
+    def blocks_read(self) -> dict:
+        """What the decode steps read: ``{"per_group": [L_psa, B, groups] mean blocks per step, "mean_share":
+        blocks read / blocks there were, over every step, group, request and layer}`` (one host sync)."""
+        import cupy
+
+        if self.kv is None:
+            return {"per_group": None, "mean_share": 1.0}
+        reads = cupy.asnumpy(self.reads).astype(np.float64)
+        seen = cupy.asnumpy(self.blocks_seen).astype(np.float64)
+        return {"per_group": reads / max(self.steps, 1),
+                "mean_share": float(reads.sum() / max(seen.sum() * reads.shape[2], 1))}
+
+    def advance_host(self) -> None:
+        """After a decode step replayed from a CUDA graph: advance the host-side counters that the
+        captured step advanced on the device (lengths, positions seen, steps)."""
+        if self.kv is not None:
+            self.kv.host_lens += 1
+        for layer in self._counted:
+            layer.seen += 1
+        self.steps += 1
+
+
+def _session(model) -> _hf.PSASession:
+    mods = _hf.attention_modules(model)
+    session = getattr(mods[0], _hf._SESSION_ATTR, None) if mods else None
+    if session is None or session.forward_hook is None:
+        raise TypeError("the model is not enabled for psa_fast: call psa_fast.hf.enable(model, config) first")
+    return session
+
+
+def _stream():
+    """CuPy's view of torch's current stream: our kernels run in order with the model's (and are
+    captured with them)."""
+    import cupy
+
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+
+def _real_tokens(attention_mask, b: int, t: int):
+    """``[T]`` bool: the keys request ``b``'s last query attends (its real tokens; padding is masked)."""
+    if attention_mask is None:
+        return None
+    row = attention_mask[b, 0, -1, -t:]
+    return row if row.dtype == torch.bool else row == 0
+
+
+def attention_forward(session, module, query, key, value, attention_mask, dropout: float = 0.0,
+                      scaling: float | None = None, **kwargs):
+    """The ``"psa"`` attention function on the GPU (installed by [`enable`][psa_fast.hf.enable] as the session's
+    hook): ``query [B, Hq, L, D]``, ``key, value [B, Hkv, L', D]`` -> ``([B, L, Hq, D], None)``.
+
+    A layer that does not run PSA, or a model whose cache is not a ``PagedCache``, gets what
+    ``psa_ref.tools.hf`` gives it (stock SDPA; the per-sequence fallback for PSA layers)."""
+    cache = getattr(session, "cache", None)
+    layer = module.layer_idx
+    pending = None if cache is None else cache._pending.pop(layer, None)
+    if pending is None:  # not our cache (or not a PSA layer): the reference integration's dispatch
+        return _hf.per_sequence_forward(session, module, query, key, value, attention_mask, dropout=dropout,
+                                        scaling=scaling, **kwargs)
+    lay = cache.layers[layer]
+    if isinstance(lay, _StaticLayer):  # stock SDPA over the static buffers, the mask made on the device
+        mask = attention_mask if query.shape[2] > 1 else lay.decode_mask()
+        kwargs.pop("sliding_window", None)
+        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
+    slot = cache.slot[layer]
+    scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
+    b, hq, length, d = query.shape
+    if length > 1:  # prefill: SDPA over the prompt, then its real tokens into blocks with their metadata
+        if cache.kv.host_lens[slot].any():
+            raise NotImplementedError("a PagedCache takes one prefill per request (chunked prefill is not "
+                                      "supported yet)")
+        out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                     **kwargs)
+        with _stream():
+            for i in range(b):
+                real = _real_tokens(attention_mask, i, key.shape[2])
+                k, v = (key[i], value[i]) if real is None else (key[i][:, real], value[i][:, real])
+                cache.kv.prefill(slot, i, k.contiguous(), v.contiguous())
+        return out
+    with _stream():
+        cache.kv.append(slot, key[:, :, 0].contiguous(), value[:, :, 0].contiguous())
+        p = cache.plan(scale)
+        dec = p.run(query[:, :, 0].contiguous(), layer=slot)
+        cache.reads[slot] += dec.num_used
+        cache.blocks_seen[slot] += (cache.kv.seq_lens[slot] + (cache.kv.block_size - 1)) // cache.kv.block_size
+        out = torch.from_dlpack(dec.out).to(query.dtype)
+    if layer == cache.psa_layers[0]:
+        cache.steps += 1
+    return out[:, None], None
+
+
+# --- capture ---------------------------------------------------------------------------------------
+
+
+class CapturedDecoder:
+    """A model's decode step captured in a CUDA graph: static inputs, one replay per token.
+
+    Takes a [`PagedCache`][psa_fast.hf.PagedCache] made with ``static=True`` (its window and, for
+    ``mode="sdpa"``, full layers keep their positions on the GPU; transformers' ``StaticCache`` keeps a
+    sliding window's length on the host, which a replay cannot advance). Requests of one batch have
+    equal prompt lengths (no padding: transformers' padded masks synchronise with the host).
+
+    Args:
+        model: the causal LM.
+        cache: the cache, empty.
+        batch: ``B``.
+    """
+
+    def __init__(self, model, cache, batch: int):
+        self.model, self.cache = model, cache
+        self.batch = _validate.integer(batch, "batch", minimum=1)
+        dev = model.device
+        self.ids = torch.zeros((batch, 1), dtype=torch.long, device=dev)
+        self.position = torch.zeros((1,), dtype=torch.long, device=dev)
+        self.graph = None
+        self.logits = None
+        self.length = 0
+
+    def _forward(self):
+        return self.model(input_ids=self.ids, past_key_values=self.cache, cache_position=self.position,
+                          position_ids=self.position[None].expand(self.batch, 1), use_cache=True).logits[:, -1]
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Run the prompt ``[B, T]`` (eager); returns the last position's logits ``[B, vocab]``."""
+        t = input_ids.shape[1]
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                         cache_position=torch.arange(t, device=input_ids.device), logits_to_keep=1).logits[:, -1]
+        self.length = t
+        return out
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Decode one token per request (``ids [B]`` or ``[B, 1]``); returns logits ``[B, vocab]`` (a
+        static buffer: the next step overwrites it). The first call runs eagerly (compiling every
+        kernel), the second captures the step, every later one replays it."""
+        self.ids.copy_(ids.reshape(self.batch, 1))
+        self.position.fill_(self.length)
+        if self.graph is None and getattr(self, "_warm", False):
+            self.graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize()
+            snapshot = _host_state(self.cache)
+            with torch.cuda.graph(self.graph), _cupy_allocates_from_torch():
+                self.logits = self._forward()
+            _restore_host_state(self.cache, snapshot)  # capture recorded the step; nothing ran yet
+        if self.graph is not None:
+            self.graph.replay()
+            if isinstance(self.cache, PagedCache):
+                self.cache.advance_host()
+            out = self.logits
+        else:
+            out = self._forward()
+            self._warm = True
+        self.length += 1
+        return out
+
+
+class _TorchBlock:
+    """Owner of one allocation from torch's caching allocator, returned to it when CuPy lets go."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __del__(self):
+        torch.cuda.caching_allocator_delete(self.ptr)
+
+
+def _torch_malloc(size: int):
+    import cupy
+
+    ptr = torch.cuda.caching_allocator_alloc(max(size, 1), stream=torch.cuda.current_stream())
+    mem = cupy.cuda.UnownedMemory(ptr, size, _TorchBlock(ptr))
+    return cupy.cuda.MemoryPointer(mem, 0)
+
+
+class _cupy_allocates_from_torch:
+    """While a step is captured, CuPy's temporaries come from torch's allocator, which serves a graph
+    capture from the graph's private pool (CuPy's own pool would call cudaMalloc, which a capture
+    forbids)."""
+
+    def __enter__(self):
+        import cupy
+
+        self._old = cupy.cuda.get_allocator()
+        cupy.cuda.set_allocator(_torch_malloc)
+
+    def __exit__(self, *exc):
+        import cupy
+
+        cupy.cuda.set_allocator(self._old)
+
+
+def _host_state(cache):
+    if not isinstance(cache, PagedCache):
+        return None
+    lens = None if cache.kv is None else cache.kv.host_lens.copy()
+    return lens, [layer.seen for layer in cache._counted], cache.steps
+
+
+def _restore_host_state(cache, snapshot) -> None:
+    if snapshot is None:
+        return
+    lens, seen, steps = snapshot
+    if lens is not None:
+        cache.kv.host_lens[...] = lens
+    for layer, s in zip(cache._counted, seen):
+        layer.seen = s
+    cache.steps = steps
+    cache._pending.clear()
+
+
+# --- switching a model over ------------------------------------------------------------------------
+
+
 def register() -> None:
     """Register ``attn_implementation="psa"`` with transformers and the ``"fast"`` backend."""
     _hf.register()
@@ -58,7 +513,9 @@ def register() -> None:
 
 
 def enable(model, config: _hf.PSAConfig | None = None) -> _hf.PSASession:
-    """[`psa_ref.tools.hf.enable`][psa_ref.tools.hf.enable] with ``backend="fast"`` (a CUDA GPU required).
+    """[`psa_ref.tools.hf.enable`][psa_ref.tools.hf.enable] on the GPU: the model's ``"psa"`` attention runs
+    batched on a [`PagedCache`][psa_fast.hf.PagedCache] when ``generate`` (or a forward) is given one, and
+    falls back to per-sequence steps otherwise. Requires a CUDA GPU.
 
     Raises:
         RuntimeError: where there is no CUDA GPU (or CuPy is missing).
@@ -68,4 +525,6 @@ def enable(model, config: _hf.PSAConfig | None = None) -> _hf.PSASession:
                            "psa_ref.tools.hf.enable(model, PSAConfig(backend='ref' or 'sweep'))")
     config = _hf.PSAConfig(backend="fast") if config is None else dataclasses.replace(config, backend="fast")
     register()
-    return _hf.enable(model, config)
+    session = _hf.enable(model, config)
+    session.forward_hook = functools.partial(attention_forward, session)
+    return session

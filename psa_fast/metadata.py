@@ -7,7 +7,7 @@ per appended token, far from the hot path, and they run under Numba's CUDA simul
 
 Layouts (``Dp`` is the padded head dimension, see ``psa_fast.cache.padded_dim``; padded channels are zero):
 
-* ``k_pool``, ``v_pool``: ``[slots, S, Dp]`` float16
+* ``k_pool``, ``v_pool``: ``[slots, S, Dp]`` float16, or int16 holding bfloat16 bits (``bf16``)
 * ``block_table``: ``[B, Hkv, Nmax]`` int32, the slot of each block
 * ``seq_lens``: ``[B]`` int32
 * ``meta``: ``[B, Hkv, Nmax, 2, Dp]`` float16: (centre, radius) for ``cuboid_mean``, (mean, 0) for ``mean``
@@ -27,7 +27,7 @@ import functools  # noqa: E402
 import math  # noqa: E402
 
 import numpy as np  # noqa: E402
-from numba import cuda, float32, float64, uint32  # noqa: E402
+from numba import cuda, float32, float64, int32, uint32  # noqa: E402
 
 from psa_ref.blocks import QUANT_LEVELS  # noqa: E402
 
@@ -36,15 +36,39 @@ NIBBLES = 8  # quant3 codes per uint32 word
 
 
 @cuda.jit(device=True)
-def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind):
+def _bf16_to_f32(u):
+    """The float32 value of bfloat16 bits ``u`` (0 <= u < 65536), exactly, by arithmetic (no bit casts,
+    so the same code runs on the GPU and in the CUDA simulator)."""
+    e = (u >> 7) & 0xFF
+    m = u & 0x7F
+    if e == 0:
+        v = float32(m) * float32(2.0 ** -133)  # subnormal: m / 128 * 2^-126
+    elif e == 0xFF:
+        v = float32(math.inf) if m == 0 else float32(math.nan)
+    else:
+        v = float32(math.ldexp(float32(128 + m), int(e) - 134))
+    return -v if u >> 15 else v
+
+
+@cuda.jit(device=True)
+def _key(k_pool, slot, t, d, bf16):
+    """Channel ``d`` of token ``t`` of block ``slot`` as float32 (exact for float16 and bfloat16)."""
+    x = k_pool[slot, t, d]
+    if bf16:
+        return _bf16_to_f32(int32(x) & 0xFFFF)
+    return float32(x)
+
+
+@cuda.jit(device=True)
+def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
     """Metadata of channel ``d`` of one block from its ``ntok`` keys (float32 arithmetic; quant3's
     codes in float64, the reference's formula, so that they are bit-identical to it). Every thread
     of the CTA calls it (quant3 has a barrier)."""
-    lo = float32(k_pool[slot, 0, d])
+    lo = _key(k_pool, slot, 0, d, bf16)
     hi = lo
     total = lo
     for t in range(1, ntok):
-        x = float32(k_pool[slot, t, d])
+        x = _key(k_pool, slot, t, d, bf16)
         lo = min(lo, x)
         hi = max(hi, x)
         total += x
@@ -54,7 +78,7 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind):
         c = (lo + hi) * float32(0.5)
         r = float32(0.0)
         for t in range(ntok):
-            r += abs(float32(k_pool[slot, t, d]) - c)
+            r += abs(_key(k_pool, slot, t, d, bf16) - c)
         meta[b, kv, j, 0, d] = c
         meta[b, kv, j, 1, d] = r / ntok
     elif kind == 2:  # mean key
@@ -69,14 +93,14 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind):
         for t in range(ntok):
             c = 0
             if span != 0.0:
-                c = int(math.floor((float64(k_pool[slot, t, d]) - float64(lo)) / span * QUANT_LEVELS))
+                c = int(math.floor((float64(_key(k_pool, slot, t, d, bf16)) - float64(lo)) / span * QUANT_LEVELS))
                 c = min(max(c, 0), QUANT_LEVELS - 1)
             if c:
                 cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
 
 
 @cuda.jit
-def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_size):
+def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_size, bf16):
     # grid (Nmax, Hkv, B), one thread per channel
     j, kv, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
     d = cuda.threadIdx.x
@@ -84,11 +108,11 @@ def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_
     if d >= k_pool.shape[2] or j * block_size >= length:
         return
     _summarise(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi,
-               codes, kind)
+               codes, kind, bf16)
 
 
 @cuda.jit
-def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, codes, kind, block_size):
+def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, codes, kind, block_size, bf16):
     # grid (Hkv, B), one thread per channel. Token t = seq_lens[b] goes to row t % S of block t // S;
     # then that block's metadata is recomputed from its <= S tokens (the cache is never rescanned).
     kv, b = cuda.blockIdx.x, cuda.blockIdx.y
@@ -101,7 +125,7 @@ def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lo
     k_pool[slot, t - j * block_size, d] = k_new[b, kv, d]
     v_pool[slot, t - j * block_size, d] = v_new[b, kv, d]
     # each thread reads back only the channel it wrote: no barrier needed
-    _summarise(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, codes, kind)
+    _summarise(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
 
 
 def _stream():
@@ -143,12 +167,18 @@ def _no_codes(module: str):
     return cupy.zeros((1, 1, 1, 1, 1), cupy.uint32)
 
 
+def _is_bf16(k_pool) -> int:
+    """1 when the pool holds bfloat16 bits (int16), 0 for float16."""
+    return int(k_pool.dtype == np.int16)
+
+
 def build_metadata(k_pool, block_table, seq_lens, meta, lohi, *, kind: str, block_size: int, codes=None) -> None:
     """Compute ``meta``, ``lohi`` (and ``codes`` for ``quant3``) for every block of every request (prefill)."""
     _no_sync()
     b, hkv, nmax = block_table.shape
     _build_kernel[(nmax, hkv, b), k_pool.shape[2], _stream()](k_pool, block_table, seq_lens, meta, lohi,
-                                                              _codes_arg(codes, meta), KIND_CODES[kind], block_size)
+                                                              _codes_arg(codes, meta), KIND_CODES[kind], block_size,
+                                                              _is_bf16(k_pool))
 
 
 def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, *, kind: str,
@@ -159,4 +189,5 @@ def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi
     _no_sync()
     b, hkv, _ = block_table.shape
     _append_kernel[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta,
-                                                         lohi, _codes_arg(codes, meta), KIND_CODES[kind], block_size)
+                                                         lohi, _codes_arg(codes, meta), KIND_CODES[kind], block_size,
+                                                         _is_bf16(k_pool))

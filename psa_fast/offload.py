@@ -36,7 +36,7 @@ import numpy as np
 from psa_ref import _validate
 
 from . import _kernels
-from ._compat import require_gpu
+from ._compat import KV_DTYPES, require_gpu
 from .api import DecodeOutput, DecodePlan
 from .cache import PagedKVCache
 
@@ -49,16 +49,18 @@ STOP_RULES = tuple(r for r in _kernels.STOP_RULES if r != "sketch")  # the rules
 
 
 class HostKVStore:
-    """Every KV block in mapped pinned host memory: ``k``, ``v`` are ``[num_blocks, S, Dp]`` float16
-    NumPy views of it, and kernels read the same bytes through their unified virtual address.
+    """Every KV block in mapped pinned host memory: ``k``, ``v`` are ``[num_blocks, S, Dp]`` NumPy views
+    of it (float16, or int16 holding bfloat16 bits), and kernels read the same bytes through their
+    unified virtual address.
 
     Args:
         num_blocks: blocks the store holds (one block = one KV head's ``S`` tokens).
         block_size: ``S``.
         head_dim: ``Dp``, the padded head dimension of the GPU pool (a multiple of 8).
+        dtype: ``"float16"`` or ``"bfloat16"``.
     """
 
-    def __init__(self, num_blocks: int, *, block_size: int = 16, head_dim: int = 128):
+    def __init__(self, num_blocks: int, *, block_size: int = 16, head_dim: int = 128, dtype: str = "float16"):
         require_gpu()
         import cupy
 
@@ -67,11 +69,13 @@ class HostKVStore:
         self.head_dim = _validate.integer(head_dim, "head_dim", minimum=8)
         if self.head_dim % 8:
             raise ValueError(f"head_dim must be a multiple of 8 (16-byte rows), got {self.head_dim}")
+        self.dtype = _validate.choice(dtype, "dtype", KV_DTYPES)
+        self._np_dtype = np.float16 if self.dtype == "float16" else np.int16
         shape = (self.num_blocks, self.block_size, self.head_dim)
         nbytes = int(np.prod(shape)) * 2
         self._ptrs = [cupy.cuda.runtime.hostAlloc(nbytes, CUDA_HOST_ALLOC_MAPPED) for _ in range(2)]
         self.k, self.v = (np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_uint16)), shape=shape)
-                          .view(np.float16) for p in self._ptrs)
+                          .view(self._np_dtype) for p in self._ptrs)
 
     def device_arrays(self):
         """``(k, v)`` as CuPy arrays over the same pinned bytes (``[num_blocks, S, Dp]``): GPU kernels
@@ -80,7 +84,7 @@ class HostKVStore:
 
         dev = cupy.cuda.Device().id
         nbytes = self.k.nbytes
-        return tuple(cupy.ndarray(self.k.shape, cupy.float16,
+        return tuple(cupy.ndarray(self.k.shape, self._np_dtype,
                                   memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(p, nbytes, self, dev), 0))
                      for p in self._ptrs)
 
@@ -107,7 +111,7 @@ class HostKVStore:
 
     def gather(self, src, dst, k_pool, v_pool) -> None:
         """Copy blocks ``src`` (``[n]`` int64 on the GPU) of the store into slots ``dst`` (``[n]`` int32)
-        of ``k_pool``/``v_pool`` (``[slots, S, Dp]`` float16), one launch, on the current stream."""
+        of ``k_pool``/``v_pool`` (``[slots, S, Dp]``, the store's dtype), one launch, on the current stream."""
         import cupy
 
         if k_pool.shape[1:] != (self.block_size, self.head_dim) or v_pool.shape != k_pool.shape:
@@ -130,7 +134,7 @@ class OffloadKVCache(PagedKVCache):
     The host store ([`HostKVStore`][psa_fast.offload.HostKVStore]) holds every block and is authoritative; ``k_pool``
     and ``v_pool`` are CuPy views of it (so prefill and append write there through UVA) and
     ``block_table`` maps ``(layer, request, kv_head, block)`` to its id in the store. The GPU
-    slots are ``slot_k``/``slot_v`` (``[num_slots, S, Dp]`` float16), managed by ``pool``.
+    slots are ``slot_k``/``slot_v`` (``[num_slots, S, Dp]``, the KV dtype), managed by ``pool``.
 
     Args:
         num_slots: GPU slots (one block of one KV head each). ``pool="per_layer"`` needs a
@@ -138,7 +142,7 @@ class OffloadKVCache(PagedKVCache):
         pool: ``"unified"`` (one set of slots for all layers, the paper's) or ``"per_layer"``.
         policy: ``"lru"`` or ``"fifo"``.
         **cache_args: ``num_layers``, ``batch``, ``num_kv_heads``, ``head_dim``, ``max_tokens``,
-            ``block_size``, ``metadata``, as for [`PagedKVCache`][psa_fast.PagedKVCache].
+            ``block_size``, ``metadata``, ``dtype``, as for [`PagedKVCache`][psa_fast.PagedKVCache].
     """
 
     def __init__(self, *, num_slots: int, pool: str = "unified", policy: str = "lru", **cache_args: Any):
@@ -158,13 +162,13 @@ class OffloadKVCache(PagedKVCache):
                                 policy=policy, pin_window=2)
         self.policy = policy
         self.pool_generation = 0
-        self.slot_k = cupy.zeros((self.num_slots, self.block_size, self.dp), dtype=cupy.float16)
+        self.slot_k = cupy.zeros((self.num_slots, self.block_size, self.dp), dtype=self.pool_dtype)
         self.slot_v = cupy.zeros_like(self.slot_k)
         # The block each (layer, request, KV head) is appending to, on the GPU: appends write here and
         # update the metadata from here (no PCIe read), and the write-back stream copies the new row
         # into the host store without the caller's stream waiting for it.
         rows = self.batch * self.num_kv_heads
-        self.tail_k = cupy.zeros((self.num_layers, rows, self.block_size, self.dp), dtype=cupy.float16)
+        self.tail_k = cupy.zeros((self.num_layers, rows, self.block_size, self.dp), dtype=self.pool_dtype)
         self.tail_v = cupy.zeros_like(self.tail_k)
         self._tail_table = cupy.ascontiguousarray(cupy.broadcast_to(
             cupy.arange(rows, dtype=cupy.int32).reshape(self.batch, self.num_kv_heads, 1),
@@ -176,7 +180,7 @@ class OffloadKVCache(PagedKVCache):
 
     def _allocate_blocks(self, num_blocks: int):
         # not zeroed here (64 GiB would take seconds): prefill writes every block of a request, padding included
-        self.store = HostKVStore(num_blocks, block_size=self.block_size, head_dim=self.dp)
+        self.store = HostKVStore(num_blocks, block_size=self.block_size, head_dim=self.dp, dtype=self.dtype)
         return self.store.device_arrays()
 
     def partition(self, layer: int) -> int:
@@ -267,7 +271,7 @@ def _copy_rows(src, dst, mask, src_k, src_v, dst_k, dst_v, dp) -> None:
 def _row_copy_kernel():
     import cupy
 
-    return cupy.ElementwiseKernel("int64 src, int64 dst, bool mask, int64 d, raw float16 a", "raw float16 b",
+    return cupy.ElementwiseKernel("int64 src, int64 dst, bool mask, int64 d, raw T a", "raw T b",
                                   "if (mask) b[dst + d] = a[src + d];", "psa_row_copy")
 
 

@@ -200,8 +200,8 @@ def test_psa_fast_repr_reads_only_the_cache_s_settings():
     import psa_fast
 
     cache = SimpleNamespace(num_kv_heads=8, head_dim=128, block_size=16, metadata="quant3",
-                            host_lens=np.array([[1000]]), k_pool=None, v_pool=None)
+                            host_lens=np.array([[1000]]), k_pool=None, v_pool=None, dtype="bfloat16")
     r = repr(psa_fast.KVBlocks(cache, single_head=False))
     assert r == ("psa_fast.KVBlocks(Hkv=8, T=1000, D=128, block_size=16, num_blocks=63, metadata='quant3', "
-                 "dtype=float16)")
+                 "dtype=bfloat16)")
     assert repr(psa_fast.KVBlocks(cache, single_head=True)).startswith("psa_fast.KVBlocks(T=1000, D=128,")

@@ -100,3 +100,39 @@ def test_append_token_by_token_equals_building_once(kind):
     check_meta(to_host(meta), to_host(lohi), keys, s, kind, None if codes is None else to_host(codes))
     if codes is not None:  # rows past the last token of the partial block are cleared, not left poisoned
         assert not to_host(codes)[0, :, -1, t % s :].any()
+
+
+@pytest.mark.parametrize("kind", psa_ref.METADATA_KINDS)
+def test_bfloat16_keys_build_and_append_like_float32(kind):
+    """A bfloat16 pool (int16 bits) gives the metadata of the same values in float32 (the kernels decode
+    the bits exactly; every value here is a normal float16 too, so lo/hi are exact)."""
+    from psa_ref.testing import bfloat16_bits, to_bfloat16
+
+    rng = np.random.default_rng(11)
+    hkv, t, s, d = 2, 13, 4, 8
+    x = rng.standard_normal((hkv, t, d)) * 4
+    x[np.abs(x) < 1e-2] = 1e-2  # away from float16's subnormals
+    x[0, 3, 5] = -0.0
+    keys = to_bfloat16(x)
+    n = -(-t // s)
+    bits = np.zeros((hkv * n, s, d), np.int16)
+    bits.reshape(hkv, n * s, d)[:, :t] = bfloat16_bits(keys)
+    table = np.arange(hkv * n, dtype=np.int32).reshape(1, hkv, n)
+    meta = xp.asarray(np.full((1, hkv, n, 2, d), np.nan, np.float16))
+    lohi = xp.asarray(np.full((1, hkv, n, 2, d), np.nan, np.float16))
+    codes = xp.asarray(codes_buffer(hkv, n, s, d)) if kind == "quant3" else None
+    metadata.build_metadata(xp.asarray(bits), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta, lohi,
+                            kind=kind, block_size=s, codes=codes)
+    check_meta(to_host(meta), to_host(lohi), keys, s, kind, None if codes is None else to_host(codes))
+    # the append path writes the bits through and summarises the same values
+    k_pool, v_pool = xp.zeros((hkv * n, s, d), np.int16), xp.zeros((hkv * n, s, d), np.int16)
+    lens = xp.zeros(1, np.int32)
+    meta2, lohi2 = xp.zeros_like(meta), xp.zeros_like(lohi)
+    codes2 = xp.asarray(codes_buffer(hkv, n, s, d)) if kind == "quant3" else None
+    for i in range(t):
+        tok = xp.asarray(np.ascontiguousarray(bfloat16_bits(keys[None, :, i])))
+        metadata.append_token(k_pool, v_pool, xp.asarray(table), lens, tok, tok, meta2, lohi2, kind=kind,
+                              block_size=s, codes=codes2)
+        lens += 1
+    np.testing.assert_array_equal(to_host(k_pool), bits)
+    check_meta(to_host(meta2), to_host(lohi2), keys, s, kind, None if codes2 is None else to_host(codes2))

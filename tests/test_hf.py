@@ -191,6 +191,8 @@ def test_the_gpu_backend_is_psa_fast_s_and_says_so_without_a_gpu():
             hf.enable(tiny_llama(layers=1), hf.PSAConfig(backend="fast"))
     with pytest.raises(RuntimeError, match="CUDA GPU"):
         psa_fast.hf.enable(tiny_llama(layers=1), hf.PSAConfig())
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        psa_fast.hf.PagedCache(tiny_llama(layers=1), batch=1, max_tokens=16)
 
 
 def test_session_summary_counts_bytes(model):
@@ -412,3 +414,25 @@ def test_generate_example_runs_small(capsys):
     summary = example["main"](tiny=True, tokens=4)
     assert summary["steps"] == 3 and set(summary["layers"]) == {0, 1}  # the first token comes from the prefill
     assert "generated tokens equal dense's" in capsys.readouterr().out
+
+
+def test_sliding_window_layers_keep_sdpa_and_global_layers_run_psa():
+    """Gemma 3's mixed layers: with layers="global" (the default) the window layers keep stock SDPA and the
+    global layer runs PSA; tau = 1 gives dense logits. layers="all" refuses the window layers."""
+    torch.manual_seed(4)
+    cfg = transformers.Gemma3TextConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                        num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+                                        query_pre_attn_scalar=8, sliding_window=6, max_position_embeddings=128,
+                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(2))
+    model.set_attn_implementation("sdpa")
+    dense, _ = decode(model, ids, prefill=20)
+    session = hf.enable(model, hf.PSAConfig(threshold=1.0, block_size=4))
+    logits, _ = decode(model, ids, prefill=20)
+    assert_close("gemma logits, tau=1 on the global layer", logits.numpy(), dense.numpy(), rtol=0, atol=LOGIT_TOL)
+    assert {r.layer for r in session.records} == {1}
+    hf.enable(model, hf.PSAConfig(layers="all"))
+    with pytest.raises(ValueError, match="sliding_window"):
+        decode(model, ids, prefill=20)
+    model.set_attn_implementation("sdpa")

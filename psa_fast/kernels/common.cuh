@@ -6,8 +6,19 @@
 //   PSA_G        query heads per selection group (G for gqa="shared", 1 for "per_head")
 //   PSA_CLUSTER  CTAs that cooperate on one group (a thread-block cluster when > 1)
 //   PSA_WARPS    warps per CTA
+//   PSA_BF16     1: the KV pools hold bfloat16 (kv_t), 0: float16 (metadata is float16 either way)
 #pragma once
 #include <cuda_fp16.h>
+
+#ifndef PSA_BF16
+#define PSA_BF16 0
+#endif
+#if PSA_BF16
+#include <cuda_bf16.h>
+typedef __nv_bfloat16 kv_t;
+#else
+typedef __half kv_t;
+#endif
 
 // NVRTC does not define INFINITY without the host math headers.
 #define PSA_INF __int_as_float(0x7f800000)
@@ -75,6 +86,21 @@ __device__ __forceinline__ void unpack8(const uint4 v, float* f) {
         f[2 * i] = t.x;
         f[2 * i + 1] = t.y;
     }
+}
+
+// Unpack 8 KV elements (kv_t) held in a uint4 into floats (exact).
+__device__ __forceinline__ void unpack8_kv(const uint4 v, float* f) {
+#if PSA_BF16
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+#else
+    unpack8(v, f);
+#endif
 }
 
 // A float's bits as an unsigned integer that sorts in the same order as the float.

@@ -10,12 +10,14 @@
 //
 // Arithmetic: version 2 spent ~1200 instructions per block on CUDA-core dot products and
 // shuffles and could not keep up with memory. Here both products run on the tensor cores with
-// mma.sync m16n8k16 (f16 inputs, f32 accumulation): S = Q K^T with the group's <= 8 query heads
-// as the M rows, then O += P V with P taken straight from S's accumulator registers. P (and Q
-// unless it is a float16 query scaled by a power of two, the rest of the scale applied to the
-// logits) are not float16 numbers, so each is split into two halves, x = hi + lo with hi = f16(x)
-// and lo = f16(x - hi), and multiplied twice: K and V are float16 already, so the products keep
-// about 22 bits, as float32 arithmetic would. Each k-step's products go into a fresh accumulator
+// mma.sync m16n8k16 (inputs of the KV's type, float16 or bfloat16; f32 accumulation): S = Q K^T with
+// the group's <= 8 query heads as the M rows, then O += P V with P taken straight from S's
+// accumulator registers. P (and Q unless it is a query of the KV's type scaled by a power of two,
+// the rest of the scale applied to the logits) are not numbers of that type, so each is split into
+// parts, x = hi + lo (+ lo2) with hi = f16(x), lo = f16(x - hi), ..., and multiplied once per part:
+// K and V are exact, so the products keep about 22 bits (float16, two parts) or 24 (bfloat16, three
+// parts for P; PSA_QPARTS for Q: 1 for a query of the KV's type, else 2 in float16, 3 in bfloat16),
+// as float32 arithmetic would. Each k-step's products go into a fresh accumulator
 // that is then added in float32: the tensor cores truncate what they add to the accumulator's
 // last place, and a running sum of logit size would cost bits (the tests hold the output to
 // twice a naive float32 attention's error; benchmarks/NOTES.md has the measurements).
@@ -39,7 +41,7 @@
 //
 //   q          [B, Hq, D]  float, zero-padded to PSA_D (a multiple of 16), scaled so that q * qk_scale
 //              has the logit scale (the host scales by a power of two: a float16 query stays exact)
-//   k_pool     [slots, S, D] half;  v_pool likewise
+//   k_pool     [slots, S, D] kv_t (half or bfloat16);  v_pool likewise
 //   block_table[B, Hkv, Nmax] int: slot of each block
 //   seq_lens   [B] int
 //   order      [B, Gn, Nmax] int (psa_order), or null for the identity order (dense)
@@ -82,6 +84,11 @@
 #endif
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
+
+#ifndef PSA_QPARTS
+#define PSA_QPARTS 2  // parts of Q's split (see above); 1 only when the query is of the KV's type
+#endif
+#define PSA_PPARTS (PSA_BF16 ? 3 : 2)  // parts of P's split
 
 #ifndef PSA_STAGES
 #define PSA_STAGES 3
@@ -164,7 +171,7 @@ extern "C" __global__ void
 __cluster_dims__(PSA_CLUSTER, 1, 1)
 #endif
 __launch_bounds__(PSA_WARPS * 32)
-psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const __half* __restrict__ v_pool,
+psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const kv_t* __restrict__ v_pool,
            const int* __restrict__ block_table, const int* __restrict__ seq_lens, const int* __restrict__ order,
            const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
@@ -219,10 +226,10 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
 #endif
     const int hh = lane >> 2;                      // the query head (MMA row) of this lane's fragments
     const int quad = lane & 3;                     // its column pair within a tile: 2 * quad, 2 * quad + 1
-    __half* ring = reinterpret_cast<__half*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
+    kv_t* ring = reinterpret_cast<kv_t*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
 
-    // Q as the A operand of S = Q K^T, split into hi and lo halves (rows >= PSA_G are zero).
-    unsigned int qa_hi[PSA_KS][2], qa_lo[PSA_KS][2];
+    // Q as the A operand of S = Q K^T, split into PSA_QPARTS parts (rows >= PSA_G are zero).
+    unsigned int qa[PSA_KS][PSA_QPARTS][2];
 #pragma unroll
     for (int ks = 0; ks < PSA_KS; ++ks)
 #pragma unroll
@@ -233,12 +240,15 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
                 x = __ldg(qh);
                 y = __ldg(qh + 1);
             }
-            split2(x, y, qa_hi[ks][half], qa_lo[ks][half]);
+#pragma unroll
+            for (int p = 0; p < PSA_QPARTS; ++p) qa[ks][p][half] = pack_rest(x, y);
         }
-    // A float16 query scaled by a power of two (the host's q_mma) has no lo half: skip its products.
+    // A query of the KV's type scaled by a power of two (the host's q_mma) has no lo part: skip its products.
     unsigned int lo_bits = 0;
 #pragma unroll
-    for (int ks = 0; ks < PSA_KS; ++ks) lo_bits |= qa_lo[ks][0] | qa_lo[ks][1];
+    for (int ks = 0; ks < PSA_KS; ++ks)
+#pragma unroll
+        for (int p = 1; p < PSA_QPARTS; ++p) lo_bits |= qa[ks][p][0] | qa[ks][p][1];
     const bool q_has_lo = __any_sync(0xffffffffu, lo_bits != 0);
     // Rows S..SP-1 of every stage are padding the MMA reads: zero them once.
     constexpr int pad_per = (PSA_SP - PSA_S) * PSA_NC;  // 16-byte chunks of padding per K or V tile
@@ -259,9 +269,9 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
     int issued = 0;
     auto issue = [&]() {
         if (f_pos < lim) {
-            const __half* kb = k_pool + (long)f_slot * (PSA_S * PSA_D);
-            const __half* vb = v_pool + (long)f_slot * (PSA_S * PSA_D);
-            __half* st = ring + (issued % PSA_STAGES) * PSA_STAGE_HALVES;
+            const kv_t* kb = k_pool + (long)f_slot * (PSA_S * PSA_D);
+            const kv_t* vb = v_pool + (long)f_slot * (PSA_S * PSA_D);
+            kv_t* st = ring + (issued % PSA_STAGES) * PSA_STAGE_HALVES;
 #pragma unroll
             for (int e = lane; e < PSA_S * PSA_NC; e += 32) {
                 const int t = e / PSA_NC, c = e % PSA_NC;
@@ -320,8 +330,8 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
             issue();
             cp_async_wait<PSA_STAGES - 1>();  // this lane's copies for `cur` have landed ...
             __syncwarp();                      // ... and so have every other lane's
-            const __half* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
-            const __half* stv = stk + PSA_SP * PSA_D;
+            const kv_t* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
+            const kv_t* stv = stk + PSA_SP * PSA_D;
 
             // S = Q K^T: tile nt holds the logits of tokens 8 nt + 2 quad, + 1 for head hh.
             float sacc[PSA_NT][2];
@@ -335,10 +345,8 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
                     const int t = pair * 16 + (mi >> 1) * 8 + (lane & 7), c = 2 * ks + (mi & 1);
                     unsigned int kb[4];
                     ldmatrix_x4(smem_u32(stk + t * PSA_D + swz(t, c) * 8), kb);
-                    const unsigned int* qh = qa_hi[ks];
-                    const unsigned int* ql = qa_lo[ks];
-                    mma_rows8_add(sacc[2 * pair], qh[0], qh[1], ql[0], ql[1], kb[0], kb[1], q_has_lo);
-                    mma_rows8_add(sacc[2 * pair + 1], qh[0], qh[1], ql[0], ql[1], kb[2], kb[3], q_has_lo);
+                    mma_rows8_parts(sacc[2 * pair], qa[ks], kb[0], kb[1], q_has_lo);
+                    mma_rows8_parts(sacc[2 * pair + 1], qa[ks], kb[2], kb[3], q_has_lo);
                 }
             // Block max and mass of head hh over its 4 lanes; padding and tokens past the end masked.
             float bm = -PSA_INF;
@@ -374,7 +382,7 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
             cs = cs * rescale + here;
             ce = ce * rescale + coef * here;
             cm = nm;
-            // The warp's online softmax: rescale O, then O += (p * c) V with p * c split hi + lo.
+            // The warp's online softmax: rescale O, then O += (p * c) V with p * c split into PSA_PPARTS.
             const float nw = fmaxf(wm, bm);
             const float alpha = __expf(wm - nw), c_new = __expf(bm - nw);
             wl = wl * alpha + bs * c_new;
@@ -386,17 +394,22 @@ psa_decode(const float* __restrict__ q, const __half* __restrict__ k_pool, const
             }
 #pragma unroll
             for (int kt = 0; kt < PSA_SP / 16; ++kt) {
-                unsigned int pa_hi[2], pa_lo[2];
-                split2(sacc[2 * kt][0] * c_new, sacc[2 * kt][1] * c_new, pa_hi[0], pa_lo[0]);
-                split2(sacc[2 * kt + 1][0] * c_new, sacc[2 * kt + 1][1] * c_new, pa_hi[1], pa_lo[1]);
+                unsigned int pa[PSA_PPARTS][2];
+                float x0 = sacc[2 * kt][0] * c_new, y0 = sacc[2 * kt][1] * c_new;
+                float x1 = sacc[2 * kt + 1][0] * c_new, y1 = sacc[2 * kt + 1][1] * c_new;
+#pragma unroll
+                for (int p = 0; p < PSA_PPARTS; ++p) {
+                    pa[p][0] = pack_rest(x0, y0);
+                    pa[p][1] = pack_rest(x1, y1);
+                }
 #pragma unroll
                 for (int cp = 0; cp < PSA_D / 16; ++cp) {
                     const int mi = lane >> 3;
                     const int t = kt * 16 + (mi & 1) * 8 + (lane & 7), c = 2 * cp + (mi >> 1);
                     unsigned int vb[4];
                     ldmatrix_x4_trans(smem_u32(stv + t * PSA_D + swz(t, c) * 8), vb);
-                    mma_rows8_add(oacc[2 * cp], pa_hi[0], pa_hi[1], pa_lo[0], pa_lo[1], vb[0], vb[1]);
-                    mma_rows8_add(oacc[2 * cp + 1], pa_hi[0], pa_hi[1], pa_lo[0], pa_lo[1], vb[2], vb[3]);
+                    mma_rows8_parts(oacc[2 * cp], pa, vb[0], vb[1]);
+                    mma_rows8_parts(oacc[2 * cp + 1], pa, vb[2], vb[3]);
                 }
             }
         }

@@ -25,7 +25,7 @@
 // the rule holds. Nothing is computed for chunks after the stop and the host never waits.
 //
 //   q          [B, Hq, D]  float, scaled by the logit scale, zero-padded to PSA_D
-//   k_pool     [slots, S, D] half;  v_pool likewise
+//   k_pool     [slots, S, D] kv_t (half or bfloat16);  v_pool likewise
 //   block_table[B, Hkv, Nmax] int: slot of each block
 //   seq_lens   [B] int
 //   order      [B, Gn, Nmax] int (psa_order), or null for the identity order (dense)
@@ -83,7 +83,7 @@ extern "C" __global__ void
 __cluster_dims__(PSA_CLUSTER, 1, 1)
 #endif
 __launch_bounds__(PSA_WARPS * 32)
-psa_decode_v2(const float* __restrict__ q, const __half* __restrict__ k_pool, const __half* __restrict__ v_pool,
+psa_decode_v2(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const kv_t* __restrict__ v_pool,
            const int* __restrict__ block_table, const int* __restrict__ seq_lens, const int* __restrict__ order,
            const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
@@ -102,7 +102,7 @@ psa_decode_v2(const float* __restrict__ q, const __half* __restrict__ k_pool, co
     const int* btab = block_table + ((long)b * Hkv + kv) * Nmax;
     const int sub = lane / PSA_LPT;                // token of a 16-byte row group this lane reads
     const int ch = 8 * (lane % PSA_LPT);           // first of the 8 channels this lane reads
-    __half* ring = reinterpret_cast<__half*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
+    kv_t* ring = reinterpret_cast<kv_t*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
 
     float qr[PSA_G][8];
 #pragma unroll
@@ -122,9 +122,9 @@ psa_decode_v2(const float* __restrict__ q, const __half* __restrict__ k_pool, co
     int issued = 0;
     auto issue = [&]() {
         if (f_pos < n) {
-            const __half* kb = k_pool + (long)f_slot * (PSA_S * PSA_D) + ch;
-            const __half* vb = v_pool + (long)f_slot * (PSA_S * PSA_D) + ch;
-            __half* st = ring + (issued % PSA_STAGES) * PSA_STAGE_HALVES + ch;
+            const kv_t* kb = k_pool + (long)f_slot * (PSA_S * PSA_D) + ch;
+            const kv_t* vb = v_pool + (long)f_slot * (PSA_S * PSA_D) + ch;
+            kv_t* st = ring + (issued % PSA_STAGES) * PSA_STAGE_HALVES + ch;
 #pragma unroll
             for (int r = 0; r < PSA_ROWS; ++r) {
                 const int t = r * PSA_TPI + sub;
@@ -176,7 +176,7 @@ psa_decode_v2(const float* __restrict__ q, const __half* __restrict__ k_pool, co
             const int ntok = min(PSA_S, len - j * PSA_S);
             issue();
             cp_async_wait<PSA_STAGES - 1>();  // this lane's copies for `cur` have landed
-            const __half* st = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES + ch;
+            const kv_t* st = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES + ch;
 
             // Logits of this lane's tokens, summed over the PSA_LPT lanes that share a token.
             float p[PSA_G][PSA_ROWS];
@@ -184,7 +184,7 @@ psa_decode_v2(const float* __restrict__ q, const __half* __restrict__ k_pool, co
             for (int r = 0; r < PSA_ROWS; ++r) {
                 const int t = r * PSA_TPI + sub;
                 float kf[8];
-                if (PSA_S % PSA_TPI == 0 || t < PSA_S) unpack8(*reinterpret_cast<const uint4*>(st + t * PSA_D), kf);
+                if (PSA_S % PSA_TPI == 0 || t < PSA_S) unpack8_kv(*reinterpret_cast<const uint4*>(st + t * PSA_D), kf);
                 else
 #pragma unroll
                     for (int k = 0; k < 8; ++k) kf[k] = 0.f;
@@ -232,7 +232,7 @@ psa_decode_v2(const float* __restrict__ q, const __half* __restrict__ k_pool, co
                 const int t = r * PSA_TPI + sub;
                 if (!(PSA_S % PSA_TPI == 0 || t < PSA_S)) continue;
                 float vf[8];
-                unpack8(*reinterpret_cast<const uint4*>(st + PSA_S * PSA_D + t * PSA_D), vf);
+                unpack8_kv(*reinterpret_cast<const uint4*>(st + PSA_S * PSA_D + t * PSA_D), vf);
 #pragma unroll
                 for (int h = 0; h < PSA_G; ++h) {
                     const float w = p[h][r] * c_new[h];

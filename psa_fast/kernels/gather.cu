@@ -6,10 +6,10 @@
 // 16-byte PCIe reads in flight: PSA_GATHER_THREADS threads per block, each issuing its loads
 // before its stores.
 //
-//   host_k, host_v  [blocks_in_store, S * D] half, mapped pinned host memory
+//   host_k, host_v  [blocks_in_store, S * D] 16-bit KV (float16 or bfloat16: copied as bits), mapped pinned host memory
 //   src             [count] long: block index in the host store
 //   dst             [count] int: slot in the pool
-//   k_pool, v_pool  [slots, S * D] half on the GPU
+//   k_pool, v_pool  [slots, S * D] the same on the GPU
 //
 // With PSA_DEVICE_COUNT = 1 (the offload decoder) `src` is int and the count is read from device
 // memory, as the GPU pool wrote it, so the host never waits for the count. Each CTA copies blocks
@@ -34,8 +34,9 @@ typedef int count_t;
 #endif
 
 extern "C" __global__ void __launch_bounds__(PSA_GATHER_THREADS)
-psa_gather(const __half* __restrict__ host_k, const __half* __restrict__ host_v, const src_index_t* __restrict__ src,
-           const int* __restrict__ dst, count_t count, __half* __restrict__ k_pool, __half* __restrict__ v_pool) {
+psa_gather(const unsigned short* __restrict__ host_k, const unsigned short* __restrict__ host_v,
+           const src_index_t* __restrict__ src, const int* __restrict__ dst, count_t count,
+           unsigned short* __restrict__ k_pool, unsigned short* __restrict__ v_pool) {
     constexpr int VECS = PSA_S * PSA_D / 8;  // 16-byte vectors per block of K (or V)
     constexpr int PER = (VECS + PSA_GATHER_THREADS - 1) / PSA_GATHER_THREADS;
     const int count_now = PSA_COUNT;

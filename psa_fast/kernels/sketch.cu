@@ -25,6 +25,7 @@
 //                                        (PSA_BOUNDS 1, stop = certified) or the estimate (2, stop = sketch)
 #include "common.cuh"
 #include "mma.cuh"
+static_assert(!PSA_BF16, "the quant3 estimate multiplies float16 codes: it is built without PSA_BF16");
 
 #ifndef PSA_EST_WARP_BLOCKS
 #define PSA_EST_WARP_BLOCKS 16

@@ -17,6 +17,7 @@ Error budgets (see ``docs/testing.md``):
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..scoring import kv_head_of
 
@@ -61,6 +62,19 @@ def assert_close(name: str, actual, ref, *, rtol: float | None = None, atol: flo
             f"{name}: max abs error {err.max():.3e} at index {at} (actual {actual[at]!r}, reference {ref[at]!r}) "
             f"exceeds tolerance {tol:.3e} ({how})"
         )
+
+
+def to_bfloat16(x: ArrayLike) -> np.ndarray:
+    """``x`` rounded to the nearest bfloat16 (ties to even), as float32: the values a bfloat16 model's
+    K, V or q hold, to give the float64 reference the same numbers a bfloat16 kernel reads."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def bfloat16_bits(x: ArrayLike) -> np.ndarray:
+    """The bfloat16 bits of ``to_bfloat16(x)`` as int16 (how CuPy, which has no bfloat16, holds them)."""
+    return (to_bfloat16(x).view(np.uint32) >> 16).astype(np.uint16).view(np.int16)
 
 
 # --- independent oracle -------------------------------------------------------------------

@@ -66,6 +66,9 @@ class PSAConfig:
         record: keep per-layer/head budgets of every decode step in the session.
         record_ideal: also record the ideal budgets (fewest blocks holding 0.9/0.95/0.99
             of each head's mass); needs every logit, for analysis only.
+        layers: which layers run PSA at decode: ``"global"`` (default: every layer without a
+            sliding window; Gemma 3's 1 in 6), ``"all"`` (a sliding-window layer then raises), or a
+            tuple of layer indices. The other layers keep stock SDPA with their own mask and window.
     """
 
     threshold: float = 0.95
@@ -80,6 +83,7 @@ class PSAConfig:
     backend: str = "ref"
     record: bool = True
     record_ideal: bool = False
+    layers: str | tuple = "global"
 
     def __post_init__(self):
         _validate.threshold(self.threshold)
@@ -96,6 +100,18 @@ class PSAConfig:
         for name in ("record", "record_ideal"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if isinstance(self.layers, str):
+            _validate.choice(self.layers, "layers", ("global", "all"))
+        elif isinstance(self.layers, (tuple, list)) and all(isinstance(i, int) and i >= 0 for i in self.layers):
+            object.__setattr__(self, "layers", tuple(self.layers))
+        else:
+            raise TypeError(f"layers must be 'global', 'all' or a tuple of layer indices >= 0, got {self.layers!r}")
+
+    def runs_psa(self, layer: int, sliding: bool) -> bool:
+        """Whether decode attention of layer ``layer`` (``sliding``: it has a sliding window) runs PSA."""
+        if self.layers == "global":
+            return not sliding
+        return self.layers == "all" or layer in self.layers
 
     @property
     def label(self) -> str:
@@ -226,6 +242,10 @@ class PSASession:
     records: list[StepRecord] = field(default_factory=list)
     layers: dict = field(default_factory=dict)  # (layer, batch index) -> LayerBlocks
     _head_dim: int = 0  # D, learnt from the first record
+    # A package that runs a whole batch's step itself (psa_fast.hf) sets this to its attention function;
+    # it is called with psa_attention_forward's arguments for every layer, prefill included.
+    forward_hook: object = None
+    cache: object = None  # psa_fast.hf.PagedCache: the paged cache the hook decodes on
 
     def reset(self) -> None:
         """Forget the records and the cached blocks (the next decode step rebuilds them)."""
@@ -397,10 +417,23 @@ def psa_attention_forward(module, query, key, value, attention_mask, dropout: fl
         attention_mask: the SDPA mask (None, or a boolean ``[B, 1, L, T]``).
 
     Returns:
-        ``(output [B, L, Hq, D], None)``. ``L > 1`` (prefill) is dense SDPA; ``L == 1`` is PSA.
+        ``(output [B, L, Hq, D], None)``. ``L > 1`` (prefill) is dense SDPA; ``L == 1`` is PSA on the
+            layers ``PSAConfig.layers`` names, stock SDPA on the others (sliding windows kept).
     """
     session = _session_of(module)
-    if query.shape[2] != 1:
+    if session.forward_hook is not None:
+        return session.forward_hook(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                    **kwargs)
+    return per_sequence_forward(session, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                **kwargs)
+
+
+def per_sequence_forward(session: PSASession, module, query, key, value, attention_mask, dropout: float = 0.0,
+                         scaling: float | None = None, **kwargs):
+    """[`psa_attention_forward`][psa_ref.tools.hf.psa_attention_forward] without the session's hook: stock SDPA at
+    prefill and on the layers that do not run PSA, PSA one sequence at a time on the others."""
+    sliding = kwargs.get("sliding_window") is not None
+    if query.shape[2] != 1 or not session.config.runs_psa(module.layer_idx, sliding):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     for name in ("sliding_window", "softcap"):

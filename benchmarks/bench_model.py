@@ -1,0 +1,216 @@
+"""Decode tokens/s of a whole model on the GPU: stock dense vs psa_fast (dense paged, PSA, top-k), every
+step captured in a CUDA graph.
+
+Methods (all bfloat16, the same weights, the same teacher-forced tokens, one captured decode step per
+token through [`psa_fast.hf.CapturedDecoder`][psa_fast.hf.CapturedDecoder]):
+
+* ``sdpa``: stock SDPA over static K/V buffers (``PagedCache(mode="sdpa", static=True)``: transformers'
+  own ``StaticCache`` cannot be replayed from a plain CUDA graph, its sliding windows keep their length
+  on the host);
+* ``paged``: [`psa_fast.hf.PagedCache`][psa_fast.hf.PagedCache] with ``mode="dense"`` (every block through the
+  paged kernels);
+* ``psa0.95``, ``psa0.99``: PSA at those thresholds (``--step``, default 16 blocks an iteration);
+* ``topk``: top-k with k = PSA 0.95's mean blocks read (measured in the same run).
+
+Each row: median ms per step over ``--steps`` replays (CUDA events), tokens/s (``B`` / step), next-token
+agreement with ``sdpa`` (argmax, teacher-forced) and perplexity of the forced tokens, the share of blocks
+the PSA layers read, GPU memory of the PSA layers' KV and metadata, and the step's **byte floor**
+(weights + window-layer KV + the KV and metadata the method reads in its global layers) over the copy
+ceiling measured in the run.
+
+Weights: ``--weights random`` (the model's config from ``benchmarks/configs/<model>.json``; attention of
+random weights is not sparse, so only dense timings mean anything) or a GGUF path (real weights: see
+benchmarks/NOTES.md for how the Gemma 3 GGUF reaches the device). Text: ``--text`` a file (real
+weights), else random token ids.
+
+    python benchmarks/bench_model.py --model gemma3 --contexts 8192,32768 --batches 1,8,32
+    python benchmarks/bench_model.py --model gemma3 --weights /tmp/gemma.gguf --text held_out.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def load_model(args):
+    import torch
+    import transformers
+
+    if args.weights == "random":
+        cfg = json.loads((HERE / "configs" / f"{args.model}.json").read_text())
+        config = transformers.AutoConfig.for_model(**cfg)
+        config.max_position_embeddings = max(config.max_position_embeddings, max(args.contexts) + args.steps + 8)
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        return model.eval(), None
+    path = Path(args.weights)
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.bfloat16)
+    return model.cuda().eval(), tok
+
+
+def token_ids(args, tok, n: int, batch: int):
+    import torch
+
+    if tok is None or not args.text:
+        g = torch.Generator().manual_seed(1)
+        return torch.randint(10, 1000, (batch, n), generator=g)
+    ids = tok(Path(args.text).read_text(errors="replace"), return_tensors="pt").input_ids[0]
+    if ids.numel() < n + batch * 64:
+        raise SystemExit(f"--text has {ids.numel()} tokens; {n} per request are needed")
+    starts = np.linspace(0, ids.numel() - n, batch).astype(int)  # requests from different parts of the text
+    return torch.stack([ids[s : s + n] for s in starts])
+
+
+def copy_ceiling_gbs() -> float:
+    import torch
+
+    a = torch.empty(2**31, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    ts = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    return 2 * a.numel() / (np.median(ts) * 1e-3) / 1e9
+
+
+def floor_bytes(model, context: int, batch: int, share: float, method: str) -> float:
+    """Bytes a decode step must move: weights once, window layers' KV, global layers' KV (x share) and
+    for the estimating methods every block's metadata."""
+    text = model.config.get_text_config()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    hkv, d = text.num_key_value_heads, getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    types = list(getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers)
+    window = getattr(text, "sliding_window", None) or context
+    per_token = 2 * hkv * d * 2  # K and V, bfloat16
+    n_global = types.count("full_attention")
+    window_kv = (len(types) - n_global) * min(window, context) * per_token
+    global_kv = n_global * context * per_token * (1.0 if method in ("sdpa", "paged") else share)
+    meta = 0 if method in ("sdpa", "paged") else n_global * -(-context // 16) * hkv * 4 * d * 2
+    return weights + batch * (window_kv + global_kv + meta)
+
+
+def run_method(model, method, ids, args, k=None):
+    """Teacher-forced decode of ``ids[:, context:]`` after a prefill of ``ids[:, :context]``; returns timings,
+    argmax tokens, forced-token log-probabilities and the blocks-read share."""
+    import torch
+
+    import psa_fast.hf
+    from psa_ref.tools.hf import PSAConfig
+
+    batch, total = ids.shape
+    context = total - args.steps - 1
+    tau = float(method[3:]) if method.startswith("psa") else 0.95
+    cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False)
+    psa_fast.hf.enable(model, cfg)
+    cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=total + 8, static=True,
+                                   mode={"paged": "dense", "sdpa": "sdpa"}.get(method))
+    dec = psa_fast.hf.CapturedDecoder(model, cache, batch)
+    ids = ids.cuda()
+    logits = dec.prefill(ids[:, :context])
+    tokens, logp, times = [], [], []
+    for i in range(context, total - 1):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        lp = torch.log_softmax(logits.float(), -1)
+        tokens.append(lp.argmax(-1).cpu())
+        logp.append(lp.gather(1, ids[:, i : i + 1])[:, 0].cpu())
+        e0.record()
+        logits = dec.step(ids[:, i])
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    share = cache.blocks_read()["mean_share"] if method != "sdpa" else 1.0
+    kv_bytes = 0
+    if cache.kv is not None:
+        kv = cache.kv
+        kv_bytes = int(kv.k_pool.nbytes + kv.v_pool.nbytes)
+        meta_bytes = int(kv.meta.nbytes + kv.lohi.nbytes)
+    else:
+        meta_bytes = 0
+    model.set_attn_implementation("sdpa")
+    del dec, cache
+    torch.cuda.empty_cache()
+    return dict(ms=float(np.median(times[2:])), tokens=torch.stack(tokens), logp=torch.stack(logp), share=share,
+                kv_bytes=kv_bytes, meta_bytes=meta_bytes)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gemma3", choices=("gemma3", "smollm2"))
+    ap.add_argument("--weights", default="random", help="'random' (config only) or a GGUF path")
+    ap.add_argument("--text", default=None, help="a text file for real weights (held-out text)")
+    ap.add_argument("--contexts", default="32768", help="comma-separated prompt lengths")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--steps", type=int, default=32, help="decode steps timed (the first two are warm-up)")
+    ap.add_argument("--step", type=int, default=16, help="PSA blocks per iteration")
+    ap.add_argument("--methods", default="sdpa,paged,psa0.95,psa0.99,topk")
+    ap.add_argument("--out", default="results_model.jsonl")
+    args = ap.parse_args()
+    args.contexts = [int(x) for x in args.contexts.split(",")]
+    import torch
+
+    from tqdm import tqdm
+
+    model, tok = load_model(args)
+    ceiling = copy_ceiling_gbs()
+    print(f"# {args.model} ({args.weights}), copy ceiling {ceiling:.0f} GB/s, {torch.cuda.get_device_name()}")
+    methods = args.methods.split(",")
+    rows = []
+    runs = [(c, int(b)) for c in args.contexts for b in args.batches.split(",")]
+    for context, batch in tqdm(runs, desc="contexts x batches"):
+        ids = token_ids(args, tok, context + args.steps + 1, batch)
+        res = {}
+        for m in methods:
+            k = None
+            if m == "topk":
+                if "psa0.95" not in res:
+                    continue
+                n = -(-context // 16)
+                k = max(2, int(round(res["psa0.95"]["share"] * n)))
+            t0 = time.time()
+            try:
+                res[m] = run_method(model, m, ids, args, k=k)
+            except torch.cuda.OutOfMemoryError as exc:
+                print(f"  {m} T={context} B={batch}: out of memory ({exc})")
+                continue
+            r = res[m]
+            base = res.get("sdpa")
+            agree = float((r["tokens"] == base["tokens"]).float().mean()) if base else float("nan")
+            ppl = float(torch.exp(-r["logp"].mean()))
+            dppl = (ppl / float(torch.exp(-base["logp"].mean())) - 1) if base else float("nan")
+            fb = floor_bytes(model, context, batch, r["share"], m)
+            floor_ms = fb / (ceiling * 1e9) * 1e3
+            row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k,
+                       ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree, ppl=ppl, dppl=dppl,
+                       share=r["share"], kv_bytes=r["kv_bytes"], meta_bytes=r["meta_bytes"], floor_ms=floor_ms,
+                       step_over_floor=r["ms"] / floor_ms, speedup=(base["ms"] / r["ms"]) if base else 1.0,
+                       ceiling_gbs=ceiling, wall_s=time.time() - t0)
+            rows.append(row)
+            print(f"  T={context:6d} B={batch:3d} {m:8s} {r['ms']:7.3f} ms  {row['tokens_per_s']:8.0f} tok/s  "
+                  f"x{row['speedup']:.2f}  floor {floor_ms:.3f} ms (x{row['step_over_floor']:.1f})  "
+                  f"read {100 * r['share']:5.1f}%  agree {100 * agree:5.1f}%  dppl {100 * dppl:+.2f}%", flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    print("\n| T | B | method | ms/step | tokens/s | × sdpa | floor ms | ÷ floor | read % | agree % | Δppl % |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['context']} | {r['batch']} | {r['method']} | {r['ms']:.3f} | {r['tokens_per_s']:.0f} | "
+              f"{r['speedup']:.2f} | {r['floor_ms']:.3f} | {r['step_over_floor']:.1f} | {100 * r['share']:.1f} | "
+              f"{100 * r['agreement']:.1f} | {100 * r['dppl']:+.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""psa_fast.hf on the GPU: a paged transformers cache, batched decode, bfloat16, mixed layers, captured steps.
+
+Tiny random models (a Llama, and a Gemma 3 with sliding-window layers around one global layer) in
+bfloat16 on the GPU. Error budget: PSA at tau = 1 replaces the stock bfloat16 SDPA of the PSA layers,
+so its logits must be as close to the same model run in float32 as the stock bfloat16 path is, with
+a factor 2 (flash-attention's rule): ``|psa - fp32| <= 2 |stock - fp32|`` (max over logits). Greedy
+tokens agree with stock's except where stock's two best logits lie within that budget.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import psa_fast  # noqa: E402
+from psa_ref.tools import hf  # noqa: E402
+
+if psa_fast.gpu_available():
+    import psa_fast.hf
+
+pytestmark = pytest.mark.skipif(not psa_fast.gpu_available(), reason="needs a CUDA GPU (cupy.cuda.is_available())")
+
+VOCAB = 97
+
+
+def tiny(kind: str, seed: int = 0):
+    torch.manual_seed(seed)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                                       max_position_embeddings=512)
+        return transformers.LlamaForCausalLM(cfg).eval()
+    cfg = transformers.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                        num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                                        query_pre_attn_scalar=32, sliding_window=8, max_position_embeddings=512,
+                                        layer_types=["sliding_attention"] * 3 + ["full_attention"])
+    return transformers.Gemma3ForCausalLM(cfg).eval()
+
+
+@torch.no_grad()
+def forced_logits(model, ids, prefill: int, cache=None):
+    """Logits of a prefill of ``ids[:, :prefill]`` then one decode step per remaining token."""
+    out = [model(ids[:, :prefill], past_key_values=cache, use_cache=True).logits[:, -1:]]
+    for i in range(prefill, ids.shape[1] - 1):
+        r = model(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
+        out.append(r.logits)
+    return torch.cat(out, 1).float()
+
+
+def stock_and_reference(kind, ids, prefill):
+    """(stock bfloat16 SDPA logits, float32 logits) of the same weights; dynamic caches."""
+    m32 = tiny(kind).cuda()
+    m32.set_attn_implementation("sdpa")
+    ref = forced_logits(m32, ids, prefill, transformers.DynamicCache(config=m32.config))
+    m16 = tiny(kind).cuda().to(torch.bfloat16)
+    m16.set_attn_implementation("sdpa")
+    stock = forced_logits(m16, ids, prefill, transformers.DynamicCache(config=m16.config))
+    return m16, stock, ref
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_tau_one_gives_dense_logits_and_greedy_tokens(kind):
+    ids = torch.randint(0, VOCAB, (2, 90), generator=torch.Generator().manual_seed(3)).cuda()
+    model, stock, ref = stock_and_reference(kind, ids, 50)
+    budget = 2 * float((stock - ref).abs().max())
+    session = psa_fast.hf.enable(model, hf.PSAConfig(threshold=1.0, block_size=4, step=4))
+    try:
+        cache = psa_fast.hf.PagedCache(model, batch=2, max_tokens=128)
+        psa = forced_logits(model, ids, 50, cache)
+    finally:
+        model.set_attn_implementation("sdpa")
+    expect = 1 if kind == "gemma" else 2
+    assert cache.psa_layers == ([3] if kind == "gemma" else [0, 1]) and len(cache.psa_layers) == expect
+    err = float((psa - ref).abs().max())
+    assert err <= budget, f"PSA tau=1 logits differ from float32 by {err:.3g} > budget {budget:.3g}"
+    top2 = stock.topk(2, dim=-1).values
+    near_tie = (top2[..., 0] - top2[..., 1]) <= budget
+    differ = psa.argmax(-1) != stock.argmax(-1)
+    assert not (differ & ~near_tie).any(), "greedy tokens differ where stock's top two logits are not tied"
+    read = cache.blocks_read()
+    assert cache.steps == 39 and read["mean_share"] == pytest.approx(1.0)  # tau = 1 reads every block
+    assert session.cache is cache
+
+
+def test_padded_batch_of_different_lengths_with_generate():
+    """Left-padded prompts of 17 and 40 tokens through generate(): each request's logits are its own
+    unpadded run's, within the budget; sampling runs too."""
+    model = tiny("gemma", seed=1).cuda().to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=gen) for n in (17, 40)]
+    ids = torch.zeros((2, 40), dtype=torch.long)
+    mask = torch.zeros((2, 40), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, 40 - len(p):], mask[i, 40 - len(p):] = p, 1
+    ids, mask = ids.cuda(), mask.cuda()
+    psa_fast.hf.enable(model, hf.PSAConfig(threshold=1.0, block_size=4, step=4))
+    try:
+        kw = dict(max_new_tokens=12, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                  pad_token_id=0)
+        batch = model.generate(ids, attention_mask=mask, past_key_values=psa_fast.hf.PagedCache(
+            model, batch=2, max_tokens=64), **kw)
+        singles = [model.generate(p[None].cuda(), past_key_values=psa_fast.hf.PagedCache(model, batch=1, max_tokens=64),
+                                  **kw) for p in prompts]
+        lens = [int(x) for x in batch.past_key_values.kv.host_lens[0]]
+        sampled = model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=5, pad_token_id=0,
+                                 past_key_values=psa_fast.hf.PagedCache(model, batch=2, max_tokens=64))
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert lens == [17 + 11, 40 + 11]  # padding was not stored: prompt + generated tokens fed back
+    assert sampled.shape == (2, 45)
+    m32 = tiny("gemma", seed=1).cuda()
+    for i, single in enumerate(singles):
+        ref = m32.generate(prompts[i][None].cuda(), **kw)
+        got = torch.stack(batch.logits)[:, i].float()
+        want = torch.stack(single.logits)[:, 0].float()
+        mine, theirs = batch.sequences[i, 40:].cpu(), single.sequences[0, len(prompts[i]):].cpu()
+        differ = np.flatnonzero((mine != theirs).numpy())
+        k = int(differ[0]) if differ.size else len(mine) - 1  # logits agree up to the first differing token
+        single_err = max(float((torch.stack(ref.logits)[: k + 1, 0] - want[: k + 1]).abs().max()), 1e-3)
+        assert float((got[: k + 1] - want[: k + 1]).abs().max()) <= 2 * single_err
+        if differ.size:  # a token may differ only where the two best logits are within the budget
+            top2 = want[k].topk(2).values
+            assert float(top2[0] - top2[1]) <= 4 * single_err
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+@pytest.mark.parametrize("mode", ["psa", "dense"])
+def test_captured_step_equals_the_eager_step(kind, mode):
+    ids = torch.randint(0, VOCAB, (3, 70), generator=torch.Generator().manual_seed(7)).cuda()
+    model = tiny(kind, seed=2).cuda().to(torch.bfloat16)
+    psa_fast.hf.enable(model, hf.PSAConfig(threshold=0.9, block_size=4, step=4))
+    try:
+        eager = forced_logits(model, ids, 40, psa_fast.hf.PagedCache(model, batch=3, max_tokens=80, mode=mode))
+        cache = psa_fast.hf.PagedCache(model, batch=3, max_tokens=80, static=True, mode=mode)
+        dec = psa_fast.hf.CapturedDecoder(model, cache, batch=3)
+        out = [dec.prefill(ids[:, :40])[:, None].float()]
+        for i in range(40, 69):
+            out.append(dec.step(ids[:, i]).float()[:, None].clone())
+    finally:
+        model.set_attn_implementation("sdpa")
+    captured = torch.cat(out, 1)
+    assert dec.graph is not None and cache.steps == 29
+    assert int(cache.kv.host_lens[0, 0]) == 69 and int(cache.kv.seq_lens[0, 0]) == 69
+    # the PSA layers run the same kernels eagerly and replayed; the window layers' static cache masks
+    # differently shaped (bfloat16 SDPA over 80 positions instead of the live ones): a few bf16 roundings
+    tol = 0.0 if kind == "llama" else 0.05 * float(eager.abs().max())
+    assert float((captured - eager).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_the_sdpa_baseline_is_captured_the_same_way(kind):
+    """mode="sdpa": stock SDPA over static buffers (windows as rings), replayed: within the budget."""
+    ids = torch.randint(0, VOCAB, (2, 60), generator=torch.Generator().manual_seed(9)).cuda()
+    model, stock, ref = stock_and_reference(kind, ids, 30)
+    psa_fast.hf.enable(model, hf.PSAConfig())
+    cache = psa_fast.hf.PagedCache(model, batch=2, max_tokens=64, static=True, mode="sdpa")
+    dec = psa_fast.hf.CapturedDecoder(model, cache, batch=2)
+    out = [dec.prefill(ids[:, :30])[:, None].float()]
+    for i in range(30, 59):
+        out.append(dec.step(ids[:, i]).float()[:, None].clone())
+    model.set_attn_implementation("sdpa")
+    captured = torch.cat(out, 1)
+    budget = 2 * float((stock - ref).abs().max())
+    assert dec.graph is not None
+    assert float((captured - ref).abs().max()) <= budget
+
+
+def test_configuration_errors():
+    model = tiny("gemma").cuda().to(torch.bfloat16)
+    with pytest.raises(TypeError, match="psa_fast.hf.enable"):
+        psa_fast.hf.PagedCache(tiny("llama").cuda().to(torch.bfloat16), batch=1, max_tokens=8)
+    psa_fast.hf.enable(model, hf.PSAConfig(layers="all"))
+    with pytest.raises(ValueError, match="sliding-window layer"):
+        psa_fast.hf.PagedCache(model, batch=1, max_tokens=8)
+    psa_fast.hf.enable(model, hf.PSAConfig(layers=(7,)))
+    with pytest.raises(ValueError, match="leaves no layer"):
+        psa_fast.hf.PagedCache(model, batch=1, max_tokens=8)
+    fp32 = tiny("llama").cuda()
+    psa_fast.hf.enable(fp32, hf.PSAConfig())
+    with pytest.raises(ValueError, match="bfloat16 and float16"):
+        psa_fast.hf.PagedCache(fp32, batch=1, max_tokens=8)
