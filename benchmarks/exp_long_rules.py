@@ -54,7 +54,7 @@ def settings(args) -> list[dict]:
     out = []
     pairs = [("cuboid_mean", rule) for rule in args.rules.split(",") if rule]
     if args.quant3:
-        pairs.append(("quant3", "sketch"))
+        pairs += [("quant3", rule) for rule in args.quant3_rules.split(",")]
     for (metadata, stop), gqa, forced in itertools.product(pairs, args.gqa.split(","), args.forced.split(",")):
         sink, recent = (int(x) for x in forced.split("/"))
         out.append({"metadata": metadata, "stop": stop, "gqa": gqa, "sink": sink, "recent": recent})
@@ -110,7 +110,9 @@ def main() -> None:
     ap.add_argument("--tau", type=float, default=0.95)
     ap.add_argument("--rules", default=",".join(BLOCK_STOP_RULES),
                     help="stop rules with cuboid_mean metadata ('' for none)")
-    ap.add_argument("--quant3", action="store_true", help="add stop='sketch' with metadata='quant3'")
+    ap.add_argument("--quant3", action="store_true", help="add the --quant3-rules with metadata='quant3'")
+    ap.add_argument("--quant3-rules", default="sketch",
+                    help="rules run on quant3 with --quant3 (e.g. sketch,sketch_avg)")
     ap.add_argument("--gqa", default="per_head,shared")
     ap.add_argument("--forced", default="0/0,1/1", help="sink/recent block pairs")
     ap.add_argument("--positions", type=int, default=None,

@@ -22,6 +22,7 @@ differ only in how they bound the mass of the blocks not yet seen:
 ``sketch``      ``AS_acc / (AS_acc + kappa sum_unseen p_j)``    its sketch mass ``p_j``,
                 and ``p_next < lambda (AS_acc + rest)``         calibrated by ``kappa`` on
                                                                 the newest ranked blocks
+``sketch_avg``  as ``sketch``, with ``lambda = c / N``          as ``sketch``
 ==============  ==============================================  ===========================
 
 ``AS_ema`` is an exponential moving average of the masses of the blocks attended, in the
@@ -51,6 +52,17 @@ metadata kinds ``s_j`` is that kind's estimate and ``p_j = n_j exp(s_j - M)`` it
 near a block's largest logit for ``minmax`` and ``cuboid_mean``, so the share test rarely passes
 and the rule reads nearly every block; use ``quant3``.
 
+``stop="sketch_avg"`` is ``sketch`` with a share test relative to the *average* block: it stops
+only once ``p_next < (c / N) (AS_acc + rest)``, i.e. once the next block's sketch mass is below
+``c = SKETCH_AVG_SHARE`` (1/4) of the estimated mass of an average block, ``N`` the context's
+blocks; the mass test, ``kappa`` and ``rest`` are those of ``sketch``. A fixed ``lambda`` binds less
+and less as the context grows (at 32K an average block holds 1/2048 of the mass, half of
+``lambda = 1e-3``), so ``sketch`` stops where the mass test alone says, about the oracle's
+budget, and loses to top-k on output error; ``c / N`` keeps the test equally strict at every
+length (``lambda`` about ``1e-3`` at 8K blocks of 16, ``1.2e-4`` at 32K). Evidence in
+docs/accuracy.md ("The stop rules at 32K"). Since it only adds to the test of ``sketch``,
+``sketch_avg`` never stops before ``sketch`` where ``c / N <= lambda`` (``N >= 250``).
+
 ``threshold = 1`` attends every block whatever the rule.
 
 Schedule. The forced sink/recent blocks form the first iteration, then ``step`` ranked blocks
@@ -75,11 +87,13 @@ from .scoring import processing_order, upper_bound
 from .result import AttentionResult
 
 BLOCK_STOP_RULES = ("ema", "remaining", "seed", "certified")  # per-block metadata suffices; psa demo/eval defaults
-STOP_RULES = BLOCK_STOP_RULES + ("sketch",)  # "sketch" is meant for metadata="quant3"
+SKETCH_RULES = ("sketch", "sketch_avg")  # meant for metadata="quant3"; "sketch_avg" is reference-only so far
+STOP_RULES = BLOCK_STOP_RULES + SKETCH_RULES
 DEFAULT_STOP = "ema"
 EMA_WEIGHT = 0.125  # weight of the newest block in AS_ema (stop="ema"); chosen in docs/accuracy.md
 SKETCH_WINDOW = 16  # ranked blocks over which stop="sketch" calibrates kappa; chosen in docs/accuracy.md
 SKETCH_NEXT_SHARE = 1e-3  # stop="sketch": the next block's sketch mass must be below this share of the total
+SKETCH_AVG_SHARE = 0.25  # stop="sketch_avg": ... below this share of an average block's (total / N); docs/accuracy.md
 
 
 def logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -107,14 +121,20 @@ def sketch_rest(window_mass, log_window_sketch, log_unseen_sketch) -> np.ndarray
     return np.where(empty, np.where(np.isneginf(log_unseen_sketch), 0.0, np.inf), rest)
 
 
-def sketch_next_small(as_acc, rest, next_mass) -> np.ndarray:
-    """The share condition of ``stop="sketch"``: ``p_next < SKETCH_NEXT_SHARE * (AS_acc + rest)``.
+def sketch_share(stop: str, num_blocks: int) -> float:
+    """``lambda`` of the share test: ``SKETCH_NEXT_SHARE`` (``stop="sketch"``) or ``SKETCH_AVG_SHARE / N``
+    (``stop="sketch_avg"``, ``N = num_blocks``, the context's blocks)."""
+    return SKETCH_AVG_SHARE / num_blocks if stop == "sketch_avg" else SKETCH_NEXT_SHARE
+
+
+def sketch_next_small(as_acc, rest, next_mass, share: float = SKETCH_NEXT_SHARE) -> np.ndarray:
+    """The share condition of the sketch rules: ``p_next < share * (AS_acc + rest)``.
 
     ``next_mass`` is the next block's sketch mass relative to the same maximum as ``as_acc``
-    (0 when no block is left).
+    (0 when no block is left); ``share`` is ``lambda`` ([`sketch_share`][psa_ref.progressive.sketch_share]).
     """
     with np.errstate(invalid="ignore"):
-        return next_mass < SKETCH_NEXT_SHARE * (as_acc + rest)
+        return next_mass < share * (as_acc + rest)
 
 
 def update_ema(as_ema, block_mass: np.ndarray):
@@ -135,7 +155,7 @@ def estimated_fraction(stop: str, as_acc, as_min, n_left, unseen_bound, as_ema=N
     All masses are relative to the same running maximum, so their ratios are exact.
     ``unseen_bound`` is the estimated unseen mass for the rules that need a sum over the
     unseen blocks: ``sum_{j unseen} n_j exp(ub_j - M)`` (``certified``) or ``rest`` of
-    ``sketch_rest`` (``sketch``, whose stop also needs ``sketch_next_small``);
+    ``sketch_rest`` (``sketch``, ``sketch_avg``, whose stop also needs ``sketch_next_small``);
     ``as_ema`` (``ema`` only) is the moving average of ``update_ema``. Works elementwise,
     so the arguments may also be arrays over many boundaries at once.
     """
@@ -145,7 +165,7 @@ def estimated_fraction(stop: str, as_acc, as_min, n_left, unseen_bound, as_ema=N
         rest = n_left * as_min
     elif stop == "seed":
         rest = as_min
-    else:  # "certified", "sketch"
+    else:  # "certified", "sketch", "sketch_avg"
         rest = unseen_bound
     return as_acc / (as_acc + rest)
 
@@ -162,7 +182,7 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
         chunks: the processing order split into iterations (lists of block indices).
         bound: ``[G, N]`` per-token logit level of each block, scaled by its token count ``n_j``
             by the rule: the min/max bound (``stop="certified"``) or the estimate ``s_j``
-            (``stop="sketch"``); else None.
+            (``stop="sketch"``, ``"sketch_avg"``); else None.
         num_forced: blocks in the first chunk chosen by position (sink/recent), which
             ``stop="sketch"`` leaves out of its calibration window.
 
@@ -181,7 +201,8 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
     as_ema = None  # moving average of the block masses attended, AS_ema (stop="ema")
     out = np.zeros((n_heads, values.shape[1]))  # attention output over the blocks attended
     seen = np.zeros(blocks.num_blocks, dtype=bool)
-    if stop == "sketch":
+    if stop in SKETCH_RULES:
+        share = sketch_share(stop, blocks.num_blocks)
         log_sketch = bound + np.log(lengths)  # [G, N] log p_j + M: the sketch masses up to a common factor
         window: list[tuple[int, np.ndarray]] = []  # (block, true mass [G]) of the last SKETCH_WINDOW ranked blocks
 
@@ -214,7 +235,7 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
             with np.errstate(over="ignore"):  # a bound far above M makes the fraction 0, correctly
                 unseen_bound = (lengths[~seen] * np.exp(bound[:, ~seen] - m[:, None])).sum(axis=1)
         next_small = True
-        if stop == "sketch":
+        if stop in SKETCH_RULES:
             # kappa's window: the newest SKETCH_WINDOW ranked blocks, their masses rescaled to M like AS_acc
             window = [(j, w_mass * alpha) for j, w_mass in window]
             if it > 1 or num_forced == 0:
@@ -226,7 +247,7 @@ def progressive_loop(q, keys, values, blocks: KVBlocks, chunks, bound, threshold
             if it < len(chunks):  # the first block of the next chunk, relative to M like AS_acc
                 with np.errstate(over="ignore"):
                     next_mass = np.exp(log_sketch[:, chunks[it][0]] - m)
-            next_small = sketch_next_small(as_acc, unseen_bound, next_mass)
+            next_small = sketch_next_small(as_acc, unseen_bound, next_mass, share)
         fraction = estimated_fraction(stop, as_acc, as_min, n_left, unseen_bound, as_ema)
         if n_left == 0:
             return out, np.concatenate(chunks[:it]).astype(np.int64), it, "exhausted", fraction
@@ -296,8 +317,8 @@ def attention(
         threshold: ``tau`` in (0, 1]: stop once the attended mass is estimated to be at
             least this share of the total. 1 attends every block.
         scale: logit scale, default ``1/sqrt(D)``.
-        stop: ``"ema"`` (default), ``"remaining"``, ``"seed"``, ``"certified"`` or
-            ``"sketch"`` (for ``metadata="quant3"``); see the module doc and
+        stop: ``"ema"`` (default), ``"remaining"``, ``"seed"``, ``"certified"``, ``"sketch"`` or
+            ``"sketch_avg"`` (both for ``metadata="quant3"``); see the module doc and
             ``docs/accuracy.md`` for why ``ema`` is the default.
         step: blocks attended per iteration (the stop rule is tested between iterations).
         gqa: ``"shared"`` (one order per KV head from the largest estimate over its query
@@ -350,7 +371,7 @@ def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, g
     first_chunk = check_first_chunk(first_chunk)
     p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks)
     # the per-token logit level that "certified" and "sketch" scale by n_j (no other rule needs one)
-    bound = upper_bound(p.q, blocks, p.scale) if stop == "certified" else p.scores if stop == "sketch" else None
+    bound = upper_bound(p.q, blocks, p.scale) if stop == "certified" else p.scores if stop in SKETCH_RULES else None
 
     out = np.empty_like(p.q)
     fraction = np.empty(p.q.shape[0])

@@ -20,8 +20,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .blocks import KVBlocks
-from .progressive import (DEFAULT_STOP, EMA_WEIGHT, SKETCH_WINDOW, estimated_fraction, run_groups, sketch_next_small,
-                          sketch_rest)
+from .progressive import (DEFAULT_STOP, EMA_WEIGHT, SKETCH_RULES, SKETCH_WINDOW, estimated_fraction, run_groups,
+                          sketch_next_small, sketch_rest, sketch_share)
 from .result import AttentionResult
 
 _EMA_SEGMENT = 256  # blocks per closed-form segment: (1 - w)^-256 stays far from float64 overflow
@@ -99,10 +99,10 @@ def group_sweep(q, keys, values, blocks: KVBlocks, chunks, bound, threshold: flo
         suffix = np.cumsum(in_order[::-1], axis=0)[::-1]
         unseen = np.concatenate([suffix[1:], np.zeros_like(suffix[:1])])[ends]
     next_small = True
-    if stop == "sketch":
+    if stop in SKETCH_RULES:
         rest, next_mass = sketch_prefix(mass, (bound + np.log(lengths))[:, order].T, num_forced, top)
         unseen = rest[ends]
-        next_small = sketch_next_small(as_acc, unseen, next_mass[ends])
+        next_small = sketch_next_small(as_acc, unseen, next_mass[ends], sketch_share(stop, blocks.num_blocks))
     with np.errstate(invalid="ignore"):
         fraction = estimated_fraction(stop, as_acc, as_min, n_left, unseen, as_ema)  # [boundaries, G]
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import psa_ref
 from psa_ref.scoring import kv_head_of
-from psa_ref.progressive import split_chunks
+from psa_ref.progressive import SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, split_chunks
 from psa_ref.scoring import forced_blocks, processing_order
 from psa_ref.testing.strategies import problems, thresholds
 from psa_ref.testing import (
@@ -114,7 +114,8 @@ def test_I5_stop_is_first_boundary_where_rule_holds(p, tau, stop, step):
     for gi, ((kv, heads), used) in enumerate(zip(group_heads(p), res.blocks_used)):
         chunks = split_chunks(used, n_forced, step)
         assert len(chunks) == iters[gi]
-        if stop == "sketch":  # the mass test and the share test, from the brute-force estimates
+        if stop in ("sketch", "sketch_avg"):  # the mass test and the share test, from the brute-force estimates
+            share = SKETCH_AVG_SHARE / b.num_blocks if stop == "sketch_avg" else SKETCH_NEXT_SHARE  # lambda
             # the block the loop would attend next: I4 checks the order, so take it from the reference
             order = processing_order(psa_ref.estimate(p.q.astype(np.float64), b, scale)[heads].max(axis=0),
                                      forced_blocks(b.num_blocks, p.sink_blocks, p.recent_blocks))
@@ -122,7 +123,7 @@ def test_I5_stop_is_first_boundary_where_rule_holds(p, tau, stop, step):
             frac, margin = np.array([
                 oracle_sketch(log_block_mass(p.q[h], p.keys[kv], p.block_size, scale), chunks,
                               brute_force_estimate(p.q[h], p.keys[kv], p.block_size, scale, p.metadata)
-                              + np.log(b.block_lengths), n_forced, nxt)
+                              + np.log(b.block_lengths), n_forced, nxt, share=share)
                 for h in heads
             ]).transpose(1, 0, 2)  # each [G, iterations]; margin in nats, > 0 where the next block is small
         else:

@@ -28,7 +28,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..blocks import KVBlocks
-from ..progressive import DEFAULT_STOP, attention, check_first_chunk, first_chunk_size, split_chunks
+from ..progressive import (DEFAULT_STOP, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, attention, check_first_chunk,
+                           first_chunk_size, split_chunks)
 from ..scoring import estimate, forced_blocks, kv_head_of, processing_order
 from . import brute_force_bound, log_block_mass, oracle_fractions, oracle_sketch
 from ..topk import topk_attention
@@ -151,12 +152,14 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
                                   blocks.block_lengths, threshold))
         chunks = split_chunks(u, forced.size, step, first)
         assert len(chunks) == iters[gi], f"group {gi}: {iters[gi]} iterations but blocks_used makes {len(chunks)}"
-        if stop == "sketch":  # mass test and share test (margin in nats), from the reference's estimates and order
-            order = processing_order(s, forced)
+        if stop in ("sketch", "sketch_avg"):  # mass test and share test (margin in nats), from the reference's
+            order = processing_order(s, forced)  # estimates and order; sketch_avg's lambda is c / N
             rest_order = [j for j in order if j not in set(u.tolist())]
             nxt = int(rest_order[0]) if rest_order else None
+            share = SKETCH_AVG_SHARE / n if stop == "sketch_avg" else SKETCH_NEXT_SHARE
             frac, margin = np.array([oracle_sketch(log_block_mass(q2[h], k3[kv], block_size, scale), chunks,
-                                                   scores[h] + np.log(blocks.block_lengths), forced.size, nxt)
+                                                   scores[h] + np.log(blocks.block_lengths), forced.size, nxt,
+                                                   share=share)
                                      for h in heads]).transpose(1, 0, 2)
         else:
             frac = np.array([oracle_fractions(stop, log_block_mass(q2[h], k3[kv], block_size, scale), chunks,
