@@ -27,6 +27,17 @@ from ._compat import BF16_BITS, KV_DTYPES, array_kind, as_cupy, as_cupy_kv, kv_t
 from .cache import PagedKVCache
 
 MODES = ("psa", "topk", "dense")
+
+
+def _gpu_stop(stop) -> str:
+    """``stop`` checked against the reference's rules, then against those the GPU verifier implements."""
+    stop = _validate.choice(stop, "stop", STOP_RULES)
+    if stop not in _kernels.STOP_RULES:
+        raise NotImplementedError(f"stop={stop!r} runs in psa_ref only; the GPU verifier implements "
+                                  f"{', '.join(repr(r) for r in _kernels.STOP_RULES)}")
+    return stop
+
+
 GQA_MODES = ("shared", "per_head")
 
 
@@ -60,7 +71,7 @@ class DecodePlan:
         num_q_heads: ``Hq``, a multiple of the cache's ``Hkv``.
         mode: ``"psa"`` (Algorithm 1), ``"topk"`` or ``"dense"``.
         threshold: ``tau`` in (0, 1] (psa).
-        stop: a rule of ``psa_ref.STOP_RULES`` (psa).
+        stop: a rule of ``psa_fast.STOP_RULES`` (psa); the reference's others raise NotImplementedError.
         step: blocks per iteration (psa). On the GPU an iteration's blocks are spread over
             ``cluster * warps`` warps, so a step below that leaves warps idle.
         k: block budget (topk).
@@ -95,7 +106,7 @@ class DecodePlan:
         self.cache = cache
         self.mode = _validate.choice(mode, "mode", MODES)
         self.threshold = _validate.threshold(threshold)
-        self.stop = _validate.choice(stop, "stop", STOP_RULES)
+        self.stop = _gpu_stop(stop)
         self.step = _validate.integer(step, "step", minimum=1)
         self.k = _validate.integer(k, "k", minimum=1)
         self.gqa = _validate.choice(gqa, "gqa", GQA_MODES)
@@ -455,7 +466,7 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     the GPU, of the same array type; the other fields are on the host.
     """
     threshold = _validate.threshold(threshold)
-    stop = _validate.choice(stop, "stop", STOP_RULES)
+    stop = _gpu_stop(stop)
     step = _validate.integer(step, "step", minimum=1)
     q3, single, kind = _query(q, blocks)
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)

@@ -393,6 +393,7 @@ def test_torch_tensors_in_and_out():
     (lambda q, b: psa_fast.attention(q[:3], b), ValueError, "multiple of the number of KV heads"),
     (lambda q, b: psa_fast.attention(q, b, 1.5), ValueError, "threshold"),
     (lambda q, b: psa_fast.attention(q, b, stop="x"), ValueError, "stop must be one of"),
+    (lambda q, b: psa_fast.attention(q, b, stop="sketch_avg"), NotImplementedError, "runs in psa_ref only"),
     (lambda q, b: psa_fast.attention(q.astype(cupy.int32), b), TypeError, "dtype"),
     (lambda q, b: psa_fast.attention(q * cupy.nan, b), ValueError, "NaN"),
     (lambda q, b: psa_fast.topk_attention(q, b, 0), ValueError, "k must be >= 1"),
