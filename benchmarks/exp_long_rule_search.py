@@ -33,6 +33,7 @@ import argparse
 import functools
 import json
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -41,6 +42,9 @@ import numpy as np
 
 from psa_ref import analysis
 from psa_ref.trace import load_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from stop_rule_research import suffix_sum, window_sum  # noqa: E402  (the 2K research's prefix sums)
 
 TEXTS = ("stdlib", "unittest", "xml", "multiprocessing")
 DEFAULT_TRACES = [f"/tmp/psa_long/gemma3_{t}_32k.npz" for t in TEXTS]
@@ -203,17 +207,6 @@ class View:
         n = self.mass.shape[0]
         self.left = (n - np.arange(1, n + 1))[:, None].astype(np.float64)
         self.ranked = (np.arange(n) >= self.forced)[:, None] & np.ones(self.mass.shape, dtype=bool)
-
-
-def suffix_sum(x: np.ndarray) -> np.ndarray:
-    """``[N, G]``: the sum of ``x[i+1:]`` after every prefix ``i`` (0-based), without cancellation."""
-    s = np.cumsum(x[::-1], axis=0)[::-1]
-    return np.concatenate([s[1:], np.zeros_like(s[:1])], axis=0)
-
-
-def window_sum(x: np.ndarray, w: int) -> np.ndarray:
-    c = np.cumsum(x, axis=0)
-    return c - np.concatenate([np.zeros((w,) + x.shape[1:]), c[:-w]], axis=0)[: x.shape[0]]
 
 
 def _kw(spec: str) -> tuple[str, dict]:

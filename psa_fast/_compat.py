@@ -106,6 +106,11 @@ KV_DTYPES = ("float16", "bfloat16")  # what the KV pools hold; metadata is float
 BF16_BITS = "int16"  # CuPy has no bfloat16: bfloat16 KV lives in CuPy as int16 arrays of the same bits
 
 
+def is_torch_bf16(x) -> bool:
+    """True for a torch bfloat16 tensor (CuPy arrays never are: see ``BF16_BITS``)."""
+    return array_kind(x) == "torch" and str(x.dtype) == "torch.bfloat16"
+
+
 def as_cupy_kv(x, name: str, kv_dtype: str):
     """``as_cupy`` for KV data of ``kv_dtype``: a float16 array, or for ``"bfloat16"`` a CUDA torch
     bfloat16 tensor (viewed as its bits, no copy) or a CuPy ``int16`` array of bfloat16 bits.
@@ -113,7 +118,7 @@ def as_cupy_kv(x, name: str, kv_dtype: str):
     Raises ``TypeError`` naming ``name`` when the dtype does not match the cache's."""
     if kv_dtype == "float16":
         return as_cupy(x, name, dtypes=("float16",))
-    if array_kind(x) == "torch" and str(x.dtype) == "torch.bfloat16":
+    if is_torch_bf16(x):
         import torch
 
         if not x.is_contiguous():

@@ -23,7 +23,8 @@ from psa_ref.progressive import DEFAULT_STOP, STOP_RULES, check_first_chunk
 from psa_ref.result import AttentionResult
 
 from . import _kernels
-from ._compat import BF16_BITS, KV_DTYPES, array_kind, as_cupy, as_cupy_kv, kv_to_float32, like, requires_gpu
+from ._compat import (BF16_BITS, KV_DTYPES, array_kind, as_cupy, as_cupy_kv, is_torch_bf16, kv_to_float32, like,
+                      requires_gpu)
 from .cache import PagedKVCache
 
 MODES = ("psa", "topk", "dense")
@@ -214,10 +215,7 @@ class DecodePlan:
         """Stage 0: copy ``q`` into the plan's buffers, zero-padded: scaled (``q``, for the estimates) and
         scaled by a power of two (``q_mma``, for the decode kernel). Returns the checked layer."""
         c = self.cache
-        if array_kind(q) == "torch" and str(q.dtype) == "torch.bfloat16":
-            qa = as_cupy_kv(q, "q", "bfloat16")
-        else:
-            qa = as_cupy(q, "q", dtypes=("float16", "float32"))
+        qa = as_cupy_kv(q, "q", "bfloat16") if is_torch_bf16(q) else as_cupy(q, "q", dtypes=("float16", "float32"))
         bf16_q = qa.dtype == np.dtype(BF16_BITS)
         if qa.shape != (c.batch, self.hq, c.head_dim):
             raise ValueError(f"q must have shape [B, Hq, D] = {(c.batch, self.hq, c.head_dim)}, got {qa.shape}")
@@ -325,14 +323,14 @@ class KVBlocks:
         block_size = _validate.integer(block_size, "block_size", minimum=1)
         metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
         if dtype is None:
-            dtype = "bfloat16" if array_kind(keys) == "torch" and str(keys.dtype) == "torch.bfloat16" else "float16"
+            dtype = "bfloat16" if is_torch_bf16(keys) else "float16"
         dtype = _validate.choice(str(dtype).replace("torch.", ""), "dtype", KV_DTYPES)
         k = as_cupy_kv(keys, "keys", dtype)
         v = as_cupy_kv(values, "values", dtype)
         _validate.kv_shapes(k.shape, v.shape)
         k, v = to_hnd(k, v, kv_layout, stacklevel=4)  # 4: past this method's GPU gate, at the caller
         for name, a in (("keys", k), ("values", v)):
-            bad = int(a.size - cupy.count_nonzero(cupy.isfinite(kv_to_float32(a, dtype))))
+            bad = int(a.size - cupy.count_nonzero(cupy.isfinite(a if dtype == "float16" else kv_to_float32(a, dtype))))
             if bad:
                 raise ValueError(f"{name} contains {bad} NaN or Inf value(s); every element must be finite")
         single = k.ndim == 2
@@ -381,7 +379,7 @@ def _query(q, blocks: KVBlocks):
     if not isinstance(blocks, KVBlocks):
         raise TypeError(f"blocks must be a psa_fast.KVBlocks (see KVBlocks.from_dense), got {type(blocks).__name__}")
     kind = array_kind(q)
-    if kind == "torch" and str(q.dtype) == "torch.bfloat16":
+    if is_torch_bf16(q):
         qa = kv_to_float32(as_cupy_kv(q, "q", "bfloat16"), "bfloat16")
     else:
         qa = as_cupy(q, "q", dtypes=("float16", "float32", "float64"))

@@ -209,8 +209,9 @@ class PagedCache(Cache):
         kv: the ``PagedKVCache`` (its layer ``i`` is the model layer ``psa_layers[i]``).
         psa_layers: the model layers that run PSA.
         reads: ``[len(psa_layers), B, groups]`` int64 on the GPU: blocks attended, summed over decode
-            steps (each group's ``num_used``); ``blocks_seen`` ``[len(psa_layers), B]``: the blocks each
-            request had at those steps, summed; [`blocks_read`][psa_fast.hf.PagedCache.blocks_read] divides them.
+            steps (each group's ``num_used``); ``blocks_seen`` ``[len(psa_layers), B]`` (host): the blocks
+            each request had at those steps, summed; [`blocks_read`][psa_fast.hf.PagedCache.blocks_read] divides
+            them.
         steps: decode steps run per PSA layer (host counter).
 
     Raises:
@@ -271,7 +272,7 @@ class PagedCache(Cache):
         import cupy
 
         self.reads = cupy.zeros((len(self.psa_layers), self.batch, gn), cupy.int64)
-        self.blocks_seen = cupy.zeros((len(self.psa_layers), self.batch), cupy.int64)
+        self.blocks_seen = np.zeros((len(self.psa_layers), self.batch), np.int64)
         self._counted = [layer for layer in self.layers if isinstance(layer, (_PagedLayer, _StaticLayer))]
         session.cache = self
 
@@ -300,7 +301,7 @@ class PagedCache(Cache):
         if self.kv is None:
             return {"per_group": None, "mean_share": 1.0}
         reads = cupy.asnumpy(self.reads).astype(np.float64)
-        seen = cupy.asnumpy(self.blocks_seen).astype(np.float64)
+        seen = self.blocks_seen.astype(np.float64)
         return {"per_group": reads / max(self.steps, 1),
                 "mean_share": float(reads.sum() / max(seen.sum() * reads.shape[2], 1))}
 
@@ -309,6 +310,7 @@ class PagedCache(Cache):
         captured step advanced on the device (lengths, positions seen, steps)."""
         if self.kv is not None:
             self.kv.host_lens += 1
+            self.blocks_seen += -(-self.kv.host_lens // self.kv.block_size)
         for layer in self._counted:
             layer.seen += 1
         self.steps += 1
@@ -347,8 +349,7 @@ def attention_forward(session, module, query, key, value, attention_mask, dropou
     ``psa_ref.tools.hf`` gives it (stock SDPA; the per-sequence fallback for PSA layers)."""
     cache = getattr(session, "cache", None)
     layer = module.layer_idx
-    pending = None if cache is None else cache._pending.pop(layer, None)
-    if pending is None:  # not our cache (or not a PSA layer): the reference integration's dispatch
+    if cache is None or cache._pending.pop(layer, None) is None:  # not our cache: the reference's dispatch
         return _hf.per_sequence_forward(session, module, query, key, value, attention_mask, dropout=dropout,
                                         scaling=scaling, **kwargs)
     lay = cache.layers[layer]
@@ -376,8 +377,8 @@ def attention_forward(session, module, query, key, value, attention_mask, dropou
         p = cache.plan(scale)
         dec = p.run(query[:, :, 0].contiguous(), layer=slot)
         cache.reads[slot] += dec.num_used
-        cache.blocks_seen[slot] += (cache.kv.seq_lens[slot] + (cache.kv.block_size - 1)) // cache.kv.block_size
         out = torch.from_dlpack(dec.out).to(query.dtype)
+    cache.blocks_seen[slot] += -(-cache.kv.host_lens[slot] // cache.kv.block_size)  # host: lengths are known
     if layer == cache.psa_layers[0]:
         cache.steps += 1
     return out[:, None], None
@@ -487,7 +488,7 @@ class _cupy_allocates_from_torch:
 def _host_state(cache):
     if not isinstance(cache, PagedCache):
         return None
-    lens = None if cache.kv is None else cache.kv.host_lens.copy()
+    lens = None if cache.kv is None else (cache.kv.host_lens.copy(), cache.blocks_seen.copy())
     return lens, [layer.seen for layer in cache._counted], cache.steps
 
 
@@ -496,7 +497,7 @@ def _restore_host_state(cache, snapshot) -> None:
         return
     lens, seen, steps = snapshot
     if lens is not None:
-        cache.kv.host_lens[...] = lens
+        cache.kv.host_lens[...], cache.blocks_seen[...] = lens
     for layer, s in zip(cache._counted, seen):
         layer.seen = s
     cache.steps = steps
