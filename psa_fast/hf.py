@@ -219,7 +219,8 @@ class PagedCache(Cache):
         layer left to run PSA. TypeError: ``model`` was not enabled with ``psa_fast.hf.enable``.
     """
 
-    def __init__(self, model, *, batch: int, max_tokens: int, static: bool = False, mode: str | None = None):
+    def __init__(self, model: torch.nn.Module, *, batch: int, max_tokens: int, static: bool = False,
+                 mode: str | None = None):
         import psa_fast
 
         if not gpu_available():
@@ -401,7 +402,7 @@ class CapturedDecoder:
         batch: ``B``.
     """
 
-    def __init__(self, model, cache, batch: int):
+    def __init__(self, model: torch.nn.Module, cache: PagedCache, batch: int):
         self.model, self.cache = model, cache
         self.batch = _validate.integer(batch, "batch", minimum=1)
         dev = model.device

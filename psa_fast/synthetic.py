@@ -369,7 +369,7 @@ def _long_context_blocks(n_blocks) -> int:
     return n
 
 
-def long_context_fit(*, layer=None) -> dict:
+def long_context_fit(*, layer: int | None = None) -> dict:
     """The fitted growth of the mean ideal τ 0.95 budget with the context: ``n_ideal = a * N ** b`` blocks of
     16 tokens, ``N`` the context's blocks, fitted on the 16 window ends 2K, 4K, ..., 32K of the Gemma 3 270M
     captures (docs/performance.md, "Synthetic long-context profiles").
@@ -384,7 +384,7 @@ def long_context_fit(*, layer=None) -> dict:
     return dict(load_long_context_data()["fit"][_long_context_layer(layer)])
 
 
-def long_context_budget(n_blocks: int, *, layer=None) -> float:
+def long_context_budget(n_blocks: int, *, layer: int | None = None) -> float:
     """The fit's mean ideal τ 0.95 budget, in blocks, of a context of ``n_blocks`` blocks of 16 tokens:
     ``a * n_blocks ** b`` ([`long_context_fit`][psa_fast.synthetic.long_context_fit]); beyond 32K an
     extrapolation."""
@@ -393,7 +393,8 @@ def long_context_budget(n_blocks: int, *, layer=None) -> float:
     return float(fit["a"] * n ** fit["b"])
 
 
-def long_context_profiles(n_blocks: int, *, num_profiles: int = 64, layer=None, seed: int = 0) -> np.ndarray:
+def long_context_profiles(n_blocks: int, *, num_profiles: int = 64, layer: int | None = None,
+                          seed: int = 0) -> np.ndarray:
     """Block log-mass offsets drawn from real long-context attention, for ``fill_skewed(..., positional=True)``.
 
     Calibrated on Gemma 3 270M's global layers at 2K-32K (``examples/fit_long_budget.py``; blocks of 16
