@@ -535,23 +535,27 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                         f"stop {ph.stop}, step {ph.step}, cluster {ph.cluster}")
 
         if "sketch" not in skip:
-            # stop="sketch" on metadata="quant3": the same KV (same fill, same layers) in a second cache with 3-bit codes
+            # the default rule on metadata="quant3" (stop="auto" = "sketch_avg"): the same KV (same fill, same layers)
+            # in a second cache with 3-bit codes, selection shared and per head
             def run_sketch():
                 q3 = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=hkv, head_dim=shape.d,
                                            max_tokens=t, block_size=s, metadata="quant3")
                 for layer in range(layers):
                     fill(q3, layer)
-                p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95, step=step, stop="sketch",
-                                   scale=shape.scale)
-                us3, outs3, read3 = timed(p3)
-                row("PSA τ=0.95 sketch (quant3)", us3, psa_floor(read3, metadata="quant3", passes=3), mean_err(outs3),
-                    read3, 5, f"stop sketch, metadata quant3, step {p3.step}, cluster {p3.cluster}")
-                if "stages" not in skip:
-                    parts = attempt("PSA τ=0.95 sketch (quant3) stages", lambda: stage_times(p3, us3))
-                    if parts is not None:
-                        log(dict(T=t, B=b, **tags, breakdown_us=parts, of="PSA τ=0.95 sketch (quant3)"))
+                for gqa in ("shared", "per_head"):
+                    name = "PSA τ=0.95 sketch_avg (quant3)" + (" per_head" if gqa == "per_head" else "")
+                    p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95, step=step, gqa=gqa,
+                                       scale=shape.scale)
+                    us3, outs3, read3 = timed(p3)
+                    row(name, us3, psa_floor(read3, metadata="quant3", passes=3, groups=hq if gqa == "per_head"
+                                             else hkv), mean_err(outs3), read3, 5,
+                        f"stop {p3.stop}, metadata quant3, gqa {gqa}, step {p3.step}, cluster {p3.cluster}")
+                    if "stages" not in skip:
+                        parts = attempt(name + " stages", lambda: stage_times(p3, us3))
+                        if parts is not None:
+                            log(dict(T=t, B=b, **tags, breakdown_us=parts, of=name))
 
-            attempt("PSA τ=0.95 sketch (quant3)", run_sketch)
+            attempt("PSA τ=0.95 sketch_avg (quant3)", run_sketch)
             cupy.get_default_memory_pool().free_all_blocks()  # the quant3 cache is gone with run_sketch's frame
 
         if "topk" not in skip and 0.95 in psa:

@@ -12,8 +12,9 @@ from importlib import resources
 
 import numpy as np
 
-STOP_CODES = {"remaining": 0, "seed": 1, "certified": 2, "none": 3, "budget": 4, "ema": 5, "sketch": 6}
-STOP_RULES = ("ema", "remaining", "seed", "certified", "sketch")  # the reference's rules the GPU verifier implements
+STOP_CODES = {"remaining": 0, "seed": 1, "certified": 2, "none": 3, "budget": 4, "ema": 5, "sketch": 6,
+              "sketch_avg": 7}
+STOP_RULES = ("ema", "remaining", "seed", "certified", "sketch", "sketch_avg")  # every rule of the reference
 REASONS = ("threshold", "exhausted", "budget")
 KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}  # quant3 has its own kernel (sketch.cu)
 BOUND_CODES = {None: 0, "bounds": 1, "estimates": 2}  # what estimate() writes per head beside the group scores
@@ -274,19 +275,20 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(STOP_CODES[stop]), np.float32(threshold),
             np.int32(step), np.int32(forced))
     grid = (cluster, hq // g, b)
-    if version < 3 and (stop in ("ema", "sketch") or offload is not None or first_len is not None):
-        raise NotImplementedError("stop='ema', stop='sketch', first_chunk and offload need decode version 3")
-    if stop == "sketch" and sketch is None:
-        raise ValueError("stop='sketch' needs sketch=(ests, lmass)")
+    if version < 3 and (stop in ("ema", "sketch", "sketch_avg") or offload is not None or first_len is not None):
+        raise NotImplementedError("stop='ema', 'sketch', 'sketch_avg', first_chunk and offload need decode version 3")
+    if stop in ("sketch", "sketch_avg") and sketch is None:
+        raise ValueError(f"stop={stop!r} needs sketch=(ests, lmass)")
     bf16 = k_pool.dtype == np.int16
     defines = {"bf16": 1} if bf16 else {}
     if version == 3:
         defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
-        from psa_ref.progressive import EMA_WEIGHT, SKETCH_NEXT_SHARE, SKETCH_WINDOW
+        from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"
         ests, lmass = sketch if sketch is not None else (null, null)
-        args = args + (np.float32(EMA_WEIGHT), ests, lmass, np.float32(SKETCH_NEXT_SHARE), np.int32(SKETCH_WINDOW),
+        args = args + (np.float32(EMA_WEIGHT), ests, lmass, np.float32(SKETCH_AVG_SHARE if stop == "sketch_avg" else SKETCH_NEXT_SHARE),
+                       np.int32(SKETCH_WINDOW),
                        np.float32(qk_scale), null if first_len is None else first_len)
     if offload is not None:
         slot_map, istate, vstate, groups_left, done_ptr, token = offload

@@ -19,7 +19,7 @@ import numpy as np
 
 from psa_ref import _validate
 from psa_ref.blocks import METADATA_KINDS, to_hnd
-from psa_ref.progressive import DEFAULT_STOP, STOP_RULES, check_first_chunk
+from psa_ref.progressive import DEFAULT_STOP, check_first_chunk, resolve_stop
 from psa_ref.result import AttentionResult
 
 from . import _kernels
@@ -30,9 +30,10 @@ from .cache import PagedKVCache
 MODES = ("psa", "topk", "dense")
 
 
-def _gpu_stop(stop) -> str:
-    """``stop`` checked against the reference's rules, then against those the GPU verifier implements."""
-    stop = _validate.choice(stop, "stop", STOP_RULES)
+def _gpu_stop(stop, metadata: str) -> str:
+    """``stop`` resolved for ``metadata`` blocks (``"auto"``) and checked against the reference's rules, then
+    against those the GPU verifier implements."""
+    stop = resolve_stop(stop, metadata)
     if stop not in _kernels.STOP_RULES:
         raise NotImplementedError(f"stop={stop!r} runs in psa_ref only; the GPU verifier implements "
                                   f"{', '.join(repr(r) for r in _kernels.STOP_RULES)}")
@@ -72,7 +73,8 @@ class DecodePlan:
         num_q_heads: ``Hq``, a multiple of the cache's ``Hkv``.
         mode: ``"psa"`` (Algorithm 1), ``"topk"`` or ``"dense"``.
         threshold: ``tau`` in (0, 1] (psa).
-        stop: a rule of ``psa_fast.STOP_RULES`` (psa); the reference's others raise NotImplementedError.
+        stop: ``"auto"`` (the reference's default: ``"sketch_avg"`` on a ``quant3`` cache, ``"ema"`` on the
+            others) or a rule of ``psa_fast.STOP_RULES`` (psa).
         step: blocks per iteration (psa). On the GPU an iteration's blocks are spread over
             ``cluster * warps`` warps, so a step below that leaves warps idle.
         k: block budget (topk).
@@ -107,7 +109,7 @@ class DecodePlan:
         self.cache = cache
         self.mode = _validate.choice(mode, "mode", MODES)
         self.threshold = _validate.threshold(threshold)
-        self.stop = _gpu_stop(stop)
+        self.stop = _gpu_stop(stop, cache.metadata)
         self.step = _validate.integer(step, "step", minimum=1)
         self.k = _validate.integer(k, "k", minimum=1)
         self.gqa = _validate.choice(gqa, "gqa", GQA_MODES)
@@ -157,7 +159,7 @@ class DecodePlan:
         self.sort_workspace = None if ws is None else cupy.empty(ws, cupy.uint64)
         # per head beside the group scores: min/max bounds (certified) or each head's estimates (sketch),
         # and their suffix log-sum-exp along the order
-        self._per_head = {"certified": "bounds", "sketch": "estimates"}.get(self.stop) if self.mode == "psa" else None
+        self._per_head = {"certified": "bounds", "sketch": "estimates", "sketch_avg": "estimates"}.get(self.stop) if self.mode == "psa" else None
         if self.first_chunk == "predicted":
             self._per_head = "estimates"  # the predicted first chunk sums each head's estimates along the order
         self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
@@ -464,7 +466,7 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     the GPU, of the same array type; the other fields are on the host.
     """
     threshold = _validate.threshold(threshold)
-    stop = _gpu_stop(stop)
+    stop = _gpu_stop(stop, getattr(getattr(blocks, "cache", None), "metadata", None))
     step = _validate.integer(step, "step", minimum=1)
     q3, single, kind = _query(q, blocks)
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)

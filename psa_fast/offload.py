@@ -45,7 +45,7 @@ GATHER_THREADS = 128
 GATHER_CTAS_PER_SM = 16  # 16 x 128 threads: an SM's share of 16-byte reads in flight
 
 
-STOP_RULES = tuple(r for r in _kernels.STOP_RULES if r != "sketch")  # the rules offered with host offload
+STOP_RULES = tuple(r for r in _kernels.STOP_RULES if r not in ("sketch", "sketch_avg"))  # offered with host offload
 
 
 class HostKVStore:
@@ -356,7 +356,7 @@ class OffloadDecoder(DecodePlan):
             raise NotImplementedError("first_chunk is not offered with host offload yet (its loader names each "
                                       "iteration's blocks from step alone); use a resident PagedKVCache")
         if self.mode == "psa" and self.stop not in STOP_RULES:
-            raise NotImplementedError("stop='sketch' is not offered with host offload (it is meant for "
+            raise NotImplementedError(f"stop={self.stop!r} is not offered with host offload (it is meant for "
                                       "metadata='quant3', which the host store does not keep); use a resident "
                                       "PagedKVCache")
         self.lookahead = _validate.integer(lookahead, "lookahead", minimum=0)

@@ -224,7 +224,8 @@ def ragged_cache(rng, lens, *, hq, hkv, d, s, layer=0, metadata="cuboid_mean"):
     return cache, data
 
 
-@pytest.mark.parametrize("metadata, stop", [("cuboid_mean", "ema"), ("quant3", "sketch"), ("minmax", "certified")])
+@pytest.mark.parametrize("metadata, stop", [("cuboid_mean", "ema"), ("quant3", "sketch"), ("minmax", "certified"),
+                                            ("quant3", "sketch_avg"), ("quant3", "auto"), ("cuboid_mean", "auto")])
 def test_batched_ragged_lengths_match_single_requests(metadata, stop):
     lens = [33, 700, 1]
     hq, hkv, s = 8, 2, 16
@@ -237,6 +238,14 @@ def test_batched_ragged_lengths_match_single_requests(metadata, stop):
         res = psa_ref.AttentionResult(out[b], [order[b, g, : used[b, g]] for g in range(hkv)], iters[b],
                                       [psa_fast.REASONS[r] for r in reason[b]], None, None, -(-lens[b] // s))
         check_result(res, q, k, v, threshold=0.9, step=4, block_size=s, stop=stop, metadata=metadata)
+
+
+def test_every_rule_of_the_reference_runs_on_the_gpu_and_auto_follows_the_metadata():
+    assert set(psa_fast.STOP_RULES) == set(psa_ref.STOP_RULES)
+    for metadata, rule in (("quant3", "sketch_avg"), ("cuboid_mean", "ema"), ("minmax", "ema")):
+        cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=1, head_dim=64, max_tokens=64,
+                                      metadata=metadata)
+        assert psa_fast.plan(cache, num_q_heads=4).stop == rule
 
 
 @pytest.mark.parametrize("mode", ["dense", "topk"])
@@ -393,7 +402,6 @@ def test_torch_tensors_in_and_out():
     (lambda q, b: psa_fast.attention(q[:3], b), ValueError, "multiple of the number of KV heads"),
     (lambda q, b: psa_fast.attention(q, b, 1.5), ValueError, "threshold"),
     (lambda q, b: psa_fast.attention(q, b, stop="x"), ValueError, "stop must be one of"),
-    (lambda q, b: psa_fast.attention(q, b, stop="sketch_avg"), NotImplementedError, "runs in psa_ref only"),
     (lambda q, b: psa_fast.attention(q.astype(cupy.int32), b), TypeError, "dtype"),
     (lambda q, b: psa_fast.attention(q * cupy.nan, b), ValueError, "NaN"),
     (lambda q, b: psa_fast.topk_attention(q, b, 0), ValueError, "k must be >= 1"),

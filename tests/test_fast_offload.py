@@ -194,5 +194,7 @@ def test_quant3_and_sketch_are_refused_with_offload():
                        metadata="quant3")
     rng = np.random.default_rng(8)
     _, off, _ = build(rng, lens=[20], hq=4, hkv=1, d=64, s=16, num_slots=64, layers=1)
-    with pytest.raises(NotImplementedError, match="sketch"):
-        OffloadDecoder(off, num_q_heads=4, stop="sketch")
+    for stop in ("sketch", "sketch_avg"):
+        with pytest.raises(NotImplementedError, match=f"stop='{stop}' is not offered with host offload"):
+            OffloadDecoder(off, num_q_heads=4, stop=stop)
+    assert OffloadDecoder(off, num_q_heads=4, step=4).stop == "ema"  # "auto" on the store's per-block metadata

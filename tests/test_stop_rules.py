@@ -11,13 +11,14 @@ the loop, and "sketch_avg" meeting issue 16's long-context criteria on the shipp
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import psa_ref
 from psa_ref import sweep
-from psa_ref.progressive import (EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_RULES, sketch_next_small,
-                                 sketch_rest, sketch_share, split_chunks, update_ema)
+from psa_ref.progressive import (DEFAULT_STOP, EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_RULES,
+                                 resolve_stop, sketch_next_small, sketch_rest, sketch_share, split_chunks, update_ema)
+from psa_ref.testing.conformance import check_result
 from psa_ref.testing.strategies import problems, thresholds
 from psa_ref.testing import assert_close, brute_force_estimate, budget64, log_block_mass, oracle_fractions
 
@@ -62,10 +63,37 @@ def test_ema_worked_example_by_hand(tau, blocks, estimate):
     assert res.stop_reason == ("exhausted" if len(blocks) == 5 else "threshold")
 
 
-def test_ema_is_the_default_rule():
+def test_ema_is_the_default_rule_of_per_block_metadata():
     q, b = worked()
+    assert b.metadata != "quant3"
     assert psa_ref.attention(q, b, 0.5, scale=1.0).blocks_used.tolist() == [1, 4, 2]
     assert psa_ref.STOP_RULES[0] == "ema"
+
+
+@pytest.mark.parametrize("metadata, rule", [("cuboid_mean", "ema"), ("minmax", "ema"), ("mean", "ema"),
+                                            ("quant3", "sketch_avg"), (None, "ema")])
+def test_auto_resolves_to_the_rule_of_the_metadata(metadata, rule):
+    assert resolve_stop("auto", metadata) == rule
+    assert DEFAULT_STOP == "auto"
+    for stop in psa_ref.STOP_RULES:  # a named rule is itself, whatever the metadata
+        assert resolve_stop(stop, metadata) == stop
+    with pytest.raises(ValueError, match="stop must be one of 'auto', 'ema'"):
+        resolve_stop("sketchy", metadata)
+
+
+@settings(max_examples=40)
+@given(problems(metadata=psa_ref.METADATA_KINDS), thresholds, st.integers(1, 4))
+def test_the_default_is_the_resolved_rule(p, tau, step):
+    """``psa_ref.attention``, ``psa_ref.sweep.attention`` and ``check_result`` with no ``stop`` run the rule of the
+    blocks' metadata: ``sketch_avg`` on ``quant3``, ``ema`` elsewhere (same blocks, same iterations, same bits)."""
+    b = blocks_of(p)
+    rule = "sketch_avg" if p.metadata == "quant3" else "ema"
+    for fn in (psa_ref.attention, sweep.attention):
+        default, named = fn(p.q, b, tau, **options(p, step)), fn(p.q, b, tau, stop=rule, **options(p, step))
+        assert [u.tolist() for u in default.blocks_used] == [u.tolist() for u in named.blocks_used]
+        assert np.array_equal(default.output, named.output)
+    check_result(psa_ref.attention(p.q, b, tau, stop=rule, **options(p, step)), p.q, p.keys, p.values,
+                 threshold=tau, block_size=p.block_size, metadata=p.metadata, **options(p, step))
 
 
 def test_update_ema_folds_blocks_in_order():

@@ -56,6 +56,7 @@ static_assert(32 % PSA_LPT == 0, "PSA_D / 8 must divide 32");
 #define PSA_STOP_BUDGET 4  // top-k: exactly one chunk
 #define PSA_STOP_EMA 5     // N_left times a moving average of the block masses seen
 #define PSA_STOP_SKETCH 6  // sketch masses calibrated on the newest ranked blocks, and a share test
+#define PSA_STOP_SKETCH_AVG 7  // as sketch, the share test relative to an average block (share / n)
 
 // Why a loop ended (psa_fast._kernels.REASONS).
 #define PSA_REASON_THRESHOLD 0

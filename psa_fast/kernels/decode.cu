@@ -206,6 +206,9 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
     const int n = (len + PSA_S - 1) / PSA_S;
     const int first = min(n, forced);
 #endif
+    // stop = sketch / sketch_avg: the next block's share test (sketch_avg: of an average block, c / n)
+    const bool sketchy = stop == PSA_STOP_SKETCH || stop == PSA_STOP_SKETCH_AVG;
+    const float next_share = stop == PSA_STOP_SKETCH_AVG ? sketch_share / (float)n : sketch_share;
     // first_chunk: the ranked blocks of the first ranked chunk, per group (psa_first_chunk), or none
     const int first2 = first_len ? min(n, first + __ldg(first_len + (long)b * Gn + g)) : first;
     const int* orow = order ? order + ((long)b * Gn + g) * Nmax + base : nullptr;
@@ -371,7 +374,7 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
             bs += __shfl_xor_sync(0xffffffffu, bs, 2);
             const float log_mass = bm + __logf(bs);
             cmin = fminf(cmin, log_mass);
-            if (stop == PSA_STOP_SKETCH && quad == 0 && hh < PSA_G)
+            if (sketchy && quad == 0 && hh < PSA_G)
                 lmass[((long)b * Hq + h0 + hh) * Nmax + cur] = log_mass;
             const float nm = fmaxf(cm, bm);
             // AS_ema after the chunk = (1-w)^clen AS_ema + sum_i w (1-w)^(clen-1-i) m_i over the chunk's
@@ -451,7 +454,7 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
         // ranked positions attended, one per lane) of the true masses and of the sketch masses
         // n_j exp(s_j), and the next block's log sketch mass. Every warp computes the same bits.
         float w_true[PSA_G], w_sketch[PSA_G], next_sketch[PSA_G];
-        if (stop == PSA_STOP_SKETCH) {
+        if (sketchy) {
             const int p = max(first, end - sketch_window) + lane;
             const bool in_w = p < end;
             const int jw = in_w ? (orow ? __ldg(orow + p) : p) : 0;
@@ -483,12 +486,12 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
             else if (stop == PSA_STOP_CERTIFIED)
                 rest = __expf(__ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end) - vM[h]);
             bool next_small = true;
-            if (stop == PSA_STOP_SKETCH) {
+            if (sketchy) {
                 // rest = kappa sum_unseen p_j = (sum_W m_j) exp(lse_unseen - lse_W); infinite while no
                 // ranked block has been attended; the next block's sketch mass must be a small share
                 const float unseen = __ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end);
                 rest = end <= first ? (end < n ? PSA_INF : 0.f) : __expf(w_true[h] - vM[h] + unseen - w_sketch[h]);
-                next_small = __expf(next_sketch[h] - vM[h]) < sketch_share * (vacc[h] + rest);
+                next_small = __expf(next_sketch[h] - vM[h]) < next_share * (vacc[h] + rest);
             }
             vfrac[h] = vacc[h] / (vacc[h] + rest);
             all_hold = all_hold && vfrac[h] >= threshold && next_small;

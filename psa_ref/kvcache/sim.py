@@ -42,7 +42,7 @@ import numpy as np
 from .. import _plotting, _validate
 from .batch import BatchController
 from .pool import PerLayerPool, PoolStats, SlotPool, UnifiedPool
-from ..progressive import DEFAULT_STOP, attention
+from ..progressive import DEFAULT_STOP, attention, resolve_stop
 from .store import HostStore
 from ..testing import skewed_like_trace
 from ..topk import topk_attention
@@ -607,7 +607,7 @@ def main(out_dir: str = ".", trace_path: str | None = None, plots: bool = True, 
         workloads.append(synthetic_workload())
     result = run_sim(workloads, threshold=threshold, stop=stop, step=step, policy=policy, progress=progress)
     cost = CostModel(**result.meta["cost"])
-    print(f"PSA τ = {threshold} (stop '{stop}', GQA shared) vs top-k at PSA's mean budget; {policy.upper()} "
+    print(f"PSA τ = {threshold} (stop '{resolve_stop(stop, 'cuboid_mean')}', GQA shared) vs top-k at PSA's mean budget; {policy.upper()} "
           f"pools; {step} block(s) per KV head per iteration; at most {result.meta['max_batch']} requests per batch")
     for wl in workloads:
         r0 = wl.requests[0]

@@ -29,7 +29,7 @@ from numpy.typing import ArrayLike
 
 from ..blocks import KVBlocks
 from ..progressive import (DEFAULT_STOP, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, attention, check_first_chunk,
-                           first_chunk_size, split_chunks)
+                           first_chunk_size, resolve_stop, split_chunks)
 from ..scoring import estimate, forced_blocks, kv_head_of, processing_order
 from . import brute_force_bound, log_block_mass, oracle_fractions, oracle_sketch
 from ..topk import topk_attention
@@ -104,6 +104,7 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
     assert len(used) == len(groups), f"blocks_used has {len(used)} groups, expected {len(groups)}"
     forced = forced_blocks(n, sink_blocks, recent_blocks)
 
+    stop = resolve_stop(stop, metadata)
     per_group = first_chunk if isinstance(first_chunk, (list, tuple, np.ndarray)) else None
     first_chunk = None if per_group is not None else check_first_chunk(first_chunk)
     ref = (attention(q2 if not single else q2[0], blocks, threshold, scale=scale, stop=stop, step=step, gqa=gqa,

@@ -36,7 +36,7 @@ from .. import _validate
 from .. import sweep as _sweep
 from ..analysis import blocks_for_mass
 from ..blocks import METADATA_KINDS, KVBlocks, block_metadata, quantize
-from ..progressive import DEFAULT_STOP, STOP_RULES
+from ..progressive import DEFAULT_STOP, resolve_stop
 from ..progressive import attention as _ref_attention
 from ..topk import topk_attention
 
@@ -52,9 +52,12 @@ class PSAConfig:
 
     Attributes:
         threshold: ``tau`` in (0, 1]; 1 attends every block (dense).
-        stop: a rule of ``psa_ref.STOP_RULES`` (default ``"ema"``).
+        stop: ``"auto"`` (default: ``"sketch_avg"`` with ``quant3`` metadata, ``"ema"`` with the
+            others; see [`resolve_stop`][psa_ref.progressive.resolve_stop]) or a rule of ``psa_ref.STOP_RULES``.
         block_size: ``S`` tokens per KV block.
-        metadata: ranking metadata, one of ``psa_ref.METADATA_KINDS``.
+        metadata: ranking metadata, one of ``psa_ref.METADATA_KINDS`` (default ``"quant3"``: on real
+            long-context attention only its per-token sketch ranks the blocks near the ideal order;
+            ``KVBlocks.from_dense`` keeps ``"cuboid_mean"`` as its default, see docs/accuracy.md).
         step: blocks per iteration of the loop.
         gqa: ``"shared"`` (one selection per KV head) or ``"per_head"``.
         sink_blocks: first blocks attended before the ranked ones (default 1: real models
@@ -74,7 +77,7 @@ class PSAConfig:
     threshold: float = 0.95
     stop: str = DEFAULT_STOP
     block_size: int = 16
-    metadata: str = "cuboid_mean"
+    metadata: str = "quant3"
     step: int = 1
     gqa: str = "shared"
     sink_blocks: int = 1
@@ -87,7 +90,7 @@ class PSAConfig:
 
     def __post_init__(self):
         _validate.threshold(self.threshold)
-        _validate.choice(self.stop, "stop", STOP_RULES)
+        resolve_stop(self.stop, self.metadata)
         _validate.integer(self.block_size, "block_size", minimum=1)
         _validate.choice(self.metadata, "metadata", METADATA_KINDS)
         _validate.integer(self.step, "step", minimum=1)
@@ -118,7 +121,7 @@ class PSAConfig:
         """A short name for tables: ``"ema τ=0.95"`` or ``"top-64"``."""
         if self.topk is not None:
             return f"top-{self.topk}"
-        return "dense (psa τ=1)" if self.threshold >= 1.0 else f"{self.stop} τ={self.threshold:g}"
+        return "dense (psa τ=1)" if self.threshold >= 1.0 else f"{resolve_stop(self.stop, self.metadata)} τ={self.threshold:g}"
 
 
 # --- KV blocks of one layer, kept in step with the model's cache ---------------------------------
