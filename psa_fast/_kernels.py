@@ -84,13 +84,20 @@ def allow_cluster(fn, cluster: int) -> None:
 
 
 def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax, kind, per_head=None,
-             codes=None) -> None:
+             codes=None, group_scores=None) -> None:
     """Launch ``psa_estimate`` (``psa_estimate_quant3`` for ``kind="quant3"``, which reads ``codes``
     where the others read ``meta``): ``scores [B, Hq/g, Nmax]`` and, if ``per_head`` is ``"bounds"``
     (min/max bounds, certified) or ``"estimates"`` (each head's estimate, sketch), ``bounds [B, Hq, Nmax]``.
 
+    Selection per query head (``g == 1``) with several query heads per KV head: given ``group_scores``
+    (``[B, Hkv, Nmax]`` float32 scratch), one launch per KV head scores all its query heads from one read of
+    the summaries (the kernel's per-head output is ``scores``, the same bits as one launch per head, which
+    re-read the ``quant3`` codes once per head); not for ``per_head="bounds"``.
+
     Each warp scores up to 32 (quant3: 16) consecutive blocks (fewer when that would leave SMs idle)."""
     b = q.shape[0]
+    kv_group = hq // hkv
+    fused = g == 1 and 1 < kv_group <= 8 and per_head != "bounds" and group_scores is not None
     if kind == "quant3":
         warps, per_warp, least = QUANT3_WARPS, 16, 1
         make = functools.partial(kernel, "sketch", entry="estimate_quant3")
@@ -99,11 +106,20 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         warps, per_warp, least = ESTIMATE_WARPS, 32, 4
         make = functools.partial(kernel, "estimate", kind=KIND_CODES[kind])
         summary = meta
-    while per_warp > least and b * (hq // g) * -(-nmax // (warps * per_warp)) < 2 * num_sms():
+    launch_g = kv_group if fused else g
+    while per_warp > least and b * (hq // launch_g) * -(-nmax // (warps * per_warp)) < 2 * num_sms():
         per_warp //= 2
-    fn = make(d=d, s=s, g=g, warps=warps, bounds=BOUND_CODES[per_head], est_warp_blocks=per_warp)
     per_cta = warps * per_warp
-    fn(((nmax + per_cta - 1) // per_cta, hq // g, b), (warps * 32,),
+    grid = ((nmax + per_cta - 1) // per_cta, hq // launch_g, b)
+    if fused:  # per-head estimates into scores (the groups of per-head selection), the group maxima unused
+        fn = make(d=d, s=s, g=kv_group, warps=warps, bounds=BOUND_CODES["estimates"], est_warp_blocks=per_warp)
+        fn(grid, (warps * 32,), (q, summary, lohi, seq_lens, group_scores, scores, np.int32(hq), np.int32(hkv),
+                                 np.int32(nmax)))
+        if per_head == "estimates":
+            bounds[...] = scores
+        return
+    fn = make(d=d, s=s, g=g, warps=warps, bounds=BOUND_CODES[per_head], est_warp_blocks=per_warp)
+    fn(grid, (warps * 32,),
        (q, summary, lohi, seq_lens, scores, scores if per_head is None else bounds, np.int32(hq), np.int32(hkv),
         np.int32(nmax)))
 

@@ -154,6 +154,10 @@ class DecodePlan:
         self.q_mma = cupy.zeros((b, self.hq, dp), f32)
         self._q_exact = False  # the last query loaded was bfloat16 for a bfloat16 cache (see load_query)
         self.scores = cupy.empty((b, self.gn, nmax), f32)
+        # per-head selection: one estimate launch per KV head scores its query heads (scratch for the group maxima)
+        kv_group = self.hq // cache.num_kv_heads
+        self._group_scores = (cupy.empty((b, cache.num_kv_heads, nmax), f32)
+                              if self.g == 1 and 1 < kv_group <= 8 and self.mode != "dense" else None)
         self.order_buf = cupy.empty((b, self.gn, nmax), i32)
         ws = _kernels.order_workspace_shape(b, self.gn, nmax)
         self.sort_workspace = None if ws is None else cupy.empty(ws, cupy.uint64)
@@ -240,7 +244,8 @@ class DecodePlan:
         c = self.cache
         _kernels.estimate(self.q, c.meta[layer], c.lohi[layer], c.seq_lens[layer], self.scores, self.bounds, d=c.dp,
                           hkv=c.num_kv_heads, kind=c.metadata, per_head=self._per_head,
-                          codes=None if c.codes is None else c.codes[layer], **self._shape())
+                          codes=None if c.codes is None else c.codes[layer], group_scores=self._group_scores,
+                          **self._shape())
 
     def order(self, layer: int) -> None:
         """Stage 2: the processing order (and, for ``certified`` and ``sketch``, the suffix sums of the

@@ -240,6 +240,28 @@ def test_batched_ragged_lengths_match_single_requests(metadata, stop):
         check_result(res, q, k, v, threshold=0.9, step=4, block_size=s, stop=stop, metadata=metadata)
 
 
+@pytest.mark.parametrize("metadata, stop", [("quant3", "sketch_avg"), ("quant3", "ema"), ("cuboid_mean", "sketch"),
+                                            ("minmax", "ema")])
+def test_per_head_estimates_from_one_launch_per_kv_head_equal_one_launch_per_head(metadata, stop):
+    """Per-head selection scores a KV head's query heads in one launch (one read of the summaries): the same bits as
+    one launch per head, the per-head estimates of the sketch rules included."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(9)
+    lens, hq, hkv, d = [700, 33], 8, 2, 64
+    cache, data = ragged_cache(rng, lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
+    plan = psa_fast.plan(cache, num_q_heads=hq, gqa="per_head", stop=stop, step=4)
+    assert plan._group_scores is not None
+    plan.run(cupy.asarray(np.stack([q for q, _, _ in data])))
+    scores, bounds = cupy.empty_like(plan.scores), None if plan.bounds is None else cupy.empty_like(plan.bounds)
+    _kernels.estimate(plan.q, cache.meta[0], cache.lohi[0], cache.seq_lens[0], scores, bounds, d=cache.dp, s=16, g=1,
+                      hq=hq, hkv=hkv, nmax=cache.nmax, kind=metadata, per_head=plan._per_head,
+                      codes=None if cache.codes is None else cache.codes[0])
+    assert cupy.array_equal(scores, plan.scores)
+    if bounds is not None:
+        assert cupy.array_equal(bounds, plan.bounds)
+
+
 def test_every_rule_of_the_reference_runs_on_the_gpu_and_auto_follows_the_metadata():
     assert set(psa_fast.STOP_RULES) == set(psa_ref.STOP_RULES)
     for metadata, rule in (("quant3", "sketch_avg"), ("cuboid_mean", "ema"), ("minmax", "ema")):
