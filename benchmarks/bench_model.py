@@ -87,9 +87,11 @@ def copy_ceiling_gbs() -> float:
     return 2 * a.numel() / (np.median(ts) * 1e-3) / 1e9
 
 
-def floor_bytes(model, context: int, batch: int, share: float, method: str) -> float:
+def floor_bytes(model, context: int, batch: int, share: float, method: str, metadata: str = "quant3") -> float:
     """Bytes a decode step must move: weights once, window layers' KV, global layers' KV (x share) and
-    for the estimating methods every block's metadata."""
+    for the estimating methods the metadata their estimate reads per block: ``cuboid_mean``/``minmax``/``mean``
+    4 D halves (centre and radius or mean, and lo/hi), ``quant3`` lo/hi (2 D halves) and 4-bit codes of its
+    16 keys (16 D / 2 bytes)."""
     text = model.config.get_text_config()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     hkv, d = text.num_key_value_heads, getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -99,7 +101,8 @@ def floor_bytes(model, context: int, batch: int, share: float, method: str) -> f
     n_global = types.count("full_attention")
     window_kv = (len(types) - n_global) * min(window, context) * per_token
     global_kv = n_global * context * per_token * (1.0 if method in ("sdpa", "paged") else share)
-    meta = 0 if method in ("sdpa", "paged") else n_global * -(-context // 16) * hkv * 4 * d * 2
+    per_block = 2 * d * 2 + 16 * d // 2 if metadata == "quant3" else 4 * d * 2
+    meta = 0 if method in ("sdpa", "paged") else n_global * -(-context // 16) * hkv * per_block
     return weights + batch * (window_kv + global_kv + meta)
 
 
@@ -114,7 +117,7 @@ def run_method(model, method, ids, args, k=None):
     batch, total = ids.shape
     context = total - args.steps - 1
     tau = float(method[3:]) if method.startswith("psa") else 0.95
-    cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False)
+    cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False, gqa=args.gqa)
     psa_fast.hf.enable(model, cfg)
     cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=total + 8, static=True,
                                    mode={"paged": "dense", "sdpa": "sdpa"}.get(method))
@@ -157,6 +160,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32, help="decode steps timed (the first two are warm-up)")
     ap.add_argument("--step", type=int, default=16, help="PSA blocks per iteration")
     ap.add_argument("--methods", default="sdpa,paged,psa0.95,psa0.99,topk")
+    ap.add_argument("--gqa", default="shared", choices=("shared", "per_head"), help="PSA and top-k selection")
     ap.add_argument("--out", default="results_model.jsonl")
     args = ap.parse_args()
     args.contexts = [int(x) for x in args.contexts.split(",")]
@@ -193,7 +197,7 @@ def main() -> None:
             dppl = (ppl / float(torch.exp(-base["logp"].mean())) - 1) if base else float("nan")
             fb = floor_bytes(model, context, batch, r["share"], m)
             floor_ms = fb / (ceiling * 1e9) * 1e3
-            row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k,
+            row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k, gqa=args.gqa,
                        ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree, ppl=ppl, dppl=dppl,
                        share=r["share"], kv_bytes=r["kv_bytes"], meta_bytes=r["meta_bytes"], floor_ms=floor_ms,
                        step_over_floor=r["ms"] / floor_ms, speedup=(base["ms"] / r["ms"]) if base else 1.0,

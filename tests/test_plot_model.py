@@ -1,0 +1,51 @@
+"""benchmarks/plot_model.py (the tokens/s-vs-context figure of docs/gpu.md) and bench_model's byte floor."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import plot_model  # noqa: E402
+
+
+def test_plot_model_writes_a_png_per_batch_panel(tmp_path):
+    rows = [dict(model="gemma3", context=c, batch=b, method=m, tokens_per_s=b * 1000.0 / (1 + c / 8192))
+            for c in (8192, 16384) for b in (1, 8) for m in ("sdpa", "psa0.95")]
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_model.load_rows(str(src)) == rows
+    dst = tmp_path / "tps.png"
+    plot_model.main(str(src), str(dst))
+    assert dst.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="no rows"):
+        plot_model.main(str(empty), str(tmp_path / "x.png"))
+
+
+def test_bench_model_floor_counts_the_metadata_each_kind_reads():
+    """By hand for a toy model: 2 global layers of 4 (window 8), 1 KV head, D 4, 64 tokens = 4 blocks."""
+    torch = pytest.importorskip("torch")
+    import bench_model
+
+    class Text:
+        num_key_value_heads, head_dim, hidden_size, num_attention_heads, num_hidden_layers = 1, 4, 8, 2, 4
+        layer_types = ["sliding_attention", "full_attention"] * 2
+        sliding_window = 8
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(10, dtype=torch.bfloat16))  # 20 bytes
+            self.config = type("C", (), {"get_text_config": lambda self: Text()})()
+
+    m = Model()
+    per_token = 2 * 1 * 4 * 2  # K and V, bf16
+    dense = 20 + 2 * (2 * 8 * per_token + 2 * 64 * per_token)
+    assert bench_model.floor_bytes(m, 64, 2, 1.0, "sdpa") == dense
+    cuboid = 20 + 2 * (2 * 8 * per_token + 2 * 64 * per_token * 0.5 + 2 * 4 * 4 * 4 * 2)
+    assert bench_model.floor_bytes(m, 64, 2, 0.5, "psa0.95", metadata="cuboid_mean") == cuboid
+    quant3 = 20 + 2 * (2 * 8 * per_token + 2 * 64 * per_token * 0.5 + 2 * 4 * (2 * 4 * 2 + 16 * 4 // 2))
+    assert bench_model.floor_bytes(m, 64, 2, 0.5, "psa0.95") == quant3
