@@ -30,16 +30,6 @@ from .cache import PagedKVCache
 MODES = ("psa", "topk", "dense")
 
 
-def _gpu_stop(stop, metadata: str) -> str:
-    """``stop`` resolved for ``metadata`` blocks (``"auto"``) and checked against the reference's rules, then
-    against those the GPU verifier implements."""
-    stop = resolve_stop(stop, metadata)
-    if stop not in _kernels.STOP_RULES:
-        raise NotImplementedError(f"stop={stop!r} runs in psa_ref only; the GPU verifier implements "
-                                  f"{', '.join(repr(r) for r in _kernels.STOP_RULES)}")
-    return stop
-
-
 GQA_MODES = ("shared", "per_head")
 
 
@@ -109,7 +99,7 @@ class DecodePlan:
         self.cache = cache
         self.mode = _validate.choice(mode, "mode", MODES)
         self.threshold = _validate.threshold(threshold)
-        self.stop = _gpu_stop(stop, cache.metadata)
+        self.stop = resolve_stop(stop, cache.metadata)  # every rule of the reference runs on the GPU
         self.step = _validate.integer(step, "step", minimum=1)
         self.k = _validate.integer(k, "k", minimum=1)
         self.gqa = _validate.choice(gqa, "gqa", GQA_MODES)
@@ -471,9 +461,9 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     the GPU, of the same array type; the other fields are on the host.
     """
     threshold = _validate.threshold(threshold)
-    stop = _gpu_stop(stop, getattr(getattr(blocks, "cache", None), "metadata", None))
     step = _validate.integer(step, "step", minimum=1)
     q3, single, kind = _query(q, blocks)
+    stop = resolve_stop(stop, blocks.cache.metadata)
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)
     p = DecodePlan(blocks.cache, num_q_heads=q3.shape[1], mode="psa", threshold=threshold, stop=stop, step=step,
                    gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks, scale=scale, first_chunk=first_chunk)

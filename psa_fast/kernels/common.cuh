@@ -78,31 +78,27 @@ __device__ __forceinline__ float warp_logsumexp(float x) {
     return m + __logf(warp_sum(__expf(x - m)));
 }
 
-// Unpack 8 halves held in a uint4 into floats.
-__device__ __forceinline__ void unpack8(const uint4 v, float* f) {
-    const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float2 t = __half22float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-
-// Unpack 8 KV elements (kv_t) held in a uint4 into floats (exact).
-__device__ __forceinline__ void unpack8_kv(const uint4 v, float* f) {
+// Unpack 8 16-bit floats held in a uint4 into floats (exact): halves (unpack8) or KV elements (unpack8_kv).
+__device__ __forceinline__ float2 pair_to_float2(__half2 h) { return __half22float2(h); }
 #if PSA_BF16
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+__device__ __forceinline__ float2 pair_to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+#endif
+template <typename Pair>
+__device__ __forceinline__ void unpack8_as(const uint4 v, float* f) {
+    const Pair* h = reinterpret_cast<const Pair*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        float2 t = __bfloat1622float2(h[i]);
+        const float2 t = pair_to_float2(h[i]);
         f[2 * i] = t.x;
         f[2 * i + 1] = t.y;
     }
-#else
-    unpack8(v, f);
-#endif
 }
+__device__ __forceinline__ void unpack8(const uint4 v, float* f) { unpack8_as<__half2>(v, f); }
+#if PSA_BF16
+__device__ __forceinline__ void unpack8_kv(const uint4 v, float* f) { unpack8_as<__nv_bfloat162>(v, f); }
+#else
+__device__ __forceinline__ void unpack8_kv(const uint4 v, float* f) { unpack8_as<__half2>(v, f); }
+#endif
 
 // A float's bits as an unsigned integer that sorts in the same order as the float.
 __device__ __forceinline__ unsigned int orderable(float x) {
