@@ -84,7 +84,8 @@ SHAPES = {
 }
 PROFILES = ("pooled", "per-head", "sparsity", "long-context")
 DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
-SKIPPABLE = ("tau0.9", "remaining", "predicted", "sketch", "topk", "stages")
+SKIPPABLE = ("tau0.9", "remaining", "predicted", "sketch", "topk", "stages", "speculate")
+SPECULATE = 2.0  # the margin of the speculative rows (DecodePlan(speculate=...))
 # metadata bytes per (request, KV head, block) that the estimate reads
 META_BYTES = {
     "cuboid_mean": lambda sh: 2 * sh.d * 2,  # centre + radius, float16
@@ -409,8 +410,10 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
             for layer in range(layers):  # warm-up (compiles) and results
                 dec = plan_obj.run(qs[layer], layer)
                 outs.append(cupy.array(dec.out))
-                reads.append(n if dec.order is None else blocks_read_per_kv_head(
-                    cupy.asnumpy(dec.order), cupy.asnumpy(dec.num_used), hkv))
+                used = None if dec.order is None else cupy.asnumpy(dec.num_used)
+                if dec.num_speculated is not None:  # speculated blocks are read, attended or not
+                    used = np.maximum(used, cupy.asnumpy(dec.num_speculated))
+                reads.append(n if used is None else blocks_read_per_kv_head(cupy.asnumpy(dec.order), used, hkv))
             return graph_us(lambda layer: plan_obj.run(qs[layer], layer)), outs, float(np.mean(reads))
 
         def stage_times(p, total):
@@ -474,6 +477,8 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
         cluster = _kernels.pick_cluster(b * hkv)
         # at least one block per warp per iteration, and at most ~64 iterations over the whole cache
         step = max(cluster * 8, n // 64)
+        # speculate: one CTA per chunk, so chunks of a few blocks per warp (no barrier per chunk to amortise)
+        spec_step = max(16, n // 256)
 
         def psa_floor(read, groups=hkv, metadata="cuboid_mean", passes=0):
             return floor_bytes(shape, t=t, b=b, blocks_read=read, metadata=metadata, groups=groups,
@@ -519,6 +524,14 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     usf, outsf, readf = gotf
                     # per head: the estimates written, read back by the suffix sums, which write their own
                     row(fname, usf, psa_floor(readf, passes=3), mean_err(outsf), readf, 7)
+            if "speculate" not in skip:  # every predicted chunk at once, verified after (DecodePlan(speculate=...))
+                sname = f"{name} speculate {SPECULATE}"
+                gots = attempt(sname, lambda: timed(psa_fast.plan(
+                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=spec_step, speculate=SPECULATE,
+                    scale=shape.scale)))
+                if gots is not None:
+                    uss, outss, reads = gots
+                    row(sname, uss, psa_floor(reads, passes=3), mean_err(outss), reads, 8, f"step {spec_step}")
             if per_head:  # each query head its own order and stop; a KV block read once per KV head at best
                 pname = f"{name} per_head"
 
@@ -542,10 +555,13 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                                            max_tokens=t, block_size=s, metadata="quant3")
                 for layer in range(layers):
                     fill(q3, layer)
-                for gqa in ("shared", "per_head"):
-                    name = "PSA τ=0.95 sketch_avg (quant3)" + (" per_head" if gqa == "per_head" else "")
-                    p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95, step=step, gqa=gqa,
-                                       scale=shape.scale)
+                variants = [(gqa, spec) for spec in (None, SPECULATE) for gqa in ("shared", "per_head")
+                            if spec is None or "speculate" not in skip]
+                for gqa, spec in variants:
+                    name = ("PSA τ=0.95 sketch_avg (quant3)" + (" per_head" if gqa == "per_head" else "")
+                            + (f" speculate {spec}" if spec else ""))
+                    p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95, step=spec_step if spec else step,
+                                       gqa=gqa, scale=shape.scale, speculate=spec)
                     us3, outs3, read3 = timed(p3)
                     row(name, us3, psa_floor(read3, metadata="quant3", passes=3, groups=hq if gqa == "per_head"
                                              else hkv), mean_err(outs3), read3, 5,

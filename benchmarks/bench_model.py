@@ -10,6 +10,8 @@ token through [`psa_fast.hf.CapturedDecoder`][psa_fast.hf.CapturedDecoder]):
 * ``paged``: [`psa_fast.hf.PagedCache`][psa_fast.hf.PagedCache] with ``mode="dense"`` (every block through the
   paged kernels);
 * ``psa0.95``, ``psa0.99``: PSA at those thresholds (``--step``, default 16 blocks an iteration);
+  ``psa0.95s``, ``psa0.95s1.5``: the same with ``DecodePlan(speculate=SPECULATE)`` or that margin (the
+  predicted chunks at once, verified after);
 * ``topk``: top-k with k = PSA 0.95's mean blocks read (measured in the same run).
 
 Each row: median ms per step over ``--steps`` replays (CUDA events), tokens/s (``B`` / step), next-token
@@ -37,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+SPECULATE = 2.0  # the margin of the psa...s methods (DecodePlan(speculate=...))
 
 
 def load_model(args):
@@ -116,11 +119,15 @@ def run_method(model, method, ids, args, k=None):
 
     batch, total = ids.shape
     context = total - args.steps - 1
-    tau = float(method[3:]) if method.startswith("psa") else 0.95
+    tau, spec = 0.95, None
+    if method.startswith("psa"):  # psa<tau>, or psa<tau>s[<margin>]: speculate (default margin SPECULATE)
+        tau_txt, _, margin = method[3:].partition("s")
+        tau = float(tau_txt)
+        spec = {"speculate": float(margin or SPECULATE)} if "s" in method[3:] else None
     cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False, gqa=args.gqa)
     psa_fast.hf.enable(model, cfg)
     cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=total + 8, static=True,
-                                   mode={"paged": "dense", "sdpa": "sdpa"}.get(method))
+                                   mode={"paged": "dense", "sdpa": "sdpa"}.get(method), plan_options=spec)
     dec = psa_fast.hf.CapturedDecoder(model, cache, batch)
     ids = ids.cuda()
     logits = dec.prefill(ids[:, :context])

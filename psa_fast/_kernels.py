@@ -253,7 +253,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
-           q_exact: bool = False) -> None:
+           q_exact: bool = False, spec: tuple | None = None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -269,6 +269,13 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``PSA_SPLIT`` build: ``splits`` CTAs per group each attend ``split_len`` consecutive positions and
     write their partial outputs to ``partial [B, Hq, splits, Dp + 2]``; ``psa_merge_splits`` then writes
     ``out`` and the diagnostics.
+
+    ``spec = (spec_len, partial, istate, vstate, chunks)`` (psa, version 3) runs the speculative schedule
+    in three launches: the ``PSA_SPEC`` build (grid ``(chunks, Gn, B)``: one CTA per chunk of the loop's
+    schedule that starts below ``spec_len [B, Gn]``, partials into ``partial [B, Hq, chunks, Dp + 4]``),
+    ``psa_spec_verify`` (the verifier over those chunks in order; groups that stop get their outputs and
+    diagnostics, the others their loop state in ``istate [B, Gn, 4]`` int / ``vstate [B, Hq, 7 + Dp]``), and
+    the ``PSA_RESUME`` build (the loop from there, ``cluster`` CTAs per group; done groups leave at once).
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
     (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
@@ -317,6 +324,14 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         args = args + (np.int32(split_len), partial)
         defines["split"] = 1
         grid = (splits, hq // g, b)
+    if spec is not None:
+        if version != 3 or offload is not None or split is not None or stop in ("none", "budget"):
+            raise ValueError("the speculative schedule runs PSA on decode version 3, without offload or splits")
+        _decode_speculative(args, spec, defines, order_arr, log_suffix, sketch, first_len, out, num_used,
+                            iterations, reason, mass_est, seq_lens, d=d, s=s, g=g, hq=hq, nmax=nmax, b=b,
+                            stop=stop, threshold=threshold, step=step, forced=forced, cluster=cluster, warps=warps,
+                            stages=stages, smem=smem)
+        return
     fn = kernel("decode" if version == 3 else "decode_v2", d=d, s=s, g=g, cluster=cluster, warps=warps,
                 stages=stages, **defines)
     if fn.max_dynamic_shared_size_bytes < smem:
@@ -329,6 +344,51 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         why = REASONS.index("budget" if stop == "budget" else "exhausted")
         merge((hq, b), (d,), (partial, seq_lens, out, num_used, iterations, reason, mass_est, np.int32(splits),
                               np.int32(step), np.int32(why)))
+
+
+SPEC_VERIFY_THREADS = 1024  # psa_spec_verify's CTA (PSA_VERIFY_THREADS in spec.cu)
+
+
+def _decode_speculative(args, spec, defines, order_arr, log_suffix, sketch, first_len, out, num_used, iterations,
+                        reason, mass_est, seq_lens, *, d, s, g, hq, nmax, b, stop, threshold, step, forced, cluster,
+                        warps, stages, smem) -> None:
+    """The three launches of ``decode(spec=...)``: every speculated chunk at once, the verifier over them,
+    the loop resumed where they did not reach the stop."""
+    from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
+
+    spec_len, partial, istate, vstate, chunks = spec
+    null = np.uint64(0)
+    gn = hq // g
+    fn = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="decode_spec", spec=1,
+                **defines)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    fn((chunks, gn, b), (warps * 32,), args + (spec_len, partial), shared_mem=smem)
+    ests, lmass = sketch if sketch is not None else (null, null)
+    share = SKETCH_AVG_SHARE if stop == "sketch_avg" else SKETCH_NEXT_SHARE
+    verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify")
+    verify((gn, b), (SPEC_VERIFY_THREADS,), (
+        partial, spec_len, seq_lens, order_arr, null if log_suffix is None else log_suffix, ests, lmass,
+        null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
+        np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
+        np.int32(step), np.int32(forced), np.float32(EMA_WEIGHT), np.float32(share), np.int32(SKETCH_WINDOW)))
+    resume = kernel("decode", d=d, s=s, g=g, cluster=cluster, warps=warps, stages=stages, entry="decode_resume",
+                    resume=1, **defines)
+    if resume.max_dynamic_shared_size_bytes < smem:
+        resume.max_dynamic_shared_size_bytes = smem
+    allow_cluster(resume, cluster)
+    resume((cluster, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null), shared_mem=smem)
+
+
+def spec_len(log_suffix, seq_lens, out, *, s, g, hq, nmax, forced, threshold, margin, extra) -> None:
+    """``DecodePlan(speculate=margin)``: each group's speculated positions ``out [B, Gn]`` = the forced
+    blocks + ``margin`` x the ranked blocks its estimates predict for ``threshold`` + ``extra``, at most n
+    (``psa_spec_len``; every position at ``threshold >= 1``)."""
+    b, gn = out.shape
+    log_rest = np.float32(np.log1p(-threshold) if threshold < 1 else -np.inf)
+    fn = kernel("first_chunk", d=16, s=s, g=g, entry="spec_len")
+    fn((gn, b), (32,), (log_suffix, seq_lens, out, np.int32(hq), np.int32(nmax), np.int32(forced), log_rest,
+                        np.float32(margin), np.int32(extra)))
 
 
 def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold) -> None:

@@ -44,6 +44,9 @@ class DecodeOutput:
         iterations: ``[B, Gn]`` int32 chunks processed.
         reason: ``[B, Gn]`` int32 index into ``psa_fast.REASONS``.
         mass_estimate: ``[B, Hq]`` float32: the stop rule's estimate of the attended mass fraction.
+        num_speculated: ``[B, Gn]`` int32 (``speculate`` plans, else None): the first ``num_speculated`` entries of
+            ``order`` were read in parallel before the verifier ran; the blocks read are the first
+            ``max(num_used, num_speculated)``.
     """
 
     out: Any
@@ -52,6 +55,7 @@ class DecodeOutput:
     iterations: Any
     reason: Any
     mass_estimate: Any
+    num_speculated: Any = None
 
 
 class DecodePlan:
@@ -84,6 +88,14 @@ class DecodePlan:
         splits: CTAs per group for dense and top-k (split-KV: each attends a slice of the positions,
             partial outputs merged by log-sum-exp). Default: about one wave over the SMs when the groups
             alone leave SMs idle (one request, few KV heads), else 1. PSA's loop runs one cluster per group.
+        speculate: psa: None (the loop, one cluster per group, a barrier per chunk), or a margin ``m > 0``:
+            every chunk of the loop's schedule that starts within the forced blocks + ``m`` x the ranked
+            blocks the estimates predict for ``threshold`` (the prediction of ``first_chunk="predicted"``)
+            + one ``step`` is attended at once, one CTA per chunk over the whole GPU; the verifier then
+            runs over those chunks in order on the device and the loop resumes after them for groups
+            whose rule has not held. The blocks attended and the decision are the loop's; the output
+            differs by float rounding (the chunks are merged in another order); blocks speculated past
+            the stop are read and not attended (``spec_len``). Not with ``stop="certified"``.
     """
 
     @requires_gpu
@@ -91,7 +103,7 @@ class DecodePlan:
                  stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
                  recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
                  warps: int = 8, version: int = 3, stages: int | None = None, splits: int | None = None,
-                 first_chunk: int | str | None = None):
+                 first_chunk: int | str | None = None, speculate: float | None = None):
         import cupy
 
         if not isinstance(cache, PagedKVCache):
@@ -132,6 +144,7 @@ class DecodePlan:
                                       "(its per-head buffer holds the min/max bounds, not the estimates)")
         if self.first_chunk is not None and self.version != 3:
             raise ValueError("first_chunk needs decode version 3")
+        self.speculate = self._check_speculate(speculate)
         b, nmax, dp = cache.batch, cache.nmax, cache.dp
         f32, i32 = cupy.float32, cupy.int32
         self.q = cupy.zeros((b, self.hq, dp), f32)
@@ -154,8 +167,8 @@ class DecodePlan:
         # per head beside the group scores: min/max bounds (certified) or each head's estimates (sketch),
         # and their suffix log-sum-exp along the order
         self._per_head = {"certified": "bounds", "sketch": "estimates", "sketch_avg": "estimates"}.get(self.stop) if self.mode == "psa" else None
-        if self.first_chunk == "predicted":
-            self._per_head = "estimates"  # the predicted first chunk sums each head's estimates along the order
+        if self.first_chunk == "predicted" or self.speculate is not None:
+            self._per_head = "estimates"  # the prediction sums each head's estimates along the order
         self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
         self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if self._per_head else None
         self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
@@ -169,6 +182,31 @@ class DecodePlan:
         if self.first_chunk is not None:
             fixed = 0 if self.first_chunk == "predicted" else self.first_chunk
             self.first_len = cupy.full((b, self.gn), fixed, i32)
+        # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
+        # the loop's state after the speculated chunks (for the resumed loop)
+        self.spec_len = self.spec_partial = self.istate = self.vstate = None
+        if self.speculate is not None:
+            forced = self.sink_blocks + self.recent_blocks
+            self.spec_chunks = (forced > 0) + (self.first_chunk is not None) + -(-nmax // self.step)
+            self.spec_len = cupy.empty((b, self.gn), i32)
+            self.spec_partial = cupy.empty((b, self.hq, self.spec_chunks, dp + 4), f32)
+            self.istate = cupy.empty((b, self.gn, 4), i32)
+            self.vstate = cupy.empty((b, self.hq, 7 + dp), f32)
+
+    def _check_speculate(self, speculate):
+        """``speculate`` checked against the mode, rule and kernel version."""
+        if speculate is None:
+            return None
+        if isinstance(speculate, bool) or not isinstance(speculate, (int, float)) or not speculate > 0:
+            raise ValueError(f"speculate must be None or a margin > 0 (e.g. 1.25), got {speculate!r}")
+        if self.mode != "psa":
+            raise ValueError(f"speculate runs PSA's loop; mode={self.mode!r} has none")
+        if self.stop == "certified":
+            raise NotImplementedError("speculate with stop='certified' is not implemented on the GPU (its per-head "
+                                      "buffer holds the min/max bounds, not the estimates the prediction needs)")
+        if self.version != 3:
+            raise ValueError("speculate needs decode version 3")
+        return float(speculate)
 
     def _plan_splits(self, splits, cluster) -> tuple:
         """``(splits, positions per split, partial-output buffer or None)``; sets ``cluster`` to 1 when split."""
@@ -253,6 +291,10 @@ class DecodePlan:
             _kernels.first_chunk(self.log_suffix, self.cache.seq_lens[layer], self.first_len, s=self.cache.block_size,
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
                                  forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold)
+        if self.speculate is not None:
+            _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, s=self.cache.block_size,
+                              g=self.g, hq=self.hq, nmax=self.cache.nmax, forced=self.sink_blocks + self.recent_blocks,
+                              threshold=self.threshold, margin=self.speculate, extra=self.step)
 
     def attend(self, layer: int) -> DecodeOutput:
         """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel."""
@@ -272,9 +314,12 @@ class DecodePlan:
                         sketch=(self.bounds, self.lmass) if self.lmass is not None else None, q_mma=self.q_mma,
                         qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
-                        first_len=self.first_len, q_exact=self._q_exact, **self._shape())
+                        first_len=self.first_len, q_exact=self._q_exact,
+                        spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
+                                                                  self.vstate, self.spec_chunks),
+                        **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
-                            self.mass_estimate)
+                            self.mass_estimate, None if self.istate is None else self.istate[..., 3])
 
 
 @requires_gpu
@@ -454,11 +499,13 @@ def _result(dec: DecodeOutput, p: DecodePlan, blocks: KVBlocks, q3, single: bool
 @requires_gpu
 def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | None = None, stop: str = DEFAULT_STOP,
               step: int = 1, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
-              exact_mass: bool = False, first_chunk: int | str | None = None) -> AttentionResult:
+              exact_mass: bool = False, first_chunk: int | str | None = None,
+              speculate: float | None = None) -> AttentionResult:
     """Progressive sparse attention on the GPU; the arguments and result of [`psa_ref.attention`][psa_ref.attention].
 
     ``q`` is ``[D]`` or ``[Hq, D]`` (float16/32/64 or bfloat16, CuPy or CUDA torch); ``output`` is float32 on
-    the GPU, of the same array type; the other fields are on the host.
+    the GPU, of the same array type; the other fields are on the host. ``speculate`` (GPU only) is
+    [`DecodePlan`][psa_fast.DecodePlan]'s: the same blocks and decision by another schedule of the kernels.
     """
     threshold = _validate.threshold(threshold)
     step = _validate.integer(step, "step", minimum=1)
@@ -466,7 +513,8 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     stop = resolve_stop(stop, blocks.cache.metadata)
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)
     p = DecodePlan(blocks.cache, num_q_heads=q3.shape[1], mode="psa", threshold=threshold, stop=stop, step=step,
-                   gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks, scale=scale, first_chunk=first_chunk)
+                   gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks, scale=scale, first_chunk=first_chunk,
+                   speculate=speculate)
     return _result(p.run(q3), p, blocks, q3, single, kind, exact_mass)
 
 

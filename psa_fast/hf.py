@@ -204,6 +204,8 @@ class PagedCache(Cache):
             block through the same paged kernels: the paged baseline) or ``"sdpa"`` (``static`` only:
             the PSA layers too keep K and V in static buffers and run stock SDPA, the dense baseline
             measured the same way).
+        plan_options: further [`DecodePlan`][psa_fast.DecodePlan] options for the PSA layers, those
+            ``PSAConfig`` does not hold (GPU-only), e.g. ``{"speculate": 1.25}`` or ``{"cluster": 4}``.
 
     Attributes:
         kv: the ``PagedKVCache`` (its layer ``i`` is the model layer ``psa_layers[i]``).
@@ -220,7 +222,7 @@ class PagedCache(Cache):
     """
 
     def __init__(self, model: torch.nn.Module, *, batch: int, max_tokens: int, static: bool = False,
-                 mode: str | None = None):
+                 mode: str | None = None, plan_options: dict | None = None):
         import psa_fast
 
         if not gpu_available():
@@ -258,6 +260,11 @@ class PagedCache(Cache):
         self.num_q_heads = hq
         self.config = cfg
         self._plans: dict = {}
+        self._plan_options = dict(plan_options or {})
+        taken = {"num_q_heads", "mode", "gqa", "scale", "sink_blocks", "recent_blocks", "threshold", "stop", "step",
+                 "k"} & set(self._plan_options)
+        if taken:
+            raise ValueError(f"plan_options {sorted(taken)} come from the PSAConfig and the cache; set them there")
         self._pending: dict = {}
         self.steps = 0
         layers = []
@@ -291,7 +298,7 @@ class PagedCache(Cache):
                 opts.update(threshold=cfg.threshold, stop=cfg.stop, step=cfg.step)
             elif self.mode == "topk":
                 opts.update(k=cfg.topk)
-            p = self._plans[scale] = psa_fast.DecodePlan(self.kv, **opts)
+            p = self._plans[scale] = psa_fast.DecodePlan(self.kv, **opts, **self._plan_options)
         return p
 
     def blocks_read(self) -> dict:
@@ -377,7 +384,12 @@ def attention_forward(session, module, query, key, value, attention_mask, dropou
         cache.kv.append(slot, key[:, :, 0].contiguous(), value[:, :, 0].contiguous())
         p = cache.plan(scale)
         dec = p.run(query[:, :, 0].contiguous(), layer=slot)
-        cache.reads[slot] += dec.num_used
+        if dec.num_speculated is None:
+            cache.reads[slot] += dec.num_used
+        else:  # speculated blocks are read whether or not the verifier attends them
+            import cupy
+
+            cache.reads[slot] += cupy.maximum(dec.num_used, dec.num_speculated)
         out = torch.from_dlpack(dec.out).to(query.dtype)
     cache.blocks_seen[slot] += -(-cache.kv.host_lens[slot] // cache.kv.block_size)  # host: lengths are known
     if layer == cache.psa_layers[0]:

@@ -180,3 +180,4 @@ def test_plot_speedup_against_blocks_read(tmp_path):
     assert (tmp_path / "bars.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="no rows"):
         plot_decode.plot_vs_blocks(str(src), str(dst), batches=(32,))
+

@@ -121,6 +121,65 @@ def test_psa_with_a_first_chunk_conforms(p, tau, stop, step, first):
                 f"group {gi}: GPU first chunk {c}, reference {want}"
 
 
+SPECULATED = {"runs": 0, "same": 0, "resumed": 0}
+
+
+@settings(max_examples=120)
+@given(gpu_problems(), thresholds, st.sampled_from([r for r in psa_fast.STOP_RULES if r != "certified"]),
+       st.sampled_from([1, 2, 5, 64]), st.sampled_from([0.01, 0.5, 1.0, 1.5, 4.0]),
+       st.sampled_from([None, 3, "predicted"]))
+def test_speculative_schedule_conforms_and_matches_the_loop(p, tau, stop, step, margin, first):
+    """speculate: every chunk below the predicted prefix attended at once, verified in order on the device,
+    the loop resumed after them. A small margin makes most groups resume (both paths run). The result keeps
+    the reference's contract, and the blocks and decision are the loop's own (the same plan without
+    speculate) except where the two merge orders round a stop decision differently."""
+    b = blocks_of(p)
+    n = b.num_blocks
+    sink = min(p.sink_blocks, n)
+    recent = min(p.recent_blocks, n - sink)
+    opts = dict(threshold=tau, stop=stop, step=step, gqa=p.gqa, sink_blocks=sink, recent_blocks=recent,
+                first_chunk=first)
+    q = cupy.asarray(p.q.astype(np.float32)[None])
+    runs = []
+    for spec in (None, margin):
+        plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], speculate=spec, **opts)
+        dec = plan.run(q)
+        used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
+        sizes = None if first is None else cupy.asnumpy(plan.first_len[0]).tolist()
+        runs.append((used, cupy.asnumpy(dec.iterations[0]), cupy.asnumpy(dec.reason[0]), cupy.asnumpy(dec.out[0]),
+                     sizes, plan))
+    used, iters, reasons, out, sizes, plan = runs[1]
+    res = psa_ref.AttentionResult(out, used, iters, [psa_fast.REASONS[r] for r in reasons], None, None, n)
+    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                 metadata=p.metadata, first_chunk=sizes if first == "predicted" else first, gqa=p.gqa,
+                 sink_blocks=sink, recent_blocks=recent)
+    loop_used, loop_iters = runs[0][0], runs[0][1]
+    SPECULATED["runs"] += 1
+    SPECULATED["same"] += all(np.array_equal(a, c) for a, c in zip(used, loop_used)) and np.array_equal(iters,
+                                                                                                         loop_iters)
+    spec_len = cupy.asnumpy(plan.spec_len[0])
+    SPECULATED["resumed"] += int(np.any(np.array([u.size for u in used]) > spec_len))
+    assert all(u.size <= n for u in used)
+
+
+def test_speculative_schedule_matches_the_loop_on_most_draws():
+    if SPECULATED["runs"] < 50:
+        pytest.skip("runs after test_speculative_schedule_conforms_and_matches_the_loop")
+    assert SPECULATED["same"] >= 0.95 * SPECULATED["runs"], SPECULATED
+    assert SPECULATED["resumed"] >= 5, SPECULATED  # the resumed loop ran in enough draws to be tested
+
+
+def test_speculate_is_checked():
+    b = psa_fast.KVBlocks.from_dense(cupy.ones((1, 64, 64), cupy.float16), cupy.ones((1, 64, 64), cupy.float16))
+    for bad in (0, -1.0, True, "yes"):
+        with pytest.raises(ValueError, match="speculate must be"):
+            psa_fast.plan(b.cache, num_q_heads=1, speculate=bad)
+    with pytest.raises(ValueError, match="mode='topk'"):
+        psa_fast.plan(b.cache, num_q_heads=1, mode="topk", speculate=1.0)
+    with pytest.raises(NotImplementedError, match="certified"):
+        psa_fast.plan(b.cache, num_q_heads=1, stop="certified", speculate=1.0)
+
+
 def test_psa_agrees_with_reference_on_most_draws():
     if AGREEMENT["runs"] < 50:
         pytest.skip("runs after test_psa_conforms")

@@ -52,7 +52,8 @@ def build(rng, *, lens, hq, hkv, d, s, num_slots, pool="unified", policy="lru", 
 
 def frozen(dec):
     """A copy of a plan's outputs (the next run of that plan overwrites its buffers)."""
-    return psa_fast.api.DecodeOutput(*(getattr(dec, f.name).copy() for f in dataclasses.fields(dec)))
+    fields = (getattr(dec, f.name) for f in dataclasses.fields(dec))
+    return psa_fast.api.DecodeOutput(*(None if x is None else x.copy() for x in fields))
 
 
 def same_decode(a, b, what):

@@ -66,6 +66,16 @@
 // iteration is resident and stays so while the launch runs. When the last group of the batch
 // stops, the kernel writes `*token` into `done_host` (mapped pinned memory) for the loader to see.
 //
+// Resume build (PSA_RESUME = 1): the loop starts from the state in istate/vstate (as the offload
+// build's, blocks found through block_table) and runs to its stop; a group already done leaves at once.
+// It follows the speculative build.
+//
+// Speculative build (PSA_SPEC = 1, DecodePlan(speculate=...)): one CTA per chunk of the loop's schedule,
+// blockIdx.x = the chunk, each attending its chunk when the chunk starts below the group's speculated
+// position `spec_len` (psa_spec_len) and writing its heads' unnormalised output, max logit, mass, min
+// log block mass and moving-average terms to `partial [B, Hq, chunks, PSA_D + 4]`; no CTA decides
+// anything. psa_spec_verify (spec.cu) then runs the verifier over the chunks in order.
+//
 // Split build (PSA_SPLIT = 1; dense and top-k, which need no verifier decision): one group's
 // positions [0, min(n, step)) are cut into gridDim.x splits of `split_len` positions, each attended
 // by one CTA (PSA_CLUSTER = 1) with no barrier between CTAs, so that one request over a long cache
@@ -75,6 +85,7 @@
 // splits * (D + 2) floats per head: at B = 1, 32 heads, 16 splits, D 128 that is 264 KiB, ~0.1 us.
 #include "common.cuh"
 #include "mma.cuh"
+#include "verifier.cuh"
 
 #ifndef PSA_OFFLOAD
 #define PSA_OFFLOAD 0
@@ -82,7 +93,16 @@
 #ifndef PSA_SPLIT
 #define PSA_SPLIT 0
 #endif
+#ifndef PSA_SPEC
+#define PSA_SPEC 0
+#endif
+#ifndef PSA_RESUME
+#define PSA_RESUME 0
+#endif
+#define PSA_STATEFUL (PSA_OFFLOAD || PSA_RESUME)  // the loop starts from (and the offload build saves) istate/vstate
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
+static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "the speculative build runs one CTA per chunk");
+static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 
 #ifndef PSA_QPARTS
@@ -111,14 +131,6 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// The end of the chunk that holds position x of the order: forced blocks [0, first) form the first
-// chunk, ranked positions [first, first2) the next (first_chunk; none when first2 == first), then
-// chunks of `step`.
-__device__ __forceinline__ int chunk_end(int x, int first, int first2, int step, int n) {
-    const int e = x < first ? first : x < first2 ? first2 : first2 + ((x - first2) / step + 1) * step;
-    return min(e, n);
-}
-
 // The next position of the order that warp `gw` of NW attends after position i (n if none).
 __device__ __forceinline__ int next_position(int i, int gw, int nw, int first, int first2, int step, int n) {
     int e = chunk_end(i, first, first2, step, n);
@@ -131,9 +143,9 @@ __device__ __forceinline__ int next_position(int i, int gw, int nw, int first, i
     return n;
 }
 
-// The first position of the order that warp `gw` attends (n if none).
-__device__ __forceinline__ int first_position(int gw, int first, int first2, int step, int n) {
-    for (int e = 0; e < n;) {
+// The first position of the order at or after `from` (a chunk boundary) that warp `gw` attends (n if none).
+__device__ __forceinline__ int first_position(int gw, int from, int first, int first2, int step, int n) {
+    for (int e = from; e < n;) {
         const int e2 = chunk_end(e, first, first2, step, n);
         if (e + gw < e2) return e + gw;
         e = e2;
@@ -166,24 +178,36 @@ __device__ __forceinline__ float4 combine_stats(float4 a, float4 b) {
     return make_float4(nm, a.y * ea + b.y * eb, fminf(a.z, b.z), a.w * ea + b.w * eb);
 }
 
+// Each build has its own name, so that a profile tells the speculative and resumed launches apart.
+#if PSA_SPEC
+#define PSA_DECODE_ENTRY psa_decode_spec
+#elif PSA_RESUME
+#define PSA_DECODE_ENTRY psa_decode_resume
+#else
+#define PSA_DECODE_ENTRY psa_decode
+#endif
+
 extern "C" __global__ void
 #if PSA_CLUSTER > 1
 __cluster_dims__(PSA_CLUSTER, 1, 1)
 #endif
 __launch_bounds__(PSA_WARPS * 32)
-psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const kv_t* __restrict__ v_pool,
+PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const kv_t* __restrict__ v_pool,
            const int* __restrict__ block_table, const int* __restrict__ seq_lens, const int* __restrict__ order,
            const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
            int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w,
            const float* __restrict__ ests, float* __restrict__ lmass, float sketch_share, int sketch_window,
            float qk_scale, const int* __restrict__ first_len
-#if PSA_OFFLOAD
+#if PSA_STATEFUL
            , const int* __restrict__ slot_map, int* __restrict__ istate, float* __restrict__ vstate,
            int* __restrict__ groups_left, volatile int* done_host, const int* __restrict__ token
 #endif
 #if PSA_SPLIT
            , int split_len, float* __restrict__ partial
+#endif
+#if PSA_SPEC
+           , const int* __restrict__ spec_len, float* __restrict__ partial
 #endif
            ) {
     constexpr int NW = PSA_CLUSTER * PSA_WARPS;
@@ -201,6 +225,15 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
     const int base = min(total, (int)blockIdx.x * split_len);
     const int n = min(total - base, split_len);
     const int first = n;
+#elif PSA_SPEC
+    // This CTA's chunk blockIdx.x of the group's schedule, attended as one chunk with no decision when it
+    // starts before the group's speculated positions (psa_spec_len); the others leave at once.
+    const int n_all = (len + PSA_S - 1) / PSA_S, first_all = min(n_all, forced);
+    const int first2_all = first_len ? min(n_all, first_all + __ldg(first_len + (long)b * Gn + g)) : first_all;
+    const int base = chunk_start(blockIdx.x, first_all, first2_all, step);
+    if (base >= min(n_all, __ldg(spec_len + (long)b * Gn + g))) return;
+    const int n = chunk_end(base, first_all, first2_all, step, n_all) - base;
+    const int first = n;
 #else
     constexpr int base = 0;
     const int n = (len + PSA_S - 1) / PSA_S;
@@ -213,19 +246,26 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
     const int first2 = first_len ? min(n, first + __ldg(first_len + (long)b * Gn + g)) : first;
     const int* orow = order ? order + ((long)b * Gn + g) * Nmax + base : nullptr;
     const int* btab = block_table + ((long)b * Hkv + kv) * Nmax;
-#if PSA_OFFLOAD
+#if PSA_STATEFUL
     const long gi = (long)b * Gn + g;
     int pos = istate[gi * 4], it = istate[gi * 4 + 1], why = istate[gi * 4 + 2];
     if (why >= 0) return;                          // stopped in an earlier launch: the whole cluster leaves
+#if PSA_OFFLOAD
     const int lim = chunk_end(pos, first, first2, step, n);  // this launch attends [pos, lim) only
 #define PSA_SLOT(blk) __ldg(slot_map + __ldg(btab + (blk)))
 #define PSA_FIRST_POS (pos + gw < lim ? pos + gw : lim)
 #else
-    int pos = 0, it = 0, why = -1;
+    const int lim = n;                             // resume: the rest of the loop from chunk boundary pos
+#define PSA_SLOT(blk) __ldg(btab + (blk))
+#define PSA_FIRST_POS first_position(gw, pos, first, first2, step, n)
+#endif
+#else
+    // spec: the chunk's index, so that only chunk 0's first block enters the moving average with weight 1
+    int pos = 0, it = PSA_SPEC ? (int)blockIdx.x : 0, why = -1;
     // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
     const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS first_position(gw, first, first2, step, n)
+#define PSA_FIRST_POS first_position(gw, 0, first, first2, step, n)
 #endif
     const int hh = lane >> 2;                      // the query head (MMA row) of this lane's fragments
     const int quad = lane & 3;                     // its column pair within a tile: 2 * quad, 2 * quad + 1
@@ -304,17 +344,15 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
     // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
     __shared__ float4 warp_stats[PSA_WARPS][PSA_G];
     __shared__ float4 cta_stats[2][PSA_G];
-    // Verifier state, kept identically by every lane of every warp: per head the running max M,
-    // the attended mass AS_acc relative to M, the log of the lightest block's mass
-    // (AS_min = exp(vmin - M)), and the rule's estimated attended fraction.
-    float vM[PSA_G], vacc[PSA_G], vmin[PSA_G], vema[PSA_G], vfrac[PSA_G];
+    // Verifier state per head (verifier.cuh), kept identically by every lane of every warp.
+    Verifier ver[PSA_G];
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
-#if PSA_OFFLOAD
+#if PSA_STATEFUL
         const float* vs = vstate + ((long)b * Hq + h0 + h) * PSA_VSTATE;
-        vM[h] = vs[0]; vacc[h] = vs[1]; vmin[h] = vs[2]; vema[h] = vs[3]; vfrac[h] = vs[4];
+        ver[h] = Verifier{vs[0], vs[1], vs[2], vs[3], vs[4]};
 #else
-        vM[h] = -PSA_INF; vacc[h] = 0.f; vmin[h] = PSA_INF; vema[h] = 0.f; vfrac[h] = 0.f;
+        ver[h] = verifier_start();
 #endif
     }
 
@@ -375,7 +413,7 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
             const float log_mass = bm + __logf(bs);
             cmin = fminf(cmin, log_mass);
             if (sketchy && quad == 0 && hh < PSA_G)
-                lmass[((long)b * Hq + h0 + hh) * Nmax + cur] = log_mass;
+                lmass[((long)b * Hq + h0 + hh) * Nmax + base + cur] = log_mass;
             const float nm = fmaxf(cm, bm);
             // AS_ema after the chunk = (1-w)^clen AS_ema + sum_i w (1-w)^(clen-1-i) m_i over the chunk's
             // blocks i in order; the very first block of the loop enters with weight 1, not w.
@@ -430,6 +468,10 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
             cta_stats[it & 1][lane] = t;
         }
         cluster_sync();
+#if PSA_SPEC
+        why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
+        break;
+#endif
         // Every warp reads the cluster's CTA totals (lane h, all ranks at once: one round trip) and
         // combines them in rank order, so every warp reaches the same decision without another barrier.
         float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
@@ -472,29 +514,12 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
         bool all_hold = true;
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {
-            const float nM = fmaxf(vM[h], tm[h]);
-            const float a = __expf(vM[h] - nM), e = __expf(tm[h] - nM);
-            vacc[h] = vacc[h] * a + ts[h] * e;
-            vema[h] = vema[h] * a * __expf((end - pos) * log_keep) + te[h] * e;  // 0 * ... before the first chunk
-            vM[h] = nM;
-            vmin[h] = fminf(vmin[h], tmin[h]);
-            // The rule's estimate of the attended fraction: AS_acc / (AS_acc + rest).
-            float rest = 0.f;
-            if (stop == PSA_STOP_EMA) rest = (float)(n - end) * vema[h];
-            else if (stop == PSA_STOP_REMAINING) rest = (float)(n - end) * __expf(vmin[h] - vM[h]);
-            else if (stop == PSA_STOP_SEED) rest = __expf(vmin[h] - vM[h]);
-            else if (stop == PSA_STOP_CERTIFIED)
-                rest = __expf(__ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end) - vM[h]);
-            bool next_small = true;
-            if (sketchy) {
-                // rest = kappa sum_unseen p_j = (sum_W m_j) exp(lse_unseen - lse_W); infinite while no
-                // ranked block has been attended; the next block's sketch mass must be a small share
-                const float unseen = __ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end);
-                rest = end <= first ? (end < n ? PSA_INF : 0.f) : __expf(w_true[h] - vM[h] + unseen - w_sketch[h]);
-                next_small = __expf(next_sketch[h] - vM[h]) < next_share * (vacc[h] + rest);
-            }
-            vfrac[h] = vacc[h] / (vacc[h] + rest);
-            all_hold = all_hold && vfrac[h] >= threshold && next_small;
+            const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
+            const float log_tail = tail ? __ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end) : 0.f;
+            const bool hold = verify_step(ver[h], tm[h], ts[h], tmin[h], te[h], end - pos, end, first, n, stop,
+                                          threshold, log_keep, log_tail, sketchy ? w_true[h] : 0.f,
+                                          sketchy ? w_sketch[h] : 0.f, sketchy ? next_sketch[h] : 0.f, next_share);
+            all_hold = all_hold && hold;
         }
         if (stop == PSA_STOP_BUDGET) why = PSA_REASON_BUDGET;
         else if (end >= n) why = PSA_REASON_EXHAUSTED;
@@ -545,6 +570,19 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
     }
     return;
 #endif
+#if PSA_SPEC
+    // One CTA per chunk: its heads' unnormalised output, max logit, mass relative to it, then the
+    // chunk's lightest block's log-mass and moving-average terms (relative to the same max: the max of
+    // the same block maxima), for psa_spec_verify.
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < PSA_G * (PSA_D + 4); idx += blockDim.x) {
+        const int h = idx / (PSA_D + 4), d = idx % (PSA_D + 4);
+        float* dst = partial + (((long)b * Hq + h0 + h) * gridDim.x + blockIdx.x) * (PSA_D + 4);
+        dst[d] = d < PSA_D ? c_o[h][d] : d == PSA_D ? c_m[h] : d == PSA_D + 1 ? c_l[h]
+               : d == PSA_D + 2 ? cta_stats[it & 1][h].z : cta_stats[it & 1][h].w;
+    }
+    return;
+#endif
     cluster_sync();
     if (rank == 0) {
 #if PSA_OFFLOAD
@@ -569,14 +607,16 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
                 L += dsmem_load(&c_l[h], r) * e;
                 O += dsmem_load(&c_o[h][d], r) * e;
             }
-#if PSA_OFFLOAD
+#if PSA_STATEFUL
             float* vs = vstate + ((long)b * Hq + h0 + h) * PSA_VSTATE;
             const float pm = vs[5], pl = vs[6], nm = fmaxf(pm, M);
             const float ep = pm == -PSA_INF ? 0.f : __expf(pm - nm), ec = M == -PSA_INF ? 0.f : __expf(M - nm);
             O = vs[7 + d] * ep + O * ec;
             L = pl * ep + L * ec;
+#if PSA_OFFLOAD
             if (d == 0) { new_m[h] = nm; new_l[h] = L; }
             if (why < 0) { vs[7 + d] = O; continue; }
+#endif
 #endif
             out[((long)b * Hq + h0 + h) * PSA_D + d] = O / L;
         }
@@ -586,7 +626,7 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
             if (idx % PSA_D == 0) {
                 const int h = idx / PSA_D;
                 float* vs = vstate + ((long)b * Hq + h0 + h) * PSA_VSTATE;
-                vs[0] = vM[h]; vs[1] = vacc[h]; vs[2] = vmin[h]; vs[3] = vema[h]; vs[4] = vfrac[h];
+                vs[0] = ver[h].M; vs[1] = ver[h].acc; vs[2] = ver[h].min; vs[3] = ver[h].ema; vs[4] = ver[h].frac;
                 vs[5] = new_m[h]; vs[6] = new_l[h];
             }
         if (threadIdx.x == 0) {
@@ -603,7 +643,7 @@ psa_decode(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const k
         }
         if (threadIdx.x == 0 && why >= 0)
 #pragma unroll
-            for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = vfrac[h];
+            for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = ver[h].frac;
 #if PSA_OFFLOAD
         if (threadIdx.x == 0 && why >= 0 && atomicSub(groups_left, 1) == 1) {  // the batch's last group to stop
             __threadfence_system();

@@ -7,16 +7,21 @@
 // and log_suffix is non-increasing in L, so each head's smallest such L is found by a binary search
 // (14 steps at 16384 blocks). The group's count is the largest over its heads, less the forced blocks.
 //
+// psa_spec_len (DecodePlan(speculate=...)) turns the same prediction into the positions the speculative
+// schedule attends in parallel before verifying: the forced blocks, `margin` times the predicted ranked
+// blocks, and `extra` more, at most n.
+//
 // One warp per group (lane h < PSA_G searches head h); grid (Gn, B).
 //   log_suffix [B, Hq, Nmax + 1] float (psa_order_suffix over the per-head estimates)
 //   first_len  [B, Gn] int out: ranked blocks of the first ranked chunk (0: none)
+//   spec_len   [B, Gn] int out: positions to speculate
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(32)
-psa_first_chunk(const float* __restrict__ log_suffix, const int* __restrict__ seq_lens, int* __restrict__ first_len,
-                int Hq, int Nmax, int forced, float log_rest) {
-    const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, lane = threadIdx.x;
-    const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
+// The smallest prefix of the order that holds tau of every head's estimated total, over the group's
+// heads (every lane gets it).
+__device__ __forceinline__ int predicted_prefix(const float* __restrict__ log_suffix, int b, int g, int Hq, int Nmax,
+                                                int n, float log_rest) {
+    const int lane = threadIdx.x;
     int need = 0;
     if (lane < PSA_G) {
         const float* ls = log_suffix + ((long)b * Hq + g * PSA_G + lane) * (Nmax + 1);
@@ -30,5 +35,24 @@ psa_first_chunk(const float* __restrict__ log_suffix, const int* __restrict__ se
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) need = max(need, __shfl_xor_sync(0xffffffffu, need, o));
-    if (lane == 0) first_len[(long)b * Gn + g] = max(0, need - min(n, forced));
+    return need;
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+psa_first_chunk(const float* __restrict__ log_suffix, const int* __restrict__ seq_lens, int* __restrict__ first_len,
+                int Hq, int Nmax, int forced, float log_rest) {
+    const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x;
+    const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
+    const int need = predicted_prefix(log_suffix, b, g, Hq, Nmax, n, log_rest);
+    if (threadIdx.x == 0) first_len[(long)b * Gn + g] = max(0, need - min(n, forced));
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+psa_spec_len(const float* __restrict__ log_suffix, const int* __restrict__ seq_lens, int* __restrict__ spec_len,
+             int Hq, int Nmax, int forced, float log_rest, float margin, int extra) {
+    const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x;
+    const int n = (seq_lens[b] + PSA_S - 1) / PSA_S, f = min(n, forced);
+    const int need = predicted_prefix(log_suffix, b, g, Hq, Nmax, n, log_rest);
+    const int ranked = (int)ceilf(margin * (float)max(0, need - f));
+    if (threadIdx.x == 0) spec_len[(long)b * Gn + g] = min(n, f + ranked + extra);
 }

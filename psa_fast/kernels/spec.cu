@@ -1,0 +1,163 @@
+// The speculative schedule (DecodePlan(speculate=...)): psa_decode's PSA_SPEC build has attended each
+// group's chunks that start below its speculated position (psa_spec_len: a margin over the prefix the
+// estimates predict for tau), one CTA per chunk with no barrier between them, and written every chunk's
+// partial output and statistics. This kernel runs the verifier over those chunks in order with the
+// loop's own arithmetic (verify_step), finds the first chunk after which the rule holds, and merges the
+// outputs of the chunks up to it: the blocks attended, the decision and (up to float rounding of the
+// merge order) the output are those of the loop. A group whose rule did not hold within the speculated
+// chunks leaves the loop's state after them in istate/vstate, and psa_decode's PSA_RESUME build goes on
+// from there; every other group is marked done there, so its resumed CTAs leave at once.
+//
+// Grid (Gn, B), PSA_VERIFY_THREADS threads. The chunks are taken PSA_WIN at a time, one warp each: the
+// warps gather their statistics at once (the partials, and for the sketch rules the window sums: all
+// independent of the decision, every load issued before any is used), then warp 0 (lane h: head h)
+// folds them in order, a few hundred cycles a chunk. The output then needs one pass over the partials:
+// the verifier's running max and mass are the merge's max and normaliser.
+//   partial    [B, Hq, Cmax, PSA_D + 4] float: per chunk O[D] (unnormalised), max logit, mass relative to
+//              it, min log block mass, moving-average terms (psa_decode's PSA_SPEC build)
+//   spec_len   [B, Gn] int: the speculated positions (psa_spec_len)
+//   order, log_suffix, ests, lmass, first_len: as psa_decode
+//   out [B, Hq, PSA_D], num_used / iterations / reason [B, Gn], mass_est [B, Hq]: written for groups that stop
+//   istate     [B, Gn, 4] int out: next position, iterations done, reason (-1: the loop goes on), and the
+//              positions the speculated chunks cover (read, attended or not)
+//   vstate     [B, Hq, 7 + PSA_D] float out: verifier state, then the running output's max, mass and O[D]
+#include "common.cuh"
+#include "verifier.cuh"
+
+#define PSA_VERIFY_THREADS 1024
+#define PSA_WIN (PSA_VERIFY_THREADS / 32)
+
+extern "C" __global__ void __launch_bounds__(PSA_VERIFY_THREADS)
+psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_len, const int* __restrict__ seq_lens,
+                const int* __restrict__ order, const float* __restrict__ log_suffix, const float* __restrict__ ests,
+                const float* __restrict__ lmass, const int* __restrict__ first_len, float* __restrict__ out,
+                int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
+                float* __restrict__ mass_est, int* __restrict__ istate, float* __restrict__ vstate, int Hq, int Nmax,
+                int Cmax, int stop, float threshold, int step, int forced, float ema_w, float sketch_share,
+                int sketch_window) {
+    constexpr int PW = PSA_D + 4;  // floats per chunk and head in `partial`
+    const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long gi = (long)b * Gn + g;
+    const int len = seq_lens[b], n = (len + PSA_S - 1) / PSA_S, first = min(n, forced);
+    const int first2 = first_len ? min(n, first + __ldg(first_len + gi)) : first;
+    const int C = min(Cmax, chunks_before(min(n, __ldg(spec_len + gi)), first, first2, step));
+    const bool sketchy = stop == PSA_STOP_SKETCH || stop == PSA_STOP_SKETCH_AVG;
+    const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
+    const float next_share = stop == PSA_STOP_SKETCH_AVG ? sketch_share / (float)n : sketch_share;
+    const float log_keep = __logf(1.f - ema_w);
+    const int* orow = order + gi * Nmax;
+    const long row0 = (long)b * Hq + h0;  // the group's first head
+
+    // Per chunk of the window and head: tm, ts, tmin, te, log_tail, w_true, w_sketch, next_sketch.
+    __shared__ float st[PSA_WIN][PSA_G][8];
+    __shared__ int s_last, s_why;
+    __shared__ float s_M[PSA_G], s_L[PSA_G];
+    Verifier ver = verifier_start();  // warp 0, lane h < PSA_G: head h's state
+    int last = -1, why = -1;           // the chunk where the loop ended, and why (block-uniform)
+    for (int c0 = 0; c0 < C && why < 0; c0 += PSA_WIN) {
+        const int cn = min(PSA_WIN, C - c0);
+        if (warp < cn) {  // chunk c0 + warp
+            const int c = c0 + warp;
+            const int end = chunk_end(chunk_start(c, first, first2, step), first, first2, step, n);
+            if (lane < PSA_G) {  // lane h: head h's partial statistics and tail
+                const float4 x = __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * PW + PSA_D));
+                const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
+                st[warp][lane][0] = x.x;
+                st[warp][lane][1] = x.y;
+                st[warp][lane][2] = x.z;
+                st[warp][lane][3] = x.w;
+                st[warp][lane][4] = lt;
+            }
+            if (sketchy) {  // as psa_decode's verifier: the last sketch_window ranked positions, one per lane
+                const int p = max(first, end - sketch_window) + lane;
+                const bool in_w = p < end;
+                const int jw = in_w ? __ldg(orow + p) : 0;
+                const int jn = end < n ? __ldg(orow + end) : 0;
+                const float log_nw = __logf((float)min(PSA_S, len - jw * PSA_S));
+                float lm[PSA_G], es[PSA_G];
+#pragma unroll
+                for (int h = 0; h < PSA_G; ++h) {  // every load first
+                    lm[h] = in_w ? __ldcg(lmass + (row0 + h) * Nmax + p) : -PSA_INF;
+                    es[h] = in_w ? __ldg(ests + (row0 + h) * Nmax + jw) + log_nw : -PSA_INF;
+                }
+                const float nx = end < n && lane < PSA_G ? __ldg(ests + (row0 + lane) * Nmax + jn)
+                                                           + __logf((float)min(PSA_S, len - jn * PSA_S)) : -PSA_INF;
+#pragma unroll
+                for (int h = 0; h < PSA_G; ++h) {
+                    const float wt = warp_logsumexp(lm[h]), ws = warp_logsumexp(es[h]);
+                    if (lane == 0) { st[warp][h][5] = wt; st[warp][h][6] = ws; }
+                }
+                if (lane < PSA_G) st[warp][lane][7] = nx;
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {
+            for (int ci = 0; ci < cn; ++ci) {
+                const int c = c0 + ci, start = chunk_start(c, first, first2, step);
+                const int end = chunk_end(start, first, first2, step, n);
+                bool hold = true;
+                if (lane < PSA_G) {
+                    const float* x = st[ci][lane];
+                    hold = verify_step(ver, x[0], x[1], x[2], x[3], end - start, end, first, n, stop, threshold,
+                                       log_keep, x[4], x[5], x[6], x[7], next_share);
+                }
+                const bool all_hold = __all_sync(0xffffffffu, hold);
+                last = c;
+                if (end >= n) why = PSA_REASON_EXHAUSTED;
+                else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
+                if (why >= 0) break;
+            }
+            if (lane == 0) { s_last = last; s_why = why; }
+            if (lane < PSA_G) { s_M[lane] = ver.M; s_L[lane] = ver.acc; }
+        }
+        __syncthreads();  // also: every warp is done reading st before the next window overwrites it
+        last = s_last;
+        why = s_why;
+    }
+
+    // The output of chunks [0, last]: the verifier's running max M and mass L (relative to M) are the
+    // merge's, so one pass adds O_c e^(m_c - M); normalised if the loop ended here, else kept (with M and
+    // L) for the resumed loop.
+    for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
+        const int h = idx / PSA_D, d = idx % PSA_D;
+        const float* pr = partial + (row0 + h) * Cmax * PW;
+        const float M = last < 0 ? -PSA_INF : s_M[h], L = last < 0 ? 0.f : s_L[h];
+        float O = 0.f;
+        if (M != -PSA_INF) {
+#pragma unroll 8
+            for (int c = 0; c <= last; ++c) {
+                const float m = __ldcg(pr + c * PW + PSA_D);
+                const float o = __ldcg(pr + c * PW + d);
+                O += m == -PSA_INF ? 0.f : o * __expf(m - M);
+            }
+        }
+        if (why >= 0) {
+            out[(row0 + h) * PSA_D + d] = O / L;
+        } else {
+            float* vs = vstate + (row0 + h) * (7 + PSA_D);
+            vs[7 + d] = O;
+            if (d == 0) { vs[5] = M; vs[6] = L; }
+        }
+    }
+    if (warp == 0 && lane < PSA_G) {
+        if (why >= 0) {
+            mass_est[row0 + lane] = ver.frac;
+        } else {
+            float* vs = vstate + (row0 + lane) * (7 + PSA_D);
+            vs[0] = ver.M; vs[1] = ver.acc; vs[2] = ver.min; vs[3] = ver.ema; vs[4] = ver.frac;
+        }
+    }
+    if (threadIdx.x == 0) {
+        const int pos = last < 0 ? 0 : chunk_end(chunk_start(last, first, first2, step), first, first2, step, n);
+        istate[gi * 4] = pos;
+        istate[gi * 4 + 1] = last + 1;
+        istate[gi * 4 + 2] = why;
+        istate[gi * 4 + 3] = C == 0 ? 0 : chunk_end(chunk_start(C - 1, first, first2, step), first, first2, step, n);
+        if (why >= 0) {
+            num_used[gi] = pos;
+            iterations[gi] = last + 1;
+            reason[gi] = why;
+        }
+    }
+}

@@ -1,0 +1,71 @@
+// The schedule of Algorithm 1's loop (which positions of the order each chunk holds) and its verifier,
+// one head at a time: fold one chunk's statistics into the head's state and say whether the stop rule
+// holds after it. The progressive loop of decode.cu and the
+// speculative schedule's verification (spec.cu) both call verify_step, so they decide by the same
+// arithmetic.
+#pragma once
+#include "common.cuh"
+
+// The end of the chunk that holds position x of the order: forced blocks [0, first) form the first
+// chunk, ranked positions [first, first2) the next (first_chunk; none when first2 == first), then
+// chunks of `step`.
+__device__ __forceinline__ int chunk_end(int x, int first, int first2, int step, int n) {
+    const int e = x < first ? first : x < first2 ? first2 : first2 + ((x - first2) / step + 1) * step;
+    return min(e, n);
+}
+
+// The first position of chunk c (the schedule of chunk_end: forced, first ranked, then `step` at a time).
+__device__ __forceinline__ int chunk_start(int c, int first, int first2, int step) {
+    const int nf = first > 0, n2 = first2 > first;
+    return c < nf ? 0 : c < nf + n2 ? first : first2 + (c - nf - n2) * step;
+}
+
+// The number of chunks that start before position x.
+__device__ __forceinline__ int chunks_before(int x, int first, int first2, int step) {
+    const int nf = first > 0, n2 = first2 > first;
+    if (x <= 0) return 0;
+    if (x <= first) return nf;
+    if (x <= first2) return nf + n2;
+    return nf + n2 + (x - first2 + step - 1) / step;
+}
+
+// Per head: the running max logit M, the attended mass AS_acc relative to M, the log of the lightest
+// attended block's mass (AS_min = exp(min - M)), the moving average AS_ema relative to M (stop = ema),
+// and the rule's estimated attended fraction AS_acc / (AS_acc + rest).
+struct Verifier {
+    float M, acc, min, ema, frac;
+};
+
+__device__ __forceinline__ Verifier verifier_start() { return Verifier{-PSA_INF, 0.f, PSA_INF, 0.f, 0.f}; }
+
+// Fold a chunk of `clen` blocks that ends at position `end` of the order into `v`: its largest logit
+// tm, its mass relative to tm (ts), its lightest block's log-mass (tmin) and its moving-average terms
+// relative to tm (te). `log_tail` is log_suffix at `end` (stop = certified, sketch, sketch_avg: the
+// bounds' or the estimates' log-sum-exp over the unattended positions); the sketch rules also take the
+// window's log true mass and log sketch mass and the next block's log sketch mass. Returns whether the
+// rule holds (the caller adds: every head of the group, and not when `end` reached n).
+__device__ __forceinline__ bool verify_step(Verifier& v, float tm, float ts, float tmin, float te, int clen, int end,
+                                            int first, int n, int stop, float threshold, float log_keep,
+                                            float log_tail, float w_true, float w_sketch, float next_sketch,
+                                            float next_share) {
+    const float nM = fmaxf(v.M, tm);
+    const float a = __expf(v.M - nM), e = __expf(tm - nM);
+    v.acc = v.acc * a + ts * e;
+    v.ema = v.ema * a * __expf(clen * log_keep) + te * e;  // 0 * ... before the first chunk
+    v.M = nM;
+    v.min = fminf(v.min, tmin);
+    float rest = 0.f;
+    if (stop == PSA_STOP_EMA) rest = (float)(n - end) * v.ema;
+    else if (stop == PSA_STOP_REMAINING) rest = (float)(n - end) * __expf(v.min - v.M);
+    else if (stop == PSA_STOP_SEED) rest = __expf(v.min - v.M);
+    else if (stop == PSA_STOP_CERTIFIED) rest = __expf(log_tail - v.M);
+    bool next_small = true;
+    if (stop == PSA_STOP_SKETCH || stop == PSA_STOP_SKETCH_AVG) {
+        // rest = kappa sum_unseen p_j = (sum_W m_j) exp(lse_unseen - lse_W); infinite while no ranked
+        // block has been attended; the next block's sketch mass must be a small share
+        rest = end <= first ? (end < n ? PSA_INF : 0.f) : __expf(w_true - v.M + log_tail - w_sketch);
+        next_small = __expf(next_sketch - v.M) < next_share * (v.acc + rest);
+    }
+    v.frac = v.acc / (v.acc + rest);
+    return v.frac >= threshold && next_small;
+}
