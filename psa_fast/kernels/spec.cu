@@ -10,9 +10,10 @@
 //
 // Grid (Gn, B), PSA_VERIFY_THREADS threads. The chunks are taken PSA_WIN at a time, one warp each: the
 // warps gather their statistics at once (the partials, and for the sketch rules the window sums: all
-// independent of the decision, every load issued before any is used), then warp 0 (lane h: head h)
-// folds them in order, a few hundred cycles a chunk. The output then needs one pass over the partials:
-// the verifier's running max and mass are the merge's max and normaliser.
+// independent of the decision, every load issued before any is used), then warp h folds head h's 32
+// chunks by prefix scans and every lane decides on its chunk. The scans sum in another order than the
+// loop's fold, so a decision can differ from the loop's where rounding straddles the threshold. The
+// output then needs one pass over the partials: the verifier's running max and mass are the merge's.
 //   partial    [B, Hq, Cmax, PSA_D + 4] float: per chunk O[D] (unnormalised), max logit, mass relative to
 //              it, min log block mass, moving-average terms (psa_decode's PSA_SPEC build)
 //   spec_len   [B, Gn] int: the speculated positions (psa_spec_len)
@@ -23,6 +24,13 @@
 //   vstate     [B, Hq, 7 + PSA_D] float out: verifier state, then the running output's max, mass and O[D]
 #include "common.cuh"
 #include "verifier.cuh"
+
+// Two shares of a sum of exponentials, each as (max, mass relative to it), combined; (-inf, 0) is the identity.
+__device__ __forceinline__ float2 lse_combine(float2 a, float2 b) {
+    const float m = fmaxf(a.x, b.x);
+    if (m == -PSA_INF) return make_float2(m, 0.f);
+    return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
+}
 
 #define PSA_VERIFY_THREADS 1024
 #define PSA_WIN (PSA_VERIFY_THREADS / 32)
@@ -49,17 +57,21 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     const int* orow = order + gi * Nmax;
     const long row0 = (long)b * Hq + h0;  // the group's first head
 
-    // Per chunk of the window and head: tm, ts, tmin, te, log_tail, w_true, w_sketch, next_sketch.
+    // Per chunk of the window and head: tm, ts, tmin, te, log_tail, w_true, w_sketch, next_sketch; per chunk
+    // its end; per head the window's decisions as a bit mask.
     __shared__ float st[PSA_WIN][PSA_G][8];
-    __shared__ int s_last, s_why;
+    __shared__ int s_end[PSA_WIN];
+    __shared__ unsigned int s_hold[PSA_G];
     __shared__ float s_M[PSA_G], s_L[PSA_G];
-    Verifier ver = verifier_start();  // warp 0, lane h < PSA_G: head h's state
+    Verifier ver = verifier_start();  // warp h < PSA_G, every lane: head h's state before the window
     int last = -1, why = -1;           // the chunk where the loop ended, and why (block-uniform)
     for (int c0 = 0; c0 < C && why < 0; c0 += PSA_WIN) {
         const int cn = min(PSA_WIN, C - c0);
+        __syncthreads();  // the previous window's st, s_end and s_hold are read by now
         if (warp < cn) {  // chunk c0 + warp
             const int c = c0 + warp;
             const int end = chunk_end(chunk_start(c, first, first2, step), first, first2, step, n);
+            if (lane == 0) s_end[warp] = end;
             if (lane < PSA_G) {  // lane h: head h's partial statistics and tail
                 const float4 x = __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * PW + PSA_D));
                 const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
@@ -92,29 +104,64 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             }
         }
         __syncthreads();
-        if (warp == 0) {
-            for (int ci = 0; ci < cn; ++ci) {
-                const int c = c0 + ci, start = chunk_start(c, first, first2, step);
-                const int end = chunk_end(start, first, first2, step, n);
-                bool hold = true;
-                if (lane < PSA_G) {
-                    const float* x = st[ci][lane];
-                    hold = verify_step(ver, x[0], x[1], x[2], x[3], end - start, end, first, n, stop, threshold,
-                                       log_keep, x[4], x[5], x[6], x[7], next_share);
+        // Warp h folds head h's chunks of the window by prefix scans over lanes (lane k: chunk c0 + k): the
+        // running max and mass (log-sum-exp), the lightest block, and the moving average (a linear recurrence:
+        // each chunk scales what came before by (1-w)^clen and adds its terms), each from the state before the
+        // window; then every lane decides on its own state (verifier_decide, the loop's arithmetic).
+        Verifier vk = ver;
+        if (warp < PSA_G) {
+            const int h = warp, k = lane;
+            const bool valid = k < cn;
+            const int start = valid ? chunk_start(c0 + k, first, first2, step) : 0;
+            const int end = valid ? s_end[k] : n;
+            const float* x = st[valid ? k : 0][h];
+            float m = valid ? x[0] : -PSA_INF, a = valid ? x[1] : 0.f, mn = valid ? x[2] : PSA_INF;
+            float ld = valid ? (end - start) * log_keep : 0.f;  // log of the decay over the chunks so far
+            float tm = m, ts = valid ? x[3] : 0.f;              // the moving average's terms, as (max, mass)
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float pm = __shfl_up_sync(0xffffffffu, m, o), pa = __shfl_up_sync(0xffffffffu, a, o);
+                const float pmn = __shfl_up_sync(0xffffffffu, mn, o), pld = __shfl_up_sync(0xffffffffu, ld, o);
+                const float ptm = __shfl_up_sync(0xffffffffu, tm, o), pts = __shfl_up_sync(0xffffffffu, ts, o);
+                if (k >= o) {
+                    const float2 s1 = lse_combine(make_float2(pm, pa), make_float2(m, a));
+                    const float2 s2 = lse_combine(make_float2(ptm + ld, pts), make_float2(tm, ts));
+                    m = s1.x; a = s1.y; tm = s2.x; ts = s2.y;
+                    mn = fminf(pmn, mn);
+                    ld += pld;
                 }
-                const bool all_hold = __all_sync(0xffffffffu, hold);
-                last = c;
-                if (end >= n) why = PSA_REASON_EXHAUSTED;
-                else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
-                if (why >= 0) break;
             }
-            if (lane == 0) { s_last = last; s_why = why; }
-            if (lane < PSA_G) { s_M[lane] = ver.M; s_L[lane] = ver.acc; }
+            const float2 run = lse_combine(make_float2(ver.M, ver.acc), make_float2(m, a));
+            const float2 ema = lse_combine(make_float2(ver.M + ld, ver.ema), make_float2(tm, ts));
+            vk.M = run.x;
+            vk.acc = run.y;
+            vk.min = fminf(ver.min, mn);
+            vk.ema = ema.x == -PSA_INF ? 0.f : ema.y * __expf(ema.x - run.x);
+            const bool hold = valid && verifier_decide(vk, end, first, n, stop, threshold, x[4], x[5], x[6], x[7],
+                                                       next_share);
+            const unsigned int mask = __ballot_sync(0xffffffffu, hold);
+            if (lane == 0) s_hold[h] = mask;
         }
-        __syncthreads();  // also: every warp is done reading st before the next window overwrites it
-        last = s_last;
-        why = s_why;
+        __syncthreads();
+        // Every thread: the first chunk of the window where the loop ends (exhausted, or every head holds).
+        unsigned int all = stop != PSA_STOP_NONE ? 0xffffffffu : 0u, exhausted = 0u;
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) all &= s_hold[h];
+        for (int k = 0; k < cn; ++k) exhausted |= (s_end[k] >= n ? 1u : 0u) << k;
+        const unsigned int ends = all | exhausted;
+        const int k_end = ends ? __ffs(ends) - 1 : cn - 1;
+        if (ends) why = (exhausted >> k_end) & 1u ? PSA_REASON_EXHAUSTED : PSA_REASON_THRESHOLD;
+        last = c0 + k_end;
+        if (warp < PSA_G) {  // the state after chunk `last` is the next window's start
+            ver.M = __shfl_sync(0xffffffffu, vk.M, k_end);
+            ver.acc = __shfl_sync(0xffffffffu, vk.acc, k_end);
+            ver.min = __shfl_sync(0xffffffffu, vk.min, k_end);
+            ver.ema = __shfl_sync(0xffffffffu, vk.ema, k_end);
+            ver.frac = __shfl_sync(0xffffffffu, vk.frac, k_end);
+            if (lane == 0) { s_M[warp] = ver.M; s_L[warp] = ver.acc; }
+        }
     }
+    __syncthreads();
 
     // The output of chunks [0, last]: the verifier's running max M and mass L (relative to M) are the
     // merge's, so one pass adds O_c e^(m_c - M); normalised if the loop ended here, else kept (with M and
@@ -140,11 +187,11 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             if (d == 0) { vs[5] = M; vs[6] = L; }
         }
     }
-    if (warp == 0 && lane < PSA_G) {
+    if (warp < PSA_G && lane == 0) {
         if (why >= 0) {
-            mass_est[row0 + lane] = ver.frac;
+            mass_est[row0 + warp] = ver.frac;
         } else {
-            float* vs = vstate + (row0 + lane) * (7 + PSA_D);
+            float* vs = vstate + (row0 + warp) * (7 + PSA_D);
             vs[0] = ver.M; vs[1] = ver.acc; vs[2] = ver.min; vs[3] = ver.ema; vs[4] = ver.frac;
         }
     }

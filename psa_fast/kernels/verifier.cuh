@@ -38,22 +38,14 @@ struct Verifier {
 
 __device__ __forceinline__ Verifier verifier_start() { return Verifier{-PSA_INF, 0.f, PSA_INF, 0.f, 0.f}; }
 
-// Fold a chunk of `clen` blocks that ends at position `end` of the order into `v`: its largest logit
-// tm, its mass relative to tm (ts), its lightest block's log-mass (tmin) and its moving-average terms
-// relative to tm (te). `log_tail` is log_suffix at `end` (stop = certified, sketch, sketch_avg: the
-// bounds' or the estimates' log-sum-exp over the unattended positions); the sketch rules also take the
-// window's log true mass and log sketch mass and the next block's log sketch mass. Returns whether the
-// rule holds (the caller adds: every head of the group, and not when `end` reached n).
-__device__ __forceinline__ bool verify_step(Verifier& v, float tm, float ts, float tmin, float te, int clen, int end,
-                                            int first, int n, int stop, float threshold, float log_keep,
-                                            float log_tail, float w_true, float w_sketch, float next_sketch,
-                                            float next_share) {
-    const float nM = fmaxf(v.M, tm);
-    const float a = __expf(v.M - nM), e = __expf(tm - nM);
-    v.acc = v.acc * a + ts * e;
-    v.ema = v.ema * a * __expf(clen * log_keep) + te * e;  // 0 * ... before the first chunk
-    v.M = nM;
-    v.min = fminf(v.min, tmin);
+// The rule's decision on a head's state `v` after a chunk that ends at position `end` of the order: sets
+// v.frac, the estimated attended fraction, and returns whether the rule holds. `log_tail` is log_suffix at
+// `end` (stop = certified, sketch, sketch_avg: the bounds' or the estimates' log-sum-exp over the
+// unattended positions); the sketch rules also take the window's log true mass and log sketch mass and
+// the next block's log sketch mass. (The caller adds: every head of the group, and not when `end` reached n.)
+__device__ __forceinline__ bool verifier_decide(Verifier& v, int end, int first, int n, int stop, float threshold,
+                                                float log_tail, float w_true, float w_sketch, float next_sketch,
+                                                float next_share) {
     float rest = 0.f;
     if (stop == PSA_STOP_EMA) rest = (float)(n - end) * v.ema;
     else if (stop == PSA_STOP_REMAINING) rest = (float)(n - end) * __expf(v.min - v.M);
@@ -68,4 +60,20 @@ __device__ __forceinline__ bool verify_step(Verifier& v, float tm, float ts, flo
     }
     v.frac = v.acc / (v.acc + rest);
     return v.frac >= threshold && next_small;
+}
+
+// Fold a chunk of `clen` blocks that ends at position `end` of the order into `v`: its largest logit
+// tm, its mass relative to tm (ts), its lightest block's log-mass (tmin) and its moving-average terms
+// relative to tm (te); then decide (verifier_decide).
+__device__ __forceinline__ bool verify_step(Verifier& v, float tm, float ts, float tmin, float te, int clen, int end,
+                                            int first, int n, int stop, float threshold, float log_keep,
+                                            float log_tail, float w_true, float w_sketch, float next_sketch,
+                                            float next_share) {
+    const float nM = fmaxf(v.M, tm);
+    const float a = __expf(v.M - nM), e = __expf(tm - nM);
+    v.acc = v.acc * a + ts * e;
+    v.ema = v.ema * a * __expf(clen * log_keep) + te * e;  // 0 * ... before the first chunk
+    v.M = nM;
+    v.min = fminf(v.min, tmin);
+    return verifier_decide(v, end, first, n, stop, threshold, log_tail, w_true, w_sketch, next_sketch, next_share);
 }
