@@ -171,6 +171,41 @@ def test_the_sdpa_baseline_is_captured_the_same_way(kind):
     assert float((captured - ref).abs().max()) <= budget
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_speculate_in_the_model_matches_the_loop_and_is_captured(kind):
+    """plan_options={"speculate": 1.0}: the same stops as the loop (logits within a few bfloat16 roundings of
+    the attention outputs, merged in another order), at least the loop's blocks read (speculated blocks count),
+    and a captured step replays the eager one exactly."""
+    ids = torch.randint(0, VOCAB, (3, 70), generator=torch.Generator().manual_seed(11)).cuda()
+    model = tiny(kind, seed=3).cuda().to(torch.bfloat16)
+    psa_fast.hf.enable(model, hf.PSAConfig(threshold=0.9, block_size=4, step=4))
+    try:
+        loop_cache = psa_fast.hf.PagedCache(model, batch=3, max_tokens=80)
+        loop = forced_logits(model, ids, 40, loop_cache)
+        spec_cache = psa_fast.hf.PagedCache(model, batch=3, max_tokens=80, plan_options={"speculate": 1.0})
+        spec = forced_logits(model, ids, 40, spec_cache)
+        cache = psa_fast.hf.PagedCache(model, batch=3, max_tokens=80, static=True, plan_options={"speculate": 1.0})
+        dec = psa_fast.hf.CapturedDecoder(model, cache, batch=3)
+        out = [dec.prefill(ids[:, :40])[:, None].float()]
+        for i in range(40, 69):
+            out.append(dec.step(ids[:, i]).float()[:, None].clone())
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert all(p.speculate == 1.0 for p in spec_cache._plans.values())
+    assert float((spec - loop).abs().max()) <= 0.05 * float(loop.abs().max())
+    assert spec_cache.blocks_read()["mean_share"] >= loop_cache.blocks_read()["mean_share"] - 1e-9
+    captured = torch.cat(out, 1)
+    tol = 0.0 if kind == "llama" else 0.05 * float(spec.abs().max())  # window layers: as the test above
+    assert float((captured - spec).abs().max()) <= tol
+
+
+def test_plan_options_may_not_override_the_config():
+    model = tiny("llama").cuda().to(torch.bfloat16)
+    psa_fast.hf.enable(model, hf.PSAConfig())
+    with pytest.raises(ValueError, match="threshold"):
+        psa_fast.hf.PagedCache(model, batch=1, max_tokens=8, plan_options={"threshold": 0.5})
+
+
 def test_configuration_errors():
     model = tiny("gemma").cuda().to(torch.bfloat16)
     with pytest.raises(TypeError, match="psa_fast.hf.enable"):
