@@ -93,9 +93,11 @@ class DecodePlan:
             blocks the estimates predict for ``threshold`` (the prediction of ``first_chunk="predicted"``)
             + one ``step`` is attended at once, one CTA per chunk over the whole GPU; the verifier then
             runs over those chunks in order on the device and the loop resumes after them for groups
-            whose rule has not held. The blocks attended and the decision are the loop's; the output
-            differs by float rounding (the chunks are merged in another order); blocks speculated past
-            the stop are read and not attended (``spec_len``). Not with ``stop="certified"``.
+            whose rule has not held. The same rule on the same chunk statistics, summed in another order:
+            the blocks attended and the stop are the loop's except where rounding straddles ``threshold``,
+            the output differs by float rounding. Blocks speculated past the stop are read and not attended
+            (``DecodeOutput.num_speculated``). Pays with one or few KV heads and many chunks (docs/gpu.md);
+            memory: ``[B, Hq, chunks, D + 4]`` float32 partials. Not with ``stop="certified"``.
     """
 
     @requires_gpu
