@@ -66,13 +66,21 @@ def main(argv=None) -> None:
     print("A / P quantiles 10/50/90/99%: " + " / ".join(f"{x:.2f}" for x in qs))
     print("\n| margin | groups covered | blocks read ÷ attended |\n|---|---|---|")
     for m in margins:
-        spec = np.minimum(n, f + np.ceil(m * p) + args.step)
-        stop_end = np.minimum(n, f + np.ceil(a / args.step) * args.step)  # the end of the chunk where it stopped
-        covered = spec >= stop_end
-        spec_end = np.minimum(n, f + np.ceil((spec - f) / args.step) * args.step)  # whole chunks are read
-        read = np.maximum(spec_end, f + a)
-        print(f"| {m:g} | {covered.mean():.1%} | {np.mean(read) / np.mean(f + a):.2f} |")
+        covered, read = coverage(n, f, a, p, m, args.step)
+        print(f"| {m:g} | {covered:.1%} | {read:.2f} |")
 
+
+def coverage(n, f, a, p, margin: float, step: int) -> tuple[float, float]:
+    """For groups of ``n`` blocks, ``f`` forced, ``a`` ranked attended and ``p`` ranked predicted (arrays): the
+    share of groups whose stop chunk a speculation of ``margin`` covers (speculated positions ``f + ceil(m p) +
+    step``, as ``psa_spec_len``, reaching the end of the chunk where the rule stopped), and the blocks read (whole
+    speculated chunks, or the attended ones where the loop resumed) over the blocks attended."""
+    n, f, a, p = (np.asarray(x, dtype=np.float64) for x in (n, f, a, p))
+    spec = np.minimum(n, f + np.ceil(margin * p) + step)
+    stop_end = np.minimum(n, f + np.ceil(a / step) * step)  # the end of the chunk where the rule stopped
+    spec_end = np.minimum(n, f + np.ceil((spec - f) / step) * step)  # speculated chunks are read whole
+    read = np.maximum(spec_end, f + a)
+    return float(np.mean(spec >= stop_end)), float(np.mean(read) / np.mean(f + a))
 
 if __name__ == "__main__":
     main()

@@ -181,3 +181,19 @@ def test_plot_speedup_against_blocks_read(tmp_path):
     with pytest.raises(ValueError, match="no rows"):
         plot_decode.plot_vs_blocks(str(src), str(dst), batches=(32,))
 
+
+
+def test_margin_coverage_by_hand_and_monotone():
+    import exp_margin
+
+    # one group: 100 blocks, 2 forced, 30 ranked attended (the stop chunk ends at 2 + 32 = 34), 20 predicted
+    assert exp_margin.coverage([100], [2], [30], [20], 1.0, 16) == (1.0, 50 / 32)  # spec 38: chunks to 50 read
+    assert exp_margin.coverage([100], [2], [30], [20], 0.5, 16)[0] == 0.0                     # spec 28 < 34
+    rng = np.random.default_rng(0)
+    n = rng.integers(50, 500, 200)
+    f = np.full(200, 2)
+    a = rng.integers(1, 40, 200)
+    p = rng.integers(1, 40, 200)
+    got = [exp_margin.coverage(n, f, a, p, m, 16) for m in (0.5, 1, 1.5, 2, 4)]
+    assert all(x[0] <= y[0] and x[1] <= y[1] for x, y in zip(got, got[1:]))  # more margin: more covered, more read
+    assert all(r >= 1.0 for _, r in got)
