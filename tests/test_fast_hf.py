@@ -48,6 +48,15 @@ def forced_logits(model, ids, prefill: int, cache=None):
     return torch.cat(out, 1).float()
 
 
+@torch.no_grad()
+def captured_logits(dec, ids, prefill: int):
+    """``forced_logits`` through a ``CapturedDecoder``: the prefill, then one replayed step per remaining token."""
+    out = [dec.prefill(ids[:, :prefill])[:, None].float()]
+    for i in range(prefill, ids.shape[1] - 1):
+        out.append(dec.step(ids[:, i]).float()[:, None].clone())
+    return torch.cat(out, 1)
+
+
 def stock_and_reference(kind, ids, prefill):
     """(stock bfloat16 SDPA logits, float32 logits) of the same weights; dynamic caches."""
     m32 = tiny(kind).cuda()
@@ -139,12 +148,9 @@ def test_captured_step_equals_the_eager_step(kind, mode):
         eager = forced_logits(model, ids, 40, psa_fast.hf.PagedCache(model, batch=3, max_tokens=80, mode=mode))
         cache = psa_fast.hf.PagedCache(model, batch=3, max_tokens=80, static=True, mode=mode)
         dec = psa_fast.hf.CapturedDecoder(model, cache, batch=3)
-        out = [dec.prefill(ids[:, :40])[:, None].float()]
-        for i in range(40, 69):
-            out.append(dec.step(ids[:, i]).float()[:, None].clone())
+        captured = captured_logits(dec, ids, 40)
     finally:
         model.set_attn_implementation("sdpa")
-    captured = torch.cat(out, 1)
     assert dec.graph is not None and cache.steps == 29
     assert int(cache.kv.host_lens[0, 0]) == 69 and int(cache.kv.seq_lens[0, 0]) == 69
     # the PSA layers run the same kernels eagerly and replayed; the window layers' static cache masks
@@ -161,11 +167,8 @@ def test_the_sdpa_baseline_is_captured_the_same_way(kind):
     psa_fast.hf.enable(model, hf.PSAConfig())
     cache = psa_fast.hf.PagedCache(model, batch=2, max_tokens=64, static=True, mode="sdpa")
     dec = psa_fast.hf.CapturedDecoder(model, cache, batch=2)
-    out = [dec.prefill(ids[:, :30])[:, None].float()]
-    for i in range(30, 59):
-        out.append(dec.step(ids[:, i]).float()[:, None].clone())
+    captured = captured_logits(dec, ids, 30)
     model.set_attn_implementation("sdpa")
-    captured = torch.cat(out, 1)
     budget = 2 * float((stock - ref).abs().max())
     assert dec.graph is not None
     assert float((captured - ref).abs().max()) <= budget
@@ -186,15 +189,12 @@ def test_speculate_in_the_model_matches_the_loop_and_is_captured(kind):
         spec = forced_logits(model, ids, 40, spec_cache)
         cache = psa_fast.hf.PagedCache(model, batch=3, max_tokens=80, static=True, plan_options={"speculate": 1.0})
         dec = psa_fast.hf.CapturedDecoder(model, cache, batch=3)
-        out = [dec.prefill(ids[:, :40])[:, None].float()]
-        for i in range(40, 69):
-            out.append(dec.step(ids[:, i]).float()[:, None].clone())
+        captured = captured_logits(dec, ids, 40)
     finally:
         model.set_attn_implementation("sdpa")
     assert all(p.speculate == 1.0 for p in spec_cache._plans.values())
     assert float((spec - loop).abs().max()) <= 0.05 * float(loop.abs().max())
     assert spec_cache.blocks_read()["mean_share"] >= loop_cache.blocks_read()["mean_share"] - 1e-9
-    captured = torch.cat(out, 1)
     tol = 0.0 if kind == "llama" else 0.05 * float(spec.abs().max())  # window layers: as the test above
     assert float((captured - spec).abs().max()) <= tol
 
