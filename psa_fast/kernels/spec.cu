@@ -1,10 +1,10 @@
 // The speculative schedule (DecodePlan(speculate=...)): psa_decode's PSA_SPEC build has attended each
 // group's chunks that start below its speculated position (psa_spec_len: a margin over the prefix the
 // estimates predict for tau), one CTA per chunk with no barrier between them, and written every chunk's
-// partial output and statistics. This kernel runs the verifier over those chunks in order with the
-// loop's own arithmetic (verify_step), finds the first chunk after which the rule holds, and merges the
-// outputs of the chunks up to it: the blocks attended, the decision and (up to float rounding of the
-// merge order) the output are those of the loop. A group whose rule did not hold within the speculated
+// partial output and statistics. This kernel evaluates the loop's rule (verifier_decide) after each of
+// those chunks, finds the first chunk after which it holds, and merges the outputs of the chunks up to
+// it: the blocks attended, the decision and the output are the loop's up to float rounding (below). A
+// group whose rule did not hold within the speculated
 // chunks leaves the loop's state after them in istate/vstate, and psa_decode's PSA_RESUME build goes on
 // from there; every other group is marked done there, so its resumed CTAs leave at once.
 //
