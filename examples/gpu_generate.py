@@ -15,6 +15,7 @@ token), so the times say more about transformers' per-step overhead than about a
 (every decode step a CUDA graph) is ``benchmarks/bench_model.py``, with its results in docs/gpu.md.
 
 Run:  python examples/gpu_generate.py [--model gemma3|smollm2] [--context 8192] [--batch 4] [--tokens 64]
+          [--speculate 1.0]   # the speculative schedule (docs/gpu.md), for models with one KV head
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def generate(model, batch_ids, *, tokens: int, cache=None):
 
 
 def main(model_name: str = "gemma3", context: int = 8192, batch: int = 4, tokens: int = 64,
-         text: str = "stdlib:xml,multiprocessing") -> dict:
-    """Run both generations and print the comparison; returns its numbers."""
+         text: str = "stdlib:xml,multiprocessing", speculate: float | None = None) -> dict:
+    """Run both generations and print the comparison; returns its numbers. ``speculate``: the PSA layers'
+    ``DecodePlan(speculate=...)`` margin (docs/gpu.md: 1.0-1.25 suits models with one KV head), or None."""
     import torch
 
     if not torch.cuda.is_available():
@@ -71,14 +73,16 @@ def main(model_name: str = "gemma3", context: int = 8192, batch: int = 4, tokens
     stock, stock_s = generate(model, padded, tokens=tokens)
     config = PSAConfig(threshold=0.95, step=16)
     psa_fast.hf.enable(model, config)
-    cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=padded["input_ids"].shape[1] + tokens + 8)
+    cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=padded["input_ids"].shape[1] + tokens + 8,
+                                   plan_options=None if speculate is None else {"speculate": speculate})
     sparse, psa_s = generate(model, padded, tokens=tokens, cache=cache)
     model.set_attn_implementation("sdpa")
 
     differs = (stock != sparse).int()
     agree = [int(d.argmax()) if bool(d.any()) else tokens for d in differs]
     share = cache.blocks_read()["mean_share"]
-    for name, secs in (("stock SDPA", stock_s), (f"PSA ({config.label})", psa_s)):
+    label = config.label + ("" if speculate is None else f", speculate {speculate:g}")
+    for name, secs in (("stock SDPA", stock_s), (f"PSA ({label})", psa_s)):
         print(f"  {name:24s} {secs:7.2f} s  {batch * tokens / secs:8.1f} tokens/s (prefill included, eager)")
     print(f"  PSA read {100 * share:.1f}% of the blocks of its layers; tokens equal to stock's before the first "
           f"difference, per request: {agree} of {tokens}")
@@ -94,7 +98,11 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=4, help="prompts generated together")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--text", default="stdlib:xml,multiprocessing", help="held-out text ('stdlib:...' or a file)")
+    parser.add_argument("--speculate", type=float, default=None,
+                        help="the speculative schedule's margin (e.g. 1.0; default: the loop)")
     a = parser.parse_args()
     if a.context < 32 or a.batch < 1 or a.tokens < 1:
         parser.error("--context must be >= 32 and --batch, --tokens >= 1")
-    main(a.model, a.context, a.batch, a.tokens, a.text)
+    if a.speculate is not None and not a.speculate > 0:
+        parser.error("--speculate must be > 0")
+    main(a.model, a.context, a.batch, a.tokens, a.text, a.speculate)
