@@ -560,25 +560,17 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         c_o[h][d] = O;
         if (d == 0) { c_m[h] = M; c_l[h] = L; }
     }
-#if PSA_SPLIT
-    // One CTA per split: its heads' unnormalised output and log-sum-exp terms for psa_merge_splits.
+#if PSA_SPLIT || PSA_SPEC
+    // One CTA per split (per chunk): its heads' unnormalised output and log-sum-exp terms (max logit, mass
+    // relative to it) for psa_merge_splits; the speculative build adds the chunk's lightest block's log-mass
+    // and moving-average terms (relative to the same max: the max of the same block maxima) for
+    // psa_spec_verify.
+    constexpr int PW = PSA_D + (PSA_SPEC ? 4 : 2);
     __syncthreads();
-    for (int idx = threadIdx.x; idx < PSA_G * (PSA_D + 2); idx += blockDim.x) {
-        const int h = idx / (PSA_D + 2), d = idx % (PSA_D + 2);
-        float* dst = partial + (((long)b * Hq + h0 + h) * gridDim.x + blockIdx.x) * (PSA_D + 2);
-        dst[d] = d < PSA_D ? c_o[h][d] : (d == PSA_D ? c_m[h] : c_l[h]);
-    }
-    return;
-#endif
-#if PSA_SPEC
-    // One CTA per chunk: its heads' unnormalised output, max logit, mass relative to it, then the
-    // chunk's lightest block's log-mass and moving-average terms (relative to the same max: the max of
-    // the same block maxima), for psa_spec_verify.
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < PSA_G * (PSA_D + 4); idx += blockDim.x) {
-        const int h = idx / (PSA_D + 4), d = idx % (PSA_D + 4);
-        float* dst = partial + (((long)b * Hq + h0 + h) * gridDim.x + blockIdx.x) * (PSA_D + 4);
-        dst[d] = d < PSA_D ? c_o[h][d] : d == PSA_D ? c_m[h] : d == PSA_D + 1 ? c_l[h]
+    for (int idx = threadIdx.x; idx < PSA_G * PW; idx += blockDim.x) {
+        const int h = idx / PW, d = idx % PW;
+        float* dst = partial + (((long)b * Hq + h0 + h) * gridDim.x + blockIdx.x) * PW;
+        dst[d] = d < PSA_D ? c_o[h][d] : d == PSA_D ? c_m[h] : d == PSA_D + 1 || !PSA_SPEC ? c_l[h]
                : d == PSA_D + 2 ? cta_stats[it & 1][h].z : cta_stats[it & 1][h].w;
     }
     return;
