@@ -492,25 +492,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 te[h] = __shfl_sync(0xffffffffu, t.w, h);
             }
         }
-        // stop = sketch: per head, log sums over the calibration window W (the last sketch_window
-        // ranked positions attended, one per lane) of the true masses and of the sketch masses
-        // n_j exp(s_j), and the next block's log sketch mass. Every warp computes the same bits.
+        // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
         float w_true[PSA_G], w_sketch[PSA_G], next_sketch[PSA_G];
-        if (sketchy) {
-            const int p = max(first, end - sketch_window) + lane;
-            const bool in_w = p < end;
-            const int jw = in_w ? (orow ? __ldg(orow + p) : p) : 0;
-            const float log_nw = __logf((float)min(PSA_S, len - jw * PSA_S));
-            const int jn = end < n ? (orow ? __ldg(orow + end) : end) : 0;
-#pragma unroll
-            for (int h = 0; h < PSA_G; ++h) {
-                const long row = ((long)b * Hq + h0 + h) * Nmax;
-                w_true[h] = warp_logsumexp(in_w ? __ldcg(lmass + row + p) : -PSA_INF);
-                w_sketch[h] = warp_logsumexp(in_w ? __ldg(ests + row + jw) + log_nw : -PSA_INF);
-                next_sketch[h] = end < n ? __ldg(ests + row + jn) + __logf((float)min(PSA_S, len - jn * PSA_S))
-                                         : -PSA_INF;
-            }
-        }
+        if (sketchy)
+            sketch_window_sums(lmass, ests, orow, (long)b * Hq + h0, Nmax, len, first, end, n, sketch_window, w_true,
+                               w_sketch, next_sketch);
         bool all_hold = true;
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {

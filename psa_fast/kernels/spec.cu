@@ -9,8 +9,8 @@
 // from there; every other group is marked done there, so its resumed CTAs leave at once.
 //
 // Grid (Gn, B), PSA_VERIFY_THREADS threads. The chunks are taken PSA_WIN at a time, one warp each: the
-// warps gather their statistics at once (the partials, and for the sketch rules the window sums: all
-// independent of the decision, every load issued before any is used), then warp h folds head h's 32
+// warps gather their statistics at once (the partials, and for the sketch rules the window sums by the
+// loop's own sketch_window_sums: all independent of the decision), then warp h folds head h's 32
 // chunks by prefix scans and every lane decides on its chunk. The scans sum in another order than the
 // loop's fold, so a decision can differ from the loop's where rounding straddles the threshold. The
 // output then needs one pass over the partials: the verifier's running max and mass are the merge's.
@@ -81,26 +81,16 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 st[warp][lane][3] = x.w;
                 st[warp][lane][4] = lt;
             }
-            if (sketchy) {  // as psa_decode's verifier: the last sketch_window ranked positions, one per lane
-                const int p = max(first, end - sketch_window) + lane;
-                const bool in_w = p < end;
-                const int jw = in_w ? __ldg(orow + p) : 0;
-                const int jn = end < n ? __ldg(orow + end) : 0;
-                const float log_nw = __logf((float)min(PSA_S, len - jw * PSA_S));
-                float lm[PSA_G], es[PSA_G];
+            if (sketchy) {  // the calibration window's sums and the next block's sketch mass, as psa_decode's
+                float wt[PSA_G], ws[PSA_G], nx[PSA_G];
+                sketch_window_sums(lmass, ests, orow, row0, Nmax, len, first, end, n, sketch_window, wt, ws, nx);
+                if (lane == 0)
 #pragma unroll
-                for (int h = 0; h < PSA_G; ++h) {  // every load first
-                    lm[h] = in_w ? __ldcg(lmass + (row0 + h) * Nmax + p) : -PSA_INF;
-                    es[h] = in_w ? __ldg(ests + (row0 + h) * Nmax + jw) + log_nw : -PSA_INF;
-                }
-                const float nx = end < n && lane < PSA_G ? __ldg(ests + (row0 + lane) * Nmax + jn)
-                                                           + __logf((float)min(PSA_S, len - jn * PSA_S)) : -PSA_INF;
-#pragma unroll
-                for (int h = 0; h < PSA_G; ++h) {
-                    const float wt = warp_logsumexp(lm[h]), ws = warp_logsumexp(es[h]);
-                    if (lane == 0) { st[warp][h][5] = wt; st[warp][h][6] = ws; }
-                }
-                if (lane < PSA_G) st[warp][lane][7] = nx;
+                    for (int h = 0; h < PSA_G; ++h) {
+                        st[warp][h][5] = wt[h];
+                        st[warp][h][6] = ws[h];
+                        st[warp][h][7] = nx[h];
+                    }
             }
         }
         __syncthreads();

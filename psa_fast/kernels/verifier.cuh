@@ -77,3 +77,26 @@ __device__ __forceinline__ bool verify_step(Verifier& v, float tm, float ts, flo
     v.min = fminf(v.min, tmin);
     return verifier_decide(v, end, first, n, stop, threshold, log_tail, w_true, w_sketch, next_sketch, next_share);
 }
+
+// stop = sketch / sketch_avg: per head of the group (rows row0 .. row0 + PSA_G - 1 of `lmass` and `ests`,
+// [.., Nmax] each), log sums over the calibration window (the last `window` ranked positions before `end`,
+// one per lane; window <= 32) of the attended blocks' true masses and of their sketch masses n_j exp(s_j),
+// and the log sketch mass of the block at position `end` (the next one). `orow` is the group's order (null:
+// the identity). Called by a whole warp; every lane gets the same bits.
+__device__ __forceinline__ void sketch_window_sums(const float* __restrict__ lmass, const float* __restrict__ ests,
+                                                   const int* __restrict__ orow, long row0, int Nmax, int len,
+                                                   int first, int end, int n, int window, float (&w_true)[PSA_G],
+                                                   float (&w_sketch)[PSA_G], float (&next_sketch)[PSA_G]) {
+    const int p = max(first, end - window) + (int)(threadIdx.x & 31);
+    const bool in_w = p < end;
+    const int jw = in_w ? (orow ? __ldg(orow + p) : p) : 0;
+    const float log_nw = __logf((float)min(PSA_S, len - jw * PSA_S));
+    const int jn = end < n ? (orow ? __ldg(orow + end) : end) : 0;
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        const long row = (row0 + h) * Nmax;
+        w_true[h] = warp_logsumexp(in_w ? __ldcg(lmass + row + p) : -PSA_INF);
+        w_sketch[h] = warp_logsumexp(in_w ? __ldg(ests + row + jw) + log_nw : -PSA_INF);
+        next_sketch[h] = end < n ? __ldg(ests + row + jn) + __logf((float)min(PSA_S, len - jn * PSA_S)) : -PSA_INF;
+    }
+}
