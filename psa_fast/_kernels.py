@@ -75,6 +75,13 @@ def pick_cluster(num_groups: int) -> int:
     return c
 
 
+def _with_smem(fn, smem: int):
+    """``fn`` allowed ``smem`` bytes of dynamic shared memory (beyond the default 48 KiB when asked)."""
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    return fn
+
+
 def allow_cluster(fn, cluster: int) -> None:
     """Clusters above 8 CTAs are 'non-portable' on Hopper and must be enabled per kernel."""
     if cluster > 8:
@@ -155,8 +162,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         threads = min(ORDER_THREADS, sn)
         fn = kernel("order", d=16, s=s, g=g, npad=npad)
         smem = sn * 8
-        if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
-            fn.max_dynamic_shared_size_bytes = smem
+        _with_smem(fn, smem)
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
     if want_suffix:
@@ -184,8 +190,7 @@ def order_head(scores, seq_lens, out_order, *, s, g, nmax, sink_blocks, recent_b
     npad = _pow2(min(head, nmax), SELECT_THREADS)
     fn = kernel("select", d=16, s=s, g=g, npad=npad, npad_n=npad_n, entry="order_head")
     smem = npad * 8
-    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
+    _with_smem(fn, smem)
     fn((gn, b), (SELECT_THREADS,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                     np.int32(recent_blocks), np.int32(head)), shared_mem=smem)
 
@@ -199,6 +204,7 @@ def order_workspace_shape(batch: int, groups: int, nmax: int) -> tuple[int, int,
 DECODE_STAGES = 3  # cp.async ring depth per warp (decode v2, v3)
 SMEM_LIMIT = 227 * 1024
 DECODE_VERSION = 3
+SPEC_VERIFY_THREADS = 1024  # psa_spec_verify's CTA (PSA_VERIFY_THREADS in spec.cu)
 
 
 def decode_config(*, d: int, s: int, g: int, version: int, warps: int = 8,
@@ -310,9 +316,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"
         ests, lmass = sketch if sketch is not None else (null, null)
-        args = args + (np.float32(EMA_WEIGHT), ests, lmass, np.float32(SKETCH_AVG_SHARE if stop == "sketch_avg" else SKETCH_NEXT_SHARE),
-                       np.int32(SKETCH_WINDOW),
-                       np.float32(qk_scale), null if first_len is None else first_len)
+        share = SKETCH_AVG_SHARE if stop == "sketch_avg" else SKETCH_NEXT_SHARE
+        rule_args = (np.float32(EMA_WEIGHT), ests, lmass, np.float32(share), np.int32(SKETCH_WINDOW))
+        args = args + rule_args + (np.float32(qk_scale), null if first_len is None else first_len)
     if offload is not None:
         slot_map, istate, vstate, groups_left, done_ptr, token = offload
         args = args + (slot_map, istate, vstate, groups_left, np.uint64(done_ptr), token)
@@ -327,16 +333,24 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if spec is not None:
         if version != 3 or offload is not None or split is not None or stop in ("none", "budget"):
             raise ValueError("the speculative schedule runs PSA on decode version 3, without offload or splits")
-        _decode_speculative(args, spec, defines, order_arr, log_suffix, sketch, first_len, out, num_used,
-                            iterations, reason, mass_est, seq_lens, d=d, s=s, g=g, hq=hq, nmax=nmax, b=b,
-                            stop=stop, threshold=threshold, step=step, forced=forced, cluster=cluster, warps=warps,
-                            stages=stages, smem=smem)
+        # every speculated chunk at once; the verifier over them; the loop resumed where they fell short
+        spec_len_arr, partial, istate, vstate, chunks = spec
+        gn = hq // g
+        build = functools.partial(_decode_build, d=d, s=s, g=g, warps=warps, stages=stages, smem=smem, **defines)
+        speculated = build(entry="decode_spec", cluster=1, spec=1)
+        speculated((chunks, gn, b), (warps * 32,), args + (spec_len_arr, partial), shared_mem=smem)
+        ema_w, ests, lmass, share, window = rule_args
+        verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify")
+        verify((gn, b), (SPEC_VERIFY_THREADS,), (
+            partial, spec_len_arr, seq_lens, order_arr, null if log_suffix is None else log_suffix, ests, lmass,
+            null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
+            np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
+            np.int32(step), np.int32(forced), ema_w, share, window))
+        resumed = build(entry="decode_resume", cluster=cluster, resume=1)
+        resumed((cluster, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null), shared_mem=smem)
         return
-    fn = kernel("decode" if version == 3 else "decode_v2", d=d, s=s, g=g, cluster=cluster, warps=warps,
-                stages=stages, **defines)
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    allow_cluster(fn, cluster)
+    fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
+                       warps=warps, stages=stages, smem=smem, **defines)
     fn(grid, (warps * 32,), args, shared_mem=smem)
     if split is not None:
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
@@ -346,38 +360,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
                               np.int32(step), np.int32(why)))
 
 
-SPEC_VERIFY_THREADS = 1024  # psa_spec_verify's CTA (PSA_VERIFY_THREADS in spec.cu)
-
-
-def _decode_speculative(args, spec, defines, order_arr, log_suffix, sketch, first_len, out, num_used, iterations,
-                        reason, mass_est, seq_lens, *, d, s, g, hq, nmax, b, stop, threshold, step, forced, cluster,
-                        warps, stages, smem) -> None:
-    """The three launches of ``decode(spec=...)``: every speculated chunk at once, the verifier over them,
-    the loop resumed where they did not reach the stop."""
-    from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
-
-    spec_len, partial, istate, vstate, chunks = spec
-    null = np.uint64(0)
-    gn = hq // g
-    fn = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="decode_spec", spec=1,
-                **defines)
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    fn((chunks, gn, b), (warps * 32,), args + (spec_len, partial), shared_mem=smem)
-    ests, lmass = sketch if sketch is not None else (null, null)
-    share = SKETCH_AVG_SHARE if stop == "sketch_avg" else SKETCH_NEXT_SHARE
-    verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify")
-    verify((gn, b), (SPEC_VERIFY_THREADS,), (
-        partial, spec_len, seq_lens, order_arr, null if log_suffix is None else log_suffix, ests, lmass,
-        null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
-        np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
-        np.int32(step), np.int32(forced), np.float32(EMA_WEIGHT), np.float32(share), np.int32(SKETCH_WINDOW)))
-    resume = kernel("decode", d=d, s=s, g=g, cluster=cluster, warps=warps, stages=stages, entry="decode_resume",
-                    resume=1, **defines)
-    if resume.max_dynamic_shared_size_bytes < smem:
-        resume.max_dynamic_shared_size_bytes = smem
-    allow_cluster(resume, cluster)
-    resume((cluster, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null), shared_mem=smem)
+def _decode_build(*, entry, cluster, smem, name="decode", **options):
+    """A build of the decode kernel (``kernel(name, ...)``) allowed ``smem`` bytes and its cluster size."""
+    fn = _with_smem(kernel(name, cluster=cluster, entry=entry, **options), smem)
+    allow_cluster(fn, cluster)
+    return fn
 
 
 def spec_len(log_suffix, seq_lens, out, *, s, g, hq, nmax, forced, threshold, margin, extra) -> None:
