@@ -31,13 +31,7 @@ def kernel_times(run, calls: int = 8) -> dict:
         for _ in range(calls):
             run()
         torch.cuda.synchronize()
-    out: dict = {}
-    for e in prof.key_averages():
-        if e.device_type.name == "CUDA" or getattr(e, "device_time_total", 0):
-            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-            if t:
-                out[e.key] = out.get(e.key, 0.0) + t / calls
-    return out
+    return {e.key: e.device_time_total / calls for e in prof.key_averages() if e.device_time_total > 0}
 
 
 def cases(args):
