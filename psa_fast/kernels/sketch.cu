@@ -16,6 +16,12 @@
 // is exact. Lane quad q therefore needs channels q mod 4 only; the warp stages the block's lo/hi
 // in shared memory transposed to that order.
 //
+// Version 3 (registers): at D 256 version 2 held the query (64 floats a lane) and two copies of a block's
+// codes (64 words each) in registers: 255 registers, 2 CTAs an SM, ~20% of HBM. Here the query sits in
+// shared memory in the same quad order (one 16-byte read per k-step), and each warp brings the next
+// block's codes into a shared-memory double buffer with cp.async while it scores the current one (rows
+// padded so that the 8 token rows a k-step reads fall in distinct banks).
+//
 //   q      [B, Hq, PSA_D]                float, already multiplied by the logit scale
 //   codes  [B, Hkv, Nmax, S, PSA_D / 8]  uint32: nibble k of word w of row t is channel 8 w + k's code
 //                                        (where psa_estimate takes meta: one launch path, psa_fast._kernels)
@@ -49,66 +55,63 @@ __device__ __forceinline__ unsigned int code_pair(unsigned int word, int quad) {
     return *reinterpret_cast<const unsigned int*>(&h);
 }
 
+#define PSA_CW (PSA_WPR % 4 == 0 ? 4 : 2)          // words per cp.async copy (16 or 8 bytes)
+#define PSA_SROW (((PSA_WPR + 3) / 4) * 4 + 4)   // words per token row in shared memory (padded)
+
+__device__ __forceinline__ void cp_async_words(void* smem, const void* gmem) {
+    const unsigned int s = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
+    if constexpr (PSA_CW == 4) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict__ codes,
                     const __half* __restrict__ lohi, const int* __restrict__ seq_lens,
                     float* __restrict__ scores, float* __restrict__ ests, int Hq, int Hkv, int Nmax) {
     __shared__ __align__(16) __half tsm[PSA_WARPS][2][4][PSA_QM + 4];  // lo, hi by (channel mod 4, channel / 4), padded
+    __shared__ __align__(16) float qsm[8][4][PSA_QM + 4];             // query by (row, channel mod 4, channel / 4)
+    __shared__ __align__(16) unsigned int csm[PSA_WARPS][2][PSA_S * PSA_SROW];  // each warp's two blocks of codes
     const int b = blockIdx.z, g = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int hh = lane >> 2, quad = lane & 3;
-    const int jw = (blockIdx.x * PSA_WARPS + warp) * PSA_EST_WARP_BLOCKS;
-    if (jw >= Nmax) return;
-    const int jend = min(jw + PSA_EST_WARP_BLOCKS, Nmax);
     const int h0 = g * PSA_G;
     const int kv = h0 / (Hq / Hkv);
     const int len = seq_lens[b];
     const int n_blocks = (len + PSA_S - 1) / PSA_S;
 
-    // Query of head row hh (0 for rows >= G) at channels quad + 4 m.
-    float qa[PSA_QM];
-#pragma unroll
-    for (int m = 0; m < PSA_QM; ++m)
-        qa[m] = hh < PSA_G ? __ldg(q + ((long)b * Hq + h0 + hh) * PSA_D + quad + 4 * m) : 0.f;
+    // The group's query (rows >= G zero), by the whole CTA, before any warp leaves.
+    for (int i = threadIdx.x; i < 8 * PSA_D; i += blockDim.x) {
+        const int r = i / PSA_D, c = i % PSA_D;
+        qsm[r][c & 3][c >> 2] = r < PSA_G ? __ldg(q + ((long)b * Hq + h0 + r) * PSA_D + c) : 0.f;
+    }
+    __syncthreads();
+    const int jw = (blockIdx.x * PSA_WARPS + warp) * PSA_EST_WARP_BLOCKS;
+    if (jw >= Nmax) return;
+    const int jend = min(jw + PSA_EST_WARP_BLOCKS, Nmax);
 
     const long blk0 = ((long)b * Hkv + kv) * Nmax;
-    // One block ahead: its lo/hi vectors and this lane's token rows (token 8 nt + hh of tile nt) are
-    // loaded while the current block is scored (version 2 without it was latency-bound: one block's
-    // loads in flight per warp).
+    // One block ahead: its codes by cp.async into the warp's other buffer, its lo/hi vectors into registers.
     uint4 lh_next[PSA_LHV];
-    unsigned int wd_next[PSA_QTILES][PSA_WPR];
     auto load = [&](int j) {
-        if (j >= jend || j >= n_blocks) return;
-        const uint4* row = reinterpret_cast<const uint4*>(lohi + (blk0 + j) * 2 * PSA_D);
+        if (j < jend && j < n_blocks) {
+            const uint4* row = reinterpret_cast<const uint4*>(lohi + (blk0 + j) * 2 * PSA_D);
 #pragma unroll
-        for (int i = 0; i < PSA_LHV; ++i)
-            if (lane + 32 * i < PSA_D / 4) lh_next[i] = __ldg(row + lane + 32 * i);
-#pragma unroll
-        for (int nt = 0; nt < PSA_QTILES; ++nt) {
-            const unsigned int* crow = codes + ((blk0 + j) * PSA_S + min(8 * nt + hh, PSA_S - 1)) * PSA_WPR;
-            if constexpr (PSA_WPR % 4 == 0) {
-#pragma unroll
-                for (int i = 0; i < PSA_WPR / 4; ++i) {
-                    const uint4 x = __ldg(reinterpret_cast<const uint4*>(crow) + i);
-                    wd_next[nt][4 * i] = x.x; wd_next[nt][4 * i + 1] = x.y;
-                    wd_next[nt][4 * i + 2] = x.z; wd_next[nt][4 * i + 3] = x.w;
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < PSA_WPR; ++i) wd_next[nt][i] = __ldg(crow + i);
+            for (int i = 0; i < PSA_LHV; ++i)
+                if (lane + 32 * i < PSA_D / 4) lh_next[i] = __ldg(row + lane + 32 * i);
+            const unsigned int* src = codes + (blk0 + j) * PSA_S * PSA_WPR;
+            unsigned int* dst = csm[warp][j & 1];
+            for (int e = lane; e < PSA_S * (PSA_WPR / PSA_CW); e += 32) {
+                const int t = e / (PSA_WPR / PSA_CW), c = e % (PSA_WPR / PSA_CW);
+                cp_async_words(dst + t * PSA_SROW + c * PSA_CW, src + t * PSA_WPR + c * PSA_CW);
             }
         }
+        asm volatile("cp.async.commit_group;" ::: "memory");  // one group per block, empty past the end
     };
     load(jw);
     for (int j = jw; j < jend; ++j) {
         float est = -PSA_INF, bnd = -PSA_INF;
         if (j < n_blocks) {  // uniform across the warp
             const int ntok = min(PSA_S, len - j * PSA_S);
-            unsigned int wd[PSA_QTILES][PSA_WPR];
-#pragma unroll
-            for (int nt = 0; nt < PSA_QTILES; ++nt)
-#pragma unroll
-                for (int i = 0; i < PSA_WPR; ++i) wd[nt][i] = wd_next[nt][i];
             // lo/hi into shared memory, transposed so that lane quad q reads channels q mod 4 in a row
             __syncwarp();
 #pragma unroll
@@ -121,8 +124,10 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
                     for (int e = 0; e < 8; ++e) tsm[warp][which][(c0 + e) & 3][(c0 + e) >> 2] = xh[e];
                 }
             }
-            __syncwarp();
             load(j + 1);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");  // block j's codes have landed (this lane's) ...
+            __syncwarp();                                          // ... and every lane's; lo/hi are staged
+            const unsigned int* cb = csm[warp][j & 1];
             // A = w (hi + lo halves) per k-step, the constant C and (certified) the min/max bound;
             // the hi and lo products accumulate apart (two independent MMA chains per tile)
             float cst = 0.f, bsum = 0.f;
@@ -135,23 +140,25 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
             for (int ks = 0; ks < PSA_D / 16; ++ks) {
                 const uint2 lo4 = *reinterpret_cast<const uint2*>(&tsm[warp][0][quad][4 * ks]);
                 const uint2 hi4 = *reinterpret_cast<const uint2*>(&tsm[warp][1][quad][4 * ks]);
+                const float4 q4 = *reinterpret_cast<const float4*>(&qsm[hh][quad][4 * ks]);
+                const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
                 const __half* loh = reinterpret_cast<const __half*>(&lo4);
                 const __half* hih = reinterpret_cast<const __half*>(&hi4);
                 float wv[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int m = 4 * ks + e;
                     const float lo = __half2float(loh[e]), hi = __half2float(hih[e]);
-                    wv[e] = qa[m] * ((hi - lo) * 0.125f);
-                    cst += qa[m] * lo + 0.5f * wv[e];
-                    if (PSA_BOUNDS == 1) bsum += fmaxf(qa[m] * hi, qa[m] * lo);
+                    wv[e] = qv[e] * ((hi - lo) * 0.125f);
+                    cst += qv[e] * lo + 0.5f * wv[e];
+                    if (PSA_BOUNDS == 1) bsum += fmaxf(qv[e] * hi, qv[e] * lo);
                 }
                 unsigned int a0h, a0l, a2h, a2l;
                 split2(wv[0], wv[1], a0h, a0l);  // channels 16 ks + q, + 4
                 split2(wv[2], wv[3], a2h, a2l);  // channels 16 ks + 8 + q, + 12
 #pragma unroll
                 for (int nt = 0; nt < PSA_QTILES; ++nt) {
-                    const unsigned int b0 = code_pair(wd[nt][2 * ks], quad), b1 = code_pair(wd[nt][2 * ks + 1], quad);
+                    const uint2 w2 = *reinterpret_cast<const uint2*>(cb + min(8 * nt + hh, PSA_S - 1) * PSA_SROW + 2 * ks);
+                    const unsigned int b0 = code_pair(w2.x, quad), b1 = code_pair(w2.y, quad);
                     mma_rows8(sacc[nt], a0h, a2h, b0, b1);
                     mma_rows8(sacc_lo[nt], a0l, a2l, b0, b1);
                 }
@@ -186,6 +193,9 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
             s += __shfl_xor_sync(0xffffffffu, s, 1);
             s += __shfl_xor_sync(0xffffffffu, s, 2);
             est = mx + __logf(s) - __logf((float)ntok);
+            __syncwarp();  // every lane is done with this block's buffers before the next load refills them
+        } else {
+            load(j + 1);  // keeps one commit group per block
         }
         if (PSA_BOUNDS && quad == 0 && hh < PSA_G)
             ests[((long)b * Hq + h0 + hh) * Nmax + j] = PSA_BOUNDS == 1 ? bnd : est;
