@@ -14,6 +14,9 @@ token through [`psa_fast.hf.CapturedDecoder`][psa_fast.hf.CapturedDecoder]):
   predicted chunks at once, verified after);
 * ``topk``: top-k with k = PSA 0.95's mean blocks read (measured in the same run).
 
+``--compile``: every method's decoder layers compiled by ``torch.compile`` around eager attention
+([`psa_fast.hf.compile_layers`][psa_fast.hf.compile_layers]); the first step of each shape compiles.
+
 Each row: median ms per step over ``--steps`` replays (CUDA events), tokens/s (``B`` / step), next-token
 agreement with ``sdpa`` (argmax, teacher-forced) and perplexity of the forced tokens, the share of blocks
 the PSA layers read, GPU memory of the PSA layers' KV and metadata, and the step's **byte floor**
@@ -128,7 +131,7 @@ def run_method(model, method, ids, args, k=None):
     psa_fast.hf.enable(model, cfg)
     cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=total + 8, static=True,
                                    mode={"paged": "dense", "sdpa": "sdpa"}.get(method), plan_options=spec)
-    dec = psa_fast.hf.CapturedDecoder(model, cache, batch)
+    dec = psa_fast.hf.CapturedDecoder(model, cache, batch, compile=args.compile)
     ids = ids.cuda()
     logits = dec.prefill(ids[:, :context])
     tokens, logp, times = [], [], []
@@ -168,6 +171,8 @@ def main() -> None:
     ap.add_argument("--step", type=int, default=16, help="PSA blocks per iteration")
     ap.add_argument("--methods", default="sdpa,paged,psa0.95,psa0.99,topk")
     ap.add_argument("--gqa", default="shared", choices=("shared", "per_head"), help="PSA and top-k selection")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the decoder layers (CapturedDecoder(compile=True)) for every method")
     ap.add_argument("--out", default="results_model.jsonl")
     args = ap.parse_args()
     args.contexts = [int(x) for x in args.contexts.split(",")]
@@ -177,7 +182,8 @@ def main() -> None:
 
     model, tok = load_model(args)
     ceiling = copy_ceiling_gbs()
-    print(f"# {args.model} ({args.weights}), copy ceiling {ceiling:.0f} GB/s, {torch.cuda.get_device_name()}")
+    print(f"# {args.model} ({args.weights}), copy ceiling {ceiling:.0f} GB/s, {torch.cuda.get_device_name()}, "
+          f"layers {'compiled' if args.compile else 'eager'}")
     methods = args.methods.split(",")
     rows = []
     runs = [(c, int(b)) for c in args.contexts for b in args.batches.split(",")]
@@ -205,6 +211,7 @@ def main() -> None:
             fb = floor_bytes(model, context, batch, r["share"], m)
             floor_ms = fb / (ceiling * 1e9) * 1e3
             row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k, gqa=args.gqa,
+                       compiled=args.compile,
                        ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree, ppl=ppl, dppl=dppl,
                        share=r["share"], kv_bytes=r["kv_bytes"], meta_bytes=r["meta_bytes"], floor_ms=floor_ms,
                        step_over_floor=r["ms"] / floor_ms, speedup=(base["ms"] / r["ms"]) if base else 1.0,

@@ -1,7 +1,7 @@
 """Where a whole-model decode step's GPU time goes: torch.profiler over eager decode steps of
 [`psa_fast.hf`][psa_fast.hf] (the same kernels a captured step replays), top CUDA kernels by total time.
 
-    python benchmarks/profile_model_step.py --model gemma3 --context 8192 --batch 1 --mode sdpa
+    python benchmarks/profile_model_step.py --model gemma3 --context 8192 --batch 1 --mode sdpa [--compile]
 """
 
 from __future__ import annotations
@@ -18,28 +18,40 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--mode", default="sdpa", choices=("sdpa", "dense", "psa"))
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="CapturedDecoder(compile=True): the layers compiled")
+    ap.add_argument("--weights", default="random", help="'random' or a GGUF path (as bench_model.py)")
+    ap.add_argument("--text", default=None, help="held-out text for real weights (as bench_model.py)")
+    ap.add_argument("--speculate", type=float, default=None, help="psa mode: DecodePlan(speculate=M)")
     args = ap.parse_args()
     import bench_model
 
     import psa_fast.hf
     from psa_ref.tools.hf import PSAConfig
 
-    ns = argparse.Namespace(model=args.model, weights="random", contexts=[args.context], steps=args.steps, text=None)
-    model, _ = bench_model.load_model(ns)
+    ns = argparse.Namespace(model=args.model, weights=args.weights, contexts=[args.context], steps=args.steps,
+                            text=args.text)
+    model, tok = bench_model.load_model(ns)
     psa_fast.hf.enable(model, PSAConfig(threshold=0.95, step=16, record=False))
+    spec = {"speculate": args.speculate} if args.speculate else None
     cache = psa_fast.hf.PagedCache(model, batch=args.batch, max_tokens=args.context + 64, static=True,
-                                   mode={"sdpa": "sdpa", "dense": "dense"}.get(args.mode))
-    dec = psa_fast.hf.CapturedDecoder(model, cache, args.batch)
-    ids = torch.randint(10, 1000, (args.batch, args.context + args.steps + 4), device="cuda")
+                                   mode={"sdpa": "sdpa", "dense": "dense"}.get(args.mode), plan_options=spec)
+    dec = psa_fast.hf.CapturedDecoder(model, cache, args.batch, compile=args.compile)
+    ids = bench_model.token_ids(ns, tok, args.context + args.steps + 8, args.batch).cuda()
     dec.prefill(ids[:, : args.context])
     dec.step(ids[:, args.context])  # eager warm-up (compiles)
+    for _ in range(2):  # inductor tunes some kernels on their first real calls: keep that out of the profile
+        dec._forward()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for i in range(args.steps):
             dec._forward()  # eager steps: the kernels a replay runs, one by one
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70))
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_us = sum(e.device_time for e in kernels)
+    print(f"per step: {len(kernels) / args.steps:.0f} kernels, {gpu_us / args.steps / 1e3:.3f} ms of GPU time "
+          f"({'compiled' if args.compile else 'eager'} layers)")
 
 
 if __name__ == "__main__":

@@ -284,6 +284,12 @@ class PagedCache(Cache):
         self._counted = [layer for layer in self.layers if isinstance(layer, (_PagedLayer, _StaticLayer))]
         session.cache = self
 
+    @torch.compiler.disable  # host counters (``seen``, ``_pending``): never traced, so never guarded on
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """transformers' ``Cache.update`` (this layer's states in; what its attention reads out), kept
+        out of ``torch.compile``'s graphs (see [`compile_layers`][psa_fast.hf.compile_layers])."""
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
     def plan(self, scale: float):
         """The batched ``DecodePlan`` of this cache for logit scale ``scale`` (made once per scale)."""
         import psa_fast
@@ -408,32 +414,50 @@ class CapturedDecoder:
     sliding window's length on the host, which a replay cannot advance). Requests of one batch have
     equal prompt lengths (no padding: transformers' padded masks synchronise with the host).
 
+    A decode step needs no attention mask (the PSA layers attend each request's whole cache, the
+    static layers build theirs on the device), so the model is given a constant 4-D mask, which
+    transformers passes through as prepared: the step builds none (transformers' mask builders
+    decide on host state, and differently while a CUDA graph is captured).
+
     Args:
         model: the causal LM.
         cache: the cache, empty.
         batch: ``B``.
+        compile: ``torch.compile`` the model's decoder layers first
+            ([`compile_layers`][psa_fast.hf.compile_layers]): their norms, projections, rotary
+            embedding and MLP become a few fused kernels; attention and the cache stay eager. The
+            first step compiles (seconds to a minute); the capture then refuses to recompile.
     """
 
-    def __init__(self, model: torch.nn.Module, cache: PagedCache, batch: int):
+    def __init__(self, model: torch.nn.Module, cache: PagedCache, batch: int, *, compile: bool = False):
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be True or False, got {compile!r}")
         self.model, self.cache = model, cache
         self.batch = _validate.integer(batch, "batch", minimum=1)
+        self.compiled = compile
+        if compile:
+            compile_layers(model)
         dev = model.device
         self.ids = torch.zeros((batch, 1), dtype=torch.long, device=dev)
         self.position = torch.zeros((1,), dtype=torch.long, device=dev)
+        self._no_mask = torch.ones((batch, 1, 1, 1), dtype=torch.bool, device=dev)  # unused: see above
         self.graph = None
         self.logits = None
         self.length = 0
 
     def _forward(self):
         return self.model(input_ids=self.ids, past_key_values=self.cache, cache_position=self.position,
-                          position_ids=self.position[None].expand(self.batch, 1), use_cache=True).logits[:, -1]
+                          position_ids=self.position[None].expand(self.batch, 1), attention_mask=self._no_mask,
+                          use_cache=True).logits[:, -1]
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Run the prompt ``[B, T]`` (eager); returns the last position's logits ``[B, vocab]``."""
+        """Run the prompt ``[B, T]`` (eager, compiled layers included: a prompt length is not worth a
+        compilation); returns the last position's logits ``[B, vocab]``."""
         t = input_ids.shape[1]
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                         cache_position=torch.arange(t, device=input_ids.device), logits_to_keep=1).logits[:, -1]
+        with torch.compiler.set_stance("force_eager"):
+            out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                             cache_position=torch.arange(t, device=input_ids.device), logits_to_keep=1).logits[:, -1]
         self.length = t
         return out
 
@@ -448,7 +472,8 @@ class CapturedDecoder:
             self.graph = torch.cuda.CUDAGraph()
             torch.cuda.synchronize()
             snapshot = _host_state(self.cache)
-            with torch.cuda.graph(self.graph), _cupy_allocates_from_torch():
+            with torch.compiler.set_stance("fail_on_recompile"), torch.cuda.graph(self.graph), \
+                    _cupy_allocates_from_torch():
                 self.logits = self._forward()
             _restore_host_state(self.cache, snapshot)  # capture recorded the step; nothing ran yet
         if self.graph is not None:
@@ -461,6 +486,40 @@ class CapturedDecoder:
             self._warm = True
         self.length += 1
         return out
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers of a transformers causal LM (``model.get_decoder().layers``)."""
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(dec, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise TypeError(f"{type(model).__name__} has no decoder layers at model.get_decoder().layers")
+    return layers
+
+
+def compile_layers(model: torch.nn.Module, **options) -> None:
+    """``torch.compile`` each decoder layer of ``model`` in place (static shapes; inductor's default
+    mode unless ``options``, passed on to ``torch.compile``, say otherwise; a layer already compiled
+    is left as it is).
+
+    What is compiled is what lies between the attention calls: norms, projections, the rotary
+    embedding, residuals and the MLP, fused by inductor into a few kernels a layer (a decode step of
+    Gemma 3 270M is otherwise ~1,500 kernels of 1-5 µs). The ``"psa"`` attention function and
+    [`PagedCache.update`][psa_fast.hf.PagedCache] are opaque to ``torch.compile`` (graph breaks), so
+    CuPy, NumPy and host counters never enter a graph and a new decode step never recompiles. Not
+    inductor's ``"reduce-overhead"`` mode: [`CapturedDecoder`][psa_fast.hf.CapturedDecoder] captures the
+    whole step in its own CUDA graph.
+    """
+    layers = decoder_layers(model)
+    conf = torch._dynamo.config
+    # one compiled entry per layer for the shared forward code (layer_idx is guarded on), per batch size
+    # and per first-step guard failure: past the default limit (8) dynamo would run later layers eagerly
+    # without an error, so the limit is set far above what a process of a few batch sizes needs
+    conf.recompile_limit = max(conf.recompile_limit, 16 * len(layers) + 64)
+    conf.accumulated_recompile_limit = max(conf.accumulated_recompile_limit, 64 * len(layers) + 256)
+    for layer in layers:
+        if getattr(layer, "_compiled_call_impl", None) is None:
+            layer.compile(**{"dynamic": False, **options})
 
 
 class _TorchBlock:

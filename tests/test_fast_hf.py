@@ -199,6 +199,28 @@ def test_speculate_in_the_model_matches_the_loop_and_is_captured(kind):
     assert float((captured - spec).abs().max()) <= tol
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+@pytest.mark.parametrize("mode", ["psa", "sdpa"])
+def test_compiled_capture_stays_within_the_budget(kind, mode):
+    """CapturedDecoder(compile=True): inductor's fused norms, projections and MLP (other bfloat16 roundings)
+    around eager attention, all in one graph; PSA at tau = 1 (and the SDPA baseline) within the module's budget
+    of the float32 logits, greedy tokens stock's except at near-ties; the capture (step 2) compiles nothing."""
+    ids = torch.randint(0, VOCAB, (2, 60), generator=torch.Generator().manual_seed(13)).cuda()
+    model, stock, ref = stock_and_reference(kind, ids, 30)
+    psa_fast.hf.enable(model, hf.PSAConfig(threshold=1.0, block_size=4, step=4))
+    torch._dynamo.reset()
+    try:
+        cache = psa_fast.hf.PagedCache(model, batch=2, max_tokens=64, static=True, mode=mode)
+        dec = psa_fast.hf.CapturedDecoder(model, cache, batch=2, compile=True)
+        captured = captured_logits(dec, ids, 30)
+    finally:
+        model.set_attn_implementation("sdpa")
+        torch._dynamo.reset()
+    assert dec.graph is not None and (mode == "sdpa" or cache.steps == 29)
+    assert all(layer._compiled_call_impl is not None for layer in psa_fast.hf.decoder_layers(model))
+    assert_within_budget(captured, stock, ref, 2 * float((stock - ref).abs().max()), f"{kind} {mode} compiled")
+
+
 def test_plan_options_may_not_override_the_config():
     model = tiny("llama").cuda().to(torch.bfloat16)
     psa_fast.hf.enable(model, hf.PSAConfig())

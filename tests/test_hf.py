@@ -195,6 +195,38 @@ def test_the_gpu_backend_is_psa_fast_s_and_says_so_without_a_gpu():
         psa_fast.hf.PagedCache(tiny_llama(layers=1), batch=1, max_tokens=16)
 
 
+def test_compiled_layers_leave_psa_attention_eager_and_the_logits_unchanged():
+    """psa_fast.hf.compile_layers (what CapturedDecoder(compile=True) runs; here dynamo with its eager backend
+    on the CPU): the "psa" attention function is a graph break, so every decode step still reaches the
+    reference backend, and the logits are those of the uncompiled model (the same ops: equal bits)."""
+    import psa_fast.hf
+
+    model = tiny_llama(seed=4)
+    ids = torch.randint(0, 97, (2, 44), generator=torch.Generator().manual_seed(8))
+    session = hf.enable(model, hf.PSAConfig(threshold=0.9, block_size=8))
+    try:
+        eager, _ = decode(model, ids, prefill=38)
+        steps = len(session.records)
+        torch._dynamo.reset()
+        psa_fast.hf.compile_layers(model, backend="eager")
+        assert all(layer._compiled_call_impl is not None for layer in psa_fast.hf.decoder_layers(model))
+        compiled, _ = decode(model, ids, prefill=38)
+    finally:
+        model.set_attn_implementation("sdpa")
+        torch._dynamo.reset()
+    assert steps == 2 * 2 * 6 and len(session.records) == 2 * steps  # 6 steps x 2 layers x 2 sequences, twice
+    assert torch.equal(compiled, eager)
+
+
+def test_compile_arguments_are_checked():
+    import psa_fast.hf
+
+    with pytest.raises(TypeError, match="decoder layers"):
+        psa_fast.hf.compile_layers(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="compile must be True or False"):
+        psa_fast.hf.CapturedDecoder(tiny_llama(layers=1), None, 1, compile="yes")
+
+
 def test_session_summary_counts_bytes(model):
     session = hf.enable(model, hf.PSAConfig(topk=2, block_size=8, sink_blocks=0, recent_blocks=0))
     try:

@@ -410,9 +410,13 @@ def register_backend(name: str, decode) -> None:
     _DECODERS[name] = decode
 
 
+@torch.compiler.disable  # NumPy, CuPy and host counters inside: opaque to torch.compile (a graph break)
 def psa_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                           scaling: float | None = None, **kwargs):
     """The ``"psa"`` attention function, called by transformers for every attention layer.
+
+    ``torch.compile`` does not trace it: a model compiled around it (e.g. its decoder layers) runs
+    this call eagerly between compiled graphs.
 
     Args:
         query: ``[B, Hq, L, D]`` after RoPE.
