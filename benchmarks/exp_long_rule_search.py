@@ -25,6 +25,7 @@ What ``psa_ref`` implements was then confirmed through [`psa_ref.sweep.attention
     python benchmarks/exp_long_rule_search.py cache --jobs 2          # the four Gemma 32K captures, 32 queries each
     python benchmarks/exp_long_rule_search.py score --rules oracle,ema,sketch,sketch_avg \
         --configs quant3/per_head/1+1,cuboid_mean/per_head/1+1 --out /tmp/scores.json
+    python benchmarks/exp_long_rule_search.py reads [--by layer]    # KV blocks read: shared, per head, union
 """
 
 from __future__ import annotations
@@ -339,6 +340,41 @@ def score_main(args) -> None:
         Path(args.out).write_text(json.dumps(rows, indent=1, default=float))
 
 
+def kv_reads(cases, metadata: str = "quant3", spec: str = "sketch_avg", tau: float = TAU, forced: int = 1):
+    """Per split: the share of a KV head's blocks that decode must read under each selection, with one KV head
+    serving several query heads (Gemma 3: 4). ``shared``: one order and stop per KV head; per head: each query
+    head's own stop, read once per head (``per_head_sum``, what a kernel that attends each head's blocks reads)
+    or once per block of the heads' union (``per_head_union``, what a kernel attending every head of a block at
+    once would read); and the same for the ideal per-head sets (the heaviest true blocks up to tau per head)."""
+    per = {}
+    for split, _, _, a in cases:
+        n = a["mass"].shape[0]
+        vp, vs = View(a, (metadata, "per_head", forced, forced)), View(a, (metadata, "shared", forced, forced))
+        kp, ks = stops(vp, spec, tau), stops(vs, spec, tau)
+        union = len(set().union(*(vp.order[: kp[h], h].tolist() for h in range(kp.size))))
+        heaviest = np.argsort(-a["mass"], axis=0, kind="stable")
+        ideal = len(set().union(*(heaviest[: a["ideal"][h], h].tolist() for h in range(kp.size))))
+        per.setdefault(split, []).append((ks[0] / n, kp.mean() / n, kp.sum() / n, union / n,
+                                          a["ideal"].mean() / n, ideal / n))
+    keys = ("shared", "per_head_mean", "per_head_sum", "per_head_union", "ideal_per_head_mean", "ideal_union")
+    return [{"split": split, "rule": spec, "metadata": metadata, "queries": len(rows),
+             **dict(zip(keys, np.mean(rows, axis=0).tolist()))} for split, rows in sorted(per.items())]
+
+
+def reads_main(args) -> None:
+    cases = load_cases(args.cache, set(args.tuned.split(",")), args.window, args.by)
+    rows = kv_reads(cases, args.metadata, args.rule, args.tau)
+    print(f"share of a KV head's blocks read, {args.rule} on {args.metadata}, tau {args.tau}, 1 sink + 1 recent")
+    print("| split | queries x layers | shared | per head: mean | per head: sum over heads | per head: union | "
+          "ideal per head | ideal union |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['split']} | {r['queries']} | " + " | ".join(f"{100 * r[k]:.1f}%" for k in (
+            "shared", "per_head_mean", "per_head_sum", "per_head_union", "ideal_per_head_mean", "ideal_union")) + " |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -358,11 +394,17 @@ def main() -> None:
     sc.add_argument("--rules", default="oracle,ema,sketch,sketch_avg")
     sc.add_argument("--out", default=None)
     sc.add_argument("--by", choices=("text", "layer"), default=None, help="break each split down")
+    rd = sub.add_parser("reads", help="KV blocks read under shared / per-head selection and their union")
+    rd.add_argument("--cache", default="/tmp/psa_long/cache")
+    rd.add_argument("--tuned", default="logging,unittest")
+    rd.add_argument("--window", type=int, default=32768)
+    rd.add_argument("--tau", type=float, default=TAU)
+    rd.add_argument("--metadata", default="quant3", choices=("quant3", "cuboid_mean"))
+    rd.add_argument("--rule", default="sketch_avg")
+    rd.add_argument("--by", choices=("text", "layer"), default=None)
+    rd.add_argument("--out", default=None)
     args = ap.parse_args()
-    if args.cmd == "cache":
-        cache_main(args)
-    else:
-        score_main(args)
+    {"cache": cache_main, "score": score_main, "reads": reads_main}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -197,3 +197,28 @@ def test_margin_coverage_by_hand_and_monotone():
     got = [exp_margin.coverage(n, f, a, p, m, 16) for m in (0.5, 1, 1.5, 2, 4)]
     assert all(x[0] <= y[0] and x[1] <= y[1] for x, y in zip(got, got[1:]))  # more margin: more covered, more read
     assert all(r >= 1.0 for _, r in got)
+
+
+def test_kv_reads_counts_shared_per_head_and_union_blocks():
+    """benchmarks/exp_long_rule_search.kv_reads on one hand-made query: two query heads on one KV head whose
+    mass sits at opposite ends of 4 blocks; the oracle rule at tau 0.9 stops each head after its 2 heaviest
+    blocks (per head: half the blocks each, all four in the union and in the sum), while the shared order needs
+    every block before both heads hold 0.9."""
+    import exp_long_rule_search as lrs
+
+    mass = np.array([[0.7, 0.05], [0.2, 0.05], [0.05, 0.2], [0.05, 0.7]])
+    zeros = np.zeros((4, 2))
+    arrays = {"mass": mass, "lengths": np.full(4, 16), "ideal": np.array([2, 2]), "bmax": zeros,
+              "est/quant3": np.log(mass / 16)}
+    arrays["order/quant3/per_head/0+0"] = np.array([[0, 3], [1, 2], [2, 1], [3, 0]], dtype=np.int16)
+    arrays["order/quant3/shared/0+0"] = np.array([[0, 0], [3, 3], [1, 1], [2, 2]], dtype=np.int16)
+    for gqa in ("per_head", "shared"):
+        arrays[f"err/quant3/{gqa}/0+0"] = zeros.astype(np.float32)
+    (row,) = lrs.kv_reads([("held-out", "xml", "case", arrays)], "quant3", "oracle", 0.9, forced=0)
+    assert row["shared"] == 1.0
+    assert row["per_head_mean"] == 0.5 and row["per_head_sum"] == 1.0 and row["per_head_union"] == 1.0
+    assert row["ideal_per_head_mean"] == 0.5 and row["ideal_union"] == 1.0
+    mass[:, 1] = mass[:, 0]  # both heads alike: the union is one head's blocks
+    arrays["order/quant3/per_head/0+0"][:, 1] = [0, 1, 2, 3]
+    (row,) = lrs.kv_reads([("held-out", "xml", "case", arrays)], "quant3", "oracle", 0.9, forced=0)
+    assert row["per_head_union"] == 0.5 and row["per_head_sum"] == 1.0 and row["ideal_union"] == 0.5
