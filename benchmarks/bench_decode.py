@@ -32,8 +32,11 @@ profile and shape), a table to ``.md`` and to stdout last.
     python benchmarks/bench_decode.py --profile sparsity --shape gemma3 --sizes 32768 --batches 1,8,32
     python benchmarks/bench_decode.py --profile sparsity --sizes 32768:1,131072:1,131072:8 --shares 0.02,0.2
     python benchmarks/bench_decode.py --profile long-context --shape gemma3 --sizes 32768,131072 --batches 1,8
+    python benchmarks/bench_decode.py --profile real --kv gemma3_l17_32k.npz --shape gemma3 --sizes 32768
 
-A real captured K/V cache plugs in as another ``fill(cache, layer) -> q`` (see ``bench_size``).
+``--profile real`` replays captured decode steps (``real_fill``; several traces: requests of different texts):
+one global layer of Gemma 3 at 32K is 25 MiB, cut from a capture by ``benchmarks/slice_trace.py``, small
+enough to carry to the device in one call.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ SHAPES = {
     "gemma3": Shape("gemma3", 4, 1, 256, scale=0.0625, about="Gemma 3 270M global layer"),
     "smollm2": Shape("smollm2", 9, 3, 64, about="SmolLM2-135M"),
 }
-PROFILES = ("pooled", "per-head", "sparsity", "long-context")
+PROFILES = ("pooled", "per-head", "sparsity", "long-context", "real")
 DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
 SKIPPABLE = ("tau0.9", "remaining", "predicted", "sketch", "topk", "stages", "speculate")
 SPECULATE = 2.0  # the margin of the speculative rows (DecodePlan(speculate=...))
@@ -200,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recent-blocks", type=int, default=2, help="heavy recent blocks of --profile sparsity")
     p.add_argument("--per-head", action="store_true", help="also PSA τ=0.95 with gqa='per_head'")
     p.add_argument("--skip", default="", help=f"rows to leave out, of {','.join(SKIPPABLE)}")
+    p.add_argument("--kv", default=None, help="--profile real: captured trace .npz files, comma-separated (a layer "
+                                             "cut from a 32K capture by benchmarks/slice_trace.py fits one call)")
     return p
 
 
@@ -222,6 +227,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--reps must be >= 1, got {args.reps}")
     if args.recent_blocks < 0:
         parser.error(f"--recent-blocks must be >= 0, got {args.recent_blocks}")
+    if (args.profile == "real") != (args.kv is not None):
+        parser.error("--profile real takes its K/V from --kv PATH (a captured trace), and --kv needs --profile real")
     args.shape = SHAPES[args.shape]
     return args
 
@@ -646,6 +653,46 @@ def long_context_fill(shape: Shape, *, xp=None):
     return fill
 
 
+def real_fill(shape: Shape, traces, *, xp=None):
+    """``fill(cache, layer)`` from captured traces (``psa_ref.trace.Trace``): real keys, values and queries.
+
+    Every request replays a captured decode step exactly: the query at position ``capacity - 1`` and the keys
+    and values ``0..capacity - 1`` before it (so SDPA's view of the pool is that step's whole cache), request
+    ``r`` from trace ``r mod len(traces)`` (several captures: requests of different texts), cache layer ``l``
+    from that trace's layer ``l mod L``. ``xp=numpy`` fills a stand-in cache (tests).
+
+    Raises:
+        ValueError: a trace whose heads, head dim or logit scale are not ``shape``'s, or that has no query at
+            position ``capacity - 1`` (benchmark sizes must be a captured position + 1, e.g. 32768).
+    """
+    if xp is None:
+        import cupy as xp
+    for tr in traces:
+        _, _, hq, d = tr.q.shape
+        hkv = tr.k.shape[1]
+        if (hq, hkv, d) != (shape.hq, shape.hkv, shape.d) or not math.isclose(tr.scale, shape.logit_scale):
+            raise ValueError(f"a trace has Hq {hq}, Hkv {hkv}, D {d}, scale {tr.scale:g}; --shape {shape.name} "
+                             f"needs Hq {shape.hq}, Hkv {shape.hkv}, D {shape.d}, scale {shape.logit_scale:g}")
+
+    def fill(cache, layer):
+        t = cache.capacity
+        q = xp.empty((cache.batch, shape.hq, shape.d), xp.float16)
+        for r in range(cache.batch):
+            tr = traces[r % len(traces)]
+            hit = np.flatnonzero(np.asarray(tr.positions) == t - 1)
+            if hit.size == 0 or t > tr.k.shape[2]:
+                raise ValueError(f"a trace has no query at position {t - 1} (its queries are at "
+                                 f"{tr.positions.min()}..{tr.positions.max()}): use a size that is a captured "
+                                 "position + 1, e.g. 32768")
+            li, j = layer % tr.q.shape[0], int(hit[0])
+            cache.prefill(layer, r, xp.asarray(tr.k[li, :, :t], dtype=xp.float16),
+                          xp.asarray(tr.v[li, :, :t], dtype=xp.float16))
+            q[r] = xp.asarray(tr.q[li, j], dtype=xp.float16)
+        return q
+
+    return fill
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
 
@@ -669,6 +716,10 @@ def main(argv=None) -> None:
         base = trace_fill(shape, trace_block_profiles(block_size=shape.s))
     elif args.profile == "long-context":
         base = long_context_fill(shape)
+    elif args.profile == "real":
+        from psa_ref.trace import load_trace
+
+        base = real_fill(shape, [load_trace(path) for path in args.kv.split(",")])
     rows = []
     start = time.time()
     stem = out_stem(args.profile, shape)

@@ -61,6 +61,42 @@ class Trace:
     def num_cases(self) -> int:
         return self.q.shape[0] * self.q.shape[1]
 
+    def select(self, layers=None, positions=None) -> "Trace":
+        """A smaller trace: the layers and query positions at these indices (into ``layers`` and
+        ``positions``; None keeps all), keys and values cut to the last selected position's ``p + 1``
+        tokens. ``meta["selected"]`` records what was kept.
+
+        Raises:
+            ValueError: an index out of range, none selected, or positions not increasing.
+        """
+        li = np.arange(self.q.shape[0]) if layers is None else np.asarray(layers, dtype=np.int64).reshape(-1)
+        pi = np.arange(self.q.shape[1]) if positions is None else np.asarray(positions, dtype=np.int64).reshape(-1)
+        for name, idx, n in (("layers", li, self.q.shape[0]), ("positions", pi, self.q.shape[1])):
+            if idx.size == 0 or idx.min() < 0 or idx.max() >= n:
+                raise ValueError(f"{name} must be indices in [0, {n}), at least one; got {idx.tolist()}")
+        if np.any(np.diff(pi) <= 0):
+            raise ValueError(f"positions must be increasing indices; got {pi.tolist()}")
+        t = int(self.positions[pi[-1]]) + 1
+        meta = dict(self.meta, selected={"layers": self.layers[li].tolist(), "positions": self.positions[pi].tolist(),
+                                         "tokens": t})
+        return Trace(q=self.q[li][:, pi], k=self.k[li, :, :t], v=self.v[li, :, :t], layers=self.layers[li],
+                     positions=self.positions[pi], tokens=self.tokens[:t], scale=self.scale, meta=meta,
+                     o=None if self.o is None else self.o[li][:, pi])
+
+
+def save_trace(trace: Trace, path: str | Path) -> int:
+    """Write ``trace`` as a compressed ``.npz`` that [`load_trace`][psa_ref.trace.load_trace] reads back
+    (the format ``examples/capture_trace.py`` writes); returns its size in bytes."""
+    arrays = dict(q=trace.q, k=trace.k, v=trace.v, layers=np.asarray(trace.layers, dtype=np.int32),
+                  positions=np.asarray(trace.positions, dtype=np.int32), tokens=np.asarray(trace.tokens, dtype=np.int32),
+                  scale=np.float64(trace.scale), meta=np.array(json.dumps(trace.meta)))
+    if trace.o is not None:
+        arrays["o"] = trace.o
+    path = Path(path)
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    return path.stat().st_size
+
 
 def load_trace(path: str | Path | None = None) -> Trace:
     """Load a trace ``.npz``: a file, the name of a shipped one (a key of ``SHIPPED_TRACES``,

@@ -222,3 +222,62 @@ def test_kv_reads_counts_shared_per_head_and_union_blocks():
     arrays["order/quant3/per_head/0+0"][:, 1] = [0, 1, 2, 3]
     (row,) = lrs.kv_reads([("held-out", "xml", "case", arrays)], "quant3", "oracle", 0.9, forced=0)
     assert row["per_head_union"] == 0.5 and row["per_head_sum"] == 1.0 and row["ideal_union"] == 0.5
+
+
+class _RecordingCache:
+    """What ``real_fill`` uses of a ``PagedKVCache``: its dimensions and ``prefill``, recorded in NumPy."""
+
+    def __init__(self, batch, max_tokens, block_size=16):
+        self.batch, self.num_kv_heads, self.block_size = batch, 1, block_size
+        self.capacity = -(-max_tokens // block_size) * block_size
+        self.written = {}
+
+    def prefill(self, layer, request, keys, values):
+        self.written[layer, request] = (keys, values)
+
+
+def test_real_fill_replays_the_traces_decode_steps():
+    """--profile real on the shipped Gemma 3 trace (layer 17): every request holds keys and values 0..T-1 and the
+    query captured at position T - 1, exactly one decode step of the model; requests cycle over the traces given
+    (here the trace and a copy cut to 4K, which has no query at 8191: refused, as a trace of another shape)."""
+    from psa_ref.trace import load_trace
+
+    trace = load_trace("gemma3_8k")
+    fill = bd.real_fill(GEMMA, [trace], xp=np)
+    cache = _RecordingCache(batch=3, max_tokens=8192)
+    q = fill(cache, 1)
+    j = int(np.flatnonzero(trace.positions == 8191)[0])
+    for r in range(3):
+        k, v = cache.written[1, r]
+        assert k.shape == v.shape == (1, 8192, 256) and k.dtype == np.float16
+        np.testing.assert_array_equal(k, trace.k[0])
+        np.testing.assert_array_equal(v, trace.v[0])
+        np.testing.assert_array_equal(q[r], trace.q[0, j])
+    short = trace.select(positions=np.flatnonzero(trace.positions < 4096))
+    np.testing.assert_array_equal(bd.real_fill(GEMMA, [trace, short], xp=np)(_RecordingCache(1, 4096), 0)[0],
+                                  trace.q[0, int(np.flatnonzero(trace.positions == 4095)[0])])
+    with pytest.raises(ValueError, match="no query at position 8191"):
+        bd.real_fill(GEMMA, [trace, short], xp=np)(_RecordingCache(batch=2, max_tokens=8192), 0)
+    with pytest.raises(ValueError, match="Hq 4, Hkv 1, D 256"):
+        bd.real_fill(LLAMA, [trace], xp=np)
+
+
+def test_real_profile_needs_its_trace():
+    assert bd.parse_args(["--profile", "real", "--kv", "x.npz", "--shape", "gemma3"]).kv == "x.npz"
+    for argv in (["--profile", "real"], ["--kv", "x.npz"]):
+        with pytest.raises(SystemExit):
+            bd.parse_args(argv)
+
+
+def test_slice_trace_cuts_layers_and_last_queries(tmp_path, capsys):
+    import slice_trace
+
+    from psa_ref.trace import load_trace
+
+    slice_trace.main(["gemma3_8k", str(tmp_path / "cut.npz"), "--layers", "17", "--last", "4"])
+    cut, full = load_trace(tmp_path / "cut.npz"), load_trace("gemma3_8k")
+    assert cut.layers.tolist() == [17] and cut.positions.tolist() == full.positions[-4:].tolist()
+    assert cut.k.shape[2] == full.positions[-1] + 1 and "4 queries" in capsys.readouterr().out
+    for argv in (["--layers", "5"], ["--last", "0"]):
+        with pytest.raises(SystemExit):
+            slice_trace.main(["gemma3_8k", str(tmp_path / "bad.npz"), *argv])

@@ -141,3 +141,28 @@ def test_the_ideal_budget_at_tau_095_is_a_third_of_the_blocks(measured):
     8K over the four texts (35-42% per window in this file), against a few percent in SmolLM2's middle layers."""
     for end, row in measured.items():
         assert 0.2 <= row["share"].mean() <= 0.5, (end, row["share"].mean())
+
+
+def test_select_and_save_round_trip(trace, tmp_path):
+    """Trace.select keeps the chosen queries and cuts keys/values to the last one's p + 1 tokens; save_trace
+    writes what load_trace reads back, bit for bit, with the selection in its provenance."""
+    from psa_ref.trace import save_trace
+
+    sub = trace.select(layers=[0], positions=[31, 32, 33])
+    p = int(trace.positions[33])
+    assert sub.q.shape == (1, 3, 4, 256) and sub.k.shape == (1, 1, p + 1, 256) and sub.tokens.size == p + 1
+    np.testing.assert_array_equal(sub.q[0, 1], trace.q[0, 32])
+    np.testing.assert_array_equal(sub.v, trace.v[:, :, : p + 1])
+    assert sub.meta["selected"] == {"layers": [17], "positions": trace.positions[31:34].tolist(), "tokens": p + 1}
+    size = save_trace(sub, tmp_path / "sub.npz")
+    back = load_trace(tmp_path / "sub.npz")
+    assert size == (tmp_path / "sub.npz").stat().st_size
+    for name in ("q", "k", "v", "o", "layers", "positions", "tokens"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(sub, name))
+    assert back.scale == sub.scale and back.meta == sub.meta
+
+
+@pytest.mark.parametrize("kw", [dict(layers=[1]), dict(positions=[]), dict(positions=[5, 3]), dict(positions=[-1])])
+def test_select_rejects_bad_indices(trace, kw):
+    with pytest.raises(ValueError, match="layers|positions"):
+        trace.select(**kw)
