@@ -112,6 +112,17 @@ def floor_bytes(model, context: int, batch: int, share: float, method: str, meta
     return weights + batch * (window_kv + global_kv + meta)
 
 
+def wilson_interval(agree: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% by default) of an agreement rate ``agree / n``: with 16·B tokens a row,
+    one flipped token moves agreement by 1/(16B), so a rate near 99% is read with its interval."""
+    if n <= 0 or not 0 <= agree <= n:
+        raise ValueError(f"need 0 <= agree <= n and n > 0; got agree={agree}, n={n}")
+    p = agree / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
 def run_method(model, method, ids, args, k=None):
     """Teacher-forced decode of ``ids[:, context:]`` after a prefill of ``ids[:, :context]``; returns timings,
     argmax tokens, forced-token log-probabilities and the blocks-read share."""
@@ -205,29 +216,35 @@ def main() -> None:
                 continue
             r = res[m]
             base = res.get("sdpa")
-            agree = float((r["tokens"] == base["tokens"]).float().mean()) if base else float("nan")
+            same = int((r["tokens"] == base["tokens"]).sum()) if base else 0
+            agree = same / r["tokens"].numel() if base else float("nan")
+            agree_lo, agree_hi = wilson_interval(same, r["tokens"].numel()) if base else (float("nan"),) * 2
             ppl = float(torch.exp(-r["logp"].mean()))
             dppl = (ppl / float(torch.exp(-base["logp"].mean())) - 1) if base else float("nan")
             fb = floor_bytes(model, context, batch, r["share"], m)
             floor_ms = fb / (ceiling * 1e9) * 1e3
             row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k, gqa=args.gqa,
                        compiled=args.compile,
-                       ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree, ppl=ppl, dppl=dppl,
+                       ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree,
+                       agreement_95=[agree_lo, agree_hi], tokens_scored=int(r["tokens"].numel()), ppl=ppl, dppl=dppl,
                        share=r["share"], kv_bytes=r["kv_bytes"], meta_bytes=r["meta_bytes"], floor_ms=floor_ms,
                        step_over_floor=r["ms"] / floor_ms, speedup=(base["ms"] / r["ms"]) if base else 1.0,
                        ceiling_gbs=ceiling, wall_s=time.time() - t0)
             rows.append(row)
             print(f"  T={context:6d} B={batch:3d} {m:8s} {r['ms']:7.3f} ms  {row['tokens_per_s']:8.0f} tok/s  "
                   f"x{row['speedup']:.2f}  floor {floor_ms:.3f} ms (x{row['step_over_floor']:.1f})  "
-                  f"read {100 * r['share']:5.1f}%  agree {100 * agree:5.1f}%  dppl {100 * dppl:+.2f}%", flush=True)
+                  f"read {100 * r['share']:5.1f}%  agree {100 * agree:5.1f}% [{100 * agree_lo:.1f}, {100 * agree_hi:.1f}]  "
+                  f"dppl {100 * dppl:+.2f}%", flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    print("\n| T | B | method | ms/step | tokens/s | × sdpa | floor ms | ÷ floor | read % | agree % | Δppl % |")
+    print("\n| T | B | method | ms/step | tokens/s | × sdpa | floor ms | ÷ floor | read % | agree % (95% interval) | "
+          "Δppl % |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['context']} | {r['batch']} | {r['method']} | {r['ms']:.3f} | {r['tokens_per_s']:.0f} | "
               f"{r['speedup']:.2f} | {r['floor_ms']:.3f} | {r['step_over_floor']:.1f} | {100 * r['share']:.1f} | "
-              f"{100 * r['agreement']:.1f} | {100 * r['dppl']:+.2f} |")
+              f"{100 * r['agreement']:.1f} ({100 * r['agreement_95'][0]:.1f}–{100 * r['agreement_95'][1]:.1f}) | "
+              f"{100 * r['dppl']:+.2f} |")
 
 
 if __name__ == "__main__":

@@ -49,3 +49,17 @@ def test_bench_model_floor_counts_the_metadata_each_kind_reads():
     assert bench_model.floor_bytes(m, 64, 2, 0.5, "psa0.95", metadata="cuboid_mean") == cuboid
     quant3 = 20 + 2 * (2 * 8 * per_token + 2 * 64 * per_token * 0.5 + 2 * 4 * (2 * 4 * 2 + 16 * 4 // 2))
     assert bench_model.floor_bytes(m, 64, 2, 0.5, "psa0.95") == quant3
+
+
+def test_wilson_interval_of_agreement():
+    """bench_model's agreement interval: the Wilson score interval, checked at a worked value (505 of 512 tokens,
+    98.6%: about 97.2% to 99.3%), containing the rate, narrowing with more tokens, and 0/n and n/n at the edges."""
+    import bench_model
+
+    lo, hi = bench_model.wilson_interval(505, 512)
+    assert lo == pytest.approx(0.9721, abs=5e-4) and hi == pytest.approx(0.9934, abs=5e-4)
+    lo4, hi4 = bench_model.wilson_interval(4 * 505, 4 * 512)
+    assert lo < lo4 < 505 / 512 < hi4 < hi
+    assert bench_model.wilson_interval(16, 16)[1] == 1.0 and bench_model.wilson_interval(0, 16)[0] == 0.0
+    with pytest.raises(ValueError, match="agree"):
+        bench_model.wilson_interval(17, 16)
