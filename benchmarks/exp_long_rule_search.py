@@ -52,8 +52,9 @@ DEFAULT_TRACES = [f"/tmp/psa_long/gemma3_{t}_32k.npz" for t in TEXTS]
 BLOCK = 16
 TAU = 0.95
 QUANT_LEVELS = 8
-# processing orders cached: (metadata, gqa, sink, recent)
-CONFIGS = [(m, g, s, s) for m in ("cuboid_mean", "quant3") for g in ("per_head", "shared") for s in (0, 1)]
+# processing orders cached: (metadata, gqa, sink, recent); "share" is shared selection ranked by the largest
+# estimated share of a head's mass (psa_ref.attention(..., rank="share"))
+CONFIGS = [(m, g, s, s) for m in ("cuboid_mean", "quant3") for g in ("per_head", "shared", "share") for s in (0, 1)]
 
 
 def config_name(c) -> str:
@@ -114,7 +115,10 @@ def build_case(q, keys, values, scale) -> dict[str, np.ndarray]:
     for c in CONFIGS:
         m, gqa, sink, recent = c
         e = est[m]
-        if gqa == "shared":
+        if gqa in ("shared", "share"):
+            if gqa == "share":  # each head's estimated log-mass normalised to its share of the head's total
+                lw = e + np.log(lengths)[:, None]
+                e = lw - np.logaddexp.reduce(lw, axis=0)
             order = np.repeat(processing_order(e.max(axis=1), n, sink, recent)[:, None], g, axis=1)
         else:
             order = np.stack([processing_order(e[:, h], n, sink, recent) for h in range(g)], axis=1)
@@ -202,7 +206,7 @@ class View:
         self.err = arrays[f"err/{name}"].astype(np.float64)
         self.ideal = arrays["ideal"]
         self.forced = config[2] + config[3]
-        self.shared = config[1] == "shared"
+        self.shared = config[1] != "per_head"
         self.order = order
         self.acc = np.cumsum(self.mass, axis=0)
         n = self.mass.shape[0]

@@ -501,14 +501,19 @@ def _result(dec: DecodeOutput, p: DecodePlan, blocks: KVBlocks, q3, single: bool
 @requires_gpu
 def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | None = None, stop: str = DEFAULT_STOP,
               step: int = 1, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
-              exact_mass: bool = False, first_chunk: int | str | None = None,
+              exact_mass: bool = False, first_chunk: int | str | None = None, rank: str = "estimate",
               speculate: float | None = None) -> AttentionResult:
     """Progressive sparse attention on the GPU; the arguments and result of [`psa_ref.attention`][psa_ref.attention].
 
     ``q`` is ``[D]`` or ``[Hq, D]`` (float16/32/64 or bfloat16, CuPy or CUDA torch); ``output`` is float32 on
     the GPU, of the same array type; the other fields are on the host. ``speculate`` (GPU only) is
     [`DecodePlan`][psa_fast.DecodePlan]'s: the same blocks and decision by another schedule of the kernels.
+    ``rank="share"`` is the reference's only so far (NotImplementedError with shared selection).
     """
+    _validate.choice(rank, "rank", ("estimate", "share"))
+    if rank == "share" and gqa != "per_head":
+        raise NotImplementedError("rank='share' (shared groups ranked by the largest estimated share of a head's "
+                                  "mass) runs in psa_ref.attention only; the GPU kernels rank by the largest estimate")
     threshold = _validate.threshold(threshold)
     step = _validate.integer(step, "step", minimum=1)
     q3, single, kind = _query(q, blocks)

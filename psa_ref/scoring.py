@@ -95,6 +95,27 @@ def forced_blocks(num_blocks: int, sink_blocks: int, recent_blocks: int) -> np.n
     return np.array(sinks + recent, dtype=np.int64)
 
 
+RANKS = ("estimate", "share")
+
+
+def group_rank_key(scores: np.ndarray, lengths: np.ndarray, rank: str = "estimate") -> np.ndarray:
+    """``[N]``: the key a selection group's blocks are ranked by (descending), from its query heads'
+    estimates ``scores [G, N]`` and the blocks' token counts ``lengths [N]``.
+
+    ``"estimate"`` (DESIGN.md's shared order): the largest estimate over the group's heads.
+    ``"share"``: the largest estimate relative to its head's estimated total,
+    ``max_h (s_hj - log sum_i n_i exp(s_hi))``: a block ranks by the biggest share of any one head's
+    mass it is estimated to hold, so a head whose logits run lower still gets its heavy blocks early.
+    With one head (``gqa="per_head"``) both give the same order.
+    """
+    if rank == "estimate" or scores.shape[0] == 1:
+        return scores.max(axis=0)
+    if rank != "share":
+        raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+    total = np.logaddexp.reduce(scores + np.log(np.asarray(lengths, dtype=np.float64)), axis=1, keepdims=True)
+    return (scores - total).max(axis=0)
+
+
 def processing_order(scores: np.ndarray, forced: np.ndarray) -> np.ndarray:
     """The order of Algorithm 1: ``forced`` blocks first, then the rest by [`rank`][psa_ref.rank]."""
     ranked = rank(scores)

@@ -133,6 +133,7 @@ def attention(
     recent_blocks: int = 0,
     exact_mass: bool = False,
     first_chunk: int | str | None = None,
+    rank: str = "estimate",
 ) -> AttentionResult:
     """The result of [`psa_ref.attention`][psa_ref.attention] with the same arguments, computed from all logits.
 
@@ -142,4 +143,4 @@ def attention(
     """
     return run_groups(group_sweep, q, blocks, threshold, scale=scale, stop=stop, step=step, gqa=gqa,
                       sink_blocks=sink_blocks, recent_blocks=recent_blocks, exact_mass=exact_mass,
-                      first_chunk=first_chunk)
+                      first_chunk=first_chunk, rank=rank)

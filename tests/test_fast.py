@@ -180,6 +180,22 @@ def test_speculate_is_checked():
         psa_fast.plan(b.cache, num_q_heads=1, stop="certified", speculate=1.0)
 
 
+def test_share_rank_is_the_references_only_for_shared_groups():
+    """rank="share" orders shared groups differently (psa_ref only so far): the GPU refuses it there; per head it
+    is the estimate's order, which the GPU runs."""
+    rng = np.random.default_rng(3)
+    k = cupy.asarray(rng.normal(size=(1, 256, 64)), cupy.float16)
+    b = psa_fast.KVBlocks.from_dense(k, k)
+    q = cupy.asarray(rng.normal(size=(4, 64)), cupy.float16)
+    with pytest.raises(NotImplementedError, match="rank='share'"):
+        psa_fast.attention(q, b, 0.9, rank="share")
+    with pytest.raises(ValueError, match="rank must be one of"):
+        psa_fast.attention(q, b, 0.9, rank="mass")
+    per_head = psa_fast.attention(q, b, 0.9, gqa="per_head", rank="share")
+    base = psa_fast.attention(q, b, 0.9, gqa="per_head")
+    assert [u.tolist() for u in per_head.blocks_used] == [u.tolist() for u in base.blocks_used]
+
+
 def test_psa_agrees_with_reference_on_most_draws():
     if AGREEMENT["runs"] < 50:
         pytest.skip("runs after test_psa_conforms")
