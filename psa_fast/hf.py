@@ -64,7 +64,8 @@ def decode_step(session, layer: int, q: torch.Tensor, key: torch.Tensor, value: 
     if cfg.topk is not None:
         res = psa_fast.topk_attention(q.contiguous(), blocks, cfg.topk, **common)
     else:
-        res = psa_fast.attention(q.contiguous(), blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, **common)
+        res = psa_fast.attention(q.contiguous(), blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, rank=cfg.rank,
+                                 **common)
     if cfg.record:
         hq, hkv = q.shape[0], key.shape[0]
         g = hq // hkv
@@ -241,6 +242,9 @@ class PagedCache(Cache):
         layer_types = list(getattr(text, "layer_types", None) or ["full_attention"] * num_layers)
         sliding = [t == "sliding_attention" for t in layer_types]
         window = getattr(text, "sliding_window", None)
+        if cfg.rank != "estimate" and cfg.gqa == "shared" and cfg.topk is None:
+            raise NotImplementedError(f"PSAConfig(rank={cfg.rank!r}) with shared selection runs on the CPU backends "
+                                      "only so far (psa_fast ranks shared groups by the largest estimate)")
         self.psa_layers = [i for i in range(num_layers) if cfg.runs_psa(i, sliding[i])]
         if not self.psa_layers:
             raise ValueError(f"PSAConfig(layers={cfg.layers!r}) leaves no layer of this model to run PSA")

@@ -56,6 +56,8 @@ def main(argv=None) -> int:
                     help="block metadata that ranks the blocks of PSA and top-k (default cuboid_mean)")
     ev.add_argument("--gqa", choices=("shared", "per_head"), default="shared",
                     help="selection per KV head (default) or per query head, the group's union read")
+    ev.add_argument("--rank", choices=("estimate", "share"), default="estimate",
+                    help="how a shared PSA selection ranks its blocks: largest estimate (default) or largest share")
     ev.add_argument("--backend", choices=("sweep", "ref"), default="sweep", help="psa_ref backend (default sweep)")
     ev.add_argument("--threads", type=int, default=2, help="torch CPU threads (per process with --jobs; default 2)")
     ev.add_argument("--jobs", type=int, default=1, help="evaluate the windows in this many processes at once, each "
@@ -82,7 +84,8 @@ def main(argv=None) -> int:
         evaluate.main(out_dir=args.out, contexts=ints(args.contexts), tokens=args.tokens, windows=args.windows,
                       rules=tuple(args.rules.split(",")) if args.rules else evaluate.BLOCK_STOP_RULES,
                       taus=floats(args.taus), topk=ints(args.topk), text=args.text, offset=args.offset,
-                      metadata=args.metadata, backend=args.backend, gqa=args.gqa, threads=args.threads, jobs=args.jobs,
+                      metadata=args.metadata, backend=args.backend, gqa=args.gqa, rank=args.rank,
+                      threads=args.threads, jobs=args.jobs,
                       plots=not args.no_plots, progress=not args.quiet, model=args.model, chunk=args.chunk,
                       dtype=args.dtype)
     return 0

@@ -60,6 +60,8 @@ class PSAConfig:
             ``KVBlocks.from_dense`` keeps ``"cuboid_mean"`` as its default, see docs/accuracy.md).
         step: blocks per iteration of the loop.
         gqa: ``"shared"`` (one selection per KV head) or ``"per_head"``.
+        rank: how a shared selection ranks its blocks: ``"estimate"`` (default) or ``"share"``
+            (see [`psa_ref.attention`][psa_ref.attention]; the ``"fast"`` backend does not run it yet).
         sink_blocks: first blocks attended before the ranked ones (default 1: real models
             park much of their attention on the first token, and metadata ranks it late).
         recent_blocks: newest blocks attended likewise (default 1).
@@ -80,6 +82,7 @@ class PSAConfig:
     metadata: str = "quant3"
     step: int = 1
     gqa: str = "shared"
+    rank: str = "estimate"
     sink_blocks: int = 1
     recent_blocks: int = 1
     topk: int | None = None
@@ -95,6 +98,7 @@ class PSAConfig:
         _validate.choice(self.metadata, "metadata", METADATA_KINDS)
         _validate.integer(self.step, "step", minimum=1)
         _validate.choice(self.gqa, "gqa", ("shared", "per_head"))
+        _validate.choice(self.rank, "rank", ("estimate", "share"))
         _validate.integer(self.sink_blocks, "sink_blocks", minimum=0)
         _validate.integer(self.recent_blocks, "recent_blocks", minimum=0)
         if self.topk is not None:
@@ -365,7 +369,7 @@ def _decode_ref(session: PSASession, layer: int, b: int, q: torch.Tensor, key, v
         res = topk_attention(q64, blocks, cfg.topk, **common)
     else:
         fn = _ref_attention if cfg.backend == "ref" else _sweep.attention
-        res = fn(q64, blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, **common)
+        res = fn(q64, blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, rank=cfg.rank, **common)
     if cfg.record:
         _record(session, layer, blocks, q64, res, scaling)
     return res.output
