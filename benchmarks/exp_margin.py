@@ -1,7 +1,7 @@
 """How far past the estimates' prediction the stop rule reads, on real attention (CPU, the shipped traces): the
 margin ``DecodePlan(speculate=m)`` needs (issue 14).
 
-    python benchmarks/exp_margin.py [--trace gemma3_8k] [--stop auto] [--step 16] [--every 4]
+    python benchmarks/exp_margin.py [--trace gemma3_8k] [--stop auto] [--step 16] [--every 4] [--rank share]
 
 For every query of the trace and every selection group (shared per KV head, 1 sink + 1 recent block, as
 ``PSAConfig``'s defaults; ``quant3`` metadata, so ``stop="auto"`` is ``sketch_avg``), the reference's
@@ -27,11 +27,12 @@ def main(argv=None) -> None:
     ap.add_argument("--tau", type=float, default=0.95)
     ap.add_argument("--every", type=int, default=4, help="every k-th query position of the trace")
     ap.add_argument("--margins", default="0.75,1,1.25,1.5,2,3")
+    ap.add_argument("--rank", default="estimate", choices=("estimate", "share"), help="psa_ref.attention's rank")
     args = ap.parse_args(argv)
 
     import psa_ref
     from psa_ref.progressive import predicted_first_chunk
-    from psa_ref.scoring import forced_blocks, processing_order
+    from psa_ref.scoring import forced_blocks, group_rank_key, processing_order
     from psa_ref.trace import load_trace
     from tqdm import tqdm
 
@@ -48,19 +49,20 @@ def main(argv=None) -> None:
         n = blocks.num_blocks
         forced = forced_blocks(n, 1, 1)
         res = psa_ref.attention(q, blocks, args.tau, scale=tr.scale, stop=args.stop, step=args.step, gqa="shared",
-                                sink_blocks=1, recent_blocks=1)
+                                sink_blocks=1, recent_blocks=1, rank=args.rank)
         est = psa_ref.estimate(q, blocks, tr.scale)
         g = q.shape[0] // k.shape[0]
         used = res.blocks_used if isinstance(res.blocks_used, list) else [res.blocks_used]
         for gi, u in enumerate(used):
             heads = est[gi * g : (gi + 1) * g]
-            order = processing_order(heads.max(axis=0), forced)
+            order = processing_order(group_rank_key(heads, blocks.block_lengths, args.rank), forced)
             p = predicted_first_chunk(heads, order, forced.size, blocks.block_lengths, args.tau)
             rows.append((n, forced.size, len(u) - forced.size, p))
     r = np.array(rows, dtype=np.float64)
     n, f, a, p = r.T
     ratio = a / np.maximum(p, 1)
-    print(f"\n{args.trace}, stop={args.stop}, metadata={args.metadata}, tau {args.tau}, step {args.step}: "
+    print(f"\n{args.trace}, stop={args.stop}, metadata={args.metadata}, rank={args.rank}, tau {args.tau}, "
+          f"step {args.step}: "
           f"{len(r)} groups; attended {np.mean((a + f) / n):.1%} of the blocks, predicted {np.mean((p + f) / n):.1%}")
     qs = np.quantile(ratio, [0.1, 0.5, 0.9, 0.99])
     print("A / P quantiles 10/50/90/99%: " + " / ".join(f"{x:.2f}" for x in qs))
