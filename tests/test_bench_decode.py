@@ -281,3 +281,23 @@ def test_slice_trace_cuts_layers_and_last_queries(tmp_path, capsys):
     for argv in (["--layers", "5"], ["--last", "0"]):
         with pytest.raises(SystemExit):
             slice_trace.main(["gemma3_8k", str(tmp_path / "bad.npz"), *argv])
+
+
+def test_long_rule_search_share_order_is_the_librarys():
+    """exp_long_rule_search caches the share-ranked shared order that psa_ref.attention(rank="share") processes
+    (its numbers in docs/accuracy.md stand for the library's option): same forced blocks, same ranked order."""
+    import exp_long_rule_search as lrs
+
+    import psa_ref
+    from psa_ref.scoring import forced_blocks, group_rank_key, processing_order
+
+    rng = np.random.default_rng(4)
+    t, d = 16 * 23 + 5, 16
+    keys, values = rng.normal(size=(t, d)), rng.normal(size=(t, d))
+    q = rng.normal(size=(4, d)) * np.array([[3.0], [0.5], [1.0], [2.0]])
+    arrays = lrs.build_case(q, keys, values, 0.25)
+    blocks = psa_ref.KVBlocks.from_dense(keys[None], values[None], block_size=16, metadata="quant3", kv_layout="HND")
+    est = psa_ref.estimate(q, blocks, 0.25)
+    want = processing_order(group_rank_key(est, blocks.block_lengths, "share"), forced_blocks(blocks.num_blocks, 1, 1))
+    np.testing.assert_array_equal(arrays["order/quant3/share/1+1"][:, 0], want)
+    assert not np.array_equal(arrays["order/quant3/share/1+1"], arrays["order/quant3/shared/1+1"])
