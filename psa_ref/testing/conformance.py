@@ -76,8 +76,8 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
             predicted size computed from the reference's estimates and order; or one size per group
             as the implementation chose it (a GPU predicts from float32 estimates, which may move a
             boundary that lies within rounding of ``threshold``: check those sizes apart).
-        rank: the call's ``rank`` (psa): I4 is checked on that ranking key
-            ([`group_rank_key`][psa_ref.scoring.group_rank_key]).
+        rank: the call's ``rank`` (psa; top-k always ranks by the estimate): I4 is checked on that ranking
+            key ([`group_rank_key`][psa_ref.scoring.group_rank_key]).
 
     Raises:
         AssertionError: naming the invariant, the group and the numbers that broke it.
@@ -136,9 +136,9 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
         # I4: order
         nf = forced.size if method == "psa" or u.size >= forced.size else u.size
         assert set(u[:nf].tolist()) == set(forced[:nf].tolist()), f"group {gi}: forced blocks not first: {u.tolist()}"
-        s = group_rank_key(scores[heads], blocks.block_lengths, rank)
+        s = group_rank_key(scores[heads], blocks.block_lengths, rank if method == "psa" else "estimate")
         # a share key is an estimate minus its head's log-sum-exp of estimates: both may be off by est_tol
-        key_tol = est_tol * (2 if rank == "share" and len(heads) > 1 else 1)
+        key_tol = est_tol * (2 if rank == "share" and method == "psa" and len(heads) > 1 else 1)
         ranked = u[nf:]
         if ranked.size > 1:
             rise = np.diff(s[ranked]).max()
