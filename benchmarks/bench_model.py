@@ -233,7 +233,8 @@ def main() -> None:
             rows.append(row)
             print(f"  T={context:6d} B={batch:3d} {m:8s} {r['ms']:7.3f} ms  {row['tokens_per_s']:8.0f} tok/s  "
                   f"x{row['speedup']:.2f}  floor {floor_ms:.3f} ms (x{row['step_over_floor']:.1f})  "
-                  f"read {100 * r['share']:5.1f}%  agree {100 * agree:5.1f}% [{100 * agree_lo:.1f}, {100 * agree_hi:.1f}]  "
+                  f"read {100 * r['share']:5.1f}%  agree {100 * agree:5.1f}% "
+                  f"[{100 * agree_lo:.1f}, {100 * agree_hi:.1f}]  "
                   f"dppl {100 * dppl:+.2f}%", flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")

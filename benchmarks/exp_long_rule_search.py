@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from psa_ref import analysis
+from psa_ref.scoring import forced_blocks, group_rank_key, processing_order
 from psa_ref.trace import load_trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -88,12 +89,6 @@ def estimates(q: np.ndarray, keys: np.ndarray, scale: float) -> dict[str, np.nda
     return {"cuboid_mean": cuboid, "quant3": quant3}
 
 
-def processing_order(score: np.ndarray, n: int, sink: int, recent: int) -> np.ndarray:
-    forced = list(range(min(sink, n))) + [j for j in range(max(n - recent, 0), n) if j >= sink]
-    ranked = np.argsort(-score, kind="stable")
-    return np.concatenate([forced, ranked[~np.isin(ranked, forced)]]).astype(np.int64)
-
-
 def build_case(q, keys, values, scale) -> dict[str, np.ndarray]:
     """Every cached array of one query (one KV head: Gemma 3 has one)."""
     q, keys, values = (np.asarray(a, dtype=np.float64) for a in (q, keys, values))
@@ -115,13 +110,12 @@ def build_case(q, keys, values, scale) -> dict[str, np.ndarray]:
     for c in CONFIGS:
         m, gqa, sink, recent = c
         e = est[m]
-        if gqa in ("shared", "share"):
-            if gqa == "share":  # each head's estimated log-mass normalised to its share of the head's total
-                lw = e + np.log(lengths)[:, None]
-                e = lw - np.logaddexp.reduce(lw, axis=0)
-            order = np.repeat(processing_order(e.max(axis=1), n, sink, recent)[:, None], g, axis=1)
-        else:
-            order = np.stack([processing_order(e[:, h], n, sink, recent) for h in range(g)], axis=1)
+        forced = forced_blocks(n, sink, recent)
+        if gqa == "per_head":
+            order = np.stack([processing_order(e[:, h], forced) for h in range(g)], axis=1)
+        else:  # one order for the group, ranked as psa_ref.attention(rank=...) ranks it
+            key = group_rank_key(e.T, lengths, "share" if gqa == "share" else "estimate")
+            order = np.repeat(processing_order(key, forced)[:, None], g, axis=1)
         cw = np.cumsum(weighted[order, heads], axis=0)
         cm = np.cumsum(mass[order, heads], axis=0)
         err = analysis.relative_error(cw / cm[..., None], dense)

@@ -21,6 +21,7 @@ from psa_ref import _validate
 from psa_ref.blocks import METADATA_KINDS, to_hnd
 from psa_ref.progressive import DEFAULT_STOP, check_first_chunk, resolve_stop
 from psa_ref.result import AttentionResult
+from psa_ref.scoring import RANKS
 
 from . import _kernels
 from ._compat import (BF16_BITS, KV_DTYPES, array_kind, as_cupy, as_cupy_kv, is_torch_bf16, kv_to_float32, like,
@@ -510,7 +511,7 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     [`DecodePlan`][psa_fast.DecodePlan]'s: the same blocks and decision by another schedule of the kernels.
     ``rank="share"`` is the reference's only so far (NotImplementedError with shared selection).
     """
-    _validate.choice(rank, "rank", ("estimate", "share"))
+    _validate.choice(rank, "rank", RANKS)
     if rank == "share" and gqa != "per_head":
         raise NotImplementedError("rank='share' (shared groups ranked by the largest estimated share of a head's "
                                   "mass) runs in psa_ref.attention only; the GPU kernels rank by the largest estimate")

@@ -438,7 +438,6 @@ class CapturedDecoder:
             raise TypeError(f"compile must be True or False, got {compile!r}")
         self.model, self.cache = model, cache
         self.batch = _validate.integer(batch, "batch", minimum=1)
-        self.compiled = compile
         if compile:
             compile_layers(model)
         dev = model.device

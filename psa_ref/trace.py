@@ -88,8 +88,9 @@ def save_trace(trace: Trace, path: str | Path) -> int:
     """Write ``trace`` as a compressed ``.npz`` that [`load_trace`][psa_ref.trace.load_trace] reads back
     (the format ``examples/capture_trace.py`` writes); returns its size in bytes."""
     arrays = dict(q=trace.q, k=trace.k, v=trace.v, layers=np.asarray(trace.layers, dtype=np.int32),
-                  positions=np.asarray(trace.positions, dtype=np.int32), tokens=np.asarray(trace.tokens, dtype=np.int32),
-                  scale=np.float64(trace.scale), meta=np.array(json.dumps(trace.meta)))
+                  positions=np.asarray(trace.positions, dtype=np.int32),
+                  tokens=np.asarray(trace.tokens, dtype=np.int32), scale=np.float64(trace.scale),
+                  meta=np.array(json.dumps(trace.meta)))
     if trace.o is not None:
         arrays["o"] = trace.o
     path = Path(path)

@@ -6,6 +6,7 @@ project requires; "dev" is quicker for local iteration (HYPOTHESIS_PROFILE=dev).
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 from psa_fast._compat import gpu_available
@@ -21,3 +22,20 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def sweep_rank_calls(monkeypatch):
+    """A list that receives the ``rank`` of every call the transformers integration makes to
+    ``psa_ref.sweep.attention`` during the test (a spy around the real function)."""
+    from psa_ref.tools import hf
+
+    seen = []
+    real = hf._sweep.attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("rank"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hf._sweep, "attention", spy)
+    return seen

@@ -187,20 +187,10 @@ def test_real_gemma3_loads_with_psa_on_its_global_layers():
     assert evaluate.bos_prefix(tokenizer) == [tokenizer.bos_token_id]
 
 
-def test_eval_passes_rank_to_psa_runs_only(gemma, monkeypatch):
+def test_eval_passes_rank_to_psa_runs_only(gemma, sweep_rank_calls):
     """psa eval --rank share: every PSA decode call of the reference gets rank="share"; top-k runs by estimate."""
-    from psa_ref.tools import hf
-
-    seen = []
-    real = hf._sweep.attention
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("rank"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hf._sweep, "attention", spy)
     runs = evaluate.evaluate(gemma, CharTokenizer(), contexts=(40,), tokens=2, rules=("sketch_avg",), taus=(0.9,),
                              topk=(2,), block_size=4, metadata="quant3", progress=False, ideal=False, rank="share",
                              topk_at_budget=False)
     assert [r.method for r in runs] == ["dense", "psa", "topk"]
-    assert seen and set(seen) == {"share"}
+    assert sweep_rank_calls and set(sweep_rank_calls) == {"share"}

@@ -218,22 +218,14 @@ def test_compiled_layers_leave_psa_attention_eager_and_the_logits_unchanged():
     assert torch.equal(compiled, eager)
 
 
-def test_config_rank_reaches_the_reference(model, monkeypatch):
+def test_config_rank_reaches_the_reference(model, sweep_rank_calls):
     """PSAConfig(rank="share") is passed to the reference at every PSA decode step (psa eval --rank too)."""
-    seen = []
-    real = hf._sweep.attention
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("rank"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hf._sweep, "attention", spy)
     hf.enable(model, hf.PSAConfig(backend="sweep", rank="share", block_size=8))
     try:
         decode(model, torch.randint(0, 97, (1, 36), generator=torch.Generator().manual_seed(2)), prefill=33)
     finally:
         model.set_attn_implementation("sdpa")
-    assert seen and set(seen) == {"share"}
+    assert sweep_rank_calls and set(sweep_rank_calls) == {"share"}
     with pytest.raises(ValueError, match="rank must be one of"):
         hf.PSAConfig(rank="mass")
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..blocks import METADATA_KINDS
+from ..scoring import RANKS
 
 
 def main(argv=None) -> int:
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
                     help="block metadata that ranks the blocks of PSA and top-k (default cuboid_mean)")
     ev.add_argument("--gqa", choices=("shared", "per_head"), default="shared",
                     help="selection per KV head (default) or per query head, the group's union read")
-    ev.add_argument("--rank", choices=("estimate", "share"), default="estimate",
+    ev.add_argument("--rank", choices=RANKS, default="estimate",
                     help="how a shared PSA selection ranks its blocks: largest estimate (default) or largest share")
     ev.add_argument("--backend", choices=("sweep", "ref"), default="sweep", help="psa_ref backend (default sweep)")
     ev.add_argument("--threads", type=int, default=2, help="torch CPU threads (per process with --jobs; default 2)")

@@ -617,7 +617,8 @@ def evaluate_parallel(*, jobs: int, threads: int = 1, text: str = "pydoc", offse
     _validate.choice(model, "model", tuple(MODELS))
     stride = max(contexts) + 1
     common = dict(text=text, tokens=tokens, block_size=block_size, metadata=metadata, backend=backend, gqa=gqa,
-                  rank=rank, threads=threads, windows=1, topk_at_budget=False, model=model, chunk=chunk, bos=bos, dtype=dtype)
+                  rank=rank, threads=threads, windows=1, topk_at_budget=False, model=model, chunk=chunk, bos=bos,
+                  dtype=dtype)
     first = [dict(common, offset=offset + i * stride, contexts=tuple(contexts), rules=tuple(rules), taus=tuple(taus),
                   topk=tuple(topk)) for i in range(windows)]
     second = []  # per context and window: top-k at the first rule's pooled budgets, with a dense reference
@@ -776,10 +777,10 @@ def caption(runs: list[Run], *, metadata: str, gqa: str, rank: str = "estimate")
     else:
         which = "layer(s) " + ", ".join(map(str, counted))
     ranked = "" if rank == "estimate" else f" (PSA ranked by {rank})"
-    return (f"Blocks of 16 tokens, {metadata} metadata, GQA {gqa}{ranked}, 1 sink + 1 recent block forced; KV read counts keys "
-            f"and values in float16 of the {len(counted)} layer(s) that run PSA ({which}); layers on stock SDPA "
-            "(sliding windows) read the same in every configuration and are not counted; agreement and Δ ppl are "
-            "against dense SDPA decode.")
+    return (f"Blocks of 16 tokens, {metadata} metadata, GQA {gqa}{ranked}, 1 sink + 1 recent block forced; KV read "
+            f"counts keys and values in float16 of the {len(counted)} layer(s) that run PSA ({which}); layers on "
+            "stock SDPA (sliding windows) read the same in every configuration and are not counted; agreement and "
+            "Δ ppl are against dense SDPA decode.")
 
 
 def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: int = 1, rules=BLOCK_STOP_RULES,
@@ -832,8 +833,8 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
     summary = out / "psa_eval.json"
     summary.write_text(json.dumps({"runs": [asdict(r) for r in runs], "seconds": seconds, "text": text,
                                    "offset": offset, "windows": windows, "tokens": tokens, "metadata": metadata,
-                                   "gqa": gqa, "rank": rank, "model": spec.name, "dtype": dtype, "chunk": chunk, "threads": threads,
-                                   "jobs": jobs,
+                                   "gqa": gqa, "rank": rank, "model": spec.name, "dtype": dtype, "chunk": chunk,
+                                   "threads": threads, "jobs": jobs,
                                    "caption": caption(runs, metadata=metadata, gqa=gqa, rank=rank)},
                                   indent=1, default=_json_default))
     print(f"wrote {summary}  ({seconds:.0f} s)")

@@ -38,6 +38,7 @@ from ..analysis import blocks_for_mass
 from ..blocks import METADATA_KINDS, KVBlocks, block_metadata, quantize
 from ..progressive import DEFAULT_STOP, resolve_stop
 from ..progressive import attention as _ref_attention
+from ..scoring import RANKS
 from ..topk import topk_attention
 
 ATTN_IMPLEMENTATION = "psa"
@@ -98,7 +99,7 @@ class PSAConfig:
         _validate.choice(self.metadata, "metadata", METADATA_KINDS)
         _validate.integer(self.step, "step", minimum=1)
         _validate.choice(self.gqa, "gqa", ("shared", "per_head"))
-        _validate.choice(self.rank, "rank", ("estimate", "share"))
+        _validate.choice(self.rank, "rank", RANKS)
         _validate.integer(self.sink_blocks, "sink_blocks", minimum=0)
         _validate.integer(self.recent_blocks, "recent_blocks", minimum=0)
         if self.topk is not None:
