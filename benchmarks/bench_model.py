@@ -138,6 +138,8 @@ def run_method(model, method, ids, args, k=None):
         tau_txt, _, margin = method[3:].partition("s")
         tau = float(tau_txt)
         spec = {"speculate": float(margin or SPECULATE)} if "s" in method[3:] else None
+        if args.rank != "estimate":
+            spec = dict(spec or {}, rank=args.rank)
     cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False, gqa=args.gqa)
     psa_fast.hf.enable(model, cfg)
     cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=total + 8, static=True,
@@ -182,6 +184,8 @@ def main() -> None:
     ap.add_argument("--step", type=int, default=16, help="PSA blocks per iteration")
     ap.add_argument("--methods", default="sdpa,paged,psa0.95,psa0.99,topk")
     ap.add_argument("--gqa", default="shared", choices=("shared", "per_head"), help="PSA and top-k selection")
+    ap.add_argument("--rank", default="estimate", choices=("estimate", "share"),
+                    help="how PSA's shared groups rank their blocks (DecodePlan(rank=...))")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the decoder layers (CapturedDecoder(compile=True)) for every method")
     ap.add_argument("--out", default="results_model.jsonl")
@@ -224,7 +228,7 @@ def main() -> None:
             fb = floor_bytes(model, context, batch, r["share"], m)
             floor_ms = fb / (ceiling * 1e9) * 1e3
             row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k, gqa=args.gqa,
-                       compiled=args.compile,
+                       compiled=args.compile, rank=args.rank if m.startswith("psa") else None,
                        ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree,
                        agreement_95=[agree_lo, agree_hi], tokens_scored=int(r["tokens"].numel()), ppl=ppl, dppl=dppl,
                        share=r["share"], kv_bytes=r["kv_bytes"], meta_bytes=r["meta_bytes"], floor_ms=floor_ms,

@@ -131,6 +131,15 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         np.int32(nmax)))
 
 
+def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
+    """rank="share": overwrite the group scores ``[B, Hq/g, Nmax]`` with the largest estimated share of one
+    head's mass (``psa_share_key``, one CTA per group and request) from each head's estimates ``ests
+    [B, Hq, Nmax]`` (psa_ref.scoring.group_rank_key)."""
+    b = ests.shape[0]
+    kernel("share", d=16, s=s, g=g, entry="share_key")((hq // g, b), (256,), (ests, seq_lens, scores, np.int32(hq),
+                                                                               np.int32(nmax)))
+
+
 SLICE = 1024  # keys per CTA in the two-kernel sort
 
 

@@ -99,6 +99,10 @@ class DecodePlan:
             the output differs by float rounding. Blocks speculated past the stop are read and not attended
             (``DecodeOutput.num_speculated``). Pays with one or few KV heads and many chunks (docs/gpu.md);
             memory: ``[B, Hq, chunks, D + 4]`` float32 partials. Not with ``stop="certified"``.
+        rank: psa: how a shared group ranks its blocks, as [`psa_ref.attention`][psa_ref.attention]'s:
+            ``"estimate"`` (the largest estimate over its heads) or ``"share"`` (the largest estimated share of
+            one head's mass: a small kernel normalises each head's estimates by their log-sum-exp between
+            the estimate and the order). Not with ``stop="certified"``.
     """
 
     @requires_gpu
@@ -106,7 +110,7 @@ class DecodePlan:
                  stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
                  recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
                  warps: int = 8, version: int = 3, stages: int | None = None, splits: int | None = None,
-                 first_chunk: int | str | None = None, speculate: float | None = None):
+                 first_chunk: int | str | None = None, speculate: float | None = None, rank: str = "estimate"):
         import cupy
 
         if not isinstance(cache, PagedKVCache):
@@ -148,6 +152,12 @@ class DecodePlan:
         if self.first_chunk is not None and self.version != 3:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
+        self.rank = _validate.choice(rank, "rank", RANKS)
+        if self.rank == "share" and self.mode != "psa":
+            raise ValueError(f"rank='share' orders PSA's shared groups; mode={self.mode!r} ranks by the estimate")
+        if self.rank == "share" and self.stop == "certified" and self.g > 1:
+            raise NotImplementedError("rank='share' with stop='certified' is not implemented on the GPU (its "
+                                      "per-head buffer holds the min/max bounds, not the estimates the key needs)")
         b, nmax, dp = cache.batch, cache.nmax, cache.dp
         f32, i32 = cupy.float32, cupy.int32
         self.q = cupy.zeros((b, self.hq, dp), f32)
@@ -170,8 +180,9 @@ class DecodePlan:
         # per head beside the group scores: min/max bounds (certified) or each head's estimates (sketch),
         # and their suffix log-sum-exp along the order
         self._per_head = {"certified": "bounds", "sketch": "estimates", "sketch_avg": "estimates"}.get(self.stop) if self.mode == "psa" else None
-        if self.first_chunk == "predicted" or self.speculate is not None:
-            self._per_head = "estimates"  # the prediction sums each head's estimates along the order
+        if self.first_chunk == "predicted" or self.speculate is not None or (self.rank == "share" and self.g > 1):
+            self._per_head = "estimates"  # the prediction sums each head's estimates along the order; the share
+            # key normalises them per head
         self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
         self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if self._per_head else None
         self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
@@ -277,6 +288,8 @@ class DecodePlan:
                           hkv=c.num_kv_heads, kind=c.metadata, per_head=self._per_head,
                           codes=None if c.codes is None else c.codes[layer], group_scores=self._group_scores,
                           **self._shape())
+        if self.rank == "share" and self.g > 1:
+            _kernels.share_key(self.bounds, c.seq_lens[layer], self.scores, **self._shape())
 
     def order(self, layer: int) -> None:
         """Stage 2: the processing order (and, for ``certified`` and ``sketch``, the suffix sums of the
@@ -511,10 +524,6 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     [`DecodePlan`][psa_fast.DecodePlan]'s: the same blocks and decision by another schedule of the kernels.
     ``rank="share"`` is the reference's only so far (NotImplementedError with shared selection).
     """
-    _validate.choice(rank, "rank", RANKS)
-    if rank == "share" and gqa != "per_head":
-        raise NotImplementedError("rank='share' (shared groups ranked by the largest estimated share of a head's "
-                                  "mass) runs in psa_ref.attention only; the GPU kernels rank by the largest estimate")
     threshold = _validate.threshold(threshold)
     step = _validate.integer(step, "step", minimum=1)
     q3, single, kind = _query(q, blocks)
@@ -522,7 +531,7 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)
     p = DecodePlan(blocks.cache, num_q_heads=q3.shape[1], mode="psa", threshold=threshold, stop=stop, step=step,
                    gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks, scale=scale, first_chunk=first_chunk,
-                   speculate=speculate)
+                   speculate=speculate, rank=rank)
     return _result(p.run(q3), p, blocks, q3, single, kind, exact_mass)
 
 
