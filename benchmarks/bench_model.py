@@ -138,9 +138,9 @@ def run_method(model, method, ids, args, k=None):
         tau_txt, _, margin = method[3:].partition("s")
         tau = float(tau_txt)
         spec = {"speculate": float(margin or SPECULATE)} if "s" in method[3:] else None
-        if args.rank != "estimate":
-            spec = dict(spec or {}, rank=args.rank)
-    cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False, gqa=args.gqa)
+
+    cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False, gqa=args.gqa,
+                    rank=args.rank)
     psa_fast.hf.enable(model, cfg)
     cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=total + 8, static=True,
                                    mode={"paged": "dense", "sdpa": "sdpa"}.get(method), plan_options=spec)
@@ -185,7 +185,7 @@ def main() -> None:
     ap.add_argument("--methods", default="sdpa,paged,psa0.95,psa0.99,topk")
     ap.add_argument("--gqa", default="shared", choices=("shared", "per_head"), help="PSA and top-k selection")
     ap.add_argument("--rank", default="estimate", choices=("estimate", "share"),
-                    help="how PSA's shared groups rank their blocks (DecodePlan(rank=...))")
+                    help="how PSA's shared groups rank their blocks (PSAConfig(rank=...), DecodePlan(rank=...))")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the decoder layers (CapturedDecoder(compile=True)) for every method")
     ap.add_argument("--out", default="results_model.jsonl")

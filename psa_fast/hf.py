@@ -242,9 +242,6 @@ class PagedCache(Cache):
         layer_types = list(getattr(text, "layer_types", None) or ["full_attention"] * num_layers)
         sliding = [t == "sliding_attention" for t in layer_types]
         window = getattr(text, "sliding_window", None)
-        if cfg.rank != "estimate" and cfg.gqa == "shared" and cfg.topk is None:
-            raise NotImplementedError(f"PSAConfig(rank={cfg.rank!r}) with shared selection runs on the CPU backends "
-                                      "only so far (psa_fast ranks shared groups by the largest estimate)")
         self.psa_layers = [i for i in range(num_layers) if cfg.runs_psa(i, sliding[i])]
         if not self.psa_layers:
             raise ValueError(f"PSAConfig(layers={cfg.layers!r}) leaves no layer of this model to run PSA")
@@ -266,7 +263,7 @@ class PagedCache(Cache):
         self._plans: dict = {}
         self._plan_options = dict(plan_options or {})
         taken = {"num_q_heads", "mode", "gqa", "scale", "sink_blocks", "recent_blocks", "threshold", "stop", "step",
-                 "k"} & set(self._plan_options)
+                 "k", "rank"} & set(self._plan_options)
         if taken:
             raise ValueError(f"plan_options {sorted(taken)} come from the PSAConfig and the cache; set them there")
         self._pending: dict = {}
@@ -305,7 +302,7 @@ class PagedCache(Cache):
                         sink_blocks=cfg.sink_blocks if self.mode != "dense" else 0,
                         recent_blocks=cfg.recent_blocks if self.mode != "dense" else 0)
             if self.mode == "psa":
-                opts.update(threshold=cfg.threshold, stop=cfg.stop, step=cfg.step)
+                opts.update(threshold=cfg.threshold, stop=cfg.stop, step=cfg.step, rank=cfg.rank)
             elif self.mode == "topk":
                 opts.update(k=cfg.topk)
             p = self._plans[scale] = psa_fast.DecodePlan(self.kv, **opts, **self._plan_options)
