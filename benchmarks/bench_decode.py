@@ -87,7 +87,7 @@ SHAPES = {
 }
 PROFILES = ("pooled", "per-head", "sparsity", "long-context", "real")
 DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
-SKIPPABLE = ("tau0.9", "remaining", "predicted", "sketch", "topk", "stages", "speculate")
+SKIPPABLE = ("tau0.9", "remaining", "predicted", "sketch", "topk", "stages", "speculate", "rank")
 SPECULATE = 2.0  # the margin of the speculative rows (DecodePlan(speculate=...))
 # metadata bytes per (request, KV head, block) that the estimate reads
 META_BYTES = {
@@ -562,13 +562,16 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                                            max_tokens=t, block_size=s, metadata="quant3")
                 for layer in range(layers):
                     fill(q3, layer)
-                variants = [(gqa, spec) for spec in (None, SPECULATE) for gqa in ("shared", "per_head")
+                variants = [(gqa, spec, "estimate") for spec in (None, SPECULATE) for gqa in ("shared", "per_head")
                             if spec is None or "speculate" not in skip]
-                for gqa, spec in variants:
+                if "rank" not in skip and hq > hkv:  # shared groups ranked by share (DecodePlan(rank="share"))
+                    variants += [("shared", spec, "share") for spec in (None, SPECULATE)
+                                 if spec is None or "speculate" not in skip]
+                for gqa, spec, rank in variants:
                     name = ("PSA τ=0.95 sketch_avg (quant3)" + (" per_head" if gqa == "per_head" else "")
-                            + (f" speculate {spec}" if spec else ""))
+                            + (" rank share" if rank == "share" else "") + (f" speculate {spec}" if spec else ""))
                     p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95, step=spec_step if spec else step,
-                                       gqa=gqa, scale=shape.scale, speculate=spec)
+                                       gqa=gqa, scale=shape.scale, speculate=spec, rank=rank)
                     us3, outs3, read3 = timed(p3)
                     row(name, us3, psa_floor(read3, metadata="quant3", passes=3, groups=hq if gqa == "per_head"
                                              else hkv), mean_err(outs3), read3, 5,
