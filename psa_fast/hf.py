@@ -173,11 +173,7 @@ class _StaticLayer(CacheLayerMixin):
 
     def decode_mask(self):
         """``[1, 1, 1, capacity]`` bool: the slots the newest token attends (device only)."""
-        cur = self.length - 1
-        ok = (self.positions >= 0) & (self.positions <= cur)
-        if self.window is not None:
-            ok = ok & (self.positions > cur - self.window)
-        return ok.view(1, 1, 1, -1)
+        return decode_allowed(self.positions, self.length, self.window).view(1, 1, 1, -1)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return (query_length, 0) if self.seen == 0 else (self.capacity, 0)
@@ -187,6 +183,46 @@ class _StaticLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.capacity
+
+
+def decode_allowed(positions: torch.Tensor, length: torch.Tensor, window: int | None) -> torch.Tensor:
+    """``[S]`` bool: the slots a static layer's newest token attends: written (``positions >= 0``), not in
+    its future, and within ``window`` tokens of it when the layer has a window (a query at position p
+    attends positions > p - window, as transformers' sliding masks do)."""
+    cur = length - 1
+    ok = (positions >= 0) & (positions <= cur)
+    if window is not None:
+        ok = ok & (positions > cur - window)
+    return ok
+
+
+def window_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+                            length: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
+    """One decode step of a sliding-window layer over its ring of ``S`` slots, as SDPA computes it with
+    [`decode_allowed`][psa_fast.hf.decode_allowed] as the mask, written as broadcast products and sums that
+    ``torch.compile`` fuses into a few kernels reading each key and value once (no float32 copy of the
+    buffers is made; eagerly the products are materialised, so it is meant to be compiled).
+
+    Args:
+        query: ``[B, Hq, 1, D]``.
+        keys, values: ``[B, Hkv, S, D]`` (``Hq`` a multiple of ``Hkv``).
+        positions: ``[S]`` int64, each slot's token position (negative: empty).
+        length: ``[]`` int64, tokens written so far (the newest at position ``length - 1``).
+        window: the window in tokens.
+        scaling: the logits' scale.
+
+    Returns:
+        ``[B, 1, Hq, D]`` in ``query``'s dtype (transformers' attention output layout); logits, softmax and
+        weighted sum in float32.
+    """
+    b, hq, _, d = query.shape
+    hkv = keys.shape[1]
+    q = query.reshape(b, hkv, hq // hkv, 1, d).float()
+    logits = (q * keys[:, :, None].float()).sum(-1) * scaling  # [B, Hkv, G, S]
+    logits = logits.masked_fill(~decode_allowed(positions, length, window), float("-inf"))
+    weights = torch.softmax(logits, dim=-1)
+    out = (weights[..., None] * values[:, :, None].float()).sum(-2)  # [B, Hkv, G, D]
+    return out.reshape(b, 1, hq, d).to(query.dtype)
 
 
 class PagedCache(Cache):
@@ -267,6 +303,7 @@ class PagedCache(Cache):
         if taken:
             raise ValueError(f"plan_options {sorted(taken)} come from the PSAConfig and the cache; set them there")
         self._pending: dict = {}
+        self._window_attention = None  # see compile_windows()
         self.steps = 0
         layers = []
         for i in range(num_layers):
@@ -307,6 +344,13 @@ class PagedCache(Cache):
                 opts.update(k=cfg.topk)
             p = self._plans[scale] = psa_fast.DecodePlan(self.kv, **opts, **self._plan_options)
         return p
+
+    def compile_windows(self) -> None:
+        """Decode steps of the sliding-window layers through ``torch.compile``d
+        [`window_decode_attention`][psa_fast.hf.window_decode_attention] instead of stock SDPA with a mask built
+        op by op: a few fused kernels a layer. Called by [`CapturedDecoder`][psa_fast.hf.CapturedDecoder] with
+        ``compile=True``."""
+        self._window_attention = _compiled("window_decode_attention")
 
     def blocks_read(self) -> dict:
         """What the decode steps read: ``{"per_group": [L_psa, B, groups] mean blocks per step, "mean_share":
@@ -369,6 +413,10 @@ def attention_forward(session, module, query, key, value, attention_mask, dropou
                                         scaling=scaling, **kwargs)
     lay = cache.layers[layer]
     if isinstance(lay, _StaticLayer):  # stock SDPA over the static buffers, the mask made on the device
+        if query.shape[2] == 1 and lay.window is not None and cache._window_attention is not None \
+                and kwargs.get("softcap") is None:
+            scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
+            return cache._window_attention(query, key, value, lay.positions, lay.length, lay.window, scale), None
         mask = attention_mask if query.shape[2] > 1 else lay.decode_mask()
         kwargs.pop("sliding_window", None)
         return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -437,6 +485,8 @@ class CapturedDecoder:
         self.batch = _validate.integer(batch, "batch", minimum=1)
         if compile:
             compile_layers(model)
+            if isinstance(cache, PagedCache):
+                cache.compile_windows()
         dev = model.device
         self.ids = torch.zeros((batch, 1), dtype=torch.long, device=dev)
         self.position = torch.zeros((1,), dtype=torch.long, device=dev)
@@ -495,6 +545,12 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     if not isinstance(layers, torch.nn.ModuleList):
         raise TypeError(f"{type(model).__name__} has no decoder layers at model.get_decoder().layers")
     return layers
+
+
+@functools.cache
+def _compiled(name: str):
+    """``torch.compile`` of this module's function ``name`` (static shapes), made once per process."""
+    return torch.compile(globals()[name], dynamic=False)
 
 
 def compile_layers(model: torch.nn.Module, **options) -> None:

@@ -230,6 +230,33 @@ def test_config_rank_reaches_the_reference(model, sweep_rank_calls):
         hf.PSAConfig(rank="mass")
 
 
+@pytest.mark.parametrize("hq,hkv", [(4, 1), (6, 2)])
+def test_window_decode_attention_is_sdpa_with_the_decode_mask(hq, hkv):
+    """psa_fast.hf.window_decode_attention (what a compiled CapturedDecoder runs for window layers) against
+    torch's SDPA over the same ring with decode_allowed as the mask, float32 on the CPU: a ring of 8 slots that
+    has wrapped (slots hold positions 8..15) and one that has not (3 slots empty). Budget: float32 rounding of
+    a softmax over 8 keys and a sum of 8 products, 1e-5 of the output's scale."""
+    import psa_fast.hf
+
+    g = torch.Generator().manual_seed(5)
+    b, s, d, window = 3, 8, 16, 8
+    q = torch.randn(b, hq, 1, d, generator=g)
+    k, v = torch.randn(b, hkv, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g)
+    for positions, length in ((torch.tensor([8, 9, 10, 11, 12, 13, 14, 15]), 16),
+                              (torch.tensor([0, 1, 2, 3, 4, -(2**40), -(2**40), -(2**40)]), 5)):
+        length = torch.tensor(length)
+        allowed = psa_fast.hf.decode_allowed(positions, length, window)
+        assert allowed.tolist() == (positions >= max(0, int(length) - window)).tolist()
+        got = psa_fast.hf.window_decode_attention(q, k, v, positions, length, window, 0.25)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed.view(1, 1, 1, -1),
+                                                                scale=0.25, enable_gqa=True)
+        assert got.shape == (b, 1, hq, d)
+        assert float((got - want.transpose(1, 2)).abs().max()) <= 1e-5 * float(want.abs().max())
+    # a window shorter than the ring: the oldest written slots drop out
+    length = torch.tensor(16)
+    assert psa_fast.hf.decode_allowed(torch.arange(8, 16), length, 3).tolist() == [False] * 5 + [True] * 3
+
+
 def test_compile_arguments_are_checked():
     import psa_fast.hf
 
