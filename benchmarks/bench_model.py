@@ -12,7 +12,9 @@ token through [`psa_fast.hf.CapturedDecoder`][psa_fast.hf.CapturedDecoder]):
 * ``psa0.95``, ``psa0.99``: PSA at those thresholds (``--step``, default 16 blocks an iteration);
   ``psa0.95s``, ``psa0.95s1.5``: the same with ``DecodePlan(speculate=SPECULATE)`` or that margin (the
   predicted chunks at once, verified after);
-* ``topk``: top-k with k = PSA 0.95's mean blocks read (measured in the same run).
+* ``topk``: top-k with k = PSA 0.95's mean blocks read (measured in the same run);
+* a ``+share`` suffix (``psa0.95s1.0+share``): that method with ``rank="share"`` whatever ``--rank`` says, so
+  both ranks are measured in one run.
 
 ``--compile``: every method's decoder layers compiled by ``torch.compile`` around eager attention
 ([`psa_fast.hf.compile_layers`][psa_fast.hf.compile_layers]); the first step of each shape compiles.
@@ -134,13 +136,14 @@ def run_method(model, method, ids, args, k=None):
     batch, total = ids.shape
     context = total - args.steps - 1
     tau, spec = 0.95, None
+    method, _, rank = method.partition("+")  # psa...+share: this method with rank="share" whatever --rank says
     if method.startswith("psa"):  # psa<tau>, or psa<tau>s[<margin>]: speculate (default margin SPECULATE)
         tau_txt, _, margin = method[3:].partition("s")
         tau = float(tau_txt)
         spec = {"speculate": float(margin or SPECULATE)} if "s" in method[3:] else None
 
     cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False, gqa=args.gqa,
-                    rank=args.rank)
+                    rank=rank or args.rank)
     psa_fast.hf.enable(model, cfg)
     cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=total + 8, static=True,
                                    mode={"paged": "dense", "sdpa": "sdpa"}.get(method), plan_options=spec)
@@ -228,7 +231,8 @@ def main() -> None:
             fb = floor_bytes(model, context, batch, r["share"], m)
             floor_ms = fb / (ceiling * 1e9) * 1e3
             row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k, gqa=args.gqa,
-                       compiled=args.compile, rank=args.rank if m.startswith("psa") else None,
+                       compiled=args.compile,
+                       rank=(m.partition("+")[2] or args.rank) if m.startswith("psa") else None,
                        ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree,
                        agreement_95=[agree_lo, agree_hi], tokens_scored=int(r["tokens"].numel()), ppl=ppl, dppl=dppl,
                        share=r["share"], kv_bytes=r["kv_bytes"], meta_bytes=r["meta_bytes"], floor_ms=floor_ms,
