@@ -14,12 +14,14 @@
 
 #define PSA_SHARE_THREADS 256
 
+// The CTA's max / sum, returned to every thread: each warp reduces the warps' partials itself (reading
+// them by lane, so no warp is left with a partial of its own).
 __device__ __forceinline__ float cta_max(float x, float* red) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
     __syncthreads();
-    x = threadIdx.x < PSA_SHARE_THREADS / 32 ? red[threadIdx.x] : -PSA_INF;
+    x = threadIdx.x % 32 < PSA_SHARE_THREADS / 32 ? red[threadIdx.x % 32] : -PSA_INF;  // every warp: all
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     __syncthreads();
@@ -30,7 +32,7 @@ __device__ __forceinline__ float cta_sum(float x, float* red) {
     x = warp_sum(x);
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
     __syncthreads();
-    x = warp_sum(threadIdx.x < PSA_SHARE_THREADS / 32 ? red[threadIdx.x] : 0.f);
+    x = warp_sum(threadIdx.x % 32 < PSA_SHARE_THREADS / 32 ? red[threadIdx.x % 32] : 0.f);
     __syncthreads();
     return x;
 }
