@@ -20,7 +20,8 @@ token through [`psa_fast.hf.CapturedDecoder`][psa_fast.hf.CapturedDecoder]):
 ([`psa_fast.hf.compile_layers`][psa_fast.hf.compile_layers]); the first step of each shape compiles.
 
 Each row: median ms per step over ``--steps`` replays (CUDA events), tokens/s (``B`` / step), next-token
-agreement with ``sdpa`` (argmax, teacher-forced) and perplexity of the forced tokens, the share of blocks
+agreement with ``sdpa`` (argmax, teacher-forced; and with ``paged``, our dense step, when it ran) and perplexity
+of the forced tokens, the share of blocks
 the PSA layers read, GPU memory of the PSA layers' KV and metadata, and the step's **byte floor**
 (weights + window-layer KV + the KV and metadata the method reads in its global layers) over the copy
 ceiling measured in the run.
@@ -226,6 +227,8 @@ def main() -> None:
             same = int((r["tokens"] == base["tokens"]).sum()) if base else 0
             agree = same / r["tokens"].numel() if base else float("nan")
             agree_lo, agree_hi = wilson_interval(same, r["tokens"].numel()) if base else (float("nan"),) * 2
+            dense = res.get("paged") if m != "paged" else None  # our dense step: the same kernels' roundings
+            agree_dense = float((r["tokens"] == dense["tokens"]).float().mean()) if dense else float("nan")
             ppl = float(torch.exp(-r["logp"].mean()))
             dppl = (ppl / float(torch.exp(-base["logp"].mean())) - 1) if base else float("nan")
             fb = floor_bytes(model, context, batch, r["share"], m)
@@ -234,7 +237,7 @@ def main() -> None:
                        compiled=args.compile,
                        rank=(m.partition("+")[2] or args.rank) if m.startswith("psa") else None,
                        ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree,
-                       agreement_95=[agree_lo, agree_hi], tokens_scored=int(r["tokens"].numel()), ppl=ppl, dppl=dppl,
+                       agreement_95=[agree_lo, agree_hi], agreement_paged=agree_dense, tokens_scored=int(r["tokens"].numel()), ppl=ppl, dppl=dppl,
                        share=r["share"], kv_bytes=r["kv_bytes"], meta_bytes=r["meta_bytes"], floor_ms=floor_ms,
                        step_over_floor=r["ms"] / floor_ms, speedup=(base["ms"] / r["ms"]) if base else 1.0,
                        ceiling_gbs=ceiling, wall_s=time.time() - t0)
@@ -242,7 +245,7 @@ def main() -> None:
             print(f"  T={context:6d} B={batch:3d} {m:8s} {r['ms']:7.3f} ms  {row['tokens_per_s']:8.0f} tok/s  "
                   f"x{row['speedup']:.2f}  floor {floor_ms:.3f} ms (x{row['step_over_floor']:.1f})  "
                   f"read {100 * r['share']:5.1f}%  agree {100 * agree:5.1f}% "
-                  f"[{100 * agree_lo:.1f}, {100 * agree_hi:.1f}]  "
+                  f"[{100 * agree_lo:.1f}, {100 * agree_hi:.1f}] (paged {100 * agree_dense:5.1f}%)  "
                   f"dppl {100 * dppl:+.2f}%", flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -196,12 +196,25 @@ def decode_allowed(positions: torch.Tensor, length: torch.Tensor, window: int | 
     return ok
 
 
+WINDOW_PRODUCTS = ("broadcast", "bmm")
+# CapturedDecoder's choice (H200, Gemma 3 270M's window layers: Hkv 1, G 4, D 256, 512 slots, one layer in a
+# CUDA graph, benchmarks/exp_window_attention.py): broadcast 12.5 / 17.9 / 44.4 µs at B = 1 / 8 / 32, bmm
+# 18.4 / 17.3 / 16.9, stock SDPA with the mask 21.5 / 28.5 / 22.9. bmm from this many rows B x Hkv on.
+WINDOW_BMM_ROWS = 8
+
+
 def window_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                            length: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
+                            length: torch.Tensor, window: int, scaling: float,
+                            products: str = "broadcast") -> torch.Tensor:
     """One decode step of a sliding-window layer over its ring of ``S`` slots, as SDPA computes it with
-    [`decode_allowed`][psa_fast.hf.decode_allowed] as the mask, written as broadcast products and sums that
-    ``torch.compile`` fuses into a few kernels reading each key and value once (no float32 copy of the
-    buffers is made; eagerly the products are materialised, so it is meant to be compiled).
+    [`decode_allowed`][psa_fast.hf.decode_allowed] as the mask, meant to be ``torch.compile``d: the mask, the
+    scale and the softmax fuse into a few kernels.
+
+    ``products="broadcast"``: both products as broadcast products and sums, which inductor fuses into
+    reductions reading each key and value once (no float32 copy of the buffers; eagerly the products are
+    materialised). ``"bmm"``: both as batched matrix products with float32 results (``torch.bmm(...,
+    out_dtype=float32)`` on CUDA, on float32 copies elsewhere), the weights rounded to the values' dtype
+    before the second, as flash attention's kernels do; faster for many rows (``WINDOW_BMM_ROWS``).
 
     Args:
         query: ``[B, Hq, 1, D]``.
@@ -210,19 +223,35 @@ def window_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: tor
         length: ``[]`` int64, tokens written so far (the newest at position ``length - 1``).
         window: the window in tokens.
         scaling: the logits' scale.
+        products: ``"broadcast"`` or ``"bmm"`` (above).
 
     Returns:
         ``[B, 1, Hq, D]`` in ``query``'s dtype (transformers' attention output layout); logits, softmax and
         weighted sum in float32.
     """
     b, hq, _, d = query.shape
-    hkv = keys.shape[1]
-    q = query.reshape(b, hkv, hq // hkv, 1, d).float()
-    logits = (q * keys[:, :, None].float()).sum(-1) * scaling  # [B, Hkv, G, S]
-    logits = logits.masked_fill(~decode_allowed(positions, length, window), float("-inf"))
-    weights = torch.softmax(logits, dim=-1)
-    out = (weights[..., None] * values[:, :, None].float()).sum(-2)  # [B, Hkv, G, D]
-    return out.reshape(b, 1, hq, d).to(query.dtype)
+    hkv, s = keys.shape[1], keys.shape[2]
+    allowed = decode_allowed(positions, length, window)
+    if products == "broadcast":
+        q = query.reshape(b, hkv, hq // hkv, 1, d).float()
+        logits = (q * keys[:, :, None].float()).sum(-1) * scaling  # [B, Hkv, G, S]
+        weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+        out = (weights[..., None] * values[:, :, None].float()).sum(-2)  # [B, Hkv, G, D]
+        return out.reshape(b, 1, hq, d).to(query.dtype)
+    if products != "bmm":
+        raise ValueError(f"products must be one of {WINDOW_PRODUCTS}, got {products!r}")
+    q = query.reshape(b * hkv, hq // hkv, d)
+    k, v = keys.reshape(b * hkv, s, d), values.reshape(b * hkv, s, d)
+    logits = _bmm32(q, k.transpose(1, 2)) * scaling  # [B Hkv, G, S]
+    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).to(values.dtype)
+    return _bmm32(weights, v).reshape(b, 1, hq, d).to(query.dtype)
+
+
+def _bmm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (batched) with a float32 result: cuBLAS's float32 output of 16-bit operands on CUDA."""
+    if a.is_cuda and a.dtype in (torch.float16, torch.bfloat16):
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float())
 
 
 class PagedCache(Cache):
@@ -294,7 +323,7 @@ class PagedCache(Cache):
         self.kv = None if self.mode == "sdpa" else psa_fast.PagedKVCache(
             num_layers=len(self.psa_layers), batch=self.batch, num_kv_heads=hkv, head_dim=head_dim,
             max_tokens=self.max_tokens, block_size=cfg.block_size, metadata=cfg.metadata, dtype=dtype)
-        self.num_q_heads = hq
+        self.num_q_heads, self.num_kv_heads = hq, hkv
         self.config = cfg
         self._plans: dict = {}
         self._plan_options = dict(plan_options or {})
@@ -303,7 +332,7 @@ class PagedCache(Cache):
         if taken:
             raise ValueError(f"plan_options {sorted(taken)} come from the PSAConfig and the cache; set them there")
         self._pending: dict = {}
-        self._window_attention = None  # see compile_windows()
+        self._window_attention, self._window_products = None, "broadcast"  # see compile_windows()
         self.steps = 0
         layers = []
         for i in range(num_layers):
@@ -345,11 +374,15 @@ class PagedCache(Cache):
             p = self._plans[scale] = psa_fast.DecodePlan(self.kv, **opts, **self._plan_options)
         return p
 
-    def compile_windows(self) -> None:
+    def compile_windows(self, products: str | None = None) -> None:
         """Decode steps of the sliding-window layers through ``torch.compile``d
         [`window_decode_attention`][psa_fast.hf.window_decode_attention] instead of stock SDPA with a mask built
-        op by op: a few fused kernels a layer. Called by [`CapturedDecoder`][psa_fast.hf.CapturedDecoder] with
-        ``compile=True``."""
+        op by op: a few fused kernels a layer. ``products``: its ``products`` argument; default ``"bmm"`` from
+        ``WINDOW_BMM_ROWS`` rows (``B x Hkv``) on, else ``"broadcast"``. Called by
+        [`CapturedDecoder`][psa_fast.hf.CapturedDecoder] with ``compile=True``."""
+        if products is None:
+            products = "bmm" if self.batch * self.num_kv_heads >= WINDOW_BMM_ROWS else "broadcast"
+        self._window_products = _validate.choice(products, "products", WINDOW_PRODUCTS)
         self._window_attention = _compiled("window_decode_attention")
 
     def blocks_read(self) -> dict:
@@ -416,7 +449,8 @@ def attention_forward(session, module, query, key, value, attention_mask, dropou
         if query.shape[2] == 1 and lay.window is not None and cache._window_attention is not None \
                 and kwargs.get("softcap") is None:
             scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-            return cache._window_attention(query, key, value, lay.positions, lay.length, lay.window, scale), None
+            return cache._window_attention(query, key, value, lay.positions, lay.length, lay.window, scale,
+                                           cache._window_products), None
         mask = attention_mask if query.shape[2] > 1 else lay.decode_mask()
         kwargs.pop("sliding_window", None)
         return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -485,7 +519,7 @@ class CapturedDecoder:
         self.batch = _validate.integer(batch, "batch", minimum=1)
         if compile:
             compile_layers(model)
-            if isinstance(cache, PagedCache):
+            if isinstance(cache, PagedCache) and cache._window_attention is None:  # else: the caller's choice
                 cache.compile_windows()
         dev = model.device
         self.ids = torch.zeros((batch, 1), dtype=torch.long, device=dev)

@@ -199,6 +199,28 @@ def test_speculate_in_the_model_matches_the_loop_and_is_captured(kind):
     assert float((captured - spec).abs().max()) <= tol
 
 
+@pytest.mark.parametrize("products", ["broadcast", "bmm"])
+def test_compiled_window_attention_on_the_gpu(products):
+    """window_decode_attention compiled, bfloat16 on the GPU, a wrapped ring of 64 slots with a window of 48,
+    against float64. Budget: the output's rounding to bfloat16 and the weights' (bmm, as flash attention) each
+    half an ulp, 2^-8 x (max |out| + max |v|)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    b, hq, hkv, s, d, window = 8, 4, 1, 64, 64, 48
+    q = torch.randn(b, hq, 1, d, device="cuda", generator=g).to(torch.bfloat16)
+    k = (2 * torch.randn(b, hkv, s, d, device="cuda", generator=g)).to(torch.bfloat16)
+    v = torch.randn(b, hkv, s, d, device="cuda", generator=g).to(torch.bfloat16)
+    length = torch.tensor(100, device="cuda")
+    positions = torch.arange(100 - s, 100, device="cuda")[(torch.arange(s, device="cuda") - 100) % s]
+    allowed = psa_fast.hf.decode_allowed(positions, length, window)
+    logits = (q.double().reshape(b, hkv, hq // hkv, d) @ k.double().transpose(-1, -2)) * 0.125
+    ref = (torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1) @ v.double()).reshape(b, 1, hq, d)
+    fn = torch.compile(psa_fast.hf.window_decode_attention, dynamic=False)
+    got = fn(q, k, v, positions, length, window, 0.125, products)
+    assert got.dtype == torch.bfloat16 and got.shape == (b, 1, hq, d)
+    budget = 2.0**-8 * (float(ref.abs().max()) + float(v.abs().max()))
+    assert float((got.double() - ref).abs().max()) <= budget
+
+
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
 @pytest.mark.parametrize("mode", ["psa", "sdpa"])
 def test_compiled_capture_stays_within_the_budget(kind, mode):

@@ -247,11 +247,14 @@ def test_window_decode_attention_is_sdpa_with_the_decode_mask(hq, hkv):
         length = torch.tensor(length)
         allowed = psa_fast.hf.decode_allowed(positions, length, window)
         assert allowed.tolist() == (positions >= max(0, int(length) - window)).tolist()
-        got = psa_fast.hf.window_decode_attention(q, k, v, positions, length, window, 0.25)
         want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed.view(1, 1, 1, -1),
                                                                 scale=0.25, enable_gqa=True)
-        assert got.shape == (b, 1, hq, d)
-        assert float((got - want.transpose(1, 2)).abs().max()) <= 1e-5 * float(want.abs().max())
+        for products in psa_fast.hf.WINDOW_PRODUCTS:
+            got = psa_fast.hf.window_decode_attention(q, k, v, positions, length, window, 0.25, products)
+            assert got.shape == (b, 1, hq, d)
+            assert float((got - want.transpose(1, 2)).abs().max()) <= 1e-5 * float(want.abs().max()), products
+    with pytest.raises(ValueError, match="products must be one of"):
+        psa_fast.hf.window_decode_attention(q, k, v, positions, length, window, 0.25, "einsum")
     # a window shorter than the ring: the oldest written slots drop out
     length = torch.tensor(16)
     assert psa_fast.hf.decode_allowed(torch.arange(8, 16), length, 3).tolist() == [False] * 5 + [True] * 3
