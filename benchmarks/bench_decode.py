@@ -303,6 +303,18 @@ def capture(run, stream):
     return stream.end_capture()
 
 
+def per_call_us(fn, layers: int, stream, reps: int) -> float:
+    """Median device µs per call of ``fn(layer)``: PER_GRAPH calls, the layers in turn, captured in one CUDA graph
+    (as a decoder captures a step of all its layers). A graph of one call would also time the host's launch
+    latency (~3.5 µs, more than some stages take)."""
+    def calls():
+        for i in range(PER_GRAPH):
+            fn(i % layers)
+    gr = capture(calls, stream)
+    gr.launch(stream)
+    return median_us(lambda i: gr.launch(stream), stream, reps, 1) / PER_GRAPH
+
+
 def copy_ceiling_gbs(stream) -> float:
     import cupy
 
@@ -401,15 +413,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
         log(dict(T=t, B=b, **tags, ideal=ideal, ideal_p90=ideal_p90))
 
         def graph_us(fn):
-            """Median device µs per call of ``fn(layer)``: PER_GRAPH calls, the layers in turn, captured in one
-            CUDA graph (as a decoder captures a step of all its layers). A graph of one call would also time
-            the host's launch latency (~3.5 µs, more than some stages take)."""
-            def calls():
-                for i in range(PER_GRAPH):
-                    fn(i % layers)
-            gr = capture(calls, stream)
-            gr.launch(stream)
-            return median_us(lambda i: gr.launch(stream), stream, reps, 1) / PER_GRAPH
+            return per_call_us(fn, layers, stream, reps)
 
         def timed(plan_obj):
             """(median µs, outputs per layer, mean blocks read per (request, KV head))."""

@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     import torch
 
     import psa_fast
-    from bench_decode import capture, copy_ceiling_gbs, median_us
+    from bench_decode import copy_ceiling_gbs, median_us, per_call_us
 
     stream = cupy.cuda.Stream(non_blocking=True)
     ceiling = copy_ceiling_gbs(stream)
@@ -69,14 +69,7 @@ def main(argv=None) -> None:
             n = cache.nmax
 
             def graph_us(fn):
-                """Device µs per call of ``fn(layer)``: PER_GRAPH calls (layers in turn) captured in one graph, as
-                a decoder captures a step of all its layers, so no host launch latency is timed."""
-                def many():
-                    for i in range(PER_GRAPH):
-                        fn(i % layers)
-                gr = capture(many, stream)
-                gr.launch(stream)
-                return median_us(lambda i: gr.launch(stream), stream, args.reps, 1) / PER_GRAPH
+                return per_call_us(fn, layers, stream, args.reps)
 
             # SDPA on the same memory: the pool of a full cache is [L, B, Hkv, T, D]
             tstream = torch.cuda.ExternalStream(stream.ptr)

@@ -522,7 +522,7 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     ``q`` is ``[D]`` or ``[Hq, D]`` (float16/32/64 or bfloat16, CuPy or CUDA torch); ``output`` is float32 on
     the GPU, of the same array type; the other fields are on the host. ``speculate`` (GPU only) is
     [`DecodePlan`][psa_fast.DecodePlan]'s: the same blocks and decision by another schedule of the kernels.
-    ``rank="share"`` is the reference's only so far (NotImplementedError with shared selection).
+    ``rank="share"`` runs a small kernel between the estimate and the order (not with ``stop="certified"``).
     """
     threshold = _validate.threshold(threshold)
     step = _validate.integer(step, "step", minimum=1)

@@ -226,8 +226,8 @@ def window_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: tor
         products: ``"broadcast"`` or ``"bmm"`` (above).
 
     Returns:
-        ``[B, 1, Hq, D]`` in ``query``'s dtype (transformers' attention output layout); logits, softmax and
-        weighted sum in float32.
+        ``[B, 1, Hq, D]`` in ``query``'s dtype (transformers' attention output layout); logits, softmax
+            and weighted sum in float32.
     """
     b, hq, _, d = query.shape
     hkv, s = keys.shape[1], keys.shape[2]
