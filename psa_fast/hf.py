@@ -218,7 +218,8 @@ def window_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: tor
 
     Args:
         query: ``[B, Hq, 1, D]``.
-        keys, values: ``[B, Hkv, S, D]`` (``Hq`` a multiple of ``Hkv``).
+        keys: ``[B, Hkv, S, D]`` (``Hq`` a multiple of ``Hkv``), the ring's keys.
+        values: ``[B, Hkv, S, D]``, its values.
         positions: ``[S]`` int64, each slot's token position (negative: empty).
         length: ``[]`` int64, tokens written so far (the newest at position ``length - 1``).
         window: the window in tokens.
