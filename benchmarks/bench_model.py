@@ -12,7 +12,7 @@ token through [`psa_fast.hf.CapturedDecoder`][psa_fast.hf.CapturedDecoder]):
 * ``psa0.95``, ``psa0.99``: PSA at those thresholds (``--step``, default 16 blocks an iteration);
   ``psa0.95s``, ``psa0.95s1.5``: the same with ``DecodePlan(speculate=SPECULATE)`` or that margin (the
   predicted chunks at once, verified after);
-* ``topk``: top-k with k = PSA 0.95's mean blocks read (measured in the same run);
+* ``topk``: top-k with k = the mean blocks read by the run's first ``psa0.95...`` method (listed before it);
 * a ``+share`` suffix (``psa0.95s1.0+share``): that method with ``rank="share"`` whatever ``--rank`` says, so
   both ranks are measured in one run.
 
@@ -211,11 +211,13 @@ def main() -> None:
         res = {}
         for m in methods:
             k = None
-            if m == "topk":
-                if "psa0.95" not in res:
+            if m == "topk":  # at the budget of the first PSA tau 0.95 method of the run
+                budget = next((res[x]["share"] for x in methods if x.startswith("psa0.95") and x in res), None)
+                if budget is None:
+                    print(f"  topk T={context} B={batch}: skipped (no psa0.95... method ran before it)")
                     continue
                 n = -(-context // 16)
-                k = max(2, int(round(res["psa0.95"]["share"] * n)))
+                k = max(2, int(round(budget * n)))
             t0 = time.time()
             try:
                 res[m] = run_method(model, m, ids, args, k=k)
