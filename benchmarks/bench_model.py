@@ -44,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from psa_ref.scoring import RANKS
+
 HERE = Path(__file__).resolve().parent
 SPECULATE = 2.0  # the margin of the psa...s methods (DecodePlan(speculate=...))
 
@@ -174,7 +176,7 @@ def run_method(model, method, ids, args, k=None):
     del dec, cache
     torch.cuda.empty_cache()
     return dict(ms=float(np.median(times[2:])), tokens=torch.stack(tokens), logp=torch.stack(logp), share=share,
-                kv_bytes=kv_bytes, meta_bytes=meta_bytes)
+                kv_bytes=kv_bytes, meta_bytes=meta_bytes, rank=cfg.rank if method.startswith("psa") else None)
 
 
 def main() -> None:
@@ -188,7 +190,7 @@ def main() -> None:
     ap.add_argument("--step", type=int, default=16, help="PSA blocks per iteration")
     ap.add_argument("--methods", default="sdpa,paged,psa0.95,psa0.99,topk")
     ap.add_argument("--gqa", default="shared", choices=("shared", "per_head"), help="PSA and top-k selection")
-    ap.add_argument("--rank", default="estimate", choices=("estimate", "share"),
+    ap.add_argument("--rank", default="estimate", choices=RANKS,
                     help="how PSA's shared groups rank their blocks (PSAConfig(rank=...), DecodePlan(rank=...))")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the decoder layers (CapturedDecoder(compile=True)) for every method")
@@ -236,10 +238,9 @@ def main() -> None:
             fb = floor_bytes(model, context, batch, r["share"], m)
             floor_ms = fb / (ceiling * 1e9) * 1e3
             row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k, gqa=args.gqa,
-                       compiled=args.compile,
-                       rank=(m.partition("+")[2] or args.rank) if m.startswith("psa") else None,
-                       ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree,
-                       agreement_95=[agree_lo, agree_hi], agreement_paged=agree_dense, tokens_scored=int(r["tokens"].numel()), ppl=ppl, dppl=dppl,
+                       compiled=args.compile, rank=r["rank"], ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree,
+                       agreement_95=[agree_lo, agree_hi], agreement_paged=agree_dense,
+                       tokens_scored=int(r["tokens"].numel()), ppl=ppl, dppl=dppl,
                        share=r["share"], kv_bytes=r["kv_bytes"], meta_bytes=r["meta_bytes"], floor_ms=floor_ms,
                        step_over_floor=r["ms"] / floor_ms, speedup=(base["ms"] / r["ms"]) if base else 1.0,
                        ceiling_gbs=ceiling, wall_s=time.time() - t0)

@@ -17,6 +17,8 @@ import argparse
 
 import numpy as np
 
+from psa_ref.scoring import RANKS
+
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,7 +29,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tau", type=float, default=0.95)
     ap.add_argument("--every", type=int, default=4, help="every k-th query position of the trace")
     ap.add_argument("--margins", default="0.75,1,1.25,1.5,2,3")
-    ap.add_argument("--rank", default="estimate", choices=("estimate", "share"), help="psa_ref.attention's rank")
+    ap.add_argument("--rank", default="estimate", choices=RANKS, help="psa_ref.attention's rank")
     args = ap.parse_args(argv)
 
     import psa_ref

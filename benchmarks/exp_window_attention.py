@@ -1,14 +1,16 @@
-"""One decode step of a sliding-window layer, several ways, on the GPU: time (CUDA graph of one call, median
-of replays, CUDA events) and error against float64.
+"""One decode step of a sliding-window layer, several ways, on the GPU: time (median of CUDA graph replays,
+CUDA events) and error against float64.
 
 Gemma 3 270M's window layers: B requests, Hq 4 / Hkv 1, head dim 256, a ring of 512 slots (bfloat16).
+Each time is bench_multi_gpu's ``median_us`` (a CUDA graph of several calls, so the host's launch latency is
+amortised; the run of record of 2026-12-01 captured one call per graph, its times include ~3.5 µs of launch).
 Variants:
 
 * ``sdpa_mask``: stock SDPA with the ring's [1, 1, 1, S] bool mask (what the eager step runs; cuDNN on H200);
 * ``broadcast_compiled``: ``psa_fast.hf.window_decode_attention`` through ``torch.compile`` (broadcast
   products and sums);
-* ``bmm_compiled``: the same maths with the two products as ``torch.bmm(..., out_dtype=float32)`` (cuBLAS,
-  float32 logits from bfloat16 operands), softmax and mask fused by inductor;
+* ``bmm_compiled``: the same function with ``products="bmm"`` (the two products as cuBLAS batched products
+  with float32 results, softmax and mask fused by inductor);
 * ``sdpa_nomask``: SDPA without a mask (valid once the ring is full: every slot is in the window);
 * ``flex_compiled``: ``flex_attention`` with the mask as a ``score_mod`` over the slots' positions
   (flex decoding's split-KV kernel).
@@ -21,54 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
-
-
-def window_bmm(query, keys, values, positions, length, window: int, scaling: float):
-    """``window_decode_attention``'s maths with cuBLAS products (float32 out of bfloat16 operands)."""
-    import torch
-
-    from psa_fast.hf import decode_allowed
-
-    b, hq, _, d = query.shape
-    hkv, s = keys.shape[1], keys.shape[2]
-    g = hq // hkv
-    q = query.reshape(b * hkv, g, d)
-    logits = torch.bmm(q, keys.reshape(b * hkv, s, d).transpose(1, 2), out_dtype=torch.float32) * scaling
-    logits = logits.masked_fill(~decode_allowed(positions, length, window), float("-inf"))
-    weights = torch.softmax(logits, dim=-1)
-    out = torch.bmm(weights.to(values.dtype), values.reshape(b * hkv, s, d), out_dtype=torch.float32)
-    return out.reshape(b, 1, hq, d).to(query.dtype)
-
-
-def time_graph(fn, reps: int = 200) -> float:
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3)
-    return float(np.median(ts))
-
 
 def main() -> None:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import flex_attention
 
+    from bench_multi_gpu import median_us
     from psa_fast.hf import decode_allowed, window_decode_attention
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -80,8 +41,7 @@ def main() -> None:
     hq, hkv, d, w = 4, 1, 256, args.window
     scale = 256 ** -0.5  # Gemma 3 270M's query_pre_attn_scalar
     torch.manual_seed(0)
-    compiled_broadcast = torch.compile(window_decode_attention, dynamic=False)
-    compiled_bmm = torch.compile(window_bmm, dynamic=False)
+    compiled = torch.compile(window_decode_attention, dynamic=False)
     flex = torch.compile(flex_attention, dynamic=False)
     for b in [int(x) for x in args.batches.split(",")]:
         q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
@@ -104,8 +64,8 @@ def main() -> None:
                                                                 enable_gqa=True).transpose(1, 2),
             "sdpa_nomask": lambda: F.scaled_dot_product_attention(q, k, v, scale=scale,
                                                                   enable_gqa=True).transpose(1, 2),
-            "broadcast_compiled": lambda: compiled_broadcast(q, k, v, positions, length, w, scale),
-            "bmm_compiled": lambda: compiled_bmm(q, k, v, positions, length, w, scale),
+            "broadcast_compiled": lambda: compiled(q, k, v, positions, length, w, scale, "broadcast"),
+            "bmm_compiled": lambda: compiled(q, k, v, positions, length, w, scale, "bmm"),
             "flex_compiled": lambda: flex(q, k, v, score_mod=mod, scale=scale, enable_gqa=True).transpose(1, 2),
         }
         bytes_read = 2 * b * hkv * w * d * 2
@@ -113,7 +73,7 @@ def main() -> None:
             try:
                 out = fn()
                 err = float((out.double() - ref).abs().max())
-                us = time_graph(fn)
+                us, _ = median_us(fn, 200)
             except Exception as exc:  # a variant this torch cannot run: say so, go on
                 print(f"B={b:3d} {name:20s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue

@@ -198,8 +198,9 @@ def decode_allowed(positions: torch.Tensor, length: torch.Tensor, window: int | 
 
 WINDOW_PRODUCTS = ("broadcast", "bmm")
 # CapturedDecoder's choice (H200, Gemma 3 270M's window layers: Hkv 1, G 4, D 256, 512 slots, one layer in a
-# CUDA graph, benchmarks/exp_window_attention.py): broadcast 12.5 / 17.9 / 44.4 µs at B = 1 / 8 / 32, bmm
-# 18.4 / 17.3 / 16.9, stock SDPA with the mask 21.5 / 28.5 / 22.9. bmm from this many rows B x Hkv on.
+# CUDA graph, launch included, benchmarks/exp_window_attention.py): broadcast 12.5 / 17.9 / 44.4 µs at
+# B = 1 / 8 / 32, bmm 18.4 / 17.3 / 16.9, stock SDPA with the mask 21.5 / 28.5 / 22.9. bmm from this many
+# rows B x Hkv on.
 WINDOW_BMM_ROWS = 8
 
 
@@ -525,7 +526,7 @@ class CapturedDecoder:
         dev = model.device
         self.ids = torch.zeros((batch, 1), dtype=torch.long, device=dev)
         self.position = torch.zeros((1,), dtype=torch.long, device=dev)
-        self._no_mask = torch.ones((batch, 1, 1, 1), dtype=torch.bool, device=dev)  # unused: see above
+        self._no_mask = torch.ones((batch, 1, 1, 1), dtype=torch.bool, device=dev)  # passed, never read
         self.graph = None
         self.logits = None
         self.length = 0
