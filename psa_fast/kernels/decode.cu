@@ -637,21 +637,47 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 // sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s; and per group the diagnostics the
 // one-CTA build writes (every position attended, one iteration; `why` is exhausted or budget).
 // Grid (Hq, B), PSA_D threads; reads splits * (D + 2) floats per head.
+//
+// Version 2. Version 1 walked the splits one after another in every thread (a dependent global load per
+// split, ~0.3 us each: ~40 us of a 51 us dense step at B = 1, 132 splits, benchmarks/NOTES.md). Now the max
+// is a tree over the CTA (exact), and each chunk of PSA_D splits has its weights e^(m_s - M) and masses l_s
+// staged in shared memory by one thread each, so the sums' loop issues only independent loads (unrolled).
+// The sums run over the splits in version 1's order, as fused multiply-adds.
 extern "C" __global__ void __launch_bounds__(PSA_D)
 psa_merge_splits(const float* __restrict__ partial, const int* __restrict__ seq_lens, float* __restrict__ out,
                  int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
                  float* __restrict__ mass_est, int splits, int step, int why) {
+    __shared__ float s_max[PSA_D], s_w[PSA_D], s_l[PSA_D];
     const int h = blockIdx.x, b = blockIdx.y, Hq = gridDim.x, d = threadIdx.x;
     const float* row = partial + ((long)b * Hq + h) * splits * (PSA_D + 2);
     float M = -PSA_INF;
-    for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, __ldg(row + sp * (PSA_D + 2) + PSA_D));
+    for (int sp = d; sp < splits; sp += PSA_D) M = fmaxf(M, __ldg(row + (long)sp * (PSA_D + 2) + PSA_D));
+    s_max[d] = M;
+    __syncthreads();
+#pragma unroll
+    for (int o = PSA_D / 2; o > 0; o >>= 1) {  // PSA_D is a power of two (16 .. 256)
+        if (d < o) s_max[d] = fmaxf(s_max[d], s_max[d + o]);
+        __syncthreads();
+    }
+    M = s_max[0];
     float L = 0.f, O = 0.f;
-    for (int sp = 0; sp < splits; ++sp) {
-        const float m = __ldg(row + sp * (PSA_D + 2) + PSA_D);
-        if (m == -PSA_INF) continue;
-        const float e = __expf(m - M);
-        L += __ldg(row + sp * (PSA_D + 2) + PSA_D + 1) * e;
-        O += __ldg(row + sp * (PSA_D + 2) + d) * e;
+    for (int c = 0; c < splits; c += PSA_D) {
+        const int cnt = min(PSA_D, splits - c);
+        if (d < cnt) {  // a split with nothing attended (m = -inf) adds nothing: weight 0
+            const float* p = row + (long)(c + d) * (PSA_D + 2);
+            const float m = __ldg(p + PSA_D);
+            s_w[d] = m == -PSA_INF ? 0.f : __expf(m - M);
+            s_l[d] = m == -PSA_INF ? 0.f : __ldg(p + PSA_D + 1);
+        }
+        __syncthreads();
+        const float* col = row + (long)c * (PSA_D + 2) + d;
+#pragma unroll 8
+        for (int j = 0; j < cnt; ++j) {
+            const float w = s_w[j];
+            O = fmaf(w != 0.f ? __ldg(col + (long)j * (PSA_D + 2)) : 0.f, w, O);
+            L = fmaf(s_l[j], w, L);
+        }
+        __syncthreads();  // before the next chunk overwrites s_w / s_l
     }
     out[((long)b * Hq + h) * PSA_D + d] = O / L;
     if (d == 0) {
