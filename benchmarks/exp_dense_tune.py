@@ -19,11 +19,14 @@ import numpy as np
 from bench_decode import L2_BYTES, SHAPES, copy_ceiling_gbs, per_call_us
 
 
-def variants(d: int, s: int, g: int, default_splits: int):
+def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False):
     """(warps, stages, splits) to try, each launch shape once after ``decode_config`` fits it to shared memory;
-    splits None is the plan's default (about one wave over the SMs)."""
+    splits None is the plan's default (about one wave over the SMs). ``default_only``: the plan's own shape."""
     from psa_fast import _kernels
 
+    if default_only:
+        yield (*_kernels.decode_config(d=d, s=s, g=g, version=3)[1:3], None)
+        return
     split_options = [None] + sorted({max(1, default_splits // 2), default_splits * 2, default_splits * 4})
     seen = set()
     for warps, stages in itertools.product((1, 2, 4, 8), (2, 3, 4, 6)):
@@ -48,6 +51,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="dense_tune.jsonl")
+    ap.add_argument("--default-only", action="store_true", help="time the plan's own launch shape only")
     args = ap.parse_args()
     shape = SHAPES[args.shape]
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -87,7 +91,8 @@ def main() -> None:
             default_splits = _kernels.pick_splits(groups, n, fitted[1])
             print(f"T={t} B={b}: SDPA {sdpa:.1f} µs, floor {floor:.1f} µs, default splits {default_splits}", flush=True)
             rows = []
-            for warps, stages, splits in variants(cache.dp, shape.s, shape.hq // shape.hkv, default_splits):
+            for warps, stages, splits in variants(cache.dp, shape.s, shape.hq // shape.hkv, default_splits,
+                                                  args.default_only):
                 try:
                     p = psa_fast.DecodePlan(cache, num_q_heads=shape.hq, mode="dense", warps=warps, stages=stages,
                                             splits=splits)

@@ -10,9 +10,12 @@
 //
 // Arithmetic: version 2 spent ~1200 instructions per block on CUDA-core dot products and
 // shuffles and could not keep up with memory. Here both products run on the tensor cores with
-// mma.sync m16n8k16 (inputs of the KV's type, float16 or bfloat16; f32 accumulation): S = Q K^T with
-// the group's <= 8 query heads as the M rows, then O += P V with P taken straight from S's
-// accumulator registers. P (and Q unless it is a query of the KV's type scaled by a power of two,
+// mma.sync m16n8k16 (inputs of the KV's type, float16 or bfloat16; f32 accumulation), transposed so
+// that no MMA row is padding: S^T = K Q^T with a block's 16 tokens as the M rows and the group's <= 8
+// query heads as the N columns, then O^T += V^T P^T with 16 channels as the rows, P^T's fragments made
+// from S^T's accumulator registers by an in-register 8 x 8 transpose (movmatrix). (Until 2026-12-01
+// the heads were the M rows, 8 of 16 used: twice the MMAs, and spills at D = 256; benchmarks/NOTES.md.)
+// P (and Q unless it is a query of the KV's type scaled by a power of two,
 // the rest of the scale applied to the logits) are not numbers of that type, so each is split into
 // parts, x = hi + lo (+ lo2) with hi = f16(x), lo = f16(x - hi), ..., and multiplied once per part:
 // K and V are exact, so the products keep about 22 bits (float16, two parts) or 24 (bfloat16, three
@@ -267,11 +270,12 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #define PSA_SLOT(blk) __ldg(btab + (blk))
 #define PSA_FIRST_POS first_position(gw, 0, first, first2, step, n)
 #endif
-    const int hh = lane >> 2;                      // the query head (MMA row) of this lane's fragments
-    const int quad = lane & 3;                     // its column pair within a tile: 2 * quad, 2 * quad + 1
+    const int hh = lane >> 2;   // the row of this lane's fragments (token or channel; the head of Q's fragments)
+    const int quad = lane & 3;  // its column pair within a tile: heads 2 quad, 2 quad + 1 (tokens or channels of B)
     kv_t* ring = reinterpret_cast<kv_t*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
 
-    // Q as the A operand of S = Q K^T, split into PSA_QPARTS parts (rows >= PSA_G are zero).
+    // Q as the B operand of S^T = K Q^T (head hh, channels 16 ks + 2 quad, + 1 and + 8, + 9), split into
+    // PSA_QPARTS parts (heads >= PSA_G are zero).
     unsigned int qa[PSA_KS][PSA_QPARTS][2];
 #pragma unroll
     for (int ks = 0; ks < PSA_KS; ++ks)
@@ -333,12 +337,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
     for (int s = 0; s < PSA_STAGES - 1; ++s) issue();
 
-    // This warp's running output for head hh: max logit, mass relative to it, and O = sum p v in
-    // the MMA accumulator layout (tile nt holds channels 8 nt + 2 quad, + 1 in elements 0, 1).
-    float wm = -PSA_INF, wl = 0.f;
-    float oacc[PSA_D / 8][2];
+    // This warp's running output for the lane's heads 2 quad + e (e = 0, 1): max logit, mass relative to it,
+    // and O^T = sum V^T p in the MMA accumulator layout (channel tile ct holds channels 16 ct + hh in
+    // elements e and 16 ct + hh + 8 in elements 2 + e).
+    float wm[2] = {-PSA_INF, -PSA_INF}, wl[2] = {0.f, 0.f};
+    float oacc[PSA_D / 16][4];
 #pragma unroll
-    for (int nt = 0; nt < PSA_D / 8; ++nt) oacc[nt][0] = oacc[nt][1] = 0.f;
+    for (int ct = 0; ct < PSA_D / 16; ++ct) oacc[ct][0] = oacc[ct][1] = oacc[ct][2] = oacc[ct][3] = 0.f;
 
     // Chunk statistics per head, as float4 (max logit, mass relative to it, min log block mass, -):
     // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
@@ -359,9 +364,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     int cur = PSA_FIRST_POS, consumed = 0;
     while (why < 0) {
         const int end = chunk_end(pos, first, first2, step, n);
-        // This warp's share of the chunk, for head hh: max logit, mass relative to it, min log block
-        // mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
-        float cm = -PSA_INF, cs = 0.f, cmin = PSA_INF, ce = 0.f;
+        // This warp's share of the chunk for heads 2 quad + e (e = 0, 1): max logit, mass relative to it, min
+        // log block mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
+        float cm[2] = {-PSA_INF, -PSA_INF}, cs[2] = {0.f, 0.f}, cmin[2] = {PSA_INF, PSA_INF}, ce[2] = {0.f, 0.f};
         const int clen = end - pos;
 
         for (; cur < end; cur = next_position(cur, gw, NW, first, first2, step, lim), ++consumed) {
@@ -374,89 +379,100 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             const kv_t* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
             const kv_t* stv = stk + PSA_SP * PSA_D;
 
-            // S = Q K^T: tile nt holds the logits of tokens 8 nt + 2 quad, + 1 for head hh.
-            float sacc[PSA_NT][2];
+            // S^T = K Q^T (tokens as the MMA's 16 rows, heads as its 8 columns): token tile mt holds the
+            // logits of tokens 16 mt + r (elements 0, 1) and 16 mt + r + 8 (2, 3) for heads 2 quad, 2 quad + 1.
+            float sacc[PSA_SP / 16][4];
 #pragma unroll
-            for (int nt = 0; nt < PSA_NT; ++nt) sacc[nt][0] = sacc[nt][1] = 0.f;
+            for (int mt = 0; mt < PSA_SP / 16; ++mt) sacc[mt][0] = sacc[mt][1] = sacc[mt][2] = sacc[mt][3] = 0.f;
 #pragma unroll
             for (int ks = 0; ks < PSA_KS; ++ks)
 #pragma unroll
-                for (int pair = 0; pair < PSA_NT / 2; ++pair) {
+                for (int mt = 0; mt < PSA_SP / 16; ++mt) {
                     const int mi = lane >> 3;
-                    const int t = pair * 16 + (mi >> 1) * 8 + (lane & 7), c = 2 * ks + (mi & 1);
-                    unsigned int kb[4];
-                    ldmatrix_x4(smem_u32(stk + t * PSA_D + swz(t, c) * 8), kb);
-                    mma_rows8_parts(sacc[2 * pair], qa[ks], kb[0], kb[1], q_has_lo);
-                    mma_rows8_parts(sacc[2 * pair + 1], qa[ks], kb[2], kb[3], q_has_lo);
+                    const int t = mt * 16 + (mi & 1) * 8 + (lane & 7), c = 2 * ks + (mi >> 1);
+                    unsigned int ka[4];
+                    ldmatrix_x4(smem_u32(stk + t * PSA_D + swz(t, c) * 8), ka);
+                    mma16_parts(sacc[mt], ka, qa[ks], q_has_lo);
                 }
-            // Block max and mass of head hh over its 4 lanes; padding and tokens past the end masked.
-            float bm = -PSA_INF;
+            // Block max and mass of each of the lane's heads over the 8 lanes that share it; padding and
+            // tokens past the end masked.
+            float bm[2] = {-PSA_INF, -PSA_INF}, bs[2] = {0.f, 0.f};
 #pragma unroll
-            for (int nt = 0; nt < PSA_NT; ++nt)
+            for (int mt = 0; mt < PSA_SP / 16; ++mt)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    sacc[nt][e] = 8 * nt + 2 * quad + e < ntok ? sacc[nt][e] * qk_scale : -PSA_INF;
-                    bm = fmaxf(bm, sacc[nt][e]);
+                for (int e = 0; e < 4; ++e) {
+                    sacc[mt][e] = 16 * mt + hh + (e >> 1) * 8 < ntok ? sacc[mt][e] * qk_scale : -PSA_INF;
+                    bm[e & 1] = fmaxf(bm[e & 1], sacc[mt][e]);
                 }
-            bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
-            bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
-            float bs = 0.f;
 #pragma unroll
-            for (int nt = 0; nt < PSA_NT; ++nt)
+            for (int e = 0; e < 2; ++e)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    sacc[nt][e] = __expf(sacc[nt][e] - bm);
-                    bs += sacc[nt][e];
+                for (int o = 4; o < 32; o <<= 1) bm[e] = fmaxf(bm[e], __shfl_xor_sync(0xffffffffu, bm[e], o));
+#pragma unroll
+            for (int mt = 0; mt < PSA_SP / 16; ++mt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    sacc[mt][e] = __expf(sacc[mt][e] - bm[e & 1]);
+                    bs[e & 1] += sacc[mt][e];
                 }
-            bs += __shfl_xor_sync(0xffffffffu, bs, 1);
-            bs += __shfl_xor_sync(0xffffffffu, bs, 2);
-            const float log_mass = bm + __logf(bs);
-            cmin = fminf(cmin, log_mass);
-            if (sketchy && quad == 0 && hh < PSA_G)
-                lmass[((long)b * Hq + h0 + hh) * Nmax + base + cur] = log_mass;
-            const float nm = fmaxf(cm, bm);
-            // AS_ema after the chunk = (1-w)^clen AS_ema + sum_i w (1-w)^(clen-1-i) m_i over the chunk's
-            // blocks i in order; the very first block of the loop enters with weight 1, not w.
+            float c_new[2];
             const int i_in_chunk = cur - pos;
             const float coef = __expf((clen - 1 - i_in_chunk) * log_keep) * (it == 0 && i_in_chunk == 0 ? 1.f : ema_w);
-            const float rescale = __expf(cm - nm), here = bs * __expf(bm - nm);
-            cs = cs * rescale + here;
-            ce = ce * rescale + coef * here;
-            cm = nm;
-            // The warp's online softmax: rescale O, then O += (p * c) V with p * c split into PSA_PPARTS.
-            const float nw = fmaxf(wm, bm);
-            const float alpha = __expf(wm - nw), c_new = __expf(bm - nw);
-            wl = wl * alpha + bs * c_new;
-            wm = nw;
 #pragma unroll
-            for (int nt = 0; nt < PSA_D / 8; ++nt) {
-                oacc[nt][0] *= alpha;
-                oacc[nt][1] *= alpha;
+            for (int e = 0; e < 2; ++e) {
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) bs[e] += __shfl_xor_sync(0xffffffffu, bs[e], o);
+                const float log_mass = bm[e] + __logf(bs[e]);
+                cmin[e] = fminf(cmin[e], log_mass);
+                if (sketchy && hh == 0 && 2 * quad + e < PSA_G)
+                    lmass[((long)b * Hq + h0 + 2 * quad + e) * Nmax + base + cur] = log_mass;
+                // the chunk's terms (as below, per head)
+                const float nm = fmaxf(cm[e], bm[e]);
+                const float rescale = __expf(cm[e] - nm), here = bs[e] * __expf(bm[e] - nm);
+                cs[e] = cs[e] * rescale + here;
+                ce[e] = ce[e] * rescale + coef * here;
+                cm[e] = nm;
+                // the warp's online softmax
+                const float nw = fmaxf(wm[e], bm[e]);
+                const float alpha = __expf(wm[e] - nw);
+                c_new[e] = __expf(bm[e] - nw);
+                wl[e] = wl[e] * alpha + bs[e] * c_new[e];
+                wm[e] = nw;
+#pragma unroll
+                for (int ct = 0; ct < PSA_D / 16; ++ct) {
+                    oacc[ct][e] *= alpha;
+                    oacc[ct][e + 2] *= alpha;
+                }
             }
+            // O^T += V^T (P^T c): P's tile (tokens x heads) is this lane's accumulator; as the B operand each lane
+            // needs head r's tokens 2 quad, 2 quad + 1 (and + 8): split into PSA_PPARTS parts, each part's
+            // 8 x 8 halves transposed in registers (movmatrix moves bits: the parts stay exact).
 #pragma unroll
             for (int kt = 0; kt < PSA_SP / 16; ++kt) {
-                unsigned int pa[PSA_PPARTS][2];
-                float x0 = sacc[2 * kt][0] * c_new, y0 = sacc[2 * kt][1] * c_new;
-                float x1 = sacc[2 * kt + 1][0] * c_new, y1 = sacc[2 * kt + 1][1] * c_new;
+                unsigned int pb[PSA_PPARTS][2];
+                float x0 = sacc[kt][0] * c_new[0], y0 = sacc[kt][1] * c_new[1];
+                float x1 = sacc[kt][2] * c_new[0], y1 = sacc[kt][3] * c_new[1];
 #pragma unroll
                 for (int p = 0; p < PSA_PPARTS; ++p) {
-                    pa[p][0] = pack_rest(x0, y0);
-                    pa[p][1] = pack_rest(x1, y1);
+                    pb[p][0] = movmatrix_trans(pack_rest(x0, y0));
+                    pb[p][1] = movmatrix_trans(pack_rest(x1, y1));
                 }
 #pragma unroll
-                for (int cp = 0; cp < PSA_D / 16; ++cp) {
+                for (int ct = 0; ct < PSA_D / 16; ++ct) {
                     const int mi = lane >> 3;
-                    const int t = kt * 16 + (mi & 1) * 8 + (lane & 7), c = 2 * cp + (mi >> 1);
-                    unsigned int vb[4];
-                    ldmatrix_x4_trans(smem_u32(stv + t * PSA_D + swz(t, c) * 8), vb);
-                    mma_rows8_parts(oacc[2 * cp], pa, vb[0], vb[1]);
-                    mma_rows8_parts(oacc[2 * cp + 1], pa, vb[2], vb[3]);
+                    const int t = kt * 16 + (mi >> 1) * 8 + (lane & 7), c = 2 * ct + (mi & 1);
+                    unsigned int va[4];
+                    ldmatrix_x4_trans(smem_u32(stv + t * PSA_D + swz(t, c) * 8), va);
+                    mma16_parts(oacc[ct], va, pb);
                 }
             }
         }
 
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
-        if (quad == 0 && hh < PSA_G) warp_stats[warp][hh] = make_float4(cm, cs, cmin, ce);
+        if (hh == 0)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                if (2 * quad + e < PSA_G) warp_stats[warp][2 * quad + e] = make_float4(cm[e], cs[e], cmin[e], ce[e]);
         __syncthreads();
         if (warp == 0 && lane < PSA_G) {
             float4 w[PSA_WARPS];
@@ -523,13 +539,17 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     float* f_o = reinterpret_cast<float*>(dyn_smem);  // [PSA_WARPS][PSA_G][PSA_D], reusing the rings
     __shared__ float f_m[PSA_WARPS][PSA_G], f_l[PSA_WARPS][PSA_G];
     __shared__ float c_m[PSA_G], c_l[PSA_G], c_o[PSA_G][PSA_D];
-    if (hh < PSA_G) {
 #pragma unroll
-        for (int nt = 0; nt < PSA_D / 8; ++nt) {
-            f_o[(warp * PSA_G + hh) * PSA_D + 8 * nt + 2 * quad] = oacc[nt][0];
-            f_o[(warp * PSA_G + hh) * PSA_D + 8 * nt + 2 * quad + 1] = oacc[nt][1];
+    for (int e = 0; e < 2; ++e) {
+        const int h = 2 * quad + e;
+        if (h < PSA_G) {
+#pragma unroll
+            for (int ct = 0; ct < PSA_D / 16; ++ct) {
+                f_o[(warp * PSA_G + h) * PSA_D + 16 * ct + hh] = oacc[ct][e];
+                f_o[(warp * PSA_G + h) * PSA_D + 16 * ct + hh + 8] = oacc[ct][e + 2];
+            }
+            if (hh == 0) { f_m[warp][h] = wm[e]; f_l[warp][h] = wl[e]; }
         }
-        if (quad == 0) { f_m[warp][hh] = wm; f_l[warp][hh] = wl; }
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {

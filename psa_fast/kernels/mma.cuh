@@ -1,5 +1,5 @@
-// Tensor-core helpers shared by decode.cu and sketch.cu: mma.sync m16n8k16 with only the first 8 rows
-// of A in use, and the split of a float operand into parts of the MMA's input type: float16 hi + lo
+// Tensor-core helpers shared by decode.cu and sketch.cu: mma.sync m16n8k16 (sketch.cu: only the first 8
+// rows of A in use; decode.cu: whole tiles), an 8 x 8 transpose in registers, and the split of a float operand into parts of the MMA's input type: float16 hi + lo
 // keeps about 22 bits; bfloat16 (PSA_BF16, for bfloat16 KV) keeps 16 bits in two parts, 24 in three.
 #pragma once
 #include "common.cuh"
@@ -17,35 +17,6 @@ __device__ __forceinline__ void mma_rows8(float (&d)[4], unsigned int a0, unsign
                  "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-
-// d[0..1] += (A_hi + A_lo) B for rows 0..7 of one tile, through a fresh accumulator and one float32 add
-// per element. The tensor cores add each k-step's products to the accumulator after aligning them to the
-// largest term and truncating: chained into d, every product would lose the bits below d's last place,
-// an error that grows with the running sum (benchmarks/NOTES.md, "Output precision of decode v3").
-// `with_lo` false skips the lo product (a warp-uniform choice: an A operand that is float16 already).
-__device__ __forceinline__ void mma_rows8_add(float (&d)[2], unsigned int hi0, unsigned int hi2, unsigned int lo0,
-                                              unsigned int lo2, unsigned int b0, unsigned int b1, bool with_lo = true) {
-    float t[4] = {0.f, 0.f, 0.f, 0.f};
-    mma_rows8(t, hi0, hi2, b0, b1);
-    if (with_lo) mma_rows8(t, lo0, lo2, b0, b1);
-    d[0] += t[0];
-    d[1] += t[1];
-}
-
-// The same with the A operand in P parts, a[p] = (rows 0..7 of columns 0..7, of columns 8..15): d[0..1] +=
-// (a[0] + ... + a[P-1]) B; `with_lo` false multiplies a[0] only.
-template <int P>
-__device__ __forceinline__ void mma_rows8_parts(float (&d)[2], const unsigned int (&a)[P][2], unsigned int b0,
-                                                unsigned int b1, bool with_lo = true) {
-    float t[4] = {0.f, 0.f, 0.f, 0.f};
-    mma_rows8(t, a[0][0], a[0][1], b0, b1);
-    if (with_lo) {
-#pragma unroll
-        for (int p = 1; p < P; ++p) mma_rows8(t, a[p][0], a[p][1], b0, b1);
-    }
-    d[0] += t[0];
-    d[1] += t[1];
 }
 
 // Two floats rounded to a kv_t pair: the packed register, and (x, y) minus what it holds (exact).
@@ -73,4 +44,39 @@ __device__ __forceinline__ void split3(float x, float y, unsigned int& hi, unsig
     hi = pack_rest(x, y);
     lo = pack_rest(x, y);
     lo2 = pack_rest(x, y);
+}
+
+// d += A B for one whole m16n8k16 tile (A's four registers in ldmatrix x4 order: rows 0-7 / 8-15 of
+// columns 0-7, then of columns 8-15).
+__device__ __forceinline__ void mma16(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PSA_MMA_AB "." PSA_MMA_AB ".f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += A (b[0] + ... + b[P-1]) through a fresh accumulator and one float32 add per element. The tensor cores
+// add each k-step's products to the accumulator after aligning them to the largest term and truncating:
+// chained into d, every product would lose the bits below d's last place, an error that grows with the
+// running sum (benchmarks/NOTES.md, "Output precision of decode v3"). `with_lo` false multiplies b[0] only (a
+// warp-uniform choice: a B operand that is of the KV's type already).
+template <int P>
+__device__ __forceinline__ void mma16_parts(float (&d)[4], const unsigned int (&a)[4], const unsigned int (&b)[P][2],
+                                            bool with_lo = true) {
+    float t[4] = {0.f, 0.f, 0.f, 0.f};
+    mma16(t, a, b[0][0], b[0][1]);
+    if (with_lo) {
+#pragma unroll
+        for (int p = 1; p < P; ++p) mma16(t, a, b[p][0], b[p][1]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] += t[i];
+}
+
+// An 8 x 8 matrix of 16-bit elements held as an MMA fragment (lane l: row l / 4, columns 2 (l % 4), + 1),
+// transposed within the warp: lane l then holds row l / 4 of the transpose.
+__device__ __forceinline__ unsigned int movmatrix_trans(unsigned int x) {
+    unsigned int y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
 }
