@@ -416,6 +416,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                     bs[e & 1] += sacc[mt][e];
                 }
             float c_new[2];
+            // AS_ema after the chunk = (1-w)^clen AS_ema + sum_i w (1-w)^(clen-1-i) m_i over the chunk's
+            // blocks i in order; the very first block of the loop enters with weight 1, not w.
             const int i_in_chunk = cur - pos;
             const float coef = __expf((clen - 1 - i_in_chunk) * log_keep) * (it == 0 && i_in_chunk == 0 ? 1.f : ema_w);
 #pragma unroll
@@ -426,13 +428,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 cmin[e] = fminf(cmin[e], log_mass);
                 if (sketchy && hh == 0 && 2 * quad + e < PSA_G)
                     lmass[((long)b * Hq + h0 + 2 * quad + e) * Nmax + base + cur] = log_mass;
-                // the chunk's terms (as below, per head)
+                // the chunk's max logit, mass and moving-average terms, relative to that max
                 const float nm = fmaxf(cm[e], bm[e]);
                 const float rescale = __expf(cm[e] - nm), here = bs[e] * __expf(bm[e] - nm);
                 cs[e] = cs[e] * rescale + here;
                 ce[e] = ce[e] * rescale + coef * here;
                 cm[e] = nm;
-                // the warp's online softmax
+                // the warp's online softmax: rescale O^T (then O^T += V^T (P^T c) below)
                 const float nw = fmaxf(wm[e], bm[e]);
                 const float alpha = __expf(wm[e] - nw);
                 c_new[e] = __expf(bm[e] - nw);
