@@ -301,3 +301,32 @@ def test_long_rule_search_share_order_is_the_librarys():
     want = processing_order(group_rank_key(est, blocks.block_lengths, "share"), forced_blocks(blocks.num_blocks, 1, 1))
     np.testing.assert_array_equal(arrays["order/quant3/share/1+1"][:, 0], want)
     assert not np.array_equal(arrays["order/quant3/share/1+1"], arrays["order/quant3/shared/1+1"])
+
+
+# --- profile_decode_step.py: its variants and its per-kernel table -------------------------------------
+
+def test_profile_decode_step_variants():
+    import profile_decode_step as pds
+
+    assert pds.parse_variants("dense, default:s1.0,ema,default:s2") == [
+        ("dense", None), ("default", 1.0), ("ema", None), ("default", 2.0)]
+    for bad, says in (("loop", "not dense"), ("default:2.0", "sM"), ("dense:s1", "not dense"), (" , ", "no variant")):
+        with pytest.raises(ValueError, match=says):
+            pds.parse_variants(bad)
+
+
+def test_profile_decode_step_kernel_table_sums_per_step():
+    import profile_decode_step as pds
+
+    class Event:
+        def __init__(self, name, us):
+            self.name, self.device_time = name, us
+
+    events = [Event("psa_estimate", 10.0), Event("psa_decode", 30.0), Event("psa_estimate", 14.0),
+              Event("psa_decode", 26.0), Event("psa_merge", 4.0), Event("psa_merge", 6.0), Event("psa_merge", 8.0)]
+    rows = pds.kernel_table(events, steps=2)
+    assert [r["kernel"] for r in rows] == ["psa_decode", "psa_estimate", "psa_merge"]
+    dec, est, merge = rows
+    assert dec["us_per_step"] == 28.0 and dec["us_per_launch"] == 28.0 and dec["per_step"] == 1.0
+    assert merge["per_step"] == 1.5 and merge["us_per_launch"] == 6.0 and merge["us_per_step"] == 9.0
+    assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-12 and est["share"] == 12.0 / 49.0

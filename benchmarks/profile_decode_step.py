@@ -1,0 +1,129 @@
+"""Where one attention decode step's GPU time goes, kernel by kernel: torch.profiler (CUPTI also sees CuPy's
+launches) over repeated steps of one layer of captured K/V (bench_decode's ``--profile real`` data), for PSA
+variants and dense. Prints, per variant, each kernel's launches per step, µs per launch and share of the step.
+
+    python benchmarks/profile_decode_step.py --kv gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 32,1
+
+Variants (``--variants``, comma-separated): ``dense``; ``NAME`` or ``NAME:sM`` with NAME ``default`` (the
+library's default rule on ``metadata="quant3"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``.
+Steps as in bench_decode: the loop's chunk ``max(8 x cluster, blocks / 64)``, speculating ``max(16, blocks / 256)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+
+from bench_decode import SHAPES, real_fill
+
+VARIANT_RULES = ("default", "ema")
+
+
+def parse_variants(text: str) -> list[tuple[str, float | None]]:
+    """``"dense,default:s1.0,ema"`` -> ``[("dense", None), ("default", 1.0), ("ema", None)]``."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, _, spec = item.partition(":")
+        if name == "dense" and not spec:
+            out.append((name, None))
+            continue
+        if name not in VARIANT_RULES:
+            raise ValueError(f"--variants: {name!r} is not dense or one of {', '.join(VARIANT_RULES)}")
+        if spec and not (spec.startswith("s") and spec[1:].replace(".", "", 1).isdigit()):
+            raise ValueError(f"--variants: {item!r}: the speculation margin is written sM, e.g. default:s1.0")
+        out.append((name, float(spec[1:]) if spec else None))
+    if not out:
+        raise ValueError("--variants names no variant")
+    return out
+
+
+def kernel_table(events, steps: int) -> list[dict]:
+    """Per kernel name: launches per step, mean µs per launch and µs per step, heaviest first, from the
+    profiler's CUDA events (each with ``name`` and ``device_time`` in µs)."""
+    acc = collections.defaultdict(lambda: [0, 0.0])
+    for e in events:
+        acc[e.name][0] += 1
+        acc[e.name][1] += e.device_time
+    rows = [dict(kernel=k, per_step=n / steps, us_per_launch=t / n, us_per_step=t / steps) for k, (n, t) in acc.items()]
+    total = sum(r["us_per_step"] for r in rows) or 1.0
+    for r in rows:
+        r["share"] = r["us_per_step"] / total
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kv", required=True, help="captured trace .npz files, comma-separated (bench_decode --kv)")
+    ap.add_argument("--shape", default="gemma3", choices=sorted(SHAPES))
+    ap.add_argument("--size", type=int, default=32768, help="tokens: a captured position + 1")
+    ap.add_argument("--batches", default="32,1")
+    ap.add_argument("--variants", default="dense,default:s1.0,default:s2.0,default,ema:s2.0")
+    ap.add_argument("--steps", type=int, default=20, help="profiled steps per variant (after 3 warm-up steps)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    variants = parse_variants(args.variants)
+
+    import cupy
+    import torch
+
+    import psa_fast
+    from psa_fast import _kernels
+    from psa_ref.trace import load_trace
+
+    shape = SHAPES[args.shape]
+    fill = real_fill(shape, [load_trace(p) for p in args.kv.split(",")])
+    path = os.path.join(args.out, f"profile_decode_step_{shape.name}.jsonl")
+    with open(path, "w") as log:
+        for b in (int(x) for x in args.batches.split(",")):
+            caches, qs = {}, {}
+            for metadata in sorted({"quant3" if v == "default" else "cuboid_mean" for v, _ in variants}):
+                caches[metadata] = psa_fast.PagedKVCache(num_layers=1, batch=b, num_kv_heads=shape.hkv,
+                                                         head_dim=shape.d, max_tokens=args.size, block_size=shape.s,
+                                                         metadata=metadata)
+                qs[metadata] = fill(caches[metadata], 0)
+            n = caches[next(iter(caches))].nmax
+            step = max(8 * _kernels.pick_cluster(b * shape.hkv), n // 64)
+            for name, spec in variants:
+                metadata = "quant3" if name == "default" else "cuboid_mean"
+                cache, q = caches[metadata], qs[metadata]
+                if name == "dense":
+                    p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="dense", scale=shape.scale)
+                else:
+                    p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
+                                      stop="auto" if name == "default" else "ema",
+                                      step=max(16, n // 256) if spec else step, speculate=spec)
+                for _ in range(3):  # compiles, warms up
+                    p.run(q, 0)
+                cupy.cuda.Device().synchronize()
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record()
+                for _ in range(args.steps):
+                    p.run(q, 0)
+                end.record()
+                end.synchronize()
+                wall_us = cupy.cuda.get_elapsed_time(start, end) * 1e3 / args.steps
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(args.steps):
+                        p.run(q, 0)
+                    cupy.cuda.Device().synchronize()
+                events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+                rows = kernel_table(events, args.steps)
+                label = name + (f" speculate {spec}" if spec else "")
+                gpu_us = sum(r["us_per_step"] for r in rows)
+                print(f"\nT={args.size} B={b} {label}: {wall_us:.1f} µs a step back to back (CUDA events), "
+                      f"{gpu_us:.1f} µs of kernels; step {p.step}", flush=True)
+                for r in rows:
+                    print(f"  {r['kernel'][:48]:<48} {r['per_step']:5.1f}/step {r['us_per_launch']:8.1f} µs "
+                          f"{r['us_per_step']:8.1f} µs/step {100 * r['share']:5.1f}%", flush=True)
+                    log.write(json.dumps(dict(T=args.size, B=b, variant=label, wall_us=wall_us, **r)) + "\n")
+                log.flush()
+            del caches, qs
+            cupy.get_default_memory_pool().free_all_blocks()
+
+
+if __name__ == "__main__":
+    main()
