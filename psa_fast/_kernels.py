@@ -365,8 +365,10 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
                        **defines)
         why = REASONS.index("budget" if stop == "budget" else "exhausted")
-        merge((hq, b), (d,), (partial, seq_lens, out, num_used, iterations, reason, mass_est, np.int32(splits),
-                              np.int32(step), np.int32(why)))
+        per_cta = 32 if d % 32 == 0 else 16  # channels a CTA merges (PSA_MC); its warps take the splits round-robin
+        merge((hq, b, d // per_cta), (32 * min(8, splits),), (partial, seq_lens, out, num_used, iterations, reason,
+                                                              mass_est, np.int32(splits), np.int32(step),
+                                                              np.int32(why)))
 
 
 def _decode_build(*, entry, cluster, smem, name="decode", **options):

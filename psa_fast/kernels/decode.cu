@@ -658,51 +658,63 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 // Combine the splits of psa_decode's split build: per (request, query head), the output
 // sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s; and per group the diagnostics the
 // one-CTA build writes (every position attended, one iteration; `why` is exhausted or budget).
-// Grid (Hq, B), PSA_D threads; reads splits * (D + 2) floats per head.
+// Grid (Hq, B, PSA_D / PSA_MC): a CTA takes PSA_MC channels (32, or 16 where D is an odd multiple of 16) of one head; its
+// blockDim.x / 32 warps take the splits round-robin, lane c channel c, so every warp reads one contiguous
+// row segment of a split at a time, and the warps' sums meet in shared memory, added in warp order.
 //
-// Version 2. Version 1 walked the splits one after another in every thread (a dependent global load per
-// split, ~0.3 us each: ~40 us of a 51 us dense step at B = 1, 132 splits, benchmarks/NOTES.md). Now the max
-// is a tree over the CTA (exact), and each chunk of PSA_D splits has its weights e^(m_s - M) and masses l_s
-// staged in shared memory by one thread each, so the sums' loop issues only independent loads (unrolled).
-// The sums run over the splits in version 1's order, as fused multiply-adds.
-extern "C" __global__ void __launch_bounds__(PSA_D)
+// Version 3. Version 2 gave a CTA the whole head (PSA_D threads, each walking every split): at B = 1 with
+// one KV head that is 4 CTAs reading 132 splits each, 10.2 us of a 28.7 us dense step (Gemma 3, 32K,
+// benchmarks/NOTES.md). Version 1 walked the splits with dependent loads (~0.3 us a split).
+#define PSA_MC (PSA_D % 32 == 0 ? 32 : 16)  // PSA_D is a multiple of 16
+#define PSA_MERGE_CHUNK 256  // splits whose weights are staged at a time
+extern "C" __global__ void __launch_bounds__(256)
 psa_merge_splits(const float* __restrict__ partial, const int* __restrict__ seq_lens, float* __restrict__ out,
                  int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
                  float* __restrict__ mass_est, int splits, int step, int why) {
-    __shared__ float s_max[PSA_D], s_w[PSA_D], s_l[PSA_D];
-    const int h = blockIdx.x, b = blockIdx.y, Hq = gridDim.x, d = threadIdx.x;
-    const float* row = partial + ((long)b * Hq + h) * splits * (PSA_D + 2);
+    __shared__ float s_red[8], s_w[PSA_MERGE_CHUNK], s_l[PSA_MERGE_CHUNK], s_o[8][PSA_MC], s_lw[8];
+    const int h = blockIdx.x, b = blockIdx.y, Hq = gridDim.x, c0 = blockIdx.z * PSA_MC;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    constexpr int PW = PSA_D + 2;
+    const float* row = partial + ((long)b * Hq + h) * splits * PW;
+    // M = max_s m_s over the CTA (exact in any order)
     float M = -PSA_INF;
-    for (int sp = d; sp < splits; sp += PSA_D) M = fmaxf(M, __ldg(row + (long)sp * (PSA_D + 2) + PSA_D));
-    s_max[d] = M;
-    __syncthreads();
+    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) M = fmaxf(M, __ldg(row + (long)sp * PW + PSA_D));
 #pragma unroll
-    for (int o = PSA_D / 2; o > 0; o >>= 1) {  // PSA_D is a power of two (16 .. 256)
-        if (d < o) s_max[d] = fmaxf(s_max[d], s_max[d + o]);
-        __syncthreads();
-    }
-    M = s_max[0];
-    float L = 0.f, O = 0.f;
-    for (int c = 0; c < splits; c += PSA_D) {
-        const int cnt = min(PSA_D, splits - c);
-        if (d < cnt) {  // a split with nothing attended (m = -inf) adds nothing: weight 0
-            const float* p = row + (long)(c + d) * (PSA_D + 2);
-            const float m = __ldg(p + PSA_D);
-            s_w[d] = m == -PSA_INF ? 0.f : __expf(m - M);
-            s_l[d] = m == -PSA_INF ? 0.f : __ldg(p + PSA_D + 1);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0) s_red[warp] = M;
+    __syncthreads();
+    M = s_red[0];
+    for (int w = 1; w < nw; ++w) M = fmaxf(M, s_red[w]);
+    float O = 0.f, L = 0.f;
+    for (int c = 0; c < splits; c += PSA_MERGE_CHUNK) {
+        const int cnt = min(PSA_MERGE_CHUNK, splits - c);
+        __syncthreads();  // the previous chunk's weights are read
+        for (int i = threadIdx.x; i < cnt; i += blockDim.x) {  // a split with nothing attended adds nothing
+            const float m = __ldg(row + (long)(c + i) * PW + PSA_D);
+            s_w[i] = m == -PSA_INF ? 0.f : __expf(m - M);
+            s_l[i] = m == -PSA_INF ? 0.f : __ldg(row + (long)(c + i) * PW + PSA_D + 1);
         }
         __syncthreads();
-        const float* col = row + (long)c * (PSA_D + 2) + d;
-#pragma unroll 8
-        for (int j = 0; j < cnt; ++j) {
-            const float w = s_w[j];
-            O = fmaf(w != 0.f ? __ldg(col + (long)j * (PSA_D + 2)) : 0.f, w, O);
-            L = fmaf(s_l[j], w, L);
+        const float* col = row + (long)c * PW + c0 + lane;
+#pragma unroll 4
+        for (int i = warp; i < cnt; i += nw) {
+            const float w = s_w[i];
+            if (lane < PSA_MC) O = fmaf(w != 0.f ? __ldg(col + (long)i * PW) : 0.f, w, O);
+            L = fmaf(s_l[i], w, L);
         }
-        __syncthreads();  // before the next chunk overwrites s_w / s_l
     }
-    out[((long)b * Hq + h) * PSA_D + d] = O / L;
-    if (d == 0) {
+    if (lane < PSA_MC) s_o[warp][lane] = O;
+    if (lane == 0) s_lw[warp] = L;
+    __syncthreads();
+    if (warp == 0 && lane < PSA_MC) {
+        float o = 0.f, l = 0.f;
+        for (int w = 0; w < nw; ++w) {
+            o += s_o[w][lane];
+            l += s_lw[w];
+        }
+        out[((long)b * Hq + h) * PSA_D + c0 + lane] = o / l;
+    }
+    if (threadIdx.x == 0 && blockIdx.z == 0) {
         mass_est[(long)b * Hq + h] = 1.f;
         if (h % PSA_G == 0) {
             const long gi = (long)b * (Hq / PSA_G) + h / PSA_G;
