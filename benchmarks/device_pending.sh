@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# One device call (~3 minutes) that checks branch wip/merge-v3 (psa_merge_splits v3: channels over CTAs, splits
-# over warps; not yet run on a GPU): the split-KV tests, then the dense kernel at the three model shapes and the
-# Gemma dense step kernel by kernel (the merge was 10.2 of 28.7 µs at 32K B = 1; NOTES has the prediction).
+# One device call (~6 minutes) that checks branch wip/pending = wip/merge-v3 + wip/sketch-v4 (neither run on a GPU
+# yet; NOTES has each prediction):
+#  1. the split-KV, estimate and stop-rule tests on the new builds;
+#  2. psa_merge_splits v3: the dense kernel at the three model shapes (SmolLM2's D 64 measured for the first time);
+#  3. the quant3 estimate v3 (est_v=3) against v4 (est_v=4) on the real Gemma layer-17 K/V, kernel by kernel.
 #   run(command="bash benchmarks/device_pending.sh", carry=[".gl/gemma3_xml_l17_32k.npz"])
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-    -k "split or dense or topk" > "$OUT/t_split.log" 2>&1; echo "tests rc=$?"; tail -4 "$OUT/t_split.log"
+timeout 300 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+    tests/test_fast_bf16.py tests/test_stop_rules.py -k "split or dense or topk or sketch or quant3 or stop or auto or estimate" \
+    > "$OUT/t_pending.log" 2>&1
+echo "tests rc=$?"; tail -6 "$OUT/t_pending.log"
 cd benchmarks
 for shape in gemma3 llama8b smollm2; do
   timeout 90 python3 exp_dense_tune.py --shape $shape --sizes 8192,32768 --batches 1,8,32 --default-only \
       --out "$OUT/dense_shapes.jsonl" 2>&1 | grep -v Warn | grep "^#\|^T=\|warps"
 done
-[ -f ../.gl/gemma3_xml_l17_32k.npz ] && timeout 60 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-    --shape gemma3 --batches 1,8 --variants dense 2>&1 | grep -v Warn | grep "^T=\|psa_"
+for v in 3 4; do
+  mkdir -p "$OUT/est_v$v"
+  timeout 90 python3 exp_kernel_defines.py sketch est_v=$v -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --size 32768 --batches 32,8,1 --variants dense,default:s1.0 --out "$OUT/est_v$v" 2>&1 \
+      | grep -v Warn | grep "^#\|^T=\|estimate\|decode_spec\|verify\|merge\|psa_decode "
+done

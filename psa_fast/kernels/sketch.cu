@@ -39,6 +39,9 @@ static_assert(!PSA_BF16, "the quant3 estimate multiplies float16 codes: it is bu
 #ifndef PSA_BOUNDS
 #define PSA_BOUNDS 0
 #endif
+#ifndef PSA_EST_V
+#define PSA_EST_V 4  // 3: the previous version, kept for one A/B run (benchmarks/NOTES.md)
+#endif
 #define PSA_WPR (PSA_D / 8)               // code words per token row
 #define PSA_QTILES ((PSA_S + 7) / 8)      // n = 8 token tiles per block
 #define PSA_QM (PSA_D / 4)                // channels per lane quad (those = quad mod 4)
@@ -64,6 +67,205 @@ __device__ __forceinline__ void cp_async_words(void* smem, const void* gmem) {
     else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
 }
 
+#if PSA_EST_V == 4
+// Version 4 (the product transposed): the block's codes are the MMA's A operand (its 16 tokens as the rows,
+// one k-step's 16 channels as the columns) and the weights its B operand (8 columns). With G <= 4 query heads
+// (PSA_EST_PACK) columns 0..G-1 hold the heads' float16 hi parts of w and columns 4..4+G-1 their lo parts, so
+// one MMA a k-step gives both products for 16 tokens (version 3: four, for 8 tokens each, with 8 - G padding
+// rows); with more heads columns are heads and the hi and lo parts run as two MMA chains, as in version 3.
+// Per block each lane first stages (hi - lo) / 8 and lo of D / 32 channels as float32 (version 3 converted
+// and subtracted them in every k-step of every head), so a k-step costs a lane three 16-byte reads, four
+// multiplies for w, its float16 split, the constant's FMAs and the codes' unpacking. Same products, same
+// chains and the same float32 constant as version 3; the log-sum-exp runs over the tokens in another order.
+#define PSA_EST_PACK (PSA_G <= 4)
+#define PSA_MT ((PSA_S + 15) / 16)         // token tiles (m = 16) of a block
+#define PSA_CG (PSA_D / 8)                 // groups of 8 channels (one 16-byte vector of lo, one of hi)
+#define PSA_CGL ((PSA_CG + 31) / 32)       // groups per lane
+
+extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
+psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict__ codes,
+                    const __half* __restrict__ lohi, const int* __restrict__ seq_lens,
+                    float* __restrict__ scores, float* __restrict__ ests, int Hq, int Hkv, int Nmax) {
+    // (hi - lo) / 8, lo and (certified) hi of the warp's block, by (channel mod 4, channel / 4)
+    __shared__ __align__(16) float dsm[PSA_WARPS][PSA_BOUNDS == 1 ? 3 : 2][4][PSA_QM + 4];
+    __shared__ __align__(16) float qsm[8][4][PSA_QM + 4];             // query by (head, channel mod 4, channel / 4)
+    __shared__ __align__(16) unsigned int csm[PSA_WARPS][2][PSA_S * PSA_SROW];  // each warp's two blocks of codes
+    const int b = blockIdx.z, g = blockIdx.y;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r = lane >> 2, quad = lane & 3;  // fragment row (token; B's column: lane / 4) and column pair
+    const int h0 = g * PSA_G;
+    const int kv = h0 / (Hq / Hkv);
+    const int len = seq_lens[b];
+    const int n_blocks = (len + PSA_S - 1) / PSA_S;
+    // This lane's column of B: its head and (packed) which part of w it carries; 1.f for the lo part.
+    const int bh = PSA_EST_PACK ? (r & 3) : r;
+    const float lo_part = PSA_EST_PACK && r >= 4 ? 1.f : 0.f;
+
+    for (int i = threadIdx.x; i < 8 * PSA_D; i += blockDim.x) {
+        const int h = i / PSA_D, c = i % PSA_D;
+        qsm[h][c & 3][c >> 2] = h < PSA_G ? __ldg(q + ((long)b * Hq + h0 + h) * PSA_D + c) : 0.f;
+    }
+    __syncthreads();
+    const int jw = (blockIdx.x * PSA_WARPS + warp) * PSA_EST_WARP_BLOCKS;
+    if (jw >= Nmax) return;
+    const int jend = min(jw + PSA_EST_WARP_BLOCKS, Nmax);
+
+    const long blk0 = ((long)b * Hkv + kv) * Nmax;
+    // One block ahead: its codes by cp.async into the warp's other buffer, its lo and hi vectors into registers.
+    uint4 lo_next[PSA_CGL], hi_next[PSA_CGL];
+    auto load = [&](int j) {
+        if (j < jend && j < n_blocks) {
+            const uint4* row = reinterpret_cast<const uint4*>(lohi + (blk0 + j) * 2 * PSA_D);
+#pragma unroll
+            for (int i = 0; i < PSA_CGL; ++i)
+                if (lane + 32 * i < PSA_CG) {
+                    lo_next[i] = __ldg(row + lane + 32 * i);
+                    hi_next[i] = __ldg(row + PSA_CG + lane + 32 * i);
+                }
+            const unsigned int* src = codes + (blk0 + j) * PSA_S * PSA_WPR;
+            unsigned int* dst = csm[warp][j & 1];
+            for (int e = lane; e < PSA_S * (PSA_WPR / PSA_CW); e += 32) {
+                const int t = e / (PSA_WPR / PSA_CW), c = e % (PSA_WPR / PSA_CW);
+                cp_async_words(dst + t * PSA_SROW + c * PSA_CW, src + t * PSA_WPR + c * PSA_CW);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");  // one group per block, empty past the end
+    };
+    load(jw);
+    for (int j = jw; j < jend; ++j) {
+        float est[2] = {-PSA_INF, -PSA_INF}, bnd = -PSA_INF;
+        if (j < n_blocks) {  // uniform across the warp
+            const int ntok = min(PSA_S, len - j * PSA_S);
+            // (hi - lo) / 8 and lo as float32, by (channel mod 4, channel / 4): lane quad q reads its channels in a row
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < PSA_CGL; ++i)
+                if (lane + 32 * i < PSA_CG) {
+                    const __half* lh = reinterpret_cast<const __half*>(&lo_next[i]);
+                    const __half* hh = reinterpret_cast<const __half*>(&hi_next[i]);
+                    const int c0 = 8 * (lane + 32 * i);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        const float lo = __half2float(lh[e]), hi = __half2float(hh[e]);
+                        dsm[warp][0][(c0 + e) & 3][(c0 + e) >> 2] = (hi - lo) * 0.125f;
+                        dsm[warp][1][(c0 + e) & 3][(c0 + e) >> 2] = lo;
+                        if (PSA_BOUNDS == 1) dsm[warp][PSA_BOUNDS == 1 ? 2 : 0][(c0 + e) & 3][(c0 + e) >> 2] = hi;
+                    }
+                }
+            load(j + 1);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");  // block j's codes have landed (this lane's) ...
+            __syncwarp();                                          // ... and every lane's; the floats are staged
+            const unsigned int* cb = csm[warp][j & 1];
+            // the constant C and (certified) the min/max bound of head bh over this lane's channels
+            float cst = 0.f, bsum = 0.f;
+            float acc[PSA_MT][4], acc_lo[PSA_MT][4];
+#pragma unroll
+            for (int mt = 0; mt < PSA_MT; ++mt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mt][e] = acc_lo[mt][e] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < PSA_D / 16; ++ks) {
+                const float4 d4 = *reinterpret_cast<const float4*>(&dsm[warp][0][quad][4 * ks]);
+                const float4 l4 = *reinterpret_cast<const float4*>(&dsm[warp][1][quad][4 * ks]);
+                const float4 q4 = *reinterpret_cast<const float4*>(&qsm[bh][quad][4 * ks]);
+                const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, dv[4] = {d4.x, d4.y, d4.z, d4.w};
+                const float lv[4] = {l4.x, l4.y, l4.z, l4.w};
+                float4 h4 = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (PSA_BOUNDS == 1) h4 = *reinterpret_cast<const float4*>(&dsm[warp][PSA_BOUNDS == 1 ? 2 : 0][quad][4 * ks]);
+                const float hv[4] = {h4.x, h4.y, h4.z, h4.w};
+                float wv[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    wv[e] = qv[e] * dv[e];
+                    cst += qv[e] * lv[e] + 0.5f * wv[e];
+                    if (PSA_BOUNDS == 1) bsum += fmaxf(qv[e] * hv[e], qv[e] * lv[e]);
+                }
+                // B: channels 16 ks + q, + 4 (b0) and 16 ks + 8 + q, + 12 (b1) of w's part for column r
+                unsigned int b0, b1, b0l = 0, b1l = 0;
+                if (PSA_EST_PACK) {  // hi = f16(w); the lo column's lanes take f16(w - hi)
+                    float x0 = wv[0], y0 = wv[1], x1 = wv[2], y1 = wv[3];
+                    const float2 f0 = __half22float2(__floats2half2_rn(x0, y0));
+                    const float2 f1 = __half22float2(__floats2half2_rn(x1, y1));
+                    x0 = fmaf(-lo_part, f0.x, x0); y0 = fmaf(-lo_part, f0.y, y0);
+                    x1 = fmaf(-lo_part, f1.x, x1); y1 = fmaf(-lo_part, f1.y, y1);
+                    b0 = pack_rest(x0, y0);
+                    b1 = pack_rest(x1, y1);
+                } else {
+                    split2(wv[0], wv[1], b0, b0l);
+                    split2(wv[2], wv[3], b1, b1l);
+                }
+#pragma unroll
+                for (int mt = 0; mt < PSA_MT; ++mt) {
+                    const int t0 = min(16 * mt + r, PSA_S - 1), t1 = min(16 * mt + r + 8, PSA_S - 1);
+                    const uint2 w0 = *reinterpret_cast<const uint2*>(cb + t0 * PSA_SROW + 2 * ks);
+                    const uint2 w1 = *reinterpret_cast<const uint2*>(cb + t1 * PSA_SROW + 2 * ks);
+                    const unsigned int a[4] = {code_pair(w0.x, quad), code_pair(w1.x, quad), code_pair(w0.y, quad),
+                                               code_pair(w1.y, quad)};
+                    mma16(acc[mt], a, b0, b1);
+                    if (!PSA_EST_PACK) mma16(acc_lo[mt], a, b0l, b1l);
+                }
+            }
+            // head bh's constant (and bound) over the 4 lanes of its column, then to the lanes that hold its logits
+            cst += __shfl_xor_sync(0xffffffffu, cst, 1);
+            cst += __shfl_xor_sync(0xffffffffu, cst, 2);
+            if (PSA_BOUNDS == 1) {
+                bsum += __shfl_xor_sync(0xffffffffu, bsum, 1);
+                bsum += __shfl_xor_sync(0xffffffffu, bsum, 2);
+                bnd = bsum;  // for head bh (lanes 4 bh .. 4 bh + 3)
+            }
+            // logits of tokens 16 mt + r (+ 8 in elements 2, 3) for heads 2 quad + e: hi + lo, + C
+            float mx[2] = {-PSA_INF, -PSA_INF};
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int h = PSA_EST_PACK ? (2 * quad + e) & 3 : 2 * quad + e;
+                const float ch = __shfl_sync(0xffffffffu, cst, 4 * h);
+#pragma unroll
+                for (int mt = 0; mt < PSA_MT; ++mt)
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        float x = acc[mt][2 * u + e];
+                        // packed: the lo column 2 quad + e + 4 sits in lane ^ 2 (hi + lo in both, the same sum)
+                        const float y = PSA_EST_PACK ? __shfl_xor_sync(0xffffffffu, x, 2) : acc_lo[mt][2 * u + e];
+                        x = PSA_EST_PACK && quad >= 2 ? y + x : x + y;
+                        x = 16 * mt + r + 8 * u < ntok ? x + ch : -PSA_INF;
+                        acc[mt][2 * u + e] = x;
+                        mx[e] = fmaxf(mx[e], x);
+                    }
+            }
+            // log-sum-exp over the block's tokens (the 8 lanes of a column pair), minus log n_j
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], o));
+                float s = 0.f;
+#pragma unroll
+                for (int mt = 0; mt < PSA_MT; ++mt)
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) s += __expf(acc[mt][2 * u + e] - mx[e]);
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                est[e] = mx[e] + __logf(s) - __logf((float)ntok);
+            }
+            __syncwarp();  // every lane is done with this block's buffers before the next load refills them
+        } else {
+            load(j + 1);  // keeps one commit group per block
+        }
+        // lanes 0..3 hold heads 2 quad, 2 quad + 1 (packed: lanes 2, 3 repeat heads 0..3, which G <= 4 leaves out)
+        if (PSA_BOUNDS == 1 && lane % 4 == 0 && r < PSA_G && (!PSA_EST_PACK || r < 4))
+            ests[((long)b * Hq + h0 + r) * Nmax + j] = bnd;
+        float best = -PSA_INF;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int h = 2 * quad + e;
+            if (PSA_BOUNDS == 2 && r == 0 && h < PSA_G) ests[((long)b * Hq + h0 + h) * Nmax + j] = est[e];
+            if (h < PSA_G) best = fmaxf(best, est[e]);
+        }
+        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 1));
+        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 2));
+        if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = best;
+    }
+}
+#else
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict__ codes,
                     const __half* __restrict__ lohi, const int* __restrict__ seq_lens,
@@ -206,3 +408,4 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
         if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = best;
     }
 }
+#endif  // PSA_EST_V
