@@ -11,3 +11,6 @@ for shape in smollm2 gemma3 llama8b; do
   timeout 90 python3 exp_dense_tune.py --shape $shape --sizes 8192,32768 --batches 1,8,32 --default-only \
       --out "$OUT/dense_shapes.jsonl" 2>&1 | grep -v Warn | grep "^#\|^T=\|warps"
 done
+# Llama-3.1-8B's dense step at 32K, B = 1 (0.85x SDPA), kernel by kernel: decode against merge
+timeout 60 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1,8 --variants dense \
+    2>&1 | grep -v Warn | grep "^T=\|psa_"
