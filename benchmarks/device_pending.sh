@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (~6 minutes) that checks branch wip/pending = wip/merge-v3 + wip/sketch-v4 (neither run on a GPU
+# One device call (~7 minutes) that checks branch wip/pending = wip/merge-v3 + wip/sketch-v4 (neither run on a GPU
 # yet; NOTES has each prediction):
 #  1. the split-KV, estimate and stop-rule tests on the new builds;
 #  2. psa_merge_splits v3: the dense kernel at the three model shapes (SmolLM2's D 64 measured for the first time);
@@ -23,3 +23,6 @@ for v in 3 4; do
       --shape gemma3 --size 32768 --batches 32,8,1 --variants dense,default:s1.0 --out "$OUT/est_v$v" 2>&1 \
       | grep -v Warn | grep "^#\|^T=\|estimate\|decode_spec\|verify\|merge\|psa_decode "
 done
+# Llama-3.1-8B's dense step at 32K, B = 1 (0.85x SDPA before merge v3), kernel by kernel
+timeout 60 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1,8 --variants dense \
+    2>&1 | grep -v Warn | grep "^T=\|psa_"

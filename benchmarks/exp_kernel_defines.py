@@ -14,30 +14,39 @@ import runpy
 import sys
 
 
-def main(argv: list[str]) -> None:
-    if "--" not in argv or argv.index("--") < 1:
-        raise SystemExit(__doc__)
-    cut = argv.index("--")
-    name, pairs, script = argv[0], argv[1:cut], argv[cut + 1:]
-    if not script:
-        raise SystemExit("give the script to run after --")
+def parse_defines(pairs: list[str]) -> dict[str, int]:
+    """``["trans=0", "EST_V=4"]`` -> ``{"trans": 0, "est_v": 4}`` (names as ``_kernels.kernel`` takes them)."""
     extra = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not value.lstrip("-").isdigit():
+        if not key or not sep or not value.lstrip("-").isdigit():
             raise SystemExit(f"defines are NAME=integer, got {pair!r}")
         extra[key.lower()] = int(value)
+    return extra
 
-    from psa_fast import _kernels
 
-    original = _kernels.kernel
-
+def with_defines(original, name: str, extra: dict[str, int]):
+    """``original`` (``_kernels.kernel``) with ``extra`` added to every build of ``kernels/<name>.cu`` where the
+    caller does not set the same define itself; other files unchanged."""
     def kernel(file, **options):
         if file == name:
             options = {**extra, **options}
         return original(file, **options)
 
-    _kernels.kernel = kernel
+    return kernel
+
+
+def main(argv: list[str]) -> None:
+    if "--" not in argv or argv.index("--") < 1:
+        raise SystemExit(__doc__)
+    cut = argv.index("--")
+    name, extra, script = argv[0], parse_defines(argv[1:cut]), argv[cut + 1:]
+    if not script:
+        raise SystemExit("give the script to run after --")
+
+    from psa_fast import _kernels
+
+    _kernels.kernel = with_defines(_kernels.kernel, name, extra)
     print(f"# {name}.cu built with {extra}", flush=True)
     sys.argv = script
     sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))

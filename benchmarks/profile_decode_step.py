@@ -1,8 +1,10 @@
 """Where one attention decode step's GPU time goes, kernel by kernel: torch.profiler (CUPTI also sees CuPy's
-launches) over repeated steps of one layer of captured K/V (bench_decode's ``--profile real`` data), for PSA
-variants and dense. Prints, per variant, each kernel's launches per step, µs per launch and share of the step.
+launches) over repeated steps of one layer of captured K/V (bench_decode's ``--profile real`` data) or of drawn
+block masses (``--share``: bench_decode's ``--profile sparsity`` data), for PSA variants and dense. Prints, per
+variant, each kernel's launches per step, µs per launch and share of the step.
 
     python benchmarks/profile_decode_step.py --kv gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 32,1
+    python benchmarks/profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 --variants dense
 
 Variants (``--variants``, comma-separated): ``dense``; ``NAME`` or ``NAME:sM`` with NAME ``default`` (the
 library's default rule on ``metadata="quant3"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``.
@@ -16,7 +18,7 @@ import collections
 import json
 import os
 
-from bench_decode import SHAPES, real_fill
+from bench_decode import SHAPES, real_fill, sparsity_fill
 
 VARIANT_RULES = ("default", "ema")
 
@@ -57,15 +59,19 @@ def kernel_table(events, steps: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kv", required=True, help="captured trace .npz files, comma-separated (bench_decode --kv)")
+    ap.add_argument("--kv", default=None, help="captured trace .npz files, comma-separated (bench_decode --kv)")
+    ap.add_argument("--share", type=float, default=None,
+                    help="instead of --kv: drawn block masses whose ideal τ 0.95 budget is about this share")
     ap.add_argument("--shape", default="gemma3", choices=sorted(SHAPES))
-    ap.add_argument("--size", type=int, default=32768, help="tokens: a captured position + 1")
+    ap.add_argument("--size", type=int, default=32768, help="tokens (with --kv: a captured position + 1)")
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--variants", default="dense,default:s1.0,default:s2.0,default,ema:s2.0")
     ap.add_argument("--steps", type=int, default=20, help="profiled steps per variant (after 3 warm-up steps)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     variants = parse_variants(args.variants)
+    if (args.kv is None) == (args.share is None):
+        ap.error("give the data: --kv TRACES or --share S")
 
     import cupy
     import torch
@@ -75,7 +81,8 @@ def main() -> None:
     from psa_ref.trace import load_trace
 
     shape = SHAPES[args.shape]
-    fill = real_fill(shape, [load_trace(p) for p in args.kv.split(",")])
+    fill = (real_fill(shape, [load_trace(p) for p in args.kv.split(",")]) if args.kv
+            else sparsity_fill(shape, args.share, recent_blocks=2))
     path = os.path.join(args.out, f"profile_decode_step_{shape.name}.jsonl")
     with open(path, "w") as log:
         for b in (int(x) for x in args.batches.split(",")):

@@ -330,3 +330,30 @@ def test_profile_decode_step_kernel_table_sums_per_step():
     assert dec["us_per_step"] == 28.0 and dec["us_per_launch"] == 28.0 and dec["per_step"] == 1.0
     assert merge["per_step"] == 1.5 and merge["us_per_launch"] == 6.0 and merge["us_per_step"] == 9.0
     assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-12 and est["share"] == 12.0 / 49.0
+
+
+# --- exp_kernel_defines.py: extra defines on one kernel file's builds --------------------------------
+
+def test_kernel_defines_reach_one_file_only_and_yield_to_the_caller():
+    import exp_kernel_defines as ekd
+
+    assert ekd.parse_defines(["trans=0", "EST_V=4", "x=-1"]) == {"trans": 0, "est_v": 4, "x": -1}
+    for bad in ("trans", "trans=", "=1", "trans=a"):
+        with pytest.raises(SystemExit, match="NAME=integer"):
+            ekd.parse_defines([bad])
+    calls = []
+    kernel = ekd.with_defines(lambda file, **options: calls.append((file, options)), "decode", {"trans": 0, "split": 7})
+    kernel("decode", d=64, split=1)
+    kernel("sketch", d=64)
+    assert calls == [("decode", {"trans": 0, "split": 1, "d": 64}), ("sketch", {"d": 64})]
+
+
+def test_kernel_defines_runs_the_script_with_its_arguments(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\nfrom psa_fast import _kernels\nprint('ARGS', sys.argv[1:], _kernels.kernel.__qualname__)\n")
+    run = subprocess.run([sys.executable, str(BENCH / "exp_kernel_defines.py"), "decode", "trans=0", "--", str(script),
+                          "--flag", "1"], capture_output=True, text=True, cwd=BENCH.parent, check=True)
+    assert "ARGS ['--flag', '1'] with_defines.<locals>.kernel" in run.stdout
+    bad = subprocess.run([sys.executable, str(BENCH / "exp_kernel_defines.py"), "decode", "trans=0"],
+                         capture_output=True, text=True, cwd=BENCH.parent)
+    assert bad.returncode != 0 and "exp_kernel_defines.py decode" in bad.stderr
