@@ -26,3 +26,12 @@ done
 # Llama-3.1-8B's dense step at 32K, B = 1 (0.85x SDPA before merge v3), kernel by kernel
 timeout 60 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1,8 --variants dense \
     2>&1 | grep -v Warn | grep "^T=\|psa_"
+# ncu on the estimates at 32K B = 32 (the next version's question: issue- or latency-bound?): the quant3 estimate
+# (v4) and the cuboid_mean estimate (46% of HBM), speed of light, warp states and the instruction mix
+for v in default:s1.0 ema:s2.0; do
+  timeout 120 ncu --clock-control none -k regex:psa_estimate --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+      --section WarpStateStats --section InstructionStats --section Occupancy python3 profile_decode_step.py \
+      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32 --variants $v --steps 2 > "$OUT/ncu_est_${v%%:*}.txt" 2>&1
+  echo "ncu $v rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Stall" \
+      "$OUT/ncu_est_${v%%:*}.txt" | head -14
+done
