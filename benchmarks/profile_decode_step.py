@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--variants", default="dense,default:s1.0,default:s2.0,default,ema:s2.0")
     ap.add_argument("--steps", type=int, default=20, help="profiled steps per variant (after 3 warm-up steps)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--no-profiler", action="store_true",
+                    help="time the steps only, without torch.profiler (under ncu, which also needs CUPTI)")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
     if (args.kv is None) == (args.share is None):
@@ -113,6 +115,9 @@ def main() -> None:
                 end.record()
                 end.synchronize()
                 wall_us = cupy.cuda.get_elapsed_time(start, end) * 1e3 / args.steps
+                if args.no_profiler:
+                    print(f"T={args.size} B={b} {name} {spec}: {wall_us:.1f} µs a step back to back", flush=True)
+                    continue
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                     for _ in range(args.steps):
                         p.run(q, 0)

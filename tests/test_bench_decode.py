@@ -357,3 +357,20 @@ def test_kernel_defines_runs_the_script_with_its_arguments(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH / "exp_kernel_defines.py"), "decode", "trans=0"],
                          capture_output=True, text=True, cwd=BENCH.parent)
     assert bad.returncode != 0 and "exp_kernel_defines.py decode" in bad.stderr
+
+
+# --- exp_dense_tune.py: the launch shapes it sweeps ----------------------------------------------------
+
+def test_dense_tune_variants_fit_shared_memory_and_default_only_is_the_plans_shape():
+    import exp_dense_tune as edt
+
+    from psa_fast import _kernels
+
+    for d, g in ((256, 4), (128, 4), (64, 3)):
+        default = _kernels.decode_config(d=d, s=16, g=g, version=3)
+        assert list(edt.variants(d, 16, g, 16, default_only=True)) == [(default[1], default[2], None)]
+        swept = list(edt.variants(d, 16, g, 16))
+        assert (default[1], default[2], None) in swept and len(swept) == len(set(swept))
+        for warps, stages, splits in swept:  # every shape as decode_config fits it, the default splits and 3 others
+            assert _kernels.decode_config(d=d, s=16, g=g, version=3, warps=warps, stages=stages)[1:3] == (warps, stages)
+            assert splits in (None, 8, 32, 64)
