@@ -31,7 +31,7 @@ timeout 60 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32
 for v in default:s1.0 ema:s2.0; do
   timeout 120 ncu --clock-control none -k regex:psa_estimate --launch-skip 3 --launch-count 1 --section SpeedOfLight \
       --section WarpStateStats --section InstructionStats --section Occupancy python3 profile_decode_step.py \
-      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32 --variants $v --steps 2 > "$OUT/ncu_est_${v%%:*}.txt" 2>&1
+      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32 --variants $v --steps 2 --no-profiler > "$OUT/ncu_est_${v%%:*}.txt" 2>&1
   echo "ncu $v rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Stall" \
       "$OUT/ncu_est_${v%%:*}.txt" | head -14
 done
