@@ -19,6 +19,7 @@ REASONS = ("threshold", "exhausted", "budget")
 KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}  # quant3 has its own kernel (sketch.cu)
 BOUND_CODES = {None: 0, "bounds": 1, "estimates": 2}  # what estimate() writes per head beside the group scores
 ESTIMATE_WARPS = 8
+ESTIMATE_MMA_WARPS = 4  # estimate_mma: two stages of 16 blocks a warp (128 KiB a CTA for cuboid_mean at D 256)
 QUANT3_WARPS = 4  # 128 registers a thread (a block of codes prefetched): 4 CTAs of 4 warps per SM
 ORDER_THREADS = 1024
 SUFFIX_THREADS = 1024  # at most (psa_order_suffix's launch bound)
@@ -101,19 +102,32 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     the summaries (the kernel's per-head output is ``scores``, the same bits as one launch per head, which
     re-read the ``quant3`` codes once per head); not for ``per_head="bounds"``.
 
-    Each warp scores up to 32 (quant3: 16) consecutive blocks (fewer when that would leave SMs idle)."""
+    ``cuboid_mean`` and ``mean`` groups of at most 4 heads run on the tensor cores (``psa_estimate_mma``),
+    larger groups, ``minmax`` and the certified bounds on the CUDA cores (``psa_estimate``).
+
+    Each warp scores up to 32 (quant3: 16) consecutive blocks (fewer when that would leave SMs idle; the tensor
+    cores' version whole tiles of 16)."""
     b = q.shape[0]
     kv_group = hq // hkv
     fused = g == 1 and 1 < kv_group <= 8 and per_head != "bounds" and group_scores is not None
+    launch_g = kv_group if fused else g
+    smem = 0
     if kind == "quant3":
         warps, per_warp, least = QUANT3_WARPS, 16, 1
         make = functools.partial(kernel, "sketch", entry="estimate_quant3")
         summary = codes
+    elif kind in ("cuboid_mean", "mean") and per_head != "bounds" and launch_g <= 4:  # on the tensor cores
+        warps, per_warp, least = ESTIMATE_MMA_WARPS, 32, 16
+        k_len = 2 * d if kind == "cuboid_mean" else d
+        smem = warps * 2 * 16 * k_len * 2  # two stages of 16 blocks' rows a warp
+
+        def make(**options):
+            return _with_smem(kernel("estimate_mma", kind=KIND_CODES[kind], **options), smem)
+        summary = meta
     else:
         warps, per_warp, least = ESTIMATE_WARPS, 32, 4
         make = functools.partial(kernel, "estimate", kind=KIND_CODES[kind])
         summary = meta
-    launch_g = kv_group if fused else g
     while per_warp > least and b * (hq // launch_g) * -(-nmax // (warps * per_warp)) < 2 * num_sms():
         per_warp //= 2
     per_cta = warps * per_warp
@@ -121,14 +135,14 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     if fused:  # per-head estimates into scores (the groups of per-head selection), the group maxima unused
         fn = make(d=d, s=s, g=kv_group, warps=warps, bounds=BOUND_CODES["estimates"], est_warp_blocks=per_warp)
         fn(grid, (warps * 32,), (q, summary, lohi, seq_lens, group_scores, scores, np.int32(hq), np.int32(hkv),
-                                 np.int32(nmax)))
+                                 np.int32(nmax)), shared_mem=smem)
         if per_head == "estimates":
             bounds[...] = scores
         return
     fn = make(d=d, s=s, g=g, warps=warps, bounds=BOUND_CODES[per_head], est_warp_blocks=per_warp)
     fn(grid, (warps * 32,),
        (q, summary, lohi, seq_lens, scores, scores if per_head is None else bounds, np.int32(hq), np.int32(hkv),
-        np.int32(nmax)))
+        np.int32(nmax)), shared_mem=smem)
 
 
 def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
