@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# One device call (~7 minutes) that checks branch wip/pending = wip/merge-v3 + wip/sketch-v4 (neither run on a GPU
-# yet; NOTES has each prediction):
+# One device call (~8 minutes) that checks branch wip/pending = wip/merge-v3 + wip/sketch-v4 + wip/estimate-mma (none
+# run on a GPU yet; NOTES has each prediction):
 #  1. the split-KV, estimate and stop-rule tests on the new builds;
 #  2. psa_merge_splits v3: the dense kernel at the three model shapes (SmolLM2's D 64 measured for the first time);
-#  3. the quant3 estimate v3 (est_v=3) against v4 (est_v=4) on the real Gemma layer-17 K/V, kernel by kernel.
+#  3. the quant3 estimate v3 (est_v=3) against v4 (est_v=4) on the real Gemma layer-17 K/V, kernel by kernel, and
+#     the cuboid_mean estimate on the tensor cores (ema rows; the CUDA-core version took 34.2 / 5.1 µs at B = 32 / 1).
 #   run(command="bash benchmarks/device_pending.sh", carry=[".gl/gemma3_xml_l17_32k.npz"])
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
 timeout 300 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-    tests/test_fast_bf16.py tests/test_stop_rules.py -k "split or dense or topk or sketch or quant3 or stop or auto or estimate" \
+    tests/test_fast_bf16.py tests/test_stop_rules.py -k "split or dense or topk or sketch or quant3 or stop or auto or estimate or conform or ema" \
     > "$OUT/t_pending.log" 2>&1
 echo "tests rc=$?"; tail -6 "$OUT/t_pending.log"
 cd benchmarks
@@ -20,7 +21,7 @@ done
 for v in 3 4; do
   mkdir -p "$OUT/est_v$v"
   timeout 90 python3 exp_kernel_defines.py sketch est_v=$v -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --size 32768 --batches 32,8,1 --variants dense,default:s1.0 --out "$OUT/est_v$v" 2>&1 \
+      --shape gemma3 --size 32768 --batches 32,8,1 --variants dense,default:s1.0,ema:s2.0 --out "$OUT/est_v$v" 2>&1 \
       | grep -v Warn | grep "^#\|^T=\|estimate\|decode_spec\|verify\|merge\|psa_decode "
 done
 # Llama-3.1-8B's dense step at 32K, B = 1 (0.85x SDPA before merge v3), kernel by kernel
