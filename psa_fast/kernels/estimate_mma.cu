@@ -74,9 +74,7 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
                 const float x = bh < PSA_G ? __ldg(qh + (k < PSA_D ? k : k - PSA_D)) : 0.f;
                 v[e] = k < PSA_D ? x : fabsf(x);
             }
-            const float2 f = __half22float2(__floats2half2_rn(v[0], v[1]));  // the hi part; lo = v - hi (exact)
-            float x0 = fmaf(-lo_part, f.x, v[0]), y0 = fmaf(-lo_part, f.y, v[1]);
-            bq[ks][half] = pack_rest(x0, y0);
+            bq[ks][half] = pack_part(v[0], v[1], lo_part);
         }
 
     // The warp's tiles of 16 blocks, each copied whole (rows past Nmax are not read; past the sequence's

@@ -33,6 +33,19 @@ __device__ __forceinline__ unsigned int pack_rest(float& x, float& y) {
     return *reinterpret_cast<const unsigned int*>(&h);
 }
 
+// Two floats' hi part (lo_part 0: kv_t(x)) or lo part (lo_part 1: kv_t(x - kv_t(x)); the rest is exact in
+// float32), packed: lanes of one B operand whose columns carry both parts of the same values choose by lo_part.
+__device__ __forceinline__ unsigned int pack_part(float x, float y, float lo_part) {
+#if PSA_BF16
+    const float2 hi = __bfloat1622float2(__floats2bfloat162_rn(x, y));
+#else
+    const float2 hi = __half22float2(__floats2half2_rn(x, y));
+#endif
+    x = fmaf(-lo_part, hi.x, x);
+    y = fmaf(-lo_part, hi.y, y);
+    return pack_rest(x, y);
+}
+
 // Two floats as kv_t x2 hi and lo parts (x = hi + lo: about 22 bits in float16, 16 in bfloat16).
 __device__ __forceinline__ void split2(float x, float y, unsigned int& hi, unsigned int& lo) {
     hi = pack_rest(x, y);

@@ -183,13 +183,8 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
                 // B: channels 16 ks + q, + 4 (b0) and 16 ks + 8 + q, + 12 (b1) of w's part for column r
                 unsigned int b0, b1, b0l = 0, b1l = 0;
                 if (PSA_EST_PACK) {  // hi = f16(w); the lo column's lanes take f16(w - hi)
-                    float x0 = wv[0], y0 = wv[1], x1 = wv[2], y1 = wv[3];
-                    const float2 f0 = __half22float2(__floats2half2_rn(x0, y0));
-                    const float2 f1 = __half22float2(__floats2half2_rn(x1, y1));
-                    x0 = fmaf(-lo_part, f0.x, x0); y0 = fmaf(-lo_part, f0.y, y0);
-                    x1 = fmaf(-lo_part, f1.x, x1); y1 = fmaf(-lo_part, f1.y, y1);
-                    b0 = pack_rest(x0, y0);
-                    b1 = pack_rest(x1, y1);
+                    b0 = pack_part(wv[0], wv[1], lo_part);
+                    b1 = pack_part(wv[2], wv[3], lo_part);
                 } else {
                     split2(wv[0], wv[1], b0, b0l);
                     split2(wv[2], wv[3], b1, b1l);
