@@ -1,6 +1,7 @@
 // Tensor-core helpers shared by decode.cu and sketch.cu: mma.sync m16n8k16 (sketch.cu: only the first 8
-// rows of A in use; decode.cu: whole tiles), an 8 x 8 transpose in registers, and the split of a float operand into parts of the MMA's input type: float16 hi + lo
-// keeps about 22 bits; bfloat16 (PSA_BF16, for bfloat16 KV) keeps 16 bits in two parts, 24 in three.
+// rows of A in use; decode.cu: whole tiles), an 8 x 8 transpose in registers, and the split of a float
+// operand into parts of the MMA's input type: float16 hi + lo keeps about 22 bits; bfloat16 (PSA_BF16, for
+// bfloat16 KV) keeps 16 bits in two parts, 24 in three.
 #pragma once
 #include "common.cuh"
 
@@ -37,13 +38,6 @@ __device__ __forceinline__ unsigned int pack_rest(float& x, float& y) {
 __device__ __forceinline__ void split2(float x, float y, unsigned int& hi, unsigned int& lo) {
     hi = pack_rest(x, y);
     lo = pack_rest(x, y);
-}
-
-// Three parts (x = hi + lo + lo2: 24 bits in bfloat16, as float32).
-__device__ __forceinline__ void split3(float x, float y, unsigned int& hi, unsigned int& lo, unsigned int& lo2) {
-    hi = pack_rest(x, y);
-    lo = pack_rest(x, y);
-    lo2 = pack_rest(x, y);
 }
 
 // d += A B for one whole m16n8k16 tile (A's four registers in ldmatrix x4 order: rows 0-7 / 8-15 of
