@@ -117,8 +117,7 @@ static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different bu
 #define PSA_STAGES 3
 #endif
 #define PSA_SP (((PSA_S + 15) / 16) * 16)      // tokens per block, padded for the MMA tiles
-#define PSA_NT (PSA_SP / 8)                    // token tiles (n = 8) of S = Q K^T
-#define PSA_KS (PSA_D / 16)                    // channel steps (k = 16) of Q K^T
+#define PSA_KS (PSA_D / 16)                    // channel steps (k = 16) of K Q^T
 #define PSA_NC (PSA_D / 8)                     // 16-byte chunks per row
 #define PSA_SWZ (PSA_NC < 8 ? PSA_NC - 1 : 7)  // XOR mask of the chunk swizzle
 #define PSA_STAGE_HALVES (2 * PSA_SP * PSA_D)
@@ -380,7 +379,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             const kv_t* stv = stk + PSA_SP * PSA_D;
 
             // S^T = K Q^T (tokens as the MMA's 16 rows, heads as its 8 columns): token tile mt holds the
-            // logits of tokens 16 mt + r (elements 0, 1) and 16 mt + r + 8 (2, 3) for heads 2 quad, 2 quad + 1.
+            // logits of tokens 16 mt + hh (elements 0, 1) and 16 mt + hh + 8 (2, 3) for heads 2 quad, 2 quad + 1.
             float sacc[PSA_SP / 16][4];
 #pragma unroll
             for (int mt = 0; mt < PSA_SP / 16; ++mt) sacc[mt][0] = sacc[mt][1] = sacc[mt][2] = sacc[mt][3] = 0.f;
@@ -447,7 +446,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 }
             }
             // O^T += V^T (P^T c): P's tile (tokens x heads) is this lane's accumulator; as the B operand each lane
-            // needs head r's tokens 2 quad, 2 quad + 1 (and + 8): split into PSA_PPARTS parts, each part's
+            // needs head hh's tokens 2 quad, 2 quad + 1 (and + 8): split into PSA_PPARTS parts, each part's
             // 8 x 8 halves transposed in registers (movmatrix moves bits: the parts stay exact).
 #pragma unroll
             for (int kt = 0; kt < PSA_SP / 16; ++kt) {

@@ -1,6 +1,7 @@
 // Tensor-core helpers shared by decode.cu and sketch.cu: mma.sync m16n8k16 (sketch.cu: only the first 8
-// rows of A in use; decode.cu: whole tiles), an 8 x 8 transpose in registers, and the split of a float operand into parts of the MMA's input type: float16 hi + lo
-// keeps about 22 bits; bfloat16 (PSA_BF16, for bfloat16 KV) keeps 16 bits in two parts, 24 in three.
+// rows of A in use; decode.cu: whole tiles), an 8 x 8 transpose in registers, and the split of a float
+// operand into parts of the MMA's input type: float16 hi + lo keeps about 22 bits; bfloat16 (PSA_BF16, for
+// bfloat16 KV) keeps 16 bits in two parts, 24 in three.
 #pragma once
 #include "common.cuh"
 
@@ -10,13 +11,20 @@
 #define PSA_MMA_AB "f16"
 #endif
 
-// d += A B for one m16n8k16 tile; A rows 8..15 are zero here (a1 = a3 = 0).
-__device__ __forceinline__ void mma_rows8(float (&d)[4], unsigned int a0, unsigned int a2, unsigned int b0,
-                                          unsigned int b1) {
+// d += A B for one whole m16n8k16 tile (A's four registers in ldmatrix x4 order: rows 0-7 / 8-15 of
+// columns 0-7, then of columns 8-15).
+__device__ __forceinline__ void mma16(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PSA_MMA_AB "." PSA_MMA_AB ".f32 {%0, %1, %2, %3}, "
                  "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same with A's rows 8..15 zero (a1 = a3 = 0): the first 8 rows only.
+__device__ __forceinline__ void mma_rows8(float (&d)[4], unsigned int a0, unsigned int a2, unsigned int b0,
+                                          unsigned int b1) {
+    const unsigned int a[4] = {a0, 0u, a2, 0u};
+    mma16(d, a, b0, b1);
 }
 
 // Two floats rounded to a kv_t pair: the packed register, and (x, y) minus what it holds (exact).
@@ -52,21 +60,6 @@ __device__ __forceinline__ void split2(float x, float y, unsigned int& hi, unsig
     lo = pack_rest(x, y);
 }
 
-// Three parts (x = hi + lo + lo2: 24 bits in bfloat16, as float32).
-__device__ __forceinline__ void split3(float x, float y, unsigned int& hi, unsigned int& lo, unsigned int& lo2) {
-    hi = pack_rest(x, y);
-    lo = pack_rest(x, y);
-    lo2 = pack_rest(x, y);
-}
-
-// d += A B for one whole m16n8k16 tile (A's four registers in ldmatrix x4 order: rows 0-7 / 8-15 of
-// columns 0-7, then of columns 8-15).
-__device__ __forceinline__ void mma16(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PSA_MMA_AB "." PSA_MMA_AB ".f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // d += A (b[0] + ... + b[P-1]) through a fresh accumulator and one float32 add per element. The tensor cores
 // add each k-step's products to the accumulator after aligning them to the largest term and truncating:
