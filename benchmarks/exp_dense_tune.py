@@ -25,7 +25,7 @@ def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = F
     from psa_fast import _kernels
 
     if default_only:
-        yield (*_kernels.decode_config(d=d, s=s, g=g, version=3)[1:3], None)
+        yield (*_kernels.decode_config(d=d, s=s, g=g, version=3, warps=_kernels.default_warps(d, "dense"))[1:3], None)
         return
     split_options = [None] + sorted({max(1, default_splits // 2), default_splits * 2, default_splits * 4})
     seen = set()
@@ -87,8 +87,9 @@ def main() -> None:
             base = psa_fast.DecodePlan(cache, num_q_heads=shape.hq, mode="dense")
             ref = [cupy.array(base.run(qs[i], i).out) for i in range(layers)]
             groups = b * shape.hkv
-            fitted = _kernels.decode_config(d=cache.dp, s=shape.s, g=shape.hq // shape.hkv, version=3)
-            default_splits = _kernels.pick_splits(groups, n, fitted[1])
+            fitted = _kernels.decode_config(d=cache.dp, s=shape.s, g=shape.hq // shape.hkv, version=3,
+                                            warps=_kernels.default_warps(cache.dp, "dense"))
+            default_splits = _kernels.pick_splits(groups, n, fitted[1], fitted[3])
             print(f"T={t} B={b}: SDPA {sdpa:.1f} µs, floor {floor:.1f} µs, default splits {default_splits}", flush=True)
             rows = []
             for warps, stages, splits in variants(cache.dp, shape.s, shape.hq // shape.hkv, default_splits,

@@ -19,7 +19,8 @@ REASONS = ("threshold", "exhausted", "budget")
 KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}  # quant3 has its own kernel (sketch.cu)
 BOUND_CODES = {None: 0, "bounds": 1, "estimates": 2}  # what estimate() writes per head beside the group scores
 ESTIMATE_WARPS = 8
-ESTIMATE_MMA_WARPS = 4  # estimate_mma: two stages of 16 blocks a warp (128 KiB a CTA for cuboid_mean at D 256)
+ESTIMATE_MMA_WARPS = 4  # estimate_mma: tiles of 16 blocks a warp, loaded straight into the MMA's registers
+ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
 QUANT3_WARPS = 4  # 128 registers a thread (a block of codes prefetched): 4 CTAs of 4 warps per SM
 ORDER_THREADS = 1024
 SUFFIX_THREADS = 1024  # at most (psa_order_suffix's launch bound)
@@ -111,18 +112,14 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     kv_group = hq // hkv
     fused = g == 1 and 1 < kv_group <= 8 and per_head != "bounds" and group_scores is not None
     launch_g = kv_group if fused else g
-    smem = 0
     if kind == "quant3":
         warps, per_warp, least = QUANT3_WARPS, 16, 1
         make = functools.partial(kernel, "sketch", entry="estimate_quant3")
         summary = codes
-    elif kind in ("cuboid_mean", "mean") and per_head != "bounds" and launch_g <= 4:  # on the tensor cores
+    elif (ESTIMATE_ON_TENSOR_CORES and kind in ("cuboid_mean", "mean") and per_head != "bounds" and launch_g <= 4
+          and (2 * d if kind == "cuboid_mean" else d) % 32 == 0):  # on the tensor cores
         warps, per_warp, least = ESTIMATE_MMA_WARPS, 32, 16
-        k_len = 2 * d if kind == "cuboid_mean" else d
-        smem = warps * 2 * 16 * k_len * 2  # two stages of 16 blocks' rows a warp
-
-        def make(**options):
-            return _with_smem(kernel("estimate_mma", kind=KIND_CODES[kind], **options), smem)
+        make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind])
         summary = meta
     else:
         warps, per_warp, least = ESTIMATE_WARPS, 32, 4
@@ -135,14 +132,14 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     if fused:  # per-head estimates into scores (the groups of per-head selection), the group maxima unused
         fn = make(d=d, s=s, g=kv_group, warps=warps, bounds=BOUND_CODES["estimates"], est_warp_blocks=per_warp)
         fn(grid, (warps * 32,), (q, summary, lohi, seq_lens, group_scores, scores, np.int32(hq), np.int32(hkv),
-                                 np.int32(nmax)), shared_mem=smem)
+                                 np.int32(nmax)))
         if per_head == "estimates":
             bounds[...] = scores
         return
     fn = make(d=d, s=s, g=g, warps=warps, bounds=BOUND_CODES[per_head], est_warp_blocks=per_warp)
     fn(grid, (warps * 32,),
        (q, summary, lohi, seq_lens, scores, scores if per_head is None else bounds, np.int32(hq), np.int32(hkv),
-        np.int32(nmax)), shared_mem=smem)
+        np.int32(nmax)))
 
 
 def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
@@ -412,9 +409,17 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
                         np.float32(np.log1p(-threshold))))
 
 
-def pick_splits(groups: int, positions: int, warps: int) -> int:
-    """CTAs per group for the split build (dense, top-k): about one wave over the SMs (one CTA of
-    ``warps`` warps fits per SM at the decode kernel's register count), each split at least one
-    position per warp; 1 when the groups alone fill the GPU."""
-    splits = max(1, round(num_sms() / groups))
+def default_warps(d: int, mode: str) -> int:
+    """Warps per decode CTA when the caller gives none: 4 for dense and top-k at head dim <= 64 (small CTAs, several
+    an SM: SmolLM2's shape 331 -> 198 µs at 32K, B = 32, benchmarks/NOTES.md), else 8."""
+    return 4 if mode != "psa" and d <= 64 else 8
+
+
+def pick_splits(groups: int, positions: int, warps: int, smem: int = SMEM_LIMIT) -> int:
+    """CTAs per group for the split build (dense, top-k): about one wave over the SMs, each split at least one
+    position per warp; 1 when the groups alone fill the GPU. A wave counts as many CTAs an SM as fit in two
+    thirds of its shared memory at ``smem`` bytes a CTA (the cp.async data in flight) and in its 64 warps: one at
+    head dims 128 and 256, three for D 64's CTAs of 4 warps (swept in benchmarks/exp_dense_tune.py)."""
+    per_sm = max(1, min(64 // max(1, warps), (2 * SMEM_LIMIT // 3) // max(1, smem)))
+    splits = max(1, round(per_sm * num_sms() / groups))
     return max(1, min(splits, positions // max(1, warps)))

@@ -78,7 +78,7 @@ class DecodePlan:
         recent_blocks: last blocks attended likewise.
         scale: logit scale, default ``1/sqrt(D)``.
         cluster: CTAs per selection group (default: enough to cover the GPU).
-        warps: warps per CTA.
+        warps: warps per CTA (default: 4 for dense and top-k at head dim <= 64, else 8).
         version: decode kernel: 3 (tensor cores, at most 8 query heads per KV head) or 2 (CUDA cores,
             any group size, stop rules remaining/seed/certified; groups of more than 8 heads use it).
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
@@ -109,7 +109,7 @@ class DecodePlan:
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
                  stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
                  recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
-                 warps: int = 8, version: int = 3, stages: int | None = None, splits: int | None = None,
+                 warps: int | None = None, version: int = 3, stages: int | None = None, splits: int | None = None,
                  first_chunk: int | str | None = None, speculate: float | None = None, rank: str = "estimate"):
         import cupy
 
@@ -139,7 +139,8 @@ class DecodePlan:
         self.gn = self.hq // self.g
         self.cluster = (_kernels.pick_cluster(cache.batch * self.gn) if cluster is None
                         else _validate.integer(cluster, "cluster", minimum=1))
-        self.warps = _validate.integer(warps, "warps", minimum=1)
+        self.warps = (_kernels.default_warps(cache.dp, self.mode) if warps is None
+                      else _validate.integer(warps, "warps", minimum=1))
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
@@ -232,12 +233,12 @@ class DecodePlan:
             if splits > 1 and self.mode == "psa":
                 raise ValueError("splits > 1 runs dense and top-k attention only; PSA's loop runs one cluster "
                                  "per group (leave splits=None)")
-        version, warps, _, _ = _kernels.decode_config(d=c.dp, s=c.block_size, g=self.g, version=self.version,
-                                                      warps=self.warps, stages=self.stages)
+        version, warps, _, smem = _kernels.decode_config(d=c.dp, s=c.block_size, g=self.g, version=self.version,
+                                                         warps=self.warps, stages=self.stages)
         positions = c.nmax if self.mode == "dense" else min(self.k, c.nmax)
         if splits is None:
             splits = (1 if self.mode == "psa" or version != 3 or cluster is not None
-                      else _kernels.pick_splits(c.batch * self.gn, positions, warps))
+                      else _kernels.pick_splits(c.batch * self.gn, positions, warps, smem))
         if splits == 1:
             return 1, positions, None
         if version != 3:

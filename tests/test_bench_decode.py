@@ -367,10 +367,31 @@ def test_dense_tune_variants_fit_shared_memory_and_default_only_is_the_plans_sha
     from psa_fast import _kernels
 
     for d, g in ((256, 4), (128, 4), (64, 3)):
-        default = _kernels.decode_config(d=d, s=16, g=g, version=3)
+        default = _kernels.decode_config(d=d, s=16, g=g, version=3, warps=_kernels.default_warps(d, "dense"))
         assert list(edt.variants(d, 16, g, 16, default_only=True)) == [(default[1], default[2], None)]
         swept = list(edt.variants(d, 16, g, 16))
         assert (default[1], default[2], None) in swept and len(swept) == len(set(swept))
         for warps, stages, splits in swept:  # every shape as decode_config fits it, the default splits and 3 others
             assert _kernels.decode_config(d=d, s=16, g=g, version=3, warps=warps, stages=stages)[1:3] == (warps, stages)
             assert splits in (None, 8, 32, 64)
+
+
+def test_default_launch_shape_of_the_split_build(monkeypatch):
+    """Dense and top-k at D <= 64 take CTAs of 4 warps and count several an SM; D 128 and 256 one (the sweep's
+    best shapes, benchmarks/NOTES.md). No GPU needed: the SM count is the H200's."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert [_kernels.default_warps(d, mode) for d, mode in ((64, "dense"), (64, "topk"), (64, "psa"), (128, "dense"))] \
+        == [4, 4, 8, 8]
+
+    def splits(d, g, groups, positions=2048):
+        _, warps, _, smem = _kernels.decode_config(d=d, s=16, g=g, version=3, warps=_kernels.default_warps(d, "dense"))
+        return _kernels.pick_splits(groups, positions, warps, smem)
+
+    assert splits(64, 3, 96) == 4  # SmolLM2 at B = 32: three CTAs an SM, 396 slots over 96 groups
+    assert splits(64, 3, 24) == 16
+    assert splits(128, 4, 8) == 16 and splits(128, 4, 256) == 1  # Llama-3.1-8B at B = 1 and 32: one CTA an SM
+    assert splits(256, 4, 1) == 132 and splits(256, 4, 32) == 4  # Gemma 3
+    assert splits(256, 4, 1, positions=64) == 16  # at least one position per warp
+    assert _kernels.pick_splits(1000, 2048, 8, 1) == 1

@@ -407,7 +407,8 @@ def test_split_kv_is_chosen_for_one_request_and_refused_for_psa():
 
     cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=1, head_dim=256, max_tokens=32768)
     p = psa_fast.plan(cache, num_q_heads=4, mode="dense")
-    assert p.splits == _kernels.pick_splits(1, cache.nmax, 4) > 8 and p.cluster == 1
+    smem = _kernels.decode_config(d=256, s=16, g=4, version=3)[3]
+    assert p.splits == _kernels.pick_splits(1, cache.nmax, 4, smem) > 8 and p.cluster == 1
     assert psa_fast.plan(cache, num_q_heads=4, mode="psa").splits == 1
     with pytest.raises(ValueError, match="splits"):
         psa_fast.plan(cache, num_q_heads=4, mode="psa", splits=4)

@@ -5,20 +5,20 @@
 // rows are the A operand of mma.sync m16n8k16 (float16, exact) and the heads' vectors the B operand, each split
 // into float16 hi and lo parts (about 22 bits): columns 0..G-1 the heads' hi parts, 4..4+G-1 their lo parts.
 // One MMA covers 16 blocks x 16 channels for every head and both parts; the products are exact and accumulate in
-// float32 (chained over the k-steps, as the quant3 estimate's), and each head's hi and lo sums meet at the end.
-// psa_estimate spent ~110 instructions a block a lane on CUDA-core FMAs, conversions and warp sums (46% of HBM
-// at D 256); here a block costs a lane ~6 (its share of one ldmatrix and one MMA per k-step, and the copy).
+// float32, and each head's hi and lo sums meet at the end.
 //
-// Memory: each warp brings its next tile of 16 blocks' rows into a shared-memory stage by cp.async while it
-// multiplies the current one (two stages a warp); the 16-byte chunks of a row are XOR-swizzled by the row so
-// that ldmatrix reads them without bank conflicts.
+// Memory (version 2): no shared memory. A dot product does not care in which order its terms meet, so the k
+// slots of two MMAs are matched to the 8 consecutive channels a lane reads in one 16-byte load: for a chunk of
+// 32 channels, lane (r, quad) loads channels 8 quad .. 8 quad + 7 of rows r and r + 8, whose four 32-bit words
+// are the A registers of the chunk's two MMAs, and its B registers carry the same 8 channels of the heads'
+// vectors. A row's 64 bytes of a chunk are two whole sectors. Version 1 staged 16 rows a warp by cp.async in
+// shared memory (128 KiB a CTA at D 256): one CTA of 4 warps an SM, 6% occupancy, 30% of HBM (benchmarks/NOTES.md).
 //
 //   q       [B, Hq, PSA_D]            float, already multiplied by the logit scale
 //   meta    [B, Hkv, Nmax, 2, PSA_D]  half: (centre, radius) for cuboid_mean, (mean, -) for mean
 //   scores  [B, Hq/PSA_G, Nmax]       float out: max over the group's heads; -inf past the last block
 //   bounds  [B, Hq, Nmax]             float out (PSA_BOUNDS 2): each head's own estimate
 //   PSA_KIND 0 cuboid_mean, 2 mean; PSA_EST_WARP_BLOCKS a multiple of 16
-//   dynamic shared memory: PSA_WARPS * 2 * 16 * PSA_K halves
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -32,21 +32,19 @@
 #define PSA_EST_WARP_BLOCKS 32
 #endif
 #define PSA_K (PSA_KIND == 0 ? 2 * PSA_D : PSA_D)  // the dot product's length
-#define PSA_KS (PSA_K / 16)                         // k-steps
-#define PSA_KC (PSA_K / 8)                          // 16-byte chunks of a row
-#define PSA_KSWZ (PSA_KC < 8 ? PSA_KC - 1 : 7)      // XOR mask of the chunk swizzle
-#define PSA_TILE_HALVES (16 * PSA_K)
+#define PSA_KC (PSA_K / 32)                         // chunks of 32 channels (two MMAs each)
+#define PSA_KG (PSA_KC < 8 ? PSA_KC : 8)            // chunks whose loads are issued together
 static_assert(PSA_KIND == 0 || PSA_KIND == 2, "estimate_mma scores cuboid_mean and mean (minmax: estimate.cu)");
 static_assert(PSA_BOUNDS != 1, "the certified bounds need lo/hi per channel: estimate.cu");
 static_assert(PSA_G <= 4, "estimate_mma packs at most 4 heads' hi and lo parts into the MMA's 8 columns");
 static_assert(PSA_EST_WARP_BLOCKS % 16 == 0, "a warp scores whole tiles of 16 blocks");
+static_assert(PSA_K % 32 == 0 && PSA_KC % PSA_KG == 0, "estimate_mma reads rows in chunks of 32 channels");
 static_assert(!PSA_BF16, "metadata is float16");
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, const __half* __restrict__ lohi,
                  const int* __restrict__ seq_lens, float* __restrict__ scores, float* __restrict__ bounds,
                  int Hq, int Hkv, int Nmax) {
-    extern __shared__ __align__(16) unsigned char dyn_smem[];
     const int b = blockIdx.z, g = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r = lane >> 2, quad = lane & 3;
@@ -58,63 +56,48 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
     const int n_blocks = (seq_lens[b] + PSA_S - 1) / PSA_S;
 
     // B: column r carries head r & 3's vector (q, then |q| for the radius), its hi part (r < 4) or lo part;
-    // lane quad q holds k = 16 ks + 2 q, + 1 (register 0) and 16 ks + 8 + 2 q, + 1 (register 1).
+    // for chunk c, lane quad holds channels k = 32 c + 8 quad + 0..7 in order: registers 0, 1 are the first
+    // MMA's k slots (2 quad, + 1) and (2 quad + 8, + 9), registers 2, 3 the second MMA's.
     const int bh = r & 3;
     const float lo_part = r >= 4 ? 1.f : 0.f;
     const float* qh = q + ((long)b * Hq + h0 + bh) * PSA_D;
-    unsigned int bq[PSA_KS][2];
+    unsigned int bq[PSA_KC][4];
 #pragma unroll
-    for (int ks = 0; ks < PSA_KS; ++ks)
+    for (int c = 0; c < PSA_KC; ++c)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
+        for (int i = 0; i < 4; ++i) {
             float v[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const int k = 16 * ks + 8 * half + 2 * quad + e;
+                const int k = 32 * c + 8 * quad + 2 * i + e;
                 const float x = bh < PSA_G ? __ldg(qh + (k < PSA_D ? k : k - PSA_D)) : 0.f;
                 v[e] = k < PSA_D ? x : fabsf(x);
             }
-            bq[ks][half] = pack_part(v[0], v[1], lo_part);
+            bq[c][i] = pack_part(v[0], v[1], lo_part);
         }
 
-    // The warp's tiles of 16 blocks, each copied whole (rows past Nmax are not read; past the sequence's
-    // blocks their scores are overwritten with -inf below).
-    __half* stage = reinterpret_cast<__half*>(dyn_smem) + warp * 2 * PSA_TILE_HALVES;
-    const __half* rows = meta + ((long)b * Hkv + kv) * Nmax * 2 * PSA_D;
-    auto load = [&](int j0, int buf) {
-        if (j0 < jend) {
-            __half* dst = stage + buf * PSA_TILE_HALVES;
-            for (int e = lane; e < 16 * PSA_KC; e += 32) {
-                const int rr = e / PSA_KC, c = e % PSA_KC;
-                if (j0 + rr < Nmax) {
-                    const unsigned int s = static_cast<unsigned int>(
-                        __cvta_generic_to_shared(dst + rr * PSA_K + (c ^ (rr & PSA_KSWZ)) * 8));
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s),
-                                 "l"(rows + (long)(j0 + rr) * 2 * PSA_D + c * 8) : "memory");
-                }
-            }
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");  // one group per tile, empty past the end
-    };
-    load(jw, 0);
-    int buf = 0;
-    for (int j0 = jw; j0 < jend; j0 += 16, buf ^= 1) {
-        __syncwarp();  // every lane is done with the stage the next load refills
-        load(j0 + 16, buf ^ 1);
-        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this tile's copies (this lane's) have landed ...
-        __syncwarp();                                          // ... and every lane's
-        const __half* tile = stage + buf * PSA_TILE_HALVES;
+    const uint4* rows = reinterpret_cast<const uint4*>(meta + ((long)b * Hkv + kv) * Nmax * 2 * PSA_D);
+    for (int j0 = jw; j0 < jend; j0 += 16) {
+        // rows j0 + r and j0 + r + 8 (zero past Nmax; past the sequence's blocks their scores become -inf)
+        const bool in0 = j0 + r < Nmax, in1 = j0 + r + 8 < Nmax;
+        const uint4* row0 = rows + (long)(j0 + r) * (2 * PSA_D / 8) + quad;
+        const uint4* row1 = row0 + 8 * (2 * PSA_D / 8);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int ks = 0; ks < PSA_KS; ++ks) {
-            const int mi = lane >> 3;
-            const int rr = (mi & 1) * 8 + (lane & 7), c = 2 * ks + (mi >> 1);
-            unsigned int a[4];
-            const unsigned int addr = static_cast<unsigned int>(
-                __cvta_generic_to_shared(tile + rr * PSA_K + (c ^ (rr & PSA_KSWZ)) * 8));
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
-            mma16(acc, a, bq[ks][0], bq[ks][1]);
+        for (int c0 = 0; c0 < PSA_KC; c0 += PSA_KG) {
+            uint4 x[PSA_KG], y[PSA_KG];
+#pragma unroll
+            for (int i = 0; i < PSA_KG; ++i) {
+                x[i] = in0 ? __ldg(row0 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
+                y[i] = in1 ? __ldg(row1 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int i = 0; i < PSA_KG; ++i) {
+                const unsigned int a0[4] = {x[i].x, y[i].x, x[i].y, y[i].y};
+                const unsigned int a1[4] = {x[i].z, y[i].z, x[i].w, y[i].w};
+                mma16(acc, a0, bq[c0 + i][0], bq[c0 + i][1]);
+                mma16(acc, a1, bq[c0 + i][2], bq[c0 + i][3]);
+            }
         }
         // acc: blocks j0 + r (elements 0, 1) and j0 + r + 8 (2, 3), columns 2 quad + e; the lo columns
         // 4..7 sit in lane ^ 2, so lanes with quad < 2 hold head 2 quad + e's hi + lo.

@@ -5,22 +5,19 @@
 //
 // so q . k^_t = C + sum_i w_i c_ti with w_i = q_i (hi_i - lo_i) / 8 and C = sum_i (q_i lo_i + w_i / 2).
 //
-// Version 2 (tensor cores). Version 1 gave each lane one token and read the weights from shared
-// memory once per code: the shared-memory pipe limited it to ~400 cycles per block (227 µs at 32K,
-// B = 8; benchmarks/NOTES.md). Here a warp scores one block at a time with mma.sync m16n8k16:
-// W C^T with the group's <= 8 query heads as the rows of A = w (split into f16 hi + lo, ~22 bits,
-// as in decode.cu) and the tokens as the columns of B = codes, which are small integers and exact in
-// f16. The channel order inside a k-step is permuted (A and B alike, so the sum is unchanged) so
-// that one shift and one LOP3 turn a code word into a B register: nibbles q and q + 4 of a word sit
-// at bits 0 and 16 after `>> 4q`, and OR-ing 0x6400 makes each the half 1024 + c; subtracting 1024
-// is exact. Lane quad q therefore needs channels q mod 4 only; the warp stages the block's lo/hi
-// in shared memory transposed to that order.
+// History (benchmarks/NOTES.md). Version 1 gave each lane one token and read the weights from shared memory
+// once per code (227 µs at 32K, B = 8). Version 2 put W C^T on the tensor cores (mma.sync m16n8k16, the
+// heads as A's rows, split f16 hi + lo, the codes as B). Version 3 kept the query and a double buffer of
+// codes (cp.async) in shared memory instead of registers (255 -> 77 registers at D 256). Version 4, below,
+// transposes the product: the codes are A (16 tokens x 16 channels a k-step), the weights B (145 -> 108 µs at
+// 32K, B = 32, real Gemma K/V).
 //
-// Version 3 (registers): at D 256 version 2 held the query (64 floats a lane) and two copies of a block's
-// codes (64 words each) in registers: 255 registers, 2 CTAs an SM, ~20% of HBM. Here the query sits in
-// shared memory in the same quad order (one 16-byte read per k-step), and each warp brings the next
-// block's codes into a shared-memory double buffer with cp.async while it scores the current one (rows
-// padded so that the 8 token rows a k-step reads fall in distinct banks).
+// Codes as float16: the channel order inside a k-step is permuted (A and B alike, so the sum is unchanged) so
+// that one shift and one LOP3 turn a code word into an MMA register: nibbles q and q + 4 of a word sit at bits
+// 0 and 16 after `>> 4q`, and OR-ing 0x6400 makes each the half 1024 + c; subtracting 1024 is exact. Lane quad
+// q therefore needs channels q mod 4 only; the warp stages what it needs of the block's lo/hi in shared memory
+// transposed to that order, and the codes' rows are padded so that a k-step's 8 token rows fall in distinct
+// banks.
 //
 //   q      [B, Hq, PSA_D]                float, already multiplied by the logit scale
 //   codes  [B, Hkv, Nmax, S, PSA_D / 8]  uint32: nibble k of word w of row t is channel 8 w + k's code
@@ -39,13 +36,8 @@ static_assert(!PSA_BF16, "the quant3 estimate multiplies float16 codes: it is bu
 #ifndef PSA_BOUNDS
 #define PSA_BOUNDS 0
 #endif
-#ifndef PSA_EST_V
-#define PSA_EST_V 4  // 3: the previous version, kept for one A/B run (benchmarks/NOTES.md)
-#endif
 #define PSA_WPR (PSA_D / 8)               // code words per token row
-#define PSA_QTILES ((PSA_S + 7) / 8)      // n = 8 token tiles per block
 #define PSA_QM (PSA_D / 4)                // channels per lane quad (those = quad mod 4)
-#define PSA_LHV ((PSA_D / 4 + 31) / 32)   // 16-byte lo/hi vectors per lane
 static_assert(PSA_D % 16 == 0, "the quant3 estimate needs the head dimension padded to a multiple of 16");
 static_assert(PSA_G <= 8, "the quant3 estimate takes at most 8 query heads per group (the MMA's first 8 rows)");
 
@@ -67,7 +59,6 @@ __device__ __forceinline__ void cp_async_words(void* smem, const void* gmem) {
     else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
 }
 
-#if PSA_EST_V == 4
 // Version 4 (the product transposed): the block's codes are the MMA's A operand (its 16 tokens as the rows,
 // one k-step's 16 channels as the columns) and the weights its B operand (8 columns). With G <= 4 query heads
 // (PSA_EST_PACK) columns 0..G-1 hold the heads' float16 hi parts of w and columns 4..4+G-1 their lo parts, so
@@ -260,147 +251,3 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
         if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = best;
     }
 }
-#else
-extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
-psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict__ codes,
-                    const __half* __restrict__ lohi, const int* __restrict__ seq_lens,
-                    float* __restrict__ scores, float* __restrict__ ests, int Hq, int Hkv, int Nmax) {
-    __shared__ __align__(16) __half tsm[PSA_WARPS][2][4][PSA_QM + 4];  // lo, hi by (channel mod 4, channel / 4), padded
-    __shared__ __align__(16) float qsm[8][4][PSA_QM + 4];             // query by (row, channel mod 4, channel / 4)
-    __shared__ __align__(16) unsigned int csm[PSA_WARPS][2][PSA_S * PSA_SROW];  // each warp's two blocks of codes
-    const int b = blockIdx.z, g = blockIdx.y;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int hh = lane >> 2, quad = lane & 3;
-    const int h0 = g * PSA_G;
-    const int kv = h0 / (Hq / Hkv);
-    const int len = seq_lens[b];
-    const int n_blocks = (len + PSA_S - 1) / PSA_S;
-
-    // The group's query (rows >= G zero), by the whole CTA, before any warp leaves.
-    for (int i = threadIdx.x; i < 8 * PSA_D; i += blockDim.x) {
-        const int r = i / PSA_D, c = i % PSA_D;
-        qsm[r][c & 3][c >> 2] = r < PSA_G ? __ldg(q + ((long)b * Hq + h0 + r) * PSA_D + c) : 0.f;
-    }
-    __syncthreads();
-    const int jw = (blockIdx.x * PSA_WARPS + warp) * PSA_EST_WARP_BLOCKS;
-    if (jw >= Nmax) return;
-    const int jend = min(jw + PSA_EST_WARP_BLOCKS, Nmax);
-
-    const long blk0 = ((long)b * Hkv + kv) * Nmax;
-    // One block ahead: its codes by cp.async into the warp's other buffer, its lo/hi vectors into registers.
-    uint4 lh_next[PSA_LHV];
-    auto load = [&](int j) {
-        if (j < jend && j < n_blocks) {
-            const uint4* row = reinterpret_cast<const uint4*>(lohi + (blk0 + j) * 2 * PSA_D);
-#pragma unroll
-            for (int i = 0; i < PSA_LHV; ++i)
-                if (lane + 32 * i < PSA_D / 4) lh_next[i] = __ldg(row + lane + 32 * i);
-            const unsigned int* src = codes + (blk0 + j) * PSA_S * PSA_WPR;
-            unsigned int* dst = csm[warp][j & 1];
-            for (int e = lane; e < PSA_S * (PSA_WPR / PSA_CW); e += 32) {
-                const int t = e / (PSA_WPR / PSA_CW), c = e % (PSA_WPR / PSA_CW);
-                cp_async_words(dst + t * PSA_SROW + c * PSA_CW, src + t * PSA_WPR + c * PSA_CW);
-            }
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");  // one group per block, empty past the end
-    };
-    load(jw);
-    for (int j = jw; j < jend; ++j) {
-        float est = -PSA_INF, bnd = -PSA_INF;
-        if (j < n_blocks) {  // uniform across the warp
-            const int ntok = min(PSA_S, len - j * PSA_S);
-            // lo/hi into shared memory, transposed so that lane quad q reads channels q mod 4 in a row
-            __syncwarp();
-#pragma unroll
-            for (int i = 0; i < PSA_LHV; ++i) {
-                const int v = lane + 32 * i;
-                if (v < PSA_D / 4) {
-                    const __half* xh = reinterpret_cast<const __half*>(&lh_next[i]);
-                    const int which = (8 * v) / PSA_D, c0 = (8 * v) % PSA_D;
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) tsm[warp][which][(c0 + e) & 3][(c0 + e) >> 2] = xh[e];
-                }
-            }
-            load(j + 1);
-            asm volatile("cp.async.wait_group 1;" ::: "memory");  // block j's codes have landed (this lane's) ...
-            __syncwarp();                                          // ... and every lane's; lo/hi are staged
-            const unsigned int* cb = csm[warp][j & 1];
-            // A = w (hi + lo halves) per k-step, the constant C and (certified) the min/max bound;
-            // the hi and lo products accumulate apart (two independent MMA chains per tile)
-            float cst = 0.f, bsum = 0.f;
-            float sacc[PSA_QTILES][4], sacc_lo[PSA_QTILES][4];
-#pragma unroll
-            for (int nt = 0; nt < PSA_QTILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) sacc[nt][e] = sacc_lo[nt][e] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < PSA_D / 16; ++ks) {
-                const uint2 lo4 = *reinterpret_cast<const uint2*>(&tsm[warp][0][quad][4 * ks]);
-                const uint2 hi4 = *reinterpret_cast<const uint2*>(&tsm[warp][1][quad][4 * ks]);
-                const float4 q4 = *reinterpret_cast<const float4*>(&qsm[hh][quad][4 * ks]);
-                const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
-                const __half* loh = reinterpret_cast<const __half*>(&lo4);
-                const __half* hih = reinterpret_cast<const __half*>(&hi4);
-                float wv[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float lo = __half2float(loh[e]), hi = __half2float(hih[e]);
-                    wv[e] = qv[e] * ((hi - lo) * 0.125f);
-                    cst += qv[e] * lo + 0.5f * wv[e];
-                    if (PSA_BOUNDS == 1) bsum += fmaxf(qv[e] * hi, qv[e] * lo);
-                }
-                unsigned int a0h, a0l, a2h, a2l;
-                split2(wv[0], wv[1], a0h, a0l);  // channels 16 ks + q, + 4
-                split2(wv[2], wv[3], a2h, a2l);  // channels 16 ks + 8 + q, + 12
-#pragma unroll
-                for (int nt = 0; nt < PSA_QTILES; ++nt) {
-                    const uint2 w2 = *reinterpret_cast<const uint2*>(cb + min(8 * nt + hh, PSA_S - 1) * PSA_SROW + 2 * ks);
-                    const unsigned int b0 = code_pair(w2.x, quad), b1 = code_pair(w2.y, quad);
-                    mma_rows8(sacc[nt], a0h, a2h, b0, b1);
-                    mma_rows8(sacc_lo[nt], a0l, a2l, b0, b1);
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < PSA_QTILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) sacc[nt][e] += sacc_lo[nt][e];
-            cst += __shfl_xor_sync(0xffffffffu, cst, 1);
-            cst += __shfl_xor_sync(0xffffffffu, cst, 2);
-            if (PSA_BOUNDS == 1) {
-                bsum += __shfl_xor_sync(0xffffffffu, bsum, 1);
-                bsum += __shfl_xor_sync(0xffffffffu, bsum, 2);
-                bnd = bsum;
-            }
-            // log-sum-exp over the block's tokens (2 per tile per lane, then the quad), minus log n_j
-            float mx = -PSA_INF;
-#pragma unroll
-            for (int nt = 0; nt < PSA_QTILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    sacc[nt][e] = 8 * nt + 2 * quad + e < ntok ? sacc[nt][e] + cst : -PSA_INF;
-                    mx = fmaxf(mx, sacc[nt][e]);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float s = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < PSA_QTILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) s += __expf(sacc[nt][e] - mx);
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
-            est = mx + __logf(s) - __logf((float)ntok);
-            __syncwarp();  // every lane is done with this block's buffers before the next load refills them
-        } else {
-            load(j + 1);  // keeps one commit group per block
-        }
-        if (PSA_BOUNDS && quad == 0 && hh < PSA_G)
-            ests[((long)b * Hq + h0 + hh) * Nmax + j] = PSA_BOUNDS == 1 ? bnd : est;
-        float best = hh < PSA_G ? est : -PSA_INF;
-        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 4));
-        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 8));
-        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 16));
-        if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = best;
-    }
-}
-#endif  // PSA_EST_V
