@@ -416,10 +416,11 @@ def default_warps(d: int, mode: str) -> int:
 
 
 def pick_splits(groups: int, positions: int, warps: int, smem: int = SMEM_LIMIT) -> int:
-    """CTAs per group for the split build (dense, top-k): about one wave over the SMs, each split at least one
-    position per warp; 1 when the groups alone fill the GPU. A wave counts as many CTAs an SM as fit in two
-    thirds of its shared memory at ``smem`` bytes a CTA (the cp.async data in flight) and in its 64 warps: one at
-    head dims 128 and 256, three for D 64's CTAs of 4 warps (swept in benchmarks/exp_dense_tune.py)."""
+    """CTAs per group for the split build (dense, top-k): about one wave over the SMs, each split at least two
+    positions (blocks) per warp, since every split adds a partial output to merge; 1 when the groups alone fill
+    the GPU. A wave counts as many CTAs an SM as fit in two thirds of its shared memory at ``smem`` bytes a CTA
+    (the cp.async data in flight) and in its 64 warps: one at head dims 128 and 256, three for D 64's CTAs of 4
+    warps (swept in benchmarks/exp_dense_tune.py, benchmarks/NOTES.md)."""
     per_sm = max(1, min(64 // max(1, warps), (2 * SMEM_LIMIT // 3) // max(1, smem)))
     splits = max(1, round(per_sm * num_sms() / groups))
-    return max(1, min(splits, positions // max(1, warps)))
+    return max(1, min(splits, positions // max(1, 2 * warps)))

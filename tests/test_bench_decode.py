@@ -393,5 +393,5 @@ def test_default_launch_shape_of_the_split_build(monkeypatch):
     assert splits(64, 3, 24) == 16
     assert splits(128, 4, 8) == 16 and splits(128, 4, 256) == 1  # Llama-3.1-8B at B = 1 and 32: one CTA an SM
     assert splits(256, 4, 1) == 132 and splits(256, 4, 32) == 4  # Gemma 3
-    assert splits(256, 4, 1, positions=64) == 16  # at least one position per warp
+    assert splits(256, 4, 1, positions=512) == 64  # at least two positions per warp (Gemma at 8K)
     assert _kernels.pick_splits(1000, 2048, 8, 1) == 1
