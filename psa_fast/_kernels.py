@@ -19,7 +19,7 @@ REASONS = ("threshold", "exhausted", "budget")
 KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}  # quant3 has its own kernel (sketch.cu)
 BOUND_CODES = {None: 0, "bounds": 1, "estimates": 2}  # what estimate() writes per head beside the group scores
 ESTIMATE_WARPS = 8
-ESTIMATE_MMA_WARPS = 4  # estimate_mma: tiles of 16 blocks a warp, loaded straight into the MMA's registers
+ESTIMATE_MMA_LAUNCH = (4, 32, 16)  # estimate_mma: warps a CTA, blocks a warp (whole tiles of 16), fewest blocks a warp
 ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
 QUANT3_WARPS = 4  # 128 registers a thread (a block of codes prefetched): 4 CTAs of 4 warps per SM
 ORDER_THREADS = 1024
@@ -118,7 +118,7 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         summary = codes
     elif (ESTIMATE_ON_TENSOR_CORES and kind in ("cuboid_mean", "mean") and per_head != "bounds" and launch_g <= 4
           and (2 * d if kind == "cuboid_mean" else d) % 32 == 0):  # on the tensor cores
-        warps, per_warp, least = ESTIMATE_MMA_WARPS, 32, 16
+        warps, per_warp, least = ESTIMATE_MMA_LAUNCH
         make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind])
         summary = meta
     else:

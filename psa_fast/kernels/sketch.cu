@@ -36,6 +36,11 @@ static_assert(!PSA_BF16, "the quant3 estimate multiplies float16 codes: it is bu
 #ifndef PSA_BOUNDS
 #define PSA_BOUNDS 0
 #endif
+#ifndef PSA_EST_V5
+#define PSA_EST_V5 1  // 0: version 4's constant (q . lo + w / 2 summed in every k-step), kept for one A/B run
+#endif
+// A code's float16 value: c (version 4) or c + 1/2 (version 5: the dequantisation's 1/2 rides on the code, exact)
+#define PSA_CODE_BIAS (PSA_EST_V5 ? 1023.5f : 1024.f)
 #define PSA_WPR (PSA_D / 8)               // code words per token row
 #define PSA_QM (PSA_D / 4)                // channels per lane quad (those = quad mod 4)
 static_assert(PSA_D % 16 == 0, "the quant3 estimate needs the head dimension padded to a multiple of 16");
@@ -46,7 +51,7 @@ __device__ __forceinline__ unsigned int code_pair(unsigned int word, int quad) {
     unsigned int x;
     const unsigned int s = word >> (4 * quad);
     asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x) : "r"(s), "r"(0x000F000Fu), "r"(0x64006400u));  // (s & m) | c
-    const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&x), __floats2half2_rn(1024.f, 1024.f));
+    const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&x), __floats2half2_rn(PSA_CODE_BIAS, PSA_CODE_BIAS));
     return *reinterpret_cast<const unsigned int*>(&h);
 }
 
@@ -149,6 +154,28 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
             const unsigned int* cb = csm[warp][j & 1];
             // the constant C and (certified) the min/max bound of head bh over this lane's channels
             float cst = 0.f, bsum = 0.f;
+#if PSA_EST_V5
+            // C = sum_i q_i lo_i once a block (the codes carry the 1/2), outside the k-steps: head bh over the
+            // channels of residue quad, split between the lanes of its hi and lo columns when packed (lane ^ 16)
+            {
+                constexpr int n = PSA_EST_PACK ? PSA_QM / 2 : PSA_QM;
+                const int i0 = PSA_EST_PACK ? (r >> 2) * n : 0;
+                const float* qr = &qsm[bh][quad][i0];
+                const float* lr = &dsm[warp][1][quad][i0];
+                if constexpr (n % 4 == 0) {
+#pragma unroll
+                    for (int i = 0; i < n; i += 4) {
+                        const float4 q4 = *reinterpret_cast<const float4*>(qr + i);
+                        const float4 l4 = *reinterpret_cast<const float4*>(lr + i);
+                        cst = fmaf(q4.x, l4.x, fmaf(q4.y, l4.y, fmaf(q4.z, l4.z, fmaf(q4.w, l4.w, cst))));
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < n; ++i) cst = fmaf(qr[i], lr[i], cst);
+                }
+                if (PSA_EST_PACK) cst += __shfl_xor_sync(0xffffffffu, cst, 16);
+            }
+#endif
             float acc[PSA_MT][4], acc_lo[PSA_MT][4];
 #pragma unroll
             for (int mt = 0; mt < PSA_MT; ++mt)
@@ -157,7 +184,8 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
 #pragma unroll
             for (int ks = 0; ks < PSA_D / 16; ++ks) {
                 const float4 d4 = *reinterpret_cast<const float4*>(&dsm[warp][0][quad][4 * ks]);
-                const float4 l4 = *reinterpret_cast<const float4*>(&dsm[warp][1][quad][4 * ks]);
+                float4 l4 = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (!PSA_EST_V5 || PSA_BOUNDS == 1) l4 = *reinterpret_cast<const float4*>(&dsm[warp][1][quad][4 * ks]);
                 const float4 q4 = *reinterpret_cast<const float4*>(&qsm[bh][quad][4 * ks]);
                 const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, dv[4] = {d4.x, d4.y, d4.z, d4.w};
                 const float lv[4] = {l4.x, l4.y, l4.z, l4.w};
@@ -168,7 +196,7 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     wv[e] = qv[e] * dv[e];
-                    cst += qv[e] * lv[e] + 0.5f * wv[e];
+                    if (!PSA_EST_V5) cst += qv[e] * lv[e] + 0.5f * wv[e];
                     if (PSA_BOUNDS == 1) bsum += fmaxf(qv[e] * hv[e], qv[e] * lv[e]);
                 }
                 // B: channels 16 ks + q, + 4 (b0) and 16 ks + 8 + q, + 12 (b1) of w's part for column r
