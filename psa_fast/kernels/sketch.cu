@@ -3,14 +3,15 @@
 //
 //   s_j = log((1 / n_j) sum_{t in j} exp(q . k^_t)),   k^_ti = lo_i + (c_ti + 1/2) / 8 (hi_i - lo_i)
 //
-// so q . k^_t = C + sum_i w_i c_ti with w_i = q_i (hi_i - lo_i) / 8 and C = sum_i (q_i lo_i + w_i / 2).
+// so q . k^_t = C + sum_i w_i (c_ti + 1/2) with w_i = q_i (hi_i - lo_i) / 8 and C = sum_i q_i lo_i.
 //
 // History (benchmarks/NOTES.md). Version 1 gave each lane one token and read the weights from shared memory
 // once per code (227 µs at 32K, B = 8). Version 2 put W C^T on the tensor cores (mma.sync m16n8k16, the
 // heads as A's rows, split f16 hi + lo, the codes as B). Version 3 kept the query and a double buffer of
 // codes (cp.async) in shared memory instead of registers (255 -> 77 registers at D 256). Version 4, below,
 // transposes the product: the codes are A (16 tokens x 16 channels a k-step), the weights B (145 -> 108 µs at
-// 32K, B = 32, real Gemma K/V).
+// 32K, B = 32, real Gemma K/V). Version 5 puts the 1/2 on the codes and sums C once a block (108 -> 105 µs: the
+// kernel is bound by shared-memory reads, three 16-byte reads and two 8-byte reads a lane a k-step).
 //
 // Codes as float16: the channel order inside a k-step is permuted (A and B alike, so the sum is unchanged) so
 // that one shift and one LOP3 turn a code word into an MMA register: nibbles q and q + 4 of a word sit at bits
@@ -36,22 +37,18 @@ static_assert(!PSA_BF16, "the quant3 estimate multiplies float16 codes: it is bu
 #ifndef PSA_BOUNDS
 #define PSA_BOUNDS 0
 #endif
-#ifndef PSA_EST_V5
-#define PSA_EST_V5 1  // 0: version 4's constant (q . lo + w / 2 summed in every k-step), kept for one A/B run
-#endif
-// A code's float16 value: c (version 4) or c + 1/2 (version 5: the dequantisation's 1/2 rides on the code, exact)
-#define PSA_CODE_BIAS (PSA_EST_V5 ? 1023.5f : 1024.f)
 #define PSA_WPR (PSA_D / 8)               // code words per token row
 #define PSA_QM (PSA_D / 4)                // channels per lane quad (those = quad mod 4)
 static_assert(PSA_D % 16 == 0, "the quant3 estimate needs the head dimension padded to a multiple of 16");
 static_assert(PSA_G <= 8, "the quant3 estimate takes at most 8 query heads per group (the MMA's first 8 rows)");
 
-// Codes of channels (8 W + q, 8 W + q + 4) of one token as an f16x2 B register (exact small integers).
+// Codes of channels (8 W + q, 8 W + q + 4) of one token as an f16x2 MMA register, each code c as c + 1/2 (the
+// dequantisation's 1/2 rides on the code: 1024 + c - 1023.5 is exact in float16).
 __device__ __forceinline__ unsigned int code_pair(unsigned int word, int quad) {
     unsigned int x;
     const unsigned int s = word >> (4 * quad);
     asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(x) : "r"(s), "r"(0x000F000Fu), "r"(0x64006400u));  // (s & m) | c
-    const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&x), __floats2half2_rn(PSA_CODE_BIAS, PSA_CODE_BIAS));
+    const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&x), __floats2half2_rn(1023.5f, 1023.5f));
     return *reinterpret_cast<const unsigned int*>(&h);
 }
 
@@ -70,9 +67,9 @@ __device__ __forceinline__ void cp_async_words(void* smem, const void* gmem) {
 // one MMA a k-step gives both products for 16 tokens (version 3: four, for 8 tokens each, with 8 - G padding
 // rows); with more heads columns are heads and the hi and lo parts run as two MMA chains, as in version 3.
 // Per block each lane first stages (hi - lo) / 8 and lo of D / 32 channels as float32 (version 3 converted
-// and subtracted them in every k-step of every head), so a k-step costs a lane three 16-byte reads, four
-// multiplies for w, its float16 split, the constant's FMAs and the codes' unpacking. Same products, same
-// chains and the same float32 constant as version 3; the log-sum-exp runs over the tokens in another order.
+// and subtracted them in every k-step of every head) and sums its part of C (version 5; version 4 summed C's
+// terms in every k-step), so a k-step costs a lane two 16-byte reads (w's factors), four multiplies for w, its
+// float16 split, two 8-byte reads of codes and their unpacking, and one MMA.
 #define PSA_EST_PACK (PSA_G <= 4)
 #define PSA_MT ((PSA_S + 15) / 16)         // token tiles (m = 16) of a block
 #define PSA_CG (PSA_D / 8)                 // groups of 8 channels (one 16-byte vector of lo, one of hi)
@@ -154,7 +151,6 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
             const unsigned int* cb = csm[warp][j & 1];
             // the constant C and (certified) the min/max bound of head bh over this lane's channels
             float cst = 0.f, bsum = 0.f;
-#if PSA_EST_V5
             // C = sum_i q_i lo_i once a block (the codes carry the 1/2), outside the k-steps: head bh over the
             // channels of residue quad, split between the lanes of its hi and lo columns when packed (lane ^ 16)
             {
@@ -175,7 +171,6 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
                 }
                 if (PSA_EST_PACK) cst += __shfl_xor_sync(0xffffffffu, cst, 16);
             }
-#endif
             float acc[PSA_MT][4], acc_lo[PSA_MT][4];
 #pragma unroll
             for (int mt = 0; mt < PSA_MT; ++mt)
@@ -184,8 +179,8 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
 #pragma unroll
             for (int ks = 0; ks < PSA_D / 16; ++ks) {
                 const float4 d4 = *reinterpret_cast<const float4*>(&dsm[warp][0][quad][4 * ks]);
-                float4 l4 = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (!PSA_EST_V5 || PSA_BOUNDS == 1) l4 = *reinterpret_cast<const float4*>(&dsm[warp][1][quad][4 * ks]);
+                float4 l4 = make_float4(0.f, 0.f, 0.f, 0.f);  // the certified bound's
+                if (PSA_BOUNDS == 1) l4 = *reinterpret_cast<const float4*>(&dsm[warp][1][quad][4 * ks]);
                 const float4 q4 = *reinterpret_cast<const float4*>(&qsm[bh][quad][4 * ks]);
                 const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, dv[4] = {d4.x, d4.y, d4.z, d4.w};
                 const float lv[4] = {l4.x, l4.y, l4.z, l4.w};
@@ -196,7 +191,6 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     wv[e] = qv[e] * dv[e];
-                    if (!PSA_EST_V5) cst += qv[e] * lv[e] + 0.5f * wv[e];
                     if (PSA_BOUNDS == 1) bsum += fmaxf(qv[e] * hv[e], qv[e] * lv[e]);
                 }
                 // B: channels 16 ks + q, + 4 (b0) and 16 ks + 8 + q, + 12 (b1) of w's part for column r
