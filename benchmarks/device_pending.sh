@@ -1,31 +1,35 @@
 #!/usr/bin/env bash
-# What waits for a GPU (benchmarks/NOTES.md has each prediction), one device call (~5 minutes):
-#   run(command="bash benchmarks/device_pending.sh", carry=[".gl/gemma3_xml_l17_32k.npz"])
-#  1. the quant3 estimate v5 (the 1/2 on the codes, q . lo once a block) against v4 (est_v5=0), kernel by kernel on
-#     the real Gemma layer-17 K/V;
-#  2. estimate_mma with 64 blocks a warp (one wave at B = 32) against 32;
-#  3. the sketch / quant3 / stop-rule tests on the v5 build.
+# What the next device call should measure before the next kernel change (benchmarks/NOTES.md, fourteenth session):
+#   run(command="bash benchmarks/device_pending.sh", carry=[".gl/gemma3_xml_l17_32k.npz"])     (~5 minutes)
+#  1. why the quant3 estimate runs at 38% of HBM: ncu's shared-memory wavefronts, bank conflicts and pipe use
+#     (shared-memory-bound, as v5's small gain suggests, or issue-bound?) -- decides what v6 stages;
+#  2. where one request's dense step goes at the three model shapes (scale, decode, merge), 8K and 32K;
+#  3. why Llama's dense decode kernel reads at 3.4 TB/s for one request (1.38x its floor) and at the copy
+#     ceiling for eight: ncu of psa_decode at 32K B = 1 and B = 8.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
 cd benchmarks
-for v in 0 1; do
-  mkdir -p "$OUT/v5_$v"
-  timeout 60 python3 exp_kernel_defines.py sketch est_v5=$v -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --size 32768 --batches 32,8,1 --variants default:s1.0 --out "$OUT/v5_$v" 2>&1 \
-      | grep -v Warn | grep "^#\|^T=\|estimate"
+timeout 150 ncu --clock-control none -k regex:psa_estimate_quant3 --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+    --section ComputeWorkloadAnalysis --section WarpStateStats --section SourceCounters \
+    python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32 \
+    --variants default:s1.0 --steps 2 --no-profiler > "$OUT/ncu_quant3.txt" 2>&1
+echo "ncu quant3 rc=$?"
+grep -E "Duration|DRAM Throughput|L1/TEX Cache Throughput|Shared|Bank|Wavefronts|Pipe|Stall|Issue Slots" \
+    "$OUT/ncu_quant3.txt" | head -40
+for shape in smollm2 gemma3 llama8b; do
+  for t in 8192 32768; do
+    timeout 60 python3 profile_decode_step.py --share 0.05 --shape $shape --size $t --batches 1 --variants dense \
+        --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_" | sed "s/^/[$shape] /"
+  done
 done
-for launch in "4,32,16" "4,64,64"; do
-  mkdir -p "$OUT/mma_$launch"
-  timeout 60 python3 -c "
-import runpy, sys
-from psa_fast import _kernels
-_kernels.ESTIMATE_MMA_LAUNCH = ($launch)
-sys.argv = ['profile_decode_step.py', '--kv', '../.gl/gemma3_xml_l17_32k.npz', '--shape', 'gemma3', '--size', '32768',
-            '--batches', '32,8', '--variants', 'ema:s2.0', '--out', '$OUT/mma_$launch']
-runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn | grep "^T=\|estimate" | sed "s/^/[$launch] /"
+for b in 1 8; do
+  timeout 90 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats --section LaunchStats python3 profile_decode_step.py \
+      --share 0.05 --shape llama8b --size 32768 --batches $b --variants dense --steps 2 --no-profiler \
+      > "$OUT/ncu_dense_llama_b$b.txt" 2>&1
+  echo "ncu llama B=$b rc=$?"
+  grep -E "Duration|DRAM Throughput|Achieved Occupancy|Waves Per SM|Grid Size|Registers Per|Stall" \
+      "$OUT/ncu_dense_llama_b$b.txt" | head -12
 done
-cd ..
-timeout 170 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py tests/test_stop_rules.py \
-    -k "sketch or quant3 or stop or auto or estimat" > "$OUT/t_v5.log" 2>&1
-echo "tests rc=$?"; tail -4 "$OUT/t_v5.log"
