@@ -5,7 +5,8 @@
 #     (shared-memory-bound, as v5's small gain suggests, or issue-bound?) -- decides what v6 stages;
 #  2. where one request's dense step goes at the three model shapes (scale, decode, merge), 8K and 32K;
 #  3. why Llama's dense decode kernel reads at 3.4 TB/s for one request (1.38x its floor) and at the copy
-#     ceiling for eight: ncu of psa_decode at 32K B = 1 and B = 8.
+#     ceiling for eight: ncu of psa_decode at 32K B = 1 and B = 8;
+#  4. what the speculative verifier waits on for one request (ncu source counters).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
@@ -33,3 +34,11 @@ for b in 1 8; do
   grep -E "Duration|DRAM Throughput|Achieved Occupancy|Waves Per SM|Grid Size|Registers Per|Stall" \
       "$OUT/ncu_dense_llama_b$b.txt" | head -12
 done
+# 4. the verifier of the speculative schedule, 17 µs of one request's 59 µs PSA step on Gemma: the window loop's
+#    dependent loads or the output pass's serial walk over the chunks (one CTA, G x D threads)?
+timeout 90 ncu --clock-control none -k regex:psa_spec_verify --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+    --section WarpStateStats --section SourceCounters --section LaunchStats python3 profile_decode_step.py \
+    --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 --variants default:s1.0 --steps 2 --no-profiler \
+    > "$OUT/ncu_spec_verify_b1.txt" 2>&1
+echo "ncu spec_verify rc=$?"
+grep -E "Duration|Stall|Warp Cycles Per Issued|Registers Per" "$OUT/ncu_spec_verify_b1.txt" | head -12
