@@ -326,6 +326,39 @@ def copy_ceiling_gbs(stream) -> float:
     return 2 * a.nbytes / t / 1e3
 
 
+_READ_SOURCE = r"""
+extern "C" __global__ void psa_bench_read(const uint4* __restrict__ x, long long n, unsigned int* out) {
+    unsigned int acc = 0u;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {  // four 16-byte loads in flight a thread
+        const uint4 a = __ldcs(x + i), b = __ldcs(x + i + stride);
+        const uint4 c = __ldcs(x + i + 2 * stride), d = __ldcs(x + i + 3 * stride);
+        acc ^= a.x ^ b.y ^ c.z ^ d.w ^ a.w ^ b.z ^ c.y ^ d.x;
+    }
+    for (; i < n; i += stride) acc ^= __ldcs(x + i).x;
+    if (acc == 0x9e3779b9u) out[0] = acc;  // keeps the loads; (almost) never writes
+}
+"""
+
+
+def read_ceiling_gbs(stream) -> float:
+    """HBM read-only bandwidth: 2 GiB streamed once by every SM, no writes (a decode step only reads its KV, so
+    SDPA can beat the copy ceiling, whose half of the traffic is writes). Median of 10, CUDA events."""
+    import cupy
+
+    from psa_fast import _kernels
+
+    fn = cupy.RawKernel(_READ_SOURCE, "psa_bench_read")
+    with stream:
+        a = cupy.zeros(2**31, cupy.uint8)
+        out = cupy.zeros(1, cupy.uint32)
+        n = np.int64(a.nbytes // 16)
+        blocks = 8 * _kernels.num_sms()
+        t = median_us(lambda i: fn((blocks,), (256,), (a, n, out)), stream, 10, 1)
+    return a.nbytes / t / 1e3
+
+
 def rel_err(out, ref) -> float:
     import cupy
 

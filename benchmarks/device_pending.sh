@@ -25,6 +25,9 @@ for shape in smollm2 gemma3 llama8b; do
         --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_" | sed "s/^/[$shape] /"
   done
 done
+# the read-only ceiling beside the copy ceiling (SDPA beats our copy-ceiling floor on Llama at B >= 8)
+timeout 90 python3 exp_dense_tune.py --shape llama8b --sizes 32768 --batches 1,8,32 --default-only \
+    --out "$OUT/dense_read_floor.jsonl" 2>&1 | grep -v Warn | grep "^#\|^T=\|warps"
 for b in 1 8; do
   timeout 90 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section LaunchStats python3 profile_decode_step.py \
