@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Gemma 3 270M with its real weights on the device, in six warm calls back to back (the machine is given back 30 s
+# after a call and keeps nothing): the 253 MB GGUF travels in six 42 MB pieces from .gl/ (left out by .gitignore;
+# made with `split -n 6`), the `gguf` package in .gl/pylib (benchmarks/NOTES.md, "Gemma 3 270M with its real
+# weights on the GPU"). The sixth call joins and checks the pieces, writes held-out text from the device's own
+# stdlib, and runs bench_model.py.
+#   run(command="bash benchmarks/device_model.sh 0", carry=[".gl/pylib", ".gl/part00"])
+#   run(command="bash benchmarks/device_model.sh 1", carry=[".gl/part01"])      ... 2, 3, 4 likewise
+#   run(command="bash benchmarks/device_model.sh 5 [bench_model.py options]", carry=[".gl/part05"])
+# Default options: the compiled 32K step at B = 32 and 8, SDPA, the paged dense kernel and PSA speculating 1.0.
+set -u
+N="${1:?give the piece: 0..5}"
+shift
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks:/tmp/g/pylib" OUT="${OUT:-/tmp/psa-out}"
+mkdir -p /tmp/g "$OUT"
+if [ "$N" = 0 ]; then cp -r .gl/pylib /tmp/g/; fi
+cp ".gl/part0$N" /tmp/g/ || exit 1
+echo "on the device: $(ls /tmp/g | tr '\n' ' ')"
+[ "$N" = 5 ] || exit 0
+(cd /tmp/g && cat part0? > gemma.gguf && rm part0?)
+SUM=$(sha256sum /tmp/g/gemma.gguf | cut -c1-16)
+if [ "$SUM" != a5fd3b62230aa5ec ]; then echo "gemma.gguf sha256 $SUM, expected a5fd3b62230aa5ec: a piece is missing"; exit 1; fi
+python3 -c "import xml, multiprocessing, pathlib as p
+open('/tmp/g/held.txt', 'w').write(''.join(f.read_text() for m in (xml, multiprocessing)
+                                             for f in sorted(p.Path(m.__file__).parent.rglob('*.py'))))"
+[ $# -gt 0 ] || set -- --compile --contexts 32768 --batches 32,8 --steps 16 --methods sdpa,paged,psa0.95s1.0
+timeout 540 python3 benchmarks/bench_model.py --model gemma3 --weights /tmp/g/gemma.gguf --text /tmp/g/held.txt \
+    --out "$OUT/model_gemma3.jsonl" "$@" 2>&1 | grep -v Warn | tail -40
+echo "bench_model rc=${PIPESTATUS[0]}"
