@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from bench_decode import L2_BYTES, SHAPES, copy_ceiling_gbs, per_call_us, read_ceiling_gbs
+from bench_decode import L2_BYTES, SHAPES, copy_ceiling_gbs, floor_us, per_call_us, read_ceiling_gbs
 
 
 def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False):
@@ -84,8 +84,8 @@ def main() -> None:
             with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr)):
                 sdpa = graph_us(lambda i: torch.nn.functional.scaled_dot_product_attention(
                     tq[i], tk[i], tv[i], enable_gqa=True))
-            floor = 2 * per_layer / 2 / (ceiling * 1e3)  # K and V of one layer over the ceiling, µs
-            read_floor = per_layer / (read_ceiling * 1e3)  # the same bytes at the read-only ceiling
+            floor = floor_us(per_layer, ceiling)  # K and V of one layer over the copy ceiling
+            read_floor = floor_us(per_layer, read_ceiling)  # the same bytes at the read-only ceiling
             base = psa_fast.DecodePlan(cache, num_q_heads=shape.hq, mode="dense")
             ref = [cupy.array(base.run(qs[i], i).out) for i in range(layers)]
             groups = b * shape.hkv

@@ -1,7 +1,6 @@
-// Tensor-core helpers shared by decode.cu and sketch.cu: mma.sync m16n8k16 (sketch.cu: only the first 8
-// rows of A in use; decode.cu: whole tiles), an 8 x 8 transpose in registers, and the split of a float
-// operand into parts of the MMA's input type: float16 hi + lo keeps about 22 bits; bfloat16 (PSA_BF16, for
-// bfloat16 KV) keeps 16 bits in two parts, 24 in three.
+// Tensor-core helpers shared by decode.cu, sketch.cu and estimate_mma.cu: mma.sync m16n8k16 on whole tiles, an
+// 8 x 8 transpose in registers, and the split of a float operand into parts of the MMA's input type: float16
+// hi + lo keeps about 22 bits; bfloat16 (PSA_BF16, for bfloat16 KV) keeps 16 bits in two parts, 24 in three.
 #pragma once
 #include "common.cuh"
 
@@ -18,13 +17,6 @@ __device__ __forceinline__ void mma16(float (&d)[4], const unsigned int (&a)[4],
                  "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// The same with A's rows 8..15 zero (a1 = a3 = 0): the first 8 rows only.
-__device__ __forceinline__ void mma_rows8(float (&d)[4], unsigned int a0, unsigned int a2, unsigned int b0,
-                                          unsigned int b1) {
-    const unsigned int a[4] = {a0, 0u, a2, 0u};
-    mma16(d, a, b0, b1);
 }
 
 // Two floats rounded to a kv_t pair: the packed register, and (x, y) minus what it holds (exact).
