@@ -7,22 +7,39 @@
 #   run(command="bash benchmarks/device_model.sh 0", carry=[".gl/pylib", ".gl/part00"])
 #   run(command="bash benchmarks/device_model.sh 1", carry=[".gl/part01"])      ... 2, 3, 4 likewise
 #   run(command="bash benchmarks/device_model.sh 5 [bench_model.py options]", carry=[".gl/part05"])
+#   run(command="bash benchmarks/device_model.sh 5 profile [B]", carry=[".gl/part05"])
 # Default options: the compiled 32K step at B = 32 and 8, SDPA, the paged dense kernel and PSA speculating 1.0.
+# `profile`: where the compiled 32K step's GPU time goes, kernel by kernel (profile_model_step.py), PSA then the
+# paged dense step, B = 32 unless given. While the machine is warm, `device_model.sh again [...]` runs the same
+# on the pieces already joined (no carry).
 set -u
-N="${1:?give the piece: 0..5}"
+N="${1:?give the piece: 0..5, or again}"
 shift
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks:/tmp/g/pylib" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p /tmp/g "$OUT"
-if [ "$N" = 0 ]; then cp -r .gl/pylib /tmp/g/; fi
-cp ".gl/part0$N" /tmp/g/ || exit 1
-echo "on the device: $(ls /tmp/g | tr '\n' ' ')"
-[ "$N" = 5 ] || exit 0
-(cd /tmp/g && cat part0? > gemma.gguf && rm part0?)
+if [ "$N" = again ]; then
+  [ -f /tmp/g/gemma.gguf ] || { echo "no /tmp/g/gemma.gguf: the machine was given back; start again from piece 0"; exit 1; }
+else
+  if [ "$N" = 0 ]; then cp -r .gl/pylib /tmp/g/; fi
+  cp ".gl/part0$N" /tmp/g/ || exit 1
+  echo "on the device: $(ls /tmp/g | tr '\n' ' ')"
+  [ "$N" = 5 ] || exit 0
+  (cd /tmp/g && cat part0? > gemma.gguf && rm part0?)
+fi
 SUM=$(sha256sum /tmp/g/gemma.gguf | cut -c1-16)
 if [ "$SUM" != a5fd3b62230aa5ec ]; then echo "gemma.gguf sha256 $SUM, expected a5fd3b62230aa5ec: a piece is missing"; exit 1; fi
 python3 -c "import xml, multiprocessing, pathlib as p
 open('/tmp/g/held.txt', 'w').write(''.join(f.read_text() for m in (xml, multiprocessing)
                                              for f in sorted(p.Path(m.__file__).parent.rglob('*.py'))))"
+if [ "${1:-}" = profile ]; then
+  for mode in psa dense; do
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 270 python3 benchmarks/profile_model_step.py --model gemma3 --weights /tmp/g/gemma.gguf \
+        --text /tmp/g/held.txt --context 32768 --batch "${2:-32}" --mode $mode --compile --steps 5 $([ $mode = psa ] && echo --speculate 1.0) \
+        > "$OUT/profile_gemma3_32k_$mode.txt" 2>&1
+    echo "profile $mode rc=$?"; grep -v Warn "$OUT/profile_gemma3_32k_$mode.txt" | tail -42
+  done
+  exit 0
+fi
 [ $# -gt 0 ] || set -- --compile --contexts 32768 --batches 32,8 --steps 16 --methods sdpa,paged,psa0.95s1.0
 timeout 540 python3 benchmarks/bench_model.py --model gemma3 --weights /tmp/g/gemma.gguf --text /tmp/g/held.txt \
     --out "$OUT/model_gemma3.jsonl" "$@" 2>&1 | grep -v Warn | tail -40

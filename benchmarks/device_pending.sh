@@ -1,24 +1,15 @@
 #!/usr/bin/env bash
-# What the next device call should measure before the next kernel change (benchmarks/NOTES.md, fourteenth session):
-#   run(command="bash benchmarks/device_pending.sh", carry=[".gl/gemma3_xml_l17_32k.npz"])     (~5 minutes)
-#  1. why the quant3 estimate runs at 38% of HBM: ncu's shared-memory wavefronts, bank conflicts and pipe use
-#     (shared-memory-bound, as v5's small gain suggests, or issue-bound?) -- decides what v6 stages;
-#  2. where one request's dense step goes at the three model shapes (scale, decode, merge), 8K and 32K;
-#  3. why Llama's dense decode kernel reads at 3.4 TB/s for one request (1.38x its floor) and at the copy
+# What the next device call should measure before the next one-request kernel change (benchmarks/NOTES.md):
+#   run(command="bash benchmarks/device_pending.sh probe", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
+#  1. where one request's dense step goes at the three model shapes (scale, decode, merge), 8K and 32K;
+#  2. why Llama's dense decode kernel reads at 3.4 TB/s for one request (1.38x its floor) and at the copy
 #     ceiling for eight: ncu of psa_decode at 32K B = 1 and B = 8;
-#  4. what the speculative verifier waits on for one request (ncu source counters).
+#  3. what the speculative verifier waits on for one request (ncu source counters).
 set -u
+PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
 cd benchmarks
-timeout 150 ncu --clock-control none -k regex:psa_estimate_quant3 --launch-skip 3 --launch-count 1 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-    --section ComputeWorkloadAnalysis --section WarpStateStats --section SourceCounters \
-    python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32 \
-    --variants default:s1.0 --steps 2 --no-profiler > "$OUT/ncu_quant3.txt" 2>&1
-echo "ncu quant3 rc=$?"
-grep -E "Duration|DRAM Throughput|L1/TEX Cache Throughput|Shared|Bank|Wavefronts|Pipe|Stall|Issue Slots" \
-    "$OUT/ncu_quant3.txt" | head -40
 for shape in smollm2 gemma3 llama8b; do
   for t in 8192 32768; do
     timeout 60 python3 profile_decode_step.py --share 0.05 --shape $shape --size $t --batches 1 --variants dense \

@@ -61,6 +61,10 @@ __device__ __forceinline__ void cp_async_words(void* smem, const void* gmem) {
     else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
 }
 
+// Version 6 (below) where it applies, version 5 for the other shapes (more heads a group, certified bounds,
+// other block sizes or head dims).
+#define PSA_EST_V6 (PSA_G <= 4 && PSA_BOUNDS != 1 && PSA_S == 16 && PSA_D % 64 == 0 && PSA_D <= 256)
+#if !PSA_EST_V6
 // Version 4 (the product transposed): the block's codes are the MMA's A operand (its 16 tokens as the rows,
 // one k-step's 16 channels as the columns) and the weights its B operand (8 columns). With G <= 4 query heads
 // (PSA_EST_PACK) columns 0..G-1 hold the heads' float16 hi parts of w and columns 4..4+G-1 their lo parts, so
@@ -273,3 +277,182 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
         if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = best;
     }
 }
+#endif  // !PSA_EST_V6
+
+#if PSA_EST_V6
+// Version 6 (groups of <= 4 heads, estimates or no per-head output, S 16, D a multiple of 64). Version 5 is bound
+// by shared-memory wavefronts (~300 a block a warp: w's factors read again by every lane of every k-step, the
+// codes' rows read by the 4 lanes of a row, lo/hi staged by scalar stores) rather than by its instructions. Here:
+//  * Lane W < D / 8 owns channels 8 W .. 8 W + 7, the 16 bytes of lo and of hi it loads: with the heads' query
+//    for those channels in registers (32 floats) it computes w for every head once a block, splits it into float16
+//    hi | lo, and stores the MMA's B fragments; its share of C = sum q lo goes to every lane by shuffles.
+//  * The codes reach the A registers by ldmatrix: one x4 gives each lane (row r, quad q) code word 8 m + q and
+//    8 m + 4 + q of tokens r and r + 8, and one word feeds two MMAs (nibbles s, s + 4 | s + 1, s + 5 for s = 0,
+//    then 2), so a lane's k slots (2 q, 2 q + 1 | 2 q + 8, 2 q + 9) hold channels (8 W + s, 8 W + s + 4 |
+//    8 W + s + 1, 8 W + s + 5) of its word W; the B fragments carry the same channels.
+// A k-step then costs a lane one 8-byte read of B (the 32 lanes' reads contiguous), a quarter of an ldmatrix,
+// four code unpackings and the MMA: ~96 wavefronts a block instead of ~300.
+#define PSA_FG (PSA_WPR / 4)        // groups of 4 code words (32 channels)
+#define PSA_FSTRIDE (2 * 8 * 4 + 4)  // B fragments (uint2) a group: (s / 2, column, quad), padded by 32 bytes
+
+extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
+psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict__ codes,
+                    const __half* __restrict__ lohi, const int* __restrict__ seq_lens,
+                    float* __restrict__ scores, float* __restrict__ ests, int Hq, int Hkv, int Nmax) {
+    __shared__ __align__(16) unsigned int csm[PSA_WARPS][2][PSA_S * PSA_SROW];  // each warp's two blocks of codes
+    __shared__ __align__(16) uint2 fsm[PSA_WARPS][PSA_FG * PSA_FSTRIDE];       // each warp's B fragments
+    const int b = blockIdx.z, g = blockIdx.y;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r = lane >> 2, quad = lane & 3;  // A's row (token) and B's column (r < 4: head r's hi, else lo)
+    const int h0 = g * PSA_G;
+    const int kv = h0 / (Hq / Hkv);
+    const int len = seq_lens[b];
+    const int n_blocks = (len + PSA_S - 1) / PSA_S;
+    const int jw = (blockIdx.x * PSA_WARPS + warp) * PSA_EST_WARP_BLOCKS;
+    if (jw >= Nmax) return;
+    const int jend = min(jw + PSA_EST_WARP_BLOCKS, Nmax);
+
+    // The writer lanes (one per code word of a token row) and their channels of each head's query.
+    const bool writer = lane < PSA_WPR;
+    float qw[4][8];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+        if (writer && h < PSA_G) {
+            const float4* row = reinterpret_cast<const float4*>(q + ((long)b * Hq + h0 + h) * PSA_D + 8 * lane);
+            x0 = __ldg(row);
+            x1 = __ldg(row + 1);
+        }
+        qw[h][0] = x0.x; qw[h][1] = x0.y; qw[h][2] = x0.z; qw[h][3] = x0.w;
+        qw[h][4] = x1.x; qw[h][5] = x1.y; qw[h][6] = x1.z; qw[h][7] = x1.w;
+    }
+
+    const long blk0 = ((long)b * Hkv + kv) * Nmax;
+    // One block ahead: its codes by cp.async into the warp's other buffer, the writers' lo and hi into registers.
+    uint4 lo_next = make_uint4(0u, 0u, 0u, 0u), hi_next = lo_next;
+    auto load = [&](int j) {
+        if (j < jend && j < n_blocks) {
+            const uint4* row = reinterpret_cast<const uint4*>(lohi + (blk0 + j) * 2 * PSA_D);
+            if (writer) {
+                lo_next = __ldg(row + lane);
+                hi_next = __ldg(row + PSA_WPR + lane);
+            }
+            const unsigned int* src = codes + (blk0 + j) * PSA_S * PSA_WPR;
+            unsigned int* dst = csm[warp][j & 1];
+            for (int e = lane; e < PSA_S * (PSA_WPR / 4); e += 32) {
+                const int t = e / (PSA_WPR / 4), c = e % (PSA_WPR / 4);
+                cp_async_words(dst + t * PSA_SROW + c * 4, src + t * PSA_WPR + c * 4);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");  // one group per block, empty past the end
+    };
+    load(jw);
+    uint2* frag = fsm[warp];
+    for (int j = jw; j < jend; ++j) {
+        float est[2] = {-PSA_INF, -PSA_INF};
+        if (j < n_blocks) {  // uniform across the warp
+            const int ntok = min(PSA_S, len - j * PSA_S);
+            // The writer's (hi - lo) / 8 of its channels, and its share of each head's C = sum q lo.
+            float dl[8], cs[4] = {0.f, 0.f, 0.f, 0.f};
+            {
+                const __half* lh = reinterpret_cast<const __half*>(&lo_next);
+                const __half* hh = reinterpret_cast<const __half*>(&hi_next);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const float lo = __half2float(lh[e]);
+                    dl[e] = (__half2float(hh[e]) - lo) * 0.125f;
+#pragma unroll
+                    for (int h = 0; h < 4; ++h) cs[h] = fmaf(qw[h][e], lo, cs[h]);
+                }
+            }
+            load(j + 1);
+            // B fragments of word W = lane: group W / 4, then (s / 2, column, W % 4); column h holds head h's hi
+            // part of w = q (hi - lo) / 8, column 4 + h its lo part; (b0, b1) = channels (8 W + s, + 4),
+            // (8 W + s + 1, + 5).
+            if (writer) {
+                uint2* f = frag + (lane >> 2) * PSA_FSTRIDE + (lane & 3);
+#pragma unroll
+                for (int si = 0; si < 2; ++si)
+#pragma unroll
+                    for (int h = 0; h < 4; ++h) {
+                        const int s0 = 2 * si;
+                        unsigned int b0h, b0l, b1h, b1l;
+                        split2(qw[h][s0] * dl[s0], qw[h][s0 + 4] * dl[s0 + 4], b0h, b0l);  // w = q (hi - lo) / 8
+                        split2(qw[h][s0 + 1] * dl[s0 + 1], qw[h][s0 + 5] * dl[s0 + 5], b1h, b1l);
+                        f[(si * 8 + h) * 4] = make_uint2(b0h, b1h);
+                        f[(si * 8 + 4 + h) * 4] = make_uint2(b0l, b1l);
+                    }
+            }
+#pragma unroll
+            for (int h = 0; h < 4; ++h)
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) cs[h] += __shfl_xor_sync(0xffffffffu, cs[h], o);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");  // block j's codes have landed (this lane's) ...
+            __syncwarp();                                          // ... and every lane's; the fragments are stored
+            const unsigned int* cb = csm[warp][j & 1];
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int m = 0; m < PSA_D / 64; ++m) {
+                // matrices (tokens 0-7 | 8-15) x (words 8 m .. 8 m + 3 | 8 m + 4 .. 8 m + 7): lane i gives the
+                // address of row i & 7 of matrix i / 8
+                const int mi = lane >> 3;
+                const unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(
+                    cb + ((lane & 7) + 8 * (mi & 1)) * PSA_SROW + 8 * m + 4 * (mi >> 1)));
+                unsigned int cw[4];
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(cw[0]), "=r"(cw[1]), "=r"(cw[2]), "=r"(cw[3]) : "r"(addr));
+#pragma unroll
+                for (int u = 0; u < 2; ++u)
+#pragma unroll
+                    for (int si = 0; si < 2; ++si) {
+                        const int s0 = 2 * si;
+                        const unsigned int a[4] = {code_pair(cw[2 * u], s0), code_pair(cw[2 * u + 1], s0),
+                                                   code_pair(cw[2 * u], s0 + 1), code_pair(cw[2 * u + 1], s0 + 1)};
+                        const uint2 bf = frag[(2 * m + u) * PSA_FSTRIDE + (si * 8 + r) * 4 + quad];
+                        mma16(acc, a, bf.x, bf.y);
+                    }
+            }
+            // logits of tokens r (elements 0, 1) and r + 8 (2, 3) for heads 2 quad + e: hi + lo (the lo column
+            // 2 quad + e + 4 sits in lane ^ 2), + C; lanes with quad >= 2 repeat heads 0..3
+            float mx[2] = {-PSA_INF, -PSA_INF};
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int h = (2 * quad + e) & 3;
+                const float ch = h == 0 ? cs[0] : h == 1 ? cs[1] : h == 2 ? cs[2] : cs[3];
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    float x = acc[2 * u + e];
+                    const float y = __shfl_xor_sync(0xffffffffu, x, 2);
+                    x = quad >= 2 ? y + x : x + y;
+                    x = r + 8 * u < ntok ? x + ch : -PSA_INF;
+                    acc[2 * u + e] = x;
+                    mx[e] = fmaxf(mx[e], x);
+                }
+            }
+            // log-sum-exp over the block's tokens (the 8 lanes of a column pair), minus log n_j
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], o));
+                float sum = __expf(acc[e] - mx[e]) + __expf(acc[2 + e] - mx[e]);
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                est[e] = mx[e] + __logf(sum) - __logf((float)ntok);
+            }
+            __syncwarp();  // every lane is done with this block's buffers before the next block refills them
+        } else {
+            load(j + 1);  // keeps one commit group per block
+        }
+        float best = -PSA_INF;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int h = 2 * quad + e;
+            if (PSA_BOUNDS == 2 && r == 0 && h < PSA_G) ests[((long)b * Hq + h0 + h) * Nmax + j] = est[e];
+            if (h < PSA_G) best = fmaxf(best, est[e]);
+        }
+        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 1));
+        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 2));
+        if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = best;
+    }
+}
+#endif  // PSA_EST_V6
