@@ -5,10 +5,26 @@
 #  2. why Llama's dense decode kernel reads at 3.4 TB/s for one request (1.38x its floor) and at the copy
 #     ceiling for eight: ncu of psa_decode at 32K B = 1 and B = 8;
 #  3. what the speculative verifier waits on for one request (ncu source counters).
+#   run(command="bash benchmarks/device_pending.sh layer 5", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~1 minute)
+#  one global layer of Gemma 3 replayed (real K/V), B = 32 and 8: each kernel of the default rule's speculative
+#  step beside dense, and the share of blocks it attends and reads (the model's step spends ~313 µs a layer in
+#  psa_decode_spec against the replay's 128 on layer 17); `layer 17 tests` adds the GPU suites.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
+if [ "$PART" = layer ]; then
+  mkdir -p "$OUT/l$2"
+  (cd benchmarks && timeout 150 python3 profile_decode_step.py --kv "../.gl/gemma3_xml_l${2}_32k.npz" --shape gemma3 \
+      --size 32768 --batches 32,8 --variants dense,default:s1.0 --out "$OUT/l$2" 2>&1 | grep -v Warn \
+      | grep "^T=\|psa_")
+  [ "${3:-}" = tests ] || exit 0
+  timeout 420 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_fast_offload.py tests/test_fast_metadata.py \
+      tests/test_first_chunk.py tests/test_fast_pool.py tests/test_fast_hf.py > "$OUT/t_gpu.log" 2>&1
+  echo "GPU suites rc=$?"; tail -4 "$OUT/t_gpu.log"
+  exit 0
+fi
 cd benchmarks
 for shape in smollm2 gemma3 llama8b; do
   for t in 8192 32768; do

@@ -106,7 +106,11 @@ def main() -> None:
                                       stop="auto" if name == "default" else "ema",
                                       step=max(16, n // 256) if spec else step, speculate=spec)
                 for _ in range(3):  # compiles, warms up
-                    p.run(q, 0)
+                    dec = p.run(q, 0)
+                read = f"attends {100 * float(dec.num_used.mean()) / n:.1f}% of the blocks"
+                if getattr(dec, "num_speculated", None) is not None:
+                    spec_read = cupy.maximum(dec.num_used, dec.num_speculated).mean()
+                    read += f", reads {100 * float(spec_read) / n:.1f}%"
                 cupy.cuda.Device().synchronize()
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
                 start.record()
@@ -116,7 +120,7 @@ def main() -> None:
                 end.synchronize()
                 wall_us = cupy.cuda.get_elapsed_time(start, end) * 1e3 / args.steps
                 if args.no_profiler:
-                    print(f"T={args.size} B={b} {name} {spec}: {wall_us:.1f} µs a step back to back", flush=True)
+                    print(f"T={args.size} B={b} {name} {spec}: {wall_us:.1f} µs a step back to back; {read}", flush=True)
                     continue
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                     for _ in range(args.steps):
@@ -127,7 +131,7 @@ def main() -> None:
                 label = name + (f" speculate {spec}" if spec else "")
                 gpu_us = sum(r["us_per_step"] for r in rows)
                 print(f"\nT={args.size} B={b} {label}: {wall_us:.1f} µs a step back to back (CUDA events), "
-                      f"{gpu_us:.1f} µs of kernels; step {p.step}", flush=True)
+                      f"{gpu_us:.1f} µs of kernels; step {p.step}; {read}", flush=True)
                 for r in rows:
                     print(f"  {r['kernel'][:48]:<48} {r['per_step']:5.1f}/step {r['us_per_launch']:8.1f} µs "
                           f"{r['us_per_step']:8.1f} µs/step {100 * r['share']:5.1f}%", flush=True)

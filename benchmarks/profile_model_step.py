@@ -11,6 +11,7 @@ import argparse
 import torch
 
 
+@torch.no_grad()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gemma3")
