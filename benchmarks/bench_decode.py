@@ -733,6 +733,25 @@ def real_fill(shape: Shape, traces, *, xp=None):
     return fill
 
 
+def scatter_slots(cache, *, seed: int = 0, xp=None) -> None:
+    """Move every block of ``cache`` to a random slot of its pool, data preserved: ``block_table`` is remapped,
+    ``k_pool`` and ``v_pool`` permuted alike, the metadata (indexed by block, not slot) untouched. A fresh
+    cache's table is the identity, so each request's blocks lie in order in memory and a kernel that walks them
+    in order streams; a server's pool after many requests is scattered. ``xp=numpy`` for a stand-in cache.
+
+    Needs a second pool's worth of free memory for a moment (one pool is copied at a time)."""
+    if xp is None:
+        import cupy as xp
+    n = cache.k_pool.shape[0]
+    perm = xp.asarray(np.random.default_rng(seed).permutation(n).astype(np.int32))
+    for pool in (cache.k_pool, cache.v_pool):
+        moved = xp.empty_like(pool)
+        moved[perm] = pool
+        pool[...] = moved
+        del moved
+    cache.block_table[...] = perm[cache.block_table]
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
 

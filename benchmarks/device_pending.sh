@@ -5,6 +5,8 @@
 #  2. why Llama's dense decode kernel reads at 3.4 TB/s for one request (1.38x its floor) and at the copy
 #     ceiling for eight: ncu of psa_decode at 32K B = 1 and B = 8;
 #  3. what the speculative verifier waits on for one request (ncu source counters).
+#   run(command="bash benchmarks/device_pending.sh scatter", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
+#  is the speculative attend's gather in the estimates' order what slows it (dense with scattered slots)?
 #   run(command="bash benchmarks/device_pending.sh layer 5", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~1 minute)
 #  one global layer of Gemma 3 replayed (real K/V), B = 32 and 8: each kernel of the default rule's speculative
 #  step beside dense, and the share of blocks it attends and reads (the model's step spends ~313 µs a layer in
@@ -13,6 +15,26 @@ set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
+if [ "$PART" = scatter ]; then
+  # Is the speculative attend slow on layer 5 because it gathers blocks in the estimates' order (random places
+  # in a 1 GB pool) where dense walks each request's blocks in memory order? Dense and the default rule with the
+  # fresh identity table and with every block moved to a random slot; then ncu source counters of the spec build.
+  mkdir -p "$OUT/scatter0" "$OUT/scatter1"
+  cd benchmarks
+  for sc in "" --scatter; do
+    dir="$OUT/scatter$([ -n "$sc" ] && echo 1 || echo 0)"
+    timeout 120 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --size 32768 \
+        --batches 32 --variants dense,default:s1.0 $sc --out "$dir" 2>&1 | grep -v Warn \
+        | grep "^T=\|psa_decode\|verify"
+  done
+  timeout 200 ncu --clock-control none -k regex:psa_decode_spec --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
+      python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --size 32768 --batches 32 \
+      --variants default:s1.0 --steps 2 --no-profiler --out /tmp > "$OUT/ncu_spec_l5_source.txt" 2>&1
+  echo "ncu spec source rc=$?"
+  grep -E "Duration|DRAM Throughput|Stall|Warp Cycles" "$OUT/ncu_spec_l5_source.txt" | head -16
+  exit 0
+fi
 if [ "$PART" = layer ]; then
   mkdir -p "$OUT/l$2"
   (cd benchmarks && timeout 150 python3 profile_decode_step.py --kv "../.gl/gemma3_xml_l${2}_32k.npz" --shape gemma3 \

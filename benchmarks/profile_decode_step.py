@@ -18,7 +18,7 @@ import collections
 import json
 import os
 
-from bench_decode import SHAPES, real_fill, sparsity_fill
+from bench_decode import SHAPES, real_fill, scatter_slots, sparsity_fill
 
 VARIANT_RULES = ("default", "ema")
 
@@ -60,6 +60,9 @@ def kernel_table(events, steps: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kv", default=None, help="captured trace .npz files, comma-separated (bench_decode --kv)")
+    ap.add_argument("--scatter", action="store_true",
+                    help="move every block to a random slot after the fill (bench_decode.scatter_slots): a "
+                         "server's scattered pool instead of a fresh cache's blocks in order")
     ap.add_argument("--share", type=float, default=None,
                     help="instead of --kv: drawn block masses whose ideal τ 0.95 budget is about this share")
     ap.add_argument("--shape", default="gemma3", choices=sorted(SHAPES))
@@ -94,6 +97,8 @@ def main() -> None:
                                                          head_dim=shape.d, max_tokens=args.size, block_size=shape.s,
                                                          metadata=metadata)
                 qs[metadata] = fill(caches[metadata], 0)
+                if args.scatter:
+                    scatter_slots(caches[metadata])
             n = caches[next(iter(caches))].nmax
             step = max(8 * _kernels.pick_cluster(b * shape.hkv), n // 64)
             for name, spec in variants:
@@ -128,7 +133,7 @@ def main() -> None:
                     cupy.cuda.Device().synchronize()
                 events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
                 rows = kernel_table(events, args.steps)
-                label = name + (f" speculate {spec}" if spec else "")
+                label = name + (f" speculate {spec}" if spec else "") + (" scattered" if args.scatter else "")
                 gpu_us = sum(r["us_per_step"] for r in rows)
                 print(f"\nT={args.size} B={b} {label}: {wall_us:.1f} µs a step back to back (CUDA events), "
                       f"{gpu_us:.1f} µs of kernels; step {p.step}; {read}", flush=True)

@@ -395,3 +395,18 @@ def test_default_launch_shape_of_the_split_build(monkeypatch):
     assert splits(256, 4, 1) == 132 and splits(256, 4, 32) == 4  # Gemma 3
     assert splits(256, 4, 1, positions=512) == 64  # at least two positions per warp (Gemma at 8K)
     assert _kernels.pick_splits(1000, 2048, 8, 1) == 1
+
+
+def test_scatter_slots_moves_blocks_and_keeps_every_block_readable():
+    """After scattering, each (layer, request, head, block) still reads the same K and V through the table,
+    and the table is no longer the identity (so a kernel walking blocks in order no longer streams)."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+    table = np.arange(2 * 3 * 1 * 5, dtype=np.int32).reshape(2, 3, 1, 5)
+    k, v = rng.normal(size=(30, 4, 8)).astype(np.float16), rng.normal(size=(30, 4, 8)).astype(np.float16)
+    cache = SimpleNamespace(k_pool=k.copy(), v_pool=v.copy(), block_table=table.copy())
+    bd.scatter_slots(cache, seed=3, xp=np)
+    np.testing.assert_array_equal(cache.k_pool[cache.block_table], k[table])
+    np.testing.assert_array_equal(cache.v_pool[cache.block_table], v[table])
+    assert sorted(cache.block_table.ravel()) == list(range(30)) and (cache.block_table != table).any()
