@@ -61,6 +61,24 @@ __device__ __forceinline__ void cp_async_words(void* smem, const void* gmem) {
     else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
 }
 
+// Block j's estimates out (both versions): head 2 quad + e's, est[e] on every lane of a column pair, to ests
+// [B, Hq, Nmax] from the row-0 lanes (PSA_BOUNDS 2), and the group's max over its heads (the order's key) to
+// scores from lane 0.
+__device__ __forceinline__ void store_block_estimates(const float (&est)[2], float* __restrict__ ests,
+                                                      float* __restrict__ scores, int b, int g, int Hq, int h0,
+                                                      int Nmax, int j, int r, int quad, int lane) {
+    float best = -PSA_INF;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int h = 2 * quad + e;
+        if (PSA_BOUNDS == 2 && r == 0 && h < PSA_G) ests[((long)b * Hq + h0 + h) * Nmax + j] = est[e];
+        if (h < PSA_G) best = fmaxf(best, est[e]);
+    }
+    best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 1));
+    best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 2));
+    if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = best;
+}
+
 // Version 6 (below) where it applies, version 5 for the other shapes (more heads a group, certified bounds,
 // other block sizes or head dims).
 #define PSA_EST_V6 (PSA_G <= 4 && PSA_BOUNDS != 1 && PSA_S == 16 && PSA_D % 64 == 0 && PSA_D <= 256)
@@ -265,16 +283,7 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
         // lanes 0..3 hold heads 2 quad, 2 quad + 1 (packed: lanes 2, 3 repeat heads 0..3, which G <= 4 leaves out)
         if (PSA_BOUNDS == 1 && lane % 4 == 0 && r < PSA_G && (!PSA_EST_PACK || r < 4))
             ests[((long)b * Hq + h0 + r) * Nmax + j] = bnd;
-        float best = -PSA_INF;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int h = 2 * quad + e;
-            if (PSA_BOUNDS == 2 && r == 0 && h < PSA_G) ests[((long)b * Hq + h0 + h) * Nmax + j] = est[e];
-            if (h < PSA_G) best = fmaxf(best, est[e]);
-        }
-        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 1));
-        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 2));
-        if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = best;
+        store_block_estimates(est, ests, scores, b, g, Hq, h0, Nmax, j, r, quad, lane);
     }
 }
 #endif  // !PSA_EST_V6
@@ -443,16 +452,7 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
         } else {
             load(j + 1);  // keeps one commit group per block
         }
-        float best = -PSA_INF;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int h = 2 * quad + e;
-            if (PSA_BOUNDS == 2 && r == 0 && h < PSA_G) ests[((long)b * Hq + h0 + h) * Nmax + j] = est[e];
-            if (h < PSA_G) best = fmaxf(best, est[e]);
-        }
-        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 1));
-        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, 2));
-        if (lane == 0) scores[((long)b * (Hq / PSA_G) + g) * Nmax + j] = best;
+        store_block_estimates(est, ests, scores, b, g, Hq, h0, Nmax, j, r, quad, lane);
     }
 }
 #endif  // PSA_EST_V6
