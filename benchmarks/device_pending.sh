@@ -5,6 +5,8 @@
 #  2. why Llama's dense decode kernel reads at 3.4 TB/s for one request (1.38x its floor) and at the copy
 #     ceiling for eight: ncu of psa_decode at 32K B = 1 and B = 8;
 #  3. what the speculative verifier waits on for one request (ncu source counters).
+#   run(command="bash benchmarks/device_pending.sh order", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
+#  one request's order: two kernels over slices against one CTA sorting every key (exp_kernels_attr.py).
 #   run(command="bash benchmarks/device_pending.sh scatter", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  is the speculative attend's gather in the estimates' order what slows it (dense with scattered slots)?
 #   run(command="bash benchmarks/device_pending.sh layer 5", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~1 minute)
@@ -15,6 +17,15 @@ set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
+if [ "$PART" = order ]; then
+  # One request's order on the real layer 17 (2,048 blocks, one group): the two-kernel sort (2 CTAs of 1,024
+  # keys, then psa_order_merge) against one CTA sorting all 2,048 (psa_order), B = 1 and 8.
+  cd benchmarks
+  timeout 150 python3 exp_kernels_attr.py SLICE=1024,16384 -- profile_decode_step.py \
+      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 1,8 --variants default:s1.0 \
+      --out /tmp 2>&1 | grep -v Warn | grep "^#\|^T=\|order"
+  exit 0
+fi
 if [ "$PART" = scatter ]; then
   # Is the speculative attend slow on layer 5 because it gathers blocks in the estimates' order (random places
   # in a 1 GB pool) where dense walks each request's blocks in memory order? Dense and the default rule with the

@@ -359,6 +359,20 @@ def test_kernel_defines_runs_the_script_with_its_arguments(tmp_path):
     assert bad.returncode != 0 and "exp_kernel_defines.py decode" in bad.stderr
 
 
+def test_kernels_attr_runs_the_script_once_per_value_and_restores_the_constant(tmp_path):
+    import exp_kernels_attr as eka
+
+    assert eka.parse_assignment("SLICE=1024,16384") == ("SLICE", [1024, 16384])
+    for bad in ("SLICE", "slice=1", "NOT_THERE=1", "SLICE=a"):
+        with pytest.raises(SystemExit):
+            eka.parse_assignment(bad)
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\nfrom psa_fast import _kernels\nprint('SEEN', _kernels.SLICE, sys.argv[1:])\n")
+    run = subprocess.run([sys.executable, str(BENCH / "exp_kernels_attr.py"), "SLICE=7,9", "--", str(script), "-x"],
+                         capture_output=True, text=True, cwd=BENCH.parent, check=True)
+    assert run.stdout.splitlines() == ["# _kernels.SLICE = 7", "SEEN 7 ['-x']", "# _kernels.SLICE = 9", "SEEN 9 ['-x']"]
+
+
 # --- exp_dense_tune.py: the launch shapes it sweeps ----------------------------------------------------
 
 def test_dense_tune_variants_fit_shared_memory_and_default_only_is_the_plans_shape():

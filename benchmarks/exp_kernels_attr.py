@@ -1,0 +1,48 @@
+"""Run a benchmark script once per value of a ``psa_fast._kernels`` module constant, to A/B a launch rule
+(a threshold, a thread count) in one device call without a switch in the library.
+
+    python benchmarks/exp_kernels_attr.py SLICE=1024,16384 -- profile_decode_step.py --kv l17.npz --batches 1
+
+Each value prints a ``# _kernels.NAME = value`` line before the script's own output; the constant is restored
+afterwards. Values are integers.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+
+def parse_assignment(text: str) -> tuple[str, list[int]]:
+    """``"SLICE=1024,16384"`` -> ``("SLICE", [1024, 16384])``; the name must be an existing integer constant."""
+    from psa_fast import _kernels
+
+    name, sep, values = text.partition("=")
+    if not sep or not name.isupper() or not isinstance(getattr(_kernels, name, None), int):
+        raise SystemExit(f"expected NAME=v1,v2 with NAME an integer constant of psa_fast._kernels, got {text!r}")
+    try:
+        return name, [int(v) for v in values.split(",")]
+    except ValueError:
+        raise SystemExit(f"{name}: values are integers, got {values!r}") from None
+
+
+def main(argv: list[str]) -> None:
+    if "--" not in argv or argv.index("--") != 1:
+        raise SystemExit("usage: exp_kernels_attr.py NAME=v1,v2 -- SCRIPT [ARGS...]")
+    from psa_fast import _kernels
+
+    name, values = parse_assignment(argv[0])
+    script, *rest = argv[2:]
+    original = getattr(_kernels, name)
+    try:
+        for value in values:
+            setattr(_kernels, name, value)
+            print(f"# _kernels.{name} = {value}", flush=True)
+            sys.argv = [script, *rest]
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        setattr(_kernels, name, original)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
