@@ -40,10 +40,18 @@ if [ "$PART" = scatter ]; then
   done
   timeout 200 ncu --clock-control none -k regex:psa_decode_spec --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
+      --print-details all \
       python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --size 32768 --batches 32 \
       --variants default:s1.0 --steps 2 --no-profiler --out /tmp > "$OUT/ncu_spec_l5_source.txt" 2>&1
   echo "ncu spec source rc=$?"
-  grep -E "Duration|DRAM Throughput|Stall|Warp Cycles" "$OUT/ncu_spec_l5_source.txt" | head -16
+  grep -iE "Duration|DRAM Throughput|stall|Warp Cycles" "$OUT/ncu_spec_l5_source.txt" | head -40
+  # the dense kernel on the same layer and batch, for the same counters (its per-block cost is ~2 µs a warp)
+  timeout 150 ncu --clock-control none -k regex:^psa_decode$ --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --print-details all \
+      python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --size 32768 --batches 32 \
+      --variants dense --steps 2 --no-profiler --out /tmp > "$OUT/ncu_dense_l5.txt" 2>&1
+  echo "ncu dense rc=$?"
+  grep -iE "Duration|DRAM Throughput|stall|Warp Cycles" "$OUT/ncu_dense_l5.txt" | head -30
   exit 0
 fi
 if [ "$PART" = layer ]; then
