@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Gemma 3 270M with its real weights on the device, in six warm calls back to back (the machine is given back 30 s
+# Gemma 3 270M with its real weights on the device, in seven warm calls back to back (the machine is given back 30 s
 # after a call and keeps nothing): the 253 MB GGUF travels in six 42 MB pieces from .gl/ (left out by .gitignore;
 # made with `split -n 6`), the `gguf` package in .gl/pylib (benchmarks/NOTES.md, "Gemma 3 270M with its real
 # weights on the GPU"). The sixth call joins and checks the pieces, writes held-out text from the device's own
 # stdlib, and runs bench_model.py.
-#   run(command="bash benchmarks/device_model.sh 0", carry=[".gl/pylib", ".gl/part00"])
-#   run(command="bash benchmarks/device_model.sh 1", carry=[".gl/part01"])      ... 2, 3, 4 likewise
+#   run(command="bash benchmarks/device_model.sh lib", carry=[".gl/pylib"])
+#   run(command="bash benchmarks/device_model.sh 0", carry=[".gl/part00"])      ... 1, 2, 3, 4 likewise
+# (the working tree, ~23 MB, travels with every call: a piece and .gl/pylib together pass the 64 MiB limit)
 #   run(command="bash benchmarks/device_model.sh 5 [bench_model.py options]", carry=[".gl/part05"])
 #   run(command="bash benchmarks/device_model.sh 5 profile [B]", carry=[".gl/part05"])
 # Default options: the compiled 32K step at B = 32 and 8, SDPA, the paged dense kernel and PSA speculating 1.0.
@@ -13,14 +14,14 @@
 # paged dense step, B = 32 unless given. While the machine is warm, `device_model.sh again [...]` runs the same
 # on the pieces already joined (no carry).
 set -u
-N="${1:?give the piece: 0..5, or again}"
+N="${1:?give the piece: lib, 0..5, or again}"
 shift
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks:/tmp/g/pylib" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p /tmp/g "$OUT"
 if [ "$N" = again ]; then
-  [ -f /tmp/g/gemma.gguf ] || { echo "no /tmp/g/gemma.gguf: the machine was given back; start again from piece 0"; exit 1; }
+  [ -f /tmp/g/gemma.gguf ] || { echo "no /tmp/g/gemma.gguf: the machine was given back; start again from lib and piece 0"; exit 1; }
 else
-  if [ "$N" = 0 ]; then cp -r .gl/pylib /tmp/g/; fi
+  if [ "$N" = lib ]; then cp -r .gl/pylib /tmp/g/ && echo "on the device: $(ls /tmp/g | tr '\n' ' ')"; exit $?; fi
   cp ".gl/part0$N" /tmp/g/ || exit 1
   echo "on the device: $(ls /tmp/g | tr '\n' ' ')"
   [ "$N" = 5 ] || exit 0
