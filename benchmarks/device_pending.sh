@@ -19,10 +19,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa
 mkdir -p "$OUT"
 if [ "$PART" = order ]; then
   # One request's order on the real layer 17 (2,048 blocks, one group): the two-kernel sort (2 CTAs of 1,024
-  # keys, then psa_order_merge) against one CTA sorting all 2,048 (psa_order), B = 1 and 8.
+  # keys, then psa_order_merge) against one CTA sorting all 2,048 (psa_order), B = 1, 8 and 32.
   cd benchmarks
   timeout 150 python3 exp_kernels_attr.py SLICE=1024,16384 -- profile_decode_step.py \
-      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 1,8 --variants default:s1.0 \
+      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 1,8,32 --variants default:s1.0 \
       --out /tmp 2>&1 | grep -v Warn | grep "^#\|^T=\|order"
   exit 0
 fi
