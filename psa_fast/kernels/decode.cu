@@ -591,22 +591,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
         for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
             const int h = idx / PSA_D, d = idx % PSA_D;
-            float rm[PSA_CLUSTER];
-            float M = -PSA_INF;
-#pragma unroll
-            for (int r = 0; r < PSA_CLUSTER; ++r) {
-                rm[r] = dsmem_load(&c_m[h], r);
-                M = fmaxf(M, rm[r]);
-            }
-            float L = 0.f, O = 0.f;
-#pragma unroll
-            for (int r = 0; r < PSA_CLUSTER; ++r) {
-                if (rm[r] == -PSA_INF) continue;
-                const float e = __expf(rm[r] - M);
-                L += dsmem_load(&c_l[h], r) * e;
-                O += dsmem_load(&c_o[h][d], r) * e;
-            }
+            const float3 mlo = cluster_combine(&c_m[h], &c_l[h], &c_o[h][d]);
+            float L = mlo.y, O = mlo.z;
 #if PSA_STATEFUL
+            const float M = mlo.x;
             float* vs = vstate + ((long)b * Hq + h0 + h) * PSA_VSTATE;
             const float pm = vs[5], pl = vs[6], nm = fmaxf(pm, M);
             const float ep = pm == -PSA_INF ? 0.f : __expf(pm - nm), ec = M == -PSA_INF ? 0.f : __expf(M - nm);

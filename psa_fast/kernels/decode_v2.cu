@@ -356,21 +356,8 @@ psa_decode_v2(const float* __restrict__ q, const kv_t* __restrict__ k_pool, cons
     if (rank == 0) {
         for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
             const int h = idx / PSA_D, d = idx % PSA_D;
-            float rm[PSA_CLUSTER];
-            float M = -PSA_INF;
-#pragma unroll
-            for (int r = 0; r < PSA_CLUSTER; ++r) {
-                rm[r] = dsmem_load(&c_m[h], r);
-                M = fmaxf(M, rm[r]);
-            }
-            float L = 0.f, O = 0.f;
-#pragma unroll
-            for (int r = 0; r < PSA_CLUSTER; ++r) {
-                if (rm[r] == -PSA_INF) continue;
-                const float e = __expf(rm[r] - M);
-                L += dsmem_load(&c_l[h], r) * e;
-                O += dsmem_load(&c_o[h][d], r) * e;
-            }
+            const float3 mlo = cluster_combine(&c_m[h], &c_l[h], &c_o[h][d]);
+            const float L = mlo.y, O = mlo.z;
             out[((long)b * Hq + h0 + h) * PSA_D + d] = O / L;
         }
         if (threadIdx.x == 0) {
