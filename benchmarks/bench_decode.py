@@ -693,13 +693,16 @@ def long_context_fill(shape: Shape, *, xp=None):
     return fill
 
 
-def real_fill(shape: Shape, traces, *, xp=None):
+def real_fill(shape: Shape, traces, *, xp=None, spread: bool = False):
     """``fill(cache, layer)`` from captured traces (``psa_ref.trace.Trace``): real keys, values and queries.
 
     Every request replays a captured decode step exactly: the query at position ``capacity - 1`` and the keys
     and values ``0..capacity - 1`` before it (so SDPA's view of the pool is that step's whole cache), request
     ``r`` from trace ``r mod len(traces)`` (several captures: requests of different texts), cache layer ``l``
-    from that trace's layer ``l mod L``. ``xp=numpy`` fills a stand-in cache (tests).
+    from that trace's layer ``l mod L``. ``spread``: request ``r`` replays instead its trace's
+    ``(r // len(traces))``-th latest captured step below ``capacity`` (position ``p``, keys and values ``0..p``),
+    so a batch holds different decode steps, as a model's batch does, rather than copies of one (a ragged batch a
+    few tokens short of ``capacity``). ``xp=numpy`` fills a stand-in cache (tests).
 
     Raises:
         ValueError: a trace whose heads, head dim or logit scale are not ``shape``'s, or that has no query at
@@ -719,14 +722,20 @@ def real_fill(shape: Shape, traces, *, xp=None):
         q = xp.empty((cache.batch, shape.hq, shape.d), xp.float16)
         for r in range(cache.batch):
             tr = traces[r % len(traces)]
-            hit = np.flatnonzero(np.asarray(tr.positions) == t - 1)
+            positions = np.asarray(tr.positions)
+            hit = np.flatnonzero(positions == t - 1)
             if hit.size == 0 or t > tr.k.shape[2]:
                 raise ValueError(f"a trace has no query at position {t - 1} (its queries are at "
                                  f"{tr.positions.min()}..{tr.positions.max()}): use a size that is a captured "
                                  "position + 1, e.g. 32768")
-            li, j = layer % tr.q.shape[0], int(hit[0])
-            cache.prefill(layer, r, xp.asarray(tr.k[li, :, :t], dtype=xp.float16),
-                          xp.asarray(tr.v[li, :, :t], dtype=xp.float16))
+            j = int(hit[0])
+            if spread:  # the (r // len(traces))-th latest captured step at or below t - 1, cycling
+                below = np.flatnonzero(positions <= t - 1)
+                below = below[np.argsort(-positions[below], kind="stable")]
+                j = int(below[(r // len(traces)) % below.size])
+            li, p = layer % tr.q.shape[0], int(positions[j])
+            cache.prefill(layer, r, xp.asarray(tr.k[li, :, : p + 1], dtype=xp.float16),
+                          xp.asarray(tr.v[li, :, : p + 1], dtype=xp.float16))
             q[r] = xp.asarray(tr.q[li, j], dtype=xp.float16)
         return q
 

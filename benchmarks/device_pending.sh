@@ -5,6 +5,8 @@
 #  2. why Llama's dense decode kernel reads at 3.4 TB/s for one request (1.38x its floor) and at the copy
 #     ceiling for eight: ncu of psa_decode at 32K B = 1 and B = 8;
 #  3. what the speculative verifier waits on for one request (ncu source counters).
+#   run(command="bash benchmarks/device_pending.sh spread 17", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~1 minute)
+#  one layer replayed with 32 different decode steps (--spread): the resumed loop as the model's batch sees it.
 #   run(command="bash benchmarks/device_pending.sh order", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
 #  one request's order: two kernels over slices against one CTA sorting every key (exp_kernels_attr.py).
 #   run(command="bash benchmarks/device_pending.sh scatter", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
@@ -17,6 +19,15 @@ set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
+if [ "$PART" = spread ]; then
+  # One Gemma layer replayed with 32 different decode steps (the trace's last 32 queries, --spread) instead of 32
+  # copies of one: the resumed loop and the verifier as the model's batch sees them (carry the layer's npz).
+  mkdir -p "$OUT/spread"
+  (cd benchmarks && timeout 150 python3 profile_decode_step.py --kv "../.gl/gemma3_xml_l${2:-17}_32k.npz" --spread \
+      --shape gemma3 --size 32768 --batches 32,8 --variants dense,default:s1.0 --out "$OUT/spread" 2>&1 \
+      | grep -v Warn | grep "^T=\|psa_")
+  exit 0
+fi
 if [ "$PART" = order ]; then
   # One request's order on the real layer 17 (2,048 blocks, one group): the two-kernel sort (2 CTAs of 1,024
   # keys, then psa_order_merge) against one CTA sorting all 2,048 (psa_order), B = 1, 8 and 32.

@@ -60,6 +60,9 @@ def kernel_table(events, steps: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kv", default=None, help="captured trace .npz files, comma-separated (bench_decode --kv)")
+    ap.add_argument("--spread", action="store_true",
+                    help="with --kv: each request replays another captured step (bench_decode.real_fill(spread=True)) "
+                         "instead of copies of the last one")
     ap.add_argument("--scatter", action="store_true",
                     help="move every block to a random slot after the fill (bench_decode.scatter_slots): a "
                          "server's scattered pool instead of a fresh cache's blocks in order")
@@ -86,7 +89,7 @@ def main() -> None:
     from psa_ref.trace import load_trace
 
     shape = SHAPES[args.shape]
-    fill = (real_fill(shape, [load_trace(p) for p in args.kv.split(",")]) if args.kv
+    fill = (real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread) if args.kv
             else sparsity_fill(shape, args.share, recent_blocks=2))
     path = os.path.join(args.out, f"profile_decode_step_{shape.name}.jsonl")
     with open(path, "w") as log:
@@ -133,7 +136,8 @@ def main() -> None:
                     cupy.cuda.Device().synchronize()
                 events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
                 rows = kernel_table(events, args.steps)
-                label = name + (f" speculate {spec}" if spec else "") + (" scattered" if args.scatter else "")
+                label = (name + (f" speculate {spec}" if spec else "") + (" scattered" if args.scatter else "")
+                         + (" spread" if args.spread else ""))
                 gpu_us = sum(r["us_per_step"] for r in rows)
                 print(f"\nT={args.size} B={b} {label}: {wall_us:.1f} µs a step back to back (CUDA events), "
                       f"{gpu_us:.1f} µs of kernels; step {p.step}; {read}", flush=True)

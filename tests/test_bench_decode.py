@@ -262,6 +262,25 @@ def test_real_fill_replays_the_traces_decode_steps():
         bd.real_fill(LLAMA, [trace], xp=np)
 
 
+def test_real_fill_spread_replays_a_different_step_per_request():
+    """spread=True: request r replays the trace's r-th latest captured step (keys and values up to its position),
+    so the batch holds different decode steps; request 0 is the plain replay's."""
+    from psa_ref.trace import load_trace
+
+    trace = load_trace("gemma3_8k")
+    cache = _RecordingCache(batch=3, max_tokens=8192)
+    q = bd.real_fill(GEMMA, [trace], xp=np, spread=True)(cache, 0)
+    latest = np.argsort(-np.asarray(trace.positions), kind="stable")
+    assert trace.positions[latest[0]] == 8191
+    for r in range(3):
+        p = int(trace.positions[latest[r]])
+        k, v = cache.written[0, r]
+        assert k.shape == v.shape == (1, p + 1, 256)
+        np.testing.assert_array_equal(k, trace.k[0, :, : p + 1])
+        np.testing.assert_array_equal(q[r], trace.q[0, latest[r]])
+    assert len({int(trace.positions[latest[r]]) for r in range(3)}) == 3
+
+
 def test_real_profile_needs_its_trace():
     assert bd.parse_args(["--profile", "real", "--kv", "x.npz", "--shape", "gemma3"]).kv == "x.npz"
     for argv in (["--profile", "real"], ["--kv", "x.npz"]):
