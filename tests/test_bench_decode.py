@@ -443,3 +443,22 @@ def test_scatter_slots_moves_blocks_and_keeps_every_block_readable():
     np.testing.assert_array_equal(cache.k_pool[cache.block_table], k[table])
     np.testing.assert_array_equal(cache.v_pool[cache.block_table], v[table])
     assert sorted(cache.block_table.ravel()) == list(range(30)) and (cache.block_table != table).any()
+
+
+def test_shared_set_bounds_by_hand_and_on_random_heads():
+    """exp_shared_set: one head whose 4 blocks hold 70/20/6/4% of the mass needs 3 blocks for tau 0.95 (any measure
+    agrees); on random heads the largest head's ideal bounds the greedy shared set from below, and a set holding
+    tau of every head is never smaller than it."""
+    import exp_shared_set as ess
+
+    s = 4
+    keys = np.zeros((4 * s, 2))
+    keys[:, 0] = np.log(np.repeat([0.70, 0.20, 0.06, 0.04], s))  # q = (1, 0), scale 1: token logits = log mass
+    got = ess.shared_sets(np.array([[1.0, 0.0]]), keys, 1.0, block_size=s, tau=0.95)
+    assert got == {"blocks": 4, "mean_head": 3.0, "max_head": 3, "union": 3, "greedy": 3}
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        q, k = rng.normal(size=(4, 16)) * 2, rng.normal(size=(300, 16))
+        got = ess.shared_sets(q, k, 0.25, block_size=16, tau=0.9)
+        assert got["mean_head"] <= got["max_head"] <= got["greedy"] <= got["blocks"]
+        assert got["max_head"] <= got["union"] <= got["blocks"] == 19
