@@ -462,3 +462,24 @@ def test_shared_set_bounds_by_hand_and_on_random_heads():
         got = ess.shared_sets(q, k, 0.25, block_size=16, tau=0.9)
         assert got["mean_head"] <= got["max_head"] <= got["greedy"] <= got["blocks"]
         assert got["max_head"] <= got["union"] <= got["blocks"] == 19
+
+
+def test_spec_coverage_counts_the_loops_blocks_and_the_speculated_prefix():
+    """exp_spec_coverage on the shipped 8K trace (two queries): the loop's blocks are the reference's, and the
+    speculated prefix grows with the margin and the extra blocks, at most every block."""
+    import exp_spec_coverage as esc
+    import psa_ref
+    from psa_ref.trace import load_trace
+
+    trace = load_trace("gemma3_8k")
+    schedules = [(1.0, 16), (1.0, 64), (2.0, 16), (100.0, 16)]
+    rows = esc.coverage(trace, 0, [126, 127], threshold=0.95, step=16, schedules=schedules, sink=1, recent=1)
+    assert len(rows) == 2
+    blocks = psa_ref.KVBlocks.from_dense(trace.k[0].astype(np.float32), trace.v[0].astype(np.float32),
+                                         metadata="quant3")
+    for (used, spec, n), j in zip(rows, [126, 127]):
+        res = psa_ref.attention(trace.q[0, j].astype(np.float64), blocks, 0.95, scale=trace.scale, step=16,
+                                sink_blocks=1, recent_blocks=1)
+        assert used == [len(res.blocks_used[0])] and n == 512
+        assert spec[(1.0, 16)][0] <= spec[(1.0, 64)][0] <= spec[(100.0, 16)][0] == n
+        assert spec[(1.0, 16)][0] <= spec[(2.0, 16)][0] <= n
