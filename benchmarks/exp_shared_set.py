@@ -20,19 +20,19 @@ import numpy as np
 def shared_sets(q: np.ndarray, keys: np.ndarray, scale: float, *, block_size: int, tau: float) -> dict[str, int]:
     """Block counts for one query ``q [G, D]`` over one KV head's ``keys [T, D]``: ``blocks``, ``mean_head`` (the
     heads' ideal budgets, mean), ``max_head``, ``union``, ``greedy``."""
-    t = keys.shape[0]
-    n = -(-t // block_size)
-    logits = (q.astype(np.float64) @ keys.astype(np.float64).T) * scale  # [G, T]
-    w = np.exp(logits - logits.max(axis=1, keepdims=True))
-    mass = np.pad(w, ((0, 0), (0, n * block_size - t))).reshape(q.shape[0], n, block_size).sum(axis=2)
-    mass /= mass.sum(axis=1, keepdims=True)  # [G, N] each head's share per block
-    ideal = [int(np.searchsorted(np.cumsum(np.sort(m)[::-1]), tau * (1 - 1e-12))) + 1 for m in mass]
-    union = set().union(*(set(np.argsort(-m, kind="stable")[:k].tolist()) for m, k in zip(mass, ideal)))
-    order = np.argsort(-mass.max(axis=0), kind="stable")
-    held = np.cumsum(mass[:, order], axis=1)
-    greedy = int(np.max(np.argmax(held >= tau * (1 - 1e-12), axis=1))) + 1
-    return {"blocks": n, "mean_head": float(np.mean(ideal)), "max_head": max(ideal), "union": len(union),
-            "greedy": greedy}
+    from psa_ref.analysis import blocks_for_mass
+
+    logits = (keys.astype(np.float64) @ q.astype(np.float64).T) * scale  # [T, G]
+    w = np.exp(logits - logits.max(axis=0))
+    mass = np.add.reduceat(w, np.arange(0, keys.shape[0], block_size), axis=0)  # [N, G], as analysis.block_sums
+    mass /= mass.sum(axis=0)  # each head's share per block
+    ideal = blocks_for_mass(mass, tau)  # [G]: each head's heaviest blocks up to tau
+    union = set().union(*(set(np.argsort(-mass[:, h], kind="stable")[:k].tolist()) for h, k in enumerate(ideal)))
+    order = np.argsort(-mass.max(axis=1), kind="stable")
+    held = np.cumsum(mass[order], axis=0)  # [N, G] along the greedy order
+    greedy = int(np.max(np.argmax(held >= tau - 1e-12, axis=0))) + 1
+    return {"blocks": mass.shape[0], "mean_head": float(np.mean(ideal)), "max_head": int(ideal.max()),
+            "union": len(union), "greedy": greedy}
 
 
 def main() -> None:

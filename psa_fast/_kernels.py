@@ -21,7 +21,7 @@ BOUND_CODES = {None: 0, "bounds": 1, "estimates": 2}  # what estimate() writes p
 ESTIMATE_WARPS = 8
 ESTIMATE_MMA_LAUNCH = (4, 32, 16)  # estimate_mma: warps a CTA, blocks a warp (whole tiles of 16), fewest blocks a warp
 ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
-QUANT3_WARPS = 4  # psa_estimate_quant3 v5 at D 256: ~80 registers and 35 KiB of shared memory a CTA, 6 CTAs an SM
+QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
 ORDER_THREADS = 1024
 SUFFIX_THREADS = 1024  # at most (psa_order_suffix's launch bound)
 MAX_SMEM_SORT = 16384  # largest padded block count sorted in shared memory (128 KiB of keys)

@@ -7,6 +7,9 @@
 //   PSA_CLUSTER  CTAs that cooperate on one group (a thread-block cluster when > 1)
 //   PSA_WARPS    warps per CTA
 //   PSA_BF16     1: the KV pools hold bfloat16 (kv_t), 0: float16 (metadata is float16 either way)
+//   PSA_KIND     the estimates' metadata: 0 cuboid_mean, 1 minmax, 2 mean (quant3 has its own kernel)
+//   PSA_BOUNDS   what an estimate kernel writes per head beside the group scores: 0 nothing, 1 the min/max
+//                bounds (stop = certified), 2 each head's estimate
 #pragma once
 #include <cuda_fp16.h>
 
@@ -37,6 +40,12 @@ typedef __half kv_t;
 #endif
 #ifndef PSA_WARPS
 #define PSA_WARPS 8
+#endif
+#ifndef PSA_KIND
+#define PSA_KIND 0
+#endif
+#ifndef PSA_BOUNDS
+#define PSA_BOUNDS 0
 #endif
 
 // One 16-byte vector (8 halves) per lane; LPT lanes cover one row of D channels, so one

@@ -21,12 +21,6 @@
 #ifndef PSA_EST_WARP_BLOCKS
 #define PSA_EST_WARP_BLOCKS 32
 #endif
-#ifndef PSA_KIND
-#define PSA_KIND 0
-#endif
-#ifndef PSA_BOUNDS
-#define PSA_BOUNDS 0
-#endif
 // 8-channel vectors per metadata row pair (first D channels, then the second array's D)
 #define PSA_VECS (2 * PSA_LPT)
 #define PSA_VPL ((PSA_VECS + 31) / 32)  // vectors per lane

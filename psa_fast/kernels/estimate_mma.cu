@@ -22,12 +22,6 @@
 #include "common.cuh"
 #include "mma.cuh"
 
-#ifndef PSA_KIND
-#define PSA_KIND 0
-#endif
-#ifndef PSA_BOUNDS
-#define PSA_BOUNDS 0
-#endif
 #ifndef PSA_EST_WARP_BLOCKS
 #define PSA_EST_WARP_BLOCKS 32
 #endif

@@ -52,7 +52,6 @@ __device__ __forceinline__ void split2(float x, float y, unsigned int& hi, unsig
     lo = pack_rest(x, y);
 }
 
-
 // d += A (b[0] + ... + b[P-1]) through a fresh accumulator and one float32 add per element. The tensor cores
 // add each k-step's products to the accumulator after aligning them to the largest term and truncating:
 // chained into d, every product would lose the bits below d's last place, an error that grows with the
