@@ -169,6 +169,34 @@ def test_speculative_schedule_matches_the_loop_on_most_draws():
     assert SPECULATED["resumed"] >= 5, SPECULATED  # the resumed loop ran in enough draws to be tested
 
 
+@pytest.mark.parametrize("stop", ["remaining", "sketch_avg"])
+def test_speculative_verifier_walks_more_chunks_than_it_gathers_at_once(stop):
+    """psa_spec_verify gathers the statistics of up to 128 chunks at once (PSA_SPAN): with 1-block chunks over
+    nearly uniform attention on 250 blocks the rule holds past chunk 128, so the verifier crosses spans. The
+    blocks, iterations and output are the loop's (its stop lands on the same chunk: the masses are far from the
+    threshold's rounding), and the result keeps the reference's contract."""
+    rng = np.random.default_rng(7)
+    t, d, hq = 4000, 64, 4
+    q = (0.05 * rng.standard_normal((hq, d))).astype(np.float16)
+    k = rng.standard_normal((1, t, d)).astype(np.float16)
+    v = rng.standard_normal((1, t, d)).astype(np.float16)
+    blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v), block_size=16, metadata="cuboid_mean")
+    runs = []
+    for spec in (None, 1.0):
+        plan = psa_fast.plan(blocks.cache, num_q_heads=hq, threshold=0.9, stop=stop, step=1, speculate=spec)
+        dec = plan.run(cupy.asarray(q.astype(np.float32)[None]))
+        runs.append((cupy.asnumpy(dec.order[0, 0, : int(dec.num_used[0, 0])]), int(dec.iterations[0, 0]),
+                     cupy.asnumpy(dec.out[0]), int(dec.reason[0, 0])))
+    (loop_used, loop_it, loop_out, _), (used, it, out, why) = runs
+    assert it > 128 and psa_fast.REASONS[why] == "threshold", (it, psa_fast.REASONS[why])
+    np.testing.assert_array_equal(used, loop_used)
+    assert it == loop_it
+    np.testing.assert_allclose(out, loop_out, rtol=0, atol=2e-3)  # float16 inputs, two merge orders
+    res = psa_ref.AttentionResult(out, [used.astype(np.int64)], np.array([it]), [psa_fast.REASONS[why]], None, None,
+                                  blocks.num_blocks)
+    check_result(res, q, k, v, threshold=0.9, stop=stop, step=1, block_size=16, metadata="cuboid_mean")
+
+
 def test_speculate_is_checked():
     b = psa_fast.KVBlocks.from_dense(cupy.ones((1, 64, 64), cupy.float16), cupy.ones((1, 64, 64), cupy.float16))
     for bad in (0, -1.0, True, "yes"):
