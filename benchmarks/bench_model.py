@@ -11,7 +11,8 @@ token through [`psa_fast.hf.CapturedDecoder`][psa_fast.hf.CapturedDecoder]):
   paged kernels);
 * ``psa0.95``, ``psa0.99``: PSA at those thresholds (``--step``, default 16 blocks an iteration);
   ``psa0.95s``, ``psa0.95s1.5``: the same with ``DecodePlan(speculate=SPECULATE)`` or that margin (the
-  predicted chunks at once, verified after);
+  predicted chunks at once, verified after); ``psa0.95s1.0x4``: four chunks speculated past the margin
+  (``speculate_extra``; one by default);
 * ``topk``: top-k with k = the mean blocks read by the run's first ``psa0.95...`` method (listed before it);
 * a ``+share`` suffix (``psa0.95s1.0+share``): that method with ``rank="share"`` whatever ``--rank`` says, so
   both ranks are measured in one run.
@@ -128,6 +129,25 @@ def wilson_interval(agree: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
 
 
+def psa_method(method: str, step: int) -> tuple[float, dict | None]:
+    """``(tau, DecodePlan options)`` of a ``psa...`` method name: ``psa<tau>``; ``psa<tau>s[<margin>]``
+    speculates (default margin ``SPECULATE``); ``psa<tau>s<margin>x<chunks>`` speculates ``chunks`` chunks of
+    ``step`` blocks past the margin (``speculate_extra``; default one chunk)."""
+    tau_txt, s, rest = method[3:].partition("s")
+    try:
+        tau = float(tau_txt)
+        if not s:
+            return tau, None
+        margin, x, chunks = rest.partition("x")
+        spec = {"speculate": float(margin or SPECULATE)}
+        if x:
+            spec["speculate_extra"] = int(chunks) * step
+    except ValueError:
+        raise ValueError(f"method {method!r}: expected psa<tau>, psa<tau>s[<margin>] or psa<tau>s<margin>x<chunks>, "
+                         "e.g. psa0.95s1.0x4") from None
+    return tau, spec
+
+
 def run_method(model, method, ids, args, k=None):
     """Teacher-forced decode of ``ids[:, context:]`` after a prefill of ``ids[:, :context]``; returns timings,
     argmax tokens, forced-token log-probabilities and the blocks-read share."""
@@ -138,12 +158,8 @@ def run_method(model, method, ids, args, k=None):
 
     batch, total = ids.shape
     context = total - args.steps - 1
-    tau, spec = 0.95, None
     method, _, rank = method.partition("+")  # psa...+share: this method with rank="share" whatever --rank says
-    if method.startswith("psa"):  # psa<tau>, or psa<tau>s[<margin>]: speculate (default margin SPECULATE)
-        tau_txt, _, margin = method[3:].partition("s")
-        tau = float(tau_txt)
-        spec = {"speculate": float(margin or SPECULATE)} if "s" in method[3:] else None
+    tau, spec = psa_method(method, args.step) if method.startswith("psa") else (0.95, None)
 
     cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False, gqa=args.gqa,
                     rank=rank or args.rank)

@@ -92,13 +92,17 @@ class DecodePlan:
         speculate: psa: None (the loop, one cluster per group, a barrier per chunk), or a margin ``m > 0``:
             every chunk of the loop's schedule that starts within the forced blocks + ``m`` x the ranked
             blocks the estimates predict for ``threshold`` (the prediction of ``first_chunk="predicted"``)
-            + one ``step`` is attended at once, one CTA per chunk over the whole GPU; the verifier then
+            + ``speculate_extra`` blocks (one ``step`` by default) is attended at once, one CTA per chunk over the whole GPU; the verifier then
             runs over those chunks in order on the device and the loop resumes after them for groups
             whose rule has not held. The same rule on the same chunk statistics, summed in another order:
             the blocks attended and the stop are the loop's except where rounding straddles ``threshold``,
             the output differs by float rounding. Blocks speculated past the stop are read and not attended
             (``DecodeOutput.num_speculated``). Pays with one or few KV heads and many chunks (docs/gpu.md);
             memory: ``[B, Hq, chunks, D + 4]`` float32 partials. Not with ``stop="certified"``.
+        speculate_extra: with ``speculate``, the blocks speculated past ``m`` x the predicted ones (default
+            ``step``: one chunk). A group the speculation leaves short resumes chunk by chunk, a barrier
+            each; a few more chunks cost little and leave fewer groups short (benchmarks/NOTES.md,
+            ``exp_spec_coverage.py``).
         rank: psa: how a shared group ranks its blocks, as [`psa_ref.attention`][psa_ref.attention]'s:
             ``"estimate"`` (the largest estimate over its heads) or ``"share"`` (the largest estimated share of
             one head's mass: a small kernel normalises each head's estimates by their log-sum-exp between
@@ -110,7 +114,8 @@ class DecodePlan:
                  stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
                  recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
                  warps: int | None = None, version: int = 3, stages: int | None = None, splits: int | None = None,
-                 first_chunk: int | str | None = None, speculate: float | None = None, rank: str = "estimate"):
+                 first_chunk: int | str | None = None, speculate: float | None = None,
+                 speculate_extra: int | None = None, rank: str = "estimate"):
         import cupy
 
         if not isinstance(cache, PagedKVCache):
@@ -153,6 +158,10 @@ class DecodePlan:
         if self.first_chunk is not None and self.version != 3:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
+        if speculate_extra is not None and self.speculate is None:
+            raise ValueError("speculate_extra needs speculate (a margin)")
+        self.speculate_extra = (self.step if speculate_extra is None
+                                else _validate.integer(speculate_extra, "speculate_extra", minimum=0))
         self.rank = _validate.choice(rank, "rank", RANKS)
         if self.rank == "share" and self.mode != "psa":
             raise ValueError(f"rank='share' orders PSA's shared groups; mode={self.mode!r} ranks by the estimate")
@@ -311,7 +320,7 @@ class DecodePlan:
         if self.speculate is not None:
             _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, s=self.cache.block_size,
                               g=self.g, hq=self.hq, nmax=self.cache.nmax, forced=self.sink_blocks + self.recent_blocks,
-                              threshold=self.threshold, margin=self.speculate, extra=self.step)
+                              threshold=self.threshold, margin=self.speculate, extra=self.speculate_extra)
 
     def attend(self, layer: int) -> DecodeOutput:
         """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel."""

@@ -206,6 +206,32 @@ def test_speculate_is_checked():
         psa_fast.plan(b.cache, num_q_heads=1, mode="topk", speculate=1.0)
     with pytest.raises(NotImplementedError, match="certified"):
         psa_fast.plan(b.cache, num_q_heads=1, stop="certified", speculate=1.0)
+    with pytest.raises(ValueError, match="speculate_extra needs speculate"):
+        psa_fast.plan(b.cache, num_q_heads=1, speculate_extra=16)
+    for bad in (-1, 1.5):
+        with pytest.raises((ValueError, TypeError), match="speculate_extra"):
+            psa_fast.plan(b.cache, num_q_heads=1, speculate=1.0, speculate_extra=bad)
+
+
+def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
+    """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
+    the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""
+    rng = np.random.default_rng(3)
+    t, d, hq = 1600, 64, 4
+    q = cupy.asarray(rng.standard_normal((1, hq, d)).astype(np.float32))
+    blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(rng.standard_normal((1, t, d)).astype(np.float16)),
+                                          cupy.asarray(rng.standard_normal((1, t, d)).astype(np.float16)))
+    n = blocks.num_blocks
+    loop = psa_fast.plan(blocks.cache, num_q_heads=hq, step=4).run(q)
+    want = cupy.asnumpy(loop.order[0, 0, : int(loop.num_used[0, 0])])
+    lens = {}
+    for extra in (None, 0, 12, 10**6):
+        plan = psa_fast.plan(blocks.cache, num_q_heads=hq, step=4, speculate=0.5, speculate_extra=extra)
+        dec = plan.run(q)
+        lens[extra] = int(plan.spec_len[0, 0])
+        np.testing.assert_array_equal(cupy.asnumpy(dec.order[0, 0, : int(dec.num_used[0, 0])]), want)
+        assert int(dec.iterations[0, 0]) == int(loop.iterations[0, 0])
+    assert lens[10**6] == n and lens[None] == min(n, lens[0] + 4) and lens[12] == min(n, lens[0] + 12)
 
 
 SHARED_RANK = {"runs": 0, "same": 0}

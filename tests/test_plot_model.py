@@ -63,3 +63,17 @@ def test_wilson_interval_of_agreement():
     assert bench_model.wilson_interval(16, 16)[1] == 1.0 and bench_model.wilson_interval(0, 16)[0] == 0.0
     with pytest.raises(ValueError, match="agree"):
         bench_model.wilson_interval(17, 16)
+
+
+def test_psa_method_names():
+    """bench_model's method names: threshold, speculation margin, chunks speculated past it."""
+    pytest.importorskip("torch")
+    import bench_model
+
+    assert bench_model.psa_method("psa0.95", 16) == (0.95, None)
+    assert bench_model.psa_method("psa0.99s", 16) == (0.99, {"speculate": bench_model.SPECULATE})
+    assert bench_model.psa_method("psa0.95s1.5", 16) == (0.95, {"speculate": 1.5})
+    assert bench_model.psa_method("psa0.95s1.0x4", 16) == (0.95, {"speculate": 1.0, "speculate_extra": 64})
+    for bad in ("psa", "psa0.9s1.0x", "psa0.95s1.0x2.5", "psaXs1"):
+        with pytest.raises(ValueError, match="expected psa<tau>"):
+            bench_model.psa_method(bad, 16)
