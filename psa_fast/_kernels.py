@@ -275,11 +275,23 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
     fn(q, np.float32(scale), np.float32(pow2), out_scaled, out_pow2)
 
 
+SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many CTAs an SM on (spec_warps)
+
+
+def spec_warps(ctas: int, warps: int) -> int:
+    """Warps per CTA of the speculative attend (one CTA per chunk): one warp when the grid has at least
+    ``SPEC_ONE_WARP_WAVES`` CTAs an SM, so that several chunks share an SM and one chunk's start (its first
+    loads) and end (the partial written) hide behind the others' streams; otherwise ``warps``, the plan's,
+    so that one request's few chunks still spread their blocks over warps. Gemma 3 layer 5 at 32K
+    (benchmarks/NOTES.md, fifteenth session): 342 -> 286 µs at B = 32 (4096 CTAs), 96 -> 86 at B = 8."""
+    return 1 if ctas >= SPEC_ONE_WARP_WAVES * num_sms() else warps
+
+
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
-           q_exact: bool = False, spec: tuple | None = None) -> None:
+           q_exact: bool = False, spec: tuple | None = None, auto_spec_warps: bool = True) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -302,6 +314,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``psa_spec_verify`` (the verifier over those chunks in order; groups that stop get their outputs and
     diagnostics, the others their loop state in ``istate [B, Gn, 4]`` int / ``vstate [B, Hq, 7 + Dp]``), and
     the ``PSA_RESUME`` build (the loop from there, ``cluster`` CTAs per group; done groups leave at once).
+    ``auto_spec_warps``: the ``PSA_SPEC`` build's CTAs take ``spec_warps`` warps (else ``warps``).
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
     (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
@@ -357,8 +370,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         spec_len_arr, partial, istate, vstate, chunks = spec
         gn = hq // g
         build = functools.partial(_decode_build, d=d, s=s, g=g, warps=warps, stages=stages, smem=smem, **defines)
-        speculated = build(entry="decode_spec", cluster=1, spec=1)
-        speculated((chunks, gn, b), (warps * 32,), args + (spec_len_arr, partial), shared_mem=smem)
+        sw = spec_warps(chunks * gn * b, warps) if auto_spec_warps else warps
+        _, sw, s_stages, s_smem = decode_config(d=d, s=s, g=g, version=3, warps=sw, stages=stages)
+        speculated = _decode_build(entry="decode_spec", cluster=1, spec=1, d=d, s=s, g=g, warps=sw, stages=s_stages,
+                                   smem=s_smem, **defines)
+        speculated((chunks, gn, b), (sw * 32,), args + (spec_len_arr, partial), shared_mem=s_smem)
         ema_w, ests, lmass, share, window = rule_args
         verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify")
         verify((gn, b), (SPEC_VERIFY_THREADS,), (

@@ -78,7 +78,9 @@ class DecodePlan:
         recent_blocks: last blocks attended likewise.
         scale: logit scale, default ``1/sqrt(D)``.
         cluster: CTAs per selection group (default: enough to cover the GPU).
-        warps: warps per CTA (default: 4 for dense and top-k at head dim <= 64, else 8).
+        warps: warps per CTA (default: 4 for dense and top-k at head dim <= 64, else 8; with ``speculate``, the
+            speculative attend's CTAs take one warp when there are several CTAs an SM to hide each chunk's start
+            and end, ``_kernels.spec_warps``).
         version: decode kernel: 3 (tensor cores, at most 8 query heads per KV head) or 2 (CUDA cores,
             any group size, stop rules remaining/seed/certified; groups of more than 8 heads use it).
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
@@ -146,6 +148,7 @@ class DecodePlan:
                         else _validate.integer(cluster, "cluster", minimum=1))
         self.warps = (_kernels.default_warps(cache.dp, self.mode) if warps is None
                       else _validate.integer(warps, "warps", minimum=1))
+        self._auto_warps = warps is None  # speculate: the speculative attend's CTAs sized by _kernels.spec_warps
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
@@ -337,6 +340,7 @@ class DecodePlan:
                         self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
                         hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
                         warps=self.warps, version=self.version, stages=self.stages,
+                        auto_spec_warps=self._auto_warps,
                         sketch=(self.bounds, self.lmass) if self.lmass is not None else None, q_mma=self.q_mma,
                         qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),

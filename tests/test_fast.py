@@ -213,6 +213,28 @@ def test_speculate_is_checked():
             psa_fast.plan(b.cache, num_q_heads=1, speculate=1.0, speculate_extra=bad)
 
 
+def test_speculative_attend_in_one_warp_ctas_keeps_the_loops_result(monkeypatch):
+    """The speculative attend with CTAs of one warp (forced here: on a large batch _kernels.spec_warps picks
+    it) attends the same blocks, stops at the same chunk and gives the loop's output up to float rounding."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(5)
+    t, d, hq = 3000, 128, 8
+    q = cupy.asarray(rng.standard_normal((1, hq, d)).astype(np.float32))
+    blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(rng.standard_normal((2, t, d)).astype(np.float16)),
+                                          cupy.asarray(rng.standard_normal((2, t, d)).astype(np.float16)))
+    loop = psa_fast.plan(blocks.cache, num_q_heads=hq, step=8).run(q)
+    want = [cupy.asnumpy(loop.order[0, g, : int(loop.num_used[0, g])]) for g in range(2)]
+    want_out = cupy.asnumpy(loop.out)
+    monkeypatch.setattr(_kernels, "SPEC_ONE_WARP_WAVES", 0)
+    assert _kernels.spec_warps(1, 8) == 1
+    dec = psa_fast.plan(blocks.cache, num_q_heads=hq, step=8, speculate=1.0).run(q)
+    for g in range(2):
+        np.testing.assert_array_equal(cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]), want[g])
+    np.testing.assert_array_equal(cupy.asnumpy(dec.iterations), cupy.asnumpy(loop.iterations))
+    np.testing.assert_allclose(cupy.asnumpy(dec.out), want_out, rtol=0, atol=1e-4)  # float32 partials, merged in another order
+
+
 def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
     """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
     the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""
