@@ -45,6 +45,10 @@ if [ "$PART" = verify ]; then
   timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
       tests/test_fast_bf16.py tests/test_stop_rules.py -k "spec or speculat" > "$OUT/t_verify.log" 2>&1
   echo "tests verify rc=$?"; tail -3 "$OUT/t_verify.log"
+  # the speculative attend in CTAs of 1 (today) and 4 consecutive chunks (PSA_SPEC_SPAN), same layer
+  (cd benchmarks && timeout 150 python3 exp_kernels_attr.py SPEC_SPAN=1,4 -- profile_decode_step.py \
+      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 32,8,1 --variants default:s1.0 \
+      --out /tmp 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_decode_spec")
   mkdir -p "$OUT/verify"
   (cd benchmarks && timeout 120 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 \
       --size 32768 --batches 32,8,1 --variants default:s1.0 --out "$OUT/verify" 2>&1 | grep -v Warn \
@@ -63,6 +67,10 @@ if [ "$PART" = scatter ]; then
         --batches 32 --variants dense,default:s1.0 $sc --out "$dir" 2>&1 | grep -v Warn \
         | grep "^T=\|psa_decode\|verify"
   done
+  # (branch wip/pending) the speculative attend in CTAs of 1 and 4 consecutive chunks on the same layer
+  timeout 150 python3 exp_kernels_attr.py SPEC_SPAN=1,4 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz \
+      --shape gemma3 --size 32768 --batches 32,8 --variants default:s1.0 --out /tmp 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_decode_spec"
   timeout 200 ncu --clock-control none -k regex:psa_decode_spec --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
       --print-details all \
