@@ -70,7 +70,7 @@ if [ "$PART" = scatter ]; then
   # (branch wip/pending) CTA shapes of the speculative attend with the one-warp rule off: 8 warps (-> 4 warps x 2
   # stages by the shared-memory fit), 4 (x 3 stages: twice the loads in flight), 1 (x 3)
   timeout 200 python3 exp_kernels_attr.py SPEC_ONE_WARP_WAVES=1000000 -- exp_spec_warps.py --warps 8,4,1 -- \
-      profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --size 32768 --batches 32 \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --size 32768 --batches 32 \
       --variants default:s1.0 --out /tmp 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_decode_spec"
   # (branch wip/pending) the speculative attend in CTAs of 1 and 4 consecutive chunks on the same layer
   timeout 150 python3 exp_kernels_attr.py SPEC_SPAN=1,4 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz \
