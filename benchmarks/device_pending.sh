@@ -9,8 +9,6 @@
 #  one layer replayed with 32 different decode steps (--spread): the resumed loop as the model's batch sees it.
 #   run(command="bash benchmarks/device_pending.sh order", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
 #  one request's order: two kernels over slices against one CTA sorting every key (exp_kernels_attr.py).
-#   run(command="bash benchmarks/device_pending.sh verify", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~4 minutes)
-#  psa_spec_verify v2 (wip/pending): its tests and the real layer 17's step by kernel (the shares read, too).
 #   run(command="bash benchmarks/device_pending.sh scatter", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  is the speculative attend's gather in the estimates' order what slows it (dense with scattered slots)?
 #   run(command="bash benchmarks/device_pending.sh layer 5", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~1 minute)
@@ -39,22 +37,6 @@ if [ "$PART" = order ]; then
       --out /tmp 2>&1 | grep -v Warn | grep "^#\|^T=\|order"
   exit 0
 fi
-if [ "$PART" = verify ]; then
-  # psa_spec_verify v2 (branch wip/pending, NOT yet run on a GPU): its tests, then the real layer 17 as in the
-  # fifteenth session's v6 run (verify 23.8 / 22.1 / 17.2 µs at B = 32 / 8 / 1 there)
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      tests/test_fast_bf16.py tests/test_stop_rules.py -k "spec or speculat" > "$OUT/t_verify.log" 2>&1
-  echo "tests verify rc=$?"; tail -3 "$OUT/t_verify.log"
-  # the speculative attend in CTAs of 1 (today) and 4 consecutive chunks (PSA_SPEC_SPAN), same layer
-  (cd benchmarks && timeout 150 python3 exp_kernels_attr.py SPEC_SPAN=1,4 -- profile_decode_step.py \
-      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 32,8,1 --variants default:s1.0 \
-      --out /tmp 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_decode_spec")
-  mkdir -p "$OUT/verify"
-  (cd benchmarks && timeout 120 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 \
-      --size 32768 --batches 32,8,1 --variants default:s1.0 --out "$OUT/verify" 2>&1 | grep -v Warn \
-      | grep "^T=\|psa_")
-  exit 0
-fi
 if [ "$PART" = scatter ]; then
   # Is the speculative attend slow on layer 5 because it gathers blocks in the estimates' order (random places
   # in a 1 GB pool) where dense walks each request's blocks in memory order? Dense and the default rule with the
@@ -72,10 +54,6 @@ if [ "$PART" = scatter ]; then
   timeout 200 python3 exp_kernels_attr.py SPEC_ONE_WARP_WAVES=1000000 -- exp_spec_warps.py --warps 8,4,1 -- \
       --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --size 32768 --batches 32 \
       --variants default:s1.0 --out /tmp 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_decode_spec"
-  # (branch wip/pending) the speculative attend in CTAs of 1 and 4 consecutive chunks on the same layer
-  timeout 150 python3 exp_kernels_attr.py SPEC_SPAN=1,4 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz \
-      --shape gemma3 --size 32768 --batches 32,8 --variants default:s1.0 --out /tmp 2>&1 | grep -v Warn \
-      | grep "^#\|^T=\|psa_decode_spec"
   timeout 200 ncu --clock-control none -k regex:psa_decode_spec --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
       --print-details all \

@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=32768, help="tokens (with --kv: a captured position + 1)")
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--variants", default="dense,default:s1.0,default:s2.0,default,ema:s2.0")
+    ap.add_argument("--extra-chunks", type=int, default=None,
+                    help="speculative variants: DecodePlan(speculate_extra=N x step) (default: one step)")
     ap.add_argument("--steps", type=int, default=20, help="profiled steps per variant (after 3 warm-up steps)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-profiler", action="store_true",
@@ -112,7 +114,9 @@ def main() -> None:
                 else:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
                                       stop="auto" if name == "default" else "ema",
-                                      step=max(16, n // 256) if spec else step, speculate=spec)
+                                      step=max(16, n // 256) if spec else step, speculate=spec,
+                                      speculate_extra=(None if spec is None or args.extra_chunks is None
+                                                       else args.extra_chunks * max(16, n // 256)))
                 for _ in range(3):  # compiles, warms up
                     dec = p.run(q, 0)
                 read = f"attends {100 * float(dec.num_used.mean()) / n:.1f}% of the blocks"
@@ -136,7 +140,9 @@ def main() -> None:
                     cupy.cuda.Device().synchronize()
                 events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
                 rows = kernel_table(events, args.steps)
-                label = (name + (f" speculate {spec}" if spec else "") + (" scattered" if args.scatter else "")
+                label = (name + (f" speculate {spec}" if spec else "")
+                         + (f" +{args.extra_chunks} chunks" if spec and args.extra_chunks is not None else "")
+                         + (" scattered" if args.scatter else "")
                          + (" spread" if args.spread else ""))
                 gpu_us = sum(r["us_per_step"] for r in rows)
                 print(f"\nT={args.size} B={b} {label}: {wall_us:.1f} µs a step back to back (CUDA events), "

@@ -276,7 +276,6 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
 
 
 SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many CTAs an SM on (spec_warps)
-SPEC_SPAN = 1  # consecutive chunks a speculative CTA attends (PSA_SPEC_SPAN; DecodePlan rounds its chunk slots up)
 
 
 def spec_warps(ctas: int, warps: int) -> int:
@@ -371,19 +370,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         spec_len_arr, partial, istate, vstate, chunks = spec
         gn = hq // g
         build = functools.partial(_decode_build, d=d, s=s, g=g, warps=warps, stages=stages, smem=smem, **defines)
-        span = SPEC_SPAN if chunks % SPEC_SPAN == 0 else 1  # chunks: the partial's slots (DecodePlan rounds them)
-        sw = spec_warps(chunks // span * gn * b, warps) if auto_spec_warps else warps
+        sw = spec_warps(chunks * gn * b, warps) if auto_spec_warps else warps
         _, sw, s_stages, s_smem = decode_config(d=d, s=s, g=g, version=3, warps=sw, stages=stages)
-        span_defines = {}
-        span_smem = sw * s_stages * 2 * (-(-s // 16) * 16) * d * 2 + sw * g * d * 4
-        if span > 1 and span_smem <= SMEM_LIMIT:  # each chunk's warp outputs merge after the rings, not in them
-            s_smem = span_smem
-            span_defines["spec_span"] = span
-        else:
-            span = 1
         speculated = _decode_build(entry="decode_spec", cluster=1, spec=1, d=d, s=s, g=g, warps=sw, stages=s_stages,
-                                   smem=s_smem, **defines, **span_defines)
-        speculated((chunks // span, gn, b), (sw * 32,), args + (spec_len_arr, partial), shared_mem=s_smem)
+                                   smem=s_smem, **defines)
+        speculated((chunks, gn, b), (sw * 32,), args + (spec_len_arr, partial), shared_mem=s_smem)
         ema_w, ests, lmass, share, window = rule_args
         verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify")
         verify((gn, b), (SPEC_VERIFY_THREADS,), (

@@ -215,7 +215,6 @@ class DecodePlan:
         if self.speculate is not None:
             forced = self.sink_blocks + self.recent_blocks
             self.spec_chunks = (forced > 0) + (self.first_chunk is not None) + -(-nmax // self.step)
-            self.spec_chunks = -(-self.spec_chunks // _kernels.SPEC_SPAN) * _kernels.SPEC_SPAN  # whole spans
             self.spec_len = cupy.empty((b, self.gn), i32)
             self.spec_partial = cupy.empty((b, self.hq, self.spec_chunks, dp + 4), f32)
             self.istate = cupy.empty((b, self.gn, 4), i32)

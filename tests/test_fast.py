@@ -235,34 +235,6 @@ def test_speculative_attend_in_one_warp_ctas_keeps_the_loops_result(monkeypatch)
     np.testing.assert_allclose(cupy.asnumpy(dec.out), want_out, rtol=0, atol=1e-4)  # float32 partials, merged in another order
 
 
-@pytest.mark.parametrize("span", [2, 3])
-@pytest.mark.parametrize("first", [None, 3, "predicted"])
-@pytest.mark.parametrize("stop", ["ema", "sketch_avg"])
-def test_speculative_ctas_of_several_chunks_keep_the_loops_result(monkeypatch, span, first, stop):
-    """_kernels.SPEC_SPAN > 1: a speculative CTA attends that many consecutive chunks in turn (its prefetches
-    crossing their boundaries) and writes each chunk's partial. Against the loop on two groups of a ragged batch
-    (margin 0.7: most groups also resume): the same blocks and iterations, the output up to float rounding."""
-    from psa_fast import _kernels
-
-    monkeypatch.setattr(_kernels, "SPEC_SPAN", span)
-    rng = np.random.default_rng(11)
-    hq, hkv, d, s = 8, 2, 64, 16
-    lens = [1700, 333]
-    cache, data = ragged_cache(rng, lens, hq=hq, hkv=hkv, d=d, s=s, metadata="quant3")
-    q = cupy.asarray(np.stack([q for q, _, _ in data]).astype(np.float32))
-    opts = dict(num_q_heads=hq, step=4, stop=stop, first_chunk=first, sink_blocks=1, recent_blocks=1)
-    loop = psa_fast.plan(cache, **opts).run(q)
-    plan = psa_fast.plan(cache, speculate=0.7, **opts)
-    assert plan.spec_chunks % span == 0
-    dec = plan.run(q)
-    for r in range(len(lens)):
-        for g in range(hkv):
-            used = cupy.asnumpy(dec.order[r, g, : int(dec.num_used[r, g])])
-            np.testing.assert_array_equal(used, cupy.asnumpy(loop.order[r, g, : int(loop.num_used[r, g])]))
-    np.testing.assert_array_equal(cupy.asnumpy(dec.iterations), cupy.asnumpy(loop.iterations))
-    np.testing.assert_allclose(cupy.asnumpy(dec.out), cupy.asnumpy(loop.out), rtol=0, atol=1e-4)  # merge order
-
-
 def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
     """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
     the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""

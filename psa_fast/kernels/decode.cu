@@ -77,9 +77,7 @@
 // blockIdx.x = the chunk, each attending its chunk when the chunk starts below the group's speculated
 // position `spec_len` (psa_spec_len) and writing its heads' unnormalised output, max logit, mass, min
 // log block mass and moving-average terms to `partial [B, Hq, chunks, PSA_D + 4]`; no CTA decides
-// anything. psa_spec_verify (spec.cu) then runs the verifier over the chunks in order. With PSA_SPEC_SPAN > 1 a
-// CTA attends that many consecutive chunks in turn (its prefetch stream crossing their boundaries, each chunk's
-// partial written as it ends), gridDim.x * PSA_SPEC_SPAN chunk slots in `partial`.
+// anything. psa_spec_verify (spec.cu) then runs the verifier over the chunks in order.
 //
 // Split build (PSA_SPLIT = 1; dense and top-k, which need no verifier decision): one group's
 // positions [0, min(n, step)) are cut into gridDim.x splits of `split_len` positions, each attended
@@ -100,9 +98,6 @@
 #endif
 #ifndef PSA_SPEC
 #define PSA_SPEC 0
-#endif
-#ifndef PSA_SPEC_SPAN  // speculative build: consecutive chunks a CTA (1: one chunk a CTA)
-#define PSA_SPEC_SPAN 1
 #endif
 #ifndef PSA_RESUME
 #define PSA_RESUME 0
@@ -232,20 +227,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const int base = min(total, (int)blockIdx.x * split_len);
     const int n = min(total - base, split_len);
     const int first = n;
-#elif PSA_SPEC && PSA_SPEC_SPAN > 1
-    // This CTA's chunks: PSA_SPEC_SPAN consecutive chunks of the group's schedule from blockIdx.x * PSA_SPEC_SPAN,
-    // those that start below the group's speculated positions, attended one after another with the prefetch
-    // stream running on across their boundaries; each writes its partial as a CTA of one chunk would.
-    const int n = (len + PSA_S - 1) / PSA_S;
-    const int first = min(n, forced);
-    constexpr int base = 0;
-    const int c0 = (int)blockIdx.x * PSA_SPEC_SPAN;
-    const int first2_s = first_len ? min(n, first + __ldg(first_len + (long)b * Gn + g)) : first;
-    const int spec_end = min(n, __ldg(spec_len + (long)b * Gn + g));
-    const int pos0 = chunk_start(c0, first, first2_s, step);
-    if (pos0 >= spec_end) return;
-    const int c_stop = min(c0 + PSA_SPEC_SPAN, chunks_before(spec_end, first, first2_s, step));  // past the last
-    const int span_end = chunk_end(chunk_start(c_stop - 1, first, first2_s, step), first, first2_s, step, n);
 #elif PSA_SPEC
     // This CTA's chunk blockIdx.x of the group's schedule, attended as one chunk with no decision when it
     // starts before the group's speculated positions (psa_spec_len); the others leave at once.
@@ -282,17 +263,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #else
     // spec: the chunk's index, so that only chunk 0's first block enters the moving average with weight 1
-#if PSA_SPEC && PSA_SPEC_SPAN > 1
-    int pos = pos0, it = c0, why = -1;  // absolute positions and chunk indices; the span ends at span_end
-    const int lim = span_end;
-#define PSA_FIRST_POS first_position(gw, pos0, first, first2, step, n)
-#else
     int pos = 0, it = PSA_SPEC ? (int)blockIdx.x : 0, why = -1;
     // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
     const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
-#define PSA_FIRST_POS first_position(gw, 0, first, first2, step, n)
-#endif
 #define PSA_SLOT(blk) __ldg(btab + (blk))
+#define PSA_FIRST_POS first_position(gw, 0, first, first2, step, n)
 #endif
     const int hh = lane >> 2;   // the row of this lane's fragments (token or channel; the head of Q's fragments)
     const int quad = lane & 3;  // its column pair within a tile: heads 2 quad, 2 quad + 1 (tokens or channels of B)
@@ -510,59 +485,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             cta_stats[it & 1][lane] = t;
         }
         cluster_sync();
-#if PSA_SPEC && PSA_SPEC_SPAN > 1
-        {
-            // Chunk `it`'s partial, as a CTA of one chunk writes it below: the warps' running outputs merged
-            // through span_o (after the rings: the next chunk's prefetches are in flight there), then reset.
-            __shared__ float s_m[PSA_WARPS][PSA_G], s_l[PSA_WARPS][PSA_G];
-            float* span_o = reinterpret_cast<float*>(reinterpret_cast<kv_t*>(dyn_smem)
-                                                     + PSA_WARPS * PSA_STAGES * PSA_STAGE_HALVES);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int h = 2 * quad + e;
-                if (h < PSA_G) {
-#pragma unroll
-                    for (int ct = 0; ct < PSA_D / 16; ++ct) {
-                        span_o[(warp * PSA_G + h) * PSA_D + 16 * ct + hh] = oacc[ct][e];
-                        span_o[(warp * PSA_G + h) * PSA_D + 16 * ct + hh + 8] = oacc[ct][e + 2];
-                    }
-                    if (hh == 0) { s_m[warp][h] = wm[e]; s_l[warp][h] = wl[e]; }
-                }
-                wm[e] = -PSA_INF;
-                wl[e] = 0.f;
-#pragma unroll
-                for (int ct = 0; ct < PSA_D / 16; ++ct) oacc[ct][e] = oacc[ct][e + 2] = 0.f;
-            }
-            __syncthreads();
-            constexpr int PW = PSA_D + 4;
-            const int Cmax = gridDim.x * PSA_SPEC_SPAN;
-            for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
-                const int h = idx / PSA_D, d = idx % PSA_D;
-                float M = -PSA_INF;
-                for (int w = 0; w < PSA_WARPS; ++w) M = fmaxf(M, s_m[w][h]);
-                float L = 0.f, O = 0.f;
-                if (M != -PSA_INF)
-                    for (int w = 0; w < PSA_WARPS; ++w) {
-                        const float e = __expf(s_m[w][h] - M);
-                        L += s_l[w][h] * e;
-                        O += span_o[(w * PSA_G + h) * PSA_D + d] * e;
-                    }
-                float* dst = partial + (((long)b * Hq + h0 + h) * Cmax + it) * PW;
-                dst[d] = O;
-                if (d == 0) {
-                    dst[PSA_D] = M;
-                    dst[PSA_D + 1] = L;
-                    dst[PSA_D + 2] = cta_stats[it & 1][h].z;
-                    dst[PSA_D + 3] = cta_stats[it & 1][h].w;
-                }
-            }
-            // (the next chunk's statistics barrier orders these reads before span_o and s_m are written again)
-        }
-        pos = end;
-        ++it;
-        if (pos >= lim) why = PSA_REASON_EXHAUSTED;  // no decision: psa_spec_verify decides over the chunks
-        continue;
-#elif PSA_SPEC
+#if PSA_SPEC
         why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
         break;
 #endif
@@ -611,9 +534,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     }
     cp_async_wait_all();  // prefetches past the stop must land before the ring is reused below
-#if PSA_SPEC && PSA_SPEC_SPAN > 1
-    return;  // every chunk of the span wrote its partial in the loop
-#endif
 
     // ---- merge the warps' outputs: warps of a CTA, then CTAs of the cluster ----
     __syncthreads();  // every warp is done with its ring

@@ -8,10 +8,10 @@
 // chunks leaves the loop's state after them in istate/vstate, and psa_decode's PSA_RESUME build goes on
 // from there; every other group is marked done there, so its resumed CTAs leave at once.
 //
-// Grid (Gn, B), PSA_VERIFY_THREADS threads. The warps first gather the statistics of up to PSA_SPAN chunks at
-// once, PSA_SPAN / PSA_WIN chunks a warp with their loads in flight together (the partials, and for the sketch
-// rules the window sums by the loop's own sketch_window_sums: all independent of the decision); then, PSA_WIN
-// chunks at a time, warp h folds head h's chunks by prefix scans and every lane decides on its chunk. The scans sum in another order than the
+// Grid (Gn, B), PSA_VERIFY_THREADS threads. The chunks are taken PSA_WIN at a time, one warp each: the
+// warps gather their statistics at once (the partials, and for the sketch rules the window sums by the
+// loop's own sketch_window_sums: all independent of the decision), then warp h folds head h's 32
+// chunks by prefix scans and every lane decides on its chunk. The scans sum in another order than the
 // loop's fold, so a decision can differ from the loop's where rounding straddles the threshold. The
 // output then needs one pass over the partials: the verifier's running max and mass are the merge's.
 //   partial    [B, Hq, Cmax, PSA_D + 4] float: per chunk O[D] (unnormalised), max logit, mass relative to
@@ -33,8 +33,7 @@ __device__ __forceinline__ float2 lse_combine(float2 a, float2 b) {
 }
 
 #define PSA_VERIFY_THREADS 1024
-#define PSA_WIN (PSA_VERIFY_THREADS / 32)  // chunks a decision window (a lane each)
-#define PSA_SPAN (4 * PSA_WIN)              // chunks gathered at once: one round of loads up to 128 chunks
+#define PSA_WIN (PSA_VERIFY_THREADS / 32)
 
 extern "C" __global__ void __launch_bounds__(PSA_VERIFY_THREADS)
 psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_len, const int* __restrict__ seq_lens,
@@ -58,107 +57,98 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     const int* orow = order + gi * Nmax;
     const long row0 = (long)b * Hq + h0;  // the group's first head
 
-    // Per chunk of the span and head: tm, ts, tmin, te, log_tail, w_true, w_sketch, next_sketch; per chunk
+    // Per chunk of the window and head: tm, ts, tmin, te, log_tail, w_true, w_sketch, next_sketch; per chunk
     // its end; per head the window's decisions as a bit mask.
-    __shared__ float st[PSA_SPAN][PSA_G][8];
-    __shared__ int s_end[PSA_SPAN];
+    __shared__ float st[PSA_WIN][PSA_G][8];
+    __shared__ int s_end[PSA_WIN];
     __shared__ unsigned int s_hold[PSA_G];
     __shared__ float s_M[PSA_G], s_L[PSA_G];
     Verifier ver = verifier_start();  // warp h < PSA_G, every lane: head h's state before the window
     int last = -1, why = -1;           // the chunk where the loop ended, and why (block-uniform)
-    for (int s0 = 0; s0 < C && why < 0; s0 += PSA_SPAN) {
-        const int sn = min(PSA_SPAN, C - s0);
-        __syncthreads();  // the previous span's st and s_end are read by now
+    for (int c0 = 0; c0 < C && why < 0; c0 += PSA_WIN) {
+        const int cn = min(PSA_WIN, C - c0);
+        __syncthreads();  // the previous window's st, s_end and s_hold are read by now
+        if (warp < cn) {  // chunk c0 + warp
+            const int c = c0 + warp;
+            const int end = chunk_end(chunk_start(c, first, first2, step), first, first2, step, n);
+            if (lane == 0) s_end[warp] = end;
+            if (lane < PSA_G) {  // lane h: head h's partial statistics and tail
+                const float4 x = __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * PW + PSA_D));
+                const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
+                st[warp][lane][0] = x.x;
+                st[warp][lane][1] = x.y;
+                st[warp][lane][2] = x.z;
+                st[warp][lane][3] = x.w;
+                st[warp][lane][4] = lt;
+            }
+            if (sketchy) {  // the calibration window's sums and the next block's sketch mass, as psa_decode's
+                float wt[PSA_G], ws[PSA_G], nx[PSA_G];
+                sketch_window_sums(lmass, ests, orow, row0, Nmax, len, first, end, n, sketch_window, wt, ws, nx);
+                if (lane == 0)
 #pragma unroll
-        for (int r = 0; r < PSA_SPAN / PSA_WIN; ++r) {
-            const int k = warp + r * PSA_WIN;  // chunk s0 + k of the span
-            if (k < sn) {
-                const int c = s0 + k;
-                const int end = chunk_end(chunk_start(c, first, first2, step), first, first2, step, n);
-                if (lane == 0) s_end[k] = end;
-                if (lane < PSA_G) {  // lane h: head h's partial statistics and tail
-                    const float4 x = __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * PW
-                                                                           + PSA_D));
-                    const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
-                    st[k][lane][0] = x.x;
-                    st[k][lane][1] = x.y;
-                    st[k][lane][2] = x.z;
-                    st[k][lane][3] = x.w;
-                    st[k][lane][4] = lt;
-                }
-                if (sketchy) {  // the calibration window's sums and the next block's sketch mass, as psa_decode's
-                    float wt[PSA_G], ws[PSA_G], nx[PSA_G];
-                    sketch_window_sums(lmass, ests, orow, row0, Nmax, len, first, end, n, sketch_window, wt, ws, nx);
-                    if (lane == 0)
-#pragma unroll
-                        for (int h = 0; h < PSA_G; ++h) {
-                            st[k][h][5] = wt[h];
-                            st[k][h][6] = ws[h];
-                            st[k][h][7] = nx[h];
-                        }
-                }
+                    for (int h = 0; h < PSA_G; ++h) {
+                        st[warp][h][5] = wt[h];
+                        st[warp][h][6] = ws[h];
+                        st[warp][h][7] = nx[h];
+                    }
             }
         }
-        for (int w0 = 0; w0 < sn && why < 0; w0 += PSA_WIN) {
-            const int c0 = s0 + w0, cn = min(PSA_WIN, sn - w0);
-            __syncthreads();  // the span's statistics are in; the previous window's s_hold is read by now
-            // Warp h folds head h's chunks of the window by prefix scans over lanes (lane k: chunk c0 + k): the
-            // running max and mass (log-sum-exp), the lightest block, and the moving average (a linear
-            // recurrence: each chunk scales what came before by (1-w)^clen and adds its terms), each from the
-            // state before the window; then every lane decides on its own state (verifier_decide, the loop's
-            // arithmetic).
-            Verifier vk = ver;
-            if (warp < PSA_G) {
-                const int h = warp, k = lane;
-                const bool valid = k < cn;
-                const int start = valid ? chunk_start(c0 + k, first, first2, step) : 0;
-                const int end = valid ? s_end[w0 + k] : n;
-                const float* x = st[w0 + (valid ? k : 0)][h];
-                float m = valid ? x[0] : -PSA_INF, a = valid ? x[1] : 0.f, mn = valid ? x[2] : PSA_INF;
-                float ld = valid ? (end - start) * log_keep : 0.f;  // log of the decay over the chunks so far
-                float tm = m, ts = valid ? x[3] : 0.f;              // the moving average's terms, as (max, mass)
+        __syncthreads();
+        // Warp h folds head h's chunks of the window by prefix scans over lanes (lane k: chunk c0 + k): the
+        // running max and mass (log-sum-exp), the lightest block, and the moving average (a linear recurrence:
+        // each chunk scales what came before by (1-w)^clen and adds its terms), each from the state before the
+        // window; then every lane decides on its own state (verifier_decide, the loop's arithmetic).
+        Verifier vk = ver;
+        if (warp < PSA_G) {
+            const int h = warp, k = lane;
+            const bool valid = k < cn;
+            const int start = valid ? chunk_start(c0 + k, first, first2, step) : 0;
+            const int end = valid ? s_end[k] : n;
+            const float* x = st[valid ? k : 0][h];
+            float m = valid ? x[0] : -PSA_INF, a = valid ? x[1] : 0.f, mn = valid ? x[2] : PSA_INF;
+            float ld = valid ? (end - start) * log_keep : 0.f;  // log of the decay over the chunks so far
+            float tm = m, ts = valid ? x[3] : 0.f;              // the moving average's terms, as (max, mass)
 #pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const float pm = __shfl_up_sync(0xffffffffu, m, o), pa = __shfl_up_sync(0xffffffffu, a, o);
-                    const float pmn = __shfl_up_sync(0xffffffffu, mn, o), pld = __shfl_up_sync(0xffffffffu, ld, o);
-                    const float ptm = __shfl_up_sync(0xffffffffu, tm, o), pts = __shfl_up_sync(0xffffffffu, ts, o);
-                    if (k >= o) {
-                        const float2 s1 = lse_combine(make_float2(pm, pa), make_float2(m, a));
-                        const float2 s2 = lse_combine(make_float2(ptm + ld, pts), make_float2(tm, ts));
-                        m = s1.x; a = s1.y; tm = s2.x; ts = s2.y;
-                        mn = fminf(pmn, mn);
-                        ld += pld;
-                    }
+            for (int o = 1; o < 32; o <<= 1) {
+                const float pm = __shfl_up_sync(0xffffffffu, m, o), pa = __shfl_up_sync(0xffffffffu, a, o);
+                const float pmn = __shfl_up_sync(0xffffffffu, mn, o), pld = __shfl_up_sync(0xffffffffu, ld, o);
+                const float ptm = __shfl_up_sync(0xffffffffu, tm, o), pts = __shfl_up_sync(0xffffffffu, ts, o);
+                if (k >= o) {
+                    const float2 s1 = lse_combine(make_float2(pm, pa), make_float2(m, a));
+                    const float2 s2 = lse_combine(make_float2(ptm + ld, pts), make_float2(tm, ts));
+                    m = s1.x; a = s1.y; tm = s2.x; ts = s2.y;
+                    mn = fminf(pmn, mn);
+                    ld += pld;
                 }
-                const float2 run = lse_combine(make_float2(ver.M, ver.acc), make_float2(m, a));
-                const float2 ema = lse_combine(make_float2(ver.M + ld, ver.ema), make_float2(tm, ts));
-                vk.M = run.x;
-                vk.acc = run.y;
-                vk.min = fminf(ver.min, mn);
-                vk.ema = ema.x == -PSA_INF ? 0.f : ema.y * __expf(ema.x - run.x);
-                const bool hold = valid && verifier_decide(vk, end, first, n, stop, threshold, x[4], x[5], x[6],
-                                                           x[7], next_share);
-                const unsigned int mask = __ballot_sync(0xffffffffu, hold);
-                if (lane == 0) s_hold[h] = mask;
             }
-            __syncthreads();
-            // Every thread: the first chunk of the window where the loop ends (exhausted, or every head holds).
-            unsigned int all = stop != PSA_STOP_NONE ? 0xffffffffu : 0u, exhausted = 0u;
+            const float2 run = lse_combine(make_float2(ver.M, ver.acc), make_float2(m, a));
+            const float2 ema = lse_combine(make_float2(ver.M + ld, ver.ema), make_float2(tm, ts));
+            vk.M = run.x;
+            vk.acc = run.y;
+            vk.min = fminf(ver.min, mn);
+            vk.ema = ema.x == -PSA_INF ? 0.f : ema.y * __expf(ema.x - run.x);
+            const bool hold = valid && verifier_decide(vk, end, first, n, stop, threshold, x[4], x[5], x[6], x[7],
+                                                       next_share);
+            const unsigned int mask = __ballot_sync(0xffffffffu, hold);
+            if (lane == 0) s_hold[h] = mask;
+        }
+        __syncthreads();
+        // Every thread: the first chunk of the window where the loop ends (exhausted, or every head holds).
+        unsigned int all = stop != PSA_STOP_NONE ? 0xffffffffu : 0u, exhausted = 0u;
 #pragma unroll
-            for (int h = 0; h < PSA_G; ++h) all &= s_hold[h];
-            for (int k = 0; k < cn; ++k) exhausted |= (s_end[w0 + k] >= n ? 1u : 0u) << k;
-            const unsigned int ends = all | exhausted;
-            const int k_end = ends ? __ffs(ends) - 1 : cn - 1;
-            if (ends) why = (exhausted >> k_end) & 1u ? PSA_REASON_EXHAUSTED : PSA_REASON_THRESHOLD;
-            last = c0 + k_end;
-            if (warp < PSA_G) {  // the state after chunk `last` is the next window's start
-                ver.M = __shfl_sync(0xffffffffu, vk.M, k_end);
-                ver.acc = __shfl_sync(0xffffffffu, vk.acc, k_end);
-                ver.min = __shfl_sync(0xffffffffu, vk.min, k_end);
-                ver.ema = __shfl_sync(0xffffffffu, vk.ema, k_end);
-                ver.frac = __shfl_sync(0xffffffffu, vk.frac, k_end);
-                if (lane == 0) { s_M[warp] = ver.M; s_L[warp] = ver.acc; }
-            }
+        for (int h = 0; h < PSA_G; ++h) all &= s_hold[h];
+        for (int k = 0; k < cn; ++k) exhausted |= (s_end[k] >= n ? 1u : 0u) << k;
+        const unsigned int ends = all | exhausted;
+        const int k_end = ends ? __ffs(ends) - 1 : cn - 1;
+        if (ends) why = (exhausted >> k_end) & 1u ? PSA_REASON_EXHAUSTED : PSA_REASON_THRESHOLD;
+        last = c0 + k_end;
+        if (warp < PSA_G) {  // the state after chunk `last` is the next window's start
+            ver.M = __shfl_sync(0xffffffffu, vk.M, k_end);
+            ver.acc = __shfl_sync(0xffffffffu, vk.acc, k_end);
+            ver.min = __shfl_sync(0xffffffffu, vk.min, k_end);
+            ver.ema = __shfl_sync(0xffffffffu, vk.ema, k_end);
+            ver.frac = __shfl_sync(0xffffffffu, vk.frac, k_end);
+            if (lane == 0) { s_M[warp] = ver.M; s_L[warp] = ver.acc; }
         }
     }
     __syncthreads();
@@ -172,7 +162,7 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
         const float M = last < 0 ? -PSA_INF : s_M[h], L = last < 0 ? 0.f : s_L[h];
         float O = 0.f;
         if (M != -PSA_INF) {
-#pragma unroll 16
+#pragma unroll 8
             for (int c = 0; c <= last; ++c) {
                 const float m = __ldcg(pr + c * PW + PSA_D);
                 const float o = __ldcg(pr + c * PW + d);
