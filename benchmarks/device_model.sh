@@ -9,8 +9,8 @@
 # (the working tree, ~23 MB, travels with every call: a piece and .gl/pylib together pass the 64 MiB limit)
 #   run(command="bash benchmarks/device_model.sh 5 [bench_model.py options]", carry=[".gl/part05"])
 #   run(command="bash benchmarks/device_model.sh 5 profile [B]", carry=[".gl/part05"])
-# Default options: the compiled 32K step at B = 32 and 8, SDPA, the paged dense kernel and PSA speculating 1.0 with
-# one and with four chunks past the margin.
+# Default options: the compiled 32K step at B = 32 and 8, the paged dense kernel and PSA speculating 1.0 with
+# one, four and eight chunks past the margin.
 # `profile`: where the compiled 32K step's GPU time goes, kernel by kernel (profile_model_step.py), PSA then the
 # paged dense step, B = 32 unless given. While the machine is warm, `device_model.sh again [...]` runs the same
 # on the pieces already joined (no carry).
@@ -42,7 +42,7 @@ if [ "${1:-}" = profile ]; then
   done
   exit 0
 fi
-[ $# -gt 0 ] || set -- --compile --contexts 32768 --batches 32,8 --steps 16 --methods sdpa,paged,psa0.95s1.0,psa0.95s1.0x4
+[ $# -gt 0 ] || set -- --compile --contexts 32768 --batches 32,8 --steps 16 --methods paged,psa0.95s1.0,psa0.95s1.0x4,psa0.95s1.0x8
 timeout 540 python3 benchmarks/bench_model.py --model gemma3 --weights /tmp/g/gemma.gguf --text /tmp/g/held.txt \
     --out "$OUT/model_gemma3.jsonl" "$@" 2>&1 | grep -v Warn | tail -40
 echo "bench_model rc=${PIPESTATUS[0]}"
