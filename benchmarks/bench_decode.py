@@ -454,9 +454,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
             for layer in range(layers):  # warm-up (compiles) and results
                 dec = plan_obj.run(qs[layer], layer)
                 outs.append(cupy.array(dec.out))
-                used = None if dec.order is None else cupy.asnumpy(dec.num_used)
-                if dec.num_speculated is not None:  # speculated blocks are read, attended or not
-                    used = np.maximum(used, cupy.asnumpy(dec.num_speculated))
+                used = None if dec.order is None else cupy.asnumpy(dec.num_read)  # speculated blocks too
                 reads.append(n if used is None else blocks_read_per_kv_head(cupy.asnumpy(dec.order), used, hkv))
             return graph_us(lambda layer: plan_obj.run(qs[layer], layer)), outs, float(np.mean(reads))
 

@@ -106,6 +106,7 @@ def main() -> None:
                     scatter_slots(caches[metadata])
             n = caches[next(iter(caches))].nmax
             step = max(8 * _kernels.pick_cluster(b * shape.hkv), n // 64)
+            spec_step = max(16, n // 256)  # speculating: chunks of a few blocks a warp, one CTA each
             for name, spec in variants:
                 metadata = "quant3" if name == "default" else "cuboid_mean"
                 cache, q = caches[metadata], qs[metadata]
@@ -114,15 +115,14 @@ def main() -> None:
                 else:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
                                       stop="auto" if name == "default" else "ema",
-                                      step=max(16, n // 256) if spec else step, speculate=spec,
+                                      step=spec_step if spec else step, speculate=spec,
                                       speculate_extra=(None if spec is None or args.extra_chunks is None
-                                                       else args.extra_chunks * max(16, n // 256)))
+                                                       else args.extra_chunks * spec_step))
                 for _ in range(3):  # compiles, warms up
                     dec = p.run(q, 0)
                 read = f"attends {100 * float(dec.num_used.mean()) / n:.1f}% of the blocks"
-                if getattr(dec, "num_speculated", None) is not None:
-                    spec_read = cupy.maximum(dec.num_used, dec.num_speculated).mean()
-                    read += f", reads {100 * float(spec_read) / n:.1f}%"
+                if dec.num_speculated is not None:
+                    read += f", reads {100 * float(dec.num_read.mean()) / n:.1f}%"
                 cupy.cuda.Device().synchronize()
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
                 start.record()
@@ -132,7 +132,8 @@ def main() -> None:
                 end.synchronize()
                 wall_us = cupy.cuda.get_elapsed_time(start, end) * 1e3 / args.steps
                 if args.no_profiler:
-                    print(f"T={args.size} B={b} {name} {spec}: {wall_us:.1f} µs a step back to back; {read}", flush=True)
+                    print(f"T={args.size} B={b} {name} {spec}: {wall_us:.1f} µs a step back to back; {read}",
+                          flush=True)
                     continue
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                     for _ in range(args.steps):

@@ -58,6 +58,18 @@ class DecodeOutput:
     mass_estimate: Any
     num_speculated: Any = None
 
+    @property
+    def num_read(self) -> Any:
+        """``[B, Gn]`` blocks read per group: ``num_used``, or with speculation ``max(num_used, num_speculated)``
+        (speculated blocks are read whether or not the verifier attends them; a new array then)."""
+        if self.num_speculated is None:
+            return self.num_used
+        if isinstance(self.num_used, np.ndarray):
+            return np.maximum(self.num_used, self.num_speculated)
+        import cupy
+
+        return cupy.maximum(self.num_used, self.num_speculated)
+
 
 class DecodePlan:
     """One decode configuration over a [`PagedKVCache`][psa_fast.PagedKVCache]: plan once,
@@ -94,8 +106,9 @@ class DecodePlan:
         speculate: psa: None (the loop, one cluster per group, a barrier per chunk), or a margin ``m > 0``:
             every chunk of the loop's schedule that starts within the forced blocks + ``m`` x the ranked
             blocks the estimates predict for ``threshold`` (the prediction of ``first_chunk="predicted"``)
-            + ``speculate_extra`` blocks (one ``step`` by default) is attended at once, one CTA per chunk over the whole GPU; the verifier then
-            runs over those chunks in order on the device and the loop resumes after them for groups
+            + ``speculate_extra`` blocks (one ``step`` by default) is attended at once, one CTA per chunk over
+            the whole GPU; the verifier then runs over those chunks in order on the device and the loop
+            resumes after them for groups
             whose rule has not held. The same rule on the same chunk statistics, summed in another order:
             the blocks attended and the stop are the loop's except where rounding straddles ``threshold``,
             the output differs by float rounding. Blocks speculated past the stop are read and not attended

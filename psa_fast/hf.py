@@ -475,12 +475,7 @@ def attention_forward(session, module, query, key, value, attention_mask, dropou
         cache.kv.append(slot, key[:, :, 0].contiguous(), value[:, :, 0].contiguous())
         p = cache.plan(scale)
         dec = p.run(query[:, :, 0].contiguous(), layer=slot)
-        if dec.num_speculated is None:
-            cache.reads[slot] += dec.num_used
-        else:  # speculated blocks are read whether or not the verifier attends them
-            import cupy
-
-            cache.reads[slot] += cupy.maximum(dec.num_used, dec.num_speculated)
+        cache.reads[slot] += dec.num_read  # speculated blocks are read whether or not the verifier attends them
         out = torch.from_dlpack(dec.out).to(query.dtype)
     cache.blocks_seen[slot] += -(-cache.kv.host_lens[slot] // cache.kv.block_size)  # host: lengths are known
     if layer == cache.psa_layers[0]:

@@ -77,3 +77,15 @@ def test_gate_passes_through_where_the_gpu_is_available(monkeypatch):
     assert _compat.requires_gpu(lambda x, *, y: x + y)(1, y=2) == 3
     # functools.wraps: the signature the docs and help() show is the function's own
     assert list(inspect.signature(psa_fast.attention).parameters)[:3] == ["q", "blocks", "threshold"]
+
+
+def test_decode_output_counts_speculated_blocks_as_read():
+    """``DecodeOutput.num_read``: the attended blocks, or with speculation the larger of attended and speculated
+    (blocks read before the verifier stopped are read all the same). Works on NumPy arrays too."""
+    from psa_fast.api import DecodeOutput
+
+    used, spec = np.array([[3, 9]], np.int32), np.array([[5, 4]], np.int32)
+    loop = DecodeOutput(None, None, used, None, None, None)
+    assert loop.num_read is used
+    speculated = DecodeOutput(None, None, used, None, None, None, num_speculated=spec)
+    np.testing.assert_array_equal(speculated.num_read, [[5, 9]])

@@ -78,6 +78,19 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+// Max and sum over the 8 lanes that share a column pair of an MMA accumulator (equal lane & 3; lanes xor 4,
+// 8, 16 in that order), the same bits in each of them.
+__device__ __forceinline__ float column_max(float x) {
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+__device__ __forceinline__ float column_sum(float x) {
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
 // log sum_lanes exp(x), the same bits in every lane; -inf when every x is -inf.
 __device__ __forceinline__ float warp_logsumexp(float x) {
     float m = x;

@@ -404,9 +404,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                     bm[e & 1] = fmaxf(bm[e & 1], sacc[mt][e]);
                 }
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) bm[e] = fmaxf(bm[e], __shfl_xor_sync(0xffffffffu, bm[e], o));
+            for (int e = 0; e < 2; ++e) bm[e] = column_max(bm[e]);
 #pragma unroll
             for (int mt = 0; mt < PSA_SP / 16; ++mt)
 #pragma unroll
@@ -421,8 +419,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             const float coef = __expf((clen - 1 - i_in_chunk) * log_keep) * (it == 0 && i_in_chunk == 0 ? 1.f : ema_w);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) bs[e] += __shfl_xor_sync(0xffffffffu, bs[e], o);
+                bs[e] = column_sum(bs[e]);
                 const float log_mass = bm[e] + __logf(bs[e]);
                 cmin[e] = fminf(cmin[e], log_mass);
                 if (sketchy && hh == 0 && 2 * quad + e < PSA_G)

@@ -264,16 +264,13 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
             // log-sum-exp over the block's tokens (the 8 lanes of a column pair), minus log n_j
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], o));
+                mx[e] = column_max(mx[e]);
                 float s = 0.f;
 #pragma unroll
                 for (int mt = 0; mt < PSA_MT; ++mt)
 #pragma unroll
                     for (int u = 0; u < 2; ++u) s += __expf(acc[mt][2 * u + e] - mx[e]);
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                est[e] = mx[e] + __logf(s) - __logf((float)ntok);
+                est[e] = mx[e] + __logf(column_sum(s)) - __logf((float)ntok);
             }
             __syncwarp();  // every lane is done with this block's buffers before the next load refills them
         } else {
@@ -440,11 +437,8 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
             // log-sum-exp over the block's tokens (the 8 lanes of a column pair), minus log n_j
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], o));
-                float sum = __expf(acc[e] - mx[e]) + __expf(acc[2 + e] - mx[e]);
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                mx[e] = column_max(mx[e]);
+                const float sum = column_sum(__expf(acc[e] - mx[e]) + __expf(acc[2 + e] - mx[e]));
                 est[e] = mx[e] + __logf(sum) - __logf((float)ntok);
             }
             __syncwarp();  // every lane is done with this block's buffers before the next block refills them
