@@ -275,16 +275,22 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
     fn(q, np.float32(scale), np.float32(pow2), out_scaled, out_pow2)
 
 
-SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many CTAs an SM on (spec_warps)
+SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_warps)
 
 
-def spec_warps(ctas: int, warps: int) -> int:
-    """Warps per CTA of the speculative attend (one CTA per chunk): one warp when the grid has at least
-    ``SPEC_ONE_WARP_WAVES`` CTAs an SM, so that several chunks share an SM and one chunk's start (its first
-    loads) and end (the partial written) hide behind the others' streams; otherwise ``warps``, the plan's,
-    so that one request's few chunks still spread their blocks over warps. Gemma 3 layer 5 at 32K
-    (benchmarks/NOTES.md, fifteenth session): 342 -> 286 µs at B = 32 (4096 CTAs), 96 -> 86 at B = 8."""
-    return 1 if ctas >= SPEC_ONE_WARP_WAVES * num_sms() else warps
+def spec_warps(warps: int) -> tuple[int, ...]:
+    """The CTA shapes (warps) of the speculative attend's builds, launched back to back (one CTA per chunk):
+    the plan's ``warps`` while the launch's speculated chunks (counted on the device by ``psa_spec_len``) stay
+    under ``spec_one_warp_from()``, else one warp, so that several chunks share an SM and one chunk's start
+    (its first loads) and end (its partial written) hide behind the others' streams. The count is the
+    device's: Gemma 3 layer 5 at 32K (80% of the blocks speculated) 342 -> 286 µs at B = 32 with one warp,
+    but one Llama request at 13% (the same grid of chunk slots) 70 -> 84 µs (benchmarks/NOTES.md)."""
+    return (warps,) if warps == 1 else (warps, 1)
+
+
+def spec_one_warp_from() -> int:
+    """Speculated chunks from which the speculative attend runs CTAs of one warp (``spec_warps``)."""
+    return SPEC_ONE_WARP_WAVES * num_sms()
 
 
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
@@ -308,13 +314,14 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     write their partial outputs to ``partial [B, Hq, splits, Dp + 2]``; ``psa_merge_splits`` then writes
     ``out`` and the diagnostics.
 
-    ``spec = (spec_len, partial, istate, vstate, chunks)`` (psa, version 3) runs the speculative schedule
-    in three launches: the ``PSA_SPEC`` build (grid ``(chunks, Gn, B)``: one CTA per chunk of the loop's
+    ``spec = (spec_len, partial, istate, vstate, chunks, spec_total)`` (psa, version 3) runs the speculative
+    schedule in three launches: the ``PSA_SPEC`` build (grid ``(chunks, Gn, B)``: one CTA per chunk of the loop's
     schedule that starts below ``spec_len [B, Gn]``, partials into ``partial [B, Hq, chunks, Dp + 4]``),
     ``psa_spec_verify`` (the verifier over those chunks in order; groups that stop get their outputs and
     diagnostics, the others their loop state in ``istate [B, Gn, 4]`` int / ``vstate [B, Hq, 7 + Dp]``), and
     the ``PSA_RESUME`` build (the loop from there, ``cluster`` CTAs per group; done groups leave at once).
-    ``auto_spec_warps``: the ``PSA_SPEC`` build's CTAs take ``spec_warps`` warps (else ``warps``).
+    ``auto_spec_warps``: the ``PSA_SPEC`` launch picks its CTAs' warps on the device (``spec_warps``), else
+    takes ``warps``.
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
     (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
@@ -367,21 +374,26 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         if version != 3 or offload is not None or split is not None or stop in ("none", "budget"):
             raise ValueError("the speculative schedule runs PSA on decode version 3, without offload or splits")
         # every speculated chunk at once; the verifier over them; the loop resumed where they fell short
-        spec_len_arr, partial, istate, vstate, chunks = spec
+        spec_len_arr, partial, istate, vstate, chunks, spec_total = spec
         gn = hq // g
         build = functools.partial(_decode_build, d=d, s=s, g=g, warps=warps, stages=stages, smem=smem, **defines)
-        sw = spec_warps(chunks * gn * b, warps) if auto_spec_warps else warps
-        _, sw, s_stages, s_smem = decode_config(d=d, s=s, g=g, version=3, warps=sw, stages=stages)
-        speculated = _decode_build(entry="decode_spec", cluster=1, spec=1, d=d, s=s, g=g, warps=sw, stages=s_stages,
-                                   smem=s_smem, **defines)
-        speculated((chunks, gn, b), (sw * 32,), args + (spec_len_arr, partial), shared_mem=s_smem)
+        configs = {decode_config(d=d, s=s, g=g, version=3, warps=w, stages=stages)[1:]
+                   for w in (spec_warps(warps) if auto_spec_warps else (warps,))}
+        for sw, s_stages, s_smem in sorted(configs, reverse=True):
+            # a build of several warps leaves from `one_warp_from` speculated chunks on, one of one warp below
+            # it (decode.cu); a build launched alone never leaves
+            one_warp_from = spec_one_warp_from() if len(configs) > 1 else 0 if sw == 1 else 2**31 - 1
+            speculated = _decode_build(entry="decode_spec", cluster=1, spec=1, d=d, s=s, g=g, warps=sw,
+                                       stages=s_stages, smem=s_smem, **defines)
+            speculated((chunks, gn, b), (sw * 32,), args + (spec_len_arr, partial, spec_total,
+                                                            np.int32(one_warp_from)), shared_mem=s_smem)
         ema_w, ests, lmass, share, window = rule_args
         verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify")
         verify((gn, b), (SPEC_VERIFY_THREADS,), (
             partial, spec_len_arr, seq_lens, order_arr, null if log_suffix is None else log_suffix, ests, lmass,
             null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
             np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
-            np.int32(step), np.int32(forced), ema_w, share, window))
+            np.int32(step), np.int32(forced), ema_w, share, window, spec_total))
         resumed = build(entry="decode_resume", cluster=cluster, resume=1)
         resumed((cluster, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null), shared_mem=smem)
         return
@@ -405,15 +417,17 @@ def _decode_build(*, entry, cluster, smem, name="decode", **options):
     return fn
 
 
-def spec_len(log_suffix, seq_lens, out, *, s, g, hq, nmax, forced, threshold, margin, extra) -> None:
+def spec_len(log_suffix, seq_lens, out, spec_total, *, s, g, hq, nmax, forced, threshold, margin, extra,
+             step) -> None:
     """``DecodePlan(speculate=margin)``: each group's speculated positions ``out [B, Gn]`` = the forced
     blocks + ``margin`` x the ranked blocks its estimates predict for ``threshold`` + ``extra``, at most n
-    (``psa_spec_len``; every position at ``threshold >= 1``)."""
+    (``psa_spec_len``; every position at ``threshold >= 1``); their chunks of ``step`` positions over all
+    groups added to ``spec_total [1]`` (0 before; ``psa_spec_verify`` sets it back to 0)."""
     b, gn = out.shape
     log_rest = np.float32(np.log1p(-threshold) if threshold < 1 else -np.inf)
     fn = kernel("first_chunk", d=16, s=s, g=g, entry="spec_len")
     fn((gn, b), (32,), (log_suffix, seq_lens, out, np.int32(hq), np.int32(nmax), np.int32(forced), log_rest,
-                        np.float32(margin), np.int32(extra)))
+                        np.float32(margin), np.int32(extra), np.int32(step), spec_total))
 
 
 def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold) -> None:

@@ -91,8 +91,8 @@ class DecodePlan:
         scale: logit scale, default ``1/sqrt(D)``.
         cluster: CTAs per selection group (default: enough to cover the GPU).
         warps: warps per CTA (default: 4 for dense and top-k at head dim <= 64, else 8; with ``speculate``, the
-            speculative attend's CTAs take one warp when there are several CTAs an SM to hide each chunk's start
-            and end, ``_kernels.spec_warps``).
+            speculative attend's CTAs take one warp when the chunks speculated (counted on the GPU) fill several
+            CTAs an SM, to hide each chunk's start and end, ``_kernels.spec_warps``).
         version: decode kernel: 3 (tensor cores, at most 8 query heads per KV head) or 2 (CUDA cores,
             any group size, stop rules remaining/seed/certified; groups of more than 8 heads use it).
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
@@ -224,11 +224,12 @@ class DecodePlan:
             self.first_len = cupy.full((b, self.gn), fixed, i32)
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
         # the loop's state after the speculated chunks (for the resumed loop)
-        self.spec_len = self.spec_partial = self.istate = self.vstate = None
+        self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = None
         if self.speculate is not None:
             forced = self.sink_blocks + self.recent_blocks
             self.spec_chunks = (forced > 0) + (self.first_chunk is not None) + -(-nmax // self.step)
             self.spec_len = cupy.empty((b, self.gn), i32)
+            self.spec_total = cupy.zeros(1, i32)  # chunks speculated this step (psa_spec_len; 0 between steps)
             self.spec_partial = cupy.empty((b, self.hq, self.spec_chunks, dp + 4), f32)
             self.istate = cupy.empty((b, self.gn, 4), i32)
             self.vstate = cupy.empty((b, self.hq, 7 + dp), f32)
@@ -334,9 +335,10 @@ class DecodePlan:
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
                                  forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold)
         if self.speculate is not None:
-            _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, s=self.cache.block_size,
-                              g=self.g, hq=self.hq, nmax=self.cache.nmax, forced=self.sink_blocks + self.recent_blocks,
-                              threshold=self.threshold, margin=self.speculate, extra=self.speculate_extra)
+            _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, self.spec_total,
+                              s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,
+                              forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
+                              margin=self.speculate, extra=self.speculate_extra, step=self.step)
 
     def attend(self, layer: int) -> DecodeOutput:
         """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel."""
@@ -359,7 +361,7 @@ class DecodePlan:
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
                         first_len=self.first_len, q_exact=self._q_exact,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
-                                                                  self.vstate, self.spec_chunks),
+                                                                  self.vstate, self.spec_chunks, self.spec_total),
                         **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
                             self.mass_estimate, None if self.istate is None else self.istate[..., 3])

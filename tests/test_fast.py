@@ -213,9 +213,12 @@ def test_speculate_is_checked():
             psa_fast.plan(b.cache, num_q_heads=1, speculate=1.0, speculate_extra=bad)
 
 
-def test_speculative_attend_in_one_warp_ctas_keeps_the_loops_result(monkeypatch):
-    """The speculative attend with CTAs of one warp (forced here: on a large batch _kernels.spec_warps picks
-    it) attends the same blocks, stops at the same chunk and gives the loop's output up to float rounding."""
+@pytest.mark.parametrize("waves", [0, 10**6], ids=["one-warp", "plan-warps"])
+def test_speculative_attend_in_either_cta_shape_keeps_the_loops_result(monkeypatch, waves):
+    """The speculative attend's two builds (CTAs of the plan's warps and of one warp, picked on the GPU from the
+    chunks psa_spec_len counted; forced here by SPEC_ONE_WARP_WAVES) attend the same blocks, stop at the same
+    chunk and give the loop's output up to float rounding. The count is the speculated chunks over all groups
+    after the order stage and back to 0 after the verifier."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(5)
@@ -226,9 +229,16 @@ def test_speculative_attend_in_one_warp_ctas_keeps_the_loops_result(monkeypatch)
     loop = psa_fast.plan(blocks.cache, num_q_heads=hq, step=8).run(q)
     want = [cupy.asnumpy(loop.order[0, g, : int(loop.num_used[0, g])]) for g in range(2)]
     want_out = cupy.asnumpy(loop.out)
-    monkeypatch.setattr(_kernels, "SPEC_ONE_WARP_WAVES", 0)
-    assert _kernels.spec_warps(1, 8) == 1
-    dec = psa_fast.plan(blocks.cache, num_q_heads=hq, step=8, speculate=1.0).run(q)
+    monkeypatch.setattr(_kernels, "SPEC_ONE_WARP_WAVES", waves)
+    p = psa_fast.plan(blocks.cache, num_q_heads=hq, step=8, speculate=1.0)
+    assert p.sink_blocks + p.recent_blocks > 0
+    p.load_query(q, 0)
+    p.estimate(0)
+    p.order(0)
+    forced, lens = p.sink_blocks + p.recent_blocks, cupy.asnumpy(p.spec_len)[0]
+    assert int(p.spec_total[0]) == sum(1 + -(-(int(x) - forced) // 8) for x in lens)
+    dec = p.attend(0)
+    assert int(p.spec_total[0]) == 0
     for g in range(2):
         np.testing.assert_array_equal(cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]), want[g])
     np.testing.assert_array_equal(cupy.asnumpy(dec.iterations), cupy.asnumpy(loop.iterations))

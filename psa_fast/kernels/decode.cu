@@ -77,7 +77,10 @@
 // blockIdx.x = the chunk, each attending its chunk when the chunk starts below the group's speculated
 // position `spec_len` (psa_spec_len) and writing its heads' unnormalised output, max logit, mass, min
 // log block mass and moving-average terms to `partial [B, Hq, chunks, PSA_D + 4]`; no CTA decides
-// anything. psa_spec_verify (spec.cu) then runs the verifier over the chunks in order.
+// anything. psa_spec_verify (spec.cu) then runs the verifier over the chunks in order. The host may launch
+// a build of PSA_WARPS warps and one of a single warp back to back: a CTA of the first leaves when the
+// launch's speculated chunks (`spec_total`, psa_spec_len) reach `one_warp_from`, one of the second when they
+// do not (_kernels.spec_warps), so the CTA shape follows the chunks actually speculated, on the device.
 //
 // Split build (PSA_SPLIT = 1; dense and top-k, which need no verifier decision): one group's
 // positions [0, min(n, step)) are cut into gridDim.x splits of `split_len` positions, each attended
@@ -209,7 +212,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
            , int split_len, float* __restrict__ partial
 #endif
 #if PSA_SPEC
-           , const int* __restrict__ spec_len, float* __restrict__ partial
+           , const int* __restrict__ spec_len, float* __restrict__ partial, const int* __restrict__ spec_total,
+           int one_warp_from
 #endif
            ) {
     constexpr int NW = PSA_CLUSTER * PSA_WARPS;
@@ -234,6 +238,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const int first2_all = first_len ? min(n_all, first_all + __ldg(first_len + (long)b * Gn + g)) : first_all;
     const int base = chunk_start(blockIdx.x, first_all, first2_all, step);
     if (base >= min(n_all, __ldg(spec_len + (long)b * Gn + g))) return;
+    if ((__ldg(spec_total) >= one_warp_from) != (PSA_WARPS == 1)) return;  // the other build's launch
     const int n = chunk_end(base, first_all, first2_all, step, n_all) - base;
     const int first = n;
 #else

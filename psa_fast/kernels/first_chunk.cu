@@ -9,13 +9,17 @@
 //
 // psa_spec_len (DecodePlan(speculate=...)) turns the same prediction into the positions the speculative
 // schedule attends in parallel before verifying: the forced blocks, `margin` times the predicted ranked
-// blocks, and `extra` more, at most n.
+// blocks, and `extra` more, at most n. It also adds the group's speculated chunks (of `step` positions
+// after the forced ones; without first_chunk's ranked chunk) to `spec_total`, from which the speculative
+// attend picks its CTA shape (psa_decode's PSA_SPEC build) and which psa_spec_verify sets back to 0.
 //
 // One warp per group (lane h < PSA_G searches head h); grid (Gn, B).
 //   log_suffix [B, Hq, Nmax + 1] float (psa_order_suffix over the per-head estimates)
 //   first_len  [B, Gn] int out: ranked blocks of the first ranked chunk (0: none)
 //   spec_len   [B, Gn] int out: positions to speculate
+//   spec_total [1] int in/out: the chunks speculated over all groups (0 before the launch)
 #include "common.cuh"
+#include "verifier.cuh"
 
 // The smallest prefix of the order that holds tau of every head's estimated total, over the group's
 // heads (every lane gets it).
@@ -49,10 +53,15 @@ psa_first_chunk(const float* __restrict__ log_suffix, const int* __restrict__ se
 
 extern "C" __global__ void __launch_bounds__(32)
 psa_spec_len(const float* __restrict__ log_suffix, const int* __restrict__ seq_lens, int* __restrict__ spec_len,
-             int Hq, int Nmax, int forced, float log_rest, float margin, int extra) {
+             int Hq, int Nmax, int forced, float log_rest, float margin, int extra, int step,
+             int* __restrict__ spec_total) {
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x;
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S, f = min(n, forced);
     const int need = predicted_prefix(log_suffix, b, g, Hq, Nmax, n, log_rest);
     const int ranked = (int)ceilf(margin * (float)max(0, need - f));
-    if (threadIdx.x == 0) spec_len[(long)b * Gn + g] = min(n, f + ranked + extra);
+    const int len = min(n, f + ranked + extra);
+    if (threadIdx.x == 0) {
+        spec_len[(long)b * Gn + g] = len;
+        atomicAdd(spec_total, chunks_before(len, f, f, step));
+    }
 }

@@ -22,6 +22,7 @@
 //   istate     [B, Gn, 4] int out: next position, iterations done, reason (-1: the loop goes on), and the
 //              positions the speculated chunks cover (read, attended or not)
 //   vstate     [B, Hq, 7 + PSA_D] float out: verifier state, then the running output's max, mass and O[D]
+//   spec_total [1] int out: set to 0 (psa_spec_len's count, read by the speculative attend before this launch)
 #include "common.cuh"
 #include "verifier.cuh"
 
@@ -42,10 +43,11 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
                 float* __restrict__ mass_est, int* __restrict__ istate, float* __restrict__ vstate, int Hq, int Nmax,
                 int Cmax, int stop, float threshold, int step, int forced, float ema_w, float sketch_share,
-                int sketch_window) {
+                int sketch_window, int* __restrict__ spec_total) {
     constexpr int PW = PSA_D + 4;  // floats per chunk and head in `partial`
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (g == 0 && b == 0 && threadIdx.x == 0) *spec_total = 0;
     const long gi = (long)b * Gn + g;
     const int len = seq_lens[b], n = (len + PSA_S - 1) / PSA_S, first = min(n, forced);
     const int first2 = first_len ? min(n, first + __ldg(first_len + gi)) : first;
