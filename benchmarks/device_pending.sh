@@ -15,6 +15,9 @@
 #  one global layer of Gemma 3 replayed (real K/V), B = 32 and 8: each kernel of the default rule's speculative
 #  step beside dense, and the share of blocks it attends and reads (the model's step spends ~313 µs a layer in
 #  psa_decode_spec against the replay's 128 on layer 17); `layer 17 tests` adds the GPU suites.
+#   run(command="bash benchmarks/device_pending.sh specmode", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~9 minutes)
+#  the speculative attend's CTA shape picked on the device (wip/pending): its test, the GPU suites, Llama's
+#  one-request rows and Gemma's layer 17 as the model's batch sees it.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -26,6 +29,18 @@ if [ "$PART" = spread ]; then
   (cd benchmarks && timeout 150 python3 profile_decode_step.py --kv "../.gl/gemma3_xml_l${2:-17}_32k.npz" --spread \
       --shape gemma3 --size 32768 --batches 32,8 --variants dense,default:s1.0 --out "$OUT/spread" 2>&1 \
       | grep -v Warn | grep "^T=\|psa_")
+  exit 0
+fi
+if [ "$PART" = specmode ]; then
+  timeout 420 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_fast_offload.py tests/test_fast_metadata.py \
+      tests/test_first_chunk.py tests/test_fast_pool.py tests/test_fast_hf.py > "$OUT/t_gpu.log" 2>&1
+  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+  cd benchmarks
+  timeout 60 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:1 \
+      --reps 30 --skip tau0.9,remaining,predicted,stages,rank,topk --out "$OUT" 2>&1 | grep "^|" | cut -d'|' -f4-8,13
+  timeout 100 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
+      --batches 32,8 --variants default:s1.0 --out /tmp 2>&1 | grep -v Warn | grep "^T=\|psa_decode"
   exit 0
 fi
 if [ "$PART" = order ]; then
