@@ -17,7 +17,7 @@
 #  psa_decode_spec against the replay's 128 on layer 17); `layer 17 tests` adds the GPU suites.
 #   run(command="bash benchmarks/device_pending.sh specmode", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~9 minutes)
 #  the speculative attend's CTA shape picked on the device (wip/pending): its test, the GPU suites, Llama's
-#  one-request rows and Gemma's layer 17 as the model's batch sees it.
+#  one-request rows, Gemma's layer 17 as the model's batch sees it, and psa_spec_verify's phases (clock64).
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -41,6 +41,9 @@ if [ "$PART" = specmode ]; then
       --reps 30 --skip tau0.9,remaining,predicted,stages,rank,topk --out "$OUT" 2>&1 | grep "^|" | cut -d'|' -f4-8,13
   timeout 100 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
       --batches 32,8 --variants default:s1.0 --out /tmp 2>&1 | grep -v Warn | grep "^T=\|psa_decode"
+  # where psa_spec_verify's 17-46 µs go, phase by phase (its clock64 build)
+  timeout 90 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1,8,32 \
+      --spread 2>&1 | grep -v Warn | grep "^T=\|^|"
   exit 0
 fi
 if [ "$PART" = order ]; then

@@ -275,6 +275,8 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
     fn(q, np.float32(scale), np.float32(pow2), out_scaled, out_pow2)
 
 
+VERIFY_CLOCK = 0  # 1: psa_spec_verify's PSA_VERIFY_CLOCK build, its phases' cycles in verify_clocks (exp_verify_clock.py)
+verify_clocks = None  # [B, Gn, 8] int64 of the last speculative step under VERIFY_CLOCK (spec.cu)
 SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_warps)
 
 
@@ -388,12 +390,19 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             speculated((chunks, gn, b), (sw * 32,), args + (spec_len_arr, partial, spec_total,
                                                             np.int32(one_warp_from)), shared_mem=s_smem)
         ema_w, ests, lmass, share, window = rule_args
-        verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify")
+        verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify", **({"verify_clock": 1} if VERIFY_CLOCK else {}))
+        clock_args = ()
+        if VERIFY_CLOCK:
+            global verify_clocks
+            import cupy
+
+            verify_clocks = cupy.zeros((b, gn, 8), np.int64)
+            clock_args = (verify_clocks,)
         verify((gn, b), (SPEC_VERIFY_THREADS,), (
             partial, spec_len_arr, seq_lens, order_arr, null if log_suffix is None else log_suffix, ests, lmass,
             null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
             np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
-            np.int32(step), np.int32(forced), ema_w, share, window, spec_total))
+            np.int32(step), np.int32(forced), ema_w, share, window, spec_total) + clock_args)
         resumed = build(entry="decode_resume", cluster=cluster, resume=1)
         resumed((cluster, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null), shared_mem=smem)
         return

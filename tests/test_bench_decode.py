@@ -490,3 +490,21 @@ def test_speculative_attend_takes_one_warp_ctas_from_four_speculated_chunks_an_s
     assert _kernels.spec_one_warp_from() == 4 * 132  # chunks counted on the GPU by psa_spec_len
     assert _kernels.spec_warps(8) == (8, 1)  # both builds launched; each leaves unless the count picks it
     assert _kernels.spec_warps(1) == (1,)
+
+
+def test_verify_clock_phase_table_converts_cycles_at_the_sm_clock():
+    import exp_verify_clock as evc
+
+    from psa_fast import _kernels
+
+    assert _kernels.VERIFY_CLOCK == 0  # the production build has no clock reads
+    clocks = np.zeros((2, 1, 8), np.int64)
+    clocks[0, 0] = [2000, 100, 400, 600, 200, 700, 3, 70]
+    clocks[1, 0] = [4000, 300, 800, 1000, 400, 1500, 5, 130]
+    rows = evc.phase_table(clocks, khz=1e6)  # 1 GHz: 1,000 cycles a µs
+    assert rows[0] == "| kernel | 3.00 | 4.00 |"
+    assert rows[2] == "| gather | 0.60 | 0.80 |"
+    assert rows[5] == "| output | 1.10 | 1.50 |"
+    assert rows[-1] == "| windows / chunks | 4.0 | 100.0 |"
+    with pytest.raises(ValueError, match="no group"):
+        evc.phase_table(np.zeros((0, 8)), khz=1e6)

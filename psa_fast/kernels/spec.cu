@@ -33,6 +33,20 @@ __device__ __forceinline__ float2 lse_combine(float2 a, float2 b) {
     return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
 }
 
+#ifndef PSA_VERIFY_CLOCK
+#define PSA_VERIFY_CLOCK 0
+#endif
+// PSA_VERIFY_CLOCK = 1 (benchmarks/exp_verify_clock.py): thread 0 of every CTA writes the SM cycles of each
+// phase to clocks [B, Gn, 8]: whole kernel, up to the first window, the windows' gathering, scans and decisions
+// (summed over windows), the output pass, the windows and the chunks C. Adds two barriers; not for production.
+#if PSA_VERIFY_CLOCK
+#define PSA_CLOCK(var) long long var = 0; if (threadIdx.x == 0) var = clock64()
+#define PSA_CLOCK_ADD(acc, from) if (threadIdx.x == 0) acc += clock64() - (from)
+#else
+#define PSA_CLOCK(var)
+#define PSA_CLOCK_ADD(acc, from)
+#endif
+
 #define PSA_VERIFY_THREADS 1024
 #define PSA_WIN (PSA_VERIFY_THREADS / 32)
 
@@ -43,10 +57,19 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
                 float* __restrict__ mass_est, int* __restrict__ istate, float* __restrict__ vstate, int Hq, int Nmax,
                 int Cmax, int stop, float threshold, int step, int forced, float ema_w, float sketch_share,
-                int sketch_window, int* __restrict__ spec_total) {
+                int sketch_window, int* __restrict__ spec_total
+#if PSA_VERIFY_CLOCK
+                , long long* __restrict__ clocks
+#endif
+                ) {
     constexpr int PW = PSA_D + 4;  // floats per chunk and head in `partial`
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    PSA_CLOCK(t_start);
+#if PSA_VERIFY_CLOCK
+    long long c_first = -1, c_gather = 0, c_scan = 0, c_decide = 0;
+    int windows = 0;
+#endif
     if (g == 0 && b == 0 && threadIdx.x == 0) *spec_total = 0;
     const long gi = (long)b * Gn + g;
     const int len = seq_lens[b], n = (len + PSA_S - 1) / PSA_S, first = min(n, forced);
@@ -70,6 +93,11 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     for (int c0 = 0; c0 < C && why < 0; c0 += PSA_WIN) {
         const int cn = min(PSA_WIN, C - c0);
         __syncthreads();  // the previous window's st, s_end and s_hold are read by now
+        PSA_CLOCK(t_w0);
+#if PSA_VERIFY_CLOCK
+        if (threadIdx.x == 0 && c_first < 0) c_first = t_w0 - t_start;
+        ++windows;
+#endif
         if (warp < cn) {  // chunk c0 + warp
             const int c = c0 + warp;
             const int end = chunk_end(chunk_start(c, first, first2, step), first, first2, step, n);
@@ -96,6 +124,8 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             }
         }
         __syncthreads();
+        PSA_CLOCK(t_w1);
+        PSA_CLOCK_ADD(c_gather, t_w0);
         // Warp h folds head h's chunks of the window by prefix scans over lanes (lane k: chunk c0 + k): the
         // running max and mass (log-sum-exp), the lightest block, and the moving average (a linear recurrence:
         // each chunk scales what came before by (1-w)^clen and adds its terms), each from the state before the
@@ -135,6 +165,8 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             if (lane == 0) s_hold[h] = mask;
         }
         __syncthreads();
+        PSA_CLOCK(t_w2);
+        PSA_CLOCK_ADD(c_scan, t_w1);
         // Every thread: the first chunk of the window where the loop ends (exhausted, or every head holds).
         unsigned int all = stop != PSA_STOP_NONE ? 0xffffffffu : 0u, exhausted = 0u;
 #pragma unroll
@@ -152,8 +184,10 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             ver.frac = __shfl_sync(0xffffffffu, vk.frac, k_end);
             if (lane == 0) { s_M[warp] = ver.M; s_L[warp] = ver.acc; }
         }
+        PSA_CLOCK_ADD(c_decide, t_w2);
     }
     __syncthreads();
+    PSA_CLOCK(t_out);
 
     // The output of chunks [0, last]: the verifier's running max M and mass L (relative to M) are the
     // merge's, so one pass adds O_c e^(m_c - M); normalised if the loop ended here, else kept (with M and
@@ -179,6 +213,21 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             if (d == 0) { vs[5] = M; vs[6] = L; }
         }
     }
+#if PSA_VERIFY_CLOCK
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const long long t_end = clock64();
+        long long* ck = clocks + gi * 8;
+        ck[0] = t_end - t_start;
+        ck[1] = c_first < 0 ? t_out - t_start : c_first;
+        ck[2] = c_gather;
+        ck[3] = c_scan;
+        ck[4] = c_decide;
+        ck[5] = t_end - t_out;
+        ck[6] = windows;
+        ck[7] = C;
+    }
+#endif
     if (warp < PSA_G && lane == 0) {
         if (why >= 0) {
             mass_est[row0 + warp] = ver.frac;

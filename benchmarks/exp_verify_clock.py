@@ -1,0 +1,74 @@
+"""Where ``psa_spec_verify``'s time goes, phase by phase: its ``PSA_VERIFY_CLOCK`` build (``_kernels.VERIFY_CLOCK``)
+has thread 0 of every CTA (one per group) read the SM clock between phases. One real layer replayed as
+``profile_decode_step.py`` does, the default rule speculating ``--speculate``; per batch size the mean and the
+largest group's µs of: the whole kernel, its start (up to the first decision window), the windows' gathering of
+the chunks' statistics, their prefix scans, their decisions, and the output pass.
+
+    python benchmarks/exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1,8,32 --spread
+
+The fifteenth session's v2 (one gathering round) changed nothing; this says which phase holds the 17 µs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+PHASES = ("kernel", "start", "gather", "scan", "decide", "output")
+
+
+def phase_table(clocks: np.ndarray, khz: float) -> list[str]:
+    """Rows ``phase | mean µs | max µs`` from ``clocks [..., 8]`` (cycles of the phases, then the windows and the
+    chunks per group) at an SM clock of ``khz`` kHz; a last row gives the mean windows and chunks."""
+    c = np.asarray(clocks, dtype=np.float64).reshape(-1, 8)
+    if c.shape[0] == 0:
+        raise ValueError("clocks: no group")
+    us = c[:, : len(PHASES)] / (khz * 1e-3)
+    rows = [f"| {name} | {us[:, i].mean():.2f} | {us[:, i].max():.2f} |" for i, name in enumerate(PHASES)]
+    rows.append(f"| windows / chunks | {c[:, 6].mean():.1f} | {c[:, 7].mean():.1f} |")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kv", required=True, help="captured trace .npz files, comma-separated (bench_decode --kv)")
+    ap.add_argument("--spread", action="store_true", help="a batch of different decode steps (profile_decode_step)")
+    ap.add_argument("--shape", default="gemma3")
+    ap.add_argument("--size", type=int, default=32768)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--speculate", type=float, default=1.0)
+    ap.add_argument("--steps", type=int, default=5, help="steps run before the clocks are read (the last counts)")
+    args = ap.parse_args()
+
+    import cupy
+    from bench_decode import SHAPES, real_fill
+
+    import psa_fast
+    from psa_fast import _kernels
+    from psa_ref.trace import load_trace
+
+    shape = SHAPES[args.shape]
+    fill = real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread)
+    khz = float(cupy.cuda.Device().attributes["ClockRate"])
+    _kernels.VERIFY_CLOCK = 1
+    try:
+        for b in (int(x) for x in args.batches.split(",")):
+            cache = psa_fast.PagedKVCache(num_layers=1, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
+                                          max_tokens=args.size, block_size=shape.s, metadata="quant3")
+            q = fill(cache, 0)
+            p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
+                              stop="auto", step=max(16, cache.nmax // 256), speculate=args.speculate)
+            for _ in range(args.steps):
+                p.run(q, 0)
+            cupy.cuda.Device().synchronize()
+            print(f"\nT={args.size} B={b} {shape.name} speculate {args.speculate}"
+                  f"{' spread' if args.spread else ''}, SM clock {khz / 1e3:.0f} MHz (its maximum)")
+            print("| phase | mean µs | largest µs |\n|---|---|---|")
+            print("\n".join(phase_table(cupy.asnumpy(_kernels.verify_clocks), khz)))
+    finally:
+        _kernels.VERIFY_CLOCK = 0
+
+
+if __name__ == "__main__":
+    main()
