@@ -18,6 +18,9 @@
 #   run(command="bash benchmarks/device_pending.sh specmode", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~9 minutes)
 #  the speculative attend's CTA shape picked on the device (wip/pending): its test, the GPU suites, Llama's
 #  one-request rows, Gemma's layer 17 as the model's batch sees it, and psa_spec_verify's phases (clock64).
+#   run(command="bash benchmarks/device_pending.sh compact", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
+#  the device-picked CTA shape with the several-warp build on a compact grid (psa_spec_len's list): the speculative
+#  GPU tests, Llama's one-request rows, Gemma's layer 17 as the model's batch sees it (B = 32, 8, 1).
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -44,6 +47,17 @@ if [ "$PART" = specmode ]; then
   # where psa_spec_verify's 17-46 µs go, phase by phase (its clock64 build)
   timeout 90 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1,8,32 \
       --spread 2>&1 | grep -v Warn | grep "^T=\|^|"
+  exit 0
+fi
+if [ "$PART" = compact ]; then
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py -k "spec" \
+      tests/test_fast_hf.py > "$OUT/t_gpu.log" 2>&1
+  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+  cd benchmarks
+  timeout 60 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:1 \
+      --reps 30 --skip tau0.9,remaining,predicted,stages,rank,topk --out "$OUT" 2>&1 | grep "^|" | cut -d'|' -f4-8,13
+  timeout 150 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
+      --batches 32,8,1 --variants dense,default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_decode\|verify"
   exit 0
 fi
 if [ "$PART" = order ]; then

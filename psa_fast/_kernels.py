@@ -277,29 +277,35 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
 
 VERIFY_CLOCK = 0  # 1: psa_spec_verify's PSA_VERIFY_CLOCK build, its phases' cycles in verify_clocks (exp_verify_clock.py)
 verify_clocks = None  # [B, Gn, 8] int64 of the last speculative step under VERIFY_CLOCK (spec.cu)
-SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_warps)
-
-
-def spec_warps(warps: int) -> tuple[int, ...]:
-    """The CTA shapes (warps) of the speculative attend's builds, launched back to back (one CTA per chunk):
-    the plan's ``warps`` while the launch's speculated chunks (counted on the device by ``psa_spec_len``) stay
-    under ``spec_one_warp_from()``, else one warp, so that several chunks share an SM and one chunk's start
-    (its first loads) and end (its partial written) hide behind the others' streams. The count is the
-    device's: Gemma 3 layer 5 at 32K (80% of the blocks speculated) 342 -> 286 µs at B = 32 with one warp,
-    but one Llama request at 13% (the same grid of chunk slots) 70 -> 84 µs (benchmarks/NOTES.md)."""
-    return (warps,) if warps == 1 else (warps, 1)
+SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_shapes)
 
 
 def spec_one_warp_from() -> int:
-    """Speculated chunks from which the speculative attend runs CTAs of one warp (``spec_warps``)."""
+    """Speculated chunks (over the batch) from which the speculative attend runs CTAs of one warp."""
     return SPEC_ONE_WARP_WAVES * num_sms()
+
+
+def spec_shapes(chunk_slots: int, warps: int) -> tuple[int, ...]:
+    """The CTA shapes (warps) of the speculative attend's builds for a plan of ``warps`` warps and
+    ``chunk_slots`` chunks of the schedule over the batch (B x groups x chunks). One CTA attends one chunk:
+    with ``warps`` of them while the chunks actually speculated (counted on the device by ``psa_spec_len``)
+    stay under ``spec_one_warp_from()``, else with one warp, so that several chunks share an SM and one
+    chunk's start (its first loads) and end (its partial written) hide behind the others' streams. Two
+    shapes: both builds are launched and the count picks on the device (decode.cu); one: the count cannot
+    reach the line (or the plan has one warp), so one build. The count decides, not the slots: Gemma 3
+    layer 5 at 32K (80% of the blocks speculated) 342 -> 286 µs at B = 32 with one warp, but one Llama
+    request at 13% (the same number of chunk slots) 70 -> 84 µs (benchmarks/NOTES.md)."""
+    frm = spec_one_warp_from()
+    if warps == 1 or frm <= 0:
+        return (1,)
+    return (warps,) if chunk_slots < frm else (warps, 1)
 
 
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
-           q_exact: bool = False, spec: tuple | None = None, auto_spec_warps: bool = True) -> None:
+           q_exact: bool = False, spec: tuple | None = None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -316,14 +322,15 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     write their partial outputs to ``partial [B, Hq, splits, Dp + 2]``; ``psa_merge_splits`` then writes
     ``out`` and the diagnostics.
 
-    ``spec = (spec_len, partial, istate, vstate, chunks, spec_total)`` (psa, version 3) runs the speculative
-    schedule in three launches: the ``PSA_SPEC`` build (grid ``(chunks, Gn, B)``: one CTA per chunk of the loop's
-    schedule that starts below ``spec_len [B, Gn]``, partials into ``partial [B, Hq, chunks, Dp + 4]``),
+    ``spec = (spec_len, partial, istate, vstate, chunks, spec_total, spec_warps, spec_items)`` (psa, version 3)
+    runs the speculative schedule in three launches: the ``PSA_SPEC`` build (grid ``(chunks, Gn, B)``: one CTA
+    of ``spec_warps`` warps per chunk of the loop's schedule that starts below ``spec_len [B, Gn]``, partials
+    into ``partial [B, Hq, chunks, Dp + 4]``; with ``spec_items`` (``psa_spec_len``'s list of the speculated
+    chunks, ``spec_one_warp_from()`` long) that build on a compact grid and one of one warp on the full grid,
+    the chunks counted in ``spec_total [1]`` picking one of them on the device, ``spec_shapes``),
     ``psa_spec_verify`` (the verifier over those chunks in order; groups that stop get their outputs and
     diagnostics, the others their loop state in ``istate [B, Gn, 4]`` int / ``vstate [B, Hq, 7 + Dp]``), and
     the ``PSA_RESUME`` build (the loop from there, ``cluster`` CTAs per group; done groups leave at once).
-    ``auto_spec_warps``: the ``PSA_SPEC`` launch picks its CTAs' warps on the device (``spec_warps``), else
-    takes ``warps``.
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
     (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
@@ -376,19 +383,23 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         if version != 3 or offload is not None or split is not None or stop in ("none", "budget"):
             raise ValueError("the speculative schedule runs PSA on decode version 3, without offload or splits")
         # every speculated chunk at once; the verifier over them; the loop resumed where they fell short
-        spec_len_arr, partial, istate, vstate, chunks, spec_total = spec
+        spec_len_arr, partial, istate, vstate, chunks, spec_total, spec_warps, spec_items = spec
         gn = hq // g
         build = functools.partial(_decode_build, d=d, s=s, g=g, warps=warps, stages=stages, smem=smem, **defines)
-        configs = {decode_config(d=d, s=s, g=g, version=3, warps=w, stages=stages)[1:]
-                   for w in (spec_warps(warps) if auto_spec_warps else (warps,))}
-        for sw, s_stages, s_smem in sorted(configs, reverse=True):
-            # a build of several warps leaves from `one_warp_from` speculated chunks on, one of one warp below
-            # it (decode.cu); a build launched alone never leaves
-            one_warp_from = spec_one_warp_from() if len(configs) > 1 else 0 if sw == 1 else 2**31 - 1
+        # (warps, grid, items, one_warp_from) of each build launched: alone, a build never leaves; as a pair, the
+        # several-warp build on the compact grid leaves from `one_warp_from` speculated chunks on, the one-warp
+        # build below it (decode.cu)
+        if spec_items is None:
+            launches = [(spec_warps, (chunks, gn, b), null, 0 if spec_warps == 1 else 2**31 - 1)]
+        else:
+            frm = int(spec_items.size)
+            launches = [(spec_warps, (frm, 1, 1), spec_items, frm), (1, (chunks, gn, b), null, frm)]
+        for w, grid_w, items, one_warp_from in launches:
+            _, sw, s_stages, s_smem = decode_config(d=d, s=s, g=g, version=3, warps=w, stages=stages)
             speculated = _decode_build(entry="decode_spec", cluster=1, spec=1, d=d, s=s, g=g, warps=sw,
                                        stages=s_stages, smem=s_smem, **defines)
-            speculated((chunks, gn, b), (sw * 32,), args + (spec_len_arr, partial, spec_total,
-                                                            np.int32(one_warp_from)), shared_mem=s_smem)
+            speculated(grid_w, (sw * 32,), args + (spec_len_arr, partial, spec_total, np.int32(one_warp_from), items,
+                                                   np.int32(chunks)), shared_mem=s_smem)
         ema_w, ests, lmass, share, window = rule_args
         verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify", **({"verify_clock": 1} if VERIFY_CLOCK else {}))
         clock_args = ()
@@ -427,16 +438,21 @@ def _decode_build(*, entry, cluster, smem, name="decode", **options):
 
 
 def spec_len(log_suffix, seq_lens, out, spec_total, *, s, g, hq, nmax, forced, threshold, margin, extra,
-             step) -> None:
+             step, first_len=None, spec_items=None, chunks: int = 0) -> None:
     """``DecodePlan(speculate=margin)``: each group's speculated positions ``out [B, Gn]`` = the forced
     blocks + ``margin`` x the ranked blocks its estimates predict for ``threshold`` + ``extra``, at most n
-    (``psa_spec_len``; every position at ``threshold >= 1``); their chunks of ``step`` positions over all
-    groups added to ``spec_total [1]`` (0 before; ``psa_spec_verify`` sets it back to 0)."""
+    (``psa_spec_len``; every position at ``threshold >= 1``); their chunks of the schedule (the forced, the
+    ranked chunk of ``first_len [B, Gn]`` if given, then ``step`` positions) over all groups added to
+    ``spec_total [1]`` (0 before; ``psa_spec_verify`` sets it back to 0) and, with ``spec_items``, listed
+    there as ``group * chunks + chunk`` while they fit (``decode``'s ``spec``)."""
     b, gn = out.shape
     log_rest = np.float32(np.log1p(-threshold) if threshold < 1 else -np.inf)
     fn = kernel("first_chunk", d=16, s=s, g=g, entry="spec_len")
+    null = np.uint64(0)
     fn((gn, b), (32,), (log_suffix, seq_lens, out, np.int32(hq), np.int32(nmax), np.int32(forced), log_rest,
-                        np.float32(margin), np.int32(extra), np.int32(step), spec_total))
+                        np.float32(margin), np.int32(extra), np.int32(step), null if first_len is None else first_len,
+                        spec_total, null if spec_items is None else spec_items,
+                        np.int32(0 if spec_items is None else spec_items.size), np.int32(chunks)))
 
 
 def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold) -> None:

@@ -92,7 +92,7 @@ class DecodePlan:
         cluster: CTAs per selection group (default: enough to cover the GPU).
         warps: warps per CTA (default: 4 for dense and top-k at head dim <= 64, else 8; with ``speculate``, the
             speculative attend's CTAs take one warp when the chunks speculated (counted on the GPU) fill several
-            CTAs an SM, to hide each chunk's start and end, ``_kernels.spec_warps``).
+            CTAs an SM, to hide each chunk's start and end, ``_kernels.spec_shapes``).
         version: decode kernel: 3 (tensor cores, at most 8 query heads per KV head) or 2 (CUDA cores,
             any group size, stop rules remaining/seed/certified; groups of more than 8 heads use it).
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
@@ -161,7 +161,7 @@ class DecodePlan:
                         else _validate.integer(cluster, "cluster", minimum=1))
         self.warps = (_kernels.default_warps(cache.dp, self.mode) if warps is None
                       else _validate.integer(warps, "warps", minimum=1))
-        self._auto_warps = warps is None  # speculate: the speculative attend's CTAs sized by _kernels.spec_warps
+        self._auto_warps = warps is None  # speculate: the speculative attend's CTAs sized by _kernels.spec_shapes
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
@@ -224,12 +224,18 @@ class DecodePlan:
             self.first_len = cupy.full((b, self.gn), fixed, i32)
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
         # the loop's state after the speculated chunks (for the resumed loop)
-        self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = None
+        self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = self.spec_items = None
         if self.speculate is not None:
             forced = self.sink_blocks + self.recent_blocks
             self.spec_chunks = (forced > 0) + (self.first_chunk is not None) + -(-nmax // self.step)
             self.spec_len = cupy.empty((b, self.gn), i32)
             self.spec_total = cupy.zeros(1, i32)  # chunks speculated this step (psa_spec_len; 0 between steps)
+            # the speculative attend's CTA shapes; with two, psa_spec_len lists the chunks for the compact grid
+            shapes = (_kernels.spec_shapes(b * self.gn * self.spec_chunks, self.warps) if self._auto_warps
+                      else (self.warps,))
+            self.spec_warps = shapes[0]
+            if len(shapes) > 1:
+                self.spec_items = cupy.empty(_kernels.spec_one_warp_from(), i32)
             self.spec_partial = cupy.empty((b, self.hq, self.spec_chunks, dp + 4), f32)
             self.istate = cupy.empty((b, self.gn, 4), i32)
             self.vstate = cupy.empty((b, self.hq, 7 + dp), f32)
@@ -338,7 +344,8 @@ class DecodePlan:
             _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, self.spec_total,
                               s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,
                               forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
-                              margin=self.speculate, extra=self.speculate_extra, step=self.step)
+                              margin=self.speculate, extra=self.speculate_extra, step=self.step,
+                              first_len=self.first_len, spec_items=self.spec_items, chunks=self.spec_chunks)
 
     def attend(self, layer: int) -> DecodeOutput:
         """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel."""
@@ -355,13 +362,13 @@ class DecodePlan:
                         self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
                         hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
                         warps=self.warps, version=self.version, stages=self.stages,
-                        auto_spec_warps=self._auto_warps,
                         sketch=(self.bounds, self.lmass) if self.lmass is not None else None, q_mma=self.q_mma,
                         qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
                         first_len=self.first_len, q_exact=self._q_exact,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
-                                                                  self.vstate, self.spec_chunks, self.spec_total),
+                                                                  self.vstate, self.spec_chunks, self.spec_total,
+                                                                  self.spec_warps, self.spec_items),
                         **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
                             self.mass_estimate, None if self.istate is None else self.istate[..., 3])

@@ -488,8 +488,11 @@ def test_speculative_attend_takes_one_warp_ctas_from_four_speculated_chunks_an_s
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
     assert _kernels.spec_one_warp_from() == 4 * 132  # chunks counted on the GPU by psa_spec_len
-    assert _kernels.spec_warps(8) == (8, 1)  # both builds launched; each leaves unless the count picks it
-    assert _kernels.spec_warps(1) == (1,)
+    assert _kernels.spec_shapes(4 * 132, 8) == (8, 1)  # both builds launched; the count picks one on the GPU
+    assert _kernels.spec_shapes(4 * 132 - 1, 8) == (8,)  # the count cannot reach the line: one build
+    assert _kernels.spec_shapes(10**6, 1) == (1,)
+    monkeypatch.setattr(_kernels, "SPEC_ONE_WARP_WAVES", 0)
+    assert _kernels.spec_shapes(1, 8) == (1,)  # a line at 0 chunks: one warp always
 
 
 def test_verify_clock_phase_table_converts_cycles_at_the_sm_clock():

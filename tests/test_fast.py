@@ -213,31 +213,62 @@ def test_speculate_is_checked():
             psa_fast.plan(b.cache, num_q_heads=1, speculate=1.0, speculate_extra=bad)
 
 
-@pytest.mark.parametrize("waves", [0, 10**6], ids=["one-warp", "plan-warps"])
-def test_speculative_attend_in_either_cta_shape_keeps_the_loops_result(monkeypatch, waves):
-    """The speculative attend's two builds (CTAs of the plan's warps and of one warp, picked on the GPU from the
-    chunks psa_spec_len counted; forced here by SPEC_ONE_WARP_WAVES) attend the same blocks, stop at the same
-    chunk and give the loop's output up to float rounding. The count is the speculated chunks over all groups
-    after the order stage and back to 0 after the verifier."""
+def _chunks_before(x: int, first: int, first2: int, step: int) -> int:
+    """The chunks of the loop's schedule (forced, first ranked, then `step` positions) starting before x."""
+    nf, n2 = int(first > 0), int(first2 > first)
+    if x <= 0:
+        return 0
+    if x <= first:
+        return nf
+    if x <= first2:
+        return nf + n2
+    return nf + n2 + -(-(x - first2) // step)
+
+
+@pytest.mark.parametrize("line,first_chunk", [("zero", None), ("one", None), ("slots", None), ("never", None),
+                                              ("slots", "predicted")])
+def test_speculative_attend_in_either_cta_shape_keeps_the_loops_result(monkeypatch, line, first_chunk):
+    """The speculative attend's builds (CTAs of the plan's warps and of one warp; _kernels.spec_shapes) attend
+    the same blocks, stop at the same chunk and give the loop's output up to float rounding, whichever runs:
+    one warp alone (the line at 0 chunks), both launched with one warp picked on the GPU (line 1), both with
+    the plan's warps picked (line = every chunk slot: its compact grid takes psa_spec_len's list), the plan's
+    warps alone (a line no count reaches). psa_spec_len's count is the schedule's chunks up to each group's
+    speculated position, over all groups (with first_chunk, its ranked chunk one of them); the verifier sets it
+    back to 0."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(5)
-    t, d, hq = 3000, 128, 8
-    q = cupy.asarray(rng.standard_normal((1, hq, d)).astype(np.float32))
+    t, d, hq, step = 3000, 128, 8, 8
+    q = cupy.asarray(3 * rng.standard_normal((1, hq, d)).astype(np.float32))  # peaked: not every block speculated
     blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(rng.standard_normal((2, t, d)).astype(np.float16)),
                                           cupy.asarray(rng.standard_normal((2, t, d)).astype(np.float16)))
-    loop = psa_fast.plan(blocks.cache, num_q_heads=hq, step=8).run(q)
+    loop = psa_fast.plan(blocks.cache, num_q_heads=hq, step=step, first_chunk=first_chunk).run(q)
     want = [cupy.asnumpy(loop.order[0, g, : int(loop.num_used[0, g])]) for g in range(2)]
     want_out = cupy.asnumpy(loop.out)
-    monkeypatch.setattr(_kernels, "SPEC_ONE_WARP_WAVES", waves)
-    p = psa_fast.plan(blocks.cache, num_q_heads=hq, step=8, speculate=1.0)
+    probe = psa_fast.plan(blocks.cache, num_q_heads=hq, step=step, speculate=1.0, first_chunk=first_chunk)
+    slots = 2 * probe.spec_chunks
+    frm = {"zero": 0, "one": 1, "slots": slots, "never": 10**9}[line]
+    monkeypatch.setattr(_kernels, "spec_one_warp_from", lambda: frm)
+    p = psa_fast.plan(blocks.cache, num_q_heads=hq, step=step, speculate=1.0, first_chunk=first_chunk)
+    assert p.warps > 1 and (p.spec_items is not None) == (line in ("one", "slots"))
+    assert p.spec_warps == (1 if line == "zero" else p.warps)
     p.load_query(q, 0)
     p.estimate(0)
     p.order(0)
     forced, lens = p.sink_blocks + p.recent_blocks, [int(x) for x in cupy.asnumpy(p.spec_len)[0]]
     assert 0 < min(lens) and max(lens) <= blocks.num_blocks
-    # psa_spec_len counts the forced chunk (if any), then chunks of `step` positions
-    assert int(p.spec_total[0]) == sum((forced > 0) + -(-max(0, x - forced) // p.step) for x in lens)
+    n = blocks.num_blocks
+    f = min(n, forced)
+    f2 = [min(n, f + int(x)) for x in cupy.asnumpy(p.first_len)[0]] if first_chunk else [f, f]
+    if first_chunk:
+        assert any(x > f for x in f2)  # the ranked chunk is there to count
+    counts = [_chunks_before(x, f, f2[gi], step) for gi, x in enumerate(lens)]
+    total = int(p.spec_total[0])
+    assert total == sum(counts) and total < slots  # so that with line "slots" the plan's warps run
+    if p.spec_items is not None:  # each group's chunks once, as far as the list holds them
+        listed = sorted(cupy.asnumpy(p.spec_items)[: min(total, p.spec_items.size)].tolist())
+        every = sorted(gi * p.spec_chunks + c for gi in range(2) for c in range(counts[gi]))
+        assert listed == every if p.spec_items.size >= total else set(listed) <= set(every)
     dec = p.attend(0)
     assert int(p.spec_total[0]) == 0
     for g in range(2):

@@ -78,9 +78,11 @@
 // position `spec_len` (psa_spec_len) and writing its heads' unnormalised output, max logit, mass, min
 // log block mass and moving-average terms to `partial [B, Hq, chunks, PSA_D + 4]`; no CTA decides
 // anything. psa_spec_verify (spec.cu) then runs the verifier over the chunks in order. The host may launch
-// a build of PSA_WARPS warps and one of a single warp back to back: a CTA of the first leaves when the
-// launch's speculated chunks (`spec_total`, psa_spec_len) reach `one_warp_from`, one of the second when they
-// do not (_kernels.spec_warps), so the CTA shape follows the chunks actually speculated, on the device.
+// a build of PSA_WARPS warps and one of a single warp back to back, so that the CTA shape follows the chunks
+// actually speculated (`spec_total`, counted by psa_spec_len), on the device (_kernels.spec_one_warp_from):
+// the one-warp build on the grid above leaves unless they reach `one_warp_from`; the other then runs a
+// compact grid, CTA i taking the i-th speculated chunk from `spec_items` (psa_spec_len's list, `gi *
+// spec_chunks + chunk`), and leaves when they do reach it, so the launch that leaves is small.
 //
 // Split build (PSA_SPLIT = 1; dense and top-k, which need no verifier decision): one group's
 // positions [0, min(n, step)) are cut into gridDim.x splits of `split_len` positions, each attended
@@ -213,12 +215,28 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #if PSA_SPEC
            , const int* __restrict__ spec_len, float* __restrict__ partial, const int* __restrict__ spec_total,
-           int one_warp_from
+           int one_warp_from, const int* __restrict__ spec_items, int spec_chunks
 #endif
            ) {
     constexpr int NW = PSA_CLUSTER * PSA_WARPS;
     extern __shared__ __align__(16) unsigned char dyn_smem[];
+#if PSA_SPEC
+    // The CTA's request, group and chunk: from the grid (chunk, Gn, B), or the compact list's entry blockIdx.x.
+    // Each build leaves unless the chunks speculated pick its shape (above).
+    const int Gn = Hq / PSA_G, spec_count = __ldg(spec_total);
+    int b = blockIdx.z, g = blockIdx.y, chunk = blockIdx.x;
+    if (spec_items) {
+        if (spec_count >= one_warp_from || (int)blockIdx.x >= spec_count) return;
+        const int item = __ldg(spec_items + blockIdx.x);
+        chunk = item % spec_chunks;
+        g = item / spec_chunks % Gn;
+        b = item / spec_chunks / Gn;
+    } else if ((spec_count >= one_warp_from) != (PSA_WARPS == 1)) {
+        return;
+    }
+#else
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
+#endif
     const unsigned int rank = cluster_rank();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gw = (int)rank * PSA_WARPS + warp;   // this warp's index within the group
@@ -232,13 +250,12 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const int n = min(total - base, split_len);
     const int first = n;
 #elif PSA_SPEC
-    // This CTA's chunk blockIdx.x of the group's schedule, attended as one chunk with no decision when it
+    // This CTA's chunk of the group's schedule, attended as one chunk with no decision when it
     // starts before the group's speculated positions (psa_spec_len); the others leave at once.
     const int n_all = (len + PSA_S - 1) / PSA_S, first_all = min(n_all, forced);
     const int first2_all = first_len ? min(n_all, first_all + __ldg(first_len + (long)b * Gn + g)) : first_all;
-    const int base = chunk_start(blockIdx.x, first_all, first2_all, step);
+    const int base = chunk_start(chunk, first_all, first2_all, step);
     if (base >= min(n_all, __ldg(spec_len + (long)b * Gn + g))) return;
-    if ((__ldg(spec_total) >= one_warp_from) != (PSA_WARPS == 1)) return;  // the other build's launch
     const int n = chunk_end(base, first_all, first2_all, step, n_all) - base;
     const int first = n;
 #else
@@ -268,7 +285,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #else
     // spec: the chunk's index, so that only chunk 0's first block enters the moving average with weight 1
-    int pos = 0, it = PSA_SPEC ? (int)blockIdx.x : 0, why = -1;
+#if PSA_SPEC
+    int pos = 0, it = chunk, why = -1;
+#else
+    int pos = 0, it = 0, why = -1;
+#endif
     // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
     const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
 #define PSA_SLOT(blk) __ldg(btab + (blk))
@@ -578,7 +599,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     __syncthreads();
     for (int idx = threadIdx.x; idx < PSA_G * PW; idx += blockDim.x) {
         const int h = idx / PW, d = idx % PW;
+#if PSA_SPEC
+        float* dst = partial + (((long)b * Hq + h0 + h) * spec_chunks + chunk) * PW;
+#else
         float* dst = partial + (((long)b * Hq + h0 + h) * gridDim.x + blockIdx.x) * PW;
+#endif
         dst[d] = d < PSA_D ? c_o[h][d] : d == PSA_D ? c_m[h] : d == PSA_D + 1 || !PSA_SPEC ? c_l[h]
                : d == PSA_D + 2 ? cta_stats[it & 1][h].z : cta_stats[it & 1][h].w;
     }

@@ -9,15 +9,19 @@
 //
 // psa_spec_len (DecodePlan(speculate=...)) turns the same prediction into the positions the speculative
 // schedule attends in parallel before verifying: the forced blocks, `margin` times the predicted ranked
-// blocks, and `extra` more, at most n. It also adds the group's speculated chunks (of `step` positions
-// after the forced ones; without first_chunk's ranked chunk) to `spec_total`, from which the speculative
-// attend picks its CTA shape (psa_decode's PSA_SPEC build) and which psa_spec_verify sets back to 0.
+// blocks, and `extra` more, at most n. It also adds the group's speculated chunks (the schedule's: the
+// forced ones, first_chunk's ranked chunk, then `step` positions at a time) to `spec_total`, from which the
+// speculative attend picks its CTA shape (psa_decode's PSA_SPEC build) and which psa_spec_verify sets back
+// to 0, and lists them in `spec_items` (entry `gi * spec_chunks + chunk` at the group's offset in the count,
+// those below `items_cap`) for the attend's build of several warps.
 //
 // One warp per group (lane h < PSA_G searches head h); grid (Gn, B).
 //   log_suffix [B, Hq, Nmax + 1] float (psa_order_suffix over the per-head estimates)
 //   first_len  [B, Gn] int out: ranked blocks of the first ranked chunk (0: none)
 //   spec_len   [B, Gn] int out: positions to speculate
+//   first_len  [B, Gn] int or null: first_chunk's ranked blocks (the chunk schedule's second chunk)
 //   spec_total [1] int in/out: the chunks speculated over all groups (0 before the launch)
+//   spec_items [items_cap] int out or null: the speculated chunks, in no particular order of groups
 #include "common.cuh"
 #include "verifier.cuh"
 
@@ -54,14 +58,21 @@ psa_first_chunk(const float* __restrict__ log_suffix, const int* __restrict__ se
 extern "C" __global__ void __launch_bounds__(32)
 psa_spec_len(const float* __restrict__ log_suffix, const int* __restrict__ seq_lens, int* __restrict__ spec_len,
              int Hq, int Nmax, int forced, float log_rest, float margin, int extra, int step,
-             int* __restrict__ spec_total) {
-    const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x;
+             const int* __restrict__ first_len, int* __restrict__ spec_total, int* __restrict__ spec_items,
+             int items_cap, int spec_chunks) {
+    const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, gi = b * Gn + g;
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S, f = min(n, forced);
     const int need = predicted_prefix(log_suffix, b, g, Hq, Nmax, n, log_rest);
     const int ranked = (int)ceilf(margin * (float)max(0, need - f));
     const int len = min(n, f + ranked + extra);
+    const int f2 = first_len ? min(n, f + __ldg(first_len + gi)) : f;
+    const int chunks = chunks_before(len, f, f2, step);  // the attend's live chunks 0 .. chunks - 1
+    int at = 0;
     if (threadIdx.x == 0) {
-        spec_len[(long)b * Gn + g] = len;
-        atomicAdd(spec_total, chunks_before(len, f, f, step));
+        spec_len[gi] = len;
+        at = atomicAdd(spec_total, chunks);
     }
+    at = __shfl_sync(0xffffffffu, at, 0);
+    if (spec_items)
+        for (int c = threadIdx.x; c < chunks && at + c < items_cap; c += 32) spec_items[at + c] = gi * spec_chunks + c;
 }
