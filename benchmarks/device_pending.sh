@@ -21,6 +21,8 @@
 #   run(command="bash benchmarks/device_pending.sh compact", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  the device-picked CTA shape with the several-warp build on a compact grid (psa_spec_len's list): the speculative
 #  GPU tests, Llama's one-request rows, Gemma's layer 17 as the model's batch sees it (B = 32, 8, 1).
+#   run(command="bash benchmarks/device_pending.sh loopclock", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
+#  where the loop's time goes per iteration (PSA_LOOP_CLOCK): the resumed loop of a spread batch, and the plain loop.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -58,6 +60,16 @@ if [ "$PART" = compact ]; then
       --reps 30 --skip tau0.9,remaining,predicted,stages,rank,topk --out "$OUT" 2>&1 | grep "^|" | cut -d'|' -f4-8,13
   timeout 150 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
       --batches 32,8,1 --variants dense,default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_decode\|verify"
+  exit 0
+fi
+if [ "$PART" = loopclock ]; then
+  cd benchmarks
+  timeout 150 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32,8,1 \
+      --spread --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
+  timeout 150 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 8,1 \
+      --spread --loop --speculate 0 2>&1 | grep -v Warn | grep "^T=\|^|"
+  timeout 100 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
+      --batches 8,1 --variants default --out /tmp 2>&1 | grep -v Warn | grep "^T=\|psa_decode"
   exit 0
 fi
 if [ "$PART" = order ]; then

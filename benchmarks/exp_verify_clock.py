@@ -7,6 +7,10 @@ the chunks' statistics, their prefix scans, their decisions, and the output pass
     python benchmarks/exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1,8,32 --spread
 
 The fifteenth session's v2 (one gathering round) changed nothing; this says which phase holds the 17 µs.
+
+``--loop`` times the loop instead (``_kernels.LOOP_CLOCK``, the ``PSA_LOOP_CLOCK`` builds): the resumed loop after the
+verifier, or with ``--speculate 0`` the plain loop; per group that ran, its start, the chunks' attention, the
+barriers after them and the decisions (summed over its iterations), the finish, and the iterations.
 """
 
 from __future__ import annotations
@@ -30,6 +34,26 @@ def phase_table(clocks: np.ndarray, khz: float) -> list[str]:
     return rows
 
 
+LOOP_PHASES = ("kernel", "start", "attend", "barrier", "decide", "finish")
+
+
+def loop_table(clocks: np.ndarray, khz: float) -> list[str]:
+    """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 8]``: cycles of the
+    phases, iterations, 1 if the group ran) at ``khz`` kHz; then the iterations and the µs an iteration."""
+    c = np.asarray(clocks, dtype=np.float64).reshape(-1, 8)
+    c = c[c[:, 7] > 0]
+    if c.shape[0] == 0:
+        return ["| (no group ran the loop) | | |"]
+    us = c[:, : len(LOOP_PHASES)] / (khz * 1e-3)
+    rows = [f"| {name} | {us[:, i].mean():.2f} | {us[:, i].max():.2f} |" for i, name in enumerate(LOOP_PHASES)]
+    iters = c[:, 6]
+    per = (us[:, 2] + us[:, 3] + us[:, 4]) / np.maximum(iters, 1)
+    rows.append(f"| iterations | {iters.mean():.1f} | {iters.max():.0f} |")
+    rows.append(f"| µs an iteration | {per.mean():.2f} | {per.max():.2f} |")
+    rows.append(f"| groups that ran | {c.shape[0]} | |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kv", required=True, help="captured trace .npz files, comma-separated (bench_decode --kv)")
@@ -39,6 +63,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--speculate", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=5, help="steps run before the clocks are read (the last counts)")
+    ap.add_argument("--loop", action="store_true", help="time the loop (resumed, or plain with --speculate 0)")
     args = ap.parse_args()
 
     import cupy
@@ -51,23 +76,31 @@ def main() -> None:
     shape = SHAPES[args.shape]
     fill = real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread)
     khz = float(cupy.cuda.Device().attributes["ClockRate"])
-    _kernels.VERIFY_CLOCK = 1
+    if args.loop:
+        _kernels.LOOP_CLOCK = 1
+    else:
+        _kernels.VERIFY_CLOCK = 1
+    speculate = args.speculate or None
     try:
         for b in (int(x) for x in args.batches.split(",")):
             cache = psa_fast.PagedKVCache(num_layers=1, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
                                           max_tokens=args.size, block_size=shape.s, metadata="quant3")
             q = fill(cache, 0)
             p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
-                              stop="auto", step=max(16, cache.nmax // 256), speculate=args.speculate)
+                              stop="auto", step=max(16, cache.nmax // 256), speculate=speculate)
             for _ in range(args.steps):
                 p.run(q, 0)
             cupy.cuda.Device().synchronize()
-            print(f"\nT={args.size} B={b} {shape.name} speculate {args.speculate}"
-                  f"{' spread' if args.spread else ''}, SM clock {khz / 1e3:.0f} MHz (its maximum)")
+            what = "the loop" if args.loop else "psa_spec_verify"
+            print(f"\nT={args.size} B={b} {shape.name} speculate {speculate}{' spread' if args.spread else ''}, "
+                  f"{what}, cluster {p.cluster}, SM clock {khz / 1e3:.0f} MHz (its maximum)")
             print("| phase | mean µs | largest µs |\n|---|---|---|")
-            print("\n".join(phase_table(cupy.asnumpy(_kernels.verify_clocks), khz)))
+            if args.loop:
+                print("\n".join(loop_table(cupy.asnumpy(_kernels.loop_clocks), khz)))
+            else:
+                print("\n".join(phase_table(cupy.asnumpy(_kernels.verify_clocks), khz)))
     finally:
-        _kernels.VERIFY_CLOCK = 0
+        _kernels.VERIFY_CLOCK = _kernels.LOOP_CLOCK = 0
 
 
 if __name__ == "__main__":

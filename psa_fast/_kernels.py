@@ -277,6 +277,19 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
 
 VERIFY_CLOCK = 0  # 1: psa_spec_verify's PSA_VERIFY_CLOCK build, its phases' cycles in verify_clocks (exp_verify_clock.py)
 verify_clocks = None  # [B, Gn, 8] int64 of the last speculative step under VERIFY_CLOCK (spec.cu)
+LOOP_CLOCK = 0  # 1: the loop builds (plain, resumed) with PSA_LOOP_CLOCK, their phases' cycles in loop_clocks
+loop_clocks = None  # [B, Gn, 8] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
+
+
+def _loop_clock_args(b: int, gn: int) -> tuple:
+    """Under ``LOOP_CLOCK``: a fresh ``loop_clocks [B, Gn, 8]`` as the loop build's last argument."""
+    if not LOOP_CLOCK:
+        return ()
+    global loop_clocks
+    import cupy
+
+    loop_clocks = cupy.zeros((b, gn, 8), np.int64)
+    return (loop_clocks,)
 SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_shapes)
 
 
@@ -414,12 +427,16 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
             np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
             np.int32(step), np.int32(forced), ema_w, share, window, spec_total) + clock_args)
-        resumed = build(entry="decode_resume", cluster=cluster, resume=1)
-        resumed((cluster, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null), shared_mem=smem)
+        resumed = build(entry="decode_resume", cluster=cluster, resume=1, **({"loop_clock": 1} if LOOP_CLOCK else {}))
+        resumed((cluster, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null)
+                + _loop_clock_args(b, gn), shared_mem=smem)
         return
+    clocked = LOOP_CLOCK and version == 3 and split is None and offload is None
+    if clocked:
+        defines["loop_clock"] = 1
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
                        warps=warps, stages=stages, smem=smem, **defines)
-    fn(grid, (warps * 32,), args, shared_mem=smem)
+    fn(grid, (warps * 32,), args + (_loop_clock_args(b, hq // g) if clocked else ()), shared_mem=smem)
     if split is not None:
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
                        **defines)

@@ -110,6 +110,25 @@
 #define PSA_STATEFUL (PSA_OFFLOAD || PSA_RESUME)  // the loop starts from (and the offload build saves) istate/vstate
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "the speculative build runs one CTA per chunk");
+#ifndef PSA_LOOP_CLOCK
+#define PSA_LOOP_CLOCK 0
+#endif
+// PSA_LOOP_CLOCK = 1 (benchmarks/exp_verify_clock.py --loop): thread 0 of each group's rank-0 CTA reads the SM clock
+// around the loop and writes per group to loop_clocks [B, Gn, 8] the cycles of the whole kernel, its start (up to
+// the loop), the chunks' attention, the barriers after them, the decisions (each summed over iterations), the
+// finish (the cluster's merge and the writes), the iterations, and 1. Groups that leave at once write nothing.
+// Not for production; the loop builds only (plain and resumed).
+static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the loop clock times the loop builds");
+// The marks and sums live in shared memory (volatile), not registers: the D 256 builds have none to spare.
+#if PSA_LOOP_CLOCK
+#define PSA_LMARK(i) if (rank == 0 && threadIdx.x == 0) lclk[i] = clock64()
+#define PSA_LADD(acc, from) if (rank == 0 && threadIdx.x == 0) lclk[acc] += clock64() - lclk[from]
+#else
+#define PSA_LMARK(i)
+#define PSA_LADD(acc, from)
+#endif
+// lclk slots: 0 kernel start, 1 loop start, 2 this iteration's mark, 3 attention, 4 barriers, 5 decisions (sums),
+// 6 finish start, 7 iterations
 static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 
@@ -217,6 +236,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
            , const int* __restrict__ spec_len, float* __restrict__ partial, const int* __restrict__ spec_total,
            int one_warp_from, const int* __restrict__ spec_items, int spec_chunks
 #endif
+#if PSA_LOOP_CLOCK
+           , long long* __restrict__ loop_clocks
+#endif
            ) {
     constexpr int NW = PSA_CLUSTER * PSA_WARPS;
     extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -239,6 +261,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     const unsigned int rank = cluster_rank();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if PSA_LOOP_CLOCK
+    __shared__ long long lclk_store[8];
+    volatile long long* lclk = lclk_store;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < 8; ++i) lclk[i] = 0;
+#endif
+    PSA_LMARK(0);
     const int gw = (int)rank * PSA_WARPS + warp;   // this warp's index within the group
     const int h0 = g * PSA_G, kv = h0 / (Hq / Hkv);
     const float log_keep = __logf(1.f - ema_w);    // stop = ema: log of the weight kept per block
@@ -387,7 +416,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
 
     int cur = PSA_FIRST_POS, consumed = 0;
+    PSA_LMARK(1);
     while (why < 0) {
+        PSA_LMARK(2);
         const int end = chunk_end(pos, first, first2, step, n);
         // This warp's share of the chunk for heads 2 quad + e (e = 0, 1): max logit, mass relative to it, min
         // log block mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
@@ -497,6 +528,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
             for (int e = 0; e < 2; ++e)
                 if (2 * quad + e < PSA_G) warp_stats[warp][2 * quad + e] = make_float4(cm[e], cs[e], cmin[e], ce[e]);
+        PSA_LADD(3, 2);
+        PSA_LMARK(2);
         __syncthreads();
         if (warp == 0 && lane < PSA_G) {
             float4 w[PSA_WARPS];
@@ -512,6 +545,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
         break;
 #endif
+        PSA_LADD(4, 2);
+        PSA_LMARK(2);
         // Every warp reads the cluster's CTA totals (lane h, all ranks at once: one round trip) and
         // combines them in rank order, so every warp reaches the same decision without another barrier.
         float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
@@ -552,10 +587,15 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
         pos = end;
         ++it;
+        PSA_LADD(5, 2);
+#if PSA_LOOP_CLOCK
+        if (rank == 0 && threadIdx.x == 0) lclk[7] += 1;
+#endif
 #if PSA_OFFLOAD
         break;  // one iteration per launch
 #endif
     }
+    PSA_LMARK(6);
     cp_async_wait_all();  // prefetches past the stop must land before the ring is reused below
 
     // ---- merge the warps' outputs: warps of a CTA, then CTAs of the cluster ----
@@ -665,6 +705,20 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         }
 #endif
     }
+#if PSA_LOOP_CLOCK
+    if (rank == 0 && threadIdx.x == 0) {
+        const long long t_end = clock64();
+        long long* ck = loop_clocks + ((long)b * Gn + g) * 8;
+        ck[0] = t_end - lclk[0];
+        ck[1] = lclk[1] - lclk[0];
+        ck[2] = lclk[3];
+        ck[3] = lclk[4];
+        ck[4] = lclk[5];
+        ck[5] = t_end - lclk[6];
+        ck[6] = lclk[7];
+        ck[7] = 1;
+    }
+#endif
     cluster_sync();  // no CTA leaves while rank 0 may still read its shared memory
 }
 
