@@ -34,20 +34,22 @@ def phase_table(clocks: np.ndarray, khz: float) -> list[str]:
     return rows
 
 
-LOOP_PHASES = ("kernel", "start", "attend", "barrier", "decide", "finish")
+LOOP_PHASES = ("kernel", "start", "attend", "barrier", "decide: stats", "decide: sketch sums", "decide: rest",
+               "finish")
 
 
 def loop_table(clocks: np.ndarray, khz: float) -> list[str]:
-    """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 8]``: cycles of the
+    """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 12]``: cycles of the
     phases, iterations, 1 if the group ran) at ``khz`` kHz; then the iterations and the µs an iteration."""
-    c = np.asarray(clocks, dtype=np.float64).reshape(-1, 8)
-    c = c[c[:, 7] > 0]
+    c = np.asarray(clocks, dtype=np.float64).reshape(-1, 12)
+    c = c[c[:, 9] > 0]
     if c.shape[0] == 0:
         return ["| (no group ran the loop) | | |"]
-    us = c[:, : len(LOOP_PHASES)] / (khz * 1e-3)
+    k = len(LOOP_PHASES)
+    us = c[:, :k] / (khz * 1e-3)
     rows = [f"| {name} | {us[:, i].mean():.2f} | {us[:, i].max():.2f} |" for i, name in enumerate(LOOP_PHASES)]
-    iters = c[:, 6]
-    per = (us[:, 2] + us[:, 3] + us[:, 4]) / np.maximum(iters, 1)
+    iters = c[:, 8]
+    per = us[:, 2:7].sum(axis=1) / np.maximum(iters, 1)
     rows.append(f"| iterations | {iters.mean():.1f} | {iters.max():.0f} |")
     rows.append(f"| µs an iteration | {per.mean():.2f} | {per.max():.2f} |")
     rows.append(f"| groups that ran | {c.shape[0]} | |")

@@ -278,17 +278,17 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
 VERIFY_CLOCK = 0  # 1: psa_spec_verify's PSA_VERIFY_CLOCK build, its phases' cycles in verify_clocks (exp_verify_clock.py)
 verify_clocks = None  # [B, Gn, 8] int64 of the last speculative step under VERIFY_CLOCK (spec.cu)
 LOOP_CLOCK = 0  # 1: the loop builds (plain, resumed) with PSA_LOOP_CLOCK, their phases' cycles in loop_clocks
-loop_clocks = None  # [B, Gn, 8] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
+loop_clocks = None  # [B, Gn, 12] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
 
 
 def _loop_clock_args(b: int, gn: int) -> tuple:
-    """Under ``LOOP_CLOCK``: a fresh ``loop_clocks [B, Gn, 8]`` as the loop build's last argument."""
+    """Under ``LOOP_CLOCK``: a fresh ``loop_clocks [B, Gn, 12]`` as the loop build's last argument."""
     if not LOOP_CLOCK:
         return ()
     global loop_clocks
     import cupy
 
-    loop_clocks = cupy.zeros((b, gn, 8), np.int64)
+    loop_clocks = cupy.zeros((b, gn, 12), np.int64)
     return (loop_clocks,)
 SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_shapes)
 

@@ -519,13 +519,14 @@ def test_loop_clock_table_counts_only_the_groups_that_ran():
     from psa_fast import _kernels
 
     assert _kernels.LOOP_CLOCK == 0  # the production builds have no clock reads
-    clocks = np.zeros((3, 1, 8), np.int64)
-    clocks[0, 0] = [10000, 1000, 4000, 2000, 2000, 1000, 4, 1]
-    clocks[2, 0] = [30000, 1000, 12000, 6000, 6000, 5000, 6, 1]  # request 1 left at once: no row
+    clocks = np.zeros((3, 1, 12), np.int64)
+    clocks[0, 0, :10] = [10000, 1000, 4000, 2000, 500, 1000, 500, 1000, 4, 1]
+    clocks[2, 0, :10] = [30000, 1000, 12000, 6000, 1000, 4000, 1000, 5000, 6, 1]  # request 1 left at once: no row
     rows = evc.loop_table(clocks, khz=1e6)
     assert rows[0] == "| kernel | 20.00 | 30.00 |"
     assert rows[2] == "| attend | 8.00 | 12.00 |"
-    assert rows[6] == "| iterations | 5.0 | 6 |"
-    assert rows[7] == "| µs an iteration | 3.00 | 4.00 |"  # (4 + 2 + 2) / 4 and (12 + 6 + 6) / 6
-    assert rows[8] == "| groups that ran | 2 | |"
-    assert evc.loop_table(np.zeros((2, 8)), khz=1e6) == ["| (no group ran the loop) | | |"]
+    assert rows[5] == "| decide: sketch sums | 2.50 | 4.00 |"
+    assert rows[8] == "| iterations | 5.0 | 6 |"
+    assert rows[9] == "| µs an iteration | 3.00 | 4.00 |"  # (4 + 2 + 0.5 + 1 + 0.5) / 4 and (12 + 6 + 6) / 6
+    assert rows[10] == "| groups that ran | 2 | |"
+    assert evc.loop_table(np.zeros((2, 12)), khz=1e6) == ["| (no group ran the loop) | | |"]

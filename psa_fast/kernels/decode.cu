@@ -114,9 +114,10 @@ static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "th
 #define PSA_LOOP_CLOCK 0
 #endif
 // PSA_LOOP_CLOCK = 1 (benchmarks/exp_verify_clock.py --loop): thread 0 of each group's rank-0 CTA reads the SM clock
-// around the loop and writes per group to loop_clocks [B, Gn, 8] the cycles of the whole kernel, its start (up to
-// the loop), the chunks' attention, the barriers after them, the decisions (each summed over iterations), the
-// finish (the cluster's merge and the writes), the iterations, and 1. Groups that leave at once write nothing.
+// around the loop and writes per group to loop_clocks [B, Gn, 12] the cycles of the whole kernel, its start (up to
+// the loop), the chunks' attention, the barriers after them, the decisions in three parts (the cluster's
+// statistics, the sketch window sums, the rest; each summed over iterations), the finish (the cluster's merge and
+// the writes), the iterations, and 1. Groups that leave at once write nothing.
 // Not for production; the loop builds only (plain and resumed).
 static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the loop clock times the loop builds");
 // The marks and sums live in shared memory (volatile), not registers: the D 256 builds have none to spare.
@@ -127,8 +128,9 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the 
 #define PSA_LMARK(i)
 #define PSA_LADD(acc, from)
 #endif
-// lclk slots: 0 kernel start, 1 loop start, 2 this iteration's mark, 3 attention, 4 barriers, 5 decisions (sums),
-// 6 finish start, 7 iterations
+// lclk slots: 0 kernel start, 1 loop start, 2 this iteration's mark, then sums over iterations: 3 attention,
+// 4 barriers, 5 the decision's cluster statistics, 6 its sketch window sums, 7 the rest of it; 8 finish start,
+// 9 iterations
 static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 
@@ -262,10 +264,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const unsigned int rank = cluster_rank();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if PSA_LOOP_CLOCK
-    __shared__ long long lclk_store[8];
+    __shared__ long long lclk_store[10];
     volatile long long* lclk = lclk_store;
     if (threadIdx.x == 0)
-        for (int i = 0; i < 8; ++i) lclk[i] = 0;
+        for (int i = 0; i < 10; ++i) lclk[i] = 0;
 #endif
     PSA_LMARK(0);
     const int gw = (int)rank * PSA_WARPS + warp;   // this warp's index within the group
@@ -567,11 +569,15 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 te[h] = __shfl_sync(0xffffffffu, t.w, h);
             }
         }
+        PSA_LADD(5, 2);
+        PSA_LMARK(2);
         // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
         float w_true[PSA_G], w_sketch[PSA_G], next_sketch[PSA_G];
         if (sketchy)
             sketch_window_sums(lmass, ests, orow, (long)b * Hq + h0, Nmax, len, first, end, n, sketch_window, w_true,
                                w_sketch, next_sketch);
+        PSA_LADD(6, 2);
+        PSA_LMARK(2);
         bool all_hold = true;
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {
@@ -587,15 +593,15 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
         pos = end;
         ++it;
-        PSA_LADD(5, 2);
+        PSA_LADD(7, 2);
 #if PSA_LOOP_CLOCK
-        if (rank == 0 && threadIdx.x == 0) lclk[7] += 1;
+        if (rank == 0 && threadIdx.x == 0) lclk[9] += 1;
 #endif
 #if PSA_OFFLOAD
         break;  // one iteration per launch
 #endif
     }
-    PSA_LMARK(6);
+    PSA_LMARK(8);
     cp_async_wait_all();  // prefetches past the stop must land before the ring is reused below
 
     // ---- merge the warps' outputs: warps of a CTA, then CTAs of the cluster ----
@@ -708,15 +714,17 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_LOOP_CLOCK
     if (rank == 0 && threadIdx.x == 0) {
         const long long t_end = clock64();
-        long long* ck = loop_clocks + ((long)b * Gn + g) * 8;
+        long long* ck = loop_clocks + ((long)b * Gn + g) * 12;
         ck[0] = t_end - lclk[0];
         ck[1] = lclk[1] - lclk[0];
         ck[2] = lclk[3];
         ck[3] = lclk[4];
         ck[4] = lclk[5];
-        ck[5] = t_end - lclk[6];
+        ck[5] = lclk[6];
         ck[6] = lclk[7];
-        ck[7] = 1;
+        ck[7] = t_end - lclk[8];
+        ck[8] = lclk[9];
+        ck[9] = 1;
     }
 #endif
     cluster_sync();  // no CTA leaves while rank 0 may still read its shared memory
