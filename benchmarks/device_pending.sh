@@ -23,6 +23,8 @@
 #  GPU tests, Llama's one-request rows, Gemma's layer 17 as the model's batch sees it (B = 32, 8, 1).
 #   run(command="bash benchmarks/device_pending.sh loopclock", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
 #  where the loop's time goes per iteration (PSA_LOOP_CLOCK): the resumed loop of a spread batch, and the plain loop.
+#   run(command="bash benchmarks/device_pending.sh lse", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~9 minutes)
+#  the interleaved log-sum-exps of the sketch window sums: the kernel suites, the loop and verifier clocks, layer 17.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -68,6 +70,22 @@ if [ "$PART" = loopclock ]; then
       --spread --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
   timeout 150 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 \
       --spread --loop --speculate 0 2>&1 | grep -v Warn | grep "^T=\|^|"
+  exit 0
+fi
+if [ "$PART" = lse ]; then
+  timeout 420 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_fast_offload.py tests/test_first_chunk.py \
+      tests/test_fast_hf.py > "$OUT/t_gpu.log" 2>&1
+  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+  cd benchmarks
+  timeout 100 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32,8 \
+      --spread --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
+  timeout 100 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 \
+      --spread --loop --speculate 0 2>&1 | grep -v Warn | grep "^T=\|^|"
+  timeout 100 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1,32 \
+      --spread 2>&1 | grep -v Warn | grep "^T=\|^| kernel\|^| gather"
+  timeout 120 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
+      --batches 32,8,1 --variants default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_decode\|verify"
   exit 0
 fi
 if [ "$PART" = order ]; then

@@ -91,13 +91,26 @@ __device__ __forceinline__ float column_sum(float x) {
     return x;
 }
 
-// log sum_lanes exp(x), the same bits in every lane; -inf when every x is -inf.
-__device__ __forceinline__ float warp_logsumexp(float x) {
-    float m = x;
+// out[i] = log sum_lanes exp(x[i]), the same bits in every lane; -inf when every lane's x[i] is -inf.
+template <int N>
+__device__ __forceinline__ void warp_logsumexp(const float (&x)[N], float (&out)[N]) {
+    // N log-sum-exps at once, each the same bits as alone (max, then the sum of exp(x - max), both by the
+    // butterfly over lanes 16 .. 1): their shuffle rounds interleave instead of running one after another.
+    float m[N], s[N];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (m == -PSA_INF) return m;
-    return m + __logf(warp_sum(__expf(x - m)));
+    for (int i = 0; i < N; ++i) m[i] = x[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < N; ++i) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] = m[i] == -PSA_INF ? 0.f : __expf(x[i] - m[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < N; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = m[i] == -PSA_INF ? -PSA_INF : m[i] + __logf(s[i]);
 }
 
 // Unpack 8 16-bit floats held in a uint4 into floats (exact): halves (unpack8) or KV elements (unpack8_kv).

@@ -87,16 +87,29 @@ __device__ __forceinline__ void sketch_window_sums(const float* __restrict__ lma
                                                    const int* __restrict__ orow, long row0, int Nmax, int len,
                                                    int first, int end, int n, int window, float (&w_true)[PSA_G],
                                                    float (&w_sketch)[PSA_G], float (&next_sketch)[PSA_G]) {
+    // Every load is made (at positions clamped into the order's row) and masked after, so that none waits on a
+    // branch: the lanes' loads of all heads go out together.
     const int p = max(first, end - window) + (int)(threadIdx.x & 31);
-    const bool in_w = p < end;
-    const int jw = in_w ? (orow ? __ldg(orow + p) : p) : 0;
+    const bool in_w = p < end, has_next = end < n;
+    const int pc = in_w ? p : max(0, end - 1), ec = has_next ? end : max(0, n - 1);
+    int jw = orow ? __ldg(orow + pc) : pc, jn = orow ? __ldg(orow + ec) : ec;
+    jw = in_w ? jw : 0;
+    jn = has_next ? jn : 0;
     const float log_nw = __logf((float)min(PSA_S, len - jw * PSA_S));
-    const int jn = end < n ? (orow ? __ldg(orow + end) : end) : 0;
+    const float log_nn = __logf((float)min(PSA_S, len - jn * PSA_S));
+    float x[2 * PSA_G], sums[2 * PSA_G];  // heads' true masses, then their sketch masses: one interleaved reduction
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
         const long row = (row0 + h) * Nmax;
-        w_true[h] = warp_logsumexp(in_w ? __ldcg(lmass + row + p) : -PSA_INF);
-        w_sketch[h] = warp_logsumexp(in_w ? __ldg(ests + row + jw) + log_nw : -PSA_INF);
-        next_sketch[h] = end < n ? __ldg(ests + row + jn) + __logf((float)min(PSA_S, len - jn * PSA_S)) : -PSA_INF;
+        const float lt = __ldcg(lmass + row + pc), es = __ldg(ests + row + jw), en = __ldg(ests + row + jn);
+        x[h] = in_w ? lt : -PSA_INF;
+        x[PSA_G + h] = in_w ? es + log_nw : -PSA_INF;
+        next_sketch[h] = has_next ? en + log_nn : -PSA_INF;
+    }
+    warp_logsumexp(x, sums);
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        w_true[h] = sums[h];
+        w_sketch[h] = sums[PSA_G + h];
     }
 }
