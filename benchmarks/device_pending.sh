@@ -25,6 +25,8 @@
 #  where the loop's time goes per iteration (PSA_LOOP_CLOCK): the resumed loop of a spread batch, and the plain loop.
 #   run(command="bash benchmarks/device_pending.sh lse", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~9 minutes)
 #  the interleaved log-sum-exps of the sketch window sums: the kernel suites, the loop and verifier clocks, layer 17.
+#   run(command="bash benchmarks/device_pending.sh record", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
+#  runs of record after the seventeenth session's kernels: the real Gemma layer 17 (B = 1, 8, 32), Llama's 5% rows.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -86,6 +88,16 @@ if [ "$PART" = lse ]; then
       --spread 2>&1 | grep -v Warn | grep "^T=\|^| kernel\|^| gather"
   timeout 120 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
       --batches 32,8,1 --variants default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_decode\|verify"
+  exit 0
+fi
+if [ "$PART" = record ]; then
+  cd benchmarks
+  mkdir -p "$OUT/gemma" "$OUT/llama"
+  timeout 170 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/gemma" 2>&1 | grep "^|" \
+      | cut -d'|' -f4-9,12
+  timeout 90 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:8 \
+      --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/llama" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
   exit 0
 fi
 if [ "$PART" = order ]; then
