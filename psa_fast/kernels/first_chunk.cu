@@ -17,9 +17,9 @@
 //
 // One warp per group (lane h < PSA_G searches head h); grid (Gn, B).
 //   log_suffix [B, Hq, Nmax + 1] float (psa_order_suffix over the per-head estimates)
-//   first_len  [B, Gn] int out: ranked blocks of the first ranked chunk (0: none)
+//   first_len  [B, Gn] int: psa_first_chunk's output, the ranked blocks of the first ranked chunk (0: none);
+//              psa_spec_len's input (or null), the schedule's second chunk
 //   spec_len   [B, Gn] int out: positions to speculate
-//   first_len  [B, Gn] int or null: first_chunk's ranked blocks (the chunk schedule's second chunk)
 //   spec_total [1] int in/out: the chunks speculated over all groups (0 before the launch)
 //   spec_items [items_cap] int out or null: the speculated chunks, in no particular order of groups
 #include "common.cuh"
