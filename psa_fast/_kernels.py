@@ -290,6 +290,19 @@ def _loop_clock_args(b: int, gn: int) -> tuple:
 
     loop_clocks = cupy.zeros((b, gn, 12), np.int64)
     return (loop_clocks,)
+
+
+def _verify_clock_args(b: int, gn: int) -> tuple:
+    """Under ``VERIFY_CLOCK``: a fresh ``verify_clocks [B, Gn, 8]`` as psa_spec_verify's last argument."""
+    if not VERIFY_CLOCK:
+        return ()
+    global verify_clocks
+    import cupy
+
+    verify_clocks = cupy.zeros((b, gn, 8), np.int64)
+    return (verify_clocks,)
+
+
 SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_shapes)
 
 
@@ -415,18 +428,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
                                                    np.int32(chunks)), shared_mem=s_smem)
         ema_w, ests, lmass, share, window = rule_args
         verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify", **({"verify_clock": 1} if VERIFY_CLOCK else {}))
-        clock_args = ()
-        if VERIFY_CLOCK:
-            global verify_clocks
-            import cupy
-
-            verify_clocks = cupy.zeros((b, gn, 8), np.int64)
-            clock_args = (verify_clocks,)
         verify((gn, b), (SPEC_VERIFY_THREADS,), (
             partial, spec_len_arr, seq_lens, order_arr, null if log_suffix is None else log_suffix, ests, lmass,
             null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
             np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
-            np.int32(step), np.int32(forced), ema_w, share, window, spec_total) + clock_args)
+            np.int32(step), np.int32(forced), ema_w, share, window, spec_total) + _verify_clock_args(b, gn))
         resumed = build(entry="decode_resume", cluster=cluster, resume=1, **({"loop_clock": 1} if LOOP_CLOCK else {}))
         resumed((cluster, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null)
                 + _loop_clock_args(b, gn), shared_mem=smem)

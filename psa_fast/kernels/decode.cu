@@ -110,6 +110,8 @@
 #define PSA_STATEFUL (PSA_OFFLOAD || PSA_RESUME)  // the loop starts from (and the offload build saves) istate/vstate
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "the speculative build runs one CTA per chunk");
+static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
+#define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
 #define PSA_LOOP_CLOCK 0
 #endif
@@ -131,8 +133,6 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the 
 // lclk slots: 0 kernel start, 1 loop start, 2 this iteration's mark, then sums over iterations: 3 attention,
 // 4 barriers, 5 the decision's cluster statistics, 6 its sketch window sums, 7 the rest of it; 8 finish start,
 // 9 iterations
-static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
-#define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 
 #ifndef PSA_QPARTS
 #define PSA_QPARTS 2  // parts of Q's split (see above); 1 only when the query is of the KV's type
