@@ -27,6 +27,9 @@
 #  the interleaved log-sum-exps of the sketch window sums: the kernel suites, the loop and verifier clocks, layer 17.
 #   run(command="bash benchmarks/device_pending.sh record", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  runs of record after the seventeenth session's kernels: the real Gemma layer 17 (B = 1, 8, 32), Llama's 5% rows.
+#   run(command="bash benchmarks/device_pending.sh split2", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~4 minutes)
+#  the split build without the decision compiled in: its tests, dense and top-k rows (Llama 32K B = 1, 128K B = 8;
+#  the real Gemma layer 17).
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -98,6 +101,19 @@ if [ "$PART" = record ]; then
       | cut -d'|' -f4-9,12
   timeout 90 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:8 \
       --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/llama" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
+  exit 0
+fi
+if [ "$PART" = split2 ]; then
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py tests/test_fast_bf16.py \
+      -k "split or dense or topk or merge" > "$OUT/t_gpu.log" 2>&1
+  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+  cd benchmarks
+  timeout 90 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:8 \
+      --reps 30 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate --out "$OUT" 2>&1 | grep "^|" \
+      | cut -d'|' -f4-8,12
+  timeout 90 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 30 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate --out "$OUT" 2>&1 \
+      | grep "^|" | cut -d'|' -f4-9
   exit 0
 fi
 if [ "$PART" = order ]; then
