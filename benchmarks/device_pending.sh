@@ -27,9 +27,10 @@
 #  the interleaved log-sum-exps of the sketch window sums: the kernel suites, the loop and verifier clocks, layer 17.
 #   run(command="bash benchmarks/device_pending.sh record", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  runs of record after the seventeenth session's kernels: the real Gemma layer 17 (B = 1, 8, 32), Llama's 5% rows.
-#   run(command="bash benchmarks/device_pending.sh split2", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~4 minutes)
-#  the split build without the decision compiled in: its tests, dense and top-k rows (Llama 32K B = 1, 128K B = 8;
-#  the real Gemma layer 17).
+#   run(command="bash benchmarks/device_pending.sh next", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~9 minutes)
+#  wip/pending after the seventeenth session: the split build without the decision compiled in, and the sketch
+#  rules' window sums read by position (psa_order_suffix's `ordered`): the kernel suites, the loop and verifier
+#  clocks, layer 17 spread, the dense and top-k rows (Llama 32K B = 1, 128K B = 8; the real Gemma layer 17).
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -103,11 +104,20 @@ if [ "$PART" = record ]; then
       --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/llama" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
   exit 0
 fi
-if [ "$PART" = split2 ]; then
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py tests/test_fast_bf16.py \
-      -k "split or dense or topk or merge" > "$OUT/t_gpu.log" 2>&1
-  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+if [ "$PART" = next ]; then
+  timeout 360 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
+      > "$OUT/t_gpu.log" 2>&1
+  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
   cd benchmarks
+  timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32 \
+      --spread --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
+  timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 \
+      --spread --loop --speculate 0 2>&1 | grep -v Warn | grep "^T=\|^|"
+  timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1,32 \
+      --spread 2>&1 | grep -v Warn | grep "^T=\|^| kernel\|^| gather"
+  timeout 100 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
+      --batches 32,8,1 --variants default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_"
   timeout 90 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:8 \
       --reps 30 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate --out "$OUT" 2>&1 | grep "^|" \
       | cut -d'|' -f4-8,12

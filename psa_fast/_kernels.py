@@ -155,9 +155,11 @@ SLICE = 1024  # keys per CTA in the two-kernel sort
 
 
 def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
-          want_suffix, workspace=None) -> None:
+          want_suffix, workspace=None, ordered=None) -> None:
     """The processing order ``[B, Gn, Nmax]`` and, if ``want_suffix``, the suffix log-sum-exp of the
-    per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``).
+    per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``), and with ``ordered``
+    (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
+    sums read them).
 
     One CTA per group sorts and writes the order (``psa_order``) when a group has up to ``SLICE``
     blocks and when there are enough groups to fill the GPU. Otherwise a group is split:
@@ -188,7 +190,8 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     if want_suffix:
         threads = min(SUFFIX_THREADS, max(32, -(-nmax // 32) * 32))
         kernel("suffix", d=16, s=s, g=g, entry="order_suffix")((hq, b), (threads,), (
-            out_order, seq_lens, bounds, log_suffix, np.int32(hq), np.int32(nmax)))
+            out_order, seq_lens, bounds, log_suffix, np.int32(hq), np.int32(nmax),
+            np.uint64(0) if ordered is None else ordered))
 
 
 SELECT_THREADS = 1024  # psa_order_head's CTA
@@ -275,7 +278,7 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
     fn(q, np.float32(scale), np.float32(pow2), out_scaled, out_pow2)
 
 
-VERIFY_CLOCK = 0  # 1: psa_spec_verify's PSA_VERIFY_CLOCK build, its phases' cycles in verify_clocks (exp_verify_clock.py)
+VERIFY_CLOCK = 0  # 1: psa_spec_verify's PSA_VERIFY_CLOCK build, its phases' cycles in verify_clocks (exp_verify_clock)
 verify_clocks = None  # [B, Gn, 8] int64 of the last speculative step under VERIFY_CLOCK (spec.cu)
 LOOP_CLOCK = 0  # 1: the loop builds (plain, resumed) with PSA_LOOP_CLOCK, their phases' cycles in loop_clocks
 loop_clocks = None  # [B, Gn, 12] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
@@ -340,8 +343,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     build instead (version 3, psa_fast.offload): one iteration, the loop state read from and written
     back to ``istate``/``vstate``, blocks found as ``slot_map[block_table[...]]``.
 
-    ``sketch = (ests, lmass)`` (stop = sketch): each head's block estimates ``[B, Hq, Nmax]`` and a
-    scratch buffer of the same shape for the attended blocks' log masses.
+    ``sketch = (ordered, lmass)`` (stop = sketch): each head's log sketch mass ``log n_j + s_j`` of the block
+    at each position of the order ``[B, Hq, Nmax]`` (``order(..., ordered=)``) and a scratch buffer of the
+    same shape for the attended blocks' log masses, also by position.
 
     ``split = (splits, split_len, partial)`` (dense and top-k, version 3, ``cluster`` 1) launches the
     ``PSA_SPLIT`` build: ``splits`` CTAs per group each attend ``split_len`` consecutive positions and
@@ -382,7 +386,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if version < 3 and (stop in ("ema", "sketch", "sketch_avg") or offload is not None or first_len is not None):
         raise NotImplementedError("stop='ema', 'sketch', 'sketch_avg', first_chunk and offload need decode version 3")
     if stop in ("sketch", "sketch_avg") and sketch is None:
-        raise ValueError(f"stop={stop!r} needs sketch=(ests, lmass)")
+        raise ValueError(f"stop={stop!r} needs sketch=(ordered, lmass)")
     bf16 = k_pool.dtype == np.int16
     defines = {"bf16": 1} if bf16 else {}
     if version == 3:
@@ -390,9 +394,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"
-        ests, lmass = sketch if sketch is not None else (null, null)
+        ordered, lmass = sketch if sketch is not None else (null, null)
         share = SKETCH_AVG_SHARE if stop == "sketch_avg" else SKETCH_NEXT_SHARE
-        rule_args = (np.float32(EMA_WEIGHT), ests, lmass, np.float32(share), np.int32(SKETCH_WINDOW))
+        rule_args = (np.float32(EMA_WEIGHT), ordered, lmass, np.float32(share), np.int32(SKETCH_WINDOW))
         args = args + rule_args + (np.float32(qk_scale), null if first_len is None else first_len)
     if offload is not None:
         slot_map, istate, vstate, groups_left, done_ptr, token = offload
@@ -426,10 +430,10 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
                                        stages=s_stages, smem=s_smem, **defines)
             speculated(grid_w, (sw * 32,), args + (spec_len_arr, partial, spec_total, np.int32(one_warp_from), items,
                                                    np.int32(chunks)), shared_mem=s_smem)
-        ema_w, ests, lmass, share, window = rule_args
+        ema_w, ordered, lmass, share, window = rule_args
         verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify", **({"verify_clock": 1} if VERIFY_CLOCK else {}))
         verify((gn, b), (SPEC_VERIFY_THREADS,), (
-            partial, spec_len_arr, seq_lens, order_arr, null if log_suffix is None else log_suffix, ests, lmass,
+            partial, spec_len_arr, seq_lens, null if log_suffix is None else log_suffix, ordered, lmass,
             null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
             np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
             np.int32(step), np.int32(forced), ema_w, share, window, spec_total) + _verify_clock_args(b, gn))

@@ -205,13 +205,16 @@ class DecodePlan:
         self.sort_workspace = None if ws is None else cupy.empty(ws, cupy.uint64)
         # per head beside the group scores: min/max bounds (certified) or each head's estimates (sketch),
         # and their suffix log-sum-exp along the order
-        self._per_head = {"certified": "bounds", "sketch": "estimates", "sketch_avg": "estimates"}.get(self.stop) if self.mode == "psa" else None
+        per_head = {"certified": "bounds", "sketch": "estimates", "sketch_avg": "estimates"}
+        self._per_head = per_head.get(self.stop) if self.mode == "psa" else None
         if self.first_chunk == "predicted" or self.speculate is not None or (self.rank == "share" and self.g > 1):
             self._per_head = "estimates"  # the prediction sums each head's estimates along the order; the share
             # key normalises them per head
         self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
         self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if self._per_head else None
         self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
+        # ... and each head's log sketch mass by position of the order (psa_order_suffix writes it beside the sums)
+        self.sketch_ordered = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
         self.out = cupy.empty((b, self.hq, dp), f32)
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
@@ -335,7 +338,8 @@ class DecodePlan:
             return
         _kernels.order(self.scores, self.cache.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
                        sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
-                       want_suffix=self.bounds is not None, workspace=self.sort_workspace, **self._shape())
+                       want_suffix=self.bounds is not None, workspace=self.sort_workspace,
+                       ordered=self.sketch_ordered, **self._shape())
         if self.first_chunk == "predicted" and self.threshold < 1:
             _kernels.first_chunk(self.log_suffix, self.cache.seq_lens[layer], self.first_len, s=self.cache.block_size,
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
@@ -362,8 +366,8 @@ class DecodePlan:
                         self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
                         hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
                         warps=self.warps, version=self.version, stages=self.stages,
-                        sketch=(self.bounds, self.lmass) if self.lmass is not None else None, q_mma=self.q_mma,
-                        qk_scale=self.qk_scale,
+                        sketch=(self.sketch_ordered, self.lmass) if self.lmass is not None else None,
+                        q_mma=self.q_mma, qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
                         first_len=self.first_len, q_exact=self._q_exact,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,

@@ -52,7 +52,8 @@
 //              per-head estimates), log sum_{i' >= i} n_j exp(x_j) along the order (psa_order)
 //   out        [B, Hq, D] float out;  num_used, iterations, reason [B, Gn] int out;
 //   mass_est   [B, Hq] float out: the rule's estimated attended fraction when the loop ended
-//   ests       [B, Hq, Nmax] float (stop = sketch): each head's estimate s_j of every block
+//   ordered    [B, Hq, Nmax] float (stop = sketch): each head's log sketch mass log n_j + s_j of the block at
+//              each position of the order (psa_order_suffix)
 //   lmass      [B, Hq, Nmax] float scratch (stop = sketch): log of each attended block's true mass, by
 //              position in the order, written by the warp that attends it and read by the verifier
 //   dynamic shared memory: PSA_WARPS * PSA_STAGES * 2 * SP * D halves, SP = S rounded up to 16
@@ -225,7 +226,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
            const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
            int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w,
-           const float* __restrict__ ests, float* __restrict__ lmass, float sketch_share, int sketch_window,
+           const float* __restrict__ ordered, float* __restrict__ lmass, float sketch_share, int sketch_window,
            float qk_scale, const int* __restrict__ first_len
 #if PSA_STATEFUL
            , const int* __restrict__ slot_map, int* __restrict__ istate, float* __restrict__ vstate,
@@ -577,8 +578,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
         float w_true[PSA_G], w_sketch[PSA_G], next_sketch[PSA_G];
         if (sketchy)
-            sketch_window_sums(lmass, ests, orow, (long)b * Hq + h0, Nmax, len, first, end, n, sketch_window, w_true,
-                               w_sketch, next_sketch);
+            sketch_window_sums(lmass, ordered, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, w_true, w_sketch,
+                               next_sketch);
         PSA_LADD(6, 2);
         PSA_LMARK(2);
         bool all_hold = true;

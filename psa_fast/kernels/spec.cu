@@ -17,7 +17,7 @@
 //   partial    [B, Hq, Cmax, PSA_D + 4] float: per chunk O[D] (unnormalised), max logit, mass relative to
 //              it, min log block mass, moving-average terms (psa_decode's PSA_SPEC build)
 //   spec_len   [B, Gn] int: the speculated positions (psa_spec_len)
-//   order, log_suffix, ests, lmass, first_len: as psa_decode
+//   log_suffix, ordered, lmass, first_len: as psa_decode
 //   out [B, Hq, PSA_D], num_used / iterations / reason [B, Gn], mass_est [B, Hq]: written for groups that stop
 //   istate     [B, Gn, 4] int out: next position, iterations done, reason (-1: the loop goes on), and the
 //              positions the speculated chunks cover (read, attended or not)
@@ -52,7 +52,7 @@ __device__ __forceinline__ float2 lse_combine(float2 a, float2 b) {
 
 extern "C" __global__ void __launch_bounds__(PSA_VERIFY_THREADS)
 psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_len, const int* __restrict__ seq_lens,
-                const int* __restrict__ order, const float* __restrict__ log_suffix, const float* __restrict__ ests,
+                const float* __restrict__ log_suffix, const float* __restrict__ ordered,
                 const float* __restrict__ lmass, const int* __restrict__ first_len, float* __restrict__ out,
                 int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
                 float* __restrict__ mass_est, int* __restrict__ istate, float* __restrict__ vstate, int Hq, int Nmax,
@@ -79,7 +79,6 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
     const float next_share = stop == PSA_STOP_SKETCH_AVG ? sketch_share / (float)n : sketch_share;
     const float log_keep = __logf(1.f - ema_w);
-    const int* orow = order + gi * Nmax;
     const long row0 = (long)b * Hq + h0;  // the group's first head
 
     // Per chunk of the window and head: tm, ts, tmin, te, log_tail, w_true, w_sketch, next_sketch; per chunk
@@ -113,7 +112,7 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             }
             if (sketchy) {  // the calibration window's sums and the next block's sketch mass, as psa_decode's
                 float wt[PSA_G], ws[PSA_G], nx[PSA_G];
-                sketch_window_sums(lmass, ests, orow, row0, Nmax, len, first, end, n, sketch_window, wt, ws, nx);
+                sketch_window_sums(lmass, ordered, row0, Nmax, first, end, n, sketch_window, wt, ws, nx);
                 if (lane == 0)
 #pragma unroll
                     for (int h = 0; h < PSA_G; ++h) {

@@ -11,6 +11,8 @@
 //   vals       [B, Hq, Nmax] float: per-head value of every block
 //   log_suffix [B, Hq, Nmax + 1] float out: log sum_{i' >= i} n_j exp(vals_j), j = order[i'], i' < N_b;
 //              -inf from i = N_b on
+//   ordered    [B, Hq, Nmax] float out or null: x_i itself at i < N_b (the sketch rules' window sums read it
+//              by position, psa_decode / psa_spec_verify, instead of order[i] then vals[j])
 #include "common.cuh"
 
 #define PSA_SUFFIX_THREADS 1024
@@ -38,7 +40,7 @@ __device__ __forceinline__ float2 warp_suffix(float2 v, int lane) {
 
 extern "C" __global__ void __launch_bounds__(PSA_SUFFIX_THREADS)
 psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens, const float* __restrict__ vals,
-                 float* __restrict__ log_suffix, int Hq, int Nmax) {
+                 float* __restrict__ log_suffix, int Hq, int Nmax, float* __restrict__ ordered) {
     __shared__ float2 warp_total[32];
     const int h = blockIdx.x, b = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
@@ -47,6 +49,7 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
     const int* orow = order + ((long)b * (Hq / PSA_G) + h / PSA_G) * Nmax;
     const float* v = vals + ((long)b * Hq + h) * Nmax;
     float* ls = log_suffix + ((long)b * Hq + h) * (Nmax + 1);
+    float* xs = ordered ? ordered + ((long)b * Hq + h) * Nmax : nullptr;
 
     const int per = (n + blockDim.x - 1) / blockDim.x;
     const int lo = tid * per, hi = min(lo + per, n);
@@ -71,8 +74,10 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
     if (warp + 1 < nwarps) after = lse_merge(after, warp_total[warp + 1]);
     for (int i = hi - 1; i >= lo; --i) {
         const int j = __ldg(orow + i);
-        after = lse_merge(after, make_float2(__ldg(v + j) + __logf((float)min(PSA_S, len - j * PSA_S)), 1.f));
+        const float x = __ldg(v + j) + __logf((float)min(PSA_S, len - j * PSA_S));
+        after = lse_merge(after, make_float2(x, 1.f));
         ls[i] = after.x + __logf(after.y);
+        if (xs) xs[i] = x;
     }
     for (int i = n + tid; i <= Nmax; i += blockDim.x) ls[i] = -PSA_INF;
 }

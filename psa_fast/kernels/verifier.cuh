@@ -78,33 +78,29 @@ __device__ __forceinline__ bool verify_step(Verifier& v, float tm, float ts, flo
     return verifier_decide(v, end, first, n, stop, threshold, log_tail, w_true, w_sketch, next_sketch, next_share);
 }
 
-// stop = sketch / sketch_avg: per head of the group (rows row0 .. row0 + PSA_G - 1 of `lmass` and `ests`,
-// [.., Nmax] each), log sums over the calibration window (the last `window` ranked positions before `end`,
-// one per lane; window <= 32) of the attended blocks' true masses and of their sketch masses n_j exp(s_j),
-// and the log sketch mass of the block at position `end` (the next one). `orow` is the group's order (null:
-// the identity). Called by a whole warp; every lane gets the same bits.
-__device__ __forceinline__ void sketch_window_sums(const float* __restrict__ lmass, const float* __restrict__ ests,
-                                                   const int* __restrict__ orow, long row0, int Nmax, int len,
-                                                   int first, int end, int n, int window, float (&w_true)[PSA_G],
-                                                   float (&w_sketch)[PSA_G], float (&next_sketch)[PSA_G]) {
-    // Every load is made (at positions clamped into the order's row) and masked after, so that none waits on a
-    // branch: the lanes' loads of all heads go out together.
+// stop = sketch / sketch_avg: per head of the group (rows row0 .. row0 + PSA_G - 1 of `lmass` and
+// `ordered`, [.., Nmax] each), log sums over the calibration window (the last `window` ranked positions before
+// `end`, one per lane; window <= 32) of the attended blocks' true masses and of their sketch masses
+// n_j exp(s_j), and the log sketch mass of the block at position `end` (the next one). Both arrays are by
+// position of the order: `lmass` as the attend wrote it, `ordered` as psa_order_suffix did (log n_j + s_j,
+// j = order[i]). Called by a whole warp; every lane gets the same bits.
+__device__ __forceinline__ void sketch_window_sums(const float* __restrict__ lmass, const float* __restrict__ ordered,
+                                                   long row0, int Nmax, int first, int end, int n, int window,
+                                                   float (&w_true)[PSA_G], float (&w_sketch)[PSA_G],
+                                                   float (&next_sketch)[PSA_G]) {
+    // Every load is made (at positions clamped into the row) and masked after, so that none waits on a branch:
+    // the lanes' loads of all heads go out together, none behind another.
     const int p = max(first, end - window) + (int)(threadIdx.x & 31);
     const bool in_w = p < end, has_next = end < n;
     const int pc = in_w ? p : max(0, end - 1), ec = has_next ? end : max(0, n - 1);
-    int jw = orow ? __ldg(orow + pc) : pc, jn = orow ? __ldg(orow + ec) : ec;
-    jw = in_w ? jw : 0;
-    jn = has_next ? jn : 0;
-    const float log_nw = __logf((float)min(PSA_S, len - jw * PSA_S));
-    const float log_nn = __logf((float)min(PSA_S, len - jn * PSA_S));
     float x[2 * PSA_G], sums[2 * PSA_G];  // heads' true masses, then their sketch masses: one interleaved reduction
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
         const long row = (row0 + h) * Nmax;
-        const float lt = __ldcg(lmass + row + pc), es = __ldg(ests + row + jw), en = __ldg(ests + row + jn);
+        const float lt = __ldcg(lmass + row + pc), es = __ldg(ordered + row + pc), en = __ldg(ordered + row + ec);
         x[h] = in_w ? lt : -PSA_INF;
-        x[PSA_G + h] = in_w ? es + log_nw : -PSA_INF;
-        next_sketch[h] = has_next ? en + log_nn : -PSA_INF;
+        x[PSA_G + h] = in_w ? es : -PSA_INF;
+        next_sketch[h] = has_next ? en : -PSA_INF;
     }
     warp_logsumexp(x, sums);
 #pragma unroll
