@@ -110,7 +110,7 @@ if [ "$PART" = next ]; then
       > "$OUT/t_gpu.log" 2>&1
   echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
   cd benchmarks
-  timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32 \
+  timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32,8 \
       --spread --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
   timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 \
       --spread --loop --speculate 0 2>&1 | grep -v Warn | grep "^T=\|^|"

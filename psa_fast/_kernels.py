@@ -77,6 +77,17 @@ def pick_cluster(num_groups: int) -> int:
     return c
 
 
+def resume_cluster(cluster: int, step: int, warps: int) -> int:
+    """CTAs per group for the loop resumed after the speculative chunks: no more than give each warp a block
+    of a chunk of ``step`` (a power of two, at most ``cluster``). Its iterations are latency-bound, one block a
+    warp at most, so idle CTAs only lengthen the cluster barrier: on Gemma 3 (step 16, 4 warps at D 256) the
+    resumed iteration took 7.0 µs with 4 CTAs and 10.1 with 8 (benchmarks/NOTES.md)."""
+    c = 1
+    while c * 2 <= cluster and c * 2 * warps <= step:
+        c *= 2
+    return c
+
+
 def _with_smem(fn, smem: int):
     """``fn`` allowed ``smem`` bytes of dynamic shared memory (beyond the default 48 KiB when asked)."""
     if fn.max_dynamic_shared_size_bytes < smem:
@@ -437,8 +448,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
             np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
             np.int32(step), np.int32(forced), ema_w, share, window, spec_total) + _verify_clock_args(b, gn))
-        resumed = build(entry="decode_resume", cluster=cluster, resume=1, **({"loop_clock": 1} if LOOP_CLOCK else {}))
-        resumed((cluster, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null)
+        rc = resume_cluster(cluster, step, warps)
+        resumed = build(entry="decode_resume", cluster=rc, resume=1, **({"loop_clock": 1} if LOOP_CLOCK else {}))
+        resumed((rc, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null)
                 + _loop_clock_args(b, gn), shared_mem=smem)
         return
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None

@@ -530,3 +530,13 @@ def test_loop_clock_table_counts_only_the_groups_that_ran():
     assert rows[9] == "| µs an iteration | 3.00 | 4.00 |"  # (4 + 2 + 0.5 + 1 + 0.5) / 4 and (12 + 6 + 6) / 6
     assert rows[10] == "| groups that ran | 2 | |"
     assert evc.loop_table(np.zeros((2, 12)), khz=1e6) == ["| (no group ran the loop) | | |"]
+
+
+def test_resumed_loop_takes_no_more_ctas_than_a_chunk_has_blocks_for_its_warps():
+    from psa_fast import _kernels
+
+    assert _kernels.resume_cluster(8, 16, 4) == 4  # Gemma 3: step 16, 4 warps at D 256
+    assert _kernels.resume_cluster(4, 16, 4) == 4  # the plan's cluster is the most
+    assert _kernels.resume_cluster(8, 16, 8) == 2 and _kernels.resume_cluster(8, 32, 8) == 4
+    assert _kernels.resume_cluster(8, 24, 4) == 4  # a power of two below step / warps
+    assert _kernels.resume_cluster(8, 4, 8) == 1 and _kernels.resume_cluster(1, 256, 8) == 1
