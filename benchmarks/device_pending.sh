@@ -27,10 +27,12 @@
 #  the interleaved log-sum-exps of the sketch window sums: the kernel suites, the loop and verifier clocks, layer 17.
 #   run(command="bash benchmarks/device_pending.sh record", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  runs of record after the seventeenth session's kernels: the real Gemma layer 17 (B = 1, 8, 32), Llama's 5% rows.
-#   run(command="bash benchmarks/device_pending.sh next", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~9 minutes)
+#   run(command="bash benchmarks/device_pending.sh next")  (~6 minutes), then at once (warm)
+#   run(command="bash benchmarks/device_pending.sh nextbench", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  wip/pending after the seventeenth session: the split build without the decision compiled in, and the sketch
-#  rules' window sums read by position (psa_order_suffix's `ordered`): the kernel suites, the loop and verifier
-#  clocks, layer 17 spread, the dense and top-k rows (Llama 32K B = 1, 128K B = 8; the real Gemma layer 17).
+#  rules' window sums read by position (psa_order_suffix's `ordered`): the kernel suites (offload included), then
+#  the loop and verifier clocks, layer 17 spread, the dense and top-k rows (Llama 32K B = 1, 128K B = 8; the real
+#  Gemma layer 17).
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -105,10 +107,13 @@ if [ "$PART" = record ]; then
   exit 0
 fi
 if [ "$PART" = next ]; then
-  timeout 360 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+  timeout 540 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
       tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
-      > "$OUT/t_gpu.log" 2>&1
+      tests/test_fast_offload.py > "$OUT/t_gpu.log" 2>&1
   echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+  exit 0
+fi
+if [ "$PART" = nextbench ]; then
   cd benchmarks
   timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32,8 \
       --spread --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
