@@ -33,6 +33,10 @@
 #  rules' window sums read by position (psa_order_suffix's `ordered`): the kernel suites (offload included), then
 #  the loop and verifier clocks, layer 17 spread, the dense and top-k rows (Llama 32K B = 1, 128K B = 8; the real
 #  Gemma layer 17).
+#   run(command="bash benchmarks/device_pending.sh rank")  (~6 minutes), then at once (warm)
+#   run(command="bash benchmarks/device_pending.sh rankbench", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
+#  wip/rank: short orders by counting positions over many CTAs (psa_order_rank): the kernel suites (every short
+#  order goes through it), the three order methods timed and compared, layer 17 spread, Llama 32K B = 1.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -129,6 +133,23 @@ if [ "$PART" = nextbench ]; then
   timeout 90 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 30 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate --out "$OUT" 2>&1 \
       | grep "^|" | cut -d'|' -f4-9
+  exit 0
+fi
+if [ "$PART" = rank ]; then
+  # wip/rank: every short order now counts positions (psa_order_rank), so every kernel suite runs through it
+  timeout 540 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
+      tests/test_fast_offload.py > "$OUT/t_gpu_rank.log" 2>&1
+  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu_rank.log" | tail -8
+  exit 0
+fi
+if [ "$PART" = rankbench ]; then
+  cd benchmarks
+  timeout 90 python3 exp_order_rank.py 2>&1 | grep -v Warn
+  timeout 100 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
+      --batches 32,8,1 --variants default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_"
+  timeout 90 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1 \
+      --reps 30 --skip tau0.9,remaining,predicted,rank --out "$OUT" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
   exit 0
 fi
 if [ "$PART" = order ]; then

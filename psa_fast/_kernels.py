@@ -163,26 +163,54 @@ def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
 
 
 SLICE = 1024  # keys per CTA in the two-kernel sort
+RANK_WARPS = 8  # psa_order_rank's CTA
+RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
+RANK_MAX_PAIRS = 1 << 27  # comparisons a step (B x Gn x n^2) up to which counting beats sorting (NOTES.md)
+ORDER_METHODS = ("rank", "sort", "slices")
+
+
+def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
+    """How ``order`` orders ``b x gn`` groups of up to ``nmax`` blocks: ``"rank"`` (``psa_order_rank``:
+    every block's position counted over many CTAs, ``nmax^2`` comparisons a group) while the comparisons
+    summed over the groups stay under ``RANK_MAX_PAIRS``; else ``"slices"`` (``psa_order_slice`` +
+    ``psa_order_merge``) when a group has more than ``SLICE`` blocks, the groups leave SMs idle and a
+    ``workspace`` is given; else ``"sort"`` (``psa_order``, one CTA a group)."""
+    if nmax <= RANK_MAX_BLOCKS and b * gn * nmax * nmax <= RANK_MAX_PAIRS:
+        return "rank"
+    npad = 1 << max(1, int(nmax - 1).bit_length())
+    return "slices" if npad > SLICE and workspace and b * gn < num_sms() else "sort"
 
 
 def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
-          want_suffix, workspace=None, ordered=None) -> None:
+          want_suffix, workspace=None, method=None) -> None:
     """The processing order ``[B, Gn, Nmax]`` and, if ``want_suffix``, the suffix log-sum-exp of the
-    per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``), and with ``ordered``
-    (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
-    sums read them).
+    per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``).
 
-    One CTA per group sorts and writes the order (``psa_order``) when a group has up to ``SLICE``
-    blocks and when there are enough groups to fill the GPU. Otherwise a group is split:
-    ``psa_order_slice`` sorts slices of ``SLICE`` blocks on many CTAs into ``workspace``
-    (``[B, Gn, P * SLICE]`` uint64) and ``psa_order_merge`` places every key at its rank (its binary
-    searches cost more than they save once the groups alone fill the GPU: 252 vs 167 µs at B = 32)."""
+    Three kernels give the same order (``order_method`` picks one when ``method`` is None): short orders
+    count each block's position (``psa_order_rank``); otherwise one CTA per group sorts and writes the
+    order (``psa_order``) when a group has up to ``SLICE`` blocks and when there are enough groups to
+    fill the GPU, else a group is split: ``psa_order_slice`` sorts slices of ``SLICE`` blocks on many
+    CTAs into ``workspace`` (``[B, Gn, P * SLICE]`` uint64) and ``psa_order_merge`` places every key
+    at its rank (its binary searches cost more than they save once the groups alone fill the GPU: 252
+    vs 167 µs at B = 32)."""
     b, gn, _ = scores.shape
     npad = 1 << max(1, int(nmax - 1).bit_length())
-    if npad > MAX_SMEM_SORT:
+    method = method or order_method(b, gn, nmax, workspace=workspace is not None)
+    if method not in ORDER_METHODS:
+        raise ValueError(f"method must be one of {ORDER_METHODS} or None, got {method!r}")
+    if method == "slices" and (workspace is None or npad <= SLICE):
+        raise ValueError(f"method='slices' needs a workspace and more than {SLICE} blocks (got nmax={nmax})")
+    if method == "rank" and nmax > RANK_MAX_BLOCKS:
+        raise ValueError(f"method='rank' orders up to {RANK_MAX_BLOCKS} blocks a group (got nmax={nmax})")
+    if method != "rank" and npad > MAX_SMEM_SORT:
         raise NotImplementedError(f"ordering more than {MAX_SMEM_SORT} blocks per head is not implemented yet "
                                   f"(got {nmax}); use a larger block_size")
-    if npad > SLICE and workspace is not None and b * gn < num_sms():
+    if method == "rank":
+        tiles = -(-nmax // 32)
+        kernel("order_rank", d=16, s=s, g=g, warps=RANK_WARPS)(
+            (tiles, gn, b), (RANK_WARPS * 32,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
+                                                 np.int32(recent_blocks)), shared_mem=tiles * 128)
+    elif method == "slices":
         p = npad // SLICE
         fn = kernel("order_slice", d=16, s=s, g=g, npad=SLICE)
         fn((p, gn, b), (SLICE,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
@@ -201,8 +229,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     if want_suffix:
         threads = min(SUFFIX_THREADS, max(32, -(-nmax // 32) * 32))
         kernel("suffix", d=16, s=s, g=g, entry="order_suffix")((hq, b), (threads,), (
-            out_order, seq_lens, bounds, log_suffix, np.int32(hq), np.int32(nmax),
-            np.uint64(0) if ordered is None else ordered))
+            out_order, seq_lens, bounds, log_suffix, np.int32(hq), np.int32(nmax)))
 
 
 SELECT_THREADS = 1024  # psa_order_head's CTA

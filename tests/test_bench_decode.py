@@ -540,3 +540,30 @@ def test_resumed_loop_takes_no_more_ctas_than_a_chunk_has_blocks_for_its_warps()
     assert _kernels.resume_cluster(8, 16, 8) == 2 and _kernels.resume_cluster(8, 32, 8) == 4
     assert _kernels.resume_cluster(8, 24, 4) == 4  # a power of two below step / warps
     assert _kernels.resume_cluster(8, 4, 8) == 1 and _kernels.resume_cluster(1, 256, 8) == 1
+
+
+def test_order_counts_positions_while_the_comparisons_are_few(monkeypatch):
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert _kernels.order_method(1, 8, 2048) == "rank"  # Llama-3.1-8B at 32K, one request: 2^25 comparisons
+    assert _kernels.order_method(32, 1, 2048) == "rank"  # Gemma 3 at 32K, B = 32: 2^27, the most
+    assert _kernels.order_method(8, 8, 2048) == "slices"  # 2^28: sorted, the 64 groups leave SMs idle
+    assert _kernels.order_method(8, 8, 2048, workspace=False) == "sort"
+    assert _kernels.order_method(1, 8, 8192) == "slices"  # 128K: the sort of slices, then the merge
+    assert _kernels.order_method(32, 8, 8192) == "sort"  # 256 groups fill the GPU: one CTA a group
+    assert _kernels.order_method(1, 1, 16384) == "slices"  # past what one CTA counts in shared memory
+    assert _kernels.order_method(64, 8, 1000) == "sort"
+
+
+def test_order_names_a_bad_method_before_touching_the_gpu():
+    from psa_fast import _kernels
+
+    scores, seq, out = np.zeros((1, 1, 9000), np.float32), np.zeros(1, np.int32), np.zeros((1, 1, 9000), np.int32)
+    kw = dict(s=16, g=1, hq=1, nmax=9000, sink_blocks=0, recent_blocks=0, want_suffix=False)
+    with pytest.raises(ValueError, match="method must be one of"):
+        _kernels.order(scores, seq, out, None, None, method="bitonic", **kw)
+    with pytest.raises(ValueError, match="rank' orders up to 8192 blocks"):
+        _kernels.order(scores, seq, out, None, None, method="rank", **kw)
+    with pytest.raises(ValueError, match="needs a workspace"):
+        _kernels.order(scores, seq, out, None, None, method="slices", **kw)

@@ -673,12 +673,16 @@ def test_gather_from_mapped_host_memory_equals_host_store():
 
 
 @pytest.mark.parametrize("nmax, lens", [(1000, [1000 * 16]), (3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]),
-                                         (8192, [8192 * 16, 40 * 16])])
-def test_order_kernels_match_reference_rank(nmax, lens):
-    """Both sorts (one CTA per group, and slices + merge for long caches) give psa_ref's order, ties included."""
+                                         (8192, [8192 * 16, 40 * 16]), (45, [45 * 16, 33 * 16, 5, 0])])
+@pytest.mark.parametrize("method", [None, "rank", "sort", "slices"])
+def test_order_kernels_match_reference_rank(nmax, lens, method):
+    """Every way of ordering (counting positions over many CTAs, one CTA sorting a group, and slices +
+    merge for long caches; None: the rule's pick) gives psa_ref's order, ties included, and -1 past n."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
+    if method == "slices" and nmax <= _kernels.SLICE:
+        pytest.skip("slices + merge is for more than SLICE blocks a group")
     rng = np.random.default_rng(nmax)
     b, gn = len(lens), 3
     scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties
@@ -686,7 +690,8 @@ def test_order_kernels_match_reference_rank(nmax, lens):
     out = cupy.full((b, gn, nmax), -7, cupy.int32)
     ws = _kernels.order_workspace_shape(b, gn, nmax)
     _kernels.order(cupy.asarray(scores), seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=1,
-                   recent_blocks=2, want_suffix=False, workspace=None if ws is None else cupy.empty(ws, cupy.uint64))
+                   recent_blocks=2, want_suffix=False, workspace=None if ws is None else cupy.empty(ws, cupy.uint64),
+                   method=method)
     got = cupy.asnumpy(out)
     for r, t in enumerate(lens):
         n = -(-t // 16)
@@ -694,6 +699,35 @@ def test_order_kernels_match_reference_rank(nmax, lens):
             want = processing_order(scores[r, g, :n].astype(np.float64), forced_blocks(n, 1, 2))
             np.testing.assert_array_equal(got[r, g, :n], want)
             assert (got[r, g, n:] == -1).all()
+
+
+@pytest.mark.parametrize("values", ["special", "equal", "distinct"])
+@pytest.mark.parametrize("sink, recent", [(0, 0), (3, 40), (70, 70)])
+def test_order_by_counting_equals_the_sort(values, sink, recent):
+    """psa_order_rank places every block where the one-CTA sort does, bit for bit, on scores a sort
+    could break ties in: infinities, NaNs of both signs, -0.0 beside 0.0, all-equal scores, and forced
+    blocks that overlap or cover a short group."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(sink + recent)
+    b, gn, nmax = 3, 2, 1000
+    if values == "special":
+        pool = np.array([np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 1.0, -1.0, 3e38, -3e38, 1e-45],
+                        np.float32)
+        scores = rng.choice(pool, size=(b, gn, nmax))
+    else:
+        scores = (np.full((b, gn, nmax), 2.5) if values == "equal"
+                  else rng.standard_normal((b, gn, nmax))).astype(np.float32)
+    seq = cupy.asarray(np.array([1000 * 16, 97 * 16 - 3, 50], np.int32))
+    outs = []
+    for method in ("rank", "sort"):
+        out = cupy.full((b, gn, nmax), -7, cupy.int32)
+        _kernels.order(cupy.asarray(scores), seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=sink,
+                       recent_blocks=recent, want_suffix=False, method=method)
+        outs.append(cupy.asnumpy(out))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    for r, n in enumerate([1000, 97, 4]):  # each group's positions are a permutation of its blocks
+        assert sorted(outs[0][r, 0, :n].tolist()) == list(range(n))
 
 
 @pytest.mark.parametrize("nmax, lens, head", [(1000, [1000 * 16, 7 * 16 + 3], 37), (3000, [3000 * 16, 1500 * 16], 1),
