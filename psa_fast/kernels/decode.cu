@@ -526,9 +526,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             }
         }
 
-#if PSA_SPLIT
-        break;  // one chunk, no decision: psa_merge_splits writes the group's diagnostics
-#endif
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
         if (hh == 0)
 #pragma unroll
