@@ -145,16 +145,16 @@ if [ "$PART" = rank ]; then
 fi
 if [ "$PART" = rankbench ]; then
   cd benchmarks
-  mkdir -p "$OUT/g"
+  mkdir -p "$OUT/g" "$OUT/l"
   timeout 90 python3 exp_order_rank.py 2>&1 | grep -v Warn
   timeout 100 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
       --batches 32,8,1 --variants default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_"
-  timeout 90 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1 \
-      --reps 30 --skip tau0.9,remaining,predicted,rank --out "$OUT" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
-  # the split build with the decision compiled in again: Gemma's dense and top-k rows back to 77.7 / 261.3 µs?
-  timeout 90 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
-      --batches 1,8,32 --reps 30 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate --out "$OUT/g" 2>&1 \
-      | grep "^|" | cut -d'|' -f4-9
+  # runs of record after wip/pending + wip/rank: Llama's 5% rows (32K B = 1, 128K B = 8), the real Gemma layer 17
+  timeout 120 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:8 \
+      --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/l" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
+  timeout 170 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | grep "^|" \
+      | cut -d'|' -f4-9,12
   exit 0
 fi
 if [ "$PART" = order ]; then

@@ -1,5 +1,5 @@
 """The three ways `_kernels.order` orders the groups (issue 14, item 2): counting every block's position
-over many CTAs (`psa_order_rank`, by carry or by compares), one CTA sorting a group (`psa_order`), and
+over many CTAs (`psa_order_rank`, by carry or by compares, one or four blocks a lane), one CTA sorting a group (`psa_order`), and
 slices + merge (`psa_order_slice` + `psa_order_merge`), per batch, group count and blocks a group. Median
 µs a call, 16 calls captured in one CUDA graph; each row also checks that the three orders agree, and
 marks the method `order_method` picks (*).
@@ -27,8 +27,8 @@ def main() -> None:
 
     stream = cupy.cuda.Stream(non_blocking=True)
     rs = np.random.default_rng(0)
-    print("| B x Gn | blocks | pairs (M) | rank (carry) | rank (compare) | sort | slices | picked |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| B x Gn | blocks | pairs (M) | rank (carry) | rank (4 a lane) | rank (compare) | sort | slices | picked |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         b, gn, nmax = (int(x) for x in shape.split("x"))
         with stream:
@@ -38,9 +38,10 @@ def main() -> None:
             ws = None if ws_shape is None else cupy.empty(ws_shape, cupy.uint64)
             tiles = -(-nmax // 32)
 
-            def rank(carry):
-                fn = _kernels.kernel("order_rank", d=16, s=16, g=1, warps=_kernels.RANK_WARPS, rank_carry=carry)
-                return lambda out: fn((tiles, gn, b), (_kernels.RANK_WARPS * 32,),
+            def rank(carry, own=1):
+                fn = _kernels.kernel("order_rank", d=16, s=16, g=1, warps=_kernels.RANK_WARPS, rank_carry=carry,
+                                     rank_own=own)
+                return lambda out: fn((-(-tiles // own), gn, b), (_kernels.RANK_WARPS * 32,),
                                       (scores, seq, out, np.int32(nmax), np.int32(1), np.int32(1)),
                                       shared_mem=tiles * 128)
 
@@ -49,8 +50,9 @@ def main() -> None:
                                                   sink_blocks=1, recent_blocks=1, want_suffix=False, workspace=ws,
                                                   method=m)
 
-            runs = {"rank1": rank(1) if nmax <= _kernels.RANK_MAX_BLOCKS else None,
-                    "rank0": rank(0) if nmax <= _kernels.RANK_MAX_BLOCKS else None,
+            fits = nmax <= _kernels.RANK_MAX_BLOCKS
+            runs = {"rank1": rank(1) if fits else None, "rank4": rank(1, 4) if fits else None,
+                    "rank0": rank(0) if fits else None,
                     "sort": method("sort"), "slices": method("slices") if ws is not None else None}
             times, outs = {}, {}
             for name, fn in runs.items():
@@ -73,7 +75,8 @@ def main() -> None:
             cell = {k: "—" if v is None else f"{v:.1f}" for k, v in times.items()}
             mark = {"rank": "rank1", "sort": "sort", "slices": "slices"}[picked]
             cell[mark] += " *"
-            print(f"| {b} x {gn} | {nmax} | {b * gn * nmax * nmax / 1e6:.0f} | {cell['rank1']} | {cell['rank0']} | "
+            print(f"| {b} x {gn} | {nmax} | {b * gn * nmax * nmax / 1e6:.0f} | {cell['rank1']} | {cell['rank4']} | "
+                  f"{cell['rank0']} | "
                   f"{cell['sort']} | {cell['slices']} | {picked}{' MISMATCH ' + ','.join(bad) if bad else ''} |",
                   flush=True)
 

@@ -164,27 +164,44 @@ def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
 
 SLICE = 1024  # keys per CTA in the two-kernel sort
 RANK_WARPS = 8  # psa_order_rank's CTA
+RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
-RANK_MAX_PAIRS = 1 << 27  # comparisons a step (B x Gn x n^2) up to which counting beats sorting (NOTES.md)
 ORDER_METHODS = ("rank", "sort", "slices")
 
 
-def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
-    """How ``order`` orders ``b x gn`` groups of up to ``nmax`` blocks: ``"rank"`` (``psa_order_rank``:
-    every block's position counted over many CTAs, ``nmax^2`` comparisons a group) while the comparisons
-    summed over the groups stay under ``RANK_MAX_PAIRS``; else ``"slices"`` (``psa_order_slice`` +
-    ``psa_order_merge``) when a group has more than ``SLICE`` blocks, the groups leave SMs idle and a
-    ``workspace`` is given; else ``"sort"`` (``psa_order``, one CTA a group)."""
-    if nmax <= RANK_MAX_BLOCKS and b * gn * nmax * nmax <= RANK_MAX_PAIRS:
-        return "rank"
+def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
+    """In-graph µs of ordering ``b x gn`` groups of ``nmax`` blocks, fitted to ``exp_order_rank.py`` on the H200
+    (benchmarks/NOTES.md, eighteenth session): counting (``rank``) ~3.5 µs plus 7 M comparisons a µs, bound by
+    shared-memory wavefronts (a broadcast 16-byte read is 4); one CTA's bitonic sort ~0.0095 µs a padded block,
+    a wave of CTAs at a time; slices + merge ~9.6 µs plus 0.0017 a padded block, its ``npad / SLICE`` CTAs a
+    group in waves."""
     npad = 1 << max(1, int(nmax - 1).bit_length())
-    return "slices" if npad > SLICE and workspace and b * gn < num_sms() else "sort"
+    if method == "rank":
+        return 3.5 + b * gn * nmax * nmax / 7e6
+    if method == "sort":
+        return 0.0095 * max(npad, 32) * -(-b * gn // num_sms())
+    return (9.6 + 0.0017 * npad) * -(-b * gn * max(1, npad // SLICE) // num_sms())
+
+
+def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
+    """How ``order`` orders ``b x gn`` groups of up to ``nmax`` blocks. The sorts as before: ``"slices"``
+    (``psa_order_slice`` + ``psa_order_merge``) when a group has more than ``SLICE`` blocks, the groups leave
+    SMs idle and a ``workspace`` is given, else ``"sort"`` (``psa_order``, one CTA a group); ``"rank"``
+    (``psa_order_rank``: each block's position counted over many CTAs) instead where ``order_cost_us`` says it
+    is faster: few groups of up to ``RANK_MAX_BLOCKS`` (one request, or a few at 32K)."""
+    npad = 1 << max(1, int(nmax - 1).bit_length())
+    sort = "slices" if npad > SLICE and workspace and b * gn < num_sms() else "sort"
+    if nmax <= RANK_MAX_BLOCKS and order_cost_us("rank", b, gn, nmax) < order_cost_us(sort, b, gn, nmax):
+        return "rank"
+    return sort
 
 
 def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
-          want_suffix, workspace=None, method=None) -> None:
+          want_suffix, workspace=None, ordered=None, method=None) -> None:
     """The processing order ``[B, Gn, Nmax]`` and, if ``want_suffix``, the suffix log-sum-exp of the
-    per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``).
+    per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``), and with ``ordered``
+    (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
+    sums read them).
 
     Three kernels give the same order (``order_method`` picks one when ``method`` is None): short orders
     count each block's position (``psa_order_rank``); otherwise one CTA per group sorts and writes the
@@ -207,9 +224,10 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
                                   f"(got {nmax}); use a larger block_size")
     if method == "rank":
         tiles = -(-nmax // 32)
-        kernel("order_rank", d=16, s=s, g=g, warps=RANK_WARPS)(
-            (tiles, gn, b), (RANK_WARPS * 32,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
-                                                 np.int32(recent_blocks)), shared_mem=tiles * 128)
+        kernel("order_rank", d=16, s=s, g=g, warps=RANK_WARPS, rank_own=RANK_OWN)(
+            (-(-tiles // RANK_OWN), gn, b), (RANK_WARPS * 32,),
+            (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)),
+            shared_mem=tiles * 128)
     elif method == "slices":
         p = npad // SLICE
         fn = kernel("order_slice", d=16, s=s, g=g, npad=SLICE)
@@ -229,7 +247,8 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     if want_suffix:
         threads = min(SUFFIX_THREADS, max(32, -(-nmax // 32) * 32))
         kernel("suffix", d=16, s=s, g=g, entry="order_suffix")((hq, b), (threads,), (
-            out_order, seq_lens, bounds, log_suffix, np.int32(hq), np.int32(nmax)))
+            out_order, seq_lens, bounds, log_suffix, np.int32(hq), np.int32(nmax),
+            np.uint64(0) if ordered is None else ordered))
 
 
 SELECT_THREADS = 1024  # psa_order_head's CTA

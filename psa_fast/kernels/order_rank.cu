@@ -8,7 +8,8 @@
 // and the slices' merge is a second launch. So this kernel takes short orders (n^2 summed over the
 // groups small enough: _kernels.order), the sorts the rest.
 //
-// A CTA owns 32 blocks i0 .. i0 + 31 of one group, one a lane, and loads the group's score words into
+// A CTA owns 32 blocks i0 .. i0 + 31 of one group, one a lane (PSA_RANK_OWN tiles of 32, as many a lane,
+// compare each word read with that many owned words), and loads the group's score words into
 // shared memory (orderable() of the score, 0xFFFFFFFF for sink and recent blocks, 0 past n). Its warps
 // take the group's blocks in tiles of 32 (warp w: tiles w, w + W, ...). Only the 32-bit words are
 // compared, the tie by index being decided by the tile: a tile below the owned one counts s_j >= s_i,
@@ -18,58 +19,75 @@
 //
 //   scores   [B, Gn, Nmax] float (psa_estimate);  seq_lens [B] int
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's n blocks
-// Launch: grid (ceil(Nmax / 32), Gn, B), PSA_WARPS * 32 threads, ceil(Nmax / 32) * 128 bytes of
-// dynamic shared memory.
+// Launch: grid (ceil(Nmax / (32 PSA_RANK_OWN)), Gn, B), PSA_WARPS * 32 threads, ceil(Nmax / 32) * 128 bytes
+// of dynamic shared memory.
 #include "common.cuh"
 
 #ifndef PSA_RANK_CARRY
 #define PSA_RANK_CARRY 1  // count by the carry of a subtraction (2 instructions a pair, not 3); 0: by compares
 #endif
+#ifndef PSA_RANK_OWN
+#define PSA_RANK_OWN 1  // blocks a lane owns (a CTA 32 x as many): each word read is compared with this many
+#endif
+#define PSA_RO PSA_RANK_OWN
 
-// How many of a tile's 32 words come before the owned block's word `w`: a >= w (a tile below the owned
-// one), a > w (a tile above). By carry: the carry of a - w is a >= w, that of w - a is a <= w.
+// c += how many of a's 4 words come before the owned word w when BELOW (a >= w), or how many do not when
+// above (a <= w: the caller takes it from 32). The carry of a - w is a >= w, that of w - a is a <= w.
 template <bool BELOW>
-__device__ __forceinline__ int count_tile(const unsigned int* __restrict__ tile, unsigned int w) {
+__device__ __forceinline__ void count4(int& c, const uint4 a, unsigned int w) {
+#if PSA_RANK_CARRY
+    if (BELOW)
+        asm("{\n\t.reg .u32 t;\n\t"
+            "sub.cc.u32 t, %1, %5;\n\taddc.u32 %0, %0, 0;\n\t"
+            "sub.cc.u32 t, %2, %5;\n\taddc.u32 %0, %0, 0;\n\t"
+            "sub.cc.u32 t, %3, %5;\n\taddc.u32 %0, %0, 0;\n\t"
+            "sub.cc.u32 t, %4, %5;\n\taddc.u32 %0, %0, 0;\n\t}"
+            : "+r"(c) : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(w));
+    else
+        asm("{\n\t.reg .u32 t;\n\t"
+            "sub.cc.u32 t, %5, %1;\n\taddc.u32 %0, %0, 0;\n\t"
+            "sub.cc.u32 t, %5, %2;\n\taddc.u32 %0, %0, 0;\n\t"
+            "sub.cc.u32 t, %5, %3;\n\taddc.u32 %0, %0, 0;\n\t"
+            "sub.cc.u32 t, %5, %4;\n\taddc.u32 %0, %0, 0;\n\t}"
+            : "+r"(c) : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(w));
+#else
+    c += BELOW ? (a.x >= w) + (a.y >= w) + (a.z >= w) + (a.w >= w)
+               : (a.x <= w) + (a.y <= w) + (a.z <= w) + (a.w <= w);
+#endif
+}
+
+// c[r] += how many of a tile's 32 words come before owned word w[r], the tile wholly below the owned blocks
+// (a >= w: a lower index wins the tie) or wholly above (a > w).
+template <bool BELOW>
+__device__ __forceinline__ void count_tile(const unsigned int* __restrict__ tile, const unsigned int (&w)[PSA_RO],
+                                           int (&c)[PSA_RO]) {
     const uint4* v = reinterpret_cast<const uint4*>(tile);
-    int c[2] = {0, 0};
+    int k[PSA_RO][2] = {};
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
         const uint4 a = v[q];  // the same address for the whole warp: a broadcast
-#if PSA_RANK_CARRY
-        if (BELOW)
-            asm("{\n\t.reg .u32 t;\n\t"
-                "sub.cc.u32 t, %1, %5;\n\taddc.u32 %0, %0, 0;\n\t"
-                "sub.cc.u32 t, %2, %5;\n\taddc.u32 %0, %0, 0;\n\t"
-                "sub.cc.u32 t, %3, %5;\n\taddc.u32 %0, %0, 0;\n\t"
-                "sub.cc.u32 t, %4, %5;\n\taddc.u32 %0, %0, 0;\n\t}"
-                : "+r"(c[q & 1]) : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(w));
-        else
-            asm("{\n\t.reg .u32 t;\n\t"
-                "sub.cc.u32 t, %5, %1;\n\taddc.u32 %0, %0, 0;\n\t"
-                "sub.cc.u32 t, %5, %2;\n\taddc.u32 %0, %0, 0;\n\t"
-                "sub.cc.u32 t, %5, %3;\n\taddc.u32 %0, %0, 0;\n\t"
-                "sub.cc.u32 t, %5, %4;\n\taddc.u32 %0, %0, 0;\n\t}"
-                : "+r"(c[q & 1]) : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(w));
-#else
-        c[q & 1] += BELOW ? (a.x >= w) + (a.y >= w) + (a.z >= w) + (a.w >= w)
-                          : (a.x <= w) + (a.y <= w) + (a.z <= w) + (a.w <= w);
-#endif
+#pragma unroll
+        for (int r = 0; r < PSA_RO; ++r) count4<BELOW>(k[r][q & 1], a, w[r]);
     }
-    return BELOW ? c[0] + c[1] : 32 - c[0] - c[1];
+#pragma unroll
+    for (int r = 0; r < PSA_RO; ++r) c[r] += BELOW ? k[r][0] + k[r][1] : 32 - k[r][0] - k[r][1];
 }
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
                int sink_blocks, int recent_blocks) {
     extern __shared__ __align__(16) unsigned int words[];  // the group's tiles * 32 score words
-    __shared__ int part[PSA_WARPS][32];
-    const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y, own = blockIdx.x;
+    __shared__ int part[PSA_WARPS][PSA_RO][32];
+    const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
-    const int i = own * 32 + lane;
+    const int t0 = blockIdx.x * PSA_RO;  // the owned tiles t0 .. t0 + PSA_RO - 1; lane's block of tile t0 + r: i[r]
     int* orow = order + ((long)b * Gn + g) * Nmax;
-    if (own * 32 >= n) {  // positions past the group's blocks only
-        if (warp == 0 && i < Nmax) orow[i] = -1;
+    if (t0 * 32 >= n) {  // positions past the group's blocks only
+        if (warp == 0)
+#pragma unroll
+            for (int r = 0; r < PSA_RO; ++r)
+                if ((t0 + r) * 32 + lane < Nmax) orow[(t0 + r) * 32 + lane] = -1;
         return;
     }
     const float* srow = scores + ((long)b * Gn + g) * Nmax;
@@ -81,26 +99,42 @@ psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_len
     }
     __syncthreads();
 
-    const unsigned int w = words[i];
-    int c = 0;
+    unsigned int w[PSA_RO];
+    int c[PSA_RO];
+#pragma unroll
+    for (int r = 0; r < PSA_RO; ++r) {
+        const int i = (t0 + r) * 32 + lane;
+        w[r] = i < n ? words[i] : 0u;
+        c[r] = 0;
+    }
     for (int t = warp; t < tiles; t += PSA_WARPS) {
         const unsigned int* tile = words + t * 32;
-        if (t < own) {
-            c += count_tile<true>(tile, w);
-        } else if (t > own) {
-            c += count_tile<false>(tile, w);
-        } else {
+        if (t < t0) {
+            count_tile<true>(tile, w, c);
+        } else if (t >= t0 + PSA_RO) {
+            count_tile<false>(tile, w, c);
+        } else {  // an owned tile: the tie goes to the lower block index, word by word
+#pragma unroll 4
+            for (int j = 0; j < 32; ++j) {
+                const unsigned int a = tile[j];
+                const int blk = t * 32 + j;
 #pragma unroll
-            for (int j = 0; j < 32; ++j) c += j < lane ? (tile[j] >= w) : (tile[j] > w);
+                for (int r = 0; r < PSA_RO; ++r) c[r] += blk < (t0 + r) * 32 + lane ? (a >= w[r]) : (a > w[r]);
+            }
         }
     }
-    part[warp][lane] = c;
+#pragma unroll
+    for (int r = 0; r < PSA_RO; ++r) part[warp][r][lane] = c[r];
     __syncthreads();
     if (warp == 0) {
-        int pos = 0;
 #pragma unroll
-        for (int v = 0; v < PSA_WARPS; ++v) pos += part[v][lane];
-        if (i < n) orow[pos] = i;
-        else if (i < Nmax) orow[i] = -1;
+        for (int r = 0; r < PSA_RO; ++r) {
+            const int i = (t0 + r) * 32 + lane;
+            int pos = 0;
+#pragma unroll
+            for (int v = 0; v < PSA_WARPS; ++v) pos += part[v][r][lane];
+            if (i < n) orow[pos] = i;
+            else if (i < Nmax) orow[i] = -1;
+        }
     }
 }
