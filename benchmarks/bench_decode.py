@@ -202,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shares", default=DEFAULT_SHARES, help="ideal τ 0.95 budgets of --profile sparsity")
     p.add_argument("--recent-blocks", type=int, default=2, help="heavy recent blocks of --profile sparsity")
     p.add_argument("--per-head", action="store_true", help="also PSA τ=0.95 with gqa='per_head'")
+    p.add_argument("--speculate", type=float, default=SPECULATE, help="the speculative rows' margin")
+    p.add_argument("--extra-chunks", type=int, default=None,
+                   help="the speculative rows' chunks past the margin (DecodePlan(speculate_extra=N x step); "
+                        "default one step)")
     p.add_argument("--skip", default="", help=f"rows to leave out, of {','.join(SKIPPABLE)}")
     p.add_argument("--kv", default=None, help="--profile real: captured trace .npz files, comma-separated (a layer "
                                              "cut from a 32K capture by benchmarks/slice_trace.py fits one call)")
@@ -225,6 +229,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--skip takes {','.join(SKIPPABLE)}; got {','.join(sorted(args.skip - set(SKIPPABLE)))}")
     if args.reps < 1:
         parser.error(f"--reps must be >= 1, got {args.reps}")
+    if args.speculate <= 0:
+        parser.error(f"--speculate must be > 0, got {args.speculate}")
+    if args.extra_chunks is not None and args.extra_chunks < 0:
+        parser.error(f"--extra-chunks must be >= 0, got {args.extra_chunks}")
     if args.recent_blocks < 0:
         parser.error(f"--recent-blocks must be >= 0, got {args.recent_blocks}")
     if (args.profile == "real") != (args.kv is not None):
@@ -393,8 +401,10 @@ def measured_ideal_share(cache, qs, scale: float, tau: float = TAU_IDEAL) -> tup
 # --- one (size, batch, data) ------------------------------------------------------------------------
 
 def bench_size(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling_gbs: float,
-               skip=frozenset(), per_head: bool = False, tags: dict | None = None) -> list[dict]:
-    """Every row for ``b`` requests of ``t`` tokens of ``shape``.
+               skip=frozenset(), per_head: bool = False, tags: dict | None = None,
+               speculate: tuple[float, int | None] = (SPECULATE, None)) -> list[dict]:
+    """Every row for ``b`` requests of ``t`` tokens of ``shape``; the speculative rows with ``speculate = (margin,
+    chunks past it)`` (``DecodePlan(speculate=margin, speculate_extra=chunks x step)``; None: one step).
 
     ``fill(cache, layer) -> q`` writes one layer of a ``PagedKVCache`` (to capacity) and returns its
     queries ``[B, Hq, D]`` float16: the data. It is called for every layer of the cache, and again for a
@@ -404,14 +414,14 @@ def bench_size(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ce
     import torch
 
     rows = _rows(shape, t, b, fill, reps, stream, log, ceiling_gbs=ceiling_gbs, skip=skip, per_head=per_head,
-                 tags=tags)
+                 tags=tags, speculate=speculate)
     cupy.get_default_memory_pool().free_all_blocks()  # every cache and plan of the size is gone with _rows' frame
     torch.cuda.empty_cache()
     return rows
 
 
 def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling_gbs: float, skip, per_head: bool,
-          tags: dict | None) -> list[dict]:
+          tags: dict | None, speculate: tuple[float, int | None] = (SPECULATE, None)) -> list[dict]:
     import cupy
     import torch
 
@@ -521,6 +531,9 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
         step = max(cluster * 8, n // 64)
         # speculate: one CTA per chunk, so chunks of a few blocks per warp (no barrier per chunk to amortise)
         spec_step = max(16, n // 256)
+        margin, extra_chunks = speculate
+        spec_extra = None if extra_chunks is None else extra_chunks * spec_step
+        spec_name = f"speculate {margin}" + ("" if extra_chunks is None else f" +{extra_chunks} chunks")
 
         def psa_floor(read, groups=hkv, metadata="cuboid_mean", passes=0):
             return floor_bytes(shape, t=t, b=b, blocks_read=read, metadata=metadata, groups=groups,
@@ -567,10 +580,10 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     # per head: the estimates written, read back by the suffix sums, which write their own
                     row(fname, usf, psa_floor(readf, passes=3), mean_err(outsf), readf, 7)
             if "speculate" not in skip:  # every predicted chunk at once, verified after (DecodePlan(speculate=...))
-                sname = f"{name} speculate {SPECULATE}"
+                sname = f"{name} {spec_name}"
                 gots = attempt(sname, lambda: timed(psa_fast.plan(
-                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=spec_step, speculate=SPECULATE,
-                    scale=shape.scale)))
+                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=spec_step, speculate=margin,
+                    speculate_extra=spec_extra, scale=shape.scale)))
                 if gots is not None:
                     uss, outss, reads = gots
                     row(sname, uss, psa_floor(reads, passes=3), mean_err(outss), reads, 8, f"step {spec_step}")
@@ -597,16 +610,17 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                                            max_tokens=t, block_size=s, metadata="quant3")
                 for layer in range(layers):
                     fill(q3, layer)
-                variants = [(gqa, spec, "estimate") for spec in (None, SPECULATE) for gqa in ("shared", "per_head")
+                variants = [(gqa, spec, "estimate") for spec in (None, margin) for gqa in ("shared", "per_head")
                             if spec is None or "speculate" not in skip]
                 if "rank" not in skip and hq > hkv:  # shared groups ranked by share (DecodePlan(rank="share"))
-                    variants += [("shared", spec, "share") for spec in (None, SPECULATE)
+                    variants += [("shared", spec, "share") for spec in (None, margin)
                                  if spec is None or "speculate" not in skip]
                 for gqa, spec, rank in variants:
                     name = ("PSA τ=0.95 sketch_avg (quant3)" + (" per_head" if gqa == "per_head" else "")
-                            + (" rank share" if rank == "share" else "") + (f" speculate {spec}" if spec else ""))
+                            + (" rank share" if rank == "share" else "") + (f" {spec_name}" if spec else ""))
                     p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95, step=spec_step if spec else step,
-                                       gqa=gqa, scale=shape.scale, speculate=spec, rank=rank)
+                                       gqa=gqa, scale=shape.scale, speculate=spec, rank=rank,
+                                       speculate_extra=spec_extra if spec else None)
                     us3, outs3, read3 = timed(p3)
                     row(name, us3, psa_floor(read3, metadata="quant3", passes=3, groups=hq if gqa == "per_head"
                                              else hkv), mean_err(outs3), read3, 5,
@@ -806,7 +820,8 @@ def main(argv=None) -> None:
                     log(r)
 
                 rows += bench_size(shape, t, b, fill, args.reps, stream, log_tagged, ceiling_gbs=measured,
-                                   skip=args.skip, per_head=args.per_head, tags=tags)
+                                   skip=args.skip, per_head=args.per_head, tags=tags,
+                                   speculate=(args.speculate, args.extra_chunks))
     print(f"\n{len(rows)} rows in {time.time() - start:.0f} s\n")
     text = table(rows, measured)
     with open(os.path.join(args.out, f"{stem}.md"), "w") as f:

@@ -37,6 +37,8 @@
 #   run(command="bash benchmarks/device_pending.sh rankbench", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
 #  wip/rank: short orders by counting positions over many CTAs (psa_order_rank): the kernel suites (every short
 #  order goes through it), the three order methods timed and compared, layer 17 spread, Llama 32K B = 1.
+#   run(command="bash benchmarks/device_pending.sh extra", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
+#  the real Gemma layer 17 at B = 8 and 32 speculating more chunks past the margin (margin 1 + 8 / 4, margin 2 + 8).
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -155,6 +157,19 @@ if [ "$PART" = rankbench ]; then
   timeout 170 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | grep "^|" \
       | cut -d'|' -f4-9,12
+  exit 0
+fi
+if [ "$PART" = extra ]; then
+  # the real Gemma layer 17 at B = 8 and 32 with more chunks speculated past the margin (bench_decode.py
+  # --speculate M --extra-chunks N): fewer groups left to the resumed loop, more blocks read
+  cd benchmarks
+  for cfg in 1.0:8 1.0:4 2.0:8; do
+    m=${cfg%:*}; x=${cfg#*:}; dir="$OUT/s${m%.*}x$x"; mkdir -p "$dir"
+    echo "== speculate $m, $x chunks past it"
+    timeout 100 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 \
+        --sizes 32768 --batches 8,32 --reps 20 --speculate "$m" --extra-chunks "$x" \
+        --skip tau0.9,remaining,predicted,stages,rank,topk --out "$dir" 2>&1 | grep "^|" | cut -d'|' -f4-9,12
+  done
   exit 0
 fi
 if [ "$PART" = order ]; then

@@ -30,6 +30,9 @@ def test_default_arguments_are_the_run_of_record():
     assert a.profile == "pooled" and a.shares == [None] and a.skip == set() and a.versions == []
     assert a.sizes == [(t, b) for t in (8192, 32768, 131072) for b in (1, 8, 32)]
     assert bd.parse_args(["--quick"]).sizes == [(8192, 1), (8192, 8), (32768, 1), (32768, 8)]
+    assert (a.speculate, a.extra_chunks) == (bd.SPECULATE, None)  # the speculative rows: margin 2, one step past it
+    b = bd.parse_args(["--speculate", "1", "--extra-chunks", "8"])
+    assert (b.speculate, b.extra_chunks) == (1.0, 8)
 
 
 def test_sparsity_arguments():
@@ -49,7 +52,7 @@ def test_sparsity_arguments():
 @pytest.mark.parametrize("argv", [
     ["--sizes", "32768:x"], ["--sizes", "0"], ["--batches", "1,0"], ["--profile", "sparsity", "--shares", "0.1,1.5"],
     ["--profile", "sparsity", "--shares", "a"], ["--skip", "dense"], ["--shape", "gpt2"], ["--profile", "flat"],
-    ["--reps", "0"], ["--recent-blocks", "-1"],
+    ["--reps", "0"], ["--recent-blocks", "-1"], ["--speculate", "0"], ["--extra-chunks", "-1"],
 ])
 def test_bad_arguments_exit(argv):
     with pytest.raises(SystemExit):
