@@ -163,7 +163,7 @@ if [ "$PART" = extra ]; then
   # the real Gemma layer 17 at B = 8 and 32 with more chunks speculated past the margin (bench_decode.py
   # --speculate M --extra-chunks N): fewer groups left to the resumed loop, more blocks read
   cd benchmarks
-  for cfg in 1.0:8 1.0:4 2.0:8; do
+  for cfg in ${2:-1.0:8 1.0:4 2.0:8}; do
     m=${cfg%:*}; x=${cfg#*:}; dir="$OUT/s${m%.*}x$x"; mkdir -p "$dir"
     echo "== speculate $m, $x chunks past it"
     timeout 100 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 \
