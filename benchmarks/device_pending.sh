@@ -39,6 +39,8 @@
 #  order goes through it), the three order methods timed and compared, layer 17 spread, Llama 32K B = 1.
 #   run(command="bash benchmarks/device_pending.sh extra", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
 #  the real Gemma layer 17 at B = 8 and 32 speculating more chunks past the margin (margin 1 + 8 / 4, margin 2 + 8).
+#   run(command="bash benchmarks/device_pending.sh rankprobe")  (~2 minutes)
+#  what bounds psa_order_rank's counting (~30 pairs a clock an SM where ~64 were predicted): SASS and ncu.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -170,6 +172,23 @@ if [ "$PART" = extra ]; then
         --sizes 32768 --batches 8,32 --reps 20 --speculate "$m" --extra-chunks "$x" \
         --skip tau0.9,remaining,predicted,stages,rank,topk --out "$dir" 2>&1 | grep "^|" | cut -d'|' -f4-9,12
   done
+  exit 0
+fi
+if [ "$PART" = rankprobe ]; then
+  # What bounds psa_order_rank at ~30 pairs a clock an SM (NOTES.md, eighteenth session): its SASS (the carry
+  # build's inner loop: 2 instructions a pair, or more?) and ncu at 32 x 1 x 2048, one and four blocks a lane.
+  python3 -c "from psa_fast import _kernels; open('/tmp/rank.cu', 'w').write(_kernels._source('order_rank.cu'))"
+  for own in 1 4; do
+    nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=16 -DPSA_S=16 -DPSA_G=1 -DPSA_CLUSTER=1 -DPSA_WARPS=8 \
+        -DPSA_RANK_OWN=$own /tmp/rank.cu -o /tmp/rank$own.cubin && cuobjdump -sass /tmp/rank$own.cubin \
+        > "$OUT/rank_own${own}_sass.txt" 2>&1
+    echo "SASS own=$own rc=$? lines=$(wc -l < "$OUT/rank_own${own}_sass.txt" 2>/dev/null)"
+  done
+  cd benchmarks
+  timeout 200 ncu --clock-control none -k regex:psa_order_rank --launch-skip 4 --launch-count 2 \
+      --section SpeedOfLight --section SourceCounters --section WarpStateStats --section InstructionStats \
+      --print-details all python3 exp_order_rank.py --shapes 32x1x2048 > "$OUT/ncu_order_rank.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "Duration|Throughput|Stall|Issued Ipc" "$OUT/ncu_order_rank.txt" | head -30
   exit 0
 fi
 if [ "$PART" = order ]; then
