@@ -114,11 +114,15 @@ if [ "$PART" = record ]; then
       --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/llama" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
   exit 0
 fi
-if [ "$PART" = next ]; then
+# The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones), log to $OUT/$1.
+kernel_suites() {
   timeout 540 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
       tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
-      tests/test_fast_offload.py > "$OUT/t_gpu.log" 2>&1
-  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+      tests/test_fast_offload.py > "$OUT/$1" 2>&1
+  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/$1" | tail -8
+}
+if [ "$PART" = next ]; then
+  kernel_suites t_gpu.log
   exit 0
 fi
 if [ "$PART" = nextbench ]; then
@@ -141,10 +145,7 @@ if [ "$PART" = nextbench ]; then
 fi
 if [ "$PART" = rank ]; then
   # wip/rank: every short order now counts positions (psa_order_rank), so every kernel suite runs through it
-  timeout 540 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
-      tests/test_fast_offload.py > "$OUT/t_gpu_rank.log" 2>&1
-  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu_rank.log" | tail -8
+  kernel_suites t_gpu_rank.log
   exit 0
 fi
 if [ "$PART" = rankbench ]; then

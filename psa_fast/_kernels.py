@@ -162,6 +162,11 @@ def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
                                                                                np.int32(nmax)))
 
 
+def _pow2(x: int, least: int) -> int:
+    """The smallest power of two >= ``x``, at least ``least`` (the sorts' padded key counts)."""
+    return max(least, 1 << max(0, int(x - 1).bit_length()))
+
+
 SLICE = 1024  # keys per CTA in the two-kernel sort
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
@@ -171,11 +176,12 @@ ORDER_METHODS = ("rank", "sort", "slices")
 
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     """In-graph µs of ordering ``b x gn`` groups of ``nmax`` blocks, fitted to ``exp_order_rank.py`` on the H200
-    (benchmarks/NOTES.md, eighteenth session): counting (``rank``) ~3.5 µs plus 7 M comparisons a µs, bound by
-    shared-memory wavefronts (a broadcast 16-byte read is 4); one CTA's bitonic sort ~0.0095 µs a padded block,
+    (benchmarks/NOTES.md, eighteenth session): counting (``rank``) ~3.5 µs plus 7 M comparisons a µs (half the
+    rate its instruction count allows; what bounds it is not measured yet); one CTA's bitonic sort ~0.0095 µs a
+    padded block,
     a wave of CTAs at a time; slices + merge ~9.6 µs plus 0.0017 a padded block, its ``npad / SLICE`` CTAs a
     group in waves."""
-    npad = 1 << max(1, int(nmax - 1).bit_length())
+    npad = _pow2(nmax, 2)
     if method == "rank":
         return 3.5 + b * gn * nmax * nmax / 7e6
     if method == "sort":
@@ -189,7 +195,7 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
     SMs idle and a ``workspace`` is given, else ``"sort"`` (``psa_order``, one CTA a group); ``"rank"``
     (``psa_order_rank``: each block's position counted over many CTAs) instead where ``order_cost_us`` says it
     is faster: few groups of up to ``RANK_MAX_BLOCKS`` (one request, or a few at 32K)."""
-    npad = 1 << max(1, int(nmax - 1).bit_length())
+    npad = _pow2(nmax, 2)
     sort = "slices" if npad > SLICE and workspace and b * gn < num_sms() else "sort"
     if nmax <= RANK_MAX_BLOCKS and order_cost_us("rank", b, gn, nmax) < order_cost_us(sort, b, gn, nmax):
         return "rank"
@@ -211,7 +217,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     at its rank (its binary searches cost more than they save once the groups alone fill the GPU: 252
     vs 167 µs at B = 32)."""
     b, gn, _ = scores.shape
-    npad = 1 << max(1, int(nmax - 1).bit_length())
+    npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
     if method not in ORDER_METHODS:
         raise ValueError(f"method must be one of {ORDER_METHODS} or None, got {method!r}")
@@ -254,10 +260,6 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
 SELECT_THREADS = 1024  # psa_order_head's CTA
 
 
-def _pow2(x: int, least: int) -> int:
-    return max(least, 1 << max(0, int(x - 1).bit_length()))
-
-
 def order_head(scores, seq_lens, out_order, *, s, g, nmax, sink_blocks, recent_blocks, head) -> None:
     """The first ``min(head, n)`` positions of the processing order ``[B, Gn, Nmax]`` (what
     ``order`` writes there), by a radix select of the head and a sort of only its keys
@@ -277,7 +279,7 @@ def order_head(scores, seq_lens, out_order, *, s, g, nmax, sink_blocks, recent_b
 
 def order_workspace_shape(batch: int, groups: int, nmax: int) -> tuple[int, int, int] | None:
     """Shape of the uint64 workspace the two-kernel sort needs, or None when one CTA per group sorts."""
-    npad = 1 << max(1, int(nmax - 1).bit_length())
+    npad = _pow2(nmax, 2)
     return (batch, groups, npad) if npad > SLICE else None
 
 

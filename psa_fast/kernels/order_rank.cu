@@ -3,10 +3,10 @@
 //
 // The order is the one order.cu and order_slice.cu + order_merge.cu sort (forced blocks first, then
 // scores descending, ties by the lower block index), so block i's position is the number of blocks j
-// with s_j > s_i, or s_j = s_i and j < i. That is n^2 comparisons a group: at n = 2048 about 0.1 ms on
-// one SM, but ~2 µs over the GPU, where the sort of one CTA is issue-bound on its SM (1024 keys: ~9 µs)
-// and the slices' merge is a second launch. So this kernel takes short orders (n^2 summed over the
-// groups small enough: _kernels.order), the sorts the rest.
+// with s_j > s_i, or s_j = s_i and j < i. That is n^2 comparisons a group, spread over the GPU: 4.6 µs
+// for one group of 2048 blocks on the H200, where the sort of one CTA is issue-bound on its SM (19.4 µs)
+// and the slices + merge take 12.6. The count grows with B x Gn x n^2, so this kernel takes one request and
+// small batches (_kernels.order_method, a cost model of the measured times), the sorts the rest.
 //
 // A CTA owns 32 blocks i0 .. i0 + 31 of one group, one a lane (PSA_RANK_OWN tiles of 32, as many a lane,
 // compare each word read with that many owned words), and loads the group's score words into
