@@ -426,7 +426,6 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
     import torch
 
     import psa_fast
-    from psa_fast import _kernels
 
     n = -(-t // shape.s)
     per_layer = b * shape.hkv * n * shape.s * shape.d * 2 * 2
@@ -526,9 +525,9 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
             if got is not None:
                 row(f"psa_fast dense (decode v{v})", got[0], kv_floor, mean_err(got[1]), launches=3)
 
-        cluster = _kernels.pick_cluster(b * hkv)
-        # at least one block per warp per iteration, and at most ~64 iterations over the whole cache
-        step = max(cluster * 8, n // 64)
+        # the loop's rows: the plan's step="auto" (_kernels.pick_step); until 2026-12-02 the runs of record took
+        # max(8 x cluster, blocks / 64): 64 / 128 / 128 at Llama's 32K B = 1, 128K B = 1 and 8 (benchmarks/NOTES.md)
+        step = "auto"
         # speculate: one CTA per chunk, so chunks of a few blocks per warp (no barrier per chunk to amortise)
         spec_step = max(16, n // 256)
         margin, extra_chunks = speculate
@@ -591,8 +590,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                 pname = f"{name} per_head"
 
                 def run_per_head():
-                    cl = _kernels.pick_cluster(b * hq)
-                    ph = psa_fast.plan(cache, num_q_heads=hq, mode="psa", threshold=tau, step=max(cl * 8, n // 64),
+                    ph = psa_fast.plan(cache, num_q_heads=hq, mode="psa", threshold=tau, step=step,
                                        gqa="per_head", scale=shape.scale)
                     return ph, timed(ph)
 

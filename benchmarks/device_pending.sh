@@ -41,6 +41,14 @@
 #  the real Gemma layer 17 at B = 8 and 32 speculating more chunks past the margin (margin 1 + 8 / 4, margin 2 + 8).
 #   run(command="bash benchmarks/device_pending.sh rankprobe")  (~2 minutes)
 #  what bounds psa_order_rank's counting (~30 pairs a clock an SM where ~64 were predicted): SASS and ncu.
+#   run(command="bash benchmarks/device_pending.sh stages")  (~3 minutes)
+#  Llama-3.1-8B ideal 5%, kernel by kernel: 32K B = 1, 128K B = 1 and 8 (dense, ema, speculating).
+#   run(command="bash benchmarks/device_pending.sh steps")  (~5 minutes)
+#  the loop's and the speculation's step for one request (exp_step.py); ncu of the quant3 estimate on Llama.
+#   run(command="bash benchmarks/device_pending.sh loopsteps")  (~4 minutes)
+#  the plain loop's iterations by the SM clock on Llama (one request), and the steps with a predicted first chunk.
+#   run(command="bash benchmarks/device_pending.sh auto")  (~6 minutes)
+#  DecodePlan(step="auto"): its GPU tests, exp_step.py beside the neighbouring steps, Llama's 5% runs of record.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -190,6 +198,61 @@ if [ "$PART" = rankprobe ]; then
       --section SpeedOfLight --section SourceCounters --section WarpStateStats --section InstructionStats \
       --print-details all python3 exp_order_rank.py --shapes 32x1x2048 > "$OUT/ncu_order_rank.txt" 2>&1
   echo "ncu rc=$?"; grep -E "Duration|Throughput|Stall|Issued Ipc" "$OUT/ncu_order_rank.txt" | head -30
+  exit 0
+fi
+if [ "$PART" = stages ]; then
+  # Where Llama's one-request and 128K steps go now, kernel by kernel (ideal 5%): dense, ema's loop, speculating
+  # (ema and the default rule), at 32K B = 1, 128K B = 1 and 128K B = 8.
+  cd benchmarks
+  for cfg in 32768:1 131072:1,8; do
+    timeout 150 python3 profile_decode_step.py --share 0.05 --shape llama8b --size "${cfg%:*}" --batches "${cfg#*:}" \
+        --variants dense,ema,ema:s2.0,default:s2.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_\|  "
+    mv "$OUT/profile_decode_step_llama8b.jsonl" "$OUT/profile_decode_step_llama8b_${cfg%:*}.jsonl"
+  done
+  exit 0
+fi
+if [ "$PART" = steps ]; then
+  # How many blocks an iteration should take for one request (exp_step.py: the loop and the speculative schedule
+  # at several steps, Llama ideal 5%); then why the quant3 estimate reads Llama's metadata at ~40% of HBM (ncu).
+  cd benchmarks
+  timeout 240 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 \
+      --steps 64,128,256,512 --modes loop,s1.0,s2.0 2>&1 | grep -v Warn | tee "$OUT/exp_step_llama8b.md" | grep "^#\|^|"
+  for cfg in 32768:1 131072:8; do
+    timeout 150 ncu --clock-control none -k regex:psa_estimate_quant3 --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section InstructionStats --section MemoryWorkloadAnalysis --print-details all \
+        python3 profile_decode_step.py --share 0.05 --shape llama8b --size "${cfg%:*}" --batches "${cfg#*:}" \
+        --variants default:s2.0 --steps 2 --no-profiler --out /tmp > "$OUT/ncu_quant3_llama8b_${cfg/:/_}.txt" 2>&1
+    echo "ncu quant3 $cfg rc=$?"
+    grep -E "Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Issue Slots Busy|Warp Cycles Per Issued|Stall (Long|Short|Math|Barrier|Wait|Not Sel|MIO|LG)|Grid Size|Waves" \
+        "$OUT/ncu_quant3_llama8b_${cfg/:/_}.txt" | head -30
+  done
+  exit 0
+fi
+if [ "$PART" = loopsteps ]; then
+  # Llama ideal 5%, one request, ema's plain loop: where an iteration goes (PSA_LOOP_CLOCK) at the bench's step and
+  # at a step that ends in one or two iterations; then the steps with a predicted first chunk.
+  cd benchmarks
+  for cfg in 32768:64 32768:512 131072:128 131072:512; do
+    timeout 60 python3 exp_verify_clock.py --share 0.05 --shape llama8b --size "${cfg%:*}" --batches 1 --stop ema \
+        --step "${cfg#*:}" --speculate 0 --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
+  done
+  timeout 200 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 \
+      --steps 64,128,256,512,1024 --modes first,loop 2>&1 | grep -v Warn | tee "$OUT/exp_step_first.md" | grep "^#\|^|"
+  exit 0
+fi
+if [ "$PART" = auto ]; then
+  # DecodePlan(step="auto"): its GPU tests, the plan's pick beside the measured steps, Llama's runs of record
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      -k "default_step or launch_shape" tests/test_fast_offload.py > "$OUT/t_auto.log" 2>&1
+  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_auto.log" | tail -8
+  cd benchmarks
+  timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 \
+      --steps auto,256,512 --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step_auto.md" | grep "^#\|^|"
+  mkdir -p "$OUT/llama"
+  timeout 180 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/llama" \
+      2>&1 | grep "^|" | cut -d'|' -f4-8,12
   exit 0
 fi
 if [ "$PART" = order ]; then

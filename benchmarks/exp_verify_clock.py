@@ -58,7 +58,12 @@ def loop_table(clocks: np.ndarray, khz: float) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kv", required=True, help="captured trace .npz files, comma-separated (bench_decode --kv)")
+    ap.add_argument("--kv", default=None, help="captured trace .npz files, comma-separated (bench_decode --kv)")
+    ap.add_argument("--share", type=float, default=None,
+                    help="instead of --kv: drawn block masses whose ideal τ 0.95 budget is about this share")
+    ap.add_argument("--stop", default="auto", choices=("auto", "ema"),
+                    help="the rule: auto (sketch_avg on quant3) or ema (on cuboid_mean)")
+    ap.add_argument("--step", type=int, default=None, help="blocks an iteration (default max(16, blocks / 256))")
     ap.add_argument("--spread", action="store_true", help="a batch of different decode steps (profile_decode_step)")
     ap.add_argument("--shape", default="gemma3")
     ap.add_argument("--size", type=int, default=32768)
@@ -67,16 +72,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="steps run before the clocks are read (the last counts)")
     ap.add_argument("--loop", action="store_true", help="time the loop (resumed, or plain with --speculate 0)")
     args = ap.parse_args()
+    if (args.kv is None) == (args.share is None):
+        ap.error("give the data: --kv TRACES or --share S")
 
     import cupy
-    from bench_decode import SHAPES, real_fill
+    from bench_decode import SHAPES, real_fill, sparsity_fill
 
     import psa_fast
     from psa_fast import _kernels
     from psa_ref.trace import load_trace
 
     shape = SHAPES[args.shape]
-    fill = real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread)
+    fill = (real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread) if args.kv
+            else sparsity_fill(shape, args.share, recent_blocks=2))
     khz = float(cupy.cuda.Device().attributes["ClockRate"])
     if args.loop:
         _kernels.LOOP_CLOCK = 1
@@ -86,16 +94,18 @@ def main() -> None:
     try:
         for b in (int(x) for x in args.batches.split(",")):
             cache = psa_fast.PagedKVCache(num_layers=1, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
-                                          max_tokens=args.size, block_size=shape.s, metadata="quant3")
+                                          max_tokens=args.size, block_size=shape.s,
+                                          metadata="quant3" if args.stop == "auto" else "cuboid_mean")
             q = fill(cache, 0)
             p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
-                              stop="auto", step=max(16, cache.nmax // 256), speculate=speculate)
+                              stop=args.stop, step=args.step or max(16, cache.nmax // 256), speculate=speculate)
             for _ in range(args.steps):
                 p.run(q, 0)
             cupy.cuda.Device().synchronize()
             what = "the loop" if args.loop else "psa_spec_verify"
-            print(f"\nT={args.size} B={b} {shape.name} speculate {speculate}{' spread' if args.spread else ''}, "
-                  f"{what}, cluster {p.cluster}, SM clock {khz / 1e3:.0f} MHz (its maximum)")
+            print(f"\nT={args.size} B={b} {shape.name} {args.stop} step {p.step} speculate {speculate}"
+                  f"{' spread' if args.spread else ''}, {what}, cluster {p.cluster}, "
+                  f"SM clock {khz / 1e3:.0f} MHz (its maximum)")
             print("| phase | mean µs | largest µs |\n|---|---|---|")
             if args.loop:
                 print("\n".join(loop_table(cupy.asnumpy(_kernels.loop_clocks), khz)))

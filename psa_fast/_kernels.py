@@ -7,6 +7,7 @@ group, cluster size, warps) and cached by CuPy on disk.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from importlib import resources
 
@@ -75,6 +76,35 @@ def pick_cluster(num_groups: int) -> int:
     while c < 8 and num_groups * c * 2 <= num_sms():
         c *= 2
     return c
+
+
+# The loop's step (DecodePlan(step="auto")): constants from the loop clock (exp_verify_clock.py --loop) of ema's plain
+# loop on Llama-3.1-8B's shape, one request, 32K (benchmarks/NOTES.md, nineteenth session; H200)
+LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks: the cluster barrier, the decision, the refill
+LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
+COPY_CEILING_GBS = 4300.0  # the H200's device-to-device copy ceiling (bench_decode measures it in every run)
+STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
+
+
+def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, block_bytes: int,
+              speculate: bool = False) -> int:
+    """Blocks an iteration for ``DecodePlan(step="auto")``. The loop's step decides on the slowest group: each
+    iteration costs ``LOOP_ITERATION_US`` beyond its blocks, and the last one reads up to a step past the stop,
+    each block at the group's share of the bandwidth (its cluster's SMs for one request, the copy ceiling
+    over every group for a batch). For a group that needs ``need`` blocks the total is about ``need / step``
+    iterations plus ``step / 2`` blocks too many, least at ``step = sqrt(2 need iteration / block)``, with
+    ``need = STEP_SHARE * nmax``; rounded up to a multiple of ``cluster * warps`` (a block for every warp),
+    at most ``nmax`` rounded likewise. Llama's shape at an ideal 5%: 384 / 704 / 296 at 32K B = 1, 128K B = 1
+    and B = 8, where 512 / 512 / 256 measured fastest among powers of two (exp_step.py).
+
+    With ``speculate`` the step is one speculative CTA's chunk: ``max(16, nmax / 256)``, the runs of record's."""
+    if speculate:
+        return max(16, nmax // 256)
+    unit = cluster * warps
+    per_group_gbs = min(cluster * LOOP_SM_GBS, COPY_CEILING_GBS / max(1, batch * groups))
+    block_us = block_bytes / per_group_gbs / 1e3
+    best = math.sqrt(2.0 * max(1.0, STEP_SHARE * nmax) * LOOP_ITERATION_US / block_us)
+    return unit * min(max(1, -(-nmax // unit)), max(1, math.ceil(best / unit)))
 
 
 def resume_cluster(cluster: int, step: int, warps: int) -> int:

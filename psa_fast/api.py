@@ -82,8 +82,14 @@ class DecodePlan:
         threshold: ``tau`` in (0, 1] (psa).
         stop: ``"auto"`` (the reference's default: ``"sketch_avg"`` on a ``quant3`` cache, ``"ema"`` on the
             others) or a rule of ``psa_fast.STOP_RULES`` (psa).
-        step: blocks per iteration (psa). On the GPU an iteration's blocks are spread over
-            ``cluster * warps`` warps, so a step below that leaves warps idle.
+        step: blocks per iteration (psa), or ``"auto"`` (default): the plan picks it
+            ([`_kernels.pick_step`][psa_fast._kernels.pick_step]) from the batch, the blocks and the launch
+            shape, so fewer iterations where the GPU has bandwidth to spare (one request: 384 blocks at 32K on
+            Llama-3.1-8B's shape, where 64 took 53 µs and 512 41 µs; benchmarks/NOTES.md). The step decides which
+            blocks are attended past the stop, so ``"auto"`` makes them depend on the batch and the GPU; give an
+            integer for results that do not, and ``plan.step`` to [`psa_ref.attention`][psa_ref.attention] to
+            check a run. On the GPU an iteration's blocks are spread over ``cluster * warps`` warps, so a step
+            below that leaves warps idle.
         k: block budget (topk).
         gqa: ``"shared"`` or ``"per_head"``.
         sink_blocks: first blocks attended before the ranked ones (psa, topk).
@@ -126,8 +132,8 @@ class DecodePlan:
 
     @requires_gpu
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
-                 stop: str = DEFAULT_STOP, step: int = 64, k: int = 8, gqa: str = "shared", sink_blocks: int = 0,
-                 recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
+                 stop: str = DEFAULT_STOP, step: int | str = "auto", k: int = 8, gqa: str = "shared",
+                 sink_blocks: int = 0, recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
                  warps: int | None = None, version: int = 3, stages: int | None = None, splits: int | None = None,
                  first_chunk: int | str | None = None, speculate: float | None = None,
                  speculate_extra: int | None = None, rank: str = "estimate"):
@@ -139,7 +145,11 @@ class DecodePlan:
         self.mode = _validate.choice(mode, "mode", MODES)
         self.threshold = _validate.threshold(threshold)
         self.stop = resolve_stop(stop, cache.metadata)  # every rule of the reference runs on the GPU
-        self.step = _validate.integer(step, "step", minimum=1)
+        if isinstance(step, str):
+            if step != "auto":
+                raise ValueError(f"step must be a positive integer or 'auto', got {step!r}")
+        else:
+            step = _validate.integer(step, "step", minimum=1)
         self.k = _validate.integer(k, "k", minimum=1)
         self.gqa = _validate.choice(gqa, "gqa", GQA_MODES)
         self.sink_blocks = _validate.integer(sink_blocks, "sink_blocks", minimum=0)
@@ -174,6 +184,9 @@ class DecodePlan:
         if self.first_chunk is not None and self.version != 3:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
+        self.step = step if step != "auto" else _kernels.pick_step(
+            cache.batch, self.gn, cache.nmax, cluster=self.cluster, warps=self.warps,
+            block_bytes=2 * cache.block_size * cache.dp * 2, speculate=self.speculate is not None)
         if speculate_extra is not None and self.speculate is None:
             raise ValueError("speculate_extra needs speculate (a margin)")
         self.speculate_extra = (self.step if speculate_extra is None

@@ -347,6 +347,8 @@ class OffloadDecoder(DecodePlan):
 
         if not isinstance(cache, OffloadKVCache):
             raise TypeError(f"cache must be a psa_fast.offload.OffloadKVCache, got {type(cache).__name__}")
+        # the loader's pool holds two iterations, so the resident plan's step="auto" (sized for HBM) is not its default
+        options.setdefault("step", 64)
         super().__init__(cache, **options)
         if self.mode == "dense":
             raise ValueError("mode='dense' is not offloaded: it reads every block, use a resident PagedKVCache")

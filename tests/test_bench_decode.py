@@ -561,6 +561,31 @@ def test_order_counts_positions_where_the_measured_costs_say_it_is_faster(monkey
     assert _kernels.order_method(32, 8, 8192) == "sort"  # 256 groups fill the GPU: one CTA a group
 
 
+def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
+    """step="auto" on Llama-3.1-8B's shape (8 groups, 8 KiB blocks, 8 warps), against exp_step.py's sweep
+    (benchmarks/NOTES.md, nineteenth session): between the two fastest measured steps at each size, a whole
+    number of blocks for every warp, larger for one request than for a batch sharing the bandwidth."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+
+    def step(b, nmax):
+        cluster = _kernels.pick_cluster(b * 8)
+        return _kernels.pick_step(b, 8, nmax, cluster=cluster, warps=8, block_bytes=8192), cluster * 8
+
+    for (b, nmax), (lo, hi) in {(1, 2048): (256, 512), (1, 8192): (512, 1024), (8, 8192): (256, 512)}.items():
+        got, unit = step(b, nmax)
+        assert lo <= got <= hi and got % unit == 0, (b, nmax, got)
+        assert got >= 2 * max(unit, nmax // 64), (b, nmax, got)  # the old rule: 64 / 128 / 128, slower at each
+    assert step(8, 8192)[0] < step(1, 8192)[0]
+    assert step(1, 2048)[0] <= step(1, 8192)[0]
+    assert step(1, 3)[0] == step(1, 3)[1]  # a short cache: one block a warp, not fewer
+    for nmax in (1, 100, 2048, 8192):  # never more than the cache, rounded up to whole blocks a warp
+        got, unit = step(1, nmax)
+        assert unit <= got <= -(-nmax // unit) * unit
+    assert _kernels.pick_step(1, 8, 8192, cluster=8, warps=8, block_bytes=8192, speculate=True) == 32
+
+
 def test_every_kernel_call_of_the_package_matches_its_launcher_signature():
     """The launchers in psa_fast._kernels run only on a GPU, which CI lacks: a keyword the caller passes and the
     launcher no longer takes (or a positional too many) must fail here, not on the device."""

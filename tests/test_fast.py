@@ -611,6 +611,34 @@ def test_launch_shape_defaults_and_explicit_values():
         psa_fast.plan(cache, num_q_heads=4, cluster=0)
 
 
+def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
+    """step="auto" (the default) resolves to _kernels.pick_step's integer, which psa_ref takes as is; a bad step
+    names the argument; the offload decoder keeps 64 (its pool holds two iterations)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(5)
+    hkv, hq, d, t = 2, 8, 64, 4096
+    keys = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    values = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
+    keys[:, 1000:1100] += (2 * q.astype(np.float32).reshape(hkv, -1, d).mean(1, keepdims=True)).astype(np.float16)
+    b = psa_fast.KVBlocks.from_dense(cupy.asarray(keys), cupy.asarray(values), block_size=16)
+    plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop="ema")
+    assert plan.step == _kernels.pick_step(1, plan.gn, b.cache.nmax, cluster=plan.cluster, warps=plan.warps,
+                                           block_bytes=2 * 16 * 64 * 2)
+    assert plan.cluster * plan.warps <= plan.step < b.cache.nmax  # a few iterations, not one over everything
+    dec = plan.run(cupy.asarray(q.astype(np.float32)[None]))
+    used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
+    res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
+                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None,
+                                  b.cache.nmax)
+    check_result(res, q, keys, values, threshold=0.9, stop="ema", step=plan.step, block_size=16,
+                 metadata=b.cache.metadata)
+    for bad, err in (("fast", ValueError), (0, ValueError), (2.5, TypeError)):
+        with pytest.raises(err, match="step"):
+            psa_fast.plan(b.cache, num_q_heads=hq, step=bad)
+
+
 def test_synthetic_fill_with_per_head_profiles():
     from psa_fast.synthetic import fill_skewed, trace_block_profiles
 
