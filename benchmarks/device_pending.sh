@@ -49,6 +49,8 @@
 #  the plain loop's iterations by the SM clock on Llama (one request), and the steps with a predicted first chunk.
 #   run(command="bash benchmarks/device_pending.sh auto")  (~6 minutes)
 #  DecodePlan(step="auto"): its GPU tests, exp_step.py beside the neighbouring steps, Llama's 5% runs of record.
+#   run(command="bash benchmarks/device_pending.sh radix")  (~4 minutes)
+#  psa_order_radix (LSD radix passes in one CTA a group): its GPU tests, then every order method timed.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -253,6 +255,16 @@ if [ "$PART" = auto ]; then
   timeout 180 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
       --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/llama" \
       2>&1 | grep "^|" | cut -d'|' -f4-8,12
+  exit 0
+fi
+if [ "$PART" = radix ]; then
+  # psa_order_radix (one CTA a group, LSD radix passes): its GPU tests against psa_ref and the other kernels,
+  # then every order method timed (exp_order_rank.py, the radix column and the long shapes)
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      -k "order_kernels or order_by_counting or head_of_the_order" > "$OUT/t_radix.log" 2>&1
+  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_radix.log" | tail -8
+  cd benchmarks
+  timeout 200 python3 exp_order_rank.py 2>&1 | grep -v Warn | tee "$OUT/exp_order_radix.md"
   exit 0
 fi
 if [ "$PART" = order ]; then

@@ -201,7 +201,8 @@ SLICE = 1024  # keys per CTA in the two-kernel sort
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
-ORDER_METHODS = ("rank", "sort", "slices")
+RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
+ORDER_METHODS = ("rank", "sort", "slices", "radix")
 
 
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
@@ -255,6 +256,8 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         raise ValueError(f"method='slices' needs a workspace and more than {SLICE} blocks (got nmax={nmax})")
     if method == "rank" and nmax > RANK_MAX_BLOCKS:
         raise ValueError(f"method='rank' orders up to {RANK_MAX_BLOCKS} blocks a group (got nmax={nmax})")
+    if method == "radix" and npad > RADIX_MAX_BLOCKS:
+        raise ValueError(f"method='radix' orders up to {RADIX_MAX_BLOCKS} blocks a group (got nmax={nmax})")
     if method != "rank" and npad > MAX_SMEM_SORT:
         raise NotImplementedError(f"ordering more than {MAX_SMEM_SORT} blocks per head is not implemented yet "
                                   f"(got {nmax}); use a larger block_size")
@@ -264,6 +267,14 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
             (-(-tiles // RANK_OWN), gn, b), (RANK_WARPS * 32,),
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)),
             shared_mem=tiles * 128)
+    elif method == "radix":
+        sn = max(npad, 32)
+        threads = min(ORDER_THREADS, sn)
+        fn = kernel("order_radix", d=16, s=s, g=g, npad=npad)
+        smem = sn * 8 + 1024 * (threads // 32)  # the keys, then a count for every (digit, warp)
+        _with_smem(fn, smem)
+        fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
+                                 np.int32(recent_blocks)), shared_mem=smem)
     elif method == "slices":
         p = npad // SLICE
         fn = kernel("order_slice", d=16, s=s, g=g, npad=SLICE)

@@ -702,10 +702,11 @@ def test_gather_from_mapped_host_memory_equals_host_store():
 
 @pytest.mark.parametrize("nmax, lens", [(1000, [1000 * 16]), (3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]),
                                          (8192, [8192 * 16, 40 * 16]), (45, [45 * 16, 33 * 16, 5, 0])])
-@pytest.mark.parametrize("method", [None, "rank", "sort", "slices"])
+@pytest.mark.parametrize("method", [None, "rank", "sort", "slices", "radix"])
 def test_order_kernels_match_reference_rank(nmax, lens, method):
-    """Every way of ordering (counting positions over many CTAs, one CTA sorting a group, and slices +
-    merge for long caches; None: the rule's pick) gives psa_ref's order, ties included, and -1 past n."""
+    """Every way of ordering (counting positions over many CTAs, one CTA sorting a group by bitonic merges
+    or by radix passes, and slices + merge for long caches; None: the rule's pick) gives psa_ref's order,
+    ties included, and -1 past n."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
@@ -733,9 +734,9 @@ def test_order_kernels_match_reference_rank(nmax, lens, method):
 @pytest.mark.parametrize("sink, recent", [(0, 0), (3, 40), (70, 70)])
 @pytest.mark.parametrize("own", [1, 4])
 def test_order_by_counting_equals_the_sort(values, sink, recent, own, monkeypatch):
-    """psa_order_rank places every block where the one-CTA sort does, bit for bit, on scores a sort
-    could break ties in: infinities, NaNs of both signs, -0.0 beside 0.0, all-equal scores, and forced
-    blocks that overlap or cover a short group; with one block a lane and with four."""
+    """psa_order_rank and psa_order_radix place every block where the one-CTA bitonic sort does, bit for bit,
+    on scores a sort could break ties in: infinities, NaNs of both signs, -0.0 beside 0.0, all-equal scores,
+    and forced blocks that overlap or cover a short group; counting with one block a lane and with four."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "RANK_OWN", own)
@@ -751,12 +752,13 @@ def test_order_by_counting_equals_the_sort(values, sink, recent, own, monkeypatc
                   else rng.standard_normal((b, gn, nmax))).astype(np.float32)
     seq = cupy.asarray(np.array([1000 * 16, 97 * 16 - 3, 50], np.int32))
     outs = []
-    for method in ("rank", "sort"):
+    for method in ("rank", "sort", "radix"):
         out = cupy.full((b, gn, nmax), -7, cupy.int32)
         _kernels.order(cupy.asarray(scores), seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=sink,
                        recent_blocks=recent, want_suffix=False, method=method)
         outs.append(cupy.asnumpy(out))
     np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[2], outs[1])  # the radix passes too
     for r, n in enumerate([1000, 97, 4]):  # each group's positions are a permutation of its blocks
         assert sorted(outs[0][r, 0, :n].tolist()) == list(range(n))
 
