@@ -271,7 +271,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)
         fn = kernel("order_radix", d=16, s=s, g=g, npad=npad)
-        smem = sn * 8 + 1024 * (threads // 32)  # the keys, then a count for every (digit, warp)
+        smem = sn * 8 + 1024 * (threads // 32 + 1)  # the keys, then a count for every (digit, warp), padded
         _with_smem(fn, smem)
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
