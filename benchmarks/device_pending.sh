@@ -51,6 +51,9 @@
 #  DecodePlan(step="auto"): its GPU tests, exp_step.py beside the neighbouring steps, Llama's 5% runs of record.
 #   run(command="bash benchmarks/device_pending.sh radix")  (~4 minutes)
 #  psa_order_radix (LSD radix passes in one CTA a group): its GPU tests, then every order method timed.
+#   run(command="bash benchmarks/device_pending.sh all")  (~7 minutes), then at once (warm)
+#   run(command="bash benchmarks/device_pending.sh allbench", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
+#  every GPU suite on the nineteenth session's code; the runs of record (Llama 5%, the real Gemma layer 17).
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -265,6 +268,28 @@ if [ "$PART" = radix ]; then
   echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_radix.log" | tail -8
   cd benchmarks
   timeout 200 python3 exp_order_rank.py 2>&1 | grep -v Warn | tee "$OUT/exp_order_radix.md"
+  exit 0
+fi
+if [ "$PART" = all ]; then
+  # every GPU suite of the package's kernels, the pool's and the metadata's included (step="auto", radix order)
+  timeout 560 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
+      tests/test_fast_offload.py tests/test_fast_metadata.py tests/test_fast_pool.py > "$OUT/t_all.log" 2>&1
+  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_all.log" | tail -8
+  exit 0
+fi
+if [ "$PART" = allbench ]; then
+  # runs of record after step="auto" and the radix order: Llama's 5% rows, the real Gemma layer 17
+  cd benchmarks
+  mkdir -p "$OUT/l" "$OUT/g"
+  timeout 200 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/l" \
+      2>&1 | grep "^|" | cut -d'|' -f4-8,12
+  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/g" 2>&1 | grep "^|" \
+      | cut -d'|' -f4-9,12
+  timeout 100 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 131072 --batches 8 \
+      --variants ema --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_"
   exit 0
 fi
 if [ "$PART" = order ]; then

@@ -207,30 +207,38 @@ ORDER_METHODS = ("rank", "sort", "slices", "radix")
 
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     """In-graph µs of ordering ``b x gn`` groups of ``nmax`` blocks, fitted to ``exp_order_rank.py`` on the H200
-    (benchmarks/NOTES.md, eighteenth session): counting (``rank``) ~3.5 µs plus 7 M comparisons a µs (half the
-    rate its instruction count allows; what bounds it is not measured yet); one CTA's bitonic sort ~0.0095 µs a
-    padded block,
-    a wave of CTAs at a time; slices + merge ~9.6 µs plus 0.0017 a padded block, its ``npad / SLICE`` CTAs a
-    group in waves."""
+    (benchmarks/NOTES.md, eighteenth and nineteenth sessions): counting (``rank``) ~3 µs plus 7.5 M comparisons a
+    µs (the integer ALU pipe's rate); one CTA's bitonic sort ~0.0095 µs a padded block, a wave of CTAs at a
+    time; its radix passes ~5 µs plus 0.0027 a padded block, as many rounds as groups an SM; slices + merge
+    ~9.6 µs plus 0.0017 a padded block, its ``npad / SLICE`` CTAs a group in waves."""
     npad = _pow2(nmax, 2)
+    waves = -(-b * gn // num_sms())
     if method == "rank":
-        return 3.5 + b * gn * nmax * nmax / 7e6
+        return 3.0 + b * gn * nmax * nmax / 7.5e6
     if method == "sort":
-        return 0.0095 * max(npad, 32) * -(-b * gn // num_sms())
+        return 0.0095 * max(npad, 32) * waves
+    if method == "radix":
+        return (5.0 + 0.0027 * max(npad, 32)) * waves
     return (9.6 + 0.0017 * npad) * -(-b * gn * max(1, npad // SLICE) // num_sms())
 
 
 def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
-    """How ``order`` orders ``b x gn`` groups of up to ``nmax`` blocks. The sorts as before: ``"slices"``
-    (``psa_order_slice`` + ``psa_order_merge``) when a group has more than ``SLICE`` blocks, the groups leave
-    SMs idle and a ``workspace`` is given, else ``"sort"`` (``psa_order``, one CTA a group); ``"rank"``
-    (``psa_order_rank``: each block's position counted over many CTAs) instead where ``order_cost_us`` says it
-    is faster: few groups of up to ``RANK_MAX_BLOCKS`` (one request, or a few at 32K)."""
+    """How ``order`` orders ``b x gn`` groups of up to ``nmax`` blocks: the method ``order_cost_us`` says is
+    fastest among those that apply. ``"rank"`` (``psa_order_rank``: each block's position counted over many
+    CTAs) up to ``RANK_MAX_BLOCKS`` a group: one request, or a few at 32K; ``"radix"`` (``psa_order_radix``, one
+    CTA a group, up to ``RADIX_MAX_BLOCKS``): batches, and long caches once there are a few groups an SM;
+    ``"slices"`` (``psa_order_slice`` + ``psa_order_merge``, given a ``workspace`` and more than ``SLICE`` blocks):
+    one or few requests of long caches; ``"sort"`` (``psa_order``, one CTA's bitonic sort): short groups,
+    many of them."""
     npad = _pow2(nmax, 2)
-    sort = "slices" if npad > SLICE and workspace and b * gn < num_sms() else "sort"
-    if nmax <= RANK_MAX_BLOCKS and order_cost_us("rank", b, gn, nmax) < order_cost_us(sort, b, gn, nmax):
-        return "rank"
-    return sort
+    methods = ["sort"]
+    if npad > SLICE and workspace:
+        methods.append("slices")
+    if npad <= RADIX_MAX_BLOCKS:
+        methods.append("radix")
+    if nmax <= RANK_MAX_BLOCKS:
+        methods.append("rank")
+    return min(methods, key=lambda m: order_cost_us(m, b, gn, nmax))
 
 
 def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
@@ -240,13 +248,11 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
     sums read them).
 
-    Three kernels give the same order (``order_method`` picks one when ``method`` is None): short orders
-    count each block's position (``psa_order_rank``); otherwise one CTA per group sorts and writes the
-    order (``psa_order``) when a group has up to ``SLICE`` blocks and when there are enough groups to
-    fill the GPU, else a group is split: ``psa_order_slice`` sorts slices of ``SLICE`` blocks on many
-    CTAs into ``workspace`` (``[B, Gn, P * SLICE]`` uint64) and ``psa_order_merge`` places every key
-    at its rank (its binary searches cost more than they save once the groups alone fill the GPU: 252
-    vs 167 µs at B = 32)."""
+    Four kernels give the same order (``order_method`` picks the fastest when ``method`` is None): short
+    orders count each block's position (``psa_order_rank``); one CTA a group sorts its keys by radix passes
+    (``psa_order_radix``) or by bitonic merges (``psa_order``); or a group is split: ``psa_order_slice`` sorts
+    slices of ``SLICE`` blocks on many CTAs into ``workspace`` (``[B, Gn, P * SLICE]`` uint64) and
+    ``psa_order_merge`` places every key at its rank."""
     b, gn, _ = scores.shape
     npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)

@@ -545,20 +545,21 @@ def test_resumed_loop_takes_no_more_ctas_than_a_chunk_has_blocks_for_its_warps()
     assert _kernels.resume_cluster(8, 4, 8) == 1 and _kernels.resume_cluster(1, 256, 8) == 1
 
 
-def test_order_counts_positions_where_the_measured_costs_say_it_is_faster(monkeypatch):
+def test_order_method_is_the_fastest_measured(monkeypatch):
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
-    # every row of exp_order_rank.py on the H200 (NOTES.md, eighteenth session): the pick is the fastest measured
-    measured = {(1, 1, 2048): "rank", (8, 1, 2048): "rank", (32, 1, 2048): "slices", (1, 1, 8192): "rank",
-                (4, 1, 8192): "slices", (1, 8, 2048): "rank", (4, 8, 2048): "slices", (8, 8, 2048): "slices",
-                (1, 8, 4096): "slices", (1, 8, 8192): "slices", (1, 32, 1024): "rank", (8, 8, 512): "sort",
-                (32, 8, 512): "sort"}
+    # every row of exp_order_rank.py on the H200 (NOTES.md, nineteenth session): the pick is the fastest measured
+    measured = {(1, 1, 2048): "rank", (8, 1, 2048): "rank", (32, 1, 2048): "radix", (1, 1, 8192): "rank",
+                (4, 1, 8192): "slices", (1, 8, 2048): "rank", (4, 8, 2048): "radix", (8, 8, 2048): "radix",
+                (1, 8, 4096): "radix", (1, 8, 8192): "slices", (1, 32, 1024): "rank", (8, 8, 512): "sort",
+                (32, 8, 512): "sort", (8, 8, 8192): "radix", (32, 8, 8192): "radix", (32, 1, 8192): "radix",
+                (32, 8, 2048): "radix"}
     for (b, gn, nmax), fastest in measured.items():
         assert _kernels.order_method(b, gn, nmax) == fastest, (b, gn, nmax)
-    assert _kernels.order_method(8, 8, 2048, workspace=False) == "sort"  # no workspace: no slices
-    assert _kernels.order_method(1, 1, 16384) == "slices"  # past what one CTA counts in shared memory
-    assert _kernels.order_method(32, 8, 8192) == "sort"  # 256 groups fill the GPU: one CTA a group
+    assert _kernels.order_method(1, 8, 8192, workspace=False) == "radix"  # no workspace: no slices
+    assert _kernels.order_method(1, 1, 16384) == "slices"  # past what one CTA counts or radix-sorts
+    assert _kernels.order_method(32, 8, 16384, workspace=False) == "sort"  # the only one left
 
 
 def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
