@@ -83,7 +83,7 @@ class DecodePlan:
         stop: ``"auto"`` (the reference's default: ``"sketch_avg"`` on a ``quant3`` cache, ``"ema"`` on the
             others) or a rule of ``psa_fast.STOP_RULES`` (psa).
         step: blocks per iteration (psa), or ``"auto"`` (default): the plan picks it
-            ([`_kernels.pick_step`][psa_fast._kernels.pick_step]) from the batch, the blocks and the launch
+            (`_kernels.pick_step`) from the batch, the blocks and the launch
             shape, so fewer iterations where the GPU has bandwidth to spare (one request: 384 blocks at 32K on
             Llama-3.1-8B's shape, where 64 took 53 µs and 512 41 µs; benchmarks/NOTES.md). The step decides which
             blocks are attended past the stop, so ``"auto"`` makes them depend on the batch and the GPU; give an
