@@ -94,8 +94,10 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
     over every group for a batch). For a group that needs ``need`` blocks the total is about ``need / step``
     iterations plus ``step / 2`` blocks too many, least at ``step = sqrt(2 need iteration / block)``, with
     ``need = STEP_SHARE * nmax``; rounded up to a multiple of ``cluster * warps`` (a block for every warp),
-    at most ``nmax`` rounded likewise. Llama's shape at an ideal 5%: 384 / 704 / 296 at 32K B = 1, 128K B = 1
-    and B = 8, where 512 / 512 / 256 measured fastest among powers of two (exp_step.py).
+    at most ``nmax`` rounded likewise. Llama's shape at an ideal 5% (exp_step.py, H200): 384 / 704 / 304 at 32K
+    B = 1, 128K B = 1 and B = 8, measured 37.5 / 116.0 / 410.6 µs, where the bench's old 64 / 128 / 128 took 53.0 /
+    131.6 / 412.1 and the best step measured was 384 / 512 (100.4) / 256 (409.2): the busiest group's need, which
+    the plan cannot see, decides between neighbours.
 
     With ``speculate`` the step is one speculative CTA's chunk: ``max(16, nmax / 256)``, the runs of record's."""
     if speculate:

@@ -5,17 +5,19 @@
 // the lower block index): the keys start in block order, every pass is stable, and a pass orders by the
 // complement of its digit, so after the last one equal words keep the block order. The bitonic sort of one
 // CTA (order.cu) does ~91 compare-exchange stages of 8,192 keys and is issue-bound at ~79 µs; slices + merge
-// (order_slice.cu, order_merge.cu) spread a group over many CTAs but cost 70 µs at 128K, B = 8. Here a pass is
-// a few dozen instructions a key.
+// (order_slice.cu, order_merge.cu) spread a group over many CTAs but cost 68 µs at 128K, B = 8. Here a pass is
+// a few dozen instructions a key: 27 µs for a group of 8,192 on the H200, two groups an SM twice that
+// (benchmarks/NOTES.md; ~11 µs was predicted, the rest not profiled yet).
 //
-// Warp w holds positions [w SPAN, (w + 1) SPAN) of the pass's input, SPAN = 32 keys a lane, lane l the
+// Warp w holds positions [w SPAN, (w + 1) SPAN) of the pass's input, SPAN = 32 K (K keys a lane), lane l the
 // positions w SPAN + 32 j + l (j = 0 .. K - 1), so a warp's keys in (j, lane) order are in position order.
 // A pass: (1) each key's rank among the warp's earlier keys of its digit: the lanes of one digit find each
 // other by 8 ballots (one a digit bit), the lowest of them adds their number to the warp's count of the digit
 // in shared memory; (2) the counts, digit-major ([digit][warp]), become their exclusive prefix sums (every
 // thread sums 8 consecutive counts, then a block scan); (3) each key goes to its digit's and warp's offset plus
-// its rank; (4) every lane reads back its positions. Padding keys (past n) are 0 and sort last; a -NaN score's word is
-// 0 too, and the stable passes keep it before the padding.
+// its rank; (4) every lane reads back its positions. Padding keys (past n) are 0 and sort last; a -NaN
+// score's word is 0 too, and the stable passes keep it before the padding. The counters are padded a word a
+// digit: unpadded, a warp's 32 counters of different digits all sat in bank `warp` (2x slower overall).
 //
 //   scores   [B, Gn, Nmax] float (psa_estimate);  seq_lens [B] int
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's n blocks
@@ -66,7 +68,7 @@ psa_order_radix(const float* __restrict__ scores, const int* __restrict__ seq_le
     extern __shared__ __align__(16) unsigned char smem[];
     u64* buf = reinterpret_cast<u64*>(smem);                                // PSA_RN keys, by position
     // [256][PSA_RW + 1] counts, then offsets: digit-major, each digit's row padded by a word, so that a warp's
-    // counters of different digits fall in different banks (unpadded, all 32 in bank `warp`: 4x slower)
+    // counters of different digits fall in different banks
     unsigned int* cnt = reinterpret_cast<unsigned int*>(buf + PSA_RN);
     __shared__ unsigned int warp_sums[32];
     const int b = blockIdx.y, g = blockIdx.x, Gn = gridDim.x;
