@@ -54,6 +54,8 @@
 #   run(command="bash benchmarks/device_pending.sh all")  (~7 minutes), then at once (warm)
 #   run(command="bash benchmarks/device_pending.sh allbench", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  every GPU suite on the nineteenth session's code; the runs of record (Llama 5%, the real Gemma layer 17).
+#   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
+#  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -290,6 +292,21 @@ if [ "$PART" = allbench ]; then
       | cut -d'|' -f4-9,12
   timeout 100 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 131072 --batches 8 \
       --variants ema --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_"
+  exit 0
+fi
+if [ "$PART" = radixprobe ]; then
+  # why psa_order_radix takes 27 µs for 8,192 keys where ~11 were predicted: ncu (stalls, pipes, shared-memory
+  # wavefronts) at 8 x 8 x 8192, and its SASS
+  python3 -c "from psa_fast import _kernels; open('/tmp/radix.cu', 'w').write(_kernels._source('order_radix.cu'))"
+  nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=16 -DPSA_S=16 -DPSA_G=1 -DPSA_CLUSTER=1 -DPSA_WARPS=8 -DPSA_NPAD=8192 \
+      /tmp/radix.cu -o /tmp/radix.cubin && cuobjdump -sass /tmp/radix.cubin > "$OUT/radix_sass.txt" 2>&1
+  cd benchmarks
+  timeout 150 ncu --clock-control none -k regex:psa_order_radix --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SourceCounters \
+      --section MemoryWorkloadAnalysis_Tables --print-details all python3 exp_order_rank.py --shapes 8x8x8192 \
+      > "$OUT/ncu_order_radix.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "Duration|Issue Active|Stall (Long|Short|Math|Barrier|Wait|Not Sel|MIO)|Bank|Wavefronts" \
+      "$OUT/ncu_order_radix.txt" | head -30
   exit 0
 fi
 if [ "$PART" = order ]; then
