@@ -56,6 +56,8 @@
 #  every GPU suite on the nineteenth session's code; the runs of record (Llama 5%, the real Gemma layer 17).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
+#   run(command="bash benchmarks/device_pending.sh radixab")  (~3 minutes)
+#  psa_order_radix's digit lanes by match.any against 8 ballots (PSA_RADIX_MATCH): tests, then every order timed.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -307,6 +309,16 @@ if [ "$PART" = radixprobe ]; then
       > "$OUT/ncu_order_radix.txt" 2>&1
   echo "ncu rc=$?"; grep -E "Duration|Issue Active|Stall (Long|Short|Math|Barrier|Wait|Not Sel|MIO)|Bank|Wavefronts" \
       "$OUT/ncu_order_radix.txt" | head -30
+  exit 0
+fi
+if [ "$PART" = radixab ]; then
+  # psa_order_radix with match.any for the digit's lanes (PSA_RADIX_MATCH=1) against the 8 ballots: the GPU tests
+  # (both builds), then exp_order_rank.py's two radix columns
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      -k "order_kernels or order_by_counting" > "$OUT/t_radixab.log" 2>&1
+  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_radixab.log" | tail -8
+  cd benchmarks
+  timeout 200 python3 exp_order_rank.py 2>&1 | grep -v Warn | tee "$OUT/exp_order_radixab.md"
   exit 0
 fi
 if [ "$PART" = order ]; then
