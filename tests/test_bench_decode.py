@@ -14,6 +14,7 @@ sys.path.insert(0, str(BENCH))
 
 import bench_decode as bd  # noqa: E402
 import plot_decode  # noqa: E402
+import plot_step  # noqa: E402
 
 LLAMA, GEMMA = bd.SHAPES["llama8b"], bd.SHAPES["gemma3"]
 
@@ -184,6 +185,30 @@ def test_plot_speedup_against_blocks_read(tmp_path):
     with pytest.raises(ValueError, match="no rows"):
         plot_decode.plot_vs_blocks(str(src), str(dst), batches=(32,))
 
+
+
+def test_plot_step_reads_exp_steps_tables_and_draws_them(tmp_path):
+    text = """# a comment
+| T | B | mode | step | µs | vs dense | blocks read | iterations (mean / max) | rel. error |
+|---|---|---|---|---|---|---|---|---|
+| 32768 | 1 | dense | - | 44.2 | 1.00x | 100% | - | 0 |
+| 32768 | 1 | loop | 64 | 53.0 | 0.84x | 14.1% | 4.5 / 6 | 0.0003 |
+
+| T | B | mode | cluster | step | µs | vs dense | blocks read | iterations (mean / max) | rel. error |
+|---|---|---|---|---|---|---|---|---|---|
+| 32768 | 1 | loop | 8 | 384 (auto) | 37.5 | 1.19x | 18.8% | 1.0 / 1 | 0.0001 |
+| 32768 | 1 | loop | 16 | 256 | failed: RuntimeError: no |
+| 131072 | 8 | first | 2 | 512 | 421.0 | 2.28x | 15.3% | 2.9 / 4 | 0.0002 |
+"""
+    rows = plot_step.parse(text)
+    assert [(r["T"], r["B"], r["mode"], r["cluster"], r["step"], r["auto"], r["us"]) for r in rows] == [
+        (32768, 1, "dense", None, None, False, 44.2), (32768, 1, "loop", None, 64, False, 53.0),
+        (32768, 1, "loop", 8, 384, True, 37.5), (131072, 8, "first", 2, 512, False, 421.0)]
+    out = tmp_path / "step.png"
+    plot_step.plot(rows, str(out))
+    assert out.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="no rows"):
+        plot_step.plot([], str(tmp_path / "none.png"))
 
 
 def test_margin_coverage_by_hand_and_monotone():
