@@ -29,8 +29,8 @@ def main() -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     rs = np.random.default_rng(0)
     print("| B x Gn | blocks | pairs (M) | rank (carry) | rank (4 a lane) | rank (compare) | sort | slices | radix "
-          "| radix (match.any) | picked |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| picked |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         b, gn, nmax = (int(x) for x in shape.split("x"))
         with stream:
@@ -47,24 +47,15 @@ def main() -> None:
                                       (scores, seq, out, np.int32(nmax), np.int32(1), np.int32(1)),
                                       shared_mem=tiles * 128)
 
-            def radix_match(out):  # the radix passes with match.any for the digit's lanes (RADIX_MATCH = 1)
-                saved, _kernels.RADIX_MATCH = _kernels.RADIX_MATCH, 1
-                try:
-                    method("radix")(out)
-                finally:
-                    _kernels.RADIX_MATCH = saved
-
             def method(m):
                 return lambda out: _kernels.order(scores, seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax,
                                                   sink_blocks=1, recent_blocks=1, want_suffix=False, workspace=ws,
                                                   method=m)
 
             fits = nmax <= _kernels.RANK_MAX_BLOCKS
-            radix_fits = nmax <= _kernels.RADIX_MAX_BLOCKS
             runs = {"rank1": rank(1) if fits else None, "rank4": rank(1, 4) if fits else None,
                     "rank0": rank(0) if fits else None, "sort": method("sort"),
-                    "slices": method("slices") if ws is not None else None, "radix": method("radix") if radix_fits else None,
-                    "radixm": radix_match if radix_fits else None}
+                    "slices": method("slices") if ws is not None else None, "radix": method("radix")}
             times, outs = {}, {}
             for name, fn in runs.items():
                 if fn is None:
@@ -88,7 +79,7 @@ def main() -> None:
             cell[mark] += " *"
             print(f"| {b} x {gn} | {nmax} | {b * gn * nmax * nmax / 1e6:.0f} | {cell['rank1']} | {cell['rank4']} | "
                   f"{cell['rank0']} | "
-                  f"{cell['sort']} | {cell['slices']} | {cell['radix']} | {cell['radixm']} | {picked}{' MISMATCH ' + ','.join(bad) if bad else ''} |",
+                  f"{cell['sort']} | {cell['slices']} | {cell['radix']} | {picked}{' MISMATCH ' + ','.join(bad) if bad else ''} |",
                   flush=True)
 
 

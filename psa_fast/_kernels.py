@@ -204,7 +204,6 @@ RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
-RADIX_MATCH = 0  # psa_order_radix finds a digit's lanes by match.any (1) or by 8 ballots (0; PSA_RADIX_MATCH)
 ORDER_METHODS = ("rank", "sort", "slices", "radix")
 
 
@@ -279,7 +278,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     elif method == "radix":
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)
-        fn = kernel("order_radix", d=16, s=s, g=g, npad=npad, radix_match=RADIX_MATCH)
+        fn = kernel("order_radix", d=16, s=s, g=g, npad=npad)
         smem = sn * 8 + 1024 * (threads // 32 + 1)  # the keys, then a count for every (digit, warp), padded
         _with_smem(fn, smem)
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),

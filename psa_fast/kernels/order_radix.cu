@@ -33,9 +33,6 @@
 #define PSA_RW (PSA_RT / 32)                      // warps
 #define PSA_RK (PSA_RN / PSA_RT)                  // keys a lane
 #define PSA_RSPAN (PSA_RK * 32)                   // positions a warp
-#ifndef PSA_RADIX_MATCH
-#define PSA_RADIX_MATCH 0  // 1: the digit's lanes by match.any (one instruction) instead of 8 ballots (~24)
-#endif
 static_assert(PSA_RN % PSA_RT == 0, "PSA_NPAD is a power of two");
 static_assert(256 * PSA_RW == 8 * PSA_RT, "the scan gives every thread 8 counts");
 
@@ -99,17 +96,14 @@ psa_order_radix(const float* __restrict__ scores, const int* __restrict__ seq_le
 #pragma unroll
         for (int j = 0; j < PSA_RK; ++j) {
             dig[j] = 255u - ((unsigned int)(k[j] >> shift) & 255u);  // ascending digit = descending word
-#if PSA_RADIX_MATCH
-            const unsigned int peers = __match_any_sync(0xffffffffu, dig[j]);  // the lanes with this digit
-#else
-            unsigned int peers = 0xffffffffu;  // the lanes with this digit, by 8 ballots
+            // the lanes with this digit: 8 ballots (match.any measured ~1.4 µs an iteration of the CTA's warps)
+            unsigned int peers = 0xffffffffu;
 #pragma unroll
             for (int bit = 0; bit < 8; ++bit) {
                 const bool set = (dig[j] >> bit) & 1u;
                 const unsigned int v = __ballot_sync(0xffffffffu, set);
                 peers &= set ? v : ~v;
             }
-#endif
             unsigned int* c = cnt + dig[j] * (PSA_RW + 1) + warp;
             const unsigned int before = *c;
             rk[j] = before + __popc(peers & below);
