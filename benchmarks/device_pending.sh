@@ -56,7 +56,7 @@
 #  every GPU suite on the nineteenth session's code; the runs of record (Llama 5%, the real Gemma layer 17).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
-#   run(command="bash benchmarks/device_pending.sh radixab")  (~3 minutes)
+#   run(command="bash benchmarks/device_pending.sh radixab")  (~3 minutes; branch wip/pending)
 #  psa_order_radix's digit lanes by match.any against 8 ballots (PSA_RADIX_MATCH): tests, then every order timed.
 set -u
 PART="${1:-probe}"
