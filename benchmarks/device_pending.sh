@@ -56,8 +56,9 @@
 #  every GPU suite on the nineteenth session's code; the runs of record (Llama 5%, the real Gemma layer 17).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
-#   run(command="bash benchmarks/device_pending.sh radixab")  (~3 minutes; branch wip/pending)
-#  psa_order_radix's digit lanes by match.any against 8 ballots (PSA_RADIX_MATCH): tests, then every order timed.
+#   run(command="bash benchmarks/device_pending.sh radix")  on wip/pending  (~3 minutes)
+#  there also psa_order_radix's digit lanes by match.any against 8 ballots (PSA_RADIX_MATCH): the tests run both
+#  builds, exp_order_rank.py times both.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -131,12 +132,15 @@ if [ "$PART" = record ]; then
       --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/llama" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
   exit 0
 fi
-# The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones), log to $OUT/$1.
+# The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones, which can be
+# added as further arguments), log to $OUT/$1.
 kernel_suites() {
-  timeout 540 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+  local log="$1"
+  shift
+  timeout 560 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
       tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
-      tests/test_fast_offload.py > "$OUT/$1" 2>&1
-  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/$1" | tail -8
+      tests/test_fast_offload.py "$@" > "$OUT/$log" 2>&1
+  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/$log" | tail -8
 }
 if [ "$PART" = next ]; then
   kernel_suites t_gpu.log
@@ -276,10 +280,7 @@ if [ "$PART" = radix ]; then
 fi
 if [ "$PART" = all ]; then
   # every GPU suite of the package's kernels, the pool's and the metadata's included (step="auto", radix order)
-  timeout 560 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
-      tests/test_fast_offload.py tests/test_fast_metadata.py tests/test_fast_pool.py > "$OUT/t_all.log" 2>&1
-  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_all.log" | tail -8
+  kernel_suites t_all.log tests/test_fast_metadata.py tests/test_fast_pool.py
   exit 0
 fi
 if [ "$PART" = allbench ]; then
@@ -309,16 +310,6 @@ if [ "$PART" = radixprobe ]; then
       > "$OUT/ncu_order_radix.txt" 2>&1
   echo "ncu rc=$?"; grep -E "Duration|Issue Active|Stall (Long|Short|Math|Barrier|Wait|Not Sel|MIO)|Bank|Wavefronts" \
       "$OUT/ncu_order_radix.txt" | head -30
-  exit 0
-fi
-if [ "$PART" = radixab ]; then
-  # psa_order_radix with match.any for the digit's lanes (PSA_RADIX_MATCH=1) against the 8 ballots: the GPU tests
-  # (both builds), then exp_order_rank.py's two radix columns
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      -k "order_kernels or order_by_counting" > "$OUT/t_radixab.log" 2>&1
-  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_radixab.log" | tail -8
-  cd benchmarks
-  timeout 200 python3 exp_order_rank.py 2>&1 | grep -v Warn | tee "$OUT/exp_order_radixab.md"
   exit 0
 fi
 if [ "$PART" = order ]; then

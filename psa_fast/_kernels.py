@@ -392,26 +392,15 @@ LOOP_CLOCK = 0  # 1: the loop builds (plain, resumed) with PSA_LOOP_CLOCK, their
 loop_clocks = None  # [B, Gn, 12] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
 
 
-def _loop_clock_args(b: int, gn: int) -> tuple:
-    """Under ``LOOP_CLOCK``: a fresh ``loop_clocks [B, Gn, 12]`` as the loop build's last argument."""
-    if not LOOP_CLOCK:
+def _clock_args(name: str, enabled: int, b: int, gn: int, words: int) -> tuple:
+    """Under a clock flag (``LOOP_CLOCK``, ``VERIFY_CLOCK``): a fresh ``[B, Gn, words]`` int64 array, kept as the
+    module's ``name`` (``loop_clocks``, ``verify_clocks``) for the caller to read, as the kernel's last argument."""
+    if not enabled:
         return ()
-    global loop_clocks
     import cupy
 
-    loop_clocks = cupy.zeros((b, gn, 12), np.int64)
-    return (loop_clocks,)
-
-
-def _verify_clock_args(b: int, gn: int) -> tuple:
-    """Under ``VERIFY_CLOCK``: a fresh ``verify_clocks [B, Gn, 8]`` as psa_spec_verify's last argument."""
-    if not VERIFY_CLOCK:
-        return ()
-    global verify_clocks
-    import cupy
-
-    verify_clocks = cupy.zeros((b, gn, 8), np.int64)
-    return (verify_clocks,)
+    globals()[name] = clocks = cupy.zeros((b, gn, words), np.int64)
+    return (clocks,)
 
 
 SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_shapes)
@@ -544,18 +533,19 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             partial, spec_len_arr, seq_lens, null if log_suffix is None else log_suffix, ordered, lmass,
             null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
             np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
-            np.int32(step), np.int32(forced), ema_w, share, window, spec_total) + _verify_clock_args(b, gn))
+            np.int32(step), np.int32(forced), ema_w, share, window, spec_total)
+           + _clock_args("verify_clocks", VERIFY_CLOCK, b, gn, 8))
         rc = resume_cluster(cluster, step, warps)
         resumed = build(entry="decode_resume", cluster=rc, resume=1, **({"loop_clock": 1} if LOOP_CLOCK else {}))
         resumed((rc, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null)
-                + _loop_clock_args(b, gn), shared_mem=smem)
+                + _clock_args("loop_clocks", LOOP_CLOCK, b, gn, 12), shared_mem=smem)
         return
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None
     if clocked:
         defines["loop_clock"] = 1
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
                        warps=warps, stages=stages, smem=smem, **defines)
-    fn(grid, (warps * 32,), args + (_loop_clock_args(b, hq // g) if clocked else ()), shared_mem=smem)
+    fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 12), shared_mem=smem)
     if split is not None:
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
                        **defines)
