@@ -54,6 +54,8 @@
 #   run(command="bash benchmarks/device_pending.sh all")  (~7 minutes), then at once (warm)
 #   run(command="bash benchmarks/device_pending.sh allbench", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  every GPU suite on the nineteenth session's code; the runs of record (Llama 5%, the real Gemma layer 17).
+#   run(command="bash benchmarks/device_pending.sh merge4")  (~4 minutes)
+#  psa_merge_splits v4: the split tests, dense one request kernel by kernel, dense and top-k against SDPA.
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
 #   run(command="bash benchmarks/device_pending.sh radix")  on wip/pending  (~3 minutes)
@@ -310,6 +312,25 @@ if [ "$PART" = radixprobe ]; then
       > "$OUT/ncu_order_radix.txt" 2>&1
   echo "ncu rc=$?"; grep -E "Duration|Issue Active|Stall (Long|Short|Math|Barrier|Wait|Not Sel|MIO)|Bank|Wavefronts" \
       "$OUT/ncu_order_radix.txt" | head -30
+  exit 0
+fi
+if [ "$PART" = merge4 ]; then
+  # psa_merge_splits v4 (one pass, a batch of splits in flight a warp): the split tests, then dense one request
+  # kernel by kernel at the three model shapes, and the dense and top-k rows against SDPA (8K and 32K, B = 1 and 8)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      -k "split or gemma_shape or dense" tests/test_fast_bf16.py > "$OUT/t_merge4.log" 2>&1
+  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_merge4.log" | tail -8
+  cd benchmarks
+  for shape in smollm2 llama8b gemma3; do
+    timeout 100 python3 profile_decode_step.py --share 0.05 --shape $shape --size 32768 --batches 1 --variants dense \
+        --out /tmp 2>&1 | grep -v Warn | grep "^T=\|psa_" | sed "s/^/[$shape] /"
+  done
+  for shape in smollm2 llama8b gemma3; do
+    mkdir -p "$OUT/$shape"
+    timeout 120 python3 bench_decode.py --profile sparsity --shares 0.05 --shape $shape \
+        --sizes 8192:1,32768:1,32768:8 --reps 20 --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank \
+        --out "$OUT/$shape" 2>&1 | grep "^|" | grep "SDPA\|dense\|top-k" | cut -d'|' -f2,4-8,12
+  done
   exit 0
 fi
 if [ "$PART" = order ]; then

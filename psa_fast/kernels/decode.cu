@@ -735,59 +735,66 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 // Combine the splits of psa_decode's split build: per (request, query head), the output
 // sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s; and per group the diagnostics the
 // one-CTA build writes (every position attended, one iteration; `why` is exhausted or budget).
-// Grid (Hq, B, PSA_D / PSA_MC): a CTA takes PSA_MC channels (32, or 16 where D is an odd multiple of 16) of one head; its
-// blockDim.x / 32 warps take the splits round-robin, lane c channel c, so every warp reads one contiguous
-// row segment of a split at a time, and the warps' sums meet in shared memory, added in warp order.
+// Grid (Hq, B, PSA_D / PSA_MC): a CTA takes PSA_MC channels (32, or 16 where D is an odd multiple of 16) of one head;
+// its blockDim.x / 32 warps take the splits round-robin, lane c channel c. A warp loads a batch of PSA_MERGE_BATCH
+// splits at once (each split's max and mass, the same words for every lane, and its row segment) and folds them
+// into a running max, mass and output (rescaled when the max grows), so one pass over the splits with a batch in
+// flight; the warps' terms meet in shared memory, added in warp order.
 //
-// Version 3. Version 2 gave a CTA the whole head (PSA_D threads, each walking every split): at B = 1 with
-// one KV head that is 4 CTAs reading 132 splits each, 10.2 us of a 28.7 us dense step (Gemma 3, 32K,
-// benchmarks/NOTES.md). Version 1 walked the splits with dependent loads (~0.3 us a split).
+// Version 4. Version 3 (the same CTAs) made three dependent passes over the splits (the max, then the weights
+// into shared memory, then the sums, four loads in flight a lane): 5.6-5.8 us at 132 splits (SmolLM2 and Gemma 3
+// one request at 32K), 2.8 at 16 (Llama-3.1-8B). Version 2 gave a CTA the whole head (PSA_D threads, each walking
+// every split): at B = 1 with one KV head that is 4 CTAs reading 132 splits each, 10.2 us of a 28.7 us dense step
+// (Gemma 3, 32K, benchmarks/NOTES.md). Version 1 walked the splits with dependent loads (~0.3 us a split).
 #define PSA_MC (PSA_D % 32 == 0 ? 32 : 16)  // PSA_D is a multiple of 16
-#define PSA_MERGE_CHUNK 256  // splits whose weights are staged at a time
+#define PSA_MERGE_BATCH 16  // splits a warp has in flight
 extern "C" __global__ void __launch_bounds__(256)
 psa_merge_splits(const float* __restrict__ partial, const int* __restrict__ seq_lens, float* __restrict__ out,
                  int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
                  float* __restrict__ mass_est, int splits, int step, int why) {
-    __shared__ float s_red[8], s_w[PSA_MERGE_CHUNK], s_l[PSA_MERGE_CHUNK], s_o[8][PSA_MC], s_lw[8];
+    __shared__ float s_m[8], s_l[8], s_o[8][PSA_MC];
     const int h = blockIdx.x, b = blockIdx.y, Hq = gridDim.x, c0 = blockIdx.z * PSA_MC;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const bool mine = lane < PSA_MC;  // this lane has a channel
     constexpr int PW = PSA_D + 2;
     const float* row = partial + ((long)b * Hq + h) * splits * PW;
-    // M = max_s m_s over the CTA (exact in any order)
-    float M = -PSA_INF;
-    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) M = fmaxf(M, __ldg(row + (long)sp * PW + PSA_D));
+    float M = -PSA_INF, L = 0.f, O = 0.f;  // this warp's running max, mass and output relative to M
+    for (int first = warp; first < splits; first += nw * PSA_MERGE_BATCH) {
+        float m[PSA_MERGE_BATCH], l[PSA_MERGE_BATCH], o[PSA_MERGE_BATCH];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    if (lane == 0) s_red[warp] = M;
-    __syncthreads();
-    M = s_red[0];
-    for (int w = 1; w < nw; ++w) M = fmaxf(M, s_red[w]);
-    float O = 0.f, L = 0.f;
-    for (int c = 0; c < splits; c += PSA_MERGE_CHUNK) {
-        const int cnt = min(PSA_MERGE_CHUNK, splits - c);
-        __syncthreads();  // the previous chunk's weights are read
-        for (int i = threadIdx.x; i < cnt; i += blockDim.x) {  // a split with nothing attended adds nothing
-            const float m = __ldg(row + (long)(c + i) * PW + PSA_D);
-            s_w[i] = m == -PSA_INF ? 0.f : __expf(m - M);
-            s_l[i] = m == -PSA_INF ? 0.f : __ldg(row + (long)(c + i) * PW + PSA_D + 1);
+        for (int j = 0; j < PSA_MERGE_BATCH; ++j) {
+            const int sp = first + j * nw;
+            const float* r = row + (long)sp * PW;
+            m[j] = sp < splits ? __ldg(r + PSA_D) : -PSA_INF;
+            l[j] = sp < splits ? __ldg(r + PSA_D + 1) : 0.f;
+            o[j] = sp < splits && mine ? __ldg(r + c0 + lane) : 0.f;
         }
-        __syncthreads();
-        const float* col = row + (long)c * PW + c0 + lane;
-#pragma unroll 4
-        for (int i = warp; i < cnt; i += nw) {
-            const float w = s_w[i];
-            if (lane < PSA_MC) O = fmaf(w != 0.f ? __ldg(col + (long)i * PW) : 0.f, w, O);
-            L = fmaf(s_l[i], w, L);
+        float bm = M;
+#pragma unroll
+        for (int j = 0; j < PSA_MERGE_BATCH; ++j) bm = fmaxf(bm, m[j]);
+        if (bm == -PSA_INF) continue;  // nothing attended in any split so far
+        const float keep = M == -PSA_INF ? 0.f : __expf(M - bm);
+        L *= keep;
+        O *= keep;
+#pragma unroll
+        for (int j = 0; j < PSA_MERGE_BATCH; ++j) {  // a split with nothing attended adds nothing
+            const float w = m[j] == -PSA_INF ? 0.f : __expf(m[j] - bm);
+            L = fmaf(w != 0.f ? l[j] : 0.f, w, L);
+            O = fmaf(w != 0.f ? o[j] : 0.f, w, O);
         }
+        M = bm;
     }
-    if (lane < PSA_MC) s_o[warp][lane] = O;
-    if (lane == 0) s_lw[warp] = L;
+    if (lane == 0) { s_m[warp] = M; s_l[warp] = L; }
+    if (mine) s_o[warp][lane] = O;
     __syncthreads();
-    if (warp == 0 && lane < PSA_MC) {
+    if (warp == 0 && mine) {
+        float gm = -PSA_INF;
+        for (int w = 0; w < nw; ++w) gm = fmaxf(gm, s_m[w]);
         float o = 0.f, l = 0.f;
         for (int w = 0; w < nw; ++w) {
-            o += s_o[w][lane];
-            l += s_lw[w];
+            const float e = s_m[w] == -PSA_INF ? 0.f : __expf(s_m[w] - gm);
+            o = fmaf(s_o[w][lane], e, o);
+            l = fmaf(s_l[w], e, l);
         }
         out[((long)b * Hq + h) * PSA_D + c0 + lane] = o / l;
     }
