@@ -56,6 +56,8 @@
 #  every GPU suite on the nineteenth session's code; the runs of record (Llama 5%, the real Gemma layer 17).
 #   run(command="bash benchmarks/device_pending.sh merge4")  (~4 minutes)
 #  psa_merge_splits v4: the split tests, dense one request kernel by kernel, dense and top-k against SDPA.
+#   run(command="bash benchmarks/device_pending.sh final")  (~6 minutes)
+#  psa_merge_splits' batch 16 against 32, then every GPU suite on the twentieth session's code.
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
 #   run(command="bash benchmarks/device_pending.sh radix")  on wip/pending  (~3 minutes)
@@ -331,6 +333,18 @@ if [ "$PART" = merge4 ]; then
         --sizes 8192:1,32768:1,32768:8 --reps 20 --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank \
         --out "$OUT/$shape" 2>&1 | grep "^|" | grep "SDPA\|dense\|top-k" | cut -d'|' -f2,4-8,12
   done
+  exit 0
+fi
+if [ "$PART" = final ]; then
+  # the merge's batch (16 or 32 splits a warp in flight) at the three model shapes, one request at 32K, kernel by
+  # kernel; then every GPU suite of the package on this session's code
+  cd benchmarks
+  for shape in smollm2 gemma3; do
+    timeout 60 python3 exp_kernels_attr.py MERGE_BATCH=16,32 -- profile_decode_step.py --share 0.05 --shape $shape \
+        --size 32768 --batches 1 --variants dense --out /tmp 2>&1 | grep "^#\|psa_merge" | sed "s/^/[$shape] /"
+  done
+  cd ..
+  kernel_suites t_all.log tests/test_fast_metadata.py tests/test_fast_pool.py
   exit 0
 fi
 if [ "$PART" = order ]; then
