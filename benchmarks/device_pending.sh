@@ -347,6 +347,17 @@ if [ "$PART" = final ]; then
   kernel_suites t_all.log tests/test_fast_metadata.py tests/test_fast_pool.py
   exit 0
 fi
+if [ "$PART" = batch32 ]; then
+  # MERGE_BATCH = 32: the split tests, then Llama's dense, top-k and ema rows at 32K and 128K, one request
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_fast_bf16.py -k "split" > "$OUT/t_batch32.log" 2>&1
+  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_batch32.log" | tail -8
+  cd benchmarks && mkdir -p "$OUT/llama8b"
+  timeout 200 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:1 \
+      --reps 20 --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank --out "$OUT/llama8b" 2>&1 \
+      | grep "^|" | cut -d'|' -f2,4-8,12
+  exit 0
+fi
 if [ "$PART" = order ]; then
   # One request's order on the real layer 17 (2,048 blocks, one group): the two-kernel sort (2 CTAs of 1,024
   # keys, then psa_order_merge) against one CTA sorting all 2,048 (psa_order), B = 1, 8 and 32.

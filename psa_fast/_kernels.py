@@ -199,7 +199,7 @@ def _pow2(x: int, least: int) -> int:
     return max(least, 1 << max(0, int(x - 1).bit_length()))
 
 
-MERGE_BATCH = 16  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
+MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
 SLICE = 1024  # keys per CTA in the two-kernel sort
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)

@@ -748,7 +748,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 // (Gemma 3, 32K, benchmarks/NOTES.md). Version 1 walked the splits with dependent loads (~0.3 us a split).
 #define PSA_MC (PSA_D % 32 == 0 ? 32 : 16)  // PSA_D is a multiple of 16
 #ifndef PSA_MERGE_BATCH
-#define PSA_MERGE_BATCH 16  // splits a warp has in flight (_kernels.MERGE_BATCH)
+#define PSA_MERGE_BATCH 32  // splits a warp has in flight (_kernels.MERGE_BATCH)
 #endif
 extern "C" __global__ void __launch_bounds__(256)
 psa_merge_splits(const float* __restrict__ partial, const int* __restrict__ seq_lens, float* __restrict__ out,
