@@ -58,6 +58,8 @@
 #  psa_merge_splits v4: the split tests, dense one request kernel by kernel, dense and top-k against SDPA.
 #   run(command="bash benchmarks/device_pending.sh final")  (~6 minutes)
 #  psa_merge_splits' batch 16 against 32, then every GPU suite on the twentieth session's code.
+#   run(command="bash benchmarks/device_pending.sh queryfold")  (~2 minutes)
+#  dense one request: the step against its attention alone (what the query's own launch costs).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
 #   run(command="bash benchmarks/device_pending.sh radix")  on wip/pending  (~3 minutes)
@@ -356,6 +358,14 @@ if [ "$PART" = batch32 ]; then
   timeout 200 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:1 \
       --reps 20 --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank --out "$OUT/llama8b" 2>&1 \
       | grep "^|" | cut -d'|' -f2,4-8,12
+  exit 0
+fi
+if [ "$PART" = queryfold ]; then
+  # what folding the query's scaling into the decode kernel could save: dense one request, the step against its
+  # attention alone and the query's load alone, at the three model shapes (exp_query_fold.py)
+  cd benchmarks
+  timeout 240 python3 exp_query_fold.py --shapes smollm2,llama8b,gemma3 --sizes 8192,32768 --batches 1,8 2>&1 \
+      | grep -v Warn | tee "$OUT/exp_query_fold.md"
   exit 0
 fi
 if [ "$PART" = order ]; then
