@@ -368,6 +368,14 @@ if [ "$PART" = queryfold ]; then
       | grep -v Warn | tee "$OUT/exp_query_fold.md"
   exit 0
 fi
+if [ "$PART" = autostep ]; then
+  # PSAConfig(step="auto") through psa_fast.hf (GPU) and the reference integration's checks (CPU)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -rf --tb=short \
+      tests/test_fast_hf.py tests/test_hf.py -k "leave_the_step or config_rejects or warns" \
+      > "$OUT/t_autostep.log" 2>&1
+  echo "tests rc=$?"; grep -E "^FAILED|^E |passed|failed" "$OUT/t_autostep.log" | tail -12
+  exit 0
+fi
 if [ "$PART" = order ]; then
   # One request's order on the real layer 17 (2,048 blocks, one group): the two-kernel sort (2 CTAs of 1,024
   # keys, then psa_order_merge) against one CTA sorting all 2,048 (psa_order), B = 1, 8 and 32.
