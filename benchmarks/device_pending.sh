@@ -56,6 +56,10 @@
 #  every GPU suite on the nineteenth session's code; the runs of record (Llama 5%, the real Gemma layer 17).
 #   run(command="bash benchmarks/device_pending.sh merge4")  (~4 minutes)
 #  psa_merge_splits v4: the split tests, dense one request kernel by kernel, dense and top-k against SDPA.
+#   run(command="bash benchmarks/device_pending.sh final")  (~6 minutes)
+#  psa_merge_splits' batch 16 against 32, then every GPU suite on the twentieth session's code.
+#   run(command="bash benchmarks/device_pending.sh queryfold")  (~2 minutes)
+#  dense one request: the step against its attention alone (what the query's own launch costs).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
 #   run(command="bash benchmarks/device_pending.sh radix")  on wip/pending  (~3 minutes)
@@ -331,6 +335,45 @@ if [ "$PART" = merge4 ]; then
         --sizes 8192:1,32768:1,32768:8 --reps 20 --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank \
         --out "$OUT/$shape" 2>&1 | grep "^|" | grep "SDPA\|dense\|top-k" | cut -d'|' -f2,4-8,12
   done
+  exit 0
+fi
+if [ "$PART" = final ]; then
+  # the merge's batch (16 or 32 splits a warp in flight) at the three model shapes, one request at 32K, kernel by
+  # kernel; then every GPU suite of the package on this session's code
+  cd benchmarks
+  for shape in smollm2 gemma3; do
+    timeout 60 python3 exp_kernels_attr.py MERGE_BATCH=16,32 -- profile_decode_step.py --share 0.05 --shape $shape \
+        --size 32768 --batches 1 --variants dense --out /tmp 2>&1 | grep "^#\|psa_merge" | sed "s/^/[$shape] /"
+  done
+  cd ..
+  kernel_suites t_all.log tests/test_fast_metadata.py tests/test_fast_pool.py
+  exit 0
+fi
+if [ "$PART" = batch32 ]; then
+  # MERGE_BATCH = 32: the split tests, then Llama's dense, top-k and ema rows at 32K and 128K, one request
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_fast_bf16.py -k "split" > "$OUT/t_batch32.log" 2>&1
+  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_batch32.log" | tail -8
+  cd benchmarks && mkdir -p "$OUT/llama8b"
+  timeout 200 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:1 \
+      --reps 20 --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank --out "$OUT/llama8b" 2>&1 \
+      | grep "^|" | cut -d'|' -f2,4-8,12
+  exit 0
+fi
+if [ "$PART" = queryfold ]; then
+  # what folding the query's scaling into the decode kernel could save: dense one request, the step against its
+  # attention alone and the query's load alone, at the three model shapes (exp_query_fold.py)
+  cd benchmarks
+  timeout 240 python3 exp_query_fold.py --shapes smollm2,llama8b,gemma3 --sizes 8192,32768 --batches 1,8 2>&1 \
+      | grep -v Warn | tee "$OUT/exp_query_fold.md"
+  exit 0
+fi
+if [ "$PART" = autostep ]; then
+  # PSAConfig(step="auto") through psa_fast.hf (GPU) and the reference integration's checks (CPU)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -rf --tb=short \
+      tests/test_fast_hf.py tests/test_hf.py -k "leave_the_step or config_rejects or warns" \
+      > "$OUT/t_autostep.log" 2>&1
+  echo "tests rc=$?"; grep -E "^FAILED|^E |passed|failed" "$OUT/t_autostep.log" | tail -12
   exit 0
 fi
 if [ "$PART" = order ]; then

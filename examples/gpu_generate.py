@@ -71,7 +71,7 @@ def main(model_name: str = "gemma3", context: int = 8192, batch: int = 4, tokens
     print(f"{model_name}: {batch} prompts of {min(map(len, rows))}-{max(map(len, rows))} tokens, {tokens} new each")
 
     stock, stock_s = generate(model, padded, tokens=tokens)
-    config = PSAConfig(threshold=0.95, step=16)
+    config = PSAConfig(threshold=0.95, step="auto")  # the plan sizes the loop's chunk
     psa_fast.hf.enable(model, config)
     cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=padded["input_ids"].shape[1] + tokens + 8,
                                    plan_options=None if speculate is None else {"speculate": speculate})

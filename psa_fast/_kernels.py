@@ -199,6 +199,7 @@ def _pow2(x: int, least: int) -> int:
     return max(least, 1 << max(0, int(x - 1).bit_length()))
 
 
+MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
 SLICE = 1024  # keys per CTA in the two-kernel sort
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
@@ -548,7 +549,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 12), shared_mem=smem)
     if split is not None:
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
-                       **defines)
+                       merge_batch=MERGE_BATCH, **defines)
         why = REASONS.index("budget" if stop == "budget" else "exhausted")
         per_cta = 32 if d % 32 == 0 else 16  # channels a CTA merges (PSA_MC); its warps take the splits round-robin
         merge((hq, b, d // per_cta), (32 * min(8, splits),), (partial, seq_lens, out, num_used, iterations, reason,

@@ -145,11 +145,7 @@ class DecodePlan:
         self.mode = _validate.choice(mode, "mode", MODES)
         self.threshold = _validate.threshold(threshold)
         self.stop = resolve_stop(stop, cache.metadata)  # every rule of the reference runs on the GPU
-        if isinstance(step, str):
-            if step != "auto":
-                raise ValueError(f"step must be a positive integer or 'auto', got {step!r}")
-        else:
-            step = _validate.integer(step, "step", minimum=1)
+        step = _check_step(step)
         self.k = _validate.integer(k, "k", minimum=1)
         self.gqa = _validate.choice(gqa, "gqa", GQA_MODES)
         self.sink_blocks = _validate.integer(sink_blocks, "sink_blocks", minimum=0)
@@ -565,9 +561,18 @@ def _result(dec: DecodeOutput, p: DecodePlan, blocks: KVBlocks, q3, single: bool
     return AttentionResult(like(out, kind), used, iters, reasons, est, exact, nb)
 
 
+def _check_step(step):
+    """``step``: a positive integer, or ``"auto"`` (the plan picks it, ``_kernels.pick_step``)."""
+    if isinstance(step, str):
+        if step != "auto":
+            raise ValueError(f"step must be a positive integer or 'auto', got {step!r}")
+        return step
+    return _validate.integer(step, "step", minimum=1)
+
+
 @requires_gpu
 def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | None = None, stop: str = DEFAULT_STOP,
-              step: int = 1, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
+              step: int | str = 1, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
               exact_mass: bool = False, first_chunk: int | str | None = None, rank: str = "estimate",
               speculate: float | None = None) -> AttentionResult:
     """Progressive sparse attention on the GPU; the arguments and result of [`psa_ref.attention`][psa_ref.attention].
@@ -576,9 +581,11 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     the GPU, of the same array type; the other fields are on the host. ``speculate`` (GPU only) is
     [`DecodePlan`][psa_fast.DecodePlan]'s: the same blocks and decision by another schedule of the kernels.
     ``rank="share"`` runs a small kernel between the estimate and the order (not with ``stop="certified"``).
+    ``step="auto"`` (GPU only) is the plan's step ([`DecodePlan`][psa_fast.DecodePlan]): how many blocks are read
+    past the stop then depends on the GPU and the cache.
     """
     threshold = _validate.threshold(threshold)
-    step = _validate.integer(step, "step", minimum=1)
+    step = _check_step(step)
     q3, single, kind = _query(q, blocks)
     stop = resolve_stop(stop, blocks.cache.metadata)
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)

@@ -6,7 +6,7 @@ reference). This module runs it on the GPU::
     import psa_fast.hf
     from psa_ref.tools.hf import PSAConfig
 
-    session = psa_fast.hf.enable(model, PSAConfig(threshold=0.95, step=16))  # a bf16/fp16 model on CUDA
+    session = psa_fast.hf.enable(model, PSAConfig(threshold=0.95, step="auto"))  # a bf16/fp16 model on CUDA
     cache = psa_fast.hf.PagedCache(model, batch=len(prompts), max_tokens=8192)
     out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=64)
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import numpy as np
 import torch
@@ -672,6 +673,15 @@ def register() -> None:
     _hf.register_backend("fast", decode_step)
 
 
+def step_warning(config: _hf.PSAConfig) -> str | None:
+    """Why ``config`` would make the GPU loop slow, or None: PSA with ``step=1`` (``PSAConfig``'s default, the
+    reference's) runs one iteration of barriers and decisions for every block it attends."""
+    if config.topk is not None or config.threshold >= 1 or config.step != 1:
+        return None
+    return ("PSAConfig(step=1) makes the GPU loop iterate once a block (~4 µs each); pass step='auto' (the plan "
+            "sizes it, psa_fast.DecodePlan) or an integer such as 16")
+
+
 def enable(model, config: _hf.PSAConfig | None = None) -> _hf.PSASession:
     """[`psa_ref.tools.hf.enable`][psa_ref.tools.hf.enable] on the GPU: the model's ``"psa"`` attention runs
     batched on a [`PagedCache`][psa_fast.hf.PagedCache] when ``generate`` (or a forward) is given one, and
@@ -684,6 +694,9 @@ def enable(model, config: _hf.PSAConfig | None = None) -> _hf.PSASession:
         raise RuntimeError("psa_fast.hf needs a CUDA GPU and CuPy (pip install 'psa[gpu]'); on the CPU use "
                            "psa_ref.tools.hf.enable(model, PSAConfig(backend='ref' or 'sweep'))")
     config = _hf.PSAConfig(backend="fast") if config is None else dataclasses.replace(config, backend="fast")
+    why = step_warning(config)
+    if why:
+        warnings.warn(why, stacklevel=2)
     register()
     session = _hf.enable(model, config)
     session.forward_hook = functools.partial(attention_forward, session)

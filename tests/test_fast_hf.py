@@ -308,3 +308,24 @@ def test_real_model_tau_one_gives_dense_logits_and_greedy_tokens_over_32_steps(n
     assert psa.shape == stock.shape == (2, steps + 1, stock.shape[-1])
     assert_within_budget(psa, stock, ref, budget, f"{name} {dtype}")
     assert cache.blocks_read()["mean_share"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_the_config_can_leave_the_step_to_the_plan(kind):
+    """PSAConfig(step="auto"): every plan of the cache resolves it to an integer (DecodePlan's pick), and the
+    logits are those of that integer given explicitly, bit for bit. The default step of 1 warns."""
+    ids = torch.randint(0, VOCAB, (2, 60), generator=torch.Generator().manual_seed(13)).cuda()
+    model = tiny(kind, seed=4).cuda().to(torch.bfloat16)
+    with pytest.warns(UserWarning, match="step='auto'"):
+        psa_fast.hf.enable(model, hf.PSAConfig(threshold=0.9, block_size=4))
+    try:
+        psa_fast.hf.enable(model, hf.PSAConfig(threshold=0.9, block_size=4, step="auto"))
+        auto_cache = psa_fast.hf.PagedCache(model, batch=2, max_tokens=64)
+        auto = forced_logits(model, ids, 30, auto_cache)
+        steps = {p.step for p in auto_cache._plans.values()}
+        assert len(steps) == 1 and isinstance(next(iter(steps)), int) and next(iter(steps)) >= 1
+        psa_fast.hf.enable(model, hf.PSAConfig(threshold=0.9, block_size=4, step=next(iter(steps))))
+        fixed = forced_logits(model, ids, 30, psa_fast.hf.PagedCache(model, batch=2, max_tokens=64))
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert torch.equal(auto, fixed)

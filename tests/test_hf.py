@@ -162,6 +162,7 @@ def test_padding_in_decode_is_rejected(model):
     (dict(block_size=0), ValueError, "block_size must be >= 1"),
     (dict(metadata="quest"), ValueError, "metadata must be one of"),
     (dict(step=1.5), TypeError, "step must be an integer"),
+    (dict(step="fast"), ValueError, "step must be a positive integer or 'auto'"),
     (dict(gqa="grouped"), ValueError, "gqa must be one of"),
     (dict(sink_blocks=-1), ValueError, "sink_blocks must be >= 0"),
     (dict(topk=1), ValueError, "topk must be >= 2"),  # the default sink + recent blocks count towards k
@@ -178,6 +179,19 @@ def test_enable_rejects_what_it_cannot_drive():
         hf.enable(tiny_llama(layers=1), {"threshold": 0.9})
     with pytest.raises(ValueError, match="no attention module"):
         hf.enable(torch.nn.Linear(2, 2), hf.PSAConfig())
+    for backend in ("ref", "sweep"):  # "auto" is the GPU plan's step; the reference needs a number of blocks
+        with pytest.raises(ValueError, match=f"step='auto' .*backend='{backend}'"):
+            hf.enable(tiny_llama(layers=1), hf.PSAConfig(step="auto", backend=backend))
+
+
+def test_the_gpu_backend_warns_when_the_step_would_iterate_once_a_block():
+    """psa_fast.hf.enable warns (step_warning) about PSAConfig's default step of 1 for PSA, which the reference
+    takes as is but which costs the GPU loop an iteration a block; not for "auto", other steps, top-k or dense."""
+    import psa_fast.hf
+
+    assert "step='auto'" in psa_fast.hf.step_warning(hf.PSAConfig())
+    for kw in (dict(step="auto"), dict(step=16), dict(topk=8), dict(threshold=1.0)):
+        assert psa_fast.hf.step_warning(hf.PSAConfig(**kw)) is None, kw
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the CPU-only errors")

@@ -741,13 +741,16 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 // into a running max, mass and output (rescaled when the max grows), so one pass over the splits with a batch in
 // flight; the warps' terms meet in shared memory, added in warp order.
 //
-// Version 4. Version 3 (the same CTAs) made three dependent passes over the splits (the max, then the weights
-// into shared memory, then the sums, four loads in flight a lane): 5.6-5.8 us at 132 splits (SmolLM2 and Gemma 3
-// one request at 32K), 2.8 at 16 (Llama-3.1-8B). Version 2 gave a CTA the whole head (PSA_D threads, each walking
-// every split): at B = 1 with one KV head that is 4 CTAs reading 132 splits each, 10.2 us of a 28.7 us dense step
-// (Gemma 3, 32K, benchmarks/NOTES.md). Version 1 walked the splits with dependent loads (~0.3 us a split).
+// Version 4: 3.3 us at 132 splits, 2.9 at 16 (H200). Version 3 (the same CTAs) made three dependent passes over the
+// splits (the max, then the weights into shared memory, then the sums, four loads in flight a lane): 5.6-5.8 us at 132
+// splits (SmolLM2 and Gemma 3 one request at 32K), 2.8 at 16 (Llama-3.1-8B). Version 2 gave a CTA the whole head (PSA_D
+// threads, each walking every split): at B = 1 with one KV head that is 4 CTAs reading 132 splits each, 10.2 us of a
+// 28.7 us dense step (Gemma 3, 32K, benchmarks/NOTES.md). Version 1 walked the splits with dependent loads (~0.3 us a
+// split).
 #define PSA_MC (PSA_D % 32 == 0 ? 32 : 16)  // PSA_D is a multiple of 16
-#define PSA_MERGE_BATCH 16  // splits a warp has in flight
+#ifndef PSA_MERGE_BATCH
+#define PSA_MERGE_BATCH 32  // splits a warp has in flight (_kernels.MERGE_BATCH)
+#endif
 extern "C" __global__ void __launch_bounds__(256)
 psa_merge_splits(const float* __restrict__ partial, const int* __restrict__ seq_lens, float* __restrict__ out,
                  int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,

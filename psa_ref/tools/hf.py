@@ -59,7 +59,10 @@ class PSAConfig:
         metadata: ranking metadata, one of ``psa_ref.METADATA_KINDS`` (default ``"quant3"``: on real
             long-context attention only its per-token sketch ranks the blocks near the ideal order;
             ``KVBlocks.from_dense`` keeps ``"cuboid_mean"`` as its default, see docs/accuracy.md).
-        step: blocks per iteration of the loop.
+        step: blocks per iteration of the loop (default 1, the reference's). ``"auto"``: the GPU plan's
+            step ([`psa_fast.DecodePlan`][psa_fast.DecodePlan]: a cost model of the loop sizes it; it
+            decides how many blocks are read past the stop), for ``backend="fast"`` only. On the GPU an
+            integer step of 1 makes the loop iterate once a block: ``psa_fast.hf.enable`` warns about it.
         gqa: ``"shared"`` (one selection per KV head) or ``"per_head"``.
         rank: how a shared selection ranks its blocks: ``"estimate"`` (default) or ``"share"``
             (see [`psa_ref.attention`][psa_ref.attention]; the ``"fast"`` backend does not run it yet).
@@ -81,7 +84,7 @@ class PSAConfig:
     stop: str = DEFAULT_STOP
     block_size: int = 16
     metadata: str = "quant3"
-    step: int = 1
+    step: int | str = 1
     gqa: str = "shared"
     rank: str = "estimate"
     sink_blocks: int = 1
@@ -97,7 +100,11 @@ class PSAConfig:
         resolve_stop(self.stop, self.metadata)
         _validate.integer(self.block_size, "block_size", minimum=1)
         _validate.choice(self.metadata, "metadata", METADATA_KINDS)
-        _validate.integer(self.step, "step", minimum=1)
+        if isinstance(self.step, str):
+            if self.step != "auto":
+                raise ValueError(f"step must be a positive integer or 'auto', got {self.step!r}")
+        else:
+            _validate.integer(self.step, "step", minimum=1)
         _validate.choice(self.gqa, "gqa", ("shared", "per_head"))
         _validate.choice(self.rank, "rank", RANKS)
         _validate.integer(self.sink_blocks, "sink_blocks", minimum=0)
@@ -338,6 +345,9 @@ def enable(model, config: PSAConfig | None = None) -> PSASession:
     if not modules:
         raise ValueError("model has no attention module with layer_idx and num_key_value_groups "
                          "(a transformers decoder using AttentionInterface, such as Llama, is expected)")
+    if config.step == "auto" and config.backend != "fast":
+        raise ValueError(f"step='auto' is the GPU plan's step (psa_fast.hf.enable); backend={config.backend!r} "
+                         "iterates a whole number of blocks: give step an integer")
     if config.backend not in ("ref", "sweep") and config.backend not in _DECODERS:
         raise ValueError(f"backend={config.backend!r} is provided by psa_fast.hf: call psa_fast.hf.enable(model, "
                          "config) on a machine with a CUDA GPU, or use backend='ref' or 'sweep' on the CPU")
