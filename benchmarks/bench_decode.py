@@ -426,6 +426,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
     import torch
 
     import psa_fast
+    from psa_fast import _kernels
 
     n = -(-t // shape.s)
     per_layer = b * shape.hkv * n * shape.s * shape.d * 2 * 2
@@ -528,8 +529,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
         # the loop's rows: the plan's step="auto" (_kernels.pick_step); until 2026-12-02 the runs of record took
         # max(8 x cluster, blocks / 64): 64 / 128 / 128 at Llama's 32K B = 1, 128K B = 1 and 8 (benchmarks/NOTES.md)
         step = "auto"
-        # speculate: one CTA per chunk, so chunks of a few blocks per warp (no barrier per chunk to amortise)
-        spec_step = max(16, n // 256)
+        spec_step = _kernels.spec_step(n)  # speculate: one CTA a chunk of a few blocks a warp
         margin, extra_chunks = speculate
         spec_extra = None if extra_chunks is None else extra_chunks * spec_step
         spec_name = f"speculate {margin}" + ("" if extra_chunks is None else f" +{extra_chunks} chunks")

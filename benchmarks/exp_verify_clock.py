@@ -98,7 +98,7 @@ def main() -> None:
                                           metadata="quant3" if args.stop == "auto" else "cuboid_mean")
             q = fill(cache, 0)
             p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
-                              stop=args.stop, step=args.step or max(16, cache.nmax // 256), speculate=speculate)
+                              stop=args.stop, step=args.step or _kernels.spec_step(cache.nmax), speculate=speculate)
             for _ in range(args.steps):
                 p.run(q, 0)
             cupy.cuda.Device().synchronize()

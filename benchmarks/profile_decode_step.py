@@ -8,7 +8,8 @@ variant, each kernel's launches per step, µs per launch and share of the step.
 
 Variants (``--variants``, comma-separated): ``dense``; ``NAME`` or ``NAME:sM`` with NAME ``default`` (the
 library's default rule on ``metadata="quant3"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``.
-Steps as in bench_decode: the loop's the plan's ``step="auto"``, speculating ``max(16, blocks / 256)``.
+Steps as in bench_decode: the loop's the plan's ``step="auto"``, speculating ``_kernels.spec_step`` (``max(16,
+blocks / 256)``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def main() -> None:
     import torch
 
     import psa_fast
+    from psa_fast import _kernels
     from psa_ref.trace import load_trace
 
     shape = SHAPES[args.shape]
@@ -105,7 +107,7 @@ def main() -> None:
                     scatter_slots(caches[metadata])
             n = caches[next(iter(caches))].nmax
             step = "auto"  # the loop: the plan's pick (until 2026-12-02: max(8 x cluster, blocks / 64))
-            spec_step = max(16, n // 256)  # speculating: chunks of a few blocks a warp, one CTA each
+            spec_step = _kernels.spec_step(n)  # speculating: chunks of a few blocks a warp, one CTA each
             for name, spec in variants:
                 metadata = "quant3" if name == "default" else "cuboid_mean"
                 cache, q = caches[metadata], qs[metadata]

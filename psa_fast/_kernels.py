@@ -86,6 +86,12 @@ COPY_CEILING_GBS = 4300.0  # the H200's device-to-device copy ceiling (bench_dec
 STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
 
 
+def spec_step(nmax: int) -> int:
+    """The speculative schedule's chunk for ``nmax`` blocks a group: ``max(16, nmax / 256)``, a few blocks a warp (one
+    CTA a chunk, no barrier to amortise); the runs of record's and ``DecodePlan(speculate=..., step="auto")``'s."""
+    return max(16, nmax // 256)
+
+
 def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, block_bytes: int,
               speculate: bool = False) -> int:
     """Blocks an iteration for ``DecodePlan(step="auto")``. The loop's step decides on the slowest group: each
@@ -99,9 +105,9 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
     131.6 / 412.1 and the best step measured was 384 / 512 (100.4) / 256 (409.2): the busiest group's need, which
     the plan cannot see, decides between neighbours.
 
-    With ``speculate`` the step is one speculative CTA's chunk: ``max(16, nmax / 256)``, the runs of record's."""
+    With ``speculate`` the step is one speculative CTA's chunk, ``spec_step(nmax)``."""
     if speculate:
-        return max(16, nmax // 256)
+        return spec_step(nmax)
     unit = cluster * warps
     per_group_gbs = min(cluster * LOOP_SM_GBS, COPY_CEILING_GBS / max(1, batch * groups))
     block_us = block_bytes / per_group_gbs / 1e3

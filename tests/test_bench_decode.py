@@ -610,6 +610,7 @@ def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
         got, unit = step(1, nmax)
         assert unit <= got <= -(-nmax // unit) * unit
     assert _kernels.pick_step(1, 8, 8192, cluster=8, warps=8, block_bytes=8192, speculate=True) == 32
+    assert [_kernels.spec_step(n) for n in (1, 2048, 4096, 8192, 32768)] == [16, 16, 16, 32, 128]  # the benches'
 
 
 def test_every_kernel_call_of_the_package_matches_its_launcher_signature():
