@@ -60,6 +60,8 @@
 #  psa_merge_splits' batch 16 against 32, then every GPU suite on the twentieth session's code.
 #   run(command="bash benchmarks/device_pending.sh queryfold")  (~2 minutes)
 #  dense one request: the step against its attention alone (what the query's own launch costs).
+#   run(command="bash benchmarks/device_pending.sh denseprobe")  (~3 minutes)
+#  ncu of Llama's dense split decode at 32K, B = 1 (40 µs, ~3.4 TB/s) and B = 8 (at the copy ceiling).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
 #   run(command="bash benchmarks/device_pending.sh radix")  on wip/pending  (~3 minutes)
@@ -374,6 +376,22 @@ if [ "$PART" = autostep ]; then
       tests/test_fast_hf.py tests/test_hf.py -k "leave_the_step or config_rejects or warns" \
       > "$OUT/t_autostep.log" 2>&1
   echo "tests rc=$?"; grep -E "^FAILED|^E |passed|failed" "$OUT/t_autostep.log" | tail -12
+  exit 0
+fi
+if [ "$PART" = denseprobe ]; then
+  # why Llama's dense decode (the split build) reads at ~3.4 TB/s for one request and at the copy ceiling for
+  # eight: ncu of psa_decode at 32K, B = 1 and 8 (the second of exp_query_fold.py's eager warm-up steps)
+  cd benchmarks
+  for b in 1 8; do
+    timeout 240 ncu --clock-control none -k regex:psa_decode --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
+        python3 exp_query_fold.py --shapes llama8b --sizes 32768 --batches $b --reps 3 \
+        > "$OUT/ncu_dense_llama8b_32k_b$b.txt" 2>&1
+    echo "ncu B=$b rc=$?"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Grid Size|Block Size|Registers Per|Achieved Occupancy|Eligible \
+|Issue Slots|Stall (Long|Barrier|Short|Wait|MIO|LG|Not)" "$OUT/ncu_dense_llama8b_32k_b$b.txt" | head -30
+  done
   exit 0
 fi
 if [ "$PART" = order ]; then
