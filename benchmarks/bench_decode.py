@@ -311,6 +311,13 @@ def capture(run, stream):
     return stream.end_capture()
 
 
+def rotating_layers(shape: Shape, t: int, b: int) -> int:
+    """Layers of ``b`` requests of ``t`` tokens of ``shape``'s K/V to rotate over, so that a timed call reads
+    from HBM, not L2: at least 4x L2 of KV in all, and at least 2."""
+    per_layer = b * shape.hkv * -(-t // shape.s) * shape.s * shape.d * 2 * 2
+    return max(2, -(-4 * L2_BYTES // per_layer))
+
+
 def per_call_us(fn, layers: int, stream, reps: int) -> float:
     """Median device µs per call of ``fn(layer)``: PER_GRAPH calls, the layers in turn, captured in one CUDA graph
     (as a decoder captures a step of all its layers). A graph of one call would also time the host's launch
@@ -429,8 +436,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
     from psa_fast import _kernels
 
     n = -(-t // shape.s)
-    per_layer = b * shape.hkv * n * shape.s * shape.d * 2 * 2
-    layers = max(2, -(-4 * L2_BYTES // per_layer))  # rotate over >= 4x L2 of KV
+    layers = rotating_layers(shape, t, b)
     tags = dict(tags or {}, shape=shape.name)
     hq, hkv, s = shape.hq, shape.hkv, shape.s
     rows = []

@@ -64,13 +64,32 @@
 #  ncu of Llama's dense split decode at 32K, B = 1 (40 µs, ~3.4 TB/s) and B = 8 (at the copy ceiling).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
-#   run(command="bash benchmarks/device_pending.sh radix")  on wip/pending  (~3 minutes)
-#  there also psa_order_radix's digit lanes by match.any against 8 ballots (PSA_RADIX_MATCH): the tests run both
-#  builds, exp_order_rank.py times both.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
+# The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones, which can be
+# added as further arguments), log to $OUT/$1.
+kernel_suites() {
+  local log="$1"
+  shift
+  timeout 560 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
+      tests/test_fast_offload.py "$@" > "$OUT/$log" 2>&1
+  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/$log" | tail -8
+}
+# The real Gemma layer's loop and verifier clocks, and where its speculative step's kernels go (timeout $1 each).
+gemma_clocks() {
+  local t="$1"
+  timeout "$t" python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32,8 \
+      --spread --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
+  timeout "$t" python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 \
+      --spread --loop --speculate 0 2>&1 | grep -v Warn | grep "^T=\|^|"
+  timeout "$t" python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1,32 \
+      --spread 2>&1 | grep -v Warn | grep "^T=\|^| kernel\|^| gather"
+  timeout 120 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
+      --batches 32,8,1 --variants default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_"
+}
 if [ "$PART" = spread ]; then
   # One Gemma layer replayed with 32 different decode steps (the trace's last 32 queries, --spread) instead of 32
   # copies of one: the resumed loop and the verifier as the model's batch sees them (carry the layer's npz).
@@ -115,19 +134,9 @@ if [ "$PART" = loopclock ]; then
   exit 0
 fi
 if [ "$PART" = lse ]; then
-  timeout 420 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_fast_offload.py tests/test_first_chunk.py \
-      tests/test_fast_hf.py > "$OUT/t_gpu.log" 2>&1
-  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+  kernel_suites t_gpu.log
   cd benchmarks
-  timeout 100 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32,8 \
-      --spread --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
-  timeout 100 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 \
-      --spread --loop --speculate 0 2>&1 | grep -v Warn | grep "^T=\|^|"
-  timeout 100 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1,32 \
-      --spread 2>&1 | grep -v Warn | grep "^T=\|^| kernel\|^| gather"
-  timeout 120 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
-      --batches 32,8,1 --variants default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_decode\|verify"
+  gemma_clocks 100
   exit 0
 fi
 if [ "$PART" = record ]; then
@@ -140,30 +149,13 @@ if [ "$PART" = record ]; then
       --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/llama" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
   exit 0
 fi
-# The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones, which can be
-# added as further arguments), log to $OUT/$1.
-kernel_suites() {
-  local log="$1"
-  shift
-  timeout 560 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
-      tests/test_fast_offload.py "$@" > "$OUT/$log" 2>&1
-  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/$log" | tail -8
-}
 if [ "$PART" = next ]; then
   kernel_suites t_gpu.log
   exit 0
 fi
 if [ "$PART" = nextbench ]; then
   cd benchmarks
-  timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 32,8 \
-      --spread --loop 2>&1 | grep -v Warn | grep "^T=\|^|"
-  timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 \
-      --spread --loop --speculate 0 2>&1 | grep -v Warn | grep "^T=\|^|"
-  timeout 60 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1,32 \
-      --spread 2>&1 | grep -v Warn | grep "^T=\|^| kernel\|^| gather"
-  timeout 100 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --shape gemma3 --size 32768 \
-      --batches 32,8,1 --variants default:s1.0 --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_"
+  gemma_clocks 60
   timeout 90 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:8 \
       --reps 30 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate --out "$OUT" 2>&1 | grep "^|" \
       | cut -d'|' -f4-8,12

@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from bench_decode import L2_BYTES, SHAPES, copy_ceiling_gbs, floor_us, per_call_us, read_ceiling_gbs
+from bench_decode import SHAPES, copy_ceiling_gbs, floor_us, per_call_us, read_ceiling_gbs, rotating_layers
 
 
 def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False):
@@ -60,8 +60,7 @@ def main() -> None:
           f"read-only ceiling {read_ceiling:.0f} GB/s")
     for t, b in itertools.product([int(x) for x in args.sizes.split(",")], [int(x) for x in args.batches.split(",")]):
         n = -(-t // shape.s)
-        per_layer = b * shape.hkv * n * shape.s * shape.d * 2 * 2
-        layers = max(2, -(-4 * L2_BYTES // per_layer))
+        layers = rotating_layers(shape, t, b)
         with stream:
             cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
                                           max_tokens=t, block_size=shape.s)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench_decode import L2_BYTES, SHAPES, per_call_us, sparsity_fill
+from bench_decode import SHAPES, per_call_us, rotating_layers, sparsity_fill
 
 
 def main(argv=None) -> None:
@@ -34,8 +34,7 @@ def main(argv=None) -> None:
         shape = SHAPES[name]
         for t in (int(x) for x in args.sizes.split(",")):
             for b in (int(x) for x in args.batches.split(",")):
-                n = -(-t // shape.s)
-                layers = max(2, -(-4 * L2_BYTES // (b * shape.hkv * n * shape.s * shape.d * 4)))
+                layers = rotating_layers(shape, t, b)
                 with stream:
                     cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv,
                                                   head_dim=shape.d, max_tokens=t, block_size=shape.s)

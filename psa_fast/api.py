@@ -145,7 +145,7 @@ class DecodePlan:
         self.mode = _validate.choice(mode, "mode", MODES)
         self.threshold = _validate.threshold(threshold)
         self.stop = resolve_stop(stop, cache.metadata)  # every rule of the reference runs on the GPU
-        step = _check_step(step)
+        step = _validate.integer_or_auto(step, "step", minimum=1)
         self.k = _validate.integer(k, "k", minimum=1)
         self.gqa = _validate.choice(gqa, "gqa", GQA_MODES)
         self.sink_blocks = _validate.integer(sink_blocks, "sink_blocks", minimum=0)
@@ -561,15 +561,6 @@ def _result(dec: DecodeOutput, p: DecodePlan, blocks: KVBlocks, q3, single: bool
     return AttentionResult(like(out, kind), used, iters, reasons, est, exact, nb)
 
 
-def _check_step(step):
-    """``step``: a positive integer, or ``"auto"`` (the plan picks it, ``_kernels.pick_step``)."""
-    if isinstance(step, str):
-        if step != "auto":
-            raise ValueError(f"step must be a positive integer or 'auto', got {step!r}")
-        return step
-    return _validate.integer(step, "step", minimum=1)
-
-
 @requires_gpu
 def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | None = None, stop: str = DEFAULT_STOP,
               step: int | str = 1, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
@@ -585,7 +576,7 @@ def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | No
     past the stop then depends on the GPU and the cache.
     """
     threshold = _validate.threshold(threshold)
-    step = _check_step(step)
+    step = _validate.integer_or_auto(step, "step", minimum=1)
     q3, single, kind = _query(q, blocks)
     stop = resolve_stop(stop, blocks.cache.metadata)
     sink_blocks, recent_blocks = _forced(blocks, sink_blocks, recent_blocks)

@@ -47,6 +47,16 @@ def integer(x, name: str, *, minimum: int) -> int:
     return int(x)
 
 
+def integer_or_auto(x, name: str, *, minimum: int) -> int | str:
+    """``x`` as ``integer`` checks it, or the string ``"auto"`` (a value the caller picks later)."""
+    if isinstance(x, str):
+        if x != "auto":
+            what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise ValueError(f"{name} must be {what} or 'auto', got {x!r}")
+        return x
+    return integer(x, name, minimum=minimum)
+
+
 def threshold(x, name: str = "threshold") -> float:
     """Check that ``x`` is a real number in the half-open interval (0, 1]."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):

@@ -100,11 +100,7 @@ class PSAConfig:
         resolve_stop(self.stop, self.metadata)
         _validate.integer(self.block_size, "block_size", minimum=1)
         _validate.choice(self.metadata, "metadata", METADATA_KINDS)
-        if isinstance(self.step, str):
-            if self.step != "auto":
-                raise ValueError(f"step must be a positive integer or 'auto', got {self.step!r}")
-        else:
-            _validate.integer(self.step, "step", minimum=1)
+        _validate.integer_or_auto(self.step, "step", minimum=1)
         _validate.choice(self.gqa, "gqa", ("shared", "per_head"))
         _validate.choice(self.rank, "rank", RANKS)
         _validate.integer(self.sink_blocks, "sink_blocks", minimum=0)
