@@ -64,6 +64,8 @@
 #  ncu of Llama's dense split decode at 32K, B = 1 (40 µs, ~3.4 TB/s) and B = 8 (at the copy ceiling).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
+#   run(command="bash benchmarks/device_pending.sh balance")  (~4 minutes)
+#  the loop's load balance for batches: more CTAs a group than fit at once (exp_step.py --clusters, --warps).
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
@@ -368,6 +370,18 @@ if [ "$PART" = autostep ]; then
       tests/test_fast_hf.py tests/test_hf.py -k "leave_the_step or config_rejects or warns" \
       > "$OUT/t_autostep.log" 2>&1
   echo "tests rc=$?"; grep -E "^FAILED|^E |passed|failed" "$OUT/t_autostep.log" | tail -12
+  exit 0
+fi
+if [ "$PART" = balance ]; then
+  # Load balance of the loop for batches (issue 14, item 5): the busiest group sets the step's time. More CTAs a
+  # group than fit at once (cluster 4 or 8 of 8 warps) let the clusters of light groups hand their SMs to the
+  # waiting ones; cluster 4 of 4 warps keeps every group's warps but shares SMs. Llama's shape, ideal 5%.
+
+  cd benchmarks
+  timeout 280 python3 exp_step.py --share 0.05 --shape llama8b --sizes 131072:8,32768:8 --steps 256,auto \
+      --modes loop --clusters 2,4,8 --warps 8 2>&1 | grep -v Warn | tee "$OUT/exp_balance_w8.md" | grep "^#\|^|"
+  timeout 200 python3 exp_step.py --share 0.05 --shape llama8b --sizes 131072:8,32768:8 --steps 256,auto \
+      --modes loop --clusters 4 --warps 4 2>&1 | grep -v Warn | tee "$OUT/exp_balance_w4.md" | grep "^|" | grep -v dense
   exit 0
 fi
 if [ "$PART" = denseprobe ]; then

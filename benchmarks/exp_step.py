@@ -22,6 +22,8 @@ def main() -> None:
                          "estimates: first_chunk='predicted') and sM (speculate=M), comma-separated")
     ap.add_argument("--clusters", default="auto",
                     help="CTAs a group (DecodePlan(cluster=...)), comma-separated; auto: the plan's pick")
+    ap.add_argument("--warps", default="auto",
+                    help="warps a CTA (DecodePlan(warps=...)), comma-separated; auto: the plan's pick")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
@@ -36,8 +38,8 @@ def main() -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     fill = sparsity_fill(shape, args.share, recent_blocks=2)
     print(f"# {args.shape}, ideal share {args.share}, stop 'ema' (cuboid_mean), threshold 0.95")
-    print("| T | B | mode | cluster | step | µs | vs dense | blocks read | iterations (mean / max) | rel. error |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| T | B | mode | cluster | warps | step | µs | vs dense | blocks read | iterations (mean / max) | rel. error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         t, b = (int(x) for x in size.split(":"))
         with stream:
@@ -54,25 +56,27 @@ def main() -> None:
 
             dense = psa_fast.plan(cache, num_q_heads=shape.hq, mode="dense", scale=shape.scale)
             us_dense, refs, _ = timed(dense)
-            print(f"| {t} | {b} | dense | - | - | {us_dense:.1f} | 1.00x | 100% | - | 0 |", flush=True)
+            print(f"| {t} | {b} | dense | - | - | - | {us_dense:.1f} | 1.00x | 100% | - | 0 |", flush=True)
             steps = [x if x == "auto" else int(x) for x in args.steps.split(",")]
-            for mode, cluster, step in itertools.product(args.modes.split(","), args.clusters.split(","), steps):
+            for mode, cluster, warps, step in itertools.product(args.modes.split(","), args.clusters.split(","),
+                                                                args.warps.split(","), steps):
                 spec = None if mode in ("loop", "first") else float(mode[1:])
                 try:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, stop="ema",
                                       step=step, speculate=spec, scale=shape.scale,
                                       cluster=None if cluster == "auto" or spec else int(cluster),
+                                      warps=None if warps == "auto" else int(warps),
                                       first_chunk="predicted" if mode == "first" else None)
                     us, outs, reads = timed(p)
                 except Exception as exc:  # e.g. a cluster size the GPU cannot launch
-                    print(f"| {t} | {b} | {mode} | {cluster} | {step} | failed: {type(exc).__name__}: "
+                    print(f"| {t} | {b} | {mode} | {cluster} | {warps} | {step} | failed: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:120] if str(exc) else ''} |", flush=True)
                     continue
                 read = np.concatenate([r.ravel() for r in reads]).astype(np.float64)
                 iters = np.ceil(read / p.step)
                 err = float(np.mean([rel_err(o, r) for o, r in zip(outs, refs)]))
                 shown = f"{p.step} (auto)" if step == "auto" else p.step
-                print(f"| {t} | {b} | {mode} | {p.cluster} | {shown} | {us:.1f} | {us_dense / us:.2f}x | "
+                print(f"| {t} | {b} | {mode} | {p.cluster} | {p.warps} | {shown} | {us:.1f} | {us_dense / us:.2f}x | "
                       f"{100 * read.mean() / n:.1f}% | {iters.mean():.1f} / {iters.max():.0f} | {err:.4f} |",
                       flush=True)
             del cache, qs
