@@ -64,6 +64,8 @@
 #  ncu of Llama's dense split decode at 32K, B = 1 (40 µs, ~3.4 TB/s) and B = 8 (at the copy ceiling).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
+#   run(command="bash benchmarks/device_pending.sh early")  (~9 minutes)
+#  PSA_EARLY (the first loads issued before the query's) A/B kernel by kernel, then the kernel suites.
 #   run(command="bash benchmarks/device_pending.sh balance")  (~4 minutes)
 #  the loop's load balance for batches: more CTAs a group than fit at once (exp_step.py --clusters, --warps).
 set -u
@@ -370,6 +372,26 @@ if [ "$PART" = autostep ]; then
       tests/test_fast_hf.py tests/test_hf.py -k "leave_the_step or config_rejects or warns" \
       > "$OUT/t_autostep.log" 2>&1
   echo "tests rc=$?"; grep -E "^FAILED|^E |passed|failed" "$OUT/t_autostep.log" | tail -12
+  exit 0
+fi
+if [ "$PART" = early ]; then
+  # PSA_EARLY: the first loads that do not need the query issued before it (decode.cu: the first blocks' K/V;
+  # estimate_mma.cu: the first tile's rows, and each next tile's during the writes). A/B kernel by kernel
+  # (profile_decode_step.py) with each file built at PSA_EARLY=0, then the kernel suites on the default (1).
+  cd benchmarks
+  for ab in "none" "decode early=0" "estimate_mma early=0"; do
+    echo "## $ab"
+    mkdir -p "$OUT/early_${ab// /_}"
+    for sz in "llama8b 32768 1,8" "llama8b 131072 1,8" "gemma3 32768 1,8"; do
+      set -- $sz
+      if [ "$ab" = none ]; then pre=python3; else pre="python3 exp_kernel_defines.py $ab --"; fi
+      timeout 150 $pre profile_decode_step.py --share 0.05 --shape $1 \
+          --size $2 --batches $3 --variants dense,ema --steps 20 --out "$OUT/early_${ab// /_}" 2>&1 | grep -v Warn \
+          | grep "^T=\|psa_decode \|psa_estimate\|psa_merge"
+    done
+  done
+  cd ..
+  kernel_suites t_early.log
   exit 0
 fi
 if [ "$PART" = balance ]; then

@@ -25,6 +25,9 @@
 #ifndef PSA_EST_WARP_BLOCKS
 #define PSA_EST_WARP_BLOCKS 32
 #endif
+#ifndef PSA_EARLY
+#define PSA_EARLY 1  // 1: a tile's first rows are loaded before the query's fragments / the last tile's writes
+#endif
 #define PSA_K (PSA_KIND == 0 ? 2 * PSA_D : PSA_D)  // the dot product's length
 #define PSA_KC (PSA_K / 32)                         // chunks of 32 channels (two MMAs each)
 #define PSA_KG (PSA_KC < 8 ? PSA_KC : 8)            // chunks whose loads are issued together
@@ -49,6 +52,24 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
     const int kv = h0 / (Hq / Hkv);
     const int n_blocks = (seq_lens[b] + PSA_S - 1) / PSA_S;
 
+    // rows j0 + r and j0 + r + 8, chunks c0 .. c0 + PSA_KG - 1 (zero past Nmax; past the sequence's blocks their
+    // scores become -inf)
+    const uint4* rows = reinterpret_cast<const uint4*>(meta + ((long)b * Hkv + kv) * Nmax * 2 * PSA_D);
+    uint4 ra[PSA_KG], rb[PSA_KG];  // rows j0 + r and j0 + r + 8
+    auto load = [&](int j0, int c0) {
+        const bool in0 = j0 + r < Nmax, in1 = j0 + r + 8 < Nmax;
+        const uint4* row0 = rows + (long)(j0 + r) * (2 * PSA_D / 8) + quad;
+        const uint4* row1 = row0 + 8 * (2 * PSA_D / 8);
+#pragma unroll
+        for (int i = 0; i < PSA_KG; ++i) {
+            ra[i] = in0 ? __ldg(row0 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
+            rb[i] = in1 ? __ldg(row1 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+#if PSA_EARLY
+    load(jw, 0);  // in flight while the query's fragments are built (the query is another load away)
+#endif
+
     // B: column r carries head r & 3's vector (q, then |q| for the radius), its hi part (r < 4) or lo part;
     // for chunk c, lane quad holds channels k = 32 c + 8 quad + 0..7 in order: registers 0, 1 are the first
     // MMA's k slots (2 quad, + 1) and (2 quad + 8, + 9), registers 2, 3 the second MMA's.
@@ -70,29 +91,22 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
             bq[c][i] = pack_part(v[0], v[1], lo_part);
         }
 
-    const uint4* rows = reinterpret_cast<const uint4*>(meta + ((long)b * Hkv + kv) * Nmax * 2 * PSA_D);
     for (int j0 = jw; j0 < jend; j0 += 16) {
-        // rows j0 + r and j0 + r + 8 (zero past Nmax; past the sequence's blocks their scores become -inf)
-        const bool in0 = j0 + r < Nmax, in1 = j0 + r + 8 < Nmax;
-        const uint4* row0 = rows + (long)(j0 + r) * (2 * PSA_D / 8) + quad;
-        const uint4* row1 = row0 + 8 * (2 * PSA_D / 8);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int c0 = 0; c0 < PSA_KC; c0 += PSA_KG) {
-            uint4 x[PSA_KG], y[PSA_KG];
+            if (!PSA_EARLY || c0 > 0) load(j0, c0);
 #pragma unroll
             for (int i = 0; i < PSA_KG; ++i) {
-                x[i] = in0 ? __ldg(row0 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
-                y[i] = in1 ? __ldg(row1 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int i = 0; i < PSA_KG; ++i) {
-                const unsigned int a0[4] = {x[i].x, y[i].x, x[i].y, y[i].y};
-                const unsigned int a1[4] = {x[i].z, y[i].z, x[i].w, y[i].w};
+                const unsigned int a0[4] = {ra[i].x, rb[i].x, ra[i].y, rb[i].y};
+                const unsigned int a1[4] = {ra[i].z, rb[i].z, ra[i].w, rb[i].w};
                 mma16(acc, a0, bq[c0 + i][0], bq[c0 + i][1]);
                 mma16(acc, a1, bq[c0 + i][2], bq[c0 + i][3]);
             }
         }
+#if PSA_EARLY
+        if (j0 + 16 < jend) load(j0 + 16, 0);  // the next tile's first rows, in flight during this one's writes
+#endif
         // acc: blocks j0 + r (elements 0, 1) and j0 + r + 8 (2, 3), columns 2 quad + e; the lo columns
         // 4..7 sit in lane ^ 2, so lanes with quad < 2 hold head 2 quad + e's hi + lo.
         float best[2] = {-PSA_INF, -PSA_INF};
