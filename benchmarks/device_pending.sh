@@ -65,7 +65,7 @@
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
 #   run(command="bash benchmarks/device_pending.sh early")  (~9 minutes)
-#  PSA_EARLY (the first loads issued before the query's) A/B kernel by kernel, then the kernel suites.
+#  PSA_EARLY (the first loads issued before the query's) A/B kernel by kernel; then `all` for the suites.
 #   run(command="bash benchmarks/device_pending.sh balance")  (~4 minutes)
 #  the loop's load balance for batches: more CTAs a group than fit at once (exp_step.py --clusters, --warps).
 set -u
@@ -377,7 +377,7 @@ fi
 if [ "$PART" = early ]; then
   # PSA_EARLY: the first loads that do not need the query issued before it (decode.cu: the first blocks' K/V;
   # estimate_mma.cu: the first tile's rows, and each next tile's during the writes). A/B kernel by kernel
-  # (profile_decode_step.py) with each file built at PSA_EARLY=0, then the kernel suites on the default (1).
+  # (profile_decode_step.py) with each file built at PSA_EARLY=0 beside the default (1).
   cd benchmarks
   for ab in "none" "decode early=0" "estimate_mma early=0"; do
     echo "## $ab"
@@ -390,8 +390,6 @@ if [ "$PART" = early ]; then
           | grep "^T=\|psa_decode \|psa_estimate\|psa_merge"
     done
   done
-  cd ..
-  kernel_suites t_early.log
   exit 0
 fi
 if [ "$PART" = balance ]; then
