@@ -64,6 +64,8 @@
 #  ncu of Llama's dense split decode at 32K, B = 1 (40 µs, ~3.4 TB/s) and B = 8 (at the copy ceiling).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
+#   run(command="bash benchmarks/device_pending.sh estv3")  (~8 minutes)
+#  estimate_mma v3: every GPU suite, then Llama's 5% rows (dense, ema, top-k against SDPA).
 #   run(command="bash benchmarks/device_pending.sh early")  (~9 minutes)
 #  PSA_EARLY (the first loads issued before the query's) A/B kernel by kernel; then `all` for the suites.
 #   run(command="bash benchmarks/device_pending.sh balance")  (~4 minutes)
@@ -374,10 +376,21 @@ if [ "$PART" = autostep ]; then
   echo "tests rc=$?"; grep -E "^FAILED|^E |passed|failed" "$OUT/t_autostep.log" | tail -12
   exit 0
 fi
+if [ "$PART" = estv3 ]; then
+  # estimate_mma v3 (loads ahead of the query and of the writes): every GPU suite, then Llama's 5% rows
+  kernel_suites t_estv3.log tests/test_fast_metadata.py tests/test_fast_pool.py
+  cd benchmarks
+  mkdir -p "$OUT/l"
+  timeout 150 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
+      --out "$OUT/l" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
+  exit 0
+fi
 if [ "$PART" = early ]; then
   # PSA_EARLY: the first loads that do not need the query issued before it (decode.cu: the first blocks' K/V;
   # estimate_mma.cu: the first tile's rows, and each next tile's during the writes). A/B kernel by kernel
-  # (profile_decode_step.py) with each file built at PSA_EARLY=0 beside the default (1).
+  # (profile_decode_step.py) with each file built at PSA_EARLY=0 beside the default (1). Ran at e4b8369; the
+  # estimate's version is now the only one (a switch of decode.cu, no faster, was dropped).
   cd benchmarks
   for ab in "none" "decode early=0" "estimate_mma early=0"; do
     echo "## $ab"

@@ -108,9 +108,6 @@
 #ifndef PSA_RESUME
 #define PSA_RESUME 0
 #endif
-#ifndef PSA_EARLY
-#define PSA_EARLY 1  // 1: the first blocks' loads are issued before the query's (0: after, as before)
-#endif
 #define PSA_STATEFUL (PSA_OFFLOAD || PSA_RESUME)  // the loop starts from (and the offload build saves) istate/vstate
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "the speculative build runs one CTA per chunk");
@@ -334,7 +331,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const int quad = lane & 3;  // its column pair within a tile: heads 2 quad, 2 quad + 1 (tokens or channels of B)
     kv_t* ring = reinterpret_cast<kv_t*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
 
-#if !PSA_EARLY
     // Q as the B operand of S^T = K Q^T (head hh, channels 16 ks + 2 quad, + 1 and + 8, + 9), split into
     // PSA_QPARTS parts (heads >= PSA_G are zero).
     unsigned int qa[PSA_KS][PSA_QPARTS][2];
@@ -368,7 +364,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
     __syncwarp();
 
-#endif
     // ---- the prefetch stream: positions of the order this warp will attend, in sequence ----
     int f_pos = PSA_FIRST_POS;                                       // next position to load
     int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : base + f_pos) : 0;
@@ -398,41 +393,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     };
 #pragma unroll
     for (int s = 0; s < PSA_STAGES - 1; ++s) issue();
-#if PSA_EARLY  // the query after the first blocks are requested: its loads and theirs in flight together
-    // Q as the B operand of S^T = K Q^T (head hh, channels 16 ks + 2 quad, + 1 and + 8, + 9), split into
-    // PSA_QPARTS parts (heads >= PSA_G are zero).
-    unsigned int qa[PSA_KS][PSA_QPARTS][2];
-#pragma unroll
-    for (int ks = 0; ks < PSA_KS; ++ks)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float x = 0.f, y = 0.f;
-            if (hh < PSA_G) {
-                const float* qh = q + ((long)b * Hq + h0 + hh) * PSA_D + ks * 16 + half * 8 + 2 * quad;
-                x = __ldg(qh);
-                y = __ldg(qh + 1);
-            }
-#pragma unroll
-            for (int p = 0; p < PSA_QPARTS; ++p) qa[ks][p][half] = pack_rest(x, y);
-        }
-    // A query of the KV's type scaled by a power of two (the host's q_mma) has no lo part: skip its products.
-    unsigned int lo_bits = 0;
-#pragma unroll
-    for (int ks = 0; ks < PSA_KS; ++ks)
-#pragma unroll
-        for (int p = 1; p < PSA_QPARTS; ++p) lo_bits |= qa[ks][p][0] | qa[ks][p][1];
-    const bool q_has_lo = __any_sync(0xffffffffu, lo_bits != 0);
-    // Rows S..SP-1 of every stage are padding the MMA reads: zero them once.
-    constexpr int pad_per = (PSA_SP - PSA_S) * PSA_NC;  // 16-byte chunks of padding per K or V tile
-    for (int e = lane; pad_per > 0 && e < PSA_STAGES * 2 * pad_per; e += 32) {
-        const int per = pad_per > 0 ? pad_per : 1;
-        const int st = e / (2 * per), rest = e % (2 * per), kvh = rest / per, r = rest % per;
-        *reinterpret_cast<uint4*>(ring + st * PSA_STAGE_HALVES + kvh * PSA_SP * PSA_D
-                                  + (PSA_S + r / PSA_NC) * PSA_D + (r % PSA_NC) * 8) = make_uint4(0, 0, 0, 0);
-    }
-    __syncwarp();
-
-#endif
 
     // This warp's running output for the lane's heads 2 quad + e (e = 0, 1): max logit, mass relative to it,
     // and O^T = sum V^T p in the MMA accumulator layout (channel tile ct holds channels 16 ct + hh in

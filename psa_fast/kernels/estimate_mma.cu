@@ -14,6 +14,11 @@
 // vectors. A row's 64 bytes of a chunk are two whole sectors. Version 1 staged 16 rows a warp by cp.async in
 // shared memory (128 KiB a CTA at D 256): one CTA of 4 warps an SM, 6% occupancy, 30% of HBM (benchmarks/NOTES.md).
 //
+// Version 3: a tile's first chunks are loaded before the query's fragments are built (the query is another load
+// away) and the next tile's while this one's scores are written, so no warp waits for two round trips in a row.
+// Llama-3.1-8B's shape (H200): 6.2 -> 3.7 us at 32K B = 1, 91.9 -> 66.3 us at 128K B = 8 (4.0 TB/s on 268 MB);
+// the compiler then keeps a chunk group's 16 loads in flight (130 registers at D 128, 70 before).
+//
 //   q       [B, Hq, PSA_D]            float, already multiplied by the logit scale
 //   meta    [B, Hkv, Nmax, 2, PSA_D]  half: (centre, radius) for cuboid_mean, (mean, -) for mean
 //   scores  [B, Hq/PSA_G, Nmax]       float out: max over the group's heads; -inf past the last block
@@ -24,9 +29,6 @@
 
 #ifndef PSA_EST_WARP_BLOCKS
 #define PSA_EST_WARP_BLOCKS 32
-#endif
-#ifndef PSA_EARLY
-#define PSA_EARLY 1  // 1: a tile's first rows are loaded before the query's fragments / the last tile's writes
 #endif
 #define PSA_K (PSA_KIND == 0 ? 2 * PSA_D : PSA_D)  // the dot product's length
 #define PSA_KC (PSA_K / 32)                         // chunks of 32 channels (two MMAs each)
@@ -66,9 +68,7 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
             rb[i] = in1 ? __ldg(row1 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
-#if PSA_EARLY
     load(jw, 0);  // in flight while the query's fragments are built (the query is another load away)
-#endif
 
     // B: column r carries head r & 3's vector (q, then |q| for the radius), its hi part (r < 4) or lo part;
     // for chunk c, lane quad holds channels k = 32 c + 8 quad + 0..7 in order: registers 0, 1 are the first
@@ -95,7 +95,7 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int c0 = 0; c0 < PSA_KC; c0 += PSA_KG) {
-            if (!PSA_EARLY || c0 > 0) load(j0, c0);
+            if (c0 > 0) load(j0, c0);  // chunk group 0 was loaded ahead
 #pragma unroll
             for (int i = 0; i < PSA_KG; ++i) {
                 const unsigned int a0[4] = {ra[i].x, rb[i].x, ra[i].y, rb[i].y};
@@ -104,9 +104,7 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
                 mma16(acc, a1, bq[c0 + i][2], bq[c0 + i][3]);
             }
         }
-#if PSA_EARLY
         if (j0 + 16 < jend) load(j0 + 16, 0);  // the next tile's first rows, in flight during this one's writes
-#endif
         // acc: blocks j0 + r (elements 0, 1) and j0 + r + 8 (2, 3), columns 2 quad + e; the lo columns
         // 4..7 sit in lane ^ 2, so lanes with quad < 2 hold head 2 quad + e's hi + lo.
         float best[2] = {-PSA_INF, -PSA_INF};
