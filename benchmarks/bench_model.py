@@ -9,7 +9,8 @@ token through [`psa_fast.hf.CapturedDecoder`][psa_fast.hf.CapturedDecoder]):
   on the host);
 * ``paged``: [`psa_fast.hf.PagedCache`][psa_fast.hf.PagedCache] with ``mode="dense"`` (every block through the
   paged kernels);
-* ``psa0.95``, ``psa0.99``: PSA at those thresholds (``--step``, default 16 blocks an iteration);
+* ``psa0.95``, ``psa0.99``: PSA at those thresholds (``--step``, default 16 blocks an iteration, or ``auto``:
+  the plan's pick, ``DecodePlan(step="auto")``);
   ``psa0.95s``, ``psa0.95s1.5``: the same with ``DecodePlan(speculate=SPECULATE)`` or that margin (the
   predicted chunks at once, verified after); ``psa0.95s1.0x4``: four chunks speculated past the margin
   (``speculate_extra``; one by default);
@@ -129,6 +130,19 @@ def wilson_interval(agree: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
 
 
+def step_arg(text: str) -> int | str:
+    """``--step``: a positive integer or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
+    return value
+
+
 def psa_method(method: str, step: int) -> tuple[float, dict | None]:
     """``(tau, DecodePlan options)`` of a ``psa...`` method name: ``psa<tau>``; ``psa<tau>s[<margin>]``
     speculates (default margin ``SPECULATE``); ``psa<tau>s<margin>x<chunks>`` speculates ``chunks`` chunks of
@@ -159,7 +173,12 @@ def run_method(model, method, ids, args, k=None):
     batch, total = ids.shape
     context = total - args.steps - 1
     method, _, rank = method.partition("+")  # psa...+share: this method with rank="share" whatever --rank says
-    tau, spec = psa_method(method, args.step) if method.startswith("psa") else (0.95, None)
+    chunk = args.step  # a speculated chunk: the plan's step ("auto": _kernels.spec_step of the cache's blocks)
+    if chunk == "auto":
+        from psa_fast import _kernels
+
+        chunk = _kernels.spec_step(-(-(total + 8) // PSAConfig().block_size))
+    tau, spec = psa_method(method, chunk) if method.startswith("psa") else (0.95, None)
 
     cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False, gqa=args.gqa,
                     rank=rank or args.rank)
@@ -203,7 +222,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="32768", help="comma-separated prompt lengths")
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--steps", type=int, default=32, help="decode steps timed (the first two are warm-up)")
-    ap.add_argument("--step", type=int, default=16, help="PSA blocks per iteration")
+    ap.add_argument("--step", type=step_arg, default=16, help="PSA blocks per iteration, or auto (the plan's)")
     ap.add_argument("--methods", default="sdpa,paged,psa0.95,psa0.99,topk")
     ap.add_argument("--gqa", default="shared", choices=("shared", "per_head"), help="PSA and top-k selection")
     ap.add_argument("--rank", default="estimate", choices=RANKS,

@@ -77,3 +77,16 @@ def test_psa_method_names():
     for bad in ("psa", "psa0.9s1.0x", "psa0.95s1.0x2.5", "psaXs1"):
         with pytest.raises(ValueError, match="expected psa<tau>"):
             bench_model.psa_method(bad, 16)
+
+
+def test_step_argument_takes_a_positive_integer_or_auto():
+    """bench_model --step: blocks an iteration, or "auto" (DecodePlan's pick through PSAConfig)."""
+    import argparse
+
+    pytest.importorskip("torch")
+    import bench_model
+
+    assert bench_model.step_arg("16") == 16 and bench_model.step_arg("auto") == "auto"
+    for bad in ("0", "-3", "1.5", "Auto", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive integer or 'auto'"):
+            bench_model.step_arg(bad)
