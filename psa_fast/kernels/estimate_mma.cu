@@ -54,8 +54,8 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
     const int kv = h0 / (Hq / Hkv);
     const int n_blocks = (seq_lens[b] + PSA_S - 1) / PSA_S;
 
-    // rows j0 + r and j0 + r + 8, chunks c0 .. c0 + PSA_KG - 1 (zero past Nmax; past the sequence's blocks their
-    // scores become -inf)
+    // load(j0, c0): chunks c0 .. c0 + PSA_KG - 1 of the tile at j0 (zero past Nmax; past the sequence's blocks
+    // their scores become -inf)
     const uint4* rows = reinterpret_cast<const uint4*>(meta + ((long)b * Hkv + kv) * Nmax * 2 * PSA_D);
     uint4 ra[PSA_KG], rb[PSA_KG];  // rows j0 + r and j0 + r + 8
     auto load = [&](int j0, int c0) {
