@@ -70,10 +70,18 @@
 #  PSA_EARLY (the first loads issued before the query's) A/B kernel by kernel; then `all` for the suites.
 #   run(command="bash benchmarks/device_pending.sh balance")  (~4 minutes)
 #  the loop's load balance for batches: more CTAs a group than fit at once (exp_step.py --clusters, --warps).
+#   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
+#  any benchmark command, run from benchmarks/ with PYTHONPATH set.
 set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
+if [ "$PART" = run ]; then
+  # any command from benchmarks/ with the paths set: `device_pending.sh run python3 bench_decode.py ...` (a bare call
+  # on the device imports nothing and, behind a grep, prints nothing)
+  shift
+  cd benchmarks && exec "$@"
+fi
 # The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones, which can be
 # added as further arguments), log to $OUT/$1.
 kernel_suites() {
