@@ -84,13 +84,18 @@ if [ "$PART" = run ]; then
 fi
 # The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones, which can be
 # added as further arguments), log to $OUT/$1.
+# GPU tests: `gpu_tests LOG SECONDS PYTEST-ARGS...`, the log to $OUT/LOG, its verdict lines printed.
+gpu_tests() {
+  local log="$1" limit="$2"
+  shift 2
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short "$@" > "$OUT/$log" 2>&1
+  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/$log" | tail -8
+}
 kernel_suites() {
   local log="$1"
   shift
-  timeout 560 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py tests/test_fast_hf.py \
-      tests/test_fast_offload.py "$@" > "$OUT/$log" 2>&1
-  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/$log" | tail -8
+  gpu_tests "$log" 560 tests/test_fast.py tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py \
+      tests/test_fast_hf.py tests/test_fast_offload.py "$@"
 }
 # The real Gemma layer's loop and verifier clocks, and where its speculative step's kernels go (timeout $1 each).
 gemma_clocks() {
@@ -114,10 +119,7 @@ if [ "$PART" = spread ]; then
   exit 0
 fi
 if [ "$PART" = specmode ]; then
-  timeout 420 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_fast_offload.py tests/test_fast_metadata.py \
-      tests/test_first_chunk.py tests/test_fast_pool.py tests/test_fast_hf.py > "$OUT/t_gpu.log" 2>&1
-  echo "GPU suites rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+  kernel_suites t_gpu.log tests/test_fast_metadata.py tests/test_fast_pool.py
   cd benchmarks
   timeout 60 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:1 \
       --reps 30 --skip tau0.9,remaining,predicted,stages,rank,topk --out "$OUT" 2>&1 | grep "^|" | cut -d'|' -f4-8,13
@@ -129,9 +131,8 @@ if [ "$PART" = specmode ]; then
   exit 0
 fi
 if [ "$PART" = compact ]; then
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py -k "spec" \
-      tests/test_fast_hf.py > "$OUT/t_gpu.log" 2>&1
-  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_gpu.log" | tail -8
+  gpu_tests t_gpu.log 240 tests/test_fast.py -k "spec" \
+      tests/test_fast_hf.py
   cd benchmarks
   timeout 60 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:1 \
       --reps 30 --skip tau0.9,remaining,predicted,stages,rank,topk --out "$OUT" 2>&1 | grep "^|" | cut -d'|' -f4-8,13
@@ -270,9 +271,8 @@ if [ "$PART" = loopsteps ]; then
 fi
 if [ "$PART" = auto ]; then
   # DecodePlan(step="auto"): its GPU tests, the plan's pick beside the measured steps, Llama's runs of record
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      -k "default_step or launch_shape" tests/test_fast_offload.py > "$OUT/t_auto.log" 2>&1
-  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_auto.log" | tail -8
+  gpu_tests t_auto.log 200 tests/test_fast.py \
+      -k "default_step or launch_shape" tests/test_fast_offload.py
   cd benchmarks
   timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 \
       --steps auto,256,512 --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step_auto.md" | grep "^#\|^|"
@@ -285,9 +285,8 @@ fi
 if [ "$PART" = radix ]; then
   # psa_order_radix (one CTA a group, LSD radix passes): its GPU tests against psa_ref and the other kernels,
   # then every order method timed (exp_order_rank.py, the radix column and the long shapes)
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      -k "order_kernels or order_by_counting or head_of_the_order" > "$OUT/t_radix.log" 2>&1
-  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_radix.log" | tail -8
+  gpu_tests t_radix.log 240 tests/test_fast.py \
+      -k "order_kernels or order_by_counting or head_of_the_order"
   cd benchmarks
   timeout 200 python3 exp_order_rank.py 2>&1 | grep -v Warn | tee "$OUT/exp_order_radix.md"
   exit 0
@@ -329,9 +328,8 @@ fi
 if [ "$PART" = merge4 ]; then
   # psa_merge_splits v4 (one pass, a batch of splits in flight a warp): the split tests, then dense one request
   # kernel by kernel at the three model shapes, and the dense and top-k rows against SDPA (8K and 32K, B = 1 and 8)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      -k "split or gemma_shape or dense" tests/test_fast_bf16.py > "$OUT/t_merge4.log" 2>&1
-  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_merge4.log" | tail -8
+  gpu_tests t_merge4.log 200 tests/test_fast.py \
+      -k "split or gemma_shape or dense" tests/test_fast_bf16.py
   cd benchmarks
   for shape in smollm2 llama8b gemma3; do
     timeout 100 python3 profile_decode_step.py --share 0.05 --shape $shape --size 32768 --batches 1 --variants dense \
@@ -359,9 +357,8 @@ if [ "$PART" = final ]; then
 fi
 if [ "$PART" = batch32 ]; then
   # MERGE_BATCH = 32: the split tests, then Llama's dense, top-k and ema rows at 32K and 128K, one request
-  timeout 120 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      tests/test_fast_bf16.py -k "split" > "$OUT/t_batch32.log" 2>&1
-  echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_batch32.log" | tail -8
+  gpu_tests t_batch32.log 120 tests/test_fast.py \
+      tests/test_fast_bf16.py -k "split"
   cd benchmarks && mkdir -p "$OUT/llama8b"
   timeout 200 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:1,131072:1 \
       --reps 20 --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank --out "$OUT/llama8b" 2>&1 \
@@ -489,10 +486,7 @@ if [ "$PART" = layer ]; then
       --size 32768 --batches 32,8 --variants dense,default:s1.0 --out "$OUT/l$2" 2>&1 | grep -v Warn \
       | grep "^T=\|psa_")
   [ "${3:-}" = tests ] || exit 0
-  timeout 420 python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
-      tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_fast_offload.py tests/test_fast_metadata.py \
-      tests/test_first_chunk.py tests/test_fast_pool.py tests/test_fast_hf.py > "$OUT/t_gpu.log" 2>&1
-  echo "GPU suites rc=$?"; tail -4 "$OUT/t_gpu.log"
+  kernel_suites t_gpu.log tests/test_fast_metadata.py tests/test_fast_pool.py
   exit 0
 fi
 cd benchmarks
