@@ -311,11 +311,15 @@ def capture(run, stream):
     return stream.end_capture()
 
 
+def kv_layer_bytes(shape: Shape, t: int, b: int) -> int:
+    """Bytes of one layer's float16 K and V for ``b`` requests of ``t`` tokens of ``shape`` (whole blocks)."""
+    return b * shape.hkv * -(-t // shape.s) * shape.s * shape.d * 2 * 2
+
+
 def rotating_layers(shape: Shape, t: int, b: int) -> int:
     """Layers of ``b`` requests of ``t`` tokens of ``shape``'s K/V to rotate over, so that a timed call reads
     from HBM, not L2: at least 4x L2 of KV in all, and at least 2."""
-    per_layer = b * shape.hkv * -(-t // shape.s) * shape.s * shape.d * 2 * 2
-    return max(2, -(-4 * L2_BYTES // per_layer))
+    return max(2, -(-4 * L2_BYTES // kv_layer_bytes(shape, t, b)))
 
 
 def per_call_us(fn, layers: int, stream, reps: int) -> float:

@@ -64,6 +64,9 @@
 #  ncu of Llama's dense split decode at 32K, B = 1 (40 µs, ~3.4 TB/s) and B = 8 (at the copy ceiling).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
+#   run(command="bash benchmarks/device_pending.sh l2hint")  (~6 minutes)
+#  the K/V copies' L2 prefetch size A/B (dense, the ema loop), a claim's and a hand-over's latency (exp_claim.py),
+#  then ncu of the ema loop at Llama 32K B = 1.
 #   run(command="bash benchmarks/device_pending.sh estv3")  (~8 minutes)
 #  estimate_mma v3: every GPU suite, then Llama's 5% rows (dense, ema, top-k against SDPA).
 #   run(command="bash benchmarks/device_pending.sh early")  (~9 minutes)
@@ -379,6 +382,34 @@ if [ "$PART" = autostep ]; then
       tests/test_fast_hf.py tests/test_hf.py -k "leave_the_step or config_rejects or warns" \
       > "$OUT/t_autostep.log" 2>&1
   echo "tests rc=$?"; grep -E "^FAILED|^E |passed|failed" "$OUT/t_autostep.log" | tail -12
+  exit 0
+fi
+if [ "$PART" = l2hint ]; then
+  # The K/V copies with an L2 prefetch size (decode.cu PSA_L2HINT 0 / 2: none, 256 B; the define was removed after
+  # this part ran (main at 7ea0330 with the hint), so both sides now build the same kernel): dense at Llama's 32K and
+  # 128K, B = 1 and 8, and SmolLM2's 32K B = 1 (exp_dense_tune.py); the ema loop end to end (exp_step.py); a claim's
+  # and a hand-over's latency (exp_claim.py); then ncu of the ema loop's psa_decode at Llama 32K B = 1.
+  gpu_tests t_l2hint.log 100 tests/test_fast.py -k "split and dense"
+  cd benchmarks
+  for h in 0 2; do
+    echo "## PSA_L2HINT=$h"
+    timeout 120 python3 exp_kernel_defines.py decode l2hint=$h -- exp_dense_tune.py --shape llama8b \
+        --sizes 32768,131072 --batches 1,8 --default-only --out /tmp/l2_$h.jsonl 2>&1 | grep -v Warn | tail -n 8
+    timeout 60 python3 exp_kernel_defines.py decode l2hint=$h -- exp_dense_tune.py --shape smollm2 \
+        --sizes 32768 --batches 1 --default-only --out /tmp/l2s_$h.jsonl 2>&1 | grep -v Warn | tail -n 2
+    timeout 90 python3 exp_kernel_defines.py decode l2hint=$h -- exp_step.py --share 0.05 --shape llama8b \
+        --sizes 32768:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^|" | grep -v "^|---"
+  done
+  timeout 60 python3 exp_claim.py --ctas 128 2>&1 | grep "^#\|^|"
+  timeout 60 python3 exp_claim.py --ctas 16 2>&1 | grep "^|" | grep -v "what\|---"
+  timeout 200 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
+      python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 --variants ema \
+      --no-profiler --steps 2 --out /tmp > "$OUT/ncu_ema_loop_llama8b_32k_b1.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "Duration|DRAM Throughput|Grid Size|Block Size|Registers Per|Achieved Occupancy|Eligible|Issue Slots\
+|Instructions Executed|Stall (Long|Barrier|Short|Wait|MIO|LG|Not)" "$OUT/ncu_ema_loop_llama8b_32k_b1.txt" | head -24
   exit 0
 fi
 if [ "$PART" = estv3 ]; then

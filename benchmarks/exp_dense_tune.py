@@ -16,7 +16,8 @@ import json
 
 import numpy as np
 
-from bench_decode import SHAPES, copy_ceiling_gbs, floor_us, per_call_us, read_ceiling_gbs, rotating_layers
+from bench_decode import (SHAPES, copy_ceiling_gbs, floor_us, kv_layer_bytes, per_call_us, read_ceiling_gbs,
+                          rotating_layers)
 
 
 def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False):
@@ -61,6 +62,7 @@ def main() -> None:
     for t, b in itertools.product([int(x) for x in args.sizes.split(",")], [int(x) for x in args.batches.split(",")]):
         n = -(-t // shape.s)
         layers = rotating_layers(shape, t, b)
+        per_layer = kv_layer_bytes(shape, t, b)
         with stream:
             cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
                                           max_tokens=t, block_size=shape.s)

@@ -657,3 +657,11 @@ def test_order_names_a_bad_method_before_touching_the_gpu():
         _kernels.order(scores, seq, out, None, None, method="rank", **kw)
     with pytest.raises(ValueError, match="needs a workspace"):
         _kernels.order(scores, seq, out, None, None, method="slices", **kw)
+
+
+def test_kv_layer_bytes_counts_whole_blocks_of_float16_k_and_v():
+    """exp_dense_tune's floors and the rotating layers both size a layer's K/V by kv_layer_bytes."""
+    llama = bd.SHAPES["llama8b"]
+    assert bd.kv_layer_bytes(llama, 32768, 1) == 8 * 32768 * 128 * 2 * 2  # 128 MiB
+    assert bd.kv_layer_bytes(llama, 32768 - 15, 2) == 2 * bd.kv_layer_bytes(llama, 32768, 1)  # a partial block
+    assert bd.rotating_layers(llama, 32768, 1) == max(2, -(-4 * bd.L2_BYTES // bd.kv_layer_bytes(llama, 32768, 1)))
