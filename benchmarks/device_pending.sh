@@ -73,6 +73,12 @@
 #  PSA_EARLY (the first loads issued before the query's) A/B kernel by kernel; then `all` for the suites.
 #   run(command="bash benchmarks/device_pending.sh balance")  (~4 minutes)
 #  the loop's load balance for batches: more CTAs a group than fit at once (exp_step.py --clusters, --warps).
+#   run(command="bash benchmarks/device_pending.sh pair")  (~8 minutes), then at once (warm)
+#   run(command="bash benchmarks/device_pending.sh pairbench")  (~8 minutes)
+#  two blocks a warp (decode.cu PSA_PAIR, on by default): its test (paired against single), the kernel suites
+#  built paired; then each side A/B in one call (exp_kernel_defines.py decode pair=0/1): the ema loop end to end at
+#  Llama's 32K B = 1 and 128K B = 8 (exp_step.py), dense against SDPA at the three model shapes (exp_dense_tune.py),
+#  and Gemma's and SmolLM2's dense launch shapes swept with pairs (three stages lets Gemma's D 256 pair).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
 #  any benchmark command, run from benchmarks/ with PYTHONPATH set.
 set -u
@@ -438,6 +444,30 @@ if [ "$PART" = early ]; then
           --size $2 --batches $3 --variants dense,ema --steps 20 --out "$OUT/early_${ab// /_}" 2>&1 | grep -v Warn \
           | grep "^T=\|psa_decode \|psa_estimate\|psa_merge"
     done
+  done
+  exit 0
+fi
+if [ "$PART" = pair ]; then
+  gpu_tests t_pair.log 150 tests/test_fast.py -k two_blocks
+  gpu_tests t_gpu.log 400 tests/test_fast.py tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py \
+      tests/test_fast_hf.py tests/test_fast_offload.py
+  exit 0
+fi
+if [ "$PART" = pairbench ]; then
+  cd benchmarks
+  for p in 0 1; do
+    echo "## PSA_PAIR=$p"
+    timeout 100 python3 exp_kernel_defines.py decode pair=$p -- exp_step.py --share 0.05 --shape llama8b \
+        --sizes 32768:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^|" | grep -v "^|---"
+    for shape in llama8b smollm2 gemma3; do
+      timeout 80 python3 exp_kernel_defines.py decode pair=$p -- exp_dense_tune.py --shape $shape --sizes 32768 \
+          --batches 1,8 --default-only --out "$OUT/dense_pair$p.jsonl" 2>&1 | grep -v Warn | grep "^T=\|warps" \
+          | sed "s/^/[$shape] /"
+    done
+  done
+  for shape in gemma3 smollm2; do
+    timeout 100 python3 exp_dense_tune.py --shape $shape --sizes 32768 --batches 1,8 --out "$OUT/dense_sweep_pair.jsonl" \
+        2>&1 | grep -v Warn | grep "^T=\|warps" | sed "s/^/[$shape sweep] /"
   done
   exit 0
 fi

@@ -342,6 +342,7 @@ def order_workspace_shape(batch: int, groups: int, nmax: int) -> tuple[int, int,
 DECODE_STAGES = 3  # cp.async ring depth per warp (decode v2, v3)
 SMEM_LIMIT = 227 * 1024
 DECODE_VERSION = 3
+DECODE_PAIR = 1  # 1: a decode warp attends two blocks of a chunk at once where it has two (PSA_PAIR, decode.cu)
 SPEC_VERIFY_THREADS = 1024  # psa_spec_verify's CTA (PSA_VERIFY_THREADS in spec.cu)
 
 
@@ -495,6 +496,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     defines = {"bf16": 1} if bf16 else {}
     if version == 3:
         defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
+        if not DECODE_PAIR:  # (left unset otherwise: the source's default, so exp_kernel_defines.py can set it)
+            defines["pair"] = 0
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"

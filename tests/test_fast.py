@@ -277,6 +277,41 @@ def test_speculative_attend_in_either_cta_shape_keeps_the_loops_result(monkeypat
     np.testing.assert_allclose(cupy.asnumpy(dec.out), want_out, rtol=0, atol=1e-4)  # float32 partials, merged in another order
 
 
+@pytest.mark.parametrize("d,warps", [(64, 8), (128, 8), (256, 4)])
+@pytest.mark.parametrize("stop,metadata,mode", [("ema", "cuboid_mean", "psa"), ("certified", "minmax", "psa"),
+                                                ("sketch", "quant3", "psa"), ("ema", "cuboid_mean", "dense")])
+def test_two_blocks_a_warp_keep_the_loops_decisions(monkeypatch, d, warps, stop, metadata, mode):
+    """A warp that attends two blocks of a chunk at once (_kernels.DECODE_PAIR, PSA_PAIR in decode.cu) folds the
+    chunk's statistics block by block in the same order as one at a time: the same blocks, iterations and stop
+    reasons bit for bit, and the output within float rounding (the pair moves the running max once). Chunks of 150
+    blocks over 8 x `warps` warps give each warp pairs and a single; three stages (with two, pairs are off)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(d)
+    t, hq, hkv = 600 * 16 + 5, 8, 2
+    q = cupy.asarray(2 * rng.standard_normal((1, hq, d)).astype(np.float32))
+    k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    k[:, 10 * 16: 40 * 16] += np.float16(0.5) * rng.standard_normal(d).astype(np.float16)  # a heavier stretch
+    blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, d)).astype(
+        np.float16)), metadata=metadata)
+    runs = {}
+    for pair in (0, 1):
+        monkeypatch.setattr(_kernels, "DECODE_PAIR", pair)
+        p = psa_fast.plan(blocks.cache, num_q_heads=hq, mode=mode, threshold=0.9, stop=stop, step=150, cluster=8,
+                          warps=warps, stages=3)
+        runs[pair] = p.run(q)
+    single, paired = runs[0], runs[1]
+    for name in ("num_used", "iterations", "reason"):
+        np.testing.assert_array_equal(cupy.asnumpy(getattr(paired, name)), cupy.asnumpy(getattr(single, name)))
+    used = cupy.asnumpy(single.num_used)
+    assert used.min() > 8 * warps  # more blocks than a CTA's warps: some warps had pairs
+    for g in range(hkv if mode == "psa" else 0):  # one selection group per KV head (gqa="shared")
+        n = int(used[0, g])
+        np.testing.assert_array_equal(cupy.asnumpy(paired.order[0, g, :n]), cupy.asnumpy(single.order[0, g, :n]))
+    want = cupy.asnumpy(single.out)
+    np.testing.assert_allclose(cupy.asnumpy(paired.out), want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
+
+
 def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
     """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
     the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""

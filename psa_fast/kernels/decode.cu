@@ -139,6 +139,11 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the 
 #define PSA_QPARTS 2  // parts of Q's split (see above); 1 only when the query is of the KV's type
 #endif
 #define PSA_PPARTS (PSA_BF16 ? 3 : 2)  // parts of P's split
+#ifndef PSA_PAIR
+#define PSA_PAIR 1  // _kernels.DECODE_PAIR: a warp attends two blocks of a chunk at once where it has two
+#endif
+// Pairs need a third stage: two blocks computed while the next loads (with two stages nothing would be in flight).
+#define PSA_PAIR_ON (PSA_PAIR && PSA_STAGES >= 3)
 
 #ifndef PSA_STAGES
 #define PSA_STAGES 3
@@ -206,6 +211,126 @@ __device__ __forceinline__ float4 combine_stats(float4 a, float4 b) {
     const float ea = __expf(a.x - nm), eb = __expf(b.x - nm);
     return make_float4(nm, a.y * ea + b.y * eb, fminf(a.z, b.z), a.w * ea + b.w * eb);
 }
+
+// ---- one block's arithmetic, shared by the single and the paired loop ----
+// Lane layout of the MMA fragments: hh = lane / 4 is the fragment's row (a token or a channel), quad = lane % 4 its
+// column pair (heads 2 quad, 2 quad + 1). The lane's two heads are indexed e = 0, 1 below.
+
+// S^T = K Q^T of the block in stage `stk` (tokens as the MMA's 16 rows, heads as its 8 columns): token tile mt holds
+// the logits of tokens 16 mt + hh (elements 0, 1) and 16 mt + hh + 8 (2, 3). Scaled by qk_scale, the padding and
+// tokens at or past `ntok` masked, then taken relative to the block's max: on return sacc holds exp(logit - bm[e]),
+// bm[e] and bs[e] the block's max logit and mass relative to it for head 2 quad + e (over the 8 lanes that share it).
+__device__ __forceinline__ void block_logits(const kv_t* stk, const unsigned int (&qa)[PSA_KS][PSA_QPARTS][2],
+                                             bool q_has_lo, int ntok, float qk_scale, int lane,
+                                             float (&sacc)[PSA_SP / 16][4], float (&bm)[2], float (&bs)[2]) {
+    const int hh = lane >> 2;
+#pragma unroll
+    for (int mt = 0; mt < PSA_SP / 16; ++mt) sacc[mt][0] = sacc[mt][1] = sacc[mt][2] = sacc[mt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < PSA_KS; ++ks)
+#pragma unroll
+        for (int mt = 0; mt < PSA_SP / 16; ++mt) {
+            const int mi = lane >> 3;
+            const int t = mt * 16 + (mi & 1) * 8 + (lane & 7), c = 2 * ks + (mi >> 1);
+            unsigned int ka[4];
+            ldmatrix_x4(smem_u32(stk + t * PSA_D + swz(t, c) * 8), ka);
+            mma16_parts(sacc[mt], ka, qa[ks], q_has_lo);
+        }
+    bm[0] = bm[1] = -PSA_INF;
+    bs[0] = bs[1] = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < PSA_SP / 16; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            sacc[mt][e] = 16 * mt + hh + (e >> 1) * 8 < ntok ? sacc[mt][e] * qk_scale : -PSA_INF;
+            bm[e & 1] = fmaxf(bm[e & 1], sacc[mt][e]);
+        }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) bm[e] = column_max(bm[e]);
+#pragma unroll
+    for (int mt = 0; mt < PSA_SP / 16; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            sacc[mt][e] = __expf(sacc[mt][e] - bm[e & 1]);
+            bs[e & 1] += sacc[mt][e];
+        }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) bs[e] = column_sum(bs[e]);
+}
+
+// Fold the block at position `cur` of the chunk [pos, pos + clen) (iteration `it`) into the warp's share of the
+// chunk's statistics for the lane's heads: max logit cm, mass cs and (stop = ema) moving-average terms ce relative
+// to cm, min log block mass cmin. AS_ema after the chunk = (1-w)^clen AS_ema + sum_i w (1-w)^(clen-1-i) m_i over
+// the chunk's blocks i in order; the very first block of the loop enters with weight 1, not w. stop = sketch: the
+// block's log mass of head h of the group goes to lmass_row[h * nmax + cur] (the group's rows of lmass).
+__device__ __forceinline__ void fold_block(int cur, int pos, int clen, int it, float log_keep, float ema_w,
+                                           const float (&bm)[2], const float (&bs)[2], float (&cm)[2],
+                                           float (&cs)[2], float (&cmin)[2], float (&ce)[2], bool sketchy,
+                                           float* lmass_row, int nmax, int lane) {
+    const int i_in_chunk = cur - pos;
+    const float coef = __expf((clen - 1 - i_in_chunk) * log_keep) * (it == 0 && i_in_chunk == 0 ? 1.f : ema_w);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const float log_mass = bm[e] + __logf(bs[e]);
+        cmin[e] = fminf(cmin[e], log_mass);
+        if (sketchy && (lane >> 2) == 0 && 2 * (lane & 3) + e < PSA_G)
+            lmass_row[(long)(2 * (lane & 3) + e) * nmax + cur] = log_mass;
+        const float nm = fmaxf(cm[e], bm[e]);
+        const float rescale = __expf(cm[e] - nm), here = bs[e] * __expf(bm[e] - nm);
+        cs[e] = cs[e] * rescale + here;
+        ce[e] = ce[e] * rescale + coef * here;
+        cm[e] = nm;
+    }
+}
+
+// The warp's online softmax for the lane's heads: the running max wm moves up to `to` (a block's max, or a pair's)
+// and the running mass wl and output O^T (oacc) are rescaled to it; the caller then adds each block's terms
+// relative to the new wm.
+__device__ __forceinline__ void move_max(const float (&to)[2], float (&wm)[2], float (&wl)[2],
+                                         float (&oacc)[PSA_D / 16][4]) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const float nw = fmaxf(wm[e], to[e]);
+        const float alpha = __expf(wm[e] - nw);
+        wl[e] *= alpha;
+        wm[e] = nw;
+#pragma unroll
+        for (int ct = 0; ct < PSA_D / 16; ++ct) {
+            oacc[ct][e] *= alpha;
+            oacc[ct][e + 2] *= alpha;
+        }
+    }
+}
+
+// O^T += V^T (P^T c) for the block whose V tile is `stv`, P = sacc (exp(logit - block max), block_logits) and c the
+// block's factor exp(block max - running max) per head. P's tile (tokens x heads) is the lane's accumulator; as the
+// B operand each lane needs head hh's tokens 2 quad, 2 quad + 1 (and + 8): split into PSA_PPARTS parts, each part's
+// 8 x 8 halves transposed in registers (movmatrix moves bits: the parts stay exact). Consumes sacc.
+__device__ __forceinline__ void block_output(const kv_t* stv, float (&sacc)[PSA_SP / 16][4], const float (&c)[2],
+                                             int lane, float (&oacc)[PSA_D / 16][4]) {
+#pragma unroll
+    for (int kt = 0; kt < PSA_SP / 16; ++kt) {
+        unsigned int pb[PSA_PPARTS][2];
+        float x0 = sacc[kt][0] * c[0], y0 = sacc[kt][1] * c[1];
+        float x1 = sacc[kt][2] * c[0], y1 = sacc[kt][3] * c[1];
+#pragma unroll
+        for (int p = 0; p < PSA_PPARTS; ++p) {
+            pb[p][0] = movmatrix_trans(pack_rest(x0, y0));
+            pb[p][1] = movmatrix_trans(pack_rest(x1, y1));
+        }
+#pragma unroll
+        for (int ct = 0; ct < PSA_D / 16; ++ct) {
+            const int mi = lane >> 3;
+            const int t = kt * 16 + (mi >> 1) * 8 + (lane & 7), ch = 2 * ct + (mi & 1);
+            unsigned int va[4];
+            ldmatrix_x4_trans(smem_u32(stv + t * PSA_D + swz(t, ch) * 8), va);
+            mma16_parts(oacc[ct], va, pb);
+        }
+    }
+}
+
+// A stage's V tile follows its K tile.
+__device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PSA_SP * PSA_D; }
 
 // Each build has its own name, so that a profile tells the speculative and resumed launches apart.
 #if PSA_SPEC
@@ -419,6 +544,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
 
     int cur = PSA_FIRST_POS, consumed = 0;
+    float* lmass_row = lmass + ((long)b * Hq + h0) * Nmax + base;  // stop = sketch: the group's rows (else unused)
     PSA_LMARK(1);
     while (why < 0) {
         PSA_LMARK(2);
@@ -428,102 +554,60 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         float cm[2] = {-PSA_INF, -PSA_INF}, cs[2] = {0.f, 0.f}, cmin[2] = {PSA_INF, PSA_INF}, ce[2] = {0.f, 0.f};
         const int clen = end - pos;
 
-        for (; cur < end; cur = next_position(cur, gw, NW, first, first2, step, lim), ++consumed) {
+        for (; cur < end; ++consumed) {
+            __syncwarp();  // every lane is done reading the stages that issue() refills
+            issue();       // the ring now holds blocks consumed .. consumed + PSA_STAGES - 1, the first landed
+#if PSA_PAIR_ON
+            if (issued < consumed + PSA_STAGES) issue();  // after a pair: its second stage refilled as well
+            const int cur2 = next_position(cur, gw, NW, first, first2, step, lim);
+            if (cur2 < end) {
+                // Two blocks of the chunk at once (twice the independent work a warp; the ring's third stage
+                // loads meanwhile). The chunk's statistics take the blocks one by one in order, as the single
+                // path does, so every decision is the same; the output moves to the pair's max once.
+                const int j = orow ? __ldg(orow + cur) : base + cur, j2 = orow ? __ldg(orow + cur2) : base + cur2;
+                cp_async_wait<PSA_STAGES - 2>();  // this lane's copies for `cur` and `cur2` have landed ...
+                __syncwarp();                      // ... and so have every other lane's
+                const kv_t* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
+                const kv_t* stk2 = ring + ((consumed + 1) % PSA_STAGES) * PSA_STAGE_HALVES;
+                float sacc[PSA_SP / 16][4], sacc2[PSA_SP / 16][4], bm[2], bs[2], bm2[2], bs2[2];
+                block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
+                block_logits(stk2, qa, q_has_lo, min(PSA_S, len - j2 * PSA_S), qk_scale, lane, sacc2, bm2, bs2);
+                fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass_row, Nmax, lane);
+                fold_block(cur2, pos, clen, it, log_keep, ema_w, bm2, bs2, cm, cs, cmin, ce, sketchy, lmass_row,
+                           Nmax, lane);
+                float top[2], c_new[2], c_new2[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) top[e] = fmaxf(bm[e], bm2[e]);
+                move_max(top, wm, wl, oacc);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    c_new[e] = __expf(bm[e] - wm[e]);
+                    c_new2[e] = __expf(bm2[e] - wm[e]);
+                    wl[e] += bs[e] * c_new[e] + bs2[e] * c_new2[e];
+                }
+                block_output(ring_v(stk), sacc, c_new, lane, oacc);
+                block_output(ring_v(stk2), sacc2, c_new2, lane, oacc);
+                cur = next_position(cur2, gw, NW, first, first2, step, lim);
+                ++consumed;  // the loop's increment adds the second
+                continue;
+            }
+#endif
             const int j = orow ? __ldg(orow + cur) : base + cur;
-            const int ntok = min(PSA_S, len - j * PSA_S);
-            __syncwarp();  // every lane is done reading the stage that issue() refills
-            issue();
             cp_async_wait<PSA_STAGES - 1>();  // this lane's copies for `cur` have landed ...
             __syncwarp();                      // ... and so have every other lane's
             const kv_t* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
-            const kv_t* stv = stk + PSA_SP * PSA_D;
-
-            // S^T = K Q^T (tokens as the MMA's 16 rows, heads as its 8 columns): token tile mt holds the
-            // logits of tokens 16 mt + hh (elements 0, 1) and 16 mt + hh + 8 (2, 3) for heads 2 quad, 2 quad + 1.
-            float sacc[PSA_SP / 16][4];
-#pragma unroll
-            for (int mt = 0; mt < PSA_SP / 16; ++mt) sacc[mt][0] = sacc[mt][1] = sacc[mt][2] = sacc[mt][3] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < PSA_KS; ++ks)
-#pragma unroll
-                for (int mt = 0; mt < PSA_SP / 16; ++mt) {
-                    const int mi = lane >> 3;
-                    const int t = mt * 16 + (mi & 1) * 8 + (lane & 7), c = 2 * ks + (mi >> 1);
-                    unsigned int ka[4];
-                    ldmatrix_x4(smem_u32(stk + t * PSA_D + swz(t, c) * 8), ka);
-                    mma16_parts(sacc[mt], ka, qa[ks], q_has_lo);
-                }
-            // Block max and mass of each of the lane's heads over the 8 lanes that share it; padding and
-            // tokens past the end masked.
-            float bm[2] = {-PSA_INF, -PSA_INF}, bs[2] = {0.f, 0.f};
-#pragma unroll
-            for (int mt = 0; mt < PSA_SP / 16; ++mt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    sacc[mt][e] = 16 * mt + hh + (e >> 1) * 8 < ntok ? sacc[mt][e] * qk_scale : -PSA_INF;
-                    bm[e & 1] = fmaxf(bm[e & 1], sacc[mt][e]);
-                }
-#pragma unroll
-            for (int e = 0; e < 2; ++e) bm[e] = column_max(bm[e]);
-#pragma unroll
-            for (int mt = 0; mt < PSA_SP / 16; ++mt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    sacc[mt][e] = __expf(sacc[mt][e] - bm[e & 1]);
-                    bs[e & 1] += sacc[mt][e];
-                }
+            float sacc[PSA_SP / 16][4], bm[2], bs[2];
+            block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
+            fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass_row, Nmax, lane);
+            move_max(bm, wm, wl, oacc);
             float c_new[2];
-            // AS_ema after the chunk = (1-w)^clen AS_ema + sum_i w (1-w)^(clen-1-i) m_i over the chunk's
-            // blocks i in order; the very first block of the loop enters with weight 1, not w.
-            const int i_in_chunk = cur - pos;
-            const float coef = __expf((clen - 1 - i_in_chunk) * log_keep) * (it == 0 && i_in_chunk == 0 ? 1.f : ema_w);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                bs[e] = column_sum(bs[e]);
-                const float log_mass = bm[e] + __logf(bs[e]);
-                cmin[e] = fminf(cmin[e], log_mass);
-                if (sketchy && hh == 0 && 2 * quad + e < PSA_G)
-                    lmass[((long)b * Hq + h0 + 2 * quad + e) * Nmax + base + cur] = log_mass;
-                // the chunk's max logit, mass and moving-average terms, relative to that max
-                const float nm = fmaxf(cm[e], bm[e]);
-                const float rescale = __expf(cm[e] - nm), here = bs[e] * __expf(bm[e] - nm);
-                cs[e] = cs[e] * rescale + here;
-                ce[e] = ce[e] * rescale + coef * here;
-                cm[e] = nm;
-                // the warp's online softmax: rescale O^T (then O^T += V^T (P^T c) below)
-                const float nw = fmaxf(wm[e], bm[e]);
-                const float alpha = __expf(wm[e] - nw);
-                c_new[e] = __expf(bm[e] - nw);
-                wl[e] = wl[e] * alpha + bs[e] * c_new[e];
-                wm[e] = nw;
-#pragma unroll
-                for (int ct = 0; ct < PSA_D / 16; ++ct) {
-                    oacc[ct][e] *= alpha;
-                    oacc[ct][e + 2] *= alpha;
-                }
+                c_new[e] = __expf(bm[e] - wm[e]);
+                wl[e] += bs[e] * c_new[e];
             }
-            // O^T += V^T (P^T c): P's tile (tokens x heads) is this lane's accumulator; as the B operand each lane
-            // needs head hh's tokens 2 quad, 2 quad + 1 (and + 8): split into PSA_PPARTS parts, each part's
-            // 8 x 8 halves transposed in registers (movmatrix moves bits: the parts stay exact).
-#pragma unroll
-            for (int kt = 0; kt < PSA_SP / 16; ++kt) {
-                unsigned int pb[PSA_PPARTS][2];
-                float x0 = sacc[kt][0] * c_new[0], y0 = sacc[kt][1] * c_new[1];
-                float x1 = sacc[kt][2] * c_new[0], y1 = sacc[kt][3] * c_new[1];
-#pragma unroll
-                for (int p = 0; p < PSA_PPARTS; ++p) {
-                    pb[p][0] = movmatrix_trans(pack_rest(x0, y0));
-                    pb[p][1] = movmatrix_trans(pack_rest(x1, y1));
-                }
-#pragma unroll
-                for (int ct = 0; ct < PSA_D / 16; ++ct) {
-                    const int mi = lane >> 3;
-                    const int t = kt * 16 + (mi >> 1) * 8 + (lane & 7), c = 2 * ct + (mi & 1);
-                    unsigned int va[4];
-                    ldmatrix_x4_trans(smem_u32(stv + t * PSA_D + swz(t, c) * 8), va);
-                    mma16_parts(oacc[ct], va, pb);
-                }
-            }
+            block_output(ring_v(stk), sacc, c_new, lane, oacc);
+            cur = next_position(cur, gw, NW, first, first2, step, lim);
         }
 
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
