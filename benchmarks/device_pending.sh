@@ -79,6 +79,8 @@
 #  built paired; then each side A/B in one call (exp_kernel_defines.py decode pair=0/1): the ema loop end to end at
 #  Llama's 32K B = 1 and 128K B = 8 (exp_step.py), dense against SDPA at the three model shapes (exp_dense_tune.py),
 #  and Gemma's and SmolLM2's dense launch shapes swept with pairs (three stages lets Gemma's D 256 pair).
+#   run(command="bash benchmarks/device_pending.sh record23", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~7 minutes)
+#  after pairs left the split build: its tests and the pair test, then the runs of record (Llama 5%, real Gemma l17).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
 #  any benchmark command, run from benchmarks/ with PYTHONPATH set.
 set -u
@@ -469,6 +471,18 @@ if [ "$PART" = pairbench ]; then
     timeout 100 python3 exp_dense_tune.py --shape $shape --sizes 32768 --batches 1,8 --out "$OUT/dense_sweep_pair.jsonl" \
         2>&1 | grep -v Warn | grep "^T=\|warps" | sed "s/^/[$shape sweep] /"
   done
+  exit 0
+fi
+if [ "$PART" = record23 ]; then
+  gpu_tests t_split.log 120 tests/test_fast.py -k "two_blocks or split"
+  cd benchmarks
+  mkdir -p "$OUT/l" "$OUT/g"
+  timeout 150 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
+      --out "$OUT/l" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
+  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | grep "^|" \
+      | cut -d'|' -f4-9,12
   exit 0
 fi
 if [ "$PART" = balance ]; then

@@ -143,7 +143,9 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the 
 #define PSA_PAIR 1  // _kernels.DECODE_PAIR: a warp attends two blocks of a chunk at once where it has two
 #endif
 // Pairs need a third stage: two blocks computed while the next loads (with two stages nothing would be in flight).
-#define PSA_PAIR_ON (PSA_PAIR && PSA_STAGES >= 3)
+// Not in the split build (dense, top-k): memory-bound there, it wants the single path's two blocks in flight a warp
+// (Llama 128K B = 8 dense 954 -> 993 µs paired, while the ema loop went 345 -> 320; benchmarks/NOTES.md).
+#define PSA_PAIR_ON (PSA_PAIR && PSA_STAGES >= 3 && !PSA_SPLIT)
 
 #ifndef PSA_STAGES
 #define PSA_STAGES 3
