@@ -81,6 +81,12 @@
 #  and Gemma's and SmolLM2's dense launch shapes swept with pairs (three stages lets Gemma's D 256 pair).
 #   run(command="bash benchmarks/device_pending.sh record23", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~7 minutes)
 #  after pairs left the split build: its tests and the pair test, then the runs of record (Llama 5%, real Gemma l17).
+#   run(command="bash benchmarks/device_pending.sh refactor", carry=[".gl/gemma3_xml_l17_32k.npz", ".gl/decode_c535140.cu",
+#       ".gl/decode_new.cu"])  (~3 minutes)
+#  decode.cu before and after the helpers / pairs rewrite (exp_kernel_source.py) at the real Gemma layer, whose D 256
+#  build of two stages does not pair: is its `ema` loop 131 -> 137-151 µs between calls a change or noise?
+#  `refactor "c535140 new2 ..."`: the versions to compare (.gl/decode_NAME.cu each, carried); with a third argument
+#  `llama`, also the ema loop at Llama's 32K B = 1 and 128K B = 8 (exp_step.py) for each.
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
 #  any benchmark command, run from benchmarks/ with PYTHONPATH set.
 set -u
@@ -483,6 +489,21 @@ if [ "$PART" = record23 ]; then
   timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | grep "^|" \
       | cut -d'|' -f4-9,12
+  exit 0
+fi
+if [ "$PART" = refactor ]; then
+  cd benchmarks
+  for src in ${2:-c535140 new c535140 new}; do
+    echo "## decode.cu $src"
+    mkdir -p /tmp/r_$src
+    timeout 100 python3 exp_kernel_source.py decode ../.gl/decode_$src.cu -- bench_decode.py --profile real \
+        --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
+        --skip tau0.9,remaining,predicted,stages,rank,topk,sketch --out /tmp/r_$src > /tmp/r_$src.log 2>&1
+    grep "^|" /tmp/r_$src.log | grep -v "SDPA\|---\|median" | cut -d'|' -f4-7 | grep . || tail -n 4 /tmp/r_$src.log
+    [ "${3:-}" = llama ] && timeout 100 python3 exp_kernel_source.py decode ../.gl/decode_$src.cu -- exp_step.py \
+        --share 0.05 --shape llama8b --sizes 32768:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn \
+        | grep "^|" | grep -v "^|---\|mode"
+  done
   exit 0
 fi
 if [ "$PART" = balance ]; then

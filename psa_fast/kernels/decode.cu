@@ -264,11 +264,11 @@ __device__ __forceinline__ void block_logits(const kv_t* stk, const unsigned int
 // chunk's statistics for the lane's heads: max logit cm, mass cs and (stop = ema) moving-average terms ce relative
 // to cm, min log block mass cmin. AS_ema after the chunk = (1-w)^clen AS_ema + sum_i w (1-w)^(clen-1-i) m_i over
 // the chunk's blocks i in order; the very first block of the loop enters with weight 1, not w. stop = sketch: the
-// block's log mass of head h of the group goes to lmass_row[h * nmax + cur] (the group's rows of lmass).
+// block's log mass goes to lmass [B, Hq, nmax] at head head0 + h (h the lane's head), position base + cur.
 __device__ __forceinline__ void fold_block(int cur, int pos, int clen, int it, float log_keep, float ema_w,
                                            const float (&bm)[2], const float (&bs)[2], float (&cm)[2],
                                            float (&cs)[2], float (&cmin)[2], float (&ce)[2], bool sketchy,
-                                           float* lmass_row, int nmax, int lane) {
+                                           float* lmass, long head0, int nmax, int base, int lane) {
     const int i_in_chunk = cur - pos;
     const float coef = __expf((clen - 1 - i_in_chunk) * log_keep) * (it == 0 && i_in_chunk == 0 ? 1.f : ema_w);
 #pragma unroll
@@ -276,7 +276,7 @@ __device__ __forceinline__ void fold_block(int cur, int pos, int clen, int it, f
         const float log_mass = bm[e] + __logf(bs[e]);
         cmin[e] = fminf(cmin[e], log_mass);
         if (sketchy && (lane >> 2) == 0 && 2 * (lane & 3) + e < PSA_G)
-            lmass_row[(long)(2 * (lane & 3) + e) * nmax + cur] = log_mass;
+            lmass[(head0 + 2 * (lane & 3) + e) * nmax + base + cur] = log_mass;
         const float nm = fmaxf(cm[e], bm[e]);
         const float rescale = __expf(cm[e] - nm), here = bs[e] * __expf(bm[e] - nm);
         cs[e] = cs[e] * rescale + here;
@@ -546,7 +546,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
 
     int cur = PSA_FIRST_POS, consumed = 0;
-    float* lmass_row = lmass + ((long)b * Hq + h0) * Nmax + base;  // stop = sketch: the group's rows (else unused)
     PSA_LMARK(1);
     while (why < 0) {
         PSA_LMARK(2);
@@ -557,6 +556,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         const int clen = end - pos;
 
         for (; cur < end; ++consumed) {
+            const int j = orow ? __ldg(orow + cur) : base + cur;  // (loaded while the copies below are issued)
             __syncwarp();  // every lane is done reading the stages that issue() refills
             issue();       // the ring now holds blocks consumed .. consumed + PSA_STAGES - 1, the first landed
 #if PSA_PAIR_ON
@@ -566,7 +566,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 // Two blocks of the chunk at once (twice the independent work a warp; the ring's third stage
                 // loads meanwhile). The chunk's statistics take the blocks one by one in order, as the single
                 // path does, so every decision is the same; the output moves to the pair's max once.
-                const int j = orow ? __ldg(orow + cur) : base + cur, j2 = orow ? __ldg(orow + cur2) : base + cur2;
+                const int j2 = orow ? __ldg(orow + cur2) : base + cur2;
                 cp_async_wait<PSA_STAGES - 2>();  // this lane's copies for `cur` and `cur2` have landed ...
                 __syncwarp();                      // ... and so have every other lane's
                 const kv_t* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
@@ -574,9 +574,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 float sacc[PSA_SP / 16][4], sacc2[PSA_SP / 16][4], bm[2], bs[2], bm2[2], bs2[2];
                 block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
                 block_logits(stk2, qa, q_has_lo, min(PSA_S, len - j2 * PSA_S), qk_scale, lane, sacc2, bm2, bs2);
-                fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass_row, Nmax, lane);
-                fold_block(cur2, pos, clen, it, log_keep, ema_w, bm2, bs2, cm, cs, cmin, ce, sketchy, lmass_row,
-                           Nmax, lane);
+                fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
+                           (long)b * Hq + h0, Nmax, base, lane);
+                fold_block(cur2, pos, clen, it, log_keep, ema_w, bm2, bs2, cm, cs, cmin, ce, sketchy, lmass,
+                           (long)b * Hq + h0, Nmax, base, lane);
                 float top[2], c_new[2], c_new2[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) top[e] = fmaxf(bm[e], bm2[e]);
@@ -594,13 +595,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 continue;
             }
 #endif
-            const int j = orow ? __ldg(orow + cur) : base + cur;
             cp_async_wait<PSA_STAGES - 1>();  // this lane's copies for `cur` have landed ...
             __syncwarp();                      // ... and so have every other lane's
             const kv_t* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
             float sacc[PSA_SP / 16][4], bm[2], bs[2];
             block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
-            fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass_row, Nmax, lane);
+            fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
+                       (long)b * Hq + h0, Nmax, base, lane);
             move_max(bm, wm, wl, oacc);
             float c_new[2];
 #pragma unroll
