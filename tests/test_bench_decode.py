@@ -406,6 +406,24 @@ def test_kernel_defines_runs_the_script_with_its_arguments(tmp_path):
     assert bad.returncode != 0 and "exp_kernel_defines.py decode" in bad.stderr
 
 
+# --- exp_kernel_source.py: one kernel file swapped for another version ----------------------------------
+
+def test_kernel_source_swaps_one_file_and_keeps_the_headers(tmp_path):
+    old = tmp_path / "decode_old.cu"
+    old.write_text('// MARKER of the old version\n#include "common.cuh"\nextern "C" __global__ void psa_decode() {}\n')
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\nfrom psa_fast import _kernels\nd = _kernels._source('decode.cu')\n"
+                      "print('ARGS', sys.argv[1:], 'MARKER' in d, 'include \"common' in d, 'PSA_INF' in d,\n"
+                      "      'MARKER' in _kernels._source('order.cu'))\n")
+    run = subprocess.run([sys.executable, str(BENCH / "exp_kernel_source.py"), "decode", str(old), "--", str(script),
+                          "--flag", "1"], capture_output=True, text=True, cwd=BENCH.parent, check=True)
+    assert "ARGS ['--flag', '1'] True False True False" in run.stdout  # swapped, its header inlined, others not
+    for argv in (["decode", str(old)], ["decode", str(tmp_path / "missing.cu"), "--", str(script)]):
+        bad = subprocess.run([sys.executable, str(BENCH / "exp_kernel_source.py"), *argv], capture_output=True,
+                             text=True, cwd=BENCH.parent)
+        assert bad.returncode != 0 and ("exp_kernel_source.py decode" in bad.stderr or "no such" in bad.stderr)
+
+
 def test_kernels_attr_runs_the_script_once_per_value_and_restores_the_constant(tmp_path):
     import exp_kernels_attr as eka
 
