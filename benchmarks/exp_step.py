@@ -24,6 +24,9 @@ def main() -> None:
                     help="CTAs a group (DecodePlan(cluster=...)), comma-separated; auto: the plan's pick")
     ap.add_argument("--warps", default="auto",
                     help="warps a CTA (DecodePlan(warps=...)), comma-separated; auto: the plan's pick")
+    ap.add_argument("--stages", default="auto",
+                    help="cp.async stages a warp (DecodePlan(stages=...)), comma-separated; auto: the plan's pick "
+                         "(decode_config fits warps x stages into shared memory, so the column shows what ran)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
@@ -32,14 +35,16 @@ def main() -> None:
     import numpy as np
 
     import psa_fast
+    from psa_fast import _kernels
     from bench_decode import SHAPES, per_call_us, rel_err, sparsity_fill
 
     shape = SHAPES[args.shape]
     stream = cupy.cuda.Stream(non_blocking=True)
     fill = sparsity_fill(shape, args.share, recent_blocks=2)
     print(f"# {args.shape}, ideal share {args.share}, stop 'ema' (cuboid_mean), threshold 0.95")
-    print("| T | B | mode | cluster | warps | step | µs | vs dense | blocks read | iterations (mean / max) | rel. error |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| T | B | mode | cluster | warps | stages | step | µs | vs dense | blocks read | iterations (mean / max) | "
+          "rel. error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         t, b = (int(x) for x in size.split(":"))
         with stream:
@@ -56,27 +61,34 @@ def main() -> None:
 
             dense = psa_fast.plan(cache, num_q_heads=shape.hq, mode="dense", scale=shape.scale)
             us_dense, refs, _ = timed(dense)
-            print(f"| {t} | {b} | dense | - | - | - | {us_dense:.1f} | 1.00x | 100% | - | 0 |", flush=True)
+            print(f"| {t} | {b} | dense | - | - | - | - | {us_dense:.1f} | 1.00x | 100% | - | 0 |", flush=True)
             steps = [x if x == "auto" else int(x) for x in args.steps.split(",")]
-            for mode, cluster, warps, step in itertools.product(args.modes.split(","), args.clusters.split(","),
-                                                                args.warps.split(","), steps):
+            for mode, cluster, warps, stages, step in itertools.product(args.modes.split(","),
+                                                                        args.clusters.split(","),
+                                                                        args.warps.split(","),
+                                                                        args.stages.split(","), steps):
                 spec = None if mode in ("loop", "first") else float(mode[1:])
                 try:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, stop="ema",
                                       step=step, speculate=spec, scale=shape.scale,
                                       cluster=None if cluster == "auto" or spec else int(cluster),
                                       warps=None if warps == "auto" else int(warps),
+                                      stages=None if stages == "auto" else int(stages),
                                       first_chunk="predicted" if mode == "first" else None)
                     us, outs, reads = timed(p)
                 except Exception as exc:  # e.g. a cluster size the GPU cannot launch
-                    print(f"| {t} | {b} | {mode} | {cluster} | {warps} | {step} | failed: {type(exc).__name__}: "
+                    print(f"| {t} | {b} | {mode} | {cluster} | {warps} | {stages} | {step} | failed: "
+                          f"{type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:120] if str(exc) else ''} |", flush=True)
                     continue
                 read = np.concatenate([r.ravel() for r in reads]).astype(np.float64)
                 iters = np.ceil(read / p.step)
                 err = float(np.mean([rel_err(o, r) for o, r in zip(outs, refs)]))
                 shown = f"{p.step} (auto)" if step == "auto" else p.step
-                print(f"| {t} | {b} | {mode} | {p.cluster} | {p.warps} | {shown} | {us:.1f} | {us_dense / us:.2f}x | "
+                ran = _kernels.decode_config(d=cache.dp, s=shape.s, g=shape.hq // shape.hkv, version=3, warps=p.warps,
+                                             stages=p.stages)
+                print(f"| {t} | {b} | {mode} | {p.cluster} | {ran[1]} | {ran[2]} | {shown} | {us:.1f} | "
+                      f"{us_dense / us:.2f}x | "
                       f"{100 * read.mean() / n:.1f}% | {iters.mean():.1f} / {iters.max():.0f} | {err:.4f} |",
                       flush=True)
             del cache, qs
