@@ -48,6 +48,11 @@ def main(argv: list[str]) -> None:
 
     _kernels.kernel = with_defines(_kernels.kernel, name, extra)
     print(f"# {name}.cu built with {extra}", flush=True)
+    run_script(script)
+
+
+def run_script(script: list[str]) -> None:
+    """Run ``script[0]`` as ``__main__`` with ``script[1:]`` as its arguments, its folder first on the path."""
     sys.argv = script
     sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
     runpy.run_path(script[0], run_name="__main__")

@@ -10,13 +10,13 @@ builds by their source, so both sides compile once.
 
 from __future__ import annotations
 
-import os
-import runpy
 import shutil
 import sys
 import tempfile
 import types
 from pathlib import Path
+
+from exp_kernel_defines import run_script
 
 
 def main(argv: list[str]) -> None:
@@ -36,9 +36,7 @@ def main(argv: list[str]) -> None:
     shutil.copy(path, root / "kernels" / f"{name}.cu")
     _kernels.resources = types.SimpleNamespace(files=lambda _pkg: root)  # _kernels._source reads from here
     print(f"# kernels/{name}.cu replaced by {path}", flush=True)
-    sys.argv = script
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
-    runpy.run_path(script[0], run_name="__main__")
+    run_script(script)
 
 
 if __name__ == "__main__":
