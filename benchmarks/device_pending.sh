@@ -89,7 +89,8 @@
 #  `llama`, also the ema loop at Llama's 32K B = 1 and 128K B = 8 (exp_step.py) for each.
 #   run(command="bash benchmarks/device_pending.sh pairstages")  (~4 minutes)
 #  pairs with a deeper ring: the `ema` loop at 8 / 6 / 4 warps x 3 / 4 stages (what fits 227 KiB; exp_step.py prints
-#  what ran) at Llama's 32K B = 1, 128K B = 1 and 8; then v3's full test_fast.py (its suites ran in part on s23).
+#  what ran) at Llama's 32K B = 1, 128K B = 1 and 8, Gemma's D 256 at 4 warps x 2 (unpaired) / 3 stages (paired);
+#  then v3's full test_fast.py (its suites ran in part on s23).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
 #  any benchmark command, run from benchmarks/ with PYTHONPATH set.
 set -u
@@ -513,6 +514,8 @@ if [ "$PART" = pairstages ]; then
   cd benchmarks
   timeout 200 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
       --modes loop --warps 8,6,4 --stages 3,4 2>&1 | grep -v Warn | tee "$OUT/exp_pair_stages.md" | grep "^|"
+  timeout 100 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto --modes loop \
+      --warps 4 --stages 2,3 2>&1 | grep -v Warn | tee "$OUT/exp_pair_stages_gemma3.md" | grep "^|"
   cd ..
   gpu_tests t_fast.log 330 tests/test_fast.py
   exit 0

@@ -5,8 +5,9 @@
 //
 // Work split: a selection group (request b, group g: one KV head's query heads, or one query
 // head for gqa="per_head") is handled by PSA_CLUSTER CTAs of PSA_WARPS warps. The group's
-// NW = PSA_CLUSTER * PSA_WARPS warps share each chunk's blocks round-robin; one warp attends one
-// block (K and V: 2 * S * D halves, 8 KiB at S = 16, D = 128) at a time.
+// NW = PSA_CLUSTER * PSA_WARPS warps share each chunk's blocks round-robin; a warp attends one block (K and V:
+// 2 * S * D halves, 8 KiB at S = 16, D = 128) at a time, or two of the same chunk at once where it has two
+// (PSA_PAIR, below: one request's loop is bound by each warp's chain of dependent instructions, which a pair halves).
 //
 // Arithmetic: version 2 spent ~1200 instructions per block on CUDA-core dot products and
 // shuffles and could not keep up with memory. Here both products run on the tensor cores with
