@@ -278,13 +278,15 @@ def test_speculative_attend_in_either_cta_shape_keeps_the_loops_result(monkeypat
 
 
 @pytest.mark.parametrize("d,warps", [(64, 8), (128, 8), (256, 4)])
-@pytest.mark.parametrize("stop,metadata,mode", [("ema", "cuboid_mean", "psa"), ("certified", "minmax", "psa"),
-                                                ("sketch", "quant3", "psa"), ("ema", "cuboid_mean", "dense")])
-def test_two_blocks_a_warp_keep_the_loops_decisions(monkeypatch, d, warps, stop, metadata, mode):
+@pytest.mark.parametrize("stop,metadata,speculate", [("ema", "cuboid_mean", None), ("certified", "minmax", None),
+                                                     ("sketch", "quant3", None), ("ema", "cuboid_mean", 1.0)])
+def test_two_blocks_a_warp_keep_the_loops_decisions(monkeypatch, d, warps, stop, metadata, speculate):
     """A warp that attends two blocks of a chunk at once (_kernels.DECODE_PAIR, PSA_PAIR in decode.cu) folds the
     chunk's statistics block by block in the same order as one at a time: the same blocks, iterations and stop
     reasons bit for bit, and the output within float rounding (the pair moves the running max once). Chunks of 150
-    blocks over 8 x `warps` warps give each warp pairs and a single; three stages (with two, pairs are off)."""
+    blocks over 8 x `warps` warps give each warp pairs and a single; three stages (with two, pairs are off). The
+    loop (plain), and the speculative attend with the loop resumed after it (speculate); the split build (dense,
+    top-k) never pairs."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(d)
@@ -297,15 +299,15 @@ def test_two_blocks_a_warp_keep_the_loops_decisions(monkeypatch, d, warps, stop,
     runs = {}
     for pair in (0, 1):
         monkeypatch.setattr(_kernels, "DECODE_PAIR", pair)
-        p = psa_fast.plan(blocks.cache, num_q_heads=hq, mode=mode, threshold=0.9, stop=stop, step=150, cluster=8,
-                          warps=warps, stages=3)
+        p = psa_fast.plan(blocks.cache, num_q_heads=hq, threshold=0.9, stop=stop, step=150,
+                          cluster=None if speculate else 8, warps=warps, stages=3, speculate=speculate)
         runs[pair] = p.run(q)
     single, paired = runs[0], runs[1]
     for name in ("num_used", "iterations", "reason"):
         np.testing.assert_array_equal(cupy.asnumpy(getattr(paired, name)), cupy.asnumpy(getattr(single, name)))
     used = cupy.asnumpy(single.num_used)
     assert used.min() > 8 * warps  # more blocks than a CTA's warps: some warps had pairs
-    for g in range(hkv if mode == "psa" else 0):  # one selection group per KV head (gqa="shared")
+    for g in range(hkv):  # one selection group per KV head (gqa="shared")
         n = int(used[0, g])
         np.testing.assert_array_equal(cupy.asnumpy(paired.order[0, g, :n]), cupy.asnumpy(single.order[0, g, :n]))
     want = cupy.asnumpy(single.out)
