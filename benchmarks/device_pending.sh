@@ -118,7 +118,7 @@ kernel_suites() {
   local log="$1"
   shift
   gpu_tests "$log" 560 tests/test_fast.py tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py \
-      tests/test_fast_hf.py tests/test_fast_offload.py "$@"
+      tests/test_fast_hf.py tests/test_fast_offload.py tests/test_fast_distributed.py "$@"
 }
 # The real Gemma layer's loop and verifier clocks, and where its speculative step's kernels go (timeout $1 each).
 gemma_clocks() {
