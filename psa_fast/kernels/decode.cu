@@ -559,7 +559,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         for (; cur < end; ++consumed) {
             const int j = orow ? __ldg(orow + cur) : base + cur;  // (loaded while the copies below are issued)
             __syncwarp();  // every lane is done reading the stages that issue() refills
-            issue();       // the ring now holds blocks consumed .. consumed + PSA_STAGES - 1, the first landed
+            issue();       // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
 #if PSA_PAIR_ON
             if (issued < consumed + PSA_STAGES) issue();  // after a pair: its second stage refilled as well
             const int cur2 = next_position(cur, gw, NW, first, first2, step, lim);
