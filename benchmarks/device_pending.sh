@@ -76,7 +76,7 @@
 #   run(command="bash benchmarks/device_pending.sh pair")  (~8 minutes), then at once (warm)
 #   run(command="bash benchmarks/device_pending.sh pairbench")  (~8 minutes)
 #  two blocks a warp (decode.cu PSA_PAIR, on by default): its test (paired against single), the kernel suites
-#  built paired; then each side A/B in one call (exp_kernel_defines.py decode pair=0/1): the ema loop end to end at
+#  built paired; then each side A/B in one call (exp_kernels_attr.py DECODE_PAIR=0/1): the ema loop end to end at
 #  Llama's 32K B = 1 and 128K B = 8 (exp_step.py), dense against SDPA at the three model shapes (exp_dense_tune.py),
 #  and Gemma's and SmolLM2's dense launch shapes swept with pairs (three stages lets Gemma's D 256 pair).
 #   run(command="bash benchmarks/device_pending.sh record23", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~7 minutes)
@@ -471,10 +471,10 @@ if [ "$PART" = pairbench ]; then
   cd benchmarks
   for p in 0 1; do
     echo "## PSA_PAIR=$p"
-    timeout 100 python3 exp_kernel_defines.py decode pair=$p -- exp_step.py --share 0.05 --shape llama8b \
+    timeout 100 python3 exp_kernels_attr.py DECODE_PAIR=$p -- exp_step.py --share 0.05 --shape llama8b \
         --sizes 32768:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^|" | grep -v "^|---"
     for shape in llama8b smollm2 gemma3; do
-      timeout 80 python3 exp_kernel_defines.py decode pair=$p -- exp_dense_tune.py --shape $shape --sizes 32768 \
+      timeout 80 python3 exp_kernels_attr.py DECODE_PAIR=$p -- exp_dense_tune.py --shape $shape --sizes 32768 \
           --batches 1,8 --default-only --out "$OUT/dense_pair$p.jsonl" 2>&1 | grep -v Warn | grep "^T=\|warps" \
           | sed "s/^/[$shape] /"
     done

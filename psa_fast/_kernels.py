@@ -496,8 +496,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     defines = {"bf16": 1} if bf16 else {}
     if version == 3:
         defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
-        if not DECODE_PAIR:  # (left unset otherwise: the source's default, so exp_kernel_defines.py can set it)
-            defines["pair"] = 0
+        defines["pair"] = DECODE_PAIR
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"
