@@ -91,6 +91,9 @@
 #  pairs with a deeper ring: the `ema` loop at 8 / 6 / 4 warps x 3 / 4 stages (what fits 227 KiB; exp_step.py prints
 #  what ran) at Llama's 32K B = 1, 128K B = 1 and 8, Gemma's D 256 at 4 warps x 2 (unpaired) / 3 stages (paired);
 #  the loop's step swept again (pick_step's model was fitted one block a warp).
+#   run(command="bash benchmarks/device_pending.sh step24")  (~6 minutes)
+#  pick_step re-fitted on the paired loop: the new picks against the old rule's and their neighbours (Llama at four
+#  sparsities, B = 1 / 8 / 32; Gemma 3 and SmolLM2), and the default-step GPU test.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -522,6 +525,27 @@ if [ "$PART" = pairstages ]; then
   # was measured one block a warp; test_loop_step_auto_lies_where_the_measured_steps_were_fastest reads it)
   timeout 200 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 \
       --steps 192,256,384,512,768,auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step_pairs.md" | grep "^|"
+  exit 0
+fi
+if [ "$PART" = step24 ]; then
+  # pick_step re-fitted on the paired loop (two blocks a warp: a step of whole pairs; LOOP_ITERATION_US 3.5): the
+  # new picks (auto) beside the old rule's (128K: 704 at B = 1, 304 at B = 8, 152 at B = 32) and neighbours, at
+  # Llama's 5% profile and three other sparsities, Gemma 3's and SmolLM2's loops; then the default-step GPU test.
+  gpu_tests t_step.log 200 tests/test_fast.py -k "default_step or two_blocks"
+  cd benchmarks
+  timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1 \
+      --steps 256,384,512,640,704,768,896,auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step24_b1.md" | grep "^|"
+  timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 131072:8,32768:8,131072:32 \
+      --steps 152,176,256,304,352,auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step24_batch.md" | grep "^|"
+  for share in 0.02 0.1 0.2; do
+    timeout 100 python3 exp_step.py --share $share --shape llama8b --sizes 131072:1,32768:1 \
+        --steps 384,512,704,768,896,auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step24_s$share.md" \
+        | grep "^|" | grep -v "^|---\|mode"
+  done
+  timeout 100 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps 256,288,auto \
+      --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step24_gemma3.md" | grep "^|" | grep -v "^|---\|mode"
+  timeout 100 python3 exp_step.py --share 0.05 --shape smollm2 --sizes 32768:1,32768:8 --steps 352,384,512,auto \
+      --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step24_smollm2.md" | grep "^|" | grep -v "^|---\|mode"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

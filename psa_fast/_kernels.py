@@ -78,9 +78,10 @@ def pick_cluster(num_groups: int) -> int:
     return c
 
 
-# The loop's step (DecodePlan(step="auto")): constants from the loop clock (exp_verify_clock.py --loop) of ema's plain
-# loop on Llama-3.1-8B's shape, one request, 32K (benchmarks/NOTES.md, nineteenth session; H200)
-LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks: the cluster barrier, the decision, the refill
+# The loop's step (DecodePlan(step="auto")): constants from the loop clock and exp_step.py's sweeps of ema's plain loop
+# on Llama-3.1-8B's shape, ideal 5%, one request (benchmarks/NOTES.md, nineteenth and twenty-fourth sessions; H200)
+LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks (the cluster barrier, the decision, the refill) ...
+LOOP_ITERATION_US_PAIRS = 3.5  # ... and with two blocks a warp, where the chunk's last pair is its tail
 LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
 COPY_CEILING_GBS = 4300.0  # the H200's device-to-device copy ceiling (bench_decode measures it in every run)
 STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
@@ -92,27 +93,47 @@ def spec_step(nmax: int) -> int:
     return max(16, nmax // 256)
 
 
+def loop_launch(*, d: int, s: int, g: int, version: int, warps: int, stages: int | None = None) -> tuple[int, bool]:
+    """The loop's decode build for a plan of ``warps`` a CTA: the warps that fit (``decode_config``) and whether
+    each attends two blocks at once (``PSA_PAIR_ON`` in decode.cu: version 3, ``DECODE_PAIR``, three stages or
+    more). Gemma 3's head dim 256 asks 8 warps and runs 4 of 2 stages, unpaired; Llama's 128 runs 8 of 3, paired."""
+    version, warps, stages, _ = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
+    return warps, bool(DECODE_PAIR) and version == 3 and stages >= 3
+
+
 def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, block_bytes: int,
-              speculate: bool = False) -> int:
+              speculate: bool = False, pairs: bool = False) -> int:
     """Blocks an iteration for ``DecodePlan(step="auto")``. The loop's step decides on the slowest group: each
     iteration costs ``LOOP_ITERATION_US`` beyond its blocks, and the last one reads up to a step past the stop,
     each block at the group's share of the bandwidth (its cluster's SMs for one request, the copy ceiling
     over every group for a batch). For a group that needs ``need`` blocks the total is about ``need / step``
-    iterations plus ``step / 2`` blocks too many, least at ``step = sqrt(2 need iteration / block)``, with
-    ``need = STEP_SHARE * nmax``; rounded up to a multiple of ``cluster * warps`` (a block for every warp),
-    at most ``nmax`` rounded likewise. Llama's shape at an ideal 5% (exp_step.py, H200): 384 / 704 / 304 at 32K
-    B = 1, 128K B = 1 and B = 8, measured 37.5 / 116.0 / 410.6 µs, where the bench's old 64 / 128 / 128 took 53.0 /
-    131.6 / 412.1 and the best step measured was 384 / 512 (100.4) / 256 (409.2): the busiest group's need, which
-    the plan cannot see, decides between neighbours.
+    iterations plus ``step / 2`` blocks too many, least at ``step* = sqrt(2 need iteration / block)``, with
+    ``need = STEP_SHARE * nmax``. The step is a whole number of blocks for every warp (two with ``pairs``, where a
+    warp attends two blocks at once and an iteration costs ``LOOP_ITERATION_US_PAIRS``), the multiple below or
+    above ``step*`` whose modelled cost is less, at most ``nmax`` rounded up likewise.
+
+    Llama's shape at an ideal 5% (exp_step.py, H200, two blocks a warp): 384 / 768 / 352 / 176 at 32K B = 1, 128K
+    B = 1, 8 and 32, measured 33.6 / 88.5 / 308.4 / 1019.9 µs where the rule fitted one block a warp picked 384 /
+    704 (106.7: three iterations for the busiest group where 768 takes two) / 304 (319.3) / 152 (1027.5). The
+    busiest group's need, which the plan cannot see, decides between neighbours: at 128K B = 1 and ideal 2% / 10% /
+    20%, 768 took 77.1 / 121.2 / 184.6 µs and 704 75.8 / 118.1 / 178.4.
 
     With ``speculate`` the step is one speculative CTA's chunk, ``spec_step(nmax)``."""
     if speculate:
         return spec_step(nmax)
-    unit = cluster * warps
+    unit = cluster * warps * (2 if pairs else 1)
+    iteration_us = LOOP_ITERATION_US_PAIRS if pairs else LOOP_ITERATION_US
     per_group_gbs = min(cluster * LOOP_SM_GBS, COPY_CEILING_GBS / max(1, batch * groups))
     block_us = block_bytes / per_group_gbs / 1e3
-    best = math.sqrt(2.0 * max(1.0, STEP_SHARE * nmax) * LOOP_ITERATION_US / block_us)
-    return unit * min(max(1, -(-nmax // unit)), max(1, math.ceil(best / unit)))
+    need = max(1.0, STEP_SHARE * nmax)
+    best = math.sqrt(2.0 * need * iteration_us / block_us)
+
+    def cost(step: int) -> float:
+        return need / step * iteration_us + step / 2 * block_us
+
+    below = max(1, math.floor(best / unit)) * unit
+    step = min((below, below + unit), key=cost)
+    return min(-(-nmax // unit) * unit, step)
 
 
 def resume_cluster(cluster: int, step: int, warps: int) -> int:

@@ -180,9 +180,13 @@ class DecodePlan:
         if self.first_chunk is not None and self.version != 3:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
-        self.step = step if step != "auto" else _kernels.pick_step(
-            cache.batch, self.gn, cache.nmax, cluster=self.cluster, warps=self.warps,
-            block_bytes=2 * cache.block_size * cache.dp * 2, speculate=self.speculate is not None)
+        if step == "auto":
+            loop_warps, pairs = _kernels.loop_launch(d=cache.dp, s=cache.block_size, g=self.g,
+                                                     version=self.version, warps=self.warps, stages=self.stages)
+            step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.cluster, warps=loop_warps,
+                                      block_bytes=2 * cache.block_size * cache.dp * 2,
+                                      speculate=self.speculate is not None, pairs=pairs)
+        self.step = step
         if speculate_extra is not None and self.speculate is None:
             raise ValueError("speculate_extra needs speculate (a margin)")
         self.speculate_extra = (self.step if speculate_extra is None

@@ -606,29 +606,56 @@ def test_order_method_is_the_fastest_measured(monkeypatch):
 
 
 def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
-    """step="auto" on Llama-3.1-8B's shape (8 groups, 8 KiB blocks, 8 warps), against exp_step.py's sweep
-    (benchmarks/NOTES.md, nineteenth session): between the two fastest measured steps at each size, a whole
-    number of blocks for every warp, larger for one request than for a batch sharing the bandwidth."""
+    """step="auto" on Llama-3.1-8B's shape (8 groups, 8 KiB blocks, 8 warps attending two blocks at once), against
+    exp_step.py's sweep (benchmarks/results_h200_exp_step_llama8b_pairs.md): between the two fastest measured steps
+    at each size, whole pairs for every warp, larger for one request than for a batch sharing the bandwidth; and
+    one block a warp for a build that does not pair (Gemma 3's D 256, 4 warps)."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
 
-    def step(b, nmax):
+    def step(b, nmax, pairs=True):
         cluster = _kernels.pick_cluster(b * 8)
-        return _kernels.pick_step(b, 8, nmax, cluster=cluster, warps=8, block_bytes=8192), cluster * 8
+        unit = cluster * 8 * (2 if pairs else 1)
+        return _kernels.pick_step(b, 8, nmax, cluster=cluster, warps=8, block_bytes=8192, pairs=pairs), unit
 
-    for (b, nmax), (lo, hi) in {(1, 2048): (256, 512), (1, 8192): (512, 1024), (8, 8192): (256, 512)}.items():
+    # (B, blocks): the fastest and second-fastest steps measured (µs): 384 (33.6) and 512 (36.7); 768 (88.5) and
+    # 512 (92.0), where 704, the pick of the rule fitted one block a warp, took 106.7; 352 (308.4) and 256 (316.2);
+    # 176 (1019.6) and 152 (1027.5)
+    measured = {(1, 2048): (384, 512), (1, 8192): (512, 768), (8, 8192): (256, 352), (32, 8192): (152, 176)}
+    for (b, nmax), (lo, hi) in measured.items():
         got, unit = step(b, nmax)
         assert lo <= got <= hi and got % unit == 0, (b, nmax, got)
-        assert got >= 2 * max(unit, nmax // 64), (b, nmax, got)  # the old rule: 64 / 128 / 128, slower at each
+        if b <= 8:  # the first rule took 64 / 128 / 128 here, slower at each (nineteenth session)
+            assert got >= 2 * max(unit // 2, nmax // 64), (b, nmax, got)
     assert step(8, 8192)[0] < step(1, 8192)[0]
     assert step(1, 2048)[0] <= step(1, 8192)[0]
-    assert step(1, 3)[0] == step(1, 3)[1]  # a short cache: one block a warp, not fewer
-    for nmax in (1, 100, 2048, 8192):  # never more than the cache, rounded up to whole blocks a warp
-        got, unit = step(1, nmax)
-        assert unit <= got <= -(-nmax // unit) * unit
+    assert step(1, 3)[0] == step(1, 3)[1]  # a short cache: one pair a warp, not fewer
+    for pairs in (False, True):
+        for nmax in (1, 100, 2048, 8192):  # never more than the cache, rounded up to whole blocks (pairs) a warp
+            got, unit = step(1, nmax, pairs)
+            assert unit <= got <= -(-nmax // unit) * unit and got % unit == 0
+    # Gemma 3's layer (one group, 16 KiB blocks, 4 warps unpaired): 256 measured 45.8 / 62.7 µs at 32K B = 1 / 8,
+    # 288 48.7 / 66.5
+    assert [_kernels.pick_step(b, 1, 2048, cluster=8, warps=4, block_bytes=16384) for b in (1, 8)] == [256, 256]
     assert _kernels.pick_step(1, 8, 8192, cluster=8, warps=8, block_bytes=8192, speculate=True) == 32
     assert [_kernels.spec_step(n) for n in (1, 2048, 4096, 8192, 32768)] == [16, 16, 16, 32, 128]  # the benches'
+
+
+def test_the_loop_pairs_where_decode_cu_does(monkeypatch):
+    """loop_launch mirrors decode.cu's PSA_PAIR_ON (version 3, DECODE_PAIR, three stages or more) after
+    decode_config fits the ring: Llama's D 128 at 8 warps pairs, Gemma 3's D 256 runs 4 warps of 2 stages unpaired,
+    version 2 (groups over 8 heads) never pairs, nor any build with DECODE_PAIR = 0."""
+    from psa_fast import _kernels
+
+    assert _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8) == (8, True)
+    assert _kernels.loop_launch(d=256, s=16, g=4, version=3, warps=8) == (4, False)
+    assert _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8, stages=2) == (8, False)
+    assert _kernels.loop_launch(d=64, s=16, g=16, version=3, warps=8) == (8, False)
+    source = (Path(_kernels.__file__).parent / "kernels" / "decode.cu").read_text()
+    assert "#define PSA_PAIR_ON (PSA_PAIR && PSA_STAGES >= 3 && !PSA_SPLIT)" in source
+    monkeypatch.setattr(_kernels, "DECODE_PAIR", 0)
+    assert _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8) == (8, False)
 
 
 def test_every_kernel_call_of_the_package_matches_its_launcher_signature():

@@ -654,15 +654,16 @@ def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
     from psa_fast import _kernels
 
     rng = np.random.default_rng(5)
-    hkv, hq, d, t = 2, 8, 64, 4096
+    hkv, hq, d, t = 2, 8, 64, 16384  # 1,024 blocks: more than one paired step (128 x 2 at one request)
     keys = rng.standard_normal((hkv, t, d)).astype(np.float16)
     values = rng.standard_normal((hkv, t, d)).astype(np.float16)
     q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
     keys[:, 1000:1100] += (2 * q.astype(np.float32).reshape(hkv, -1, d).mean(1, keepdims=True)).astype(np.float16)
     b = psa_fast.KVBlocks.from_dense(cupy.asarray(keys), cupy.asarray(values), block_size=16)
     plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop="ema")
-    assert plan.step == _kernels.pick_step(1, plan.gn, b.cache.nmax, cluster=plan.cluster, warps=plan.warps,
-                                           block_bytes=2 * 16 * 64 * 2)
+    warps, pairs = _kernels.loop_launch(d=64, s=16, g=plan.g, version=3, warps=plan.warps)
+    assert plan.step == _kernels.pick_step(1, plan.gn, b.cache.nmax, cluster=plan.cluster, warps=warps,
+                                           block_bytes=2 * 16 * 64 * 2, pairs=pairs)
     assert plan.cluster * plan.warps <= plan.step < b.cache.nmax  # a few iterations, not one over everything
     dec = plan.run(cupy.asarray(q.astype(np.float32)[None]))
     used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
