@@ -94,6 +94,8 @@
 #   run(command="bash benchmarks/device_pending.sh step24")  (~6 minutes)
 #  pick_step re-fitted on the paired loop: the new picks against the old rule's and their neighbours (Llama at four
 #  sparsities, B = 1 / 8 / 32; Gemma 3 and SmolLM2), and the default-step GPU test.
+#   run(command="bash benchmarks/device_pending.sh record24", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
+#  runs of record after pick_step's re-fit: Llama's 5% rows, the real Gemma layer 17.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -546,6 +548,19 @@ if [ "$PART" = step24 ]; then
       --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step24_gemma3.md" | grep "^|" | grep -v "^|---\|mode"
   timeout 100 python3 exp_step.py --share 0.05 --shape smollm2 --sizes 32768:1,32768:8 --steps 352,384,512,auto \
       --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_step24_smollm2.md" | grep "^|" | grep -v "^|---\|mode"
+  exit 0
+fi
+if [ "$PART" = record24 ]; then
+  # runs of record after pick_step's re-fit (Llama's 5% rows; the real Gemma layer, whose loop rows at B = 32 take
+  # 144 blocks a step now that the model counts the 4 warps its D 256 build runs)
+  cd benchmarks
+  mkdir -p "$OUT/l" "$OUT/g"
+  timeout 150 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
+      --out "$OUT/l" 2>&1 | tee "$OUT/l.log" | grep "^|" | cut -d'|' -f4-8,12 | grep . || tail -n 5 "$OUT/l.log"
+  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
+      | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g.log"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
