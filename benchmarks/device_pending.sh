@@ -96,6 +96,8 @@
 #  sparsities, B = 1 / 8 / 32; Gemma 3 and SmolLM2), and the default-step GPU test.
 #   run(command="bash benchmarks/device_pending.sh record24", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  runs of record after pick_step's re-fit: Llama's 5% rows, the real Gemma layer 17.
+#   run(command="bash benchmarks/device_pending.sh diag24", carry=[".gl/decode_llama_loop.cubin"])  (~8 minutes)
+#  the paired loop's SASS, its loop clock at Llama's one request, speculation beside it; then every kernel suite.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -561,6 +563,25 @@ if [ "$PART" = record24 ]; then
   timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g.log"
+  exit 0
+fi
+if [ "$PART" = diag24 ]; then
+  # what the paired loop's per-block instructions and per-iteration cost are made of (for the next kernel change):
+  # the SASS of Llama's loop build (compiled with nvcc on the CPU machine, carried as .gl/decode_llama_loop.cubin),
+  # the loop clock at 128K B = 1 (step 768: two iterations) and 32K (step 128: many), the speculative schedule
+  # beside the loop for one request; then every kernel suite on this session's main.
+  for t in cuobjdump nvdisasm; do command -v $t; done
+  (cuobjdump -sass .gl/decode_llama_loop.cubin || nvdisasm -c .gl/decode_llama_loop.cubin) > "$OUT/decode_llama_loop.sass" 2>&1
+  wc -l "$OUT/decode_llama_loop.sass"
+  cd benchmarks
+  for a in "131072 768" "32768 128" "32768 384"; do set -- $a
+    timeout 60 python3 exp_verify_clock.py --share 0.05 --shape llama8b --stop ema --speculate 0 --loop --size $1 \
+        --batches 1 --step $2 2>&1 | grep -v Warn | tee -a "$OUT/loop_clock_llama.md" | grep "^T=\|^|" | grep -v "^|---"
+  done
+  timeout 90 python3 exp_step.py --share 0.05 --shape llama8b --sizes 131072:1,32768:1 --steps auto --modes loop,s1.0,s2.0 \
+      2>&1 | grep -v Warn | tee "$OUT/exp_step24_spec.md" | grep "^|" | grep -v "^|---\|mode"
+  cd ..
+  kernel_suites t_suites.log
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
