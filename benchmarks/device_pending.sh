@@ -98,6 +98,8 @@
 #  runs of record after pick_step's re-fit: Llama's 5% rows, the real Gemma layer 17.
 #   run(command="bash benchmarks/device_pending.sh diag24", carry=[".gl/decode_llama_loop.cubin"])  (~8 minutes)
 #  the paired loop's SASS, its loop clock at Llama's one request, speculation beside it; then every kernel suite.
+#   run(command="bash benchmarks/device_pending.sh issue24", carry=[".gl/decode_s24.cu"])  (~5 minutes)
+#  decode.cu's copies from one per-lane offset and positions without a division: tests, then the A/B.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -582,6 +584,22 @@ if [ "$PART" = diag24 ]; then
       2>&1 | grep -v Warn | tee "$OUT/exp_step24_spec.md" | grep "^|" | grep -v "^|---\|mode"
   cd ..
   kernel_suites t_suites.log
+  exit 0
+fi
+if [ "$PART" = issue24 ]; then
+  # decode.cu's copies issued from one per-lane offset (an XOR and immediates per copy) and the positions advanced
+  # chunk by chunk without a division: the kernel tests that exercise every position rule, then the A/B against
+  # the session's earlier file (.gl/decode_s24.cu, carried) at Llama's and Gemma 3's loops and dense.
+  gpu_tests t_issue.log 150 tests/test_fast.py -k "two_blocks or conforms or default_step or topk or offload"
+  cd benchmarks
+  for src in s24 new; do
+    echo "## decode.cu $src"
+    run="python3"; [ $src = s24 ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s24.cu -- "
+    timeout 90 $run exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
+        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_issue24.md" | grep "^|" | grep -v "^|---\|mode"
+    timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
+        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_issue24.md" | grep "^|" | grep -v "^|---\|mode"
+  done
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

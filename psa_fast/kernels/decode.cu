@@ -159,35 +159,35 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the 
 static_assert(PSA_D % 16 == 0, "decode v3 needs the head dimension padded to a multiple of 16");
 static_assert(PSA_G <= 8, "decode v3 takes at most 8 query heads per group (the MMA's first 8 rows)");
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned int s = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+__device__ __forceinline__ void cp_async16(unsigned int smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// The next position of the order that warp `gw` of NW attends after position i (n if none).
-__device__ __forceinline__ int next_position(int i, int gw, int nw, int first, int first2, int step, int n) {
-    int e = chunk_end(i, first, first2, step, n);
-    if (i + nw < e) return i + nw;
-    while (e < n) {
-        const int e2 = chunk_end(e, first, first2, step, n);
-        if (e + gw < e2) return e + gw;
-        e = e2;
+// chunk_end(e, ...) for a chunk boundary e (0, first, first2 or first2 + k step) without its division: the
+// loop's positions advance chunk by chunk, so it never needs to find the chunk of an arbitrary position.
+__device__ __forceinline__ int boundary_end(int e, int first, int first2, int step, int n) {
+    return min(e < first ? first : e < first2 ? first2 : e + step, n);
+}
+
+// The first position of the order at or after `from` (a chunk boundary) that warp `gw` attends (n if none);
+// `e` becomes the end of its chunk.
+__device__ __forceinline__ int first_position(int gw, int from, int& e, int first, int first2, int step, int n) {
+    for (int s = from; s < n;) {
+        e = boundary_end(s, first, first2, step, n);
+        if (s + gw < e) return s + gw;
+        s = e;
     }
     return n;
 }
 
-// The first position of the order at or after `from` (a chunk boundary) that warp `gw` attends (n if none).
-__device__ __forceinline__ int first_position(int gw, int from, int first, int first2, int step, int n) {
-    for (int e = from; e < n;) {
-        const int e2 = chunk_end(e, first, first2, step, n);
-        if (e + gw < e2) return e + gw;
-        e = e2;
-    }
-    return n;
+// The next position of the order that warp `gw` of nw attends after position i, whose chunk ends at `e` (n if
+// none); `e` becomes the end of the returned position's chunk.
+__device__ __forceinline__ int next_position(int i, int& e, int gw, int nw, int first, int first2, int step, int n) {
+    return i + nw < e ? i + nw : first_position(gw, e, e, first, first2, step, n);
 }
 
 __device__ __forceinline__ int swz(int t, int c) { return c ^ (t & PSA_SWZ); }
@@ -437,11 +437,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_OFFLOAD
     const int lim = chunk_end(pos, first, first2, step, n);  // this launch attends [pos, lim) only
 #define PSA_SLOT(blk) __ldg(slot_map + __ldg(btab + (blk)))
-#define PSA_FIRST_POS (pos + gw < lim ? pos + gw : lim)
+#define PSA_FIRST_POS(e) (e = lim, pos + gw < lim ? pos + gw : lim)
 #else
     const int lim = n;                             // resume: the rest of the loop from chunk boundary pos
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS first_position(gw, pos, first, first2, step, n)
+#define PSA_FIRST_POS(e) first_position(gw, pos, e, first, first2, step, n)
 #endif
 #else
     // spec: the chunk's index, so that only chunk 0's first block enters the moving average with weight 1
@@ -453,7 +453,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
     const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS first_position(gw, 0, first, first2, step, n)
+#define PSA_FIRST_POS(e) first_position(gw, 0, e, first, first2, step, n)
 #endif
     const int hh = lane >> 2;   // the row of this lane's fragments (token or channel; the head of Q's fragments)
     const int quad = lane & 3;  // its column pair within a tile: heads 2 quad, 2 quad + 1 (tokens or channels of B)
@@ -493,22 +493,42 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     __syncwarp();
 
     // ---- the prefetch stream: positions of the order this warp will attend, in sequence ----
-    int f_pos = PSA_FIRST_POS;                                       // next position to load
+    int a_end = lim;                                                 // the end of a_pos's chunk
+    int f_pos = PSA_FIRST_POS(a_end);                                // next position to load
     int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : base + f_pos) : 0;
     int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
-    int a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, first2, step, lim) : lim;  // the one after it
+    a_end = min(a_end, lim);
+    int a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;  // the one after
     int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
     int issued = 0;
+    // A block's K (then V) is S x D halves, contiguous: lane l copies its 16-byte chunks l, l + 32, ... (row t =
+    // e / NC, chunk c = e % NC of element e) to row t's swizzled chunk swz(t, c) of the stage. Where NC divides 32,
+    // copy i of a lane reads at 16 l + 512 i bytes of the block and writes at (dst0 ^ X_i) + 512 i of the stage,
+    // X_i = 16 ((32 i / NC) & SWZ) (its rows' bits of the swizzle; the lane's own are in dst0): one XOR and the
+    // copies' immediate offsets, where the general form recomputed rows, chunks and swizzles for every copy.
+    constexpr bool lane_copies = 32 % PSA_NC == 0 && (PSA_S * PSA_NC) % 32 == 0;
+    const unsigned int dst0 = 2 * PSA_D * (lane / PSA_NC) + 16 * ((lane % PSA_NC) ^ ((lane / PSA_NC) & PSA_SWZ));
     auto issue = [&]() {
         if (f_pos < lim) {
             const kv_t* kb = k_pool + (long)f_slot * (PSA_S * PSA_D);
             const kv_t* vb = v_pool + (long)f_slot * (PSA_S * PSA_D);
-            kv_t* st = ring + (issued % PSA_STAGES) * PSA_STAGE_HALVES;
+            const unsigned int st = smem_u32(ring + (issued % PSA_STAGES) * PSA_STAGE_HALVES);
+            if constexpr (lane_copies) {
+                const char* kl = reinterpret_cast<const char*>(kb) + 16 * lane;
+                const char* vl = reinterpret_cast<const char*>(vb) + 16 * lane;
 #pragma unroll
-            for (int e = lane; e < PSA_S * PSA_NC; e += 32) {
-                const int t = e / PSA_NC, c = e % PSA_NC;
-                cp_async16(st + t * PSA_D + swz(t, c) * 8, kb + t * PSA_D + c * 8);
-                cp_async16(st + (PSA_SP + t) * PSA_D + swz(t, c) * 8, vb + t * PSA_D + c * 8);
+                for (int i = 0; i < PSA_S * PSA_NC / 32; ++i) {
+                    const unsigned int d = st + ((dst0 ^ (16u * ((i * (32 / PSA_NC)) & PSA_SWZ))) + 512 * i);
+                    cp_async16(d, kl + 512 * i);
+                    cp_async16(d + 2 * PSA_SP * PSA_D, vl + 512 * i);
+                }
+            } else {
+#pragma unroll
+                for (int e = lane; e < PSA_S * PSA_NC; e += 32) {
+                    const int t = e / PSA_NC, c = e % PSA_NC;
+                    cp_async16(st + 2 * (t * PSA_D + swz(t, c) * 8), kb + t * PSA_D + c * 8);
+                    cp_async16(st + 2 * ((PSA_SP + t) * PSA_D + swz(t, c) * 8), vb + t * PSA_D + c * 8);
+                }
             }
         }
         cp_async_commit();  // one group per element, empty past the end, so group counts stay aligned
@@ -516,7 +536,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         f_pos = a_pos;      // advance: the slot load below was made possible by a_blk, loaded a step ago
         f_blk = a_blk;
         f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
-        a_pos = f_pos < lim ? next_position(f_pos, gw, NW, first, first2, step, lim) : lim;
+        a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;
         a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
     };
 #pragma unroll
@@ -546,11 +566,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     }
 
-    int cur = PSA_FIRST_POS, consumed = 0;
+    int cur_end = 0, cur = PSA_FIRST_POS(cur_end), consumed = 0;
     PSA_LMARK(1);
     while (why < 0) {
         PSA_LMARK(2);
-        const int end = chunk_end(pos, first, first2, step, n);
+        const int end = boundary_end(pos, first, first2, step, n);  // (pos: a chunk boundary)
         // This warp's share of the chunk for heads 2 quad + e (e = 0, 1): max logit, mass relative to it, min
         // log block mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
         float cm[2] = {-PSA_INF, -PSA_INF}, cs[2] = {0.f, 0.f}, cmin[2] = {PSA_INF, PSA_INF}, ce[2] = {0.f, 0.f};
@@ -562,7 +582,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             issue();       // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
 #if PSA_PAIR_ON
             if (issued < consumed + PSA_STAGES) issue();  // after a pair: its second stage refilled as well
-            const int cur2 = next_position(cur, gw, NW, first, first2, step, lim);
+            int e2 = min(end, lim);  // the end of the chunk of cur (and of cur2, if in it)
+            const int cur2 = next_position(cur, e2, gw, NW, first, first2, step, lim);
             if (cur2 < end) {
                 // Two blocks of the chunk at once (twice the independent work a warp; the ring's third stage
                 // loads meanwhile). The chunk's statistics take the blocks one by one in order, as the single
@@ -591,7 +612,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 }
                 block_output(ring_v(stk), sacc, c_new, lane, oacc);
                 block_output(ring_v(stk2), sacc2, c_new2, lane, oacc);
-                cur = next_position(cur2, gw, NW, first, first2, step, lim);
+                e2 = min(end, lim);
+                cur = next_position(cur2, e2, gw, NW, first, first2, step, lim);
                 ++consumed;  // the loop's increment adds the second
                 continue;
             }
@@ -611,7 +633,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 wl[e] += bs[e] * c_new[e];
             }
             block_output(ring_v(stk), sacc, c_new, lane, oacc);
-            cur = next_position(cur, gw, NW, first, first2, step, lim);
+            int e1 = min(end, lim);
+            cur = next_position(cur, e1, gw, NW, first, first2, step, lim);
         }
 
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
