@@ -566,7 +566,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     }
 
-    int cur_end = 0, cur = PSA_FIRST_POS(cur_end), consumed = 0;
+    int unused_end = 0;  // (the consumer takes its chunk ends from `end`, chunk by chunk)
+    int cur = PSA_FIRST_POS(unused_end), consumed = 0;
     PSA_LMARK(1);
     while (why < 0) {
         PSA_LMARK(2);
