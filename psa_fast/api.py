@@ -84,8 +84,9 @@ class DecodePlan:
             others) or a rule of ``psa_fast.STOP_RULES`` (psa).
         step: blocks per iteration (psa), or ``"auto"`` (default): the plan picks it
             (`_kernels.pick_step`) from the batch, the blocks and the launch
-            shape, so fewer iterations where the GPU has bandwidth to spare (one request: 384 blocks at 32K on
-            Llama-3.1-8B's shape, 37.5 µs where 64 took 53; benchmarks/NOTES.md). The step decides which
+            shape, so fewer iterations where the GPU has bandwidth to spare (one request on Llama-3.1-8B's
+            shape: 384 blocks at 32K, 768 at 128K; a whole number of blocks, or of pairs, for every warp;
+            benchmarks/NOTES.md). The step decides which
             blocks are attended past the stop, so ``"auto"`` makes them depend on the batch and the GPU; give an
             integer for results that do not, and ``plan.step`` to [`psa_ref.attention`][psa_ref.attention] to
             check a run. On the GPU an iteration's blocks are spread over ``cluster * warps`` warps, so a step
