@@ -100,6 +100,8 @@
 #  the paired loop's SASS, its loop clock at Llama's one request, speculation beside it; then every kernel suite.
 #   run(command="bash benchmarks/device_pending.sh issue24", carry=[".gl/decode_s24.cu"])  (~5 minutes)
 #  decode.cu's copies from one per-lane offset and positions without a division: tests, then the A/B.
+#   run(command="bash benchmarks/device_pending.sh start25")  (~1 minute)
+#  the loop kernel's start split by two marks (to the query in registers, to the first copies issued).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -599,6 +601,15 @@ if [ "$PART" = issue24 ]; then
         --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_issue24.md" | grep "^|" | grep -v "^|---\|mode"
     timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
         --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_issue24.md" | grep "^|" | grep -v "^|---\|mode"
+  done
+  exit 0
+fi
+if [ "$PART" = start25 ]; then
+  # where the loop kernel's 4 µs start goes (two marks inside it, PSA_LOOP_CLOCK builds only): Llama 5%, one request
+  cd benchmarks
+  for a in "32768 384" "131072 768"; do set -- $a
+    timeout 60 python3 exp_verify_clock.py --share 0.05 --shape llama8b --stop ema --speculate 0 --loop --size $1 \
+        --batches 1 --step $2 2>&1 | grep -v Warn | tee -a "$OUT/loop_clock_start.md" | grep "^T=\|^|" | grep -v "^|---"
   done
   exit 0
 fi

@@ -36,11 +36,14 @@ def phase_table(clocks: np.ndarray, khz: float) -> list[str]:
 
 LOOP_PHASES = ("kernel", "start", "attend", "barrier", "decide: stats", "decide: sketch sums", "decide: rest",
                "finish")
+START_MARKS = ("start: to the query loaded", "start: to the first copies issued")  # from the kernel's start
 
 
 def loop_table(clocks: np.ndarray, khz: float) -> list[str]:
     """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 12]``: cycles of the
-    phases, iterations, 1 if the group ran) at ``khz`` kHz; then the iterations and the µs an iteration."""
+    phases, iterations, 1 if the group ran, and two marks within the start, counted from the kernel's start) at
+    ``khz`` kHz; then the iterations and the µs an iteration. The marks' rows follow the start's where a build
+    wrote them."""
     c = np.asarray(clocks, dtype=np.float64).reshape(-1, 12)
     c = c[c[:, 9] > 0]
     if c.shape[0] == 0:
@@ -48,6 +51,10 @@ def loop_table(clocks: np.ndarray, khz: float) -> list[str]:
     k = len(LOOP_PHASES)
     us = c[:, :k] / (khz * 1e-3)
     rows = [f"| {name} | {us[:, i].mean():.2f} | {us[:, i].max():.2f} |" for i, name in enumerate(LOOP_PHASES)]
+    if c[:, 10:12].any():  # within the start (builds since the twenty-fourth session): the marks' cycles from it
+        marks = c[:, 10:12] / (khz * 1e-3)
+        for i, name in enumerate(START_MARKS):
+            rows.insert(2 + i, f"| {name} | {marks[:, i].mean():.2f} | {marks[:, i].max():.2f} |")
     iters = c[:, 8]
     per = us[:, 2:7].sum(axis=1) / np.maximum(iters, 1)
     rows.append(f"| iterations | {iters.mean():.1f} | {iters.max():.0f} |")

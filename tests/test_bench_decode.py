@@ -576,6 +576,12 @@ def test_loop_clock_table_counts_only_the_groups_that_ran():
     assert rows[9] == "| µs an iteration | 3.00 | 4.00 |"  # (4 + 2 + 0.5 + 1 + 0.5) / 4 and (12 + 6 + 6) / 6
     assert rows[10] == "| groups that ran | 2 | |"
     assert evc.loop_table(np.zeros((2, 12)), khz=1e6) == ["| (no group ran the loop) | | |"]
+    clocks[0, 0, 10:] = [300, 800]  # the marks within the start (cycles from the kernel's start)
+    clocks[2, 0, 10:] = [500, 900]
+    rows = evc.loop_table(clocks, khz=1e6)
+    assert rows[1:4] == ["| start | 1.00 | 1.00 |", "| start: to the query loaded | 0.40 | 0.50 |",
+                         "| start: to the first copies issued | 0.85 | 0.90 |"]
+    assert rows[4] == "| attend | 8.00 | 12.00 |" and rows[10] == "| iterations | 5.0 | 6 |"
 
 
 def test_resumed_loop_takes_no_more_ctas_than_a_chunk_has_blocks_for_its_warps():

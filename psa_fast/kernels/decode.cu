@@ -121,7 +121,8 @@ static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different bu
 // around the loop and writes per group to loop_clocks [B, Gn, 12] the cycles of the whole kernel, its start (up to
 // the loop), the chunks' attention, the barriers after them, the decisions in three parts (the cluster's
 // statistics, the sketch window sums, the rest; each summed over iterations), the finish (the cluster's merge and
-// the writes), the iterations, and 1. Groups that leave at once write nothing.
+// the writes), the iterations, 1, and within the start the cycles to the query's registers and to the first
+// blocks' copies issued. Groups that leave at once write nothing.
 // Not for production; the loop builds only (plain and resumed).
 static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the loop clock times the loop builds");
 // The marks and sums live in shared memory (volatile), not registers: the D 256 builds have none to spare.
@@ -134,7 +135,7 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the 
 #endif
 // lclk slots: 0 kernel start, 1 loop start, 2 this iteration's mark, then sums over iterations: 3 attention,
 // 4 barriers, 5 the decision's cluster statistics, 6 its sketch window sums, 7 the rest of it; 8 finish start,
-// 9 iterations
+// 9 iterations; 10 the query loaded, 11 the first copies issued
 
 #ifndef PSA_QPARTS
 #define PSA_QPARTS 2  // parts of Q's split (see above); 1 only when the query is of the KV's type
@@ -393,10 +394,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const unsigned int rank = cluster_rank();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if PSA_LOOP_CLOCK
-    __shared__ long long lclk_store[10];
+    __shared__ long long lclk_store[12];
     volatile long long* lclk = lclk_store;
     if (threadIdx.x == 0)
-        for (int i = 0; i < 10; ++i) lclk[i] = 0;
+        for (int i = 0; i < 12; ++i) lclk[i] = 0;
 #endif
     PSA_LMARK(0);
     const int gw = (int)rank * PSA_WARPS + warp;   // this warp's index within the group
@@ -482,6 +483,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
         for (int p = 1; p < PSA_QPARTS; ++p) lo_bits |= qa[ks][p][0] | qa[ks][p][1];
     const bool q_has_lo = __any_sync(0xffffffffu, lo_bits != 0);
+    PSA_LMARK(10);  // the query is in registers (and the request's length known)
     // Rows S..SP-1 of every stage are padding the MMA reads: zero them once.
     constexpr int pad_per = (PSA_SP - PSA_S) * PSA_NC;  // 16-byte chunks of padding per K or V tile
     for (int e = lane; pad_per > 0 && e < PSA_STAGES * 2 * pad_per; e += 32) {
@@ -541,6 +543,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     };
 #pragma unroll
     for (int s = 0; s < PSA_STAGES - 1; ++s) issue();
+    PSA_LMARK(11);  // the first blocks' copies issued (their positions and block-table entries loaded)
 
     // This warp's running output for the lane's heads 2 quad + e (e = 0, 1): max logit, mass relative to it,
     // and O^T = sum V^T p in the MMA accumulator layout (channel tile ct holds channels 16 ct + hh in
@@ -838,6 +841,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         ck[7] = t_end - lclk[8];
         ck[8] = lclk[9];
         ck[9] = 1;
+        ck[10] = lclk[10] - lclk[0];
+        ck[11] = lclk[11] - lclk[0];
     }
 #endif
     cluster_sync();  // no CTA leaves while rank 0 may still read its shared memory
