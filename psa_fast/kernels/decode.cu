@@ -459,6 +459,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const int hh = lane >> 2;   // the row of this lane's fragments (token or channel; the head of Q's fragments)
     const int quad = lane & 3;  // its column pair within a tile: heads 2 quad, 2 quad + 1 (tokens or channels of B)
     kv_t* ring = reinterpret_cast<kv_t*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
+    auto stage = [&](int element) { return ring + (element % PSA_STAGES) * PSA_STAGE_HALVES; };  // its K, then V
 
     // Q as the B operand of S^T = K Q^T (head hh, channels 16 ks + 2 quad, + 1 and + 8, + 9), split into
     // PSA_QPARTS parts (heads >= PSA_G are zero).
@@ -514,7 +515,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         if (f_pos < lim) {
             const kv_t* kb = k_pool + (long)f_slot * (PSA_S * PSA_D);
             const kv_t* vb = v_pool + (long)f_slot * (PSA_S * PSA_D);
-            const unsigned int st = smem_u32(ring + (issued % PSA_STAGES) * PSA_STAGE_HALVES);
+            const unsigned int st = smem_u32(stage(issued));
             if constexpr (lane_copies) {
                 const char* kl = reinterpret_cast<const char*>(kb) + 16 * lane;
                 const char* vl = reinterpret_cast<const char*>(vb) + 16 * lane;
@@ -595,8 +596,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 const int j2 = orow ? __ldg(orow + cur2) : base + cur2;
                 cp_async_wait<PSA_STAGES - 2>();  // this lane's copies for `cur` and `cur2` have landed ...
                 __syncwarp();                      // ... and so have every other lane's
-                const kv_t* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
-                const kv_t* stk2 = ring + ((consumed + 1) % PSA_STAGES) * PSA_STAGE_HALVES;
+                const kv_t* stk = stage(consumed);
+                const kv_t* stk2 = stage(consumed + 1);
                 float sacc[PSA_SP / 16][4], sacc2[PSA_SP / 16][4], bm[2], bs[2], bm2[2], bs2[2];
                 block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
                 block_logits(stk2, qa, q_has_lo, min(PSA_S, len - j2 * PSA_S), qk_scale, lane, sacc2, bm2, bs2);
@@ -624,7 +625,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
             cp_async_wait<PSA_STAGES - 1>();  // this lane's copies for `cur` have landed ...
             __syncwarp();                      // ... and so have every other lane's
-            const kv_t* stk = ring + (consumed % PSA_STAGES) * PSA_STAGE_HALVES;
+            const kv_t* stk = stage(consumed);
             float sacc[PSA_SP / 16][4], bm[2], bs[2];
             block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
             fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
