@@ -131,16 +131,13 @@ def wilson_interval(agree: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def step_arg(text: str) -> int | str:
-    """``--step``: a positive integer or ``auto``."""
-    if text == "auto":
-        return text
+    """``--step``: a positive integer or ``auto`` (``psa_ref._validate.integer_or_auto`` of the parsed text)."""
+    from psa_ref import _validate
+
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
-    return value
+        return _validate.integer_or_auto(text if text == "auto" else int(text), "--step", minimum=1)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
 
 
 def psa_method(method: str, step: int) -> tuple[float, dict | None]:
