@@ -131,6 +131,17 @@ kernel_suites() {
   gpu_tests "$log" 560 tests/test_fast.py tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py \
       tests/test_fast_hf.py tests/test_fast_offload.py tests/test_fast_distributed.py "$@"
 }
+# The runs of record since the twenty-third session (run from benchmarks/): Llama's 5% rows at 32K B = 1, 128K
+# B = 1 and 8, and the real Gemma layer 17 at B = 1, 8, 32; each log kept, its tail printed if no row came out.
+records() {
+  mkdir -p "$OUT/l" "$OUT/g"
+  timeout 150 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
+      --out "$OUT/l" 2>&1 | tee "$OUT/l.log" | grep "^|" | cut -d'|' -f4-8,12 | grep . || tail -n 5 "$OUT/l.log"
+  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
+      | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g.log"
+}
 # The real Gemma layer's loop and verifier clocks, and where its speculative step's kernels go (timeout $1 each).
 gemma_clocks() {
   local t="$1"
@@ -499,13 +510,7 @@ fi
 if [ "$PART" = record23 ]; then
   gpu_tests t_split.log 120 tests/test_fast.py -k "two_blocks or split"
   cd benchmarks
-  mkdir -p "$OUT/l" "$OUT/g"
-  timeout 150 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
-      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
-      --out "$OUT/l" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
-  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
-      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | grep "^|" \
-      | cut -d'|' -f4-9,12
+  records
   exit 0
 fi
 if [ "$PART" = refactor ]; then
@@ -560,13 +565,7 @@ if [ "$PART" = record24 ]; then
   # runs of record after pick_step's re-fit (Llama's 5% rows; the real Gemma layer, whose loop rows at B = 32 take
   # 144 blocks a step now that the model counts the 4 warps its D 256 build runs)
   cd benchmarks
-  mkdir -p "$OUT/l" "$OUT/g"
-  timeout 150 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
-      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
-      --out "$OUT/l" 2>&1 | tee "$OUT/l.log" | grep "^|" | cut -d'|' -f4-8,12 | grep . || tail -n 5 "$OUT/l.log"
-  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
-      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
-      | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g.log"
+  records
   exit 0
 fi
 if [ "$PART" = diag24 ]; then
