@@ -102,6 +102,10 @@
 #  decode.cu's copies from one per-lane offset and positions without a division: tests, then the A/B.
 #   run(command="bash benchmarks/device_pending.sh start25")  (~1 minute)
 #  the loop kernel's start split by two marks (to the query in registers, to the first copies issued).
+#   run(command="bash benchmarks/device_pending.sh s25ab", carry=[".gl/decode_s25_before_x.cu"])  (~6 minutes)
+#  the loop kernel's start and finish shortened: tests, the loop clock, the A/B against the file before.
+#   run(command="bash benchmarks/device_pending.sh l2policy")  (~5 minutes)
+#  K/V and metadata streams marked evict-first in L2 (two switches, off by default): the loop clock, exp_step A/B.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -609,6 +613,53 @@ if [ "$PART" = start25 ]; then
   for a in "32768 384" "131072 768"; do set -- $a
     timeout 60 python3 exp_verify_clock.py --share 0.05 --shape llama8b --stop ema --speculate 0 --loop --size $1 \
         --batches 1 --step $2 2>&1 | grep -v Warn | tee -a "$OUT/loop_clock_start.md" | grep "^T=\|^|" | grep -v "^|---"
+  done
+  # and the step kernel by kernel (dense and ema's loop) at the same two sizes
+  for t in 32768 131072; do
+    timeout 100 python3 profile_decode_step.py --share 0.05 --shape llama8b --size $t --batches 1 \
+        --variants dense,ema --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_\|  "
+    mv "$OUT/profile_decode_step_llama8b.jsonl" "$OUT/profile_decode_step_llama8b_$t.jsonl"
+  done
+  exit 0
+fi
+if [ "$PART" = s25ab ]; then
+  # the loop kernel's start (the query's loads overlapping the chain to the first copies, the first two slots
+  # loaded together) and its finish (the cluster combine's DSMEM words requested at once): tests on the new file,
+  # the loop clock, then the A/B against the session's earlier file (.gl/decode_s25_before_x.cu, its headers
+  # inlined, carried) at Llama's and Gemma 3's loops and dense.
+  gpu_tests t_s25.log 200 tests/test_fast.py -k "two_blocks or conforms or default_step or topk or offload or split"
+  cd benchmarks
+  for a in "32768 384" "131072 768"; do set -- $a
+    timeout 60 python3 exp_verify_clock.py --share 0.05 --shape llama8b --stop ema --speculate 0 --loop --size $1 \
+        --batches 1 --step $2 2>&1 | grep -v Warn | tee -a "$OUT/loop_clock_s25.md" | grep "^T=\|^|" | grep -v "^|---"
+  done
+  for src in before new; do
+    echo "## decode.cu $src"
+    run="python3"; [ $src = before ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s25_before_x.cu -- "
+    timeout 90 $run exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
+        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_s25ab.md" | grep "^|" | grep -v "^|---\|mode"
+    timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
+        --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_s25ab.md" | grep "^|" | grep -v "^|---\|mode"
+  done
+  exit 0
+fi
+if [ "$PART" = l2policy ]; then
+  # K/V copies (decode.cu PSA_KV_EVICT_FIRST) and the estimate's metadata loads (estimate_mma.cu
+  # PSA_META_EVICT_FIRST) marked evict-first in L2, so that what each kernel's start reads (code, lengths, block
+  # tables, orders, scores) survives the stream: the loop clock's start, then exp_step's graph rows, three ways.
+  cd benchmarks
+  for a in "32768 384" "131072 768"; do set -- $a
+    timeout 60 python3 exp_kernel_defines.py decode kv_evict_first=1 -- exp_verify_clock.py --share 0.05 \
+        --shape llama8b --stop ema --speculate 0 --loop --size $1 --batches 1 --step $2 2>&1 | grep -v Warn \
+        | tee -a "$OUT/loop_clock_l2policy.md" | grep "^T=\|^|" | grep -v "^|---"
+  done
+  for v in "0 0" "1 0" "1 1"; do set -- $v
+    echo "## K/V evict-first $1, metadata evict-first $2"
+    run="python3 exp_kernel_defines.py decode kv_evict_first=$1 -- exp_kernel_defines.py estimate_mma meta_evict_first=$2 --"
+    timeout 120 $run exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
+        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_l2policy.md" | grep "^|" | grep -v "^|---\|mode"
+    timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
+        --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_l2policy.md" | grep "^|" | grep -v "^|---\|mode"
   done
   exit 0
 fi

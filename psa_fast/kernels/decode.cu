@@ -160,8 +160,20 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the 
 static_assert(PSA_D % 16 == 0, "decode v3 needs the head dimension padded to a multiple of 16");
 static_assert(PSA_G <= 8, "decode v3 takes at most 8 query heads per group (the MMA's first 8 rows)");
 
+#ifndef PSA_KV_EVICT_FIRST
+#define PSA_KV_EVICT_FIRST 0  // 1: the K/V copies ask L2 to evict their lines first (an experiment; exp_kernel_defines)
+#endif
 __device__ __forceinline__ void cp_async16(unsigned int smem, const void* gmem) {
+#if PSA_KV_EVICT_FIRST
+    // K/V are streamed once a step: their lines go first, so that what every kernel's start reads (code, lengths,
+    // block tables, orders, estimates) stays in L2 across the stream.
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "l"(policy)
+                 : "memory");
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
@@ -461,30 +473,23 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     kv_t* ring = reinterpret_cast<kv_t*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
     auto stage = [&](int element) { return ring + (element % PSA_STAGES) * PSA_STAGE_HALVES; };  // its K, then V
 
-    // Q as the B operand of S^T = K Q^T (head hh, channels 16 ks + 2 quad, + 1 and + 8, + 9), split into
-    // PSA_QPARTS parts (heads >= PSA_G are zero).
-    unsigned int qa[PSA_KS][PSA_QPARTS][2];
+    // The kernel starts with two independent waits: the query's loads, and the chain that finds the first blocks
+    // (the request's length -> their positions' order entries -> their block-table entries -> their copies). The
+    // query's loads are issued first and used only after the first copies are issued, so the two overlap.
+    // The query is lane (hh, quad)'s part of the B operand of S^T = K Q^T: head hh, channels 16 ks + 2 quad, + 1
+    // (half 0) and + 8, + 9 (half 1); heads >= PSA_G are zero.
+    float qx[PSA_KS][2][2];
 #pragma unroll
     for (int ks = 0; ks < PSA_KS; ++ks)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float x = 0.f, y = 0.f;
+            qx[ks][half][0] = qx[ks][half][1] = 0.f;
             if (hh < PSA_G) {
                 const float* qh = q + ((long)b * Hq + h0 + hh) * PSA_D + ks * 16 + half * 8 + 2 * quad;
-                x = __ldg(qh);
-                y = __ldg(qh + 1);
+                qx[ks][half][0] = __ldg(qh);
+                qx[ks][half][1] = __ldg(qh + 1);
             }
-#pragma unroll
-            for (int p = 0; p < PSA_QPARTS; ++p) qa[ks][p][half] = pack_rest(x, y);
         }
-    // A query of the KV's type scaled by a power of two (the host's q_mma) has no lo part: skip its products.
-    unsigned int lo_bits = 0;
-#pragma unroll
-    for (int ks = 0; ks < PSA_KS; ++ks)
-#pragma unroll
-        for (int p = 1; p < PSA_QPARTS; ++p) lo_bits |= qa[ks][p][0] | qa[ks][p][1];
-    const bool q_has_lo = __any_sync(0xffffffffu, lo_bits != 0);
-    PSA_LMARK(10);  // the query is in registers (and the request's length known)
     // Rows S..SP-1 of every stage are padding the MMA reads: zero them once.
     constexpr int pad_per = (PSA_SP - PSA_S) * PSA_NC;  // 16-byte chunks of padding per K or V tile
     for (int e = lane; pad_per > 0 && e < PSA_STAGES * 2 * pad_per; e += 32) {
@@ -499,10 +504,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     int a_end = lim;                                                 // the end of a_pos's chunk
     int f_pos = PSA_FIRST_POS(a_end);                                // next position to load
     int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : base + f_pos) : 0;
-    int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
     a_end = min(a_end, lim);
     int a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;  // the one after
     int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
+    int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
+    const int a_slot = a_pos < lim ? PSA_SLOT(a_blk) : 0;  // the first two slots' loads in flight together
     int issued = 0;
     // A block's K (then V) is S x D halves, contiguous: lane l copies its 16-byte chunks l, l + 32, ... (row t =
     // e / NC, chunk c = e % NC of element e) to row t's swizzled chunk swz(t, c) of the stage. Where NC divides 32,
@@ -511,7 +517,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // copies' immediate offsets, where the general form recomputed rows, chunks and swizzles for every copy.
     constexpr bool lane_copies = 32 % PSA_NC == 0 && (PSA_S * PSA_NC) % 32 == 0;
     const unsigned int dst0 = 2 * PSA_D * (lane / PSA_NC) + 16 * ((lane % PSA_NC) ^ ((lane / PSA_NC) & PSA_SWZ));
-    auto issue = [&]() {
+    // issue(known): copy the block at f_pos into the next stage, then advance the stream; the next block's slot
+    // is a_slot where `known` (the prologue's first call), else loaded now (its order entry was, a call ago).
+    auto issue = [&](bool known) {
         if (f_pos < lim) {
             const kv_t* kb = k_pool + (long)f_slot * (PSA_S * PSA_D);
             const kv_t* vb = v_pool + (long)f_slot * (PSA_S * PSA_D);
@@ -538,13 +546,30 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         ++issued;
         f_pos = a_pos;      // advance: the slot load below was made possible by a_blk, loaded a step ago
         f_blk = a_blk;
-        f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
+        f_slot = known ? a_slot : f_pos < lim ? PSA_SLOT(f_blk) : 0;
         a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;
         a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
     };
 #pragma unroll
-    for (int s = 0; s < PSA_STAGES - 1; ++s) issue();
+    for (int s = 0; s < PSA_STAGES - 1; ++s) issue(s == 0);
     PSA_LMARK(11);  // the first blocks' copies issued (their positions and block-table entries loaded)
+
+    // The query, split into PSA_QPARTS parts.
+    unsigned int qa[PSA_KS][PSA_QPARTS][2];
+#pragma unroll
+    for (int ks = 0; ks < PSA_KS; ++ks)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int p = 0; p < PSA_QPARTS; ++p) qa[ks][p][half] = pack_rest(qx[ks][half][0], qx[ks][half][1]);
+    // A query of the KV's type scaled by a power of two (the host's q_mma) has no lo part: skip its products.
+    unsigned int lo_bits = 0;
+#pragma unroll
+    for (int ks = 0; ks < PSA_KS; ++ks)
+#pragma unroll
+        for (int p = 1; p < PSA_QPARTS; ++p) lo_bits |= qa[ks][p][0] | qa[ks][p][1];
+    const bool q_has_lo = __any_sync(0xffffffffu, lo_bits != 0);
+    PSA_LMARK(10);  // the query is in registers
 
     // This warp's running output for the lane's heads 2 quad + e (e = 0, 1): max logit, mass relative to it,
     // and O^T = sum V^T p in the MMA accumulator layout (channel tile ct holds channels 16 ct + hh in
@@ -584,9 +609,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         for (; cur < end; ++consumed) {
             const int j = orow ? __ldg(orow + cur) : base + cur;  // (loaded while the copies below are issued)
             __syncwarp();  // every lane is done reading the stages that issue() refills
-            issue();       // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
+            issue(false);  // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
 #if PSA_PAIR_ON
-            if (issued < consumed + PSA_STAGES) issue();  // after a pair: its second stage refilled as well
+            if (issued < consumed + PSA_STAGES) issue(false);  // after a pair: its second stage refilled as well
             int e2 = min(end, lim);  // the end of the chunk of cur (and of cur2, if in it)
             const int cur2 = next_position(cur, e2, gw, NW, first, first2, step, lim);
             if (cur2 < end) {
