@@ -105,7 +105,7 @@
 #   run(command="bash benchmarks/device_pending.sh s25ab", carry=[".gl/decode_s25_before_x.cu"])  (~6 minutes)
 #  the loop kernel's start and finish shortened: tests, the loop clock, the A/B against the file before.
 #   run(command="bash benchmarks/device_pending.sh l2policy")  (~5 minutes)
-#  K/V and metadata streams marked evict-first in L2 (two switches, off by default): the loop clock, exp_step A/B.
+#  K/V and metadata streams marked evict-first in L2 (switches since removed): the loop clock, exp_step A/B.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -647,6 +647,7 @@ if [ "$PART" = l2policy ]; then
   # K/V copies (decode.cu PSA_KV_EVICT_FIRST) and the estimate's metadata loads (estimate_mma.cu
   # PSA_META_EVICT_FIRST) marked evict-first in L2, so that what each kernel's start reads (code, lengths, block
   # tables, orders, scores) survives the stream: the loop clock's start, then exp_step's graph rows, three ways.
+  # Run once (twenty-fifth session); both switches were then removed (NOTES), so this part is the record only.
   cd benchmarks
   for a in "32768 384" "131072 768"; do set -- $a
     timeout 60 python3 exp_kernel_defines.py decode kv_evict_first=1 -- exp_verify_clock.py --share 0.05 \

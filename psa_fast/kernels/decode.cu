@@ -160,20 +160,8 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the 
 static_assert(PSA_D % 16 == 0, "decode v3 needs the head dimension padded to a multiple of 16");
 static_assert(PSA_G <= 8, "decode v3 takes at most 8 query heads per group (the MMA's first 8 rows)");
 
-#ifndef PSA_KV_EVICT_FIRST
-#define PSA_KV_EVICT_FIRST 0  // 1: the K/V copies ask L2 to evict their lines first (an experiment; exp_kernel_defines)
-#endif
 __device__ __forceinline__ void cp_async16(unsigned int smem, const void* gmem) {
-#if PSA_KV_EVICT_FIRST
-    // K/V are streamed once a step: their lines go first, so that what every kernel's start reads (code, lengths,
-    // block tables, orders, estimates) stays in L2 across the stream.
-    unsigned long long policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "l"(policy)
-                 : "memory");
-#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
-#endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }

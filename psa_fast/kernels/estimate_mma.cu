@@ -40,23 +40,6 @@ static_assert(PSA_EST_WARP_BLOCKS % 16 == 0, "a warp scores whole tiles of 16 bl
 static_assert(PSA_K % 32 == 0 && PSA_KC % PSA_KG == 0, "estimate_mma reads rows in chunks of 32 channels");
 static_assert(!PSA_BF16, "metadata is float16");
 
-#ifndef PSA_META_EVICT_FIRST
-#define PSA_META_EVICT_FIRST 0  // 1: the metadata's lines are evicted from L2 first (an experiment; exp_kernel_defines)
-#endif
-// One 16-byte word of metadata (read once a step: with PSA_META_EVICT_FIRST its L2 lines go first).
-__device__ __forceinline__ uint4 load_meta(const uint4* p) {
-#if PSA_META_EVICT_FIRST
-    unsigned long long policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    uint4 v;
-    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
-    return v;
-#else
-    return __ldg(p);
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, const __half* __restrict__ lohi,
                  const int* __restrict__ seq_lens, float* __restrict__ scores, float* __restrict__ bounds,
@@ -81,8 +64,8 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
         const uint4* row1 = row0 + 8 * (2 * PSA_D / 8);
 #pragma unroll
         for (int i = 0; i < PSA_KG; ++i) {
-            ra[i] = in0 ? load_meta(row0 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
-            rb[i] = in1 ? load_meta(row1 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
+            ra[i] = in0 ? __ldg(row0 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
+            rb[i] = in1 ? __ldg(row1 + 4 * (c0 + i)) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
     load(jw, 0);  // in flight while the query's fragments are built (the query is another load away)
