@@ -106,6 +106,8 @@
 #  the loop kernel's start and finish shortened: tests, the loop clock, the A/B against the file before.
 #   run(command="bash benchmarks/device_pending.sh l2policy")  (~5 minutes)
 #  K/V and metadata streams marked evict-first in L2 (switches since removed): the loop clock, exp_step A/B.
+#   run(command="bash benchmarks/device_pending.sh window", carry=[".gl/decode_s25_prewin.cu"])  (~5 minutes)
+#  the stream's entries loaded a window ahead (no load between a pair's copies): A/B, then the stream's tests.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -662,6 +664,23 @@ if [ "$PART" = l2policy ]; then
     timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
         --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_l2policy.md" | grep "^|" | grep -v "^|---\|mode"
   done
+  exit 0
+fi
+if [ "$PART" = window ]; then
+  # the stream's order and block-table entries loaded a window of 32 ahead by the lanes at once (decode.cu
+  # stream_position, load_window): the A/B against the file before (.gl/decode_s25_prewin.cu, carried) at Llama's
+  # one-request and 128K B = 8 loops and Gemma 3's, then the kernel tests that exercise every stream.
+  cd benchmarks
+  for src in prewin new; do
+    echo "## decode.cu $src"
+    run="python3"; [ $src = prewin ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s25_prewin.cu -- "
+    timeout 70 $run exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
+        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_window.md" | grep "^|" | grep -v "^|---\|mode\|dense"
+    timeout 40 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
+        --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_window.md" | grep "^|" | grep -v "^|---\|mode\|dense"
+  done
+  cd ..
+  gpu_tests t_window.log 150 tests/test_fast.py -k "two_blocks or default_step or topk or split or resume or offload"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

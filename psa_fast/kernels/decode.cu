@@ -174,21 +174,18 @@ __device__ __forceinline__ int boundary_end(int e, int first, int first2, int st
     return min(e < first ? first : e < first2 ? first2 : e + step, n);
 }
 
-// The first position of the order at or after `from` (a chunk boundary) that warp `gw` attends (n if none);
-// `e` becomes the end of its chunk.
-__device__ __forceinline__ int first_position(int gw, int from, int& e, int first, int first2, int step, int n) {
-    for (int s = from; s < n;) {
-        e = boundary_end(s, first, first2, step, n);
-        if (s + gw < e) return s + gw;
+// Entry m of warp gw's stream from chunk boundary `from`: the warp's positions of each chunk [s, e) in order (s + gw,
+// s + gw + nw, ...), chunk after chunk up to lim, then lim.
+__device__ __forceinline__ int stream_position(int m, int from, int gw, int nw, int first, int first2, int step,
+                                               int lim) {
+    for (int s = from; s < lim;) {
+        const int e = boundary_end(s, first, first2, step, lim);
+        const int count = e - s > gw ? (e - s - gw + nw - 1) / nw : 0;
+        if (m < count) return s + gw + m * nw;
+        m -= count;
         s = e;
     }
-    return n;
-}
-
-// The next position of the order that warp `gw` of nw attends after position i, whose chunk ends at `e` (n if
-// none); `e` becomes the end of the returned position's chunk.
-__device__ __forceinline__ int next_position(int i, int& e, int gw, int nw, int first, int first2, int step, int n) {
-    return i + nw < e ? i + nw : first_position(gw, e, e, first, first2, step, n);
+    return lim;
 }
 
 __device__ __forceinline__ int swz(int t, int c) { return c ^ (t & PSA_SWZ); }
@@ -438,12 +435,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_OFFLOAD
     const int lim = chunk_end(pos, first, first2, step, n);  // this launch attends [pos, lim) only
 #define PSA_SLOT(blk) __ldg(slot_map + __ldg(btab + (blk)))
-#define PSA_FIRST_POS(e) (e = lim, pos + gw < lim ? pos + gw : lim)
 #else
     const int lim = n;                             // resume: the rest of the loop from chunk boundary pos
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS(e) first_position(gw, pos, e, first, first2, step, n)
 #endif
+    const int from = pos;                          // the stream starts at the launch's chunk boundary
 #else
     // spec: the chunk's index, so that only chunk 0's first block enters the moving average with weight 1
 #if PSA_SPEC
@@ -454,7 +450,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
     const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS(e) first_position(gw, 0, e, first, first2, step, n)
+    constexpr int from = 0;
 #endif
     const int hh = lane >> 2;   // the row of this lane's fragments (token or channel; the head of Q's fragments)
     const int quad = lane & 3;  // its column pair within a tile: heads 2 quad, 2 quad + 1 (tokens or channels of B)
@@ -488,15 +484,28 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
     __syncwarp();
 
-    // ---- the prefetch stream: positions of the order this warp will attend, in sequence ----
-    int a_end = lim;                                                 // the end of a_pos's chunk
-    int f_pos = PSA_FIRST_POS(a_end);                                // next position to load
-    int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : base + f_pos) : 0;
-    a_end = min(a_end, lim);
-    int a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;  // the one after
-    int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
-    int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
-    const int a_slot = a_pos < lim ? PSA_SLOT(a_blk) : 0;  // the first two slots' loads in flight together
+    // ---- the stream: the positions of the order this warp attends, in sequence (stream_position) ----
+    // Entry m is held by lane m % 32 of window m / 32: its position, block and slot (block-table entry), loaded
+    // by the lanes at once; two windows alternate between two sets of registers, and window w + 1 is loaded
+    // when the consumer enters window w, so neither a copy nor the consumer waits on an order or block-table
+    // load. (Loaded one entry a call ahead, a pair's second copy waited on both: a third of the paired loop's
+    // stall samples at Llama 128K B = 1, ncu source counters, twenty-fifth session.)
+    int w_pos0, w_blk0, w_slot0, w_pos1, w_blk1, w_slot1;
+    auto load_window = [&](int w) {
+        const int p = stream_position(32 * w + lane, from, gw, NW, first, first2, step, lim);
+        const int pc = max(0, min(p, lim - 1));  // entries past the end load a valid one, unused
+        const int blk = orow ? __ldg(orow + pc) : base + pc;
+        const int slot = PSA_SLOT(blk);
+        if (w & 1) {
+            w_pos1 = p; w_blk1 = blk; w_slot1 = slot;
+        } else {
+            w_pos0 = p; w_blk0 = blk; w_slot0 = slot;
+        }
+    };
+    // Entry m's value v (v0 in even windows, v1 in odd ones), m the same for every lane.
+    auto entry = [&](int m, int v0, int v1) { return __shfl_sync(0xffffffffu, (m >> 5) & 1 ? v1 : v0, m & 31); };
+    load_window(0);
+    load_window(1);
     int issued = 0;
     // A block's K (then V) is S x D halves, contiguous: lane l copies its 16-byte chunks l, l + 32, ... (row t =
     // e / NC, chunk c = e % NC of element e) to row t's swizzled chunk swz(t, c) of the stage. Where NC divides 32,
@@ -505,12 +514,12 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // copies' immediate offsets, where the general form recomputed rows, chunks and swizzles for every copy.
     constexpr bool lane_copies = 32 % PSA_NC == 0 && (PSA_S * PSA_NC) % 32 == 0;
     const unsigned int dst0 = 2 * PSA_D * (lane / PSA_NC) + 16 * ((lane % PSA_NC) ^ ((lane / PSA_NC) & PSA_SWZ));
-    // issue(known): copy the block at f_pos into the next stage, then advance the stream; the next block's slot
-    // is a_slot where `known` (the prologue's first call), else loaded now (its order entry was, a call ago).
-    auto issue = [&](bool known) {
-        if (f_pos < lim) {
-            const kv_t* kb = k_pool + (long)f_slot * (PSA_S * PSA_D);
-            const kv_t* vb = v_pool + (long)f_slot * (PSA_S * PSA_D);
+    // issue(): copy the stream's next entry into the next stage.
+    auto issue = [&]() {
+        if (entry(issued, w_pos0, w_pos1) < lim) {
+            const int slot = entry(issued, w_slot0, w_slot1);
+            const kv_t* kb = k_pool + (long)slot * (PSA_S * PSA_D);
+            const kv_t* vb = v_pool + (long)slot * (PSA_S * PSA_D);
             const unsigned int st = smem_u32(stage(issued));
             if constexpr (lane_copies) {
                 const char* kl = reinterpret_cast<const char*>(kb) + 16 * lane;
@@ -532,14 +541,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         }
         cp_async_commit();  // one group per element, empty past the end, so group counts stay aligned
         ++issued;
-        f_pos = a_pos;      // advance: the slot load below was made possible by a_blk, loaded a step ago
-        f_blk = a_blk;
-        f_slot = known ? a_slot : f_pos < lim ? PSA_SLOT(f_blk) : 0;
-        a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;
-        a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
     };
 #pragma unroll
-    for (int s = 0; s < PSA_STAGES - 1; ++s) issue(s == 0);
+    for (int s = 0; s < PSA_STAGES - 1; ++s) issue();
     PSA_LMARK(11);  // the first blocks' copies issued (their positions and block-table entries loaded)
 
     // The query, split into PSA_QPARTS parts.
@@ -583,8 +587,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     }
 
-    int unused_end = 0;  // (the consumer takes its chunk ends from `end`, chunk by chunk)
-    int cur = PSA_FIRST_POS(unused_end), consumed = 0;
+    int consumed = 0, cur = entry(0, w_pos0, w_pos1);
+    // After the entries from `consumed` up to `next` are consumed: the next one's position, and window w + 1
+    // loaded when the consumer enters window w.
+    auto advance = [&](int next) {
+        if ((next >> 5) != (consumed >> 5)) load_window((next >> 5) + 1);
+        cur = entry(next, w_pos0, w_pos1);
+    };
     PSA_LMARK(1);
     while (why < 0) {
         PSA_LMARK(2);
@@ -595,18 +604,17 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         const int clen = end - pos;
 
         for (; cur < end; ++consumed) {
-            const int j = orow ? __ldg(orow + cur) : base + cur;  // (loaded while the copies below are issued)
+            const int j = entry(consumed, w_blk0, w_blk1);
             __syncwarp();  // every lane is done reading the stages that issue() refills
-            issue(false);  // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
+            issue();       // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
 #if PSA_PAIR_ON
-            if (issued < consumed + PSA_STAGES) issue(false);  // after a pair: its second stage refilled as well
-            int e2 = min(end, lim);  // the end of the chunk of cur (and of cur2, if in it)
-            const int cur2 = next_position(cur, e2, gw, NW, first, first2, step, lim);
+            if (issued < consumed + PSA_STAGES) issue();  // after a pair: its second stage refilled as well
+            const int cur2 = entry(consumed + 1, w_pos0, w_pos1);
             if (cur2 < end) {
                 // Two blocks of the chunk at once (twice the independent work a warp; the ring's third stage
                 // loads meanwhile). The chunk's statistics take the blocks one by one in order, as the single
                 // path does, so every decision is the same; the output moves to the pair's max once.
-                const int j2 = orow ? __ldg(orow + cur2) : base + cur2;
+                const int j2 = entry(consumed + 1, w_blk0, w_blk1);
                 cp_async_wait<PSA_STAGES - 2>();  // this lane's copies for `cur` and `cur2` have landed ...
                 __syncwarp();                      // ... and so have every other lane's
                 const kv_t* stk = stage(consumed);
@@ -630,8 +638,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 }
                 block_output(ring_v(stk), sacc, c_new, lane, oacc);
                 block_output(ring_v(stk2), sacc2, c_new2, lane, oacc);
-                e2 = min(end, lim);
-                cur = next_position(cur2, e2, gw, NW, first, first2, step, lim);
+                advance(consumed + 2);
                 ++consumed;  // the loop's increment adds the second
                 continue;
             }
@@ -651,8 +658,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 wl[e] += bs[e] * c_new[e];
             }
             block_output(ring_v(stk), sacc, c_new, lane, oacc);
-            int e1 = min(end, lim);
-            cur = next_position(cur, e1, gw, NW, first, first2, step, lim);
+            advance(consumed + 1);
         }
 
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
