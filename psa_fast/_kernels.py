@@ -364,6 +364,9 @@ DECODE_STAGES = 3  # cp.async ring depth per warp (decode v2, v3)
 SMEM_LIMIT = 227 * 1024
 DECODE_VERSION = 3
 DECODE_PAIR = 1  # 1: a decode warp attends two blocks of a chunk at once where it has two (PSA_PAIR, decode.cu)
+# 1: each warp's order and block-table entries are loaded a window of 32 ahead by its lanes (PSA_STREAM_WINDOW,
+# decode.cu). Off until every GPU suite has passed with it on (benchmarks/NOTES.md, twenty-fifth session).
+DECODE_STREAM_WINDOW = 0
 SPEC_VERIFY_THREADS = 1024  # psa_spec_verify's CTA (PSA_VERIFY_THREADS in spec.cu)
 
 
@@ -518,6 +521,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if version == 3:
         defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
         defines["pair"] = DECODE_PAIR
+        defines["stream_window"] = DECODE_STREAM_WINDOW
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"

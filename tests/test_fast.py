@@ -314,6 +314,41 @@ def test_two_blocks_a_warp_keep_the_loops_decisions(monkeypatch, d, warps, stop,
     np.testing.assert_allclose(cupy.asnumpy(paired.out), want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("mode,stop,speculate,step,batch", [
+    ("psa", "ema", None, 150, 1), ("psa", "sketch", None, 4, 2), ("psa", "ema", 1.0, 16, 2),
+    ("dense", "ema", None, None, 3), ("topk", "ema", None, None, 3)])
+def test_the_windowed_stream_attends_what_the_one_ahead_stream_does(monkeypatch, mode, stop, speculate, step, batch):
+    """decode.cu's two prefetch streams (_kernels.DECODE_STREAM_WINDOW): entries loaded a window of 32 ahead by the
+    lanes, or one entry a call ahead. They must copy the same blocks in the same order into the same stages, so
+    every result is bit for bit the same: the loop with pairs and with many small chunks (step 4: streams longer
+    than a window, so windows are refilled), the speculative attend with the resumed loop, and the split build
+    (dense, top-k) on a ragged batch, where some splits of the shorter requests are empty."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(11)
+    hq, hkv, d = 8, 2, 64
+    lens = [700 * 16 + 5, 90 * 16 + 3, 300 * 16][:batch]
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=batch, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
+                                  metadata="quant3" if stop == "sketch" else "cuboid_mean")
+    for b, t in enumerate(lens):
+        k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+        k[:, 16 * 20: 16 * 60] += np.float16(0.5) * rng.standard_normal(d).astype(np.float16)  # a heavier stretch
+        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
+    q = cupy.asarray(2 * rng.standard_normal((batch, hq, d)).astype(np.float32))
+    opts = dict(mode=mode, num_q_heads=hq)
+    if mode == "psa":
+        opts.update(threshold=0.9, stop=stop, step=step, speculate=speculate)
+    else:
+        opts.update(splits=7, k=200)
+    runs = {}
+    for window in (0, 1):
+        monkeypatch.setattr(_kernels, "DECODE_STREAM_WINDOW", window)
+        runs[window] = psa_fast.plan(cache, **opts).run(q)
+    for name in ("out", "num_used", "iterations", "reason"):
+        np.testing.assert_array_equal(cupy.asnumpy(getattr(runs[1], name)), cupy.asnumpy(getattr(runs[0], name)),
+                                      err_msg=name)
+
+
 def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
     """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
     the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""

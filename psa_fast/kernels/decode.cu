@@ -109,6 +109,9 @@
 #ifndef PSA_RESUME
 #define PSA_RESUME 0
 #endif
+#ifndef PSA_STREAM_WINDOW
+#define PSA_STREAM_WINDOW 0  // _kernels.DECODE_STREAM_WINDOW: the stream's entries loaded a window ahead (below)
+#endif
 #define PSA_STATEFUL (PSA_OFFLOAD || PSA_RESUME)  // the loop starts from (and the offload build saves) istate/vstate
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "the speculative build runs one CTA per chunk");
@@ -174,8 +177,25 @@ __device__ __forceinline__ int boundary_end(int e, int first, int first2, int st
     return min(e < first ? first : e < first2 ? first2 : e + step, n);
 }
 
+// The first position of the order at or after `from` (a chunk boundary) that warp `gw` attends (n if none);
+// `e` becomes the end of its chunk.
+__device__ __forceinline__ int first_position(int gw, int from, int& e, int first, int first2, int step, int n) {
+    for (int s = from; s < n;) {
+        e = boundary_end(s, first, first2, step, n);
+        if (s + gw < e) return s + gw;
+        s = e;
+    }
+    return n;
+}
+
+// The next position of the order that warp `gw` of nw attends after position i, whose chunk ends at `e` (n if
+// none); `e` becomes the end of the returned position's chunk.
+__device__ __forceinline__ int next_position(int i, int& e, int gw, int nw, int first, int first2, int step, int n) {
+    return i + nw < e ? i + nw : first_position(gw, e, e, first, first2, step, n);
+}
+
 // Entry m of warp gw's stream from chunk boundary `from`: the warp's positions of each chunk [s, e) in order (s + gw,
-// s + gw + nw, ...), chunk after chunk up to lim, then lim.
+// s + gw + nw, ...), chunk after chunk up to lim, then lim: first_position, then next_position m times.
 __device__ __forceinline__ int stream_position(int m, int from, int gw, int nw, int first, int first2, int step,
                                                int lim) {
     for (int s = from; s < lim;) {
@@ -435,9 +455,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_OFFLOAD
     const int lim = chunk_end(pos, first, first2, step, n);  // this launch attends [pos, lim) only
 #define PSA_SLOT(blk) __ldg(slot_map + __ldg(btab + (blk)))
+#define PSA_FIRST_POS(e) (e = lim, pos + gw < lim ? pos + gw : lim)
 #else
     const int lim = n;                             // resume: the rest of the loop from chunk boundary pos
 #define PSA_SLOT(blk) __ldg(btab + (blk))
+#define PSA_FIRST_POS(e) first_position(gw, pos, e, first, first2, step, n)
 #endif
     const int from = pos;                          // the stream starts at the launch's chunk boundary
 #else
@@ -450,6 +472,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
     const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
 #define PSA_SLOT(blk) __ldg(btab + (blk))
+#define PSA_FIRST_POS(e) first_position(gw, 0, e, first, first2, step, n)
     constexpr int from = 0;
 #endif
     const int hh = lane >> 2;   // the row of this lane's fragments (token or channel; the head of Q's fragments)
@@ -484,6 +507,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
     __syncwarp();
 
+#if PSA_STREAM_WINDOW
     // ---- the stream: the positions of the order this warp attends, in sequence (stream_position) ----
     // Entry m is held by lane m % 32 of window m / 32: its position, block and slot (block-table entry), loaded
     // by the lanes at once; two windows alternate between two sets of registers, and window w + 1 is loaded
@@ -493,9 +517,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     int w_pos0, w_blk0, w_slot0, w_pos1, w_blk1, w_slot1;
     auto load_window = [&](int w) {
         const int p = stream_position(32 * w + lane, from, gw, NW, first, first2, step, lim);
-        const int pc = max(0, min(p, lim - 1));  // entries past the end load a valid one, unused
-        const int blk = orow ? __ldg(orow + pc) : base + pc;
-        const int slot = PSA_SLOT(blk);
+        const int blk = p < lim ? (orow ? __ldg(orow + p) : base + p) : 0;  // (past lim: unused, not loaded)
+        const int slot = p < lim ? PSA_SLOT(blk) : 0;
         if (w & 1) {
             w_pos1 = p; w_blk1 = blk; w_slot1 = slot;
         } else {
@@ -506,6 +529,17 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     auto entry = [&](int m, int v0, int v1) { return __shfl_sync(0xffffffffu, (m >> 5) & 1 ? v1 : v0, m & 31); };
     load_window(0);
     load_window(1);
+#else
+    // ---- the prefetch stream: positions of the order this warp will attend, in sequence ----
+    int a_end = lim;                                                 // the end of a_pos's chunk
+    int f_pos = PSA_FIRST_POS(a_end);                                // next position to load
+    int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : base + f_pos) : 0;
+    a_end = min(a_end, lim);
+    int a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;  // the one after
+    int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
+    int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
+    const int a_slot = a_pos < lim ? PSA_SLOT(a_blk) : 0;  // the first two slots' loads in flight together
+#endif
     int issued = 0;
     // A block's K (then V) is S x D halves, contiguous: lane l copies its 16-byte chunks l, l + 32, ... (row t =
     // e / NC, chunk c = e % NC of element e) to row t's swizzled chunk swz(t, c) of the stage. Where NC divides 32,
@@ -514,10 +548,18 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // copies' immediate offsets, where the general form recomputed rows, chunks and swizzles for every copy.
     constexpr bool lane_copies = 32 % PSA_NC == 0 && (PSA_S * PSA_NC) % 32 == 0;
     const unsigned int dst0 = 2 * PSA_D * (lane / PSA_NC) + 16 * ((lane % PSA_NC) ^ ((lane / PSA_NC) & PSA_SWZ));
-    // issue(): copy the stream's next entry into the next stage.
-    auto issue = [&]() {
+#if PSA_STREAM_WINDOW
+    // issue(): copy the stream's next entry into the next stage (the argument serves the other stream).
+    auto issue = [&](bool) {
         if (entry(issued, w_pos0, w_pos1) < lim) {
             const int slot = entry(issued, w_slot0, w_slot1);
+#else
+    // issue(known): copy the block at f_pos into the next stage, then advance the stream; the next block's slot
+    // is a_slot where `known` (the prologue's first call), else loaded now (its order entry was, a call ago).
+    auto issue = [&](bool known) {
+        if (f_pos < lim) {
+            const int slot = f_slot;
+#endif
             const kv_t* kb = k_pool + (long)slot * (PSA_S * PSA_D);
             const kv_t* vb = v_pool + (long)slot * (PSA_S * PSA_D);
             const unsigned int st = smem_u32(stage(issued));
@@ -541,9 +583,16 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         }
         cp_async_commit();  // one group per element, empty past the end, so group counts stay aligned
         ++issued;
+#if !PSA_STREAM_WINDOW
+        f_pos = a_pos;      // advance: the slot load below was made possible by a_blk, loaded a step ago
+        f_blk = a_blk;
+        f_slot = known ? a_slot : f_pos < lim ? PSA_SLOT(f_blk) : 0;
+        a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;
+        a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
+#endif
     };
 #pragma unroll
-    for (int s = 0; s < PSA_STAGES - 1; ++s) issue();
+    for (int s = 0; s < PSA_STAGES - 1; ++s) issue(s == 0);
     PSA_LMARK(11);  // the first blocks' copies issued (their positions and block-table entries loaded)
 
     // The query, split into PSA_QPARTS parts.
@@ -587,6 +636,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     }
 
+#if PSA_STREAM_WINDOW
     int consumed = 0, cur = entry(0, w_pos0, w_pos1);
     // After the entries from `consumed` up to `next` are consumed: the next one's position, and window w + 1
     // loaded when the consumer enters window w.
@@ -594,6 +644,16 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         if ((next >> 5) != (consumed >> 5)) load_window((next >> 5) + 1);
         cur = entry(next, w_pos0, w_pos1);
     };
+#define PSA_BLOCK_AT(m, position) entry(m, w_blk0, w_blk1)
+#define PSA_POSITION_AT(m, e, after) entry(m, w_pos0, w_pos1)
+#define PSA_ADVANCE(next, after, e) advance(next)
+#else
+    int unused_end = 0;  // (the consumer takes its chunk ends from `end`, chunk by chunk)
+    int cur = PSA_FIRST_POS(unused_end), consumed = 0;
+#define PSA_BLOCK_AT(m, position) (orow ? __ldg(orow + (position)) : base + (position))
+#define PSA_POSITION_AT(m, e, after) next_position(after, e, gw, NW, first, first2, step, lim)
+#define PSA_ADVANCE(next, after, e) cur = next_position(after, e, gw, NW, first, first2, step, lim)
+#endif
     PSA_LMARK(1);
     while (why < 0) {
         PSA_LMARK(2);
@@ -604,17 +664,18 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         const int clen = end - pos;
 
         for (; cur < end; ++consumed) {
-            const int j = entry(consumed, w_blk0, w_blk1);
+            const int j = PSA_BLOCK_AT(consumed, cur);
             __syncwarp();  // every lane is done reading the stages that issue() refills
-            issue();       // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
+            issue(false);  // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
 #if PSA_PAIR_ON
-            if (issued < consumed + PSA_STAGES) issue();  // after a pair: its second stage refilled as well
-            const int cur2 = entry(consumed + 1, w_pos0, w_pos1);
+            if (issued < consumed + PSA_STAGES) issue(false);  // after a pair: its second stage refilled as well
+            int e2 = min(end, lim);  // the end of the chunk of cur (and of cur2, if in it)
+            const int cur2 = PSA_POSITION_AT(consumed + 1, e2, cur);
             if (cur2 < end) {
                 // Two blocks of the chunk at once (twice the independent work a warp; the ring's third stage
                 // loads meanwhile). The chunk's statistics take the blocks one by one in order, as the single
                 // path does, so every decision is the same; the output moves to the pair's max once.
-                const int j2 = entry(consumed + 1, w_blk0, w_blk1);
+                const int j2 = PSA_BLOCK_AT(consumed + 1, cur2);
                 cp_async_wait<PSA_STAGES - 2>();  // this lane's copies for `cur` and `cur2` have landed ...
                 __syncwarp();                      // ... and so have every other lane's
                 const kv_t* stk = stage(consumed);
@@ -638,7 +699,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 }
                 block_output(ring_v(stk), sacc, c_new, lane, oacc);
                 block_output(ring_v(stk2), sacc2, c_new2, lane, oacc);
-                advance(consumed + 2);
+                e2 = min(end, lim);
+                PSA_ADVANCE(consumed + 2, cur2, e2);
                 ++consumed;  // the loop's increment adds the second
                 continue;
             }
@@ -658,7 +720,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 wl[e] += bs[e] * c_new[e];
             }
             block_output(ring_v(stk), sacc, c_new, lane, oacc);
-            advance(consumed + 1);
+            int e1 = min(end, lim);
+            PSA_ADVANCE(consumed + 1, cur, e1);
         }
 
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
