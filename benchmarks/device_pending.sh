@@ -108,6 +108,9 @@
 #  K/V and metadata streams marked evict-first in L2 (switches since removed): the loop clock, exp_step A/B.
 #   run(command="bash benchmarks/device_pending.sh window", carry=[".gl/decode_s25_prewin.cu"])  (~5 minutes)
 #  the stream's entries loaded a window ahead (no load between a pair's copies): A/B, then the stream's tests.
+#   run(command="bash benchmarks/device_pending.sh window2")  (~8 minutes), then at once (warm)
+#   run(command="bash benchmarks/device_pending.sh window2ab")  (~3 minutes)
+#  the windowed stream (off by default) with its fix: its test, every kernel suite with it on, then the A/B.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -681,6 +684,29 @@ if [ "$PART" = window ]; then
   done
   cd ..
   gpu_tests t_window.log 150 tests/test_fast.py -k "two_blocks or default_step or topk or split or resume or offload"
+  exit 0
+fi
+if [ "$PART" = window2 ]; then
+  # the windowed stream (decode.cu PSA_STREAM_WINDOW, _kernels.DECODE_STREAM_WINDOW, off) with the fix for empty
+  # split CTAs: its comparison test, every kernel suite with it on, then the A/B in one process (Llama's loops,
+  # Gemma 3's loop and speculating rows, whose speculative rows were slower with the first version: find out why).
+  gpu_tests t_window_cmp.log 150 tests/test_fast.py -k windowed
+  timeout 560 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.DECODE_STREAM_WINDOW = 1; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', '--tb=short', 'tests/test_fast.py', \
+'tests/test_fast_bf16.py', 'tests/test_stop_rules.py', 'tests/test_first_chunk.py', 'tests/test_fast_hf.py', \
+'tests/test_fast_offload.py', 'tests/test_fast_distributed.py']))" > "$OUT/t_window_suites.log" 2>&1
+  echo "suites with the window rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_window_suites.log" | tail -8
+  exit 0
+fi
+if [ "$PART" = window2ab ]; then
+  # run at once after window2 (warm): the A/B of the two streams in one process
+  cd benchmarks
+  timeout 150 python3 exp_kernels_attr.py DECODE_STREAM_WINDOW=0,1 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_window2.md" \
+      | grep "^#\|^|" | grep -v "^|---\|mode"
+  timeout 100 python3 exp_kernels_attr.py DECODE_STREAM_WINDOW=0,1 -- exp_step.py --share 0.05 --shape gemma3 \
+      --sizes 32768:1,32768:8 --steps auto --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_window2.md" \
+      | grep "^#\|^|" | grep -v "^|---\|mode"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
