@@ -195,17 +195,25 @@ __device__ __forceinline__ int next_position(int i, int& e, int gw, int nw, int 
 }
 
 // Entry m of warp gw's stream from chunk boundary `from`: the warp's positions of each chunk [s, e) in order (s + gw,
-// s + gw + nw, ...), chunk after chunk up to lim, then lim: first_position, then next_position m times.
+// s + gw + nw, ...), chunk after chunk up to lim, then lim: first_position, then next_position m times. The forced and
+// first ranked chunks are walked; after them every chunk holds `step` positions, c of them the warp's, so entry m
+// is found without a walk (a long stream's window costs the same as the first).
 __device__ __forceinline__ int stream_position(int m, int from, int gw, int nw, int first, int first2, int step,
                                                int lim) {
-    for (int s = from; s < lim;) {
+    int s = from;
+    while (s < lim && s < first2) {  // at most the two chunks before first2
         const int e = boundary_end(s, first, first2, step, lim);
         const int count = e - s > gw ? (e - s - gw + nw - 1) / nw : 0;
         if (m < count) return s + gw + m * nw;
         m -= count;
         s = e;
     }
-    return lim;
+    const int c = step > gw ? (step - gw + nw - 1) / nw : 0;
+    if (s >= lim || c == 0) return lim;
+    const int k = m / c, r = m - k * c;
+    if (k >= (lim - s + step - 1) / step) return lim;
+    const int p = s + k * step + gw + r * nw;
+    return p < lim ? p : lim;
 }
 
 __device__ __forceinline__ int swz(int t, int c) { return c ^ (t & PSA_SWZ); }
