@@ -119,6 +119,20 @@ set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
+# decode.cu against an earlier version of it ($1, carried), the earlier first: exp_step's graph rows of Llama's loop
+# (32K B = 1, 128K B = 1 and 8) and Gemma 3's rows in modes $3 (default: the loop and speculating; 32K B = 1, 8),
+# appended to $OUT/$2.
+decode_source_ab() {
+  local old="$1" log="$2" gemma_modes="${3:-loop,s2.0}" src run
+  for src in before new; do
+    echo "## decode.cu $src"
+    run="python3"; [ $src = before ] && run="python3 exp_kernel_source.py decode $old -- "
+    timeout 90 $run exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
+        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/$log" | grep "^|" | grep -v "^|---\|mode"
+    timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
+        --modes "$gemma_modes" 2>&1 | grep -v Warn | tee -a "$OUT/$log" | grep "^|" | grep -v "^|---\|mode"
+  done
+}
 if [ "$PART" = run ]; then
   # any command from benchmarks/ with the paths set: `device_pending.sh run python3 bench_decode.py ...` (a bare call
   # on the device imports nothing and, behind a grep, prints nothing)
@@ -602,14 +616,7 @@ if [ "$PART" = issue24 ]; then
   # the session's earlier file (.gl/decode_s24.cu, carried) at Llama's and Gemma 3's loops and dense.
   gpu_tests t_issue.log 150 tests/test_fast.py -k "two_blocks or conforms or default_step or topk or offload"
   cd benchmarks
-  for src in s24 new; do
-    echo "## decode.cu $src"
-    run="python3"; [ $src = s24 ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s24.cu -- "
-    timeout 90 $run exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
-        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_issue24.md" | grep "^|" | grep -v "^|---\|mode"
-    timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
-        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_issue24.md" | grep "^|" | grep -v "^|---\|mode"
-  done
+  decode_source_ab ../.gl/decode_s24.cu exp_issue24.md loop
   exit 0
 fi
 if [ "$PART" = start25 ]; then
@@ -638,14 +645,7 @@ if [ "$PART" = s25ab ]; then
     timeout 60 python3 exp_verify_clock.py --share 0.05 --shape llama8b --stop ema --speculate 0 --loop --size $1 \
         --batches 1 --step $2 2>&1 | grep -v Warn | tee -a "$OUT/loop_clock_s25.md" | grep "^T=\|^|" | grep -v "^|---"
   done
-  for src in before new; do
-    echo "## decode.cu $src"
-    run="python3"; [ $src = before ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s25_before_x.cu -- "
-    timeout 90 $run exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
-        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_s25ab.md" | grep "^|" | grep -v "^|---\|mode"
-    timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
-        --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_s25ab.md" | grep "^|" | grep -v "^|---\|mode"
-  done
+  decode_source_ab ../.gl/decode_s25_before_x.cu exp_s25ab.md
   exit 0
 fi
 if [ "$PART" = l2policy ]; then
@@ -674,14 +674,7 @@ if [ "$PART" = window ]; then
   # stream_position, load_window): the A/B against the file before (.gl/decode_s25_prewin.cu, carried) at Llama's
   # one-request and 128K B = 8 loops and Gemma 3's, then the kernel tests that exercise every stream.
   cd benchmarks
-  for src in prewin new; do
-    echo "## decode.cu $src"
-    run="python3"; [ $src = prewin ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s25_prewin.cu -- "
-    timeout 70 $run exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
-        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_window.md" | grep "^|" | grep -v "^|---\|mode\|dense"
-    timeout 40 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
-        --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_window.md" | grep "^|" | grep -v "^|---\|mode\|dense"
-  done
+  decode_source_ab ../.gl/decode_s25_prewin.cu exp_window.md
   cd ..
   gpu_tests t_window.log 150 tests/test_fast.py -k "two_blocks or default_step or topk or split or resume or offload"
   exit 0
