@@ -111,6 +111,8 @@
 #   run(command="bash benchmarks/device_pending.sh window2")  (~8 minutes), then at once (warm)
 #   run(command="bash benchmarks/device_pending.sh window2ab")  (~3 minutes)
 #  the windowed stream (off by default) with its fix: its test, every kernel suite with it on, then the A/B.
+#   run(command="bash benchmarks/device_pending.sh mergelift")  (~4 minutes)
+#  psa_order_merge's searches eight slices at a time (off by default): its tests, the order methods, 128K's step.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -700,6 +702,20 @@ if [ "$PART" = window2ab ]; then
   timeout 100 python3 exp_kernels_attr.py DECODE_STREAM_WINDOW=0,1 -- exp_step.py --share 0.05 --shape gemma3 \
       --sizes 32768:1,32768:8 --steps auto --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_window2.md" \
       | grep "^#\|^|" | grep -v "^|---\|mode"
+  exit 0
+fi
+if [ "$PART" = mergelift ]; then
+  # psa_order_merge searching the other slices eight at a time by binary lifting (_kernels.ORDER_MERGE_LIFT, off):
+  # its test and the order tests, every order method timed with it off and on (exp_order_rank.py), then one
+  # request's step at Llama 128K (the slices + merge order) kernel by kernel, off and on.
+  gpu_tests t_mergelift.log 150 tests/test_fast.py -k "lifting or order_kernels or counting_equals"
+  cd benchmarks
+  timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- exp_order_rank.py \
+      --shapes 1x8x4096,1x8x8192,4x1x8192,8x8x8192,32x8x8192 2>&1 | grep -v Warn | tee "$OUT/exp_mergelift.md" \
+      | grep "^#\|^|" | grep -v "^|---"
+  timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- profile_decode_step.py --share 0.05 \
+      --shape llama8b --size 131072 --batches 1 --variants ema --out "$OUT" 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

@@ -803,6 +803,32 @@ def test_order_kernels_match_reference_rank(nmax, lens, method):
             assert (got[r, g, n:] == -1).all()
 
 
+@pytest.mark.parametrize("nmax, lens", [(3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]), (8192, [8192 * 16, 40 * 16]),
+                                         (16384, [16384 * 16, 9000 * 16 + 3])])
+def test_the_merge_by_lifting_gives_the_reference_order(monkeypatch, nmax, lens):
+    """psa_order_merge with the other slices searched eight at a time by binary lifting (_kernels.ORDER_MERGE_LIFT)
+    gives psa_ref's order, ties included, and -1 past n: 3 to 8 slices (one batch) and 16,384 blocks (16 slices,
+    two batches, the shorter request's later ones all padding)."""
+    from psa_fast import _kernels
+    from psa_ref.scoring import forced_blocks, processing_order
+
+    monkeypatch.setattr(_kernels, "ORDER_MERGE_LIFT", 1)
+    rng = np.random.default_rng(nmax + 1)
+    b, gn = len(lens), 2
+    scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties
+    out = cupy.full((b, gn, nmax), -7, cupy.int32)
+    _kernels.order(cupy.asarray(scores), cupy.asarray(np.array(lens, np.int32)), out, None, None, s=16, g=1, hq=gn,
+                   nmax=nmax, sink_blocks=1, recent_blocks=2, want_suffix=False,
+                   workspace=cupy.empty(_kernels.order_workspace_shape(b, gn, nmax), cupy.uint64), method="slices")
+    got = cupy.asnumpy(out)
+    for r, t in enumerate(lens):
+        n = -(-t // 16)
+        for g in range(gn):
+            np.testing.assert_array_equal(got[r, g, :n], processing_order(scores[r, g, :n].astype(np.float64),
+                                                                          forced_blocks(n, 1, 2)))
+            assert (got[r, g, n:] == -1).all()
+
+
 @pytest.mark.parametrize("values", ["special", "equal", "distinct"])
 @pytest.mark.parametrize("sink, recent", [(0, 0), (3, 40), (70, 70)])
 @pytest.mark.parametrize("own", [1, 4])
