@@ -713,6 +713,10 @@ if [ "$PART" = mergelift ]; then
   timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- exp_order_rank.py \
       --shapes 1x8x4096,1x8x8192,4x1x8192,8x8x8192,32x8x8192 2>&1 | grep -v Warn | tee "$OUT/exp_mergelift.md" \
       | grep "^#\|^|" | grep -v "^|---"
+  # smaller slices sort in fewer bitonic stages but give the merge more slices to search (lifting on)
+  timeout 90 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1 -- exp_kernels_attr.py SLICE=256,512,1024 -- \
+      exp_order_rank.py --shapes 1x8x8192,1x8x4096 2>&1 | grep -v Warn | tee -a "$OUT/exp_mergelift.md" \
+      | grep "^#\|^|" | grep -v "^|---"
   timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- profile_decode_step.py --share 0.05 \
       --shape llama8b --size 131072 --batches 1 --variants ema --out "$OUT" 2>&1 | grep -v Warn \
       | grep "^#\|^T=\|psa_"
