@@ -463,11 +463,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_OFFLOAD
     const int lim = chunk_end(pos, first, first2, step, n);  // this launch attends [pos, lim) only
 #define PSA_SLOT(blk) __ldg(slot_map + __ldg(btab + (blk)))
-#define PSA_FIRST_POS(e) (e = lim, pos + gw < lim ? pos + gw : lim)
+#define PSA_FIRST_POS(e) (e = lim, from + gw < lim ? from + gw : lim)
 #else
     const int lim = n;                             // resume: the rest of the loop from chunk boundary pos
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS(e) first_position(gw, pos, e, first, first2, step, n)
+#define PSA_FIRST_POS(e) first_position(gw, from, e, first, first2, step, n)
 #endif
     const int from = pos;                          // the stream starts at the launch's chunk boundary
 #else
@@ -480,7 +480,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
     const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS(e) first_position(gw, 0, e, first, first2, step, n)
+#define PSA_FIRST_POS(e) first_position(gw, from, e, first, first2, step, n)
     constexpr int from = 0;
 #endif
     const int hh = lane >> 2;   // the row of this lane's fragments (token or channel; the head of Q's fragments)
@@ -644,6 +644,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     }
 
+    // The consumer's view of the stream: the block of entry m (at `position`), the position of entry m (the one
+    // after `after`, in a chunk ending at e), and the advance past the entries just consumed.
 #if PSA_STREAM_WINDOW
     int consumed = 0, cur = entry(0, w_pos0, w_pos1);
     // After the entries from `consumed` up to `next` are consumed: the next one's position, and window w + 1
