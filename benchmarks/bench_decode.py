@@ -316,10 +316,21 @@ def kv_layer_bytes(shape: Shape, t: int, b: int) -> int:
     return b * shape.hkv * -(-t // shape.s) * shape.s * shape.d * 2 * 2
 
 
+def meta_layer_bytes(shape: Shape, t: int, b: int) -> int:
+    """Bytes of one layer's ``cuboid_mean`` metadata (two float16 vectors a block and KV head) for ``b`` requests
+    of ``t`` tokens of ``shape``."""
+    return b * shape.hkv * -(-t // shape.s) * 2 * shape.d * 2
+
+
 def rotating_layers(shape: Shape, t: int, b: int) -> int:
-    """Layers of ``b`` requests of ``t`` tokens of ``shape``'s K/V to rotate over, so that a timed call reads
-    from HBM, not L2: at least 4x L2 of KV in all, and at least 2."""
-    return max(2, -(-4 * L2_BYTES // kv_layer_bytes(shape, t, b)))
+    """Layers of ``b`` requests of ``t`` tokens of ``shape`` to rotate over, so that a timed call reads from HBM,
+    not L2: at least 4x L2 in all of K/V and of the estimate's metadata, at least 2 and at most ``PER_GRAPH`` (the
+    calls one graph takes in turn). A decoder's other layers (and its weights) leave none of a layer's metadata in
+    L2 by its next step; rotating over K/V alone, one request at 32K took two layers whose metadata stayed in L2,
+    and PSA's step measured 5-12% faster than over 32 layers (benchmarks/NOTES.md, twenty-fifth session)."""
+    kv = -(-4 * L2_BYTES // kv_layer_bytes(shape, t, b))
+    meta = -(-4 * L2_BYTES // meta_layer_bytes(shape, t, b))
+    return min(PER_GRAPH, max(2, kv, meta))
 
 
 def per_call_us(fn, layers: int, stream, reps: int) -> float:

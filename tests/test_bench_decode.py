@@ -715,4 +715,19 @@ def test_kv_layer_bytes_counts_whole_blocks_of_float16_k_and_v():
     llama = bd.SHAPES["llama8b"]
     assert bd.kv_layer_bytes(llama, 32768, 1) == 8 * 32768 * 128 * 2 * 2  # 128 MiB
     assert bd.kv_layer_bytes(llama, 32768 - 15, 2) == 2 * bd.kv_layer_bytes(llama, 32768, 1)  # a partial block
-    assert bd.rotating_layers(llama, 32768, 1) == max(2, -(-4 * bd.L2_BYTES // bd.kv_layer_bytes(llama, 32768, 1)))
+
+
+
+def test_rotating_layers_keep_the_kv_and_the_metadata_out_of_l2():
+    """Enough layers that both the K/V and the estimate's metadata of all of them are at least 4x L2 (the metadata
+    decides for one request: 32K of Llama's shape is 8 MiB a layer), at least 2, at most the calls of one graph."""
+    llama, gemma = bd.SHAPES["llama8b"], bd.SHAPES["gemma3"]
+    assert bd.meta_layer_bytes(llama, 32768, 1) == 8 * 2048 * 2 * 128 * 2  # 8 MiB
+    for shape, t, b in [(llama, 32768, 1), (llama, 131072, 1), (llama, 131072, 8), (gemma, 32768, 32)]:
+        layers = bd.rotating_layers(shape, t, b)
+        assert 2 <= layers <= bd.PER_GRAPH
+        if layers < bd.PER_GRAPH:
+            assert layers * bd.meta_layer_bytes(shape, t, b) >= 4 * bd.L2_BYTES
+            assert layers * bd.kv_layer_bytes(shape, t, b) >= 4 * bd.L2_BYTES
+    assert bd.rotating_layers(llama, 32768, 1) == bd.PER_GRAPH  # 8 MiB a layer: 30 layers would be 4x L2
+    assert bd.rotating_layers(llama, 131072, 8) == 2  # 4 GiB of K/V and 256 MiB of metadata a layer
