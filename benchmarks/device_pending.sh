@@ -110,7 +110,8 @@
 #  the stream's entries loaded a window ahead (no load between a pair's copies): A/B, then the stream's tests.
 #   run(command="bash benchmarks/device_pending.sh next26")  (~8 minutes), then at once (warm)
 #   run(command="bash benchmarks/device_pending.sh next26ab")  (~4 minutes)
-#  both of the twenty-fifth session's switches (the windowed stream, the merge's lifting): tests, suites, A/B.
+#  the twenty-fifth session's three switches (the windowed stream, the merge's lifting, the query's fold into the
+#  estimate): their tests, every kernel suite with all on, each A/B.
 #   run(command="bash benchmarks/device_pending.sh window2")  (~8 minutes), then at once (warm)
 #   run(command="bash benchmarks/device_pending.sh window2ab")  (~3 minutes)
 #  the windowed stream (off by default) with its fix: its test, every kernel suite with it on, then the A/B.
@@ -726,15 +727,15 @@ if [ "$PART" = mergelift ]; then
   exit 0
 fi
 if [ "$PART" = next26 ]; then
-  # The two switches prepared in the twenty-fifth session, in one call (~8 minutes): their comparison tests, then
-  # every kernel suite in one process with both on (_kernels.DECODE_STREAM_WINDOW, ORDER_MERGE_LIFT), then the
-  # order methods with the merge's lifting off and on. Then at once (warm) `next26ab`.
-  gpu_tests t_next26_cmp.log 120 tests/test_fast.py -k "windowed or lifting"
+  # The three switches prepared in the twenty-fifth session, in one call (~8 minutes): their comparison tests, then
+  # every kernel suite in one process with all on (_kernels.DECODE_STREAM_WINDOW, ORDER_MERGE_LIFT, QUERY_FOLD), then
+  # the order methods with the merge's lifting off and on. Then at once (warm) `next26ab`.
+  gpu_tests t_next26_cmp.log 150 tests/test_fast.py -k "windowed or lifting or scales_the_query"
   timeout 420 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.DECODE_STREAM_WINDOW = 1; \
-_kernels.ORDER_MERGE_LIFT = 1; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', \
+_kernels.ORDER_MERGE_LIFT = 1; _kernels.QUERY_FOLD = 1; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', \
 '--tb=short', 'tests/test_fast.py', 'tests/test_fast_bf16.py', 'tests/test_stop_rules.py', 'tests/test_first_chunk.py', \
 'tests/test_fast_hf.py', 'tests/test_fast_offload.py', 'tests/test_fast_distributed.py']))" > "$OUT/t_next26.log" 2>&1
-  echo "suites with both switches on rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_next26.log" | tail -8
+  echo "suites with the three switches on rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_next26.log" | tail -8
   cd benchmarks
   timeout 60 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- exp_order_rank.py --shapes 1x8x4096,1x8x8192,8x8x8192 \
       2>&1 | grep -v Warn | tee "$OUT/exp_mergelift.md" | grep "^#\|^|" | grep -v "^|---"
@@ -742,7 +743,7 @@ _kernels.ORDER_MERGE_LIFT = 1; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovid
 fi
 if [ "$PART" = next26ab ]; then
   # after next26 (warm): each switch A/B in one process: Llama's and Gemma 3's loop and speculating rows (the
-  # windowed stream), one request's step at 128K kernel by kernel (the merge).
+  # windowed stream), one request's step at 128K kernel by kernel (the merge), Llama's steps (the query's fold).
   cd benchmarks
   timeout 150 python3 exp_kernels_attr.py DECODE_STREAM_WINDOW=0,1 -- exp_step.py --share 0.05 --shape llama8b \
       --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_window2.md" \
@@ -752,6 +753,9 @@ if [ "$PART" = next26ab ]; then
       | grep "^#\|^|" | grep -v "^|---\|mode"
   timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- profile_decode_step.py --share 0.05 \
       --shape llama8b --size 131072 --batches 1 --variants ema --out "$OUT" 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_"
+  timeout 90 python3 exp_kernels_attr.py QUERY_FOLD=0,1 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_fold.md" \
+      | grep "^#\|^|" | grep -v "^|---\|mode\|dense"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
