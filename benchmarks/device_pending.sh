@@ -112,11 +112,6 @@
 #   run(command="bash benchmarks/device_pending.sh next26ab")  (~4 minutes)
 #  the twenty-fifth session's three switches (the windowed stream, the merge's lifting, the query's fold into the
 #  estimate): their tests, every kernel suite with all on, each A/B.
-#   run(command="bash benchmarks/device_pending.sh window2")  (~8 minutes), then at once (warm)
-#   run(command="bash benchmarks/device_pending.sh window2ab")  (~3 minutes)
-#  the windowed stream (off by default) with its fix: its test, every kernel suite with it on, then the A/B.
-#   run(command="bash benchmarks/device_pending.sh mergelift")  (~4 minutes)
-#  psa_order_merge's searches eight slices at a time (off by default): its tests, the order methods, 128K's step.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -685,47 +680,6 @@ if [ "$PART" = window ]; then
   gpu_tests t_window.log 150 tests/test_fast.py -k "two_blocks or default_step or topk or split or resume or offload"
   exit 0
 fi
-if [ "$PART" = window2 ]; then
-  # the windowed stream (decode.cu PSA_STREAM_WINDOW, _kernels.DECODE_STREAM_WINDOW, off) with the fix for empty
-  # split CTAs: its comparison test, every kernel suite with it on, then the A/B in one process (Llama's loops,
-  # Gemma 3's loop and speculating rows, whose speculative rows were slower with the first version: find out why).
-  gpu_tests t_window_cmp.log 150 tests/test_fast.py -k windowed
-  timeout 560 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.DECODE_STREAM_WINDOW = 1; \
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', '--tb=short', 'tests/test_fast.py', \
-'tests/test_fast_bf16.py', 'tests/test_stop_rules.py', 'tests/test_first_chunk.py', 'tests/test_fast_hf.py', \
-'tests/test_fast_offload.py', 'tests/test_fast_distributed.py']))" > "$OUT/t_window_suites.log" 2>&1
-  echo "suites with the window rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_window_suites.log" | tail -8
-  exit 0
-fi
-if [ "$PART" = window2ab ]; then
-  # run at once after window2 (warm): the A/B of the two streams in one process
-  cd benchmarks
-  timeout 150 python3 exp_kernels_attr.py DECODE_STREAM_WINDOW=0,1 -- exp_step.py --share 0.05 --shape llama8b \
-      --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_window2.md" \
-      | grep "^#\|^|" | grep -v "^|---\|mode"
-  timeout 100 python3 exp_kernels_attr.py DECODE_STREAM_WINDOW=0,1 -- exp_step.py --share 0.05 --shape gemma3 \
-      --sizes 32768:1,32768:8 --steps auto --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_window2.md" \
-      | grep "^#\|^|" | grep -v "^|---\|mode"
-  exit 0
-fi
-if [ "$PART" = mergelift ]; then
-  # psa_order_merge searching the other slices eight at a time by binary lifting (_kernels.ORDER_MERGE_LIFT, off):
-  # its test and the order tests, every order method timed with it off and on (exp_order_rank.py), then one
-  # request's step at Llama 128K (the slices + merge order) kernel by kernel, off and on.
-  gpu_tests t_mergelift.log 150 tests/test_fast.py -k "lifting or order_kernels or counting_equals"
-  cd benchmarks
-  timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- exp_order_rank.py \
-      --shapes 1x8x4096,1x8x8192,4x1x8192,8x8x8192,32x8x8192 2>&1 | grep -v Warn | tee "$OUT/exp_mergelift.md" \
-      | grep "^#\|^|" | grep -v "^|---"
-  # smaller slices sort in fewer bitonic stages but give the merge more slices to search (lifting on)
-  timeout 90 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1 -- exp_kernels_attr.py SLICE=256,512,1024 -- \
-      exp_order_rank.py --shapes 1x8x8192,1x8x4096 2>&1 | grep -v Warn | tee -a "$OUT/exp_mergelift.md" \
-      | grep "^#\|^|" | grep -v "^|---"
-  timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- profile_decode_step.py --share 0.05 \
-      --shape llama8b --size 131072 --batches 1 --variants ema --out "$OUT" 2>&1 | grep -v Warn \
-      | grep "^#\|^T=\|psa_"
-  exit 0
-fi
 if [ "$PART" = next26 ]; then
   # The three switches prepared in the twenty-fifth session, in one call (~8 minutes): their comparison tests, then
   # every kernel suite in one process with all on (_kernels.DECODE_STREAM_WINDOW, ORDER_MERGE_LIFT, QUERY_FOLD), then
@@ -756,6 +710,10 @@ if [ "$PART" = next26ab ]; then
   timeout 90 python3 exp_kernels_attr.py QUERY_FOLD=0,1 -- exp_step.py --share 0.05 --shape llama8b \
       --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_fold.md" \
       | grep "^#\|^|" | grep -v "^|---\|mode\|dense"
+  # smaller slices sort in fewer bitonic stages but give the merge more slices to search (lifting on)
+  timeout 90 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1 -- exp_kernels_attr.py SLICE=256,512,1024 -- \
+      exp_order_rank.py --shapes 1x8x8192,1x8x4096 2>&1 | grep -v Warn | tee -a "$OUT/exp_mergelift.md" \
+      | grep "^#\|^|" | grep -v "^|---"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
