@@ -684,8 +684,8 @@ if [ "$PART" = next26 ]; then
   # The three switches prepared in the twenty-fifth session, in one call (~8 minutes): their comparison tests, then
   # every kernel suite in one process with all on (_kernels.DECODE_STREAM_WINDOW, ORDER_MERGE_LIFT, QUERY_FOLD), then
   # the order methods with the merge's lifting off and on. Then at once (warm) `next26ab`.
-  gpu_tests t_next26_cmp.log 150 tests/test_fast.py -k "windowed or lifting or scales_the_query"
-  timeout 420 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.DECODE_STREAM_WINDOW = 1; \
+  gpu_tests t_next26_cmp.log 120 tests/test_fast.py -k "windowed or lifting or scales_the_query"
+  timeout 400 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.DECODE_STREAM_WINDOW = 1; \
 _kernels.ORDER_MERGE_LIFT = 1; _kernels.QUERY_FOLD = 1; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', \
 '--tb=short', 'tests/test_fast.py', 'tests/test_fast_bf16.py', 'tests/test_stop_rules.py', 'tests/test_first_chunk.py', \
 'tests/test_fast_hf.py', 'tests/test_fast_offload.py', 'tests/test_fast_distributed.py']))" > "$OUT/t_next26.log" 2>&1
