@@ -710,6 +710,8 @@ if [ "$PART" = next26ab ]; then
   timeout 90 python3 exp_kernels_attr.py QUERY_FOLD=0,1 -- exp_step.py --share 0.05 --shape llama8b \
       --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_fold.md" \
       | grep "^#\|^|" | grep -v "^|---\|mode\|dense"
+  # how many loop clusters the GPU holds at once (two clusters a group for one request needs 2 B Gn of them)
+  timeout 60 python3 exp_clusters.py 2>&1 | grep -v Warn | tee "$OUT/exp_clusters.md" | grep "^#\|^|" | grep -v "^|---"
   # smaller slices sort in fewer bitonic stages but give the merge more slices to search (lifting on)
   timeout 90 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1 -- exp_kernels_attr.py SLICE=256,512,1024 -- \
       exp_order_rank.py --shapes 1x8x8192,1x8x4096 2>&1 | grep -v Warn | tee -a "$OUT/exp_mergelift.md" \

@@ -731,3 +731,19 @@ def test_rotating_layers_keep_the_kv_and_the_metadata_out_of_l2():
             assert layers * bd.kv_layer_bytes(shape, t, b) >= 4 * bd.L2_BYTES
     assert bd.rotating_layers(llama, 32768, 1) == bd.PER_GRAPH  # 8 MiB a layer: 30 layers would be 4x L2
     assert bd.rotating_layers(llama, 131072, 8) == 2  # 4 GiB of K/V and 256 MiB of metadata a layer
+
+
+def test_exp_clusters_builds_the_drivers_launch_config():
+    """exp_clusters.py hands cuOccupancyMaxActiveClusters a CUlaunchConfig through ctypes: 56 bytes with the stream
+    pointer aligned to 8, a 72-byte CUlaunchAttribute whose value starts at byte 8 with the cluster's x, y, z."""
+    import ctypes
+
+    import exp_clusters as ec
+
+    assert ctypes.sizeof(ec.LaunchAttribute) == 72 and ec.LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(ec.LaunchConfig) == 56 and ec.LaunchConfig.stream.offset == 32
+    cfg = ec.launch_config((8, 4, 2), 256, 200 * 1024, 8)
+    assert list(cfg.grid) == [8, 4, 2] and list(cfg.block) == [256, 1, 1] and cfg.shared_mem == 200 * 1024
+    assert cfg.num_attrs == 1 and cfg.attrs.contents.id == ec.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    assert list(cfg.attrs.contents.value[:3]) == [8, 1, 1]
+    assert ec.launch_config((1, 1, 1), 32, 0, None).num_attrs == 0
