@@ -317,7 +317,7 @@ class DecodePlan:
     def load_query(self, q, layer: int) -> int:
         """Stage 0: copy ``q`` into the plan's buffers, zero-padded: scaled (``q``, for the estimates) and
         scaled by a power of two (``q_mma``, for the decode kernel). Where the estimate can do that itself
-        (``_kernels.QUERY_FOLD``, the tensor-core estimate, ``q`` C-contiguous), only checks ``q`` and keeps it
+        (``_kernels.QUERY_FOLD``, the tensor-core estimate), only checks ``q`` and keeps it
         for [`estimate`][psa_fast.DecodePlan.estimate]. Returns the checked layer."""
         c = self.cache
         qa = as_cupy_kv(q, "q", "bfloat16") if is_torch_bf16(q) else as_cupy(q, "q", dtypes=("float16", "float32"))
@@ -328,7 +328,7 @@ class DecodePlan:
         empty = np.flatnonzero(c.host_lens[layer] == 0)
         if empty.size:
             raise ValueError(f"requests {empty.tolist()} have no tokens in layer {layer}; prefill them first")
-        self._q_in = qa if self._fold and qa.flags.c_contiguous else None
+        self._q_in = qa if self._fold else None  # (as_cupy takes only C-contiguous arrays)
         if self._q_in is None:  # (else the estimate scales it: estimate's fold)
             _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim],
                                  self.q_mma[..., : c.head_dim], bf16_bits=bf16_q)
