@@ -209,11 +209,10 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     if fold is not None and not on_mma:
         raise ValueError("fold: only psa_estimate_mma (cuboid_mean / mean, groups of at most 4 heads) reads the "
                          "caller's query")
-    folded = {}
+    folded, fold_args = {}, ()
     if fold is not None:
         q_in, scale, pow2, q_mma = fold
-        code = QUERY_CODES["bfloat16" if q_in.dtype == np.int16 else str(q_in.dtype)]
-        folded = dict(qin=code)
+        folded = dict(qin=QUERY_CODES["bfloat16" if q_in.dtype == np.int16 else str(q_in.dtype)])
         fold_args = (q_in, np.float32(scale), np.float32(pow2), np.int32(q_in.shape[-1]), q, q_mma)
     if kind == "quant3":
         warps, per_warp, least = QUANT3_WARPS, 16, 1
@@ -234,14 +233,14 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     if fused:  # per-head estimates into scores (the groups of per-head selection), the group maxima unused
         fn = make(d=d, s=s, g=launch_g, warps=warps, bounds=BOUND_CODES["estimates"], est_warp_blocks=per_warp)
         fn(grid, (warps * 32,), (q, summary, lohi, seq_lens, group_scores, scores, np.int32(hq), np.int32(hkv),
-                                 np.int32(nmax)) + (fold_args if fold is not None else ()))
+                                 np.int32(nmax)) + fold_args)
         if per_head == "estimates":
             bounds[...] = scores
         return
     fn = make(d=d, s=s, g=g, warps=warps, bounds=BOUND_CODES[per_head], est_warp_blocks=per_warp)
     fn(grid, (warps * 32,),
        (q, summary, lohi, seq_lens, scores, scores if per_head is None else bounds, np.int32(hq), np.int32(hkv),
-        np.int32(nmax)) + (fold_args if fold is not None else ()))
+        np.int32(nmax)) + fold_args)
 
 
 def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:

@@ -226,14 +226,14 @@ class DecodePlan:
             self._per_head = "estimates"  # the prediction sums each head's estimates along the order; the share
             # key normalises them per head
         self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
-        # The estimate scales the caller's query itself where it can (one launch fewer a step)
-        self._fold = bool(_kernels.QUERY_FOLD) and self.mode != "dense" and _kernels.estimate_on_tensor_cores(
-            d=dp, g=self.g, hq=self.hq, hkv=cache.num_kv_heads, kind=cache.metadata, per_head=self._per_head,
-            group_scores=self._group_scores)
         self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if self._per_head else None
         self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
         # ... and each head's log sketch mass by position of the order (psa_order_suffix writes it beside the sums)
         self.sketch_ordered = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
+        # The estimate scales the caller's query itself where it can (one launch fewer a step)
+        self._fold = bool(_kernels.QUERY_FOLD) and self.mode != "dense" and _kernels.estimate_on_tensor_cores(
+            d=dp, g=self.g, hq=self.hq, hkv=cache.num_kv_heads, kind=cache.metadata, per_head=self._per_head,
+            group_scores=self._group_scores)
         self.out = cupy.empty((b, self.hq, dp), f32)
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)

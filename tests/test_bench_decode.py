@@ -717,7 +717,6 @@ def test_kv_layer_bytes_counts_whole_blocks_of_float16_k_and_v():
     assert bd.kv_layer_bytes(llama, 32768 - 15, 2) == 2 * bd.kv_layer_bytes(llama, 32768, 1)  # a partial block
 
 
-
 def test_rotating_layers_keep_the_kv_and_the_metadata_out_of_l2():
     """Enough layers that both the K/V and the estimate's metadata of all of them are at least 4x L2 (the metadata
     decides for one request: 32K of Llama's shape is 8 MiB a layer), at least 2, at most the calls of one graph."""

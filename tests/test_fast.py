@@ -314,19 +314,22 @@ def test_two_blocks_a_warp_keep_the_loops_decisions(monkeypatch, d, warps, stop,
     np.testing.assert_allclose(cupy.asnumpy(paired.out), want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("mode,stop,speculate,step,batch", [
-    ("psa", "ema", None, 150, 1), ("psa", "sketch", None, 4, 2), ("psa", "ema", 1.0, 16, 2),
-    ("dense", "ema", None, None, 3), ("topk", "ema", None, None, 3)])
-def test_the_windowed_stream_attends_what_the_one_ahead_stream_does(monkeypatch, mode, stop, speculate, step, batch):
+@pytest.mark.parametrize("mode,stop,speculate,step,batch,hkv,d", [
+    ("psa", "ema", None, 150, 1, 2, 64), ("psa", "sketch", None, 4, 2, 2, 64), ("psa", "ema", 1.0, 16, 2, 2, 64),
+    ("dense", "ema", None, None, 3, 2, 64), ("topk", "ema", None, None, 3, 2, 64),
+    ("psa", "ema", None, 16, 2, 1, 256), ("psa", "ema", 1.0, 16, 2, 1, 256)])
+def test_the_windowed_stream_attends_what_the_one_ahead_stream_does(monkeypatch, mode, stop, speculate, step, batch,
+                                                                     hkv, d):
     """decode.cu's two prefetch streams (_kernels.DECODE_STREAM_WINDOW): entries loaded a window of 32 ahead by the
     lanes, or one entry a call ahead. They must copy the same blocks in the same order into the same stages, so
     every result is bit for bit the same: the loop with pairs and with many small chunks (step 4: streams longer
     than a window, so windows are refilled), the speculative attend with the resumed loop, and the split build
-    (dense, top-k) on a ragged batch, where some splits of the shorter requests are empty."""
+    (dense, top-k) on a ragged batch, where some splits of the shorter requests are empty; and Gemma 3's shape (one KV
+    head, D 256: 4 warps of 2 stages, unpaired), looping and speculating (the resumed loop's warps half idle)."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(11)
-    hq, hkv, d = 8, 2, 64
+    hq = 4 * hkv
     lens = [700 * 16 + 5, 90 * 16 + 3, 300 * 16][:batch]
     cache = psa_fast.PagedKVCache(num_layers=1, batch=batch, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
                                   metadata="quant3" if stop == "sketch" else "cuboid_mean")
@@ -349,20 +352,21 @@ def test_the_windowed_stream_attends_what_the_one_ahead_stream_does(monkeypatch,
                                       err_msg=name)
 
 
-@pytest.mark.parametrize("q_type,gqa,d", [("float16", "shared", 128), ("float32", "shared", 128),
-                                         ("bfloat16", "shared", 128), ("float16", "per_head", 128),
-                                         ("float32", "shared", 72)])
-def test_the_estimate_scales_the_query_as_scale_query_does(monkeypatch, q_type, gqa, d):
+@pytest.mark.parametrize("q_type,gqa,hkv,d", [("float16", "shared", 2, 128), ("float32", "shared", 2, 128),
+                                             ("bfloat16", "shared", 2, 128), ("float16", "per_head", 2, 128),
+                                             ("float32", "shared", 2, 72), ("float16", "shared", 1, 256)])
+def test_the_estimate_scales_the_query_as_scale_query_does(monkeypatch, q_type, gqa, hkv, d):
     """_kernels.QUERY_FOLD: psa_estimate_mma reads the caller's query (float16, float32 or bfloat16), scales it
     itself and writes the decode kernel's two scaled copies, so no psa_scale_query runs: the plan's buffers, the
     scores, the order and the output are those of the unfolded step bit for bit, for shared groups, per head (one
-    launch a KV head) and a head dimension the cache pads (72 -> 128: the query's rows are shorter than the plan's)."""
+    launch a KV head), a head dimension the cache pads (72 -> 128: the query's rows are shorter than the plan's)
+    and Gemma 3's shape (one KV head, D 256)."""
     import torch
 
     from psa_fast import _kernels
 
     rng = np.random.default_rng(5)
-    hq, hkv, t = 8, 2, 900 * 16 + 7
+    hq, t = 4 * hkv, 900 * 16 + 7
     dtype = "bfloat16" if q_type == "bfloat16" else "float16"
     cache = psa_fast.PagedKVCache(num_layers=1, batch=2, num_kv_heads=hkv, head_dim=d, max_tokens=t, dtype=dtype)
     for b in range(2):
@@ -370,7 +374,7 @@ def test_the_estimate_scales_the_query_as_scale_query_does(monkeypatch, q_type, 
         v = torch.tensor(rng.standard_normal((hkv, t - 300 * b, d)), device="cuda").to(getattr(torch, dtype))
         cache.prefill(0, b, k, v)
     q = torch.tensor(2 * rng.standard_normal((2, hq, d)), device="cuda").to(getattr(torch, q_type))
-    assert cache.dp == 128
+    assert cache.dp == max(d, 128)
     runs = {}
     for fold in (0, 1):
         monkeypatch.setattr(_kernels, "QUERY_FOLD", fold)

@@ -40,6 +40,8 @@ static_assert(PSA_KIND == 0 || PSA_KIND == 2, "estimate_mma scores cuboid_mean a
 static_assert(PSA_BOUNDS != 1, "the certified bounds need lo/hi per channel: estimate.cu");
 static_assert(PSA_G <= 4, "estimate_mma packs at most 4 heads' hi and lo parts into the MMA's 8 columns");
 static_assert(PSA_EST_WARP_BLOCKS % 16 == 0, "a warp scores whole tiles of 16 blocks");
+static_assert(PSA_K % 32 == 0 && PSA_KC % PSA_KG == 0, "estimate_mma reads rows in chunks of 32 channels");
+static_assert(!PSA_BF16, "metadata is float16");
 
 #ifndef PSA_QIN
 #define PSA_QIN 0  // _kernels.QUERY_FOLD: 0 the plan's scaled query; 1 / 2 / 3 the caller's (above)
@@ -54,8 +56,6 @@ __device__ __forceinline__ float qin_float(qin_t x) { return x; }
 typedef unsigned short qin_t;
 __device__ __forceinline__ float qin_float(qin_t x) { return __int_as_float(((int)x) << 16); }
 #endif
-static_assert(PSA_K % 32 == 0 && PSA_KC % PSA_KG == 0, "estimate_mma reads rows in chunks of 32 channels");
-static_assert(!PSA_BF16, "metadata is float16");
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, const __half* __restrict__ lohi,
