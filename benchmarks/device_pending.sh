@@ -158,11 +158,12 @@ kernel_suites() {
 # The runs of record since the twenty-third session (run from benchmarks/): Llama's 5% rows at 32K B = 1, 128K
 # B = 1 and 8, and the real Gemma layer 17 at B = 1, 8, 32; each log kept, its tail printed if no row came out.
 records() {
+  local run="${RECORD_RUN:-python3}"  # e.g. "python3 exp_kernels_attr.py NAME=v --" for a launch rule's fallback
   mkdir -p "$OUT/l" "$OUT/g"
-  timeout 150 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+  timeout 150 $run bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
       --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
       --out "$OUT/l" 2>&1 | tee "$OUT/l.log" | grep "^|" | cut -d'|' -f4-8,12 | grep . || tail -n 5 "$OUT/l.log"
-  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+  timeout 200 $run bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g.log"
 }
@@ -372,7 +373,7 @@ if [ "$PART" = allbench ]; then
   timeout 200 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
       --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/l" \
       2>&1 | grep "^|" | cut -d'|' -f4-8,12
-  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+  timeout 200 $run bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/g" 2>&1 | grep "^|" \
       | cut -d'|' -f4-9,12
   timeout 100 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 131072 --batches 8 \
@@ -716,6 +717,48 @@ if [ "$PART" = next26ab ]; then
   timeout 90 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1 -- exp_kernels_attr.py SLICE=256,512,1024 -- \
       exp_order_rank.py --shapes 1x8x8192,1x8x4096 2>&1 | grep -v Warn | tee -a "$OUT/exp_mergelift.md" \
       | grep "^#\|^|" | grep -v "^|---"
+  exit 0
+fi
+if [ "$PART" = s26a ]; then
+  # twenty-sixth session, after next26/next26ab: the window's new rule (head dims <= 128) and the merge's lifting on
+  # by default; the merge narrowed by each warp's first and last keys (ORDER_MERGE_LIFT 2): its tests, its A/B
+  # against lifting, ncu of both at one request's 128K (8 x 8,192 keys), and where the query's fold loses (per kernel).
+  gpu_tests t_s26a.log 200 tests/test_fast.py -k "windowed or lifting or order or two_blocks or default_step or split"
+  cd benchmarks
+  timeout 60 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1,2 -- exp_order_rank.py --shapes 1x8x4096,1x8x8192,8x8x8192 \
+      2>&1 | grep -v Warn | tee "$OUT/exp_merge2.md" | grep "^#\|^|" | grep -v "^|---"
+  timeout 100 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1,2 -- profile_decode_step.py --share 0.05 \
+      --shape llama8b --size 131072 --batches 1 --variants ema --out "$OUT" 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_"
+  for lift in 1 2; do
+    timeout 100 ncu --clock-control none -k regex:psa_order_merge --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+        --section Occupancy --section SchedulerStats --print-details all python3 exp_kernels_attr.py \
+        ORDER_MERGE_LIFT=$lift -- exp_order_rank.py --shapes 1x8x8192 > "$OUT/ncu_merge_lift$lift.txt" 2>&1
+    echo "ncu lift=$lift rc=$?"; grep -E "Duration|DRAM Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Issue Slots \
+|Achieved Occupancy|Stall (Long|Short|Wait|MIO|LG|Not|No Inst)|Warp Cycles Per Issued" "$OUT/ncu_merge_lift$lift.txt" | head -24
+  done
+  timeout 120 python3 exp_kernels_attr.py QUERY_FOLD=0,1 -- profile_decode_step.py --share 0.05 \
+      --shape llama8b --size 131072 --batches 8 --variants ema --out "$OUT" 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_"
+  exit 0
+fi
+if [ "$PART" = s26b ]; then
+  # psa_order_merge's lifting in fewer instructions a probe (ORDER_MERGE_LIFT 2, the new default): its tests, its
+  # SASS beside lifting's, its A/B; the runs of record (with lifting 1 if 2's tests fail); the two suites next26's
+  # one-process run left out.
+  gpu_tests t_s26b.log 90 tests/test_fast.py -k "lifting or slices or order_by"
+  grep -q "failed" "$OUT/t_s26b.log" && export RECORD_RUN="python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1 --"
+  python3 -c "from psa_fast import _kernels; open('/tmp/merge.cu', 'w').write(_kernels._source('order_merge.cu'))"
+  for lift in 1 2; do
+    nvcc -arch=sm_90 -cubin -DPSA_D=16 -DPSA_S=16 -DPSA_G=1 -DPSA_MERGE_LIFT=$lift /tmp/merge.cu -o /tmp/m$lift.cubin \
+        && cuobjdump -sass /tmp/m$lift.cubin > "$OUT/merge_lift${lift}_sass.txt" 2>&1
+    echo "SASS lift=$lift lines=$(grep -c '^ */\*[0-9a-f]*\*/' "$OUT/merge_lift${lift}_sass.txt")"
+  done
+  cd benchmarks
+  timeout 60 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1,2 -- exp_order_rank.py --shapes 1x8x4096,1x8x8192,2x8x8192 \
+      2>&1 | grep -v Warn | tee "$OUT/exp_merge3.md" | grep "^#\|^|" | grep -v "^|---"
+  records
+  cd ..
+  gpu_tests t_s26b_suites.log 150 tests/test_fast_metadata.py tests/test_fast_pool.py
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

@@ -259,7 +259,9 @@ def _pow2(x: int, least: int) -> int:
 
 MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
 SLICE = 1024  # keys per CTA in the two-kernel sort
-ORDER_MERGE_LIFT = 0  # 1: psa_order_merge searches the other slices eight at a time (PSA_MERGE_LIFT; not yet timed)
+# psa_order_merge's search of the other slices (PSA_MERGE_LIFT): 0 one slice after another, 1 eight at a time by
+# binary lifting (128K, one request: 15.1 -> 12.1 µs on the H200), 2 the same in fewer instructions a probe
+ORDER_MERGE_LIFT = 2
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
@@ -396,9 +398,11 @@ DECODE_STAGES = 3  # cp.async ring depth per warp (decode v2, v3)
 SMEM_LIMIT = 227 * 1024
 DECODE_VERSION = 3
 DECODE_PAIR = 1  # 1: a decode warp attends two blocks of a chunk at once where it has two (PSA_PAIR, decode.cu)
-# 1: each warp's order and block-table entries are loaded a window of 32 ahead by its lanes (PSA_STREAM_WINDOW,
-# decode.cu). Off until every GPU suite has passed with it on (benchmarks/NOTES.md, twenty-fifth session).
-DECODE_STREAM_WINDOW = 0
+# The largest (padded) head dimension whose decode builds load each warp's order and block-table entries a window
+# of 32 ahead by its lanes (PSA_STREAM_WINDOW, decode.cu); 0: none. On the H200 the window took Llama's one-request
+# loop at 128K from 81.5 to 78.6 µs but made Gemma 3's D 256 builds (4 warps, more registers) 1-2 µs slower
+# (benchmarks/NOTES.md, twenty-sixth session).
+DECODE_STREAM_WINDOW = 128
 SPEC_VERIFY_THREADS = 1024  # psa_spec_verify's CTA (PSA_VERIFY_THREADS in spec.cu)
 
 
@@ -553,7 +557,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if version == 3:
         defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
         defines["pair"] = DECODE_PAIR
-        defines["stream_window"] = DECODE_STREAM_WINDOW
+        defines["stream_window"] = int(d <= DECODE_STREAM_WINDOW)
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"

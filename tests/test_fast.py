@@ -344,11 +344,11 @@ def test_the_windowed_stream_attends_what_the_one_ahead_stream_does(monkeypatch,
     else:
         opts.update(splits=7, k=200)
     runs = {}
-    for window in (0, 1):
+    for window in (0, 256):  # no build windowed, every build windowed
         monkeypatch.setattr(_kernels, "DECODE_STREAM_WINDOW", window)
         runs[window] = psa_fast.plan(cache, **opts).run(q)
     for name in ("out", "num_used", "iterations", "reason"):
-        np.testing.assert_array_equal(cupy.asnumpy(getattr(runs[1], name)), cupy.asnumpy(getattr(runs[0], name)),
+        np.testing.assert_array_equal(cupy.asnumpy(getattr(runs[256], name)), cupy.asnumpy(getattr(runs[0], name)),
                                       err_msg=name)
 
 
@@ -845,14 +845,16 @@ def test_order_kernels_match_reference_rank(nmax, lens, method):
 
 @pytest.mark.parametrize("nmax, lens", [(3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]), (8192, [8192 * 16, 40 * 16]),
                                          (16384, [16384 * 16, 9000 * 16 + 3])])
-def test_the_merge_by_lifting_gives_the_reference_order(monkeypatch, nmax, lens):
-    """psa_order_merge with the other slices searched eight at a time by binary lifting (_kernels.ORDER_MERGE_LIFT)
+@pytest.mark.parametrize("lift", [0, 1, 2])
+def test_the_merge_by_lifting_gives_the_reference_order(monkeypatch, nmax, lens, lift):
+    """psa_order_merge with the other slices searched one after another, eight at a time by binary lifting, and
+    eight at a time narrowed to what each warp's first and last keys bound (_kernels.ORDER_MERGE_LIFT 0, 1, 2)
     gives psa_ref's order, ties included, and -1 past n: 3 to 8 slices (one batch) and 16,384 blocks (16 slices,
-    two batches, the shorter request's later ones all padding)."""
+    two batches, the shorter request's later ones all padding, some warps partly)."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
-    monkeypatch.setattr(_kernels, "ORDER_MERGE_LIFT", 1)
+    monkeypatch.setattr(_kernels, "ORDER_MERGE_LIFT", lift)
     rng = np.random.default_rng(nmax + 1)
     b, gn = len(lens), 2
     scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties

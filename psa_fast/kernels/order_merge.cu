@@ -10,7 +10,8 @@
 typedef unsigned long long u64;
 
 #ifndef PSA_MERGE_LIFT
-#define PSA_MERGE_LIFT 0  // _kernels.ORDER_MERGE_LIFT: the other slices searched eight at a time (below)
+#define PSA_MERGE_LIFT 0  // _kernels.ORDER_MERGE_LIFT: 1 the other slices searched eight at a time, 2 the same in
+                          // fewer instructions (below)
 #endif
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -27,7 +28,33 @@ psa_order_merge(const u64* __restrict__ sorted, const int* __restrict__ seq_lens
     if (key == 0ull) return;  // padding
     const int mine = e / SL;
     int rank = e - mine * SL;
-#if PSA_MERGE_LIFT
+#if PSA_MERGE_LIFT == 2
+    // As PSA_MERGE_LIFT 1, in fewer instructions a probe (the kernel issues ~2,700 a warp and waits on them, not on
+    // memory: ncu, benchmarks/NOTES.md): each slice's count found among its first SL - 1 positions by halves
+    // SL / 2 .. 1, so that no probe reaches past the slice and none needs a bound check, then one last probe decides
+    // whether it is SL; a probe's address one wide multiply-add from the slice's pointer.
+    for (int p0 = 0; p0 < P; p0 += 8) {
+        const u64* s[8];
+        int count[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            s[i] = keys + (long)min(p0 + i, P - 1) * SL - 1;  // s[c] = slice[c - 1] (past the last slice: not counted)
+            count[i] = 0;
+        }
+        for (int half = SL >> 1; half > 0; half >>= 1) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int at = count[i] + half;
+                count[i] = __ldg(s[i] + at) > key ? at : count[i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            count[i] += __ldg(s[i] + count[i] + 1) > key;
+            if (p0 + i < P && p0 + i != mine) rank += count[i];
+        }
+    }
+#elif PSA_MERGE_LIFT
     // The count of each other slice's keys above `key` by binary lifting (SL a power of two: the largest count c
     // with s[c - 1] > key), eight slices at once, so that a key waits for log2(SL) + 1 rounds of eight independent
     // loads, not for P - 1 searches one after another (~70 dependent loads at 8,192 blocks a group).
