@@ -112,6 +112,11 @@
 #   run(command="bash benchmarks/device_pending.sh next26ab")  (~4 minutes)
 #  the twenty-fifth session's three switches (the windowed stream, the merge's lifting, the query's fold into the
 #  estimate): their tests, every kernel suite with all on, each A/B.
+#   run(command="bash benchmarks/device_pending.sh s26a")  (~2 minutes)
+#  the window's head-dimension rule and the merge's lifting as defaults: tests; a warp-narrowed merge (no gain);
+#  ncu of the merge; the query's fold per kernel (the estimate slower: the fold was removed).
+#   run(command="bash benchmarks/device_pending.sh s26b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~6 minutes)
+#  the merge's lifting in fewer instructions: tests, SASS, A/B; the runs of record; test_fast_metadata and _pool.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -682,6 +687,7 @@ if [ "$PART" = window ]; then
   exit 0
 fi
 if [ "$PART" = next26 ]; then
+  # (Run once, twenty-sixth session; _kernels.QUERY_FOLD and ORDER_MERGE_LIFT were removed after it: the record.)
   # The three switches prepared in the twenty-fifth session, in one call (~8 minutes): their comparison tests, then
   # every kernel suite in one process with all on (_kernels.DECODE_STREAM_WINDOW, ORDER_MERGE_LIFT, QUERY_FOLD), then
   # the order methods with the merge's lifting off and on. Then at once (warm) `next26ab`.
@@ -697,6 +703,7 @@ _kernels.ORDER_MERGE_LIFT = 1; _kernels.QUERY_FOLD = 1; sys.exit(pytest.main(['-
   exit 0
 fi
 if [ "$PART" = next26ab ]; then
+  # (Run once, twenty-sixth session; _kernels.QUERY_FOLD and ORDER_MERGE_LIFT were removed after it: the record.)
   # after next26 (warm): each switch A/B in one process: Llama's and Gemma 3's loop and speculating rows (the
   # windowed stream), one request's step at 128K kernel by kernel (the merge), Llama's steps (the query's fold).
   cd benchmarks
@@ -720,6 +727,7 @@ if [ "$PART" = next26ab ]; then
   exit 0
 fi
 if [ "$PART" = s26a ]; then
+  # (Run once, twenty-sixth session; _kernels.QUERY_FOLD and ORDER_MERGE_LIFT were removed after it: the record.)
   # twenty-sixth session, after next26/next26ab: the window's new rule (head dims <= 128) and the merge's lifting on
   # by default; the merge narrowed by each warp's first and last keys (ORDER_MERGE_LIFT 2): its tests, its A/B
   # against lifting, ncu of both at one request's 128K (8 x 8,192 keys), and where the query's fold loses (per kernel).
@@ -742,6 +750,7 @@ if [ "$PART" = s26a ]; then
   exit 0
 fi
 if [ "$PART" = s26b ]; then
+  # (Run once, twenty-sixth session; _kernels.QUERY_FOLD and ORDER_MERGE_LIFT were removed after it: the record.)
   # psa_order_merge's lifting in fewer instructions a probe (ORDER_MERGE_LIFT 2, the new default): its tests, its
   # SASS beside lifting's, its A/B; the runs of record (with lifting 1 if 2's tests fail); the two suites next26's
   # one-process run left out.

@@ -162,27 +162,8 @@ def allow_cluster(fn, cluster: int) -> None:
         driver.funcSetAttribute(fn.kernel.ptr, 14, 1)  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 
 
-QUERY_FOLD = 0  # 1: psa_estimate_mma scales the caller's query itself (PSA_QIN) and no psa_scale_query runs
-QUERY_CODES = {"float16": 1, "float32": 2, "bfloat16": 3}  # PSA_QIN of the caller's query (bfloat16: int16 bits)
-
-
-def _estimate_launch_g(g: int, hq: int, hkv: int, per_head, group_scores) -> tuple[bool, int]:
-    """Whether one launch scores each KV head's query heads one by one (``fused``), and the heads a launch group."""
-    kv_group = hq // hkv
-    fused = g == 1 and 1 < kv_group <= 8 and per_head != "bounds" and group_scores is not None
-    return fused, kv_group if fused else g
-
-
-def estimate_on_tensor_cores(*, d, g, hq, hkv, kind, per_head=None, group_scores=None) -> bool:
-    """Whether ``estimate`` runs ``psa_estimate_mma`` (``cuboid_mean`` and ``mean``, groups of at most 4 heads),
-    the one kernel that can take the caller's query (``fold``)."""
-    launch_g = _estimate_launch_g(g, hq, hkv, per_head, group_scores)[1]
-    return (bool(ESTIMATE_ON_TENSOR_CORES) and kind in ("cuboid_mean", "mean") and per_head != "bounds"
-            and launch_g <= 4 and (2 * d if kind == "cuboid_mean" else d) % 32 == 0)
-
-
 def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax, kind, per_head=None,
-             codes=None, group_scores=None, fold=None) -> None:
+             codes=None, group_scores=None) -> None:
     """Launch ``psa_estimate`` (``psa_estimate_quant3`` for ``kind="quant3"``, which reads ``codes``
     where the others read ``meta``): ``scores [B, Hq/g, Nmax]`` and, if ``per_head`` is ``"bounds"``
     (min/max bounds, certified) or ``"estimates"`` (each head's estimate, sketch), ``bounds [B, Hq, Nmax]``.
@@ -196,31 +177,19 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     larger groups, ``minmax`` and the certified bounds on the CUDA cores (``psa_estimate``).
 
     Each warp scores up to 32 (quant3: 16) consecutive blocks (fewer when that would leave SMs idle; the tensor
-    cores' version whole tiles of 16).
-
-    ``fold = (q_in, scale, pow2, q_mma)``: where ``psa_estimate_mma`` runs, it reads the caller's query ``q_in``
-    (``[B, Hq, D]`` C-contiguous float16, float32, or int16 bfloat16 bits) and writes what ``scale_query`` would
-    (``q = q_in * scale``, ``q_mma = q_in * pow2``, ``[B, Hq, d]`` with their padding untouched); no other kernel
-    takes it."""
+    cores' version whole tiles of 16)."""
     b = q.shape[0]
-    fused, launch_g = _estimate_launch_g(g, hq, hkv, per_head, group_scores)
-    on_mma = estimate_on_tensor_cores(d=d, g=g, hq=hq, hkv=hkv, kind=kind, per_head=per_head,
-                                      group_scores=group_scores)
-    if fold is not None and not on_mma:
-        raise ValueError("fold: only psa_estimate_mma (cuboid_mean / mean, groups of at most 4 heads) reads the "
-                         "caller's query")
-    folded, fold_args = {}, ()
-    if fold is not None:
-        q_in, scale, pow2, q_mma = fold
-        folded = dict(qin=QUERY_CODES["bfloat16" if q_in.dtype == np.int16 else str(q_in.dtype)])
-        fold_args = (q_in, np.float32(scale), np.float32(pow2), np.int32(q_in.shape[-1]), q, q_mma)
+    kv_group = hq // hkv
+    fused = g == 1 and 1 < kv_group <= 8 and per_head != "bounds" and group_scores is not None
+    launch_g = kv_group if fused else g
     if kind == "quant3":
         warps, per_warp, least = QUANT3_WARPS, 16, 1
         make = functools.partial(kernel, "sketch", entry="estimate_quant3")
         summary = codes
-    elif on_mma:
+    elif (ESTIMATE_ON_TENSOR_CORES and kind in ("cuboid_mean", "mean") and per_head != "bounds" and launch_g <= 4
+          and (2 * d if kind == "cuboid_mean" else d) % 32 == 0):  # on the tensor cores
         warps, per_warp, least = ESTIMATE_MMA_LAUNCH
-        make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind], **folded)
+        make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind])
         summary = meta
     else:
         warps, per_warp, least = ESTIMATE_WARPS, 32, 4
@@ -231,16 +200,16 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     per_cta = warps * per_warp
     grid = ((nmax + per_cta - 1) // per_cta, hq // launch_g, b)
     if fused:  # per-head estimates into scores (the groups of per-head selection), the group maxima unused
-        fn = make(d=d, s=s, g=launch_g, warps=warps, bounds=BOUND_CODES["estimates"], est_warp_blocks=per_warp)
+        fn = make(d=d, s=s, g=kv_group, warps=warps, bounds=BOUND_CODES["estimates"], est_warp_blocks=per_warp)
         fn(grid, (warps * 32,), (q, summary, lohi, seq_lens, group_scores, scores, np.int32(hq), np.int32(hkv),
-                                 np.int32(nmax)) + fold_args)
+                                 np.int32(nmax)))
         if per_head == "estimates":
             bounds[...] = scores
         return
     fn = make(d=d, s=s, g=g, warps=warps, bounds=BOUND_CODES[per_head], est_warp_blocks=per_warp)
     fn(grid, (warps * 32,),
        (q, summary, lohi, seq_lens, scores, scores if per_head is None else bounds, np.int32(hq), np.int32(hkv),
-        np.int32(nmax)) + fold_args)
+        np.int32(nmax)))
 
 
 def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
@@ -259,9 +228,6 @@ def _pow2(x: int, least: int) -> int:
 
 MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
 SLICE = 1024  # keys per CTA in the two-kernel sort
-# psa_order_merge's search of the other slices (PSA_MERGE_LIFT): 0 one slice after another, 1 eight at a time by
-# binary lifting (128K, one request: 15.1 -> 12.1 µs on the H200), 2 the same in fewer instructions a probe
-ORDER_MERGE_LIFT = 2
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
@@ -350,7 +316,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         fn = kernel("order_slice", d=16, s=s, g=g, npad=SLICE)
         fn((p, gn, b), (SLICE,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
                                   np.int32(recent_blocks)), shared_mem=SLICE * 8)
-        merge = kernel("order_merge", d=16, s=s, g=g, merge_lift=ORDER_MERGE_LIFT)
+        merge = kernel("order_merge", d=16, s=s, g=g)
         merge((-(-max(npad, nmax) // 256), gn, b), (256,), (workspace, seq_lens, out_order, np.int32(nmax),
                                                            np.int32(p), np.int32(SLICE)))
     else:

@@ -209,7 +209,6 @@ class DecodePlan:
         self.qk_scale = self.scale / self._pow2
         self.q_mma = cupy.zeros((b, self.hq, dp), f32)
         self._q_exact = False  # the last query loaded was bfloat16 for a bfloat16 cache (see load_query)
-        self._q_in = None  # the caller's query, when the estimate scales it (_kernels.QUERY_FOLD; see load_query)
         self.scores = cupy.empty((b, self.gn, nmax), f32)
         # per-head selection: one estimate launch per KV head scores its query heads (scratch for the group maxima)
         kv_group = self.hq // cache.num_kv_heads
@@ -230,10 +229,6 @@ class DecodePlan:
         self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
         # ... and each head's log sketch mass by position of the order (psa_order_suffix writes it beside the sums)
         self.sketch_ordered = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
-        # The estimate scales the caller's query itself where it can (one launch fewer a step)
-        self._fold = bool(_kernels.QUERY_FOLD) and self.mode != "dense" and _kernels.estimate_on_tensor_cores(
-            d=dp, g=self.g, hq=self.hq, hkv=cache.num_kv_heads, kind=cache.metadata, per_head=self._per_head,
-            group_scores=self._group_scores)
         self.out = cupy.empty((b, self.hq, dp), f32)
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
@@ -316,9 +311,7 @@ class DecodePlan:
 
     def load_query(self, q, layer: int) -> int:
         """Stage 0: copy ``q`` into the plan's buffers, zero-padded: scaled (``q``, for the estimates) and
-        scaled by a power of two (``q_mma``, for the decode kernel). Where the estimate can do that itself
-        (``_kernels.QUERY_FOLD``, the tensor-core estimate), only checks ``q`` and keeps it
-        for [`estimate`][psa_fast.DecodePlan.estimate]. Returns the checked layer."""
+        scaled by a power of two (``q_mma``, for the decode kernel). Returns the checked layer."""
         c = self.cache
         qa = as_cupy_kv(q, "q", "bfloat16") if is_torch_bf16(q) else as_cupy(q, "q", dtypes=("float16", "float32"))
         bf16_q = qa.dtype == np.dtype(BF16_BITS)
@@ -328,10 +321,8 @@ class DecodePlan:
         empty = np.flatnonzero(c.host_lens[layer] == 0)
         if empty.size:
             raise ValueError(f"requests {empty.tolist()} have no tokens in layer {layer}; prefill them first")
-        self._q_in = qa if self._fold else None  # (as_cupy takes only C-contiguous arrays)
-        if self._q_in is None:  # (else the estimate scales it: estimate's fold)
-            _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim],
-                                 self.q_mma[..., : c.head_dim], bf16_bits=bf16_q)
+        _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim], self.q_mma[..., : c.head_dim],
+                             bf16_bits=bf16_q)
         self._q_exact = bf16_q and c.dtype == "bfloat16"  # float16 can underflow once scaled: not claimed
         return layer
 
@@ -346,7 +337,6 @@ class DecodePlan:
         _kernels.estimate(self.q, c.meta[layer], c.lohi[layer], c.seq_lens[layer], self.scores, self.bounds, d=c.dp,
                           hkv=c.num_kv_heads, kind=c.metadata, per_head=self._per_head,
                           codes=None if c.codes is None else c.codes[layer], group_scores=self._group_scores,
-                          fold=None if self._q_in is None else (self._q_in, self.scale, self._pow2, self.q_mma),
                           **self._shape())
         if self.rank == "share" and self.g > 1:
             _kernels.share_key(self.bounds, c.seq_lens[layer], self.scores, **self._shape())

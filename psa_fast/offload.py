@@ -350,7 +350,6 @@ class OffloadDecoder(DecodePlan):
         # the loader's pool holds two iterations, so the resident plan's step="auto" (sized for HBM) is not its default
         options.setdefault("step", 64)
         super().__init__(cache, **options)
-        self._fold = False  # the estimate is replayed from a graph: it must read the plan's query buffer, not q's
         if self.mode == "dense":
             raise ValueError("mode='dense' is not offloaded: it reads every block, use a resident PagedKVCache")
         if self.version != 3:

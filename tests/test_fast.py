@@ -352,43 +352,6 @@ def test_the_windowed_stream_attends_what_the_one_ahead_stream_does(monkeypatch,
                                       err_msg=name)
 
 
-@pytest.mark.parametrize("q_type,gqa,hkv,d", [("float16", "shared", 2, 128), ("float32", "shared", 2, 128),
-                                             ("bfloat16", "shared", 2, 128), ("float16", "per_head", 2, 128),
-                                             ("float32", "shared", 2, 72), ("float16", "shared", 1, 256)])
-def test_the_estimate_scales_the_query_as_scale_query_does(monkeypatch, q_type, gqa, hkv, d):
-    """_kernels.QUERY_FOLD: psa_estimate_mma reads the caller's query (float16, float32 or bfloat16), scales it
-    itself and writes the decode kernel's two scaled copies, so no psa_scale_query runs: the plan's buffers, the
-    scores, the order and the output are those of the unfolded step bit for bit, for shared groups, per head (one
-    launch a KV head), a head dimension the cache pads (72 -> 128: the query's rows are shorter than the plan's)
-    and Gemma 3's shape (one KV head, D 256)."""
-    import torch
-
-    from psa_fast import _kernels
-
-    rng = np.random.default_rng(5)
-    hq, t = 4 * hkv, 900 * 16 + 7
-    dtype = "bfloat16" if q_type == "bfloat16" else "float16"
-    cache = psa_fast.PagedKVCache(num_layers=1, batch=2, num_kv_heads=hkv, head_dim=d, max_tokens=t, dtype=dtype)
-    for b in range(2):
-        k = torch.tensor(rng.standard_normal((hkv, t - 300 * b, d)), device="cuda").to(getattr(torch, dtype))
-        v = torch.tensor(rng.standard_normal((hkv, t - 300 * b, d)), device="cuda").to(getattr(torch, dtype))
-        cache.prefill(0, b, k, v)
-    q = torch.tensor(2 * rng.standard_normal((2, hq, d)), device="cuda").to(getattr(torch, q_type))
-    assert cache.dp == max(d, 128)
-    runs = {}
-    for fold in (0, 1):
-        monkeypatch.setattr(_kernels, "QUERY_FOLD", fold)
-        plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, stop="ema", step=64, gqa=gqa)
-        assert plan._fold == bool(fold)
-        dec = plan.run(q)
-        assert (plan._q_in is not None) == bool(fold)
-        runs[fold] = {name: cupy.asnumpy(x) for name, x in [("q", plan.q), ("q_mma", plan.q_mma),
-                                                            ("scores", plan.scores), ("order", dec.order),
-                                                            ("out", dec.out), ("num_used", dec.num_used)]}
-    for name, want in runs[0].items():
-        np.testing.assert_array_equal(runs[1][name], want, err_msg=name)
-
-
 def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
     """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
     the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""
@@ -845,16 +808,13 @@ def test_order_kernels_match_reference_rank(nmax, lens, method):
 
 @pytest.mark.parametrize("nmax, lens", [(3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]), (8192, [8192 * 16, 40 * 16]),
                                          (16384, [16384 * 16, 9000 * 16 + 3])])
-@pytest.mark.parametrize("lift", [0, 1, 2])
-def test_the_merge_by_lifting_gives_the_reference_order(monkeypatch, nmax, lens, lift):
-    """psa_order_merge with the other slices searched one after another, eight at a time by binary lifting, and
-    eight at a time narrowed to what each warp's first and last keys bound (_kernels.ORDER_MERGE_LIFT 0, 1, 2)
-    gives psa_ref's order, ties included, and -1 past n: 3 to 8 slices (one batch) and 16,384 blocks (16 slices,
-    two batches, the shorter request's later ones all padding, some warps partly)."""
+def test_the_merge_gives_the_reference_order(nmax, lens):
+    """psa_order_merge (each key's count in the other slices by binary lifting, eight slices at once) gives psa_ref's
+    order, ties included, and -1 past n: 3 to 8 slices (one batch of eight) and 16,384 blocks (16 slices, two
+    batches, the shorter request's later ones all padding, some warps partly)."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
-    monkeypatch.setattr(_kernels, "ORDER_MERGE_LIFT", lift)
     rng = np.random.default_rng(nmax + 1)
     b, gn = len(lens), 2
     scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties

@@ -19,10 +19,7 @@
 // Llama-3.1-8B's shape (H200): 6.2 -> 3.7 us at 32K B = 1, 91.9 -> 66.3 us at 128K B = 8 (4.0 TB/s on 268 MB);
 // the compiler then keeps a chunk group's 16 loads in flight (130 registers at D 128, 70 before).
 //
-//   q       [B, Hq, PSA_D]            float, already multiplied by the logit scale (PSA_QIN 0)
-//   PSA_QIN 1 / 2 / 3: the caller's query instead, qin [B, Hq, qdim] float16 / float32 / bfloat16 bits, scaled
-//   here (x * qscale, the float32 product psa_scale_query makes) and written for the decode kernel by each group's
-//   first CTA: q_out = x * qscale, qmma_out = x * qpow2 [B, Hq, PSA_D] (their padding is left as it is: zero)
+//   q       [B, Hq, PSA_D]            float, already multiplied by the logit scale
 //   meta    [B, Hkv, Nmax, 2, PSA_D]  half: (centre, radius) for cuboid_mean, (mean, -) for mean
 //   scores  [B, Hq/PSA_G, Nmax]       float out: max over the group's heads; -inf past the last block
 //   bounds  [B, Hq, Nmax]             float out (PSA_BOUNDS 2): each head's own estimate
@@ -43,45 +40,17 @@ static_assert(PSA_EST_WARP_BLOCKS % 16 == 0, "a warp scores whole tiles of 16 bl
 static_assert(PSA_K % 32 == 0 && PSA_KC % PSA_KG == 0, "estimate_mma reads rows in chunks of 32 channels");
 static_assert(!PSA_BF16, "metadata is float16");
 
-#ifndef PSA_QIN
-#define PSA_QIN 0  // _kernels.QUERY_FOLD: 0 the plan's scaled query; 1 / 2 / 3 the caller's (above)
-#endif
-#if PSA_QIN == 1
-typedef __half qin_t;
-__device__ __forceinline__ float qin_float(qin_t x) { return __half2float(x); }
-#elif PSA_QIN == 2
-typedef float qin_t;
-__device__ __forceinline__ float qin_float(qin_t x) { return x; }
-#elif PSA_QIN == 3
-typedef unsigned short qin_t;
-__device__ __forceinline__ float qin_float(qin_t x) { return __int_as_float(((int)x) << 16); }
-#endif
-
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, const __half* __restrict__ lohi,
                  const int* __restrict__ seq_lens, float* __restrict__ scores, float* __restrict__ bounds,
-                 int Hq, int Hkv, int Nmax
-#if PSA_QIN
-                 , const qin_t* __restrict__ qin, float qscale, float qpow2, int qdim, float* __restrict__ q_out,
-                 float* __restrict__ qmma_out
-#endif
-                 ) {
+                 int Hq, int Hkv, int Nmax) {
     const int b = blockIdx.z, g = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r = lane >> 2, quad = lane & 3;
-    const int h0 = g * PSA_G;
-#if PSA_QIN
-    if (blockIdx.x == 0)  // the group's scaled queries, for the decode kernel (psa_scale_query's two outputs)
-        for (int i = threadIdx.x; i < PSA_G * qdim; i += blockDim.x) {
-            const long row = (long)b * Hq + h0 + i / qdim;
-            const float x = qin_float(__ldg(qin + row * qdim + i % qdim));
-            q_out[row * PSA_D + i % qdim] = x * qscale;
-            qmma_out[row * PSA_D + i % qdim] = x * qpow2;
-        }
-#endif
     const int jw = (blockIdx.x * PSA_WARPS + warp) * PSA_EST_WARP_BLOCKS;
     if (jw >= Nmax) return;
     const int jend = min(jw + PSA_EST_WARP_BLOCKS, Nmax);
+    const int h0 = g * PSA_G;
     const int kv = h0 / (Hq / Hkv);
     const int n_blocks = (seq_lens[b] + PSA_S - 1) / PSA_S;
 
@@ -106,11 +75,7 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
     // MMA's k slots (2 quad, + 1) and (2 quad + 8, + 9), registers 2, 3 the second MMA's.
     const int bh = r & 3;
     const float lo_part = r >= 4 ? 1.f : 0.f;
-#if PSA_QIN
-    const qin_t* qh = qin + ((long)b * Hq + h0 + bh) * qdim;
-#else
     const float* qh = q + ((long)b * Hq + h0 + bh) * PSA_D;
-#endif
     unsigned int bq[PSA_KC][4];
 #pragma unroll
     for (int c = 0; c < PSA_KC; ++c)
@@ -120,12 +85,7 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int k = 32 * c + 8 * quad + 2 * i + e;
-                const int kk = k < PSA_D ? k : k - PSA_D;
-#if PSA_QIN
-                const float x = bh < PSA_G && kk < qdim ? qin_float(__ldg(qh + kk)) * qscale : 0.f;
-#else
-                const float x = bh < PSA_G ? __ldg(qh + kk) : 0.f;
-#endif
+                const float x = bh < PSA_G ? __ldg(qh + (k < PSA_D ? k : k - PSA_D)) : 0.f;
                 v[e] = k < PSA_D ? x : fabsf(x);
             }
             bq[c][i] = pack_part(v[0], v[1], lo_part);
