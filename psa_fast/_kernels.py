@@ -228,6 +228,7 @@ def _pow2(x: int, least: int) -> int:
 
 MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
 SLICE = 1024  # keys per CTA in the two-kernel sort
+MERGE_LANES = 1  # psa_order_merge's threads a key (PSA_MERGE_LANES: 1, 2, 4 or 8; more than 1 not yet timed)
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
@@ -312,13 +313,15 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
     elif method == "slices":
+        if MERGE_LANES not in (1, 2, 4, 8):
+            raise ValueError(f"_kernels.MERGE_LANES must be 1, 2, 4 or 8, got {MERGE_LANES!r}")
         p = npad // SLICE
         fn = kernel("order_slice", d=16, s=s, g=g, npad=SLICE)
         fn((p, gn, b), (SLICE,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
                                   np.int32(recent_blocks)), shared_mem=SLICE * 8)
-        merge = kernel("order_merge", d=16, s=s, g=g)
-        merge((-(-max(npad, nmax) // 256), gn, b), (256,), (workspace, seq_lens, out_order, np.int32(nmax),
-                                                           np.int32(p), np.int32(SLICE)))
+        merge = kernel("order_merge", d=16, s=s, g=g, merge_lanes=MERGE_LANES)
+        merge((-(-max(npad, nmax) * MERGE_LANES // 256), gn, b), (256,), (
+            workspace, seq_lens, out_order, np.int32(nmax), np.int32(p), np.int32(SLICE)))
     else:
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)

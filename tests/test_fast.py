@@ -808,13 +808,16 @@ def test_order_kernels_match_reference_rank(nmax, lens, method):
 
 @pytest.mark.parametrize("nmax, lens", [(3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]), (8192, [8192 * 16, 40 * 16]),
                                          (16384, [16384 * 16, 9000 * 16 + 3])])
-def test_the_merge_gives_the_reference_order(nmax, lens):
-    """psa_order_merge (each key's count in the other slices by binary lifting, eight slices at once) gives psa_ref's
-    order, ties included, and -1 past n: 3 to 8 slices (one batch of eight) and 16,384 blocks (16 slices, two
-    batches, the shorter request's later ones all padding, some warps partly)."""
+@pytest.mark.parametrize("lanes", [1, 2, 4, 8])
+def test_the_merge_gives_the_reference_order(monkeypatch, nmax, lens, lanes):
+    """psa_order_merge (each key's count in the other slices by binary lifting, eight slices at once, by one thread
+    or shared among 2, 4 or 8: _kernels.MERGE_LANES) gives psa_ref's order, ties included, and -1 past n: 3 to 8
+    slices (one batch of eight) and 16,384 blocks (16 slices, two batches, the shorter request's later ones all
+    padding, some warps partly)."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
+    monkeypatch.setattr(_kernels, "MERGE_LANES", lanes)
     rng = np.random.default_rng(nmax + 1)
     b, gn = len(lens), 2
     scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties
