@@ -241,7 +241,8 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     (benchmarks/NOTES.md, eighteenth and nineteenth sessions): counting (``rank``) ~3 µs plus 7.5 M comparisons a
     µs (the integer ALU pipe's rate); one CTA's bitonic sort ~0.0095 µs a padded block, a wave of CTAs at a
     time; its radix passes ~5 µs plus 0.0027 a padded block, as many rounds as groups an SM; slices + merge
-    ~9.6 µs plus 0.0017 a padded block, its ``npad / SLICE`` CTAs a group in waves."""
+    ~12.8 µs plus 0.00068 a padded block (twenty-sixth session's merge: 15.6 µs at 4,096, 18.4 at 8,192), its
+    ``npad / SLICE`` CTAs a group in waves."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
     if method == "rank":
@@ -250,7 +251,7 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
         return 0.0095 * max(npad, 32) * waves
     if method == "radix":
         return (5.0 + 0.0027 * max(npad, 32)) * waves
-    return (9.6 + 0.0017 * npad) * -(-b * gn * max(1, npad // SLICE) // num_sms())
+    return (12.8 + 0.00068 * npad) * -(-b * gn * max(1, npad // SLICE) // num_sms())
 
 
 def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
