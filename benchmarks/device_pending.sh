@@ -117,8 +117,8 @@
 #  ncu of the merge; the query's fold per kernel (the estimate slower: the fold was removed).
 #   run(command="bash benchmarks/device_pending.sh s26b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~6 minutes)
 #  the merge's lifting in fewer instructions: tests, SASS, A/B; the runs of record; test_fast_metadata and _pool.
-#   run(command="bash benchmarks/device_pending.sh s26c")  (~1.5 minutes)
-#  psa_order_merge with 1, 2, 4, 8 threads a key: tests, the order methods A/B.
+#   run(command="bash benchmarks/device_pending.sh s27a")  (~5 minutes; prepared in the twenty-sixth session)
+#  psa_order_merge with 1, 2, 4, 8 threads a key; psa_estimate_mma's blocks a warp 16 / 32 / 64: tests, A/Bs.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -772,13 +772,19 @@ if [ "$PART" = s26b ]; then
   gpu_tests t_s26b_suites.log 150 tests/test_fast_metadata.py tests/test_fast_pool.py
   exit 0
 fi
-if [ "$PART" = s26c ]; then
+if [ "$PART" = s27a ]; then
   # psa_order_merge with 1, 2, 4 or 8 threads a key (_kernels.MERGE_LANES; the kernel ran at 23% occupancy, bound by
-  # its instructions): the merge's tests at each, then the order methods at one request's long orders (~90 s).
-  gpu_tests t_s26c.log 45 tests/test_fast.py -k "merge_gives"
+  # its instructions), and psa_estimate_mma's blocks a warp swept (ESTIMATE_MMA_WARP_BLOCKS; one request's estimate
+  # at 128K makes 1.3 waves): their tests, the order methods at one request's long orders, each stage's kernels.
+  gpu_tests t_s27a.log 90 tests/test_fast.py -k "merge_gives or any_blocks_a_warp"
   cd benchmarks
   timeout 45 python3 exp_kernels_attr.py MERGE_LANES=1,2,4,8 -- exp_order_rank.py --shapes 1x8x8192,2x8x8192,1x8x4096 \
       2>&1 | grep -v Warn | tee "$OUT/exp_merge_lanes.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,9-11
+  for a in "131072 1" "32768 1" "131072 8"; do set -- $a
+    timeout 100 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
+        --share 0.05 --shape llama8b --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_est_blocks.md" | grep "^#\|^T=\|psa_estimate"
+  done
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

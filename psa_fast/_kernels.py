@@ -21,6 +21,9 @@ KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2}  # quant3 has its own ke
 BOUND_CODES = {None: 0, "bounds": 1, "estimates": 2}  # what estimate() writes per head beside the group scores
 ESTIMATE_WARPS = 8
 ESTIMATE_MMA_LAUNCH = (4, 32, 16)  # estimate_mma: warps a CTA, blocks a warp (whole tiles of 16), fewest blocks a warp
+# psa_estimate_mma's blocks a warp when not 0 (16, 32 or 64), in place of the rule in `estimate`: one request's
+# estimate reads at ~68% of HBM at 128K, where 512 CTAs of ~3 resident an SM make 1.3 waves (a sweep, not a default)
+ESTIMATE_MMA_WARP_BLOCKS = 0
 ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
 QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
 ORDER_THREADS = 1024
@@ -197,6 +200,11 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         summary = meta
     while per_warp > least and b * (hq // launch_g) * -(-nmax // (warps * per_warp)) < 2 * num_sms():
         per_warp //= 2
+    if ESTIMATE_MMA_WARP_BLOCKS and make.args[0] == "estimate_mma":
+        if ESTIMATE_MMA_WARP_BLOCKS not in (16, 32, 64):
+            raise ValueError(f"_kernels.ESTIMATE_MMA_WARP_BLOCKS must be 0, 16, 32 or 64, got "
+                             f"{ESTIMATE_MMA_WARP_BLOCKS!r}")
+        per_warp = ESTIMATE_MMA_WARP_BLOCKS
     per_cta = warps * per_warp
     grid = ((nmax + per_cta - 1) // per_cta, hq // launch_g, b)
     if fused:  # per-head estimates into scores (the groups of per-head selection), the group maxima unused

@@ -550,6 +550,37 @@ def test_per_head_estimates_from_one_launch_per_kv_head_equal_one_launch_per_hea
         assert cupy.array_equal(bounds, plan.bounds)
 
 
+@pytest.mark.parametrize("metadata, hq, hkv, d, gqa", [("cuboid_mean", 8, 2, 128, "shared"),
+                                                       ("mean", 8, 2, 64, "shared"),
+                                                       ("cuboid_mean", 4, 1, 256, "shared"),
+                                                       ("cuboid_mean", 8, 2, 64, "per_head")])
+def test_the_tensor_core_estimate_gives_the_same_bits_at_any_blocks_a_warp(monkeypatch, metadata, hq, hkv, d, gqa):
+    """psa_estimate_mma with 16, 32 or 64 blocks a warp (_kernels.ESTIMATE_MMA_WARP_BLOCKS) in place of the launch
+    rule: each block's score is computed alone, so the group scores (and per head, each head's) are the rule's bit
+    for bit, on ragged lengths (a warp's last tile partly past n), Llama's D 128, D 64, Gemma 3's one KV head of
+    D 256, and one launch per KV head for per-head selection."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(d + hq)
+    lens = [1500 * 16 + 7, 333]
+    cache, data = ragged_cache(rng, lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
+    plan = psa_fast.plan(cache, num_q_heads=hq, gqa=gqa, stop="ema", step=8)
+    plan.run(cupy.asarray(np.stack([q for q, _, _ in data])))
+    assert _kernels.ESTIMATE_MMA_WARP_BLOCKS == 0
+    with pytest.raises(ValueError, match="ESTIMATE_MMA_WARP_BLOCKS"):
+        monkeypatch.setattr(_kernels, "ESTIMATE_MMA_WARP_BLOCKS", 48)
+        plan.estimate(0)
+    for blocks in (16, 32, 64):
+        monkeypatch.setattr(_kernels, "ESTIMATE_MMA_WARP_BLOCKS", blocks)
+        scores, bounds = cupy.empty_like(plan.scores), None if plan.bounds is None else cupy.empty_like(plan.bounds)
+        _kernels.estimate(plan.q, cache.meta[0], cache.lohi[0], cache.seq_lens[0], scores, bounds, d=cache.dp,
+                          hkv=hkv, kind=metadata, per_head=plan._per_head, group_scores=plan._group_scores,
+                          **plan._shape())
+        assert cupy.array_equal(scores, plan.scores), blocks
+        if bounds is not None:
+            assert cupy.array_equal(bounds, plan.bounds), blocks
+
+
 def test_every_rule_of_the_reference_runs_on_the_gpu_and_auto_follows_the_metadata():
     assert set(psa_fast.STOP_RULES) == set(psa_ref.STOP_RULES)
     for metadata, rule in (("quant3", "sketch_avg"), ("cuboid_mean", "ema"), ("minmax", "ema")):
