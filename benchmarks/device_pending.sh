@@ -780,6 +780,7 @@ if [ "$PART" = s27a ]; then
   cd benchmarks
   timeout 45 python3 exp_kernels_attr.py MERGE_LANES=1,2,4,8 -- exp_order_rank.py --shapes 1x8x8192,2x8x8192,1x8x4096 \
       2>&1 | grep -v Warn | tee "$OUT/exp_merge_lanes.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,9-11
+  timeout 60 python3 exp_clusters.py --clusters 8,4 2>&1 | grep -v Warn | tee "$OUT/exp_clusters4.md" | grep "^|"
   for a in "131072 1" "32768 1" "131072 8"; do set -- $a
     timeout 100 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
         --share 0.05 --shape llama8b --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \

@@ -8,7 +8,10 @@ plan at each shape, records the decode builds it compiled, and prints that count
 at the others a build could take (a kernel compiled with ``__cluster_dims__`` answers only for its own size; the
 rest print "-").
 
-    python benchmarks/exp_clusters.py [--shapes llama8b,gemma3] [--size 32768]
+    python benchmarks/exp_clusters.py [--shapes llama8b,gemma3] [--size 32768] [--clusters 8,4]
+
+``--clusters``: the plan's cluster sizes to build (each build answers for its own size; 4 CTAs a cluster and four
+clusters a group would fill 128 SMs for one Llama request if 32 of them fit).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="llama8b,gemma3")
     ap.add_argument("--size", type=int, default=32768)
+    ap.add_argument("--clusters", default="8", help="the plans' cluster sizes, comma-separated")
     args = ap.parse_args()
 
     import cupy
@@ -90,7 +94,8 @@ def main() -> None:
         cache.prefill(0, 0, k, k)
         q = cupy.asarray(rng.standard_normal((1, shape.hq, shape.d)).astype(np.float32))
         built.clear()
-        psa_fast.plan(cache, num_q_heads=shape.hq, stop="ema").run(q)
+        for c in (int(x) for x in args.clusters.split(",")):
+            psa_fast.plan(cache, num_q_heads=shape.hq, stop="ema", cluster=c).run(q)
         cupy.cuda.Device().synchronize()
         for options, fn in built:
             block, smem, cluster = options.get("warps", 8) * 32, fn.max_dynamic_shared_size_bytes, options["cluster"]
