@@ -4,7 +4,8 @@ layers (4 q / 1 KV head, D 256, scale 0.0625) and SmolLM2-135M (9 q / 3 KV heads
 
     python benchmarks/exp_split.py [--cases llama:32768:1,gemma:32768:1] [--splits 0,1] [--reps 40]
 
-Each row: median µs per call, 16 calls (layers in turn, so the KV is >= 4x the L2) captured in one CUDA
+Each row: median µs per call, 16 calls (layers in turn, K/V and metadata each >= 4x the L2, as
+``bench_decode.rotating_layers`` takes them) captured in one CUDA
 graph and timed with CUDA events (a graph of one call would time the host's graph-launch latency, ~3.5 µs
 and more, not the GPU's work),
 GB/s on the KV bytes against the copy ceiling measured in the same run, the floor (those bytes at
@@ -19,13 +20,7 @@ import itertools
 
 import numpy as np
 
-SHAPES = {  # hq, hkv, d, scale
-    "llama": (32, 8, 128, None),
-    "gemma": (4, 1, 256, 0.0625),
-    "smollm2": (9, 3, 64, None),
-}
-L2_BYTES = 60 * 2**20
-PER_GRAPH = 16  # calls captured in one graph
+SHAPES = {"llama": "llama8b", "gemma": "gemma3", "smollm2": "smollm2"}  # this script's names of bench_decode's shapes
 
 
 def main(argv=None) -> None:
@@ -44,7 +39,8 @@ def main(argv=None) -> None:
     import torch
 
     import psa_fast
-    from bench_decode import copy_ceiling_gbs, median_us, per_call_us
+    from bench_decode import SHAPES as MODEL_SHAPES
+    from bench_decode import PER_GRAPH, copy_ceiling_gbs, median_us, per_call_us, rotating_layers
 
     stream = cupy.cuda.Stream(non_blocking=True)
     ceiling = copy_ceiling_gbs(stream)
@@ -53,9 +49,9 @@ def main(argv=None) -> None:
     for case in args.cases.split(","):
         name, t, b = case.split(":")
         t, b = int(t), int(b)
-        hq, hkv, d, scale = SHAPES[name]
-        per_layer = b * hkv * t * d * 4
-        layers = max(2, -(-4 * L2_BYTES // per_layer))
+        shape = MODEL_SHAPES[SHAPES[name]]
+        hq, hkv, d, scale = shape.hq, shape.hkv, shape.d, shape.scale
+        layers = rotating_layers(shape, t, b)  # K/V and metadata 4x L2, as the runs of record
         with stream:
             cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=hkv, head_dim=d, max_tokens=t)
             rs = cupy.random.RandomState(0)
