@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import itertools
 
-import numpy as np
 
 SHAPES = {"llama": "llama8b", "gemma": "gemma3", "smollm2": "smollm2"}  # this script's names of bench_decode's shapes
 
@@ -95,7 +94,6 @@ def main(argv=None) -> None:
                 us_sdpa = median_us(lambda i: gr.replay(), stream, args.reps, 1) / PER_GRAPH
                 us_sdpa_one = median_us(lambda i: tgraphs[i % layers].replay(), stream, args.reps, layers)
             kv_bytes = b * hkv * n * 16 * d * 4
-            floor = kv_bytes / ceiling / 1e3
 
             def row(label, us, nbytes, err):
                 fl = nbytes / ceiling / 1e3
