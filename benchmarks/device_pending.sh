@@ -118,7 +118,8 @@
 #   run(command="bash benchmarks/device_pending.sh s26b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~6 minutes)
 #  the merge's lifting in fewer instructions: tests, SASS, A/B; the runs of record; test_fast_metadata and _pool.
 #   run(command="bash benchmarks/device_pending.sh s27a")  (~5 minutes; prepared in the twenty-sixth session)
-#  psa_order_merge with 1, 2, 4, 8 threads a key; psa_estimate_mma's blocks a warp 16 / 32 / 64: tests, A/Bs.
+#  psa_order_merge with 1, 2, 4, 8 threads a key; psa_estimate_mma's blocks a warp 16 / 32 / 64; the split
+#  build's merge by each group's last CTA; max active clusters of 4: tests, A/Bs.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -774,13 +775,18 @@ if [ "$PART" = s26b ]; then
 fi
 if [ "$PART" = s27a ]; then
   # psa_order_merge with 1, 2, 4 or 8 threads a key (_kernels.MERGE_LANES; the kernel ran at 23% occupancy, bound by
-  # its instructions), and psa_estimate_mma's blocks a warp swept (ESTIMATE_MMA_WARP_BLOCKS; one request's estimate
-  # at 128K makes 1.3 waves): their tests, the order methods at one request's long orders, each stage's kernels.
-  gpu_tests t_s27a.log 90 tests/test_fast.py -k "merge_gives or any_blocks_a_warp"
+  # its instructions), psa_estimate_mma's blocks a warp swept (ESTIMATE_MMA_WARP_BLOCKS; one request's estimate
+  # at 128K makes 1.3 waves), the split build merged by each group's last CTA (SPLIT_MERGE): their tests, the
+  # order methods at one request's long orders, cluster-4 occupancy, dense/top-k rows, each stage's kernels.
+  gpu_tests t_s27a.log 150 tests/test_fast.py -k "merge_gives or any_blocks_a_warp or split"
   cd benchmarks
   timeout 45 python3 exp_kernels_attr.py MERGE_LANES=1,2,4,8 -- exp_order_rank.py --shapes 1x8x8192,2x8x8192,1x8x4096 \
       2>&1 | grep -v Warn | tee "$OUT/exp_merge_lanes.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,9-11
   timeout 60 python3 exp_clusters.py --clusters 8,4 2>&1 | grep -v Warn | tee "$OUT/exp_clusters4.md" | grep "^|"
+  # the split build's merge by each group's last CTA (SPLIT_MERGE) against psa_merge_splits' launch: dense and top-k
+  timeout 200 python3 exp_kernels_attr.py SPLIT_MERGE=0,1 -- exp_split.py --splits 0 --reps 30 \
+      --cases llama:32768:1,llama:131072:1,gemma:32768:1,smollm2:32768:1 2>&1 | grep -v Warn \
+      | tee "$OUT/exp_split_merge.md" | grep "^#\|µs"
   for a in "131072 1" "32768 1" "131072 8"; do set -- $a
     timeout 100 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
         --share 0.05 --shape llama8b --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \

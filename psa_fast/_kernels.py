@@ -235,6 +235,9 @@ def _pow2(x: int, least: int) -> int:
 
 
 MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
+# 1: the split build's last CTA of a group merges the group's splits (PSA_SPLIT_MERGE, decode.cu), one warp an item,
+# in place of psa_merge_splits' launch (~2.9 µs and its gap for one Llama request; not yet run on a GPU)
+SPLIT_MERGE = 0
 SLICE = 1024  # keys per CTA in the two-kernel sort
 MERGE_LANES = 1  # psa_order_merge's threads a key (PSA_MERGE_LANES: 1, 2, 4 or 8; more than 1 not yet timed)
 RANK_WARPS = 8  # psa_order_rank's CTA
@@ -490,10 +493,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     at each position of the order ``[B, Hq, Nmax]`` (``order(..., ordered=)``) and a scratch buffer of the
     same shape for the attended blocks' log masses, also by position.
 
-    ``split = (splits, split_len, partial)`` (dense and top-k, version 3, ``cluster`` 1) launches the
-    ``PSA_SPLIT`` build: ``splits`` CTAs per group each attend ``split_len`` consecutive positions and
+    ``split = (splits, split_len, partial, split_done)`` (dense and top-k, version 3, ``cluster`` 1) launches
+    the ``PSA_SPLIT`` build: ``splits`` CTAs per group each attend ``split_len`` consecutive positions and
     write their partial outputs to ``partial [B, Hq, splits, Dp + 2]``; ``psa_merge_splits`` then writes
-    ``out`` and the diagnostics.
+    ``out`` and the diagnostics, or with ``SPLIT_MERGE`` and ``split_done`` (``[B, Gn]`` int32, zero between
+    launches) each group's last CTA to finish does.
 
     ``spec = (spec_len, partial, istate, vstate, chunks, spec_total, spec_warps, spec_items)`` (psa, version 3)
     runs the speculative schedule in three launches: the ``PSA_SPEC`` build (grid ``(chunks, Gn, B)``: one CTA
@@ -550,9 +554,12 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if split is not None:
         if version != 3 or offload is not None or cluster != 1 or stop not in ("none", "budget"):
             raise ValueError("the split build runs dense or top-k attention on decode version 3, one CTA per split")
-        splits, split_len, partial = split
+        splits, split_len, partial, split_done = split
         args = args + (np.int32(split_len), partial)
         defines["split"] = 1
+        if SPLIT_MERGE and split_done is not None:  # the group's last CTA merges: no psa_merge_splits launch
+            args = args + (split_done,)
+            defines["split_merge"] = 1
         grid = (splits, hq // g, b)
     if spec is not None:
         if version != 3 or offload is not None or split is not None or stop in ("none", "budget"):
@@ -594,7 +601,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
                        warps=warps, stages=stages, smem=smem, **defines)
     fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 12), shared_mem=smem)
-    if split is not None:
+    if split is not None and not defines.get("split_merge"):
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
                        merge_batch=MERGE_BATCH, **defines)
         why = REASONS.index("budget" if stop == "budget" else "exhausted")

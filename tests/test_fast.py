@@ -591,12 +591,18 @@ def test_every_rule_of_the_reference_runs_on_the_gpu_and_auto_follows_the_metada
 
 @pytest.mark.parametrize("mode", ["dense", "topk"])
 @pytest.mark.parametrize("splits,d", [(None, 64), (1, 64), (3, 64), (7, 64), (40, 16), (300, 32)])
-def test_split_kv_matches_the_reference_on_ragged_batches(mode, splits, d):
-    """Split-KV (dense, top-k): splits of a group's positions on separate CTAs, merged by log-sum-exp.
-    Ragged lengths leave some splits empty; every output is still the reference's within I1's budget,
-    and the diagnostics are those of one chunk. 40 splits at head dim 16: more splits than a warp has lanes
-    (the merge's max is a CTA reduction); 300 splits at head dim 32: more than the merge's CTA has in flight at a
-    time (8 warps x 16), so its running maxima are rescaled, most of them empty (125 blocks at most)."""
+@pytest.mark.parametrize("merge", [0, 1])
+def test_split_kv_matches_the_reference_on_ragged_batches(monkeypatch, mode, splits, d, merge):
+    """Split-KV (dense, top-k): splits of a group's positions on separate CTAs, merged by log-sum-exp
+    (psa_merge_splits, or each group's last CTA: _kernels.SPLIT_MERGE). Ragged lengths leave some splits empty;
+    every output is still the reference's within I1's budget, and the diagnostics are those of one chunk. 40
+    splits at head dim 16: more splits than a warp has lanes (the merge's max is a CTA reduction); 300 splits at
+    head dim 32: more than the merge's CTA has in flight at a time (8 warps x 16), so its running maxima are
+    rescaled, most of them empty (125 blocks at most). The last CTA's counters are zero again after a step, and
+    a second step gives the same bits."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "SPLIT_MERGE", merge)
     lens = [1, 700, 2000]
     hq, hkv, s, k = 8, 2, 16, 37
     cache, data = ragged_cache(np.random.default_rng(2), lens, hq=hq, hkv=hkv, d=d, s=s)
@@ -604,8 +610,12 @@ def test_split_kv_matches_the_reference_on_ragged_batches(mode, splits, d):
     if splits is not None:
         assert plan.splits == splits
     plan.out.fill(np.nan)
-    dec = plan.run(cupy.asarray(np.stack([q for q, _, _ in data])))
+    qs = cupy.asarray(np.stack([q for q, _, _ in data]))
+    dec = plan.run(qs)
     out, used = cupy.asnumpy(dec.out), cupy.asnumpy(dec.num_used)
+    if plan._split_done is not None:
+        assert not plan._split_done.any()
+        np.testing.assert_array_equal(cupy.asnumpy(plan.run(qs).out), out)
     for b, (q, kk, v) in enumerate(data):
         n = -(-lens[b] // s)
         assert used[b].tolist() == [min(n, k) if mode == "topk" else n] * hkv
@@ -624,6 +634,31 @@ def test_split_kv_matches_the_reference_on_ragged_batches(mode, splits, d):
                 w = np.exp(lg - lg.max())
                 naive = np.abs((w @ v32) / w.sum() - ref[h]).max()
                 assert np.abs(out[b, h] - ref[h]).max() <= 2 * naive + 1e-6 * np.abs(v32).max(), (b, h)
+
+
+@pytest.mark.parametrize("mode, hq, hkv, d, splits", [("dense", 32, 8, 128, 16), ("topk", 32, 8, 128, 5),
+                                                       ("dense", 4, 1, 256, 132), ("dense", 9, 3, 64, 40)])
+def test_the_last_cta_merges_the_splits_as_psa_merge_splits_does(monkeypatch, mode, hq, hkv, d, splits):
+    """_kernels.SPLIT_MERGE: each group's last split CTA merges the group's splits instead of psa_merge_splits'
+    launch, a warp an item (head, 32 channels) folding every split alone. Its additions run in another order
+    than psa_merge_splits' warps (split j with j mod 8), so the outputs agree to float32 rounding, not bit for bit;
+    the diagnostics are the same. Llama-3.1-8B's shape (16 items on 8 warps), top-k, Gemma 3's (32 items on its D
+    256 build's 4 warps, 132 splits: five batches a warp) and SmolLM2's (D 64)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(hq + d)
+    cache, data = ragged_cache(rng, [3000 * 16 + 5, 900 * 16], hq=hq, hkv=hkv, d=d, s=16)
+    qs = cupy.asarray(np.stack([q for q, _, _ in data]))
+    runs = {}
+    for merge in (0, 1):
+        monkeypatch.setattr(_kernels, "SPLIT_MERGE", merge)
+        dec = psa_fast.plan(cache, num_q_heads=hq, mode=mode, k=400, splits=splits).run(qs)
+        runs[merge] = {name: cupy.asnumpy(getattr(dec, name)) for name in ("out", "num_used", "iterations", "reason",
+                                                                            "mass_estimate")}
+    want = runs[0]["out"]
+    np.testing.assert_allclose(runs[1]["out"], want, rtol=0, atol=1e-6 * np.abs(want).max())
+    for name in ("num_used", "iterations", "reason", "mass_estimate"):
+        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
 
 
 def test_split_kv_is_chosen_for_one_request_and_refused_for_psa():
