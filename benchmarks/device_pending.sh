@@ -787,6 +787,10 @@ if [ "$PART" = s27a ]; then
   timeout 200 python3 exp_kernels_attr.py SPLIT_MERGE=0,1 -- exp_split.py --splits 0 --reps 30 \
       --cases llama:32768:1,llama:131072:1,gemma:32768:1,smollm2:32768:1 2>&1 | grep -v Warn \
       | tee "$OUT/exp_split_merge.md" | grep "^#\|µs"
+  # one request reads 17% of the blocks at 128K where the ideal is 5%: the predicted first chunk against the loop,
+  # 16 layers as the runs of record
+  timeout 120 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1 --steps auto,128,256 \
+      --modes loop,first --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_first27.md" | grep "^|" | grep -v "^|---"
   for a in "131072 1" "32768 1" "131072 8"; do set -- $a
     timeout 100 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
         --share 0.05 --shape llama8b --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \
