@@ -782,7 +782,13 @@ if [ "$PART" = s27a ]; then
   cd benchmarks
   timeout 45 python3 exp_kernels_attr.py MERGE_LANES=1,2,4,8 -- exp_order_rank.py --shapes 1x8x8192,2x8x8192,1x8x4096 \
       2>&1 | grep -v Warn | tee "$OUT/exp_merge_lanes.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,9-11
-  timeout 60 python3 exp_clusters.py --clusters 8,4 2>&1 | grep -v Warn | tee "$OUT/exp_clusters4.md" | grep "^|"
+  # one request's groups on more SMs with no new code: clusters of 10-16 CTAs (non-portable above 8); how many fit
+  # at once (8 needed for Llama), then the loop at each
+  timeout 90 python3 exp_clusters.py --shapes llama8b --clusters 4,8,10,12,14,16 2>&1 | grep -v Warn \
+      | tee "$OUT/exp_clusters27.md" | grep "^|"
+  timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1 --steps auto --modes loop \
+      --clusters 8,10,12,14,16 --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_step_clusters27.md" | grep "^|" \
+      | grep -v "^|---"
   # the split build's merge by each group's last CTA (SPLIT_MERGE) against psa_merge_splits' launch: dense and top-k
   timeout 200 python3 exp_kernels_attr.py SPLIT_MERGE=0,1 -- exp_split.py --splits 0 --reps 30 \
       --cases llama:32768:1,llama:131072:1,gemma:32768:1,smollm2:32768:1 2>&1 | grep -v Warn \
