@@ -1,7 +1,7 @@
 // Stage 2b on the GPU, for long caches: the second half of the two-kernel sort. Every key of every
 // sorted slice (psa_order_slice) finds its global rank -- its position in its own slice plus, for
 // each other slice, how many keys there are larger (keys are unique but for the zero padding) -- and
-// writes its block index there. One thread per key, many CTAs per group.
+// writes its block index there. PSA_MERGE_LANES threads a key (default one), many CTAs per group.
 //
 //   sorted   [B, Gn, P * SL] u64: P slices of SL keys (SL a power of two), each sorted descending
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's N_b blocks
