@@ -789,6 +789,10 @@ if [ "$PART" = s27a ]; then
   timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1 --steps auto --modes loop \
       --clusters 8,10,12,14,16 --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_step_clusters27.md" | grep "^|" \
       | grep -v "^|---"
+  # Gemma 3's one KV head: one group, so one cluster of up to 16 always fits (its loop runs on 8 SMs today)
+  timeout 90 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1 --steps auto --modes loop \
+      --clusters 8,12,16 --layers 16 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_clusters27.md" | grep "^|" \
+      | grep -v "^|---"
   # the split build's merge by each group's last CTA (SPLIT_MERGE) against psa_merge_splits' launch: dense and top-k
   timeout 200 python3 exp_kernels_attr.py SPLIT_MERGE=0,1 -- exp_split.py --splits 0 --reps 30 \
       --cases llama:32768:1,llama:131072:1,gemma:32768:1,smollm2:32768:1 2>&1 | grep -v Warn \
