@@ -117,9 +117,11 @@
 #  ncu of the merge; the query's fold per kernel (the estimate slower: the fold was removed).
 #   run(command="bash benchmarks/device_pending.sh s26b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~6 minutes)
 #  the merge's lifting in fewer instructions: tests, SASS, A/B; the runs of record; test_fast_metadata and _pool.
-#   run(command="bash benchmarks/device_pending.sh s27a")  (~5 minutes; prepared in the twenty-sixth session)
+#   run(command="bash benchmarks/device_pending.sh s27a")  (~7 minutes; prepared in the twenty-sixth session)
 #  psa_order_merge with 1, 2, 4, 8 threads a key; psa_estimate_mma's blocks a warp 16 / 32 / 64; the split
-#  build's merge by each group's last CTA; max active clusters of 4: tests, A/Bs.
+#  build's merge by each group's last CTA: tests, A/Bs. Then at once (warm):
+#   run(command="bash benchmarks/device_pending.sh s27b")  (~6 minutes)
+#  one request's loop on clusters of 10-16 CTAs (how many fit, then timed); the predicted first chunk re-measured.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -777,35 +779,37 @@ if [ "$PART" = s27a ]; then
   # psa_order_merge with 1, 2, 4 or 8 threads a key (_kernels.MERGE_LANES; the kernel ran at 23% occupancy, bound by
   # its instructions), psa_estimate_mma's blocks a warp swept (ESTIMATE_MMA_WARP_BLOCKS; one request's estimate
   # at 128K makes 1.3 waves), the split build merged by each group's last CTA (SPLIT_MERGE): their tests, the
-  # order methods at one request's long orders, cluster-4 occupancy, dense/top-k rows, each stage's kernels.
+  # order methods at one request's long orders, dense/top-k rows, the estimate's kernel (~7 minutes).
   gpu_tests t_s27a.log 150 tests/test_fast.py -k "merge_gives or any_blocks_a_warp or split"
   cd benchmarks
   timeout 45 python3 exp_kernels_attr.py MERGE_LANES=1,2,4,8 -- exp_order_rank.py --shapes 1x8x8192,2x8x8192,1x8x4096 \
       2>&1 | grep -v Warn | tee "$OUT/exp_merge_lanes.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,9-11
-  # one request's groups on more SMs with no new code: clusters of 10-16 CTAs (non-portable above 8); how many fit
-  # at once (8 needed for Llama), then the loop at each
-  timeout 90 python3 exp_clusters.py --shapes llama8b --clusters 4,8,10,12,14,16 2>&1 | grep -v Warn \
-      | tee "$OUT/exp_clusters27.md" | grep "^|"
-  timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1 --steps auto --modes loop \
-      --clusters 8,10,12,14,16 --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_step_clusters27.md" | grep "^|" \
-      | grep -v "^|---"
-  # Gemma 3's one KV head: one group, so one cluster of up to 16 always fits (its loop runs on 8 SMs today)
-  timeout 90 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1 --steps auto --modes loop \
-      --clusters 8,12,16 --layers 16 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_clusters27.md" | grep "^|" \
-      | grep -v "^|---"
   # the split build's merge by each group's last CTA (SPLIT_MERGE) against psa_merge_splits' launch: dense and top-k
   timeout 200 python3 exp_kernels_attr.py SPLIT_MERGE=0,1 -- exp_split.py --splits 0 --reps 30 \
       --cases llama:32768:1,llama:131072:1,gemma:32768:1,smollm2:32768:1 2>&1 | grep -v Warn \
       | tee "$OUT/exp_split_merge.md" | grep "^#\|µs"
-  # one request reads 17% of the blocks at 128K where the ideal is 5%: the predicted first chunk against the loop,
-  # 16 layers as the runs of record
-  timeout 120 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1 --steps auto,128,256 \
-      --modes loop,first --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_first27.md" | grep "^|" | grep -v "^|---"
   for a in "131072 1" "32768 1" "131072 8"; do set -- $a
-    timeout 100 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
+    timeout 60 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
         --share 0.05 --shape llama8b --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \
         | tee -a "$OUT/exp_est_blocks.md" | grep "^#\|^T=\|psa_estimate"
   done
+  exit 0
+fi
+if [ "$PART" = s27b ]; then
+  # one request's groups on more SMs with no new code: clusters of 10-16 CTAs (non-portable above 8): how many fit
+  # at once (8 needed for Llama), then the loop at each, Gemma 3's one group too; and the predicted first chunk
+  # against the loop (one request reads 17% of the blocks at 128K where the ideal is 5%). 16 layers (~6 minutes).
+  cd benchmarks
+  timeout 90 python3 exp_clusters.py --shapes llama8b --clusters 4,8,10,12,14,16 2>&1 | grep -v Warn \
+      | tee "$OUT/exp_clusters27.md" | grep "^|"
+  timeout 170 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1 --steps auto --modes loop \
+      --clusters 8,10,12,14,16 --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_step_clusters27.md" | grep "^|" \
+      | grep -v "^|---"
+  timeout 90 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1 --steps auto --modes loop \
+      --clusters 8,12,16 --layers 16 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_clusters27.md" | grep "^|" \
+      | grep -v "^|---"
+  timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1 --steps auto,128,256 \
+      --modes loop,first --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_first27.md" | grep "^|" | grep -v "^|---"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
