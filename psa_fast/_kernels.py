@@ -72,11 +72,14 @@ def num_sms() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
+MAX_CLUSTER = 8  # the largest cluster pick_cluster takes (16: non-portable; whether 8 of them fit at once: s27b)
+
+
 def pick_cluster(num_groups: int) -> int:
-    """CTAs per selection group: enough that the grid covers every multiprocessor once
-    (1 for large batches, up to a cluster of 8 for one request)."""
+    """CTAs per selection group: powers of two while the grid stays within the multiprocessors (1 for large
+    batches, up to ``MAX_CLUSTER`` for one request)."""
     c = 1
-    while c < 8 and num_groups * c * 2 <= num_sms():
+    while c < MAX_CLUSTER and num_groups * c * 2 <= num_sms():
         c *= 2
     return c
 

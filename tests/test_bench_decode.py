@@ -613,6 +613,19 @@ def test_order_method_is_the_fastest_measured(monkeypatch):
     assert _kernels.order_method(32, 8, 16384, workspace=False) == "sort"  # the only one left
 
 
+def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch):
+    """One cluster a selection group, doubled while the grid stays within the 132 SMs: 8 CTAs for one Llama-3.1-8B
+    request (8 groups) or two (16), and for one Gemma 3 request (1 group) at the default MAX_CLUSTER; 16 for one
+    request of either with MAX_CLUSTER 16 (128 and 16 CTAs), still 8 for two Llama requests; 4 a group for 33
+    groups (132 CTAs), 2 for 34, 1 from 67 on."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert [_kernels.pick_cluster(n) for n in (1, 8, 16, 33, 34, 66, 67, 256)] == [8, 8, 8, 4, 2, 2, 1, 1]
+    monkeypatch.setattr(_kernels, "MAX_CLUSTER", 16)
+    assert [_kernels.pick_cluster(n) for n in (1, 8, 16, 256)] == [16, 16, 8, 1]
+
+
 def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
     """step="auto" on Llama-3.1-8B's shape (8 groups, 8 KiB blocks, 8 warps attending two blocks at once), against
     exp_step.py's sweep (benchmarks/results_h200_exp_step_llama8b_pairs.md): between the two fastest measured steps
