@@ -195,6 +195,28 @@ __device__ __forceinline__ float dsmem_load(const float* local_ptr, unsigned int
 #endif
 }
 
+// A CTA's combine of its warps' outputs (after a barrier): for each head h and channel d, the warps' max logits
+// f_m[w][h], masses f_l[w][h] relative to them and unnormalised outputs f_o[(w PSA_G + h) PSA_D + d] into the CTA's
+// c_m[h], c_l[h] (relative to c_m) and c_o[h][d], in warp order; warps that attended nothing (-inf) add nothing.
+// Threads take (h, d) pairs blockDim.x apart. Both decode kernels (decode.cu, decode_v2.cu) end with it.
+__device__ __forceinline__ void combine_warps(const float (*f_m)[PSA_G], const float (*f_l)[PSA_G], const float* f_o,
+                                              float* c_m, float* c_l, float (*c_o)[PSA_D]) {
+    for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
+        const int h = idx / PSA_D, d = idx % PSA_D;
+        float M = -PSA_INF;
+        for (int w = 0; w < PSA_WARPS; ++w) M = fmaxf(M, f_m[w][h]);
+        float L = 0.f, O = 0.f;
+        if (M != -PSA_INF)
+            for (int w = 0; w < PSA_WARPS; ++w) {
+                const float e = __expf(f_m[w][h] - M);
+                L += f_l[w][h] * e;
+                O += f_o[(w * PSA_G + h) * PSA_D + d] * e;
+            }
+        c_o[h][d] = O;
+        if (d == 0) { c_m[h] = M; c_l[h] = L; }
+    }
+}
+
 // Rank 0's combine of a cluster's outputs for head h, channel d: each CTA's max logit m, mass l relative to it
 // and unnormalised output o (its c_m[h], c_l[h], c_o[h][d]) into the cluster's (M, L, O), L and O relative to M.
 // CTAs that attended nothing (m = -inf) are skipped. Every CTA's three words are requested before any is used:

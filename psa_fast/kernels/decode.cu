@@ -905,20 +905,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
-        const int h = idx / PSA_D, d = idx % PSA_D;
-        float M = -PSA_INF;
-        for (int w = 0; w < PSA_WARPS; ++w) M = fmaxf(M, f_m[w][h]);
-        float L = 0.f, O = 0.f;
-        if (M != -PSA_INF)
-            for (int w = 0; w < PSA_WARPS; ++w) {
-                const float e = __expf(f_m[w][h] - M);
-                L += f_l[w][h] * e;
-                O += f_o[(w * PSA_G + h) * PSA_D + d] * e;
-            }
-        c_o[h][d] = O;
-        if (d == 0) { c_m[h] = M; c_l[h] = L; }
-    }
+    combine_warps(f_m, f_l, f_o, c_m, c_l, c_o);
 #if PSA_SPLIT || PSA_SPEC
     // One CTA per split (per chunk): its heads' unnormalised output and log-sum-exp terms (max logit, mass
     // relative to it) for psa_merge_splits; the speculative build adds the chunk's lightest block's log-mass

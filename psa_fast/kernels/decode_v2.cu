@@ -338,20 +338,7 @@ psa_decode_v2(const float* __restrict__ q, const kv_t* __restrict__ k_pool, cons
         for (int h = 0; h < PSA_G; ++h) { f_m[warp][h] = wm[h]; f_l[warp][h] = wl[h]; }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
-        const int h = idx / PSA_D, d = idx % PSA_D;
-        float M = -PSA_INF;
-        for (int w = 0; w < PSA_WARPS; ++w) M = fmaxf(M, f_m[w][h]);
-        float L = 0.f, O = 0.f;
-        if (M != -PSA_INF)
-            for (int w = 0; w < PSA_WARPS; ++w) {
-                const float e = __expf(f_m[w][h] - M);
-                L += f_l[w][h] * e;
-                O += f_o[(w * PSA_G + h) * PSA_D + d] * e;
-            }
-        c_o[h][d] = O;
-        if (d == 0) { c_m[h] = M; c_l[h] = L; }
-    }
+    combine_warps(f_m, f_l, f_o, c_m, c_l, c_o);
     cluster_sync();
     if (rank == 0) {
         for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
