@@ -195,6 +195,11 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     elif (ESTIMATE_ON_TENSOR_CORES and kind in ("cuboid_mean", "mean") and per_head != "bounds" and launch_g <= 4
           and (2 * d if kind == "cuboid_mean" else d) % 32 == 0):  # on the tensor cores
         warps, per_warp, least = ESTIMATE_MMA_LAUNCH
+        if ESTIMATE_MMA_WARP_BLOCKS:  # forced: the rule below keeps it
+            if ESTIMATE_MMA_WARP_BLOCKS not in (16, 32, 64):
+                raise ValueError(f"_kernels.ESTIMATE_MMA_WARP_BLOCKS must be 0, 16, 32 or 64, got "
+                                 f"{ESTIMATE_MMA_WARP_BLOCKS!r}")
+            per_warp = least = ESTIMATE_MMA_WARP_BLOCKS
         make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind])
         summary = meta
     else:
@@ -203,11 +208,6 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         summary = meta
     while per_warp > least and b * (hq // launch_g) * -(-nmax // (warps * per_warp)) < 2 * num_sms():
         per_warp //= 2
-    if ESTIMATE_MMA_WARP_BLOCKS and make.args[0] == "estimate_mma":
-        if ESTIMATE_MMA_WARP_BLOCKS not in (16, 32, 64):
-            raise ValueError(f"_kernels.ESTIMATE_MMA_WARP_BLOCKS must be 0, 16, 32 or 64, got "
-                             f"{ESTIMATE_MMA_WARP_BLOCKS!r}")
-        per_warp = ESTIMATE_MMA_WARP_BLOCKS
     per_cta = warps * per_warp
     grid = ((nmax + per_cta - 1) // per_cta, hq // launch_g, b)
     if fused:  # per-head estimates into scores (the groups of per-head selection), the group maxima unused
