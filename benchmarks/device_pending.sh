@@ -812,6 +812,25 @@ if [ "$PART" = s27b ]; then
       --modes loop,first --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_first27.md" | grep "^|" | grep -v "^|---"
   exit 0
 fi
+if [ "$PART" = s27c ]; then
+  # clusters of 16 for one request of a few groups (MAX_CLUSTER 16, taken where max_active_clusters holds every
+  # group's cluster): the tests, then the A/B against 8 (Gemma 3 B = 1, 2, 4; SmolLM2 B = 1; Llama B = 1 unchanged)
+  gpu_tests t_s27c.log 150 tests/test_fast.py -k "cluster or launch_shape or default_step or split"
+  cd benchmarks
+  python3 -c "from psa_fast import _kernels as k; print('max active clusters 8/16:', k.max_active_clusters(8), \
+      k.max_active_clusters(16), 'picks', [k.pick_cluster(n) for n in (1, 2, 3, 4, 5, 8, 9)])"
+  for shape in "gemma3 32768:1,32768:2,32768:4" "smollm2 32768:1,131072:1" "llama8b 32768:1"; do set -- $shape
+    timeout 150 python3 exp_kernels_attr.py MAX_CLUSTER=8,16 -- exp_step.py --share 0.05 --shape $1 --sizes $2 \
+        --steps auto --modes loop,s2.0 --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_cluster16.md" \
+        | grep "^#\|^|" | grep -v "^|---\|mode"
+  done
+  exit 0
+fi
+if [ "$PART" = s27d ]; then
+  # every kernel suite (and the metadata and pool ones) on this session's defaults
+  kernel_suites t_suites27.log tests/test_fast_metadata.py tests/test_fast_pool.py
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

@@ -72,15 +72,39 @@ def num_sms() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
-MAX_CLUSTER = 8  # the largest cluster pick_cluster takes (16: non-portable; whether 8 of them fit at once: s27b)
+# the largest cluster pick_cluster takes: 16 (non-portable) where the GPU holds every group's cluster at once (the
+# H200 holds 7 of 16 one-CTA-an-SM CTAs, 15 of 8: Gemma 3's one group runs its loop 38.3 -> 34.3 µs on 16 SMs, s27b)
+MAX_CLUSTER = 16
+_PROBE = 'extern "C" __global__ void psa_cluster_probe() {}'
+
+
+@functools.lru_cache(maxsize=None)
+def max_active_clusters(cluster: int) -> int:
+    """How many clusters of ``cluster`` CTAs, one CTA an SM (the decode loop's builds take most of an SM's shared
+    memory), the GPU holds at once: ``cuOccupancyMaxActiveClusters`` of an empty kernel given an SM's shared memory
+    (0 where the driver refuses the size)."""
+    import cupy
+
+    from . import _driver
+
+    fn = cupy.RawKernel(_PROBE, "psa_cluster_probe")
+    fn.compile()
+    smem = int(cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+    _with_smem(fn, smem)
+    allow_cluster(fn, cluster)
+    n = _driver.max_active_clusters(fn.kernel.ptr, _driver.launch_config((cluster, 1, 1), 32, smem, cluster))
+    return n or 0
 
 
 def pick_cluster(num_groups: int) -> int:
     """CTAs per selection group: powers of two while the grid stays within the multiprocessors (1 for large
-    batches, up to ``MAX_CLUSTER`` for one request)."""
+    batches, up to ``MAX_CLUSTER`` for one request), above 8 (a non-portable size) only where the GPU holds all
+    ``num_groups`` clusters at once (``max_active_clusters``)."""
     c = 1
     while c < MAX_CLUSTER and num_groups * c * 2 <= num_sms():
         c *= 2
+    while c > 8 and max_active_clusters(c) < num_groups:
+        c //= 2
     return c
 
 
@@ -238,11 +262,7 @@ def _pow2(x: int, least: int) -> int:
 
 
 MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
-# 1: the split build's last CTA of a group merges the group's splits (PSA_SPLIT_MERGE, decode.cu), one warp an item,
-# in place of psa_merge_splits' launch (~2.9 µs and its gap for one Llama request; not yet run on a GPU)
-SPLIT_MERGE = 0
 SLICE = 1024  # keys per CTA in the two-kernel sort
-MERGE_LANES = 1  # psa_order_merge's threads a key (PSA_MERGE_LANES: 1, 2, 4 or 8; more than 1 not yet timed)
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
@@ -328,15 +348,13 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
     elif method == "slices":
-        if MERGE_LANES not in (1, 2, 4, 8):
-            raise ValueError(f"_kernels.MERGE_LANES must be 1, 2, 4 or 8, got {MERGE_LANES!r}")
         p = npad // SLICE
         fn = kernel("order_slice", d=16, s=s, g=g, npad=SLICE)
         fn((p, gn, b), (SLICE,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
                                   np.int32(recent_blocks)), shared_mem=SLICE * 8)
-        merge = kernel("order_merge", d=16, s=s, g=g, merge_lanes=MERGE_LANES)
-        merge((-(-max(npad, nmax) * MERGE_LANES // 256), gn, b), (256,), (
-            workspace, seq_lens, out_order, np.int32(nmax), np.int32(p), np.int32(SLICE)))
+        merge = kernel("order_merge", d=16, s=s, g=g)
+        merge((-(-max(npad, nmax) // 256), gn, b), (256,), (workspace, seq_lens, out_order, np.int32(nmax),
+                                                           np.int32(p), np.int32(SLICE)))
     else:
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)
@@ -496,11 +514,10 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     at each position of the order ``[B, Hq, Nmax]`` (``order(..., ordered=)``) and a scratch buffer of the
     same shape for the attended blocks' log masses, also by position.
 
-    ``split = (splits, split_len, partial, split_done)`` (dense and top-k, version 3, ``cluster`` 1) launches
-    the ``PSA_SPLIT`` build: ``splits`` CTAs per group each attend ``split_len`` consecutive positions and
+    ``split = (splits, split_len, partial)`` (dense and top-k, version 3, ``cluster`` 1) launches the
+    ``PSA_SPLIT`` build: ``splits`` CTAs per group each attend ``split_len`` consecutive positions and
     write their partial outputs to ``partial [B, Hq, splits, Dp + 2]``; ``psa_merge_splits`` then writes
-    ``out`` and the diagnostics, or with ``SPLIT_MERGE`` and ``split_done`` (``[B, Gn]`` int32, zero between
-    launches) each group's last CTA to finish does.
+    ``out`` and the diagnostics.
 
     ``spec = (spec_len, partial, istate, vstate, chunks, spec_total, spec_warps, spec_items)`` (psa, version 3)
     runs the speculative schedule in three launches: the ``PSA_SPEC`` build (grid ``(chunks, Gn, B)``: one CTA
@@ -557,12 +574,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if split is not None:
         if version != 3 or offload is not None or cluster != 1 or stop not in ("none", "budget"):
             raise ValueError("the split build runs dense or top-k attention on decode version 3, one CTA per split")
-        splits, split_len, partial, split_done = split
+        splits, split_len, partial = split
         args = args + (np.int32(split_len), partial)
         defines["split"] = 1
-        if SPLIT_MERGE and split_done is not None:  # the group's last CTA merges: no psa_merge_splits launch
-            args = args + (split_done,)
-            defines["split_merge"] = 1
         grid = (splits, hq // g, b)
     if spec is not None:
         if version != 3 or offload is not None or split is not None or stop in ("none", "budget"):
@@ -604,7 +618,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
                        warps=warps, stages=stages, smem=smem, **defines)
     fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 12), shared_mem=smem)
-    if split is not None and not defines.get("split_merge"):
+    if split is not None:
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
                        merge_batch=MERGE_BATCH, **defines)
         why = REASONS.index("budget" if stop == "budget" else "exhausted")

@@ -171,7 +171,7 @@ class DecodePlan:
         self._auto_warps = warps is None  # speculate: the speculative attend's CTAs sized by _kernels.spec_shapes
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
-        self.splits, self.split_len, self.partial, self._split_done = self._plan_splits(splits, cluster)
+        self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
         self.first_chunk = check_first_chunk(first_chunk)
         if self.first_chunk is not None and self.mode != "psa":
             raise ValueError(f"first_chunk sizes PSA's first ranked iteration; mode={self.mode!r} has none")
@@ -273,8 +273,7 @@ class DecodePlan:
         return float(speculate)
 
     def _plan_splits(self, splits, cluster) -> tuple:
-        """``(splits, positions per split, partial-output buffer or None, the merge's counters or None)``; sets
-        ``cluster`` to 1 when split."""
+        """``(splits, positions per split, partial-output buffer or None)``; sets ``cluster`` to 1 when split."""
         import cupy
 
         c = self.cache
@@ -290,14 +289,12 @@ class DecodePlan:
             splits = (1 if self.mode == "psa" or version != 3 or cluster is not None
                       else _kernels.pick_splits(c.batch * self.gn, positions, warps, smem))
         if splits == 1:
-            return 1, positions, None, None
+            return 1, positions, None
         if version != 3:
             raise ValueError(f"splits > 1 needs decode version 3 (at most 8 query heads per group, got {self.g})")
         self.cluster = 1
         split_len = -(-positions // splits)
-        # the counters of the splits done per group (the last CTA merges: _kernels.SPLIT_MERGE), zero between steps
-        return (splits, split_len, cupy.empty((c.batch, self.hq, splits, c.dp + 2), cupy.float32),
-                cupy.zeros((c.batch, self.gn), cupy.int32))
+        return splits, split_len, cupy.empty((c.batch, self.hq, splits, c.dp + 2), cupy.float32)
 
     def run(self, q, layer: int = 0) -> DecodeOutput:
         """Attend ``q`` (``[B, Hq, D]`` float16, bfloat16 or float32 on the GPU) to layer ``layer`` of the cache.
@@ -385,8 +382,7 @@ class DecodePlan:
                         warps=self.warps, version=self.version, stages=self.stages,
                         sketch=(self.sketch_ordered, self.lmass) if self.lmass is not None else None,
                         q_mma=self.q_mma, qk_scale=self.qk_scale,
-                        split=None if self.partial is None else (self.splits, self.split_len, self.partial,
-                                                                 self._split_done),
+                        split=None if self.partial is None else (self.splits, self.split_len, self.partial),
                         first_len=self.first_len, q_exact=self._q_exact,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,

@@ -614,16 +614,23 @@ def test_order_method_is_the_fastest_measured(monkeypatch):
 
 
 def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch):
-    """One cluster a selection group, doubled while the grid stays within the 132 SMs: 8 CTAs for one Llama-3.1-8B
-    request (8 groups) or two (16), and for one Gemma 3 request (1 group) at the default MAX_CLUSTER; 16 for one
-    request of either with MAX_CLUSTER 16 (128 and 16 CTAs), still 8 for two Llama requests; 4 a group for 33
-    groups (132 CTAs), 2 for 34, 1 from 67 on."""
+    """One cluster a selection group, doubled while the grid stays within the 132 SMs, above 8 CTAs only where the GPU
+    holds every group's cluster at once (the H200: 7 clusters of 16). One request of up to 5 groups (Gemma 3: 1,
+    SmolLM2: 3) takes 16; one Llama-3.1-8B request (8 groups: 8 clusters of 16 do not fit) and two (16) take 8; 4 a
+    group for 33 groups (132 CTAs), 2 for 34, 1 from 67 on. With MAX_CLUSTER 8, or where no cluster of 16 fits,
+    every size stops at 8."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
-    assert [_kernels.pick_cluster(n) for n in (1, 8, 16, 33, 34, 66, 67, 256)] == [8, 8, 8, 4, 2, 2, 1, 1]
-    monkeypatch.setattr(_kernels, "MAX_CLUSTER", 16)
-    assert [_kernels.pick_cluster(n) for n in (1, 8, 16, 256)] == [16, 16, 8, 1]
+    fits = {16: 7}
+    monkeypatch.setattr(_kernels, "max_active_clusters", lambda c: fits[c])
+    sizes = (1, 3, 4, 5, 8, 16, 33, 34, 66, 67, 256)
+    assert [_kernels.pick_cluster(n) for n in sizes] == [16, 16, 16, 16, 8, 8, 4, 2, 2, 1, 1]
+    fits[16] = 0
+    assert [_kernels.pick_cluster(n) for n in sizes] == [8, 8, 8, 8, 8, 8, 4, 2, 2, 1, 1]
+    fits[16] = 7
+    monkeypatch.setattr(_kernels, "MAX_CLUSTER", 8)
+    assert [_kernels.pick_cluster(n) for n in sizes] == [8, 8, 8, 8, 8, 8, 4, 2, 2, 1, 1]
 
 
 def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
@@ -634,6 +641,7 @@ def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    monkeypatch.setattr(_kernels, "max_active_clusters", lambda c: 7)  # the H200's, clusters of 16
 
     def step(b, nmax, pairs=True):
         cluster = _kernels.pick_cluster(b * 8)
@@ -747,12 +755,13 @@ def test_rotating_layers_keep_the_kv_and_the_metadata_out_of_l2():
     assert bd.rotating_layers(llama, 131072, 8) == 2  # 4 GiB of K/V and 256 MiB of metadata a layer
 
 
-def test_exp_clusters_builds_the_drivers_launch_config():
-    """exp_clusters.py hands cuOccupancyMaxActiveClusters a CUlaunchConfig through ctypes: 56 bytes with the stream
-    pointer aligned to 8, a 72-byte CUlaunchAttribute whose value starts at byte 8 with the cluster's x, y, z."""
+def test_the_driver_gets_a_launch_config_of_the_c_layout():
+    """psa_fast._driver (pick_cluster's check, exp_clusters.py) hands cuOccupancyMaxActiveClusters a CUlaunchConfig
+    through ctypes: 56 bytes with the stream pointer aligned to 8, a 72-byte CUlaunchAttribute whose value starts at
+    byte 8 with the cluster's x, y, z."""
     import ctypes
 
-    import exp_clusters as ec
+    from psa_fast import _driver as ec
 
     assert ctypes.sizeof(ec.LaunchAttribute) == 72 and ec.LaunchAttribute.value.offset == 8
     assert ctypes.sizeof(ec.LaunchConfig) == 56 and ec.LaunchConfig.stream.offset == 32

@@ -109,9 +109,6 @@
 #ifndef PSA_RESUME
 #define PSA_RESUME 0
 #endif
-#ifndef PSA_SPLIT_MERGE
-#define PSA_SPLIT_MERGE 0  // _kernels.SPLIT_MERGE: the split build's last CTA of a group merges its splits (below)
-#endif
 #ifndef PSA_STREAM_WINDOW
 #define PSA_STREAM_WINDOW 0  // _kernels.DECODE_STREAM_WINDOW: the stream's entries loaded a window ahead (below)
 #endif
@@ -119,7 +116,6 @@
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "the speculative build runs one CTA per chunk");
 static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
-static_assert(!(PSA_SPLIT_MERGE && !PSA_SPLIT), "only the split build has splits to merge");
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
 #define PSA_LOOP_CLOCK 0
@@ -365,73 +361,6 @@ __device__ __forceinline__ void block_output(const kv_t* stv, float (&sacc)[PSA_
 // A stage's V tile follows its K tile.
 __device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PSA_SP * PSA_D; }
 
-#if PSA_SPLIT
-// The merge of the split build's partials (psa_merge_splits, at the end of this file).
-// Version 4: 3.3 us at 132 splits, 2.9 at 16 (H200). Version 3 (the same CTAs) made three dependent passes over the
-// splits (the max, then the weights into shared memory, then the sums, four loads in flight a lane): 5.6-5.8 us at 132
-// splits (SmolLM2 and Gemma 3 one request at 32K), 2.8 at 16 (Llama-3.1-8B). Version 2 gave a CTA the whole head (PSA_D
-// threads, each walking every split): at B = 1 with one KV head that is 4 CTAs reading 132 splits each, 10.2 us of a
-// 28.7 us dense step (Gemma 3, 32K, benchmarks/NOTES.md). Version 1 walked the splits with dependent loads (~0.3 us a
-// split).
-#define PSA_MC (PSA_D % 32 == 0 ? 32 : 16)  // PSA_D is a multiple of 16
-#ifndef PSA_MERGE_BATCH
-#define PSA_MERGE_BATCH 32  // splits a warp has in flight (_kernels.MERGE_BATCH)
-#endif
-// The merge's pass over the splits of request b, head h, channels [c0, c0 + PSA_MC): a warp takes splits
-// first0, first0 + nw, ..., lane c channel c (c0 + c), loading a batch of PSA_MERGE_BATCH splits at once (each
-// split's max and mass, the same words for every lane, and its row segment) and folding them into a running max M,
-// mass L and output O relative to M (rescaled when the max grows): one pass with a batch in flight.
-// COHERENT: the partials were written by other CTAs of the same launch (PSA_SPLIT_MERGE), so they are read through
-// L2 (ld.global.cg), not the read-only path.
-template <bool COHERENT>
-__device__ __forceinline__ void merge_fold(const float* __restrict__ partial, int b, int h, int Hq, int c0, bool mine,
-                                           int first0, int nw, int splits, float& M, float& L, float& O) {
-    constexpr int PW = PSA_D + 2;
-    const int lane = threadIdx.x & 31;
-    const float* row = partial + ((long)b * Hq + h) * splits * PW;
-    auto load = [](const float* p) { return COHERENT ? __ldcg(p) : __ldg(p); };
-    for (int first = first0; first < splits; first += nw * PSA_MERGE_BATCH) {
-        float m[PSA_MERGE_BATCH], l[PSA_MERGE_BATCH], o[PSA_MERGE_BATCH];
-#pragma unroll
-        for (int j = 0; j < PSA_MERGE_BATCH; ++j) {
-            const int sp = first + j * nw;
-            const float* r = row + (long)sp * PW;
-            m[j] = sp < splits ? load(r + PSA_D) : -PSA_INF;
-            l[j] = sp < splits ? load(r + PSA_D + 1) : 0.f;
-            o[j] = sp < splits && mine ? load(r + c0 + lane) : 0.f;
-        }
-        float bm = M;
-#pragma unroll
-        for (int j = 0; j < PSA_MERGE_BATCH; ++j) bm = fmaxf(bm, m[j]);
-        if (bm == -PSA_INF) continue;  // nothing attended in any split so far
-        const float keep = M == -PSA_INF ? 0.f : __expf(M - bm);
-        L *= keep;
-        O *= keep;
-#pragma unroll
-        for (int j = 0; j < PSA_MERGE_BATCH; ++j) {  // a split with nothing attended adds nothing
-            const float w = m[j] == -PSA_INF ? 0.f : __expf(m[j] - bm);
-            L = fmaf(w != 0.f ? l[j] : 0.f, w, L);
-            O = fmaf(w != 0.f ? o[j] : 0.f, w, O);
-        }
-        M = bm;
-    }
-}
-
-// The merge's per-head and per-group diagnostics (thread 0 of one CTA a head): as the one-CTA build's.
-__device__ __forceinline__ void merge_splits_diagnostics(const int* __restrict__ seq_lens, int* __restrict__ num_used,
-                                                         int* __restrict__ iterations, int* __restrict__ reason,
-                                                         float* __restrict__ mass_est, int b, int h, int Hq, int step,
-                                                         int why) {
-    mass_est[(long)b * Hq + h] = 1.f;
-    if (h % PSA_G == 0) {
-        const long gi = (long)b * (Hq / PSA_G) + h / PSA_G;
-        num_used[gi] = min((seq_lens[b] + PSA_S - 1) / PSA_S, step);
-        iterations[gi] = 1;
-        reason[gi] = why;
-    }
-}
-#endif
-
 // Each build has its own name, so that a profile tells the speculative and resumed launches apart.
 #if PSA_SPEC
 #define PSA_DECODE_ENTRY psa_decode_spec
@@ -459,9 +388,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #if PSA_SPLIT
            , int split_len, float* __restrict__ partial
-#endif
-#if PSA_SPLIT_MERGE
-           , int* __restrict__ split_done
 #endif
 #if PSA_SPEC
            , const int* __restrict__ spec_len, float* __restrict__ partial, const int* __restrict__ spec_total,
@@ -923,33 +849,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         dst[d] = d < PSA_D ? c_o[h][d] : d == PSA_D ? c_m[h] : d == PSA_D + 1 || !PSA_SPEC ? c_l[h]
                : d == PSA_D + 2 ? cta_stats[it & 1][h].z : cta_stats[it & 1][h].w;
     }
-#if PSA_SPLIT_MERGE
-    // The group's last CTA to finish merges its splits, in place of psa_merge_splits' launch: each CTA counts itself
-    // done in split_done [B, Gn] (zero between launches) after its partials are visible device-wide; the one that
-    // counts last reads them all through L2. Its warps take the (head, PSA_MC channels) items of the group one each,
-    // folding every split alone (merge_fold with one warp: psa_merge_splits launched with 32 threads a CTA), so a
-    // group's merge costs about one round trip to L2 a PSA_MERGE_BATCH splits when the group has at most
-    // PSA_WARPS items (Llama-3.1-8B: 4 heads x 4 channel blocks).
-    __shared__ int s_last;
-    __threadfence();  // this thread's partials visible device-wide ...
-    __syncthreads();  // ... every thread's, before the CTA counts itself done
-    if (threadIdx.x == 0) s_last = atomicAdd(split_done + (long)b * Gn + g, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    constexpr int CB = PSA_D / PSA_MC;  // channel blocks a head
-    for (int item = warp; item < PSA_G * CB; item += PSA_WARPS) {
-        const int h = h0 + item / CB, c0 = item % CB * PSA_MC;
-        const bool mine = lane < PSA_MC;
-        float M = -PSA_INF, L = 0.f, O = 0.f;
-        merge_fold<true>(partial, b, h, Hq, c0, mine, 0, 1, gridDim.x, M, L, O);
-        if (mine) out[((long)b * Hq + h) * PSA_D + c0 + lane] = O / L;
-    }
-    if (threadIdx.x < PSA_G)
-        merge_splits_diagnostics(seq_lens, num_used, iterations, reason, mass_est, b, h0 + threadIdx.x, Hq, step,
-                                 stop == PSA_STOP_BUDGET ? PSA_REASON_BUDGET : PSA_REASON_EXHAUSTED);
-    if (threadIdx.x == 0) split_done[(long)b * Gn + g] = 0;  // for the next launch
-#endif
     return;
 #endif
     cluster_sync();
@@ -1030,11 +929,25 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 }
 
 #if PSA_SPLIT
-// Combine the splits of psa_decode's split build (psa_merge_splits, or with PSA_SPLIT_MERGE the group's last CTA to
-// finish): per (request, query head), the output sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s; and
-// per group the diagnostics the one-CTA build writes (every position attended, one iteration; `why` is exhausted or
-// budget). Grid (Hq, B, PSA_D / PSA_MC): a CTA takes PSA_MC channels (32, or 16 where D is an odd multiple of 16) of
-// one head; its blockDim.x / 32 warps take the splits round-robin (merge_fold, above).
+// Combine the splits of psa_decode's split build: per (request, query head), the output
+// sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s; and per group the diagnostics the
+// one-CTA build writes (every position attended, one iteration; `why` is exhausted or budget).
+// Grid (Hq, B, PSA_D / PSA_MC): a CTA takes PSA_MC channels (32, or 16 where D is an odd multiple of 16) of one head;
+// its blockDim.x / 32 warps take the splits round-robin, lane c channel c. A warp loads a batch of PSA_MERGE_BATCH
+// splits at once (each split's max and mass, the same words for every lane, and its row segment) and folds them
+// into a running max, mass and output (rescaled when the max grows), so one pass over the splits with a batch in
+// flight; the warps' terms meet in shared memory, added in warp order.
+//
+// Version 4: 3.3 us at 132 splits, 2.9 at 16 (H200). Version 3 (the same CTAs) made three dependent passes over the
+// splits (the max, then the weights into shared memory, then the sums, four loads in flight a lane): 5.6-5.8 us at 132
+// splits (SmolLM2 and Gemma 3 one request at 32K), 2.8 at 16 (Llama-3.1-8B). Version 2 gave a CTA the whole head (PSA_D
+// threads, each walking every split): at B = 1 with one KV head that is 4 CTAs reading 132 splits each, 10.2 us of a
+// 28.7 us dense step (Gemma 3, 32K, benchmarks/NOTES.md). Version 1 walked the splits with dependent loads (~0.3 us a
+// split).
+#define PSA_MC (PSA_D % 32 == 0 ? 32 : 16)  // PSA_D is a multiple of 16
+#ifndef PSA_MERGE_BATCH
+#define PSA_MERGE_BATCH 32  // splits a warp has in flight (_kernels.MERGE_BATCH)
+#endif
 extern "C" __global__ void __launch_bounds__(256)
 psa_merge_splits(const float* __restrict__ partial, const int* __restrict__ seq_lens, float* __restrict__ out,
                  int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
@@ -1043,9 +956,34 @@ psa_merge_splits(const float* __restrict__ partial, const int* __restrict__ seq_
     const int h = blockIdx.x, b = blockIdx.y, Hq = gridDim.x, c0 = blockIdx.z * PSA_MC;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const bool mine = lane < PSA_MC;  // this lane has a channel
+    constexpr int PW = PSA_D + 2;
+    const float* row = partial + ((long)b * Hq + h) * splits * PW;
     float M = -PSA_INF, L = 0.f, O = 0.f;  // this warp's running max, mass and output relative to M
-    merge_fold<false>(partial, b, h, Hq, c0, mine, warp, nw, splits, M, L, O);
-    // the warps' terms meet in shared memory, added in warp order
+    for (int first = warp; first < splits; first += nw * PSA_MERGE_BATCH) {
+        float m[PSA_MERGE_BATCH], l[PSA_MERGE_BATCH], o[PSA_MERGE_BATCH];
+#pragma unroll
+        for (int j = 0; j < PSA_MERGE_BATCH; ++j) {
+            const int sp = first + j * nw;
+            const float* r = row + (long)sp * PW;
+            m[j] = sp < splits ? __ldg(r + PSA_D) : -PSA_INF;
+            l[j] = sp < splits ? __ldg(r + PSA_D + 1) : 0.f;
+            o[j] = sp < splits && mine ? __ldg(r + c0 + lane) : 0.f;
+        }
+        float bm = M;
+#pragma unroll
+        for (int j = 0; j < PSA_MERGE_BATCH; ++j) bm = fmaxf(bm, m[j]);
+        if (bm == -PSA_INF) continue;  // nothing attended in any split so far
+        const float keep = M == -PSA_INF ? 0.f : __expf(M - bm);
+        L *= keep;
+        O *= keep;
+#pragma unroll
+        for (int j = 0; j < PSA_MERGE_BATCH; ++j) {  // a split with nothing attended adds nothing
+            const float w = m[j] == -PSA_INF ? 0.f : __expf(m[j] - bm);
+            L = fmaf(w != 0.f ? l[j] : 0.f, w, L);
+            O = fmaf(w != 0.f ? o[j] : 0.f, w, O);
+        }
+        M = bm;
+    }
     if (lane == 0) { s_m[warp] = M; s_l[warp] = L; }
     if (mine) s_o[warp][lane] = O;
     __syncthreads();
@@ -1060,7 +998,14 @@ psa_merge_splits(const float* __restrict__ partial, const int* __restrict__ seq_
         }
         out[((long)b * Hq + h) * PSA_D + c0 + lane] = o / l;
     }
-    if (threadIdx.x == 0 && blockIdx.z == 0)
-        merge_splits_diagnostics(seq_lens, num_used, iterations, reason, mass_est, b, h, Hq, step, why);
+    if (threadIdx.x == 0 && blockIdx.z == 0) {
+        mass_est[(long)b * Hq + h] = 1.f;
+        if (h % PSA_G == 0) {
+            const long gi = (long)b * (Hq / PSA_G) + h / PSA_G;
+            num_used[gi] = min((seq_lens[b] + PSA_S - 1) / PSA_S, step);
+            iterations[gi] = 1;
+            reason[gi] = why;
+        }
+    }
 }
 #endif
