@@ -831,6 +831,16 @@ if [ "$PART" = s27d ]; then
   kernel_suites t_suites27.log tests/test_fast_metadata.py tests/test_fast_pool.py
   exit 0
 fi
+if [ "$PART" = s27e ]; then
+  # one Llama request on 128 SMs: clusters of 16 CTAs of 4 warps (96 KiB: two CTAs an SM fit, so 8 clusters of 16
+  # may be held at once where 8 of 16 one-CTA-an-SM builds are not), against today's 8 x 8 warps; how many fit first
+  cd benchmarks
+  timeout 60 python3 exp_clusters.py --shapes llama8b --clusters 8,16 2>&1 | grep -v Warn | grep "^|"
+  timeout 300 python3 exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1 --steps auto,256,512 \
+      --modes loop --clusters 8,16 --warps 4,8 --layers 8 2>&1 | grep -v Warn | tee "$OUT/exp_step_c16w4.md" \
+      | grep "^|" | grep -v "^|---"
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
