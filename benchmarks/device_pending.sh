@@ -841,6 +841,18 @@ if [ "$PART" = s27e ]; then
       | grep "^|" | grep -v "^|---"
   exit 0
 fi
+if [ "$PART" = s27f ]; then
+  # issue 14's per-head target on today's kernels (last measured 2026-11-30): Llama shapes, each KV head's block
+  # masses from one head of the trace; PSA (loop, speculating) against top-k at PSA's error, B = 1, 8, 32 at 32K
+  # ($2 = "32") or 128K ("128")
+  cd benchmarks
+  mkdir -p "$OUT/ph$2"
+  sizes="32768:1,32768:8,32768:32"; [ "${2:-32}" = 128 ] && sizes="131072:1,131072:8,131072:32"
+  timeout 560 python3 bench_decode.py --profile per-head --shape llama8b --sizes $sizes --reps 20 \
+      --skip tau0.9,remaining,predicted,sketch,stages,rank --out "$OUT/ph$2" 2>&1 | tee "$OUT/ph$2.log" \
+      | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph$2.log"
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
