@@ -853,6 +853,23 @@ if [ "$PART" = s27f ]; then
       | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph$2.log"
   exit 0
 fi
+if [ "$PART" = s27g ]; then
+  # the two-kernel sort's slice (SLICE 256 / 512 / 1024 keys a CTA) at one request's long orders, then in the step;
+  # psa_estimate_mma's blocks a warp where the rule's grid makes 1-3 waves (128K B = 2, 64K B = 1)
+  cd benchmarks
+  timeout 90 python3 exp_kernels_attr.py SLICE=256,512,1024 -- exp_order_rank.py \
+      --shapes 1x8x8192,2x8x8192,1x8x4096,1x1x8192,1x1x16384 2>&1 | grep -v Warn | tee "$OUT/exp_slice27.md" \
+      | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,9-11
+  timeout 150 python3 exp_kernels_attr.py SLICE=512,1024 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 131072:1,65536:1 --steps auto --modes loop --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_slice27_step.md" \
+      | grep "^#\|^|" | grep -v "^|---\|mode"
+  for a in "131072 2" "65536 1"; do set -- $a
+    timeout 80 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
+        --share 0.05 --shape llama8b --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_est_blocks27.md" | grep "^#\|psa_estimate"
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
