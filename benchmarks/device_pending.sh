@@ -870,6 +870,21 @@ if [ "$PART" = s27g ]; then
   done
   exit 0
 fi
+if [ "$PART" = s27h ]; then
+  # slices of 512 keys where they fit in one wave (SLICE_ONE_WAVE): the A/B in both orders (the second process of
+  # a pair runs ~1-3 µs slower), then every kernel suite, then the runs of record (carry the Gemma layer's npz)
+  cd benchmarks
+  for v in 512,0 0,512; do
+    timeout 100 python3 exp_kernels_attr.py SLICE_ONE_WAVE=$v -- exp_step.py --share 0.05 --shape llama8b \
+        --sizes 32768:1,65536:1,131072:1,131072:2 --steps auto --modes loop --layers 16 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_slice_one_wave.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense"
+  done
+  cd ..
+  kernel_suites t_suites27h.log tests/test_fast_metadata.py tests/test_fast_pool.py
+  cd benchmarks
+  records
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

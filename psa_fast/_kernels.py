@@ -262,7 +262,11 @@ def _pow2(x: int, least: int) -> int:
 
 
 MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
-SLICE = 1024  # keys per CTA in the two-kernel sort
+SLICE = 1024  # keys per CTA in the two-kernel sort ...
+# ... or this many (0: never) when a grid of such slices fits in one wave over the SMs (one request of long caches):
+# twice the CTAs, each sorting half as long (H200, s27g: 1 x 8 x 4,096 blocks 15.7 -> 10.4 µs, 1 x 8 x 8,192 18.6
+# -> 16.4; the loop's step at 64K, B = 1 ~54.7 -> ~50.2)
+SLICE_ONE_WAVE = 512
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
@@ -276,7 +280,10 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     µs (the integer ALU pipe's rate); one CTA's bitonic sort ~0.0095 µs a padded block, a wave of CTAs at a
     time; its radix passes ~5 µs plus 0.0027 a padded block, as many rounds as groups an SM; slices + merge
     ~12.8 µs plus 0.00068 a padded block (twenty-sixth session's merge: 15.6 µs at 4,096, 18.4 at 8,192), its
-    ``npad / SLICE`` CTAs a group in waves."""
+    ``npad / SLICE`` CTAs a group in waves; with slices of ``SLICE_ONE_WAVE`` keys (one wave by construction,
+    twenty-seventh session: 9.1, 10.4 and 16.4 µs at 2,048, 4,096 and 8,192 blocks, eight groups, 14.7 at 8,192
+    blocks, one group) ~7.8 µs plus 0.0004 a padded block of a group, ~3.4 µs for each further batch of eight
+    slices the merge searches, and 0.00003 a padded block of all groups."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
     if method == "rank":
@@ -285,7 +292,19 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
         return 0.0095 * max(npad, 32) * waves
     if method == "radix":
         return (5.0 + 0.0027 * max(npad, 32)) * waves
+    sl = slice_keys(b, gn, npad)
+    if sl != SLICE:
+        return 7.8 + 0.0004 * npad + 3.4 * (-(-npad // (8 * sl)) - 1) + 2.96e-5 * b * gn * npad
     return (12.8 + 0.00068 * npad) * -(-b * gn * max(1, npad // SLICE) // num_sms())
+
+
+def slice_keys(b: int, gn: int, npad: int) -> int:
+    """Keys a CTA sorts in the two-kernel sort of ``b x gn`` groups of ``npad`` padded blocks: ``SLICE_ONE_WAVE``
+    where its slices of all groups fit in one wave over the SMs and split a group, else ``SLICE``."""
+    one = SLICE_ONE_WAVE
+    if one and npad > one and b * gn * (npad // one) <= num_sms():
+        return one
+    return SLICE
 
 
 def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
@@ -293,12 +312,12 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
     fastest among those that apply. ``"rank"`` (``psa_order_rank``: each block's position counted over many
     CTAs) up to ``RANK_MAX_BLOCKS`` a group: one request, or a few at 32K; ``"radix"`` (``psa_order_radix``, one
     CTA a group, up to ``RADIX_MAX_BLOCKS``): batches, and long caches once there are a few groups an SM;
-    ``"slices"`` (``psa_order_slice`` + ``psa_order_merge``, given a ``workspace`` and more than ``SLICE`` blocks):
+    ``"slices"`` (``psa_order_slice`` + ``psa_order_merge``, given a ``workspace`` and more blocks than a slice):
     one or few requests of long caches; ``"sort"`` (``psa_order``, one CTA's bitonic sort): short groups,
     many of them."""
     npad = _pow2(nmax, 2)
     methods = ["sort"]
-    if npad > SLICE and workspace:
+    if npad > slice_keys(b, gn, npad) and workspace:
         methods.append("slices")
     if npad <= RADIX_MAX_BLOCKS:
         methods.append("radix")
@@ -317,15 +336,18 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     Four kernels give the same order (``order_method`` picks the fastest when ``method`` is None): short
     orders count each block's position (``psa_order_rank``); one CTA a group sorts its keys by radix passes
     (``psa_order_radix``) or by bitonic merges (``psa_order``); or a group is split: ``psa_order_slice`` sorts
-    slices of ``SLICE`` blocks on many CTAs into ``workspace`` (``[B, Gn, P * SLICE]`` uint64) and
+    slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``[B, Gn, npad]`` uint64) and
     ``psa_order_merge`` places every key at its rank."""
     b, gn, _ = scores.shape
     npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
     if method not in ORDER_METHODS:
         raise ValueError(f"method must be one of {ORDER_METHODS} or None, got {method!r}")
-    if method == "slices" and (workspace is None or npad <= SLICE):
-        raise ValueError(f"method='slices' needs a workspace and more than {SLICE} blocks (got nmax={nmax})")
+    if method == "slices" and workspace is None:
+        raise ValueError(f"method='slices' needs a workspace (order_workspace_shape) for nmax={nmax}")
+    sl = slice_keys(b, gn, npad) if method == "slices" else SLICE
+    if method == "slices" and npad <= sl:
+        raise ValueError(f"method='slices' needs more than {sl} blocks a group (got nmax={nmax})")
     if method == "rank" and nmax > RANK_MAX_BLOCKS:
         raise ValueError(f"method='rank' orders up to {RANK_MAX_BLOCKS} blocks a group (got nmax={nmax})")
     if method == "radix" and npad > RADIX_MAX_BLOCKS:
@@ -348,13 +370,13 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
     elif method == "slices":
-        p = npad // SLICE
-        fn = kernel("order_slice", d=16, s=s, g=g, npad=SLICE)
-        fn((p, gn, b), (SLICE,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
-                                  np.int32(recent_blocks)), shared_mem=SLICE * 8)
+        p = npad // sl
+        fn = kernel("order_slice", d=16, s=s, g=g, npad=sl)
+        fn((p, gn, b), (sl,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
+                               np.int32(recent_blocks)), shared_mem=sl * 8)
         merge = kernel("order_merge", d=16, s=s, g=g)
         merge((-(-max(npad, nmax) // 256), gn, b), (256,), (workspace, seq_lens, out_order, np.int32(nmax),
-                                                           np.int32(p), np.int32(SLICE)))
+                                                           np.int32(p), np.int32(sl)))
     else:
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)
@@ -393,7 +415,7 @@ def order_head(scores, seq_lens, out_order, *, s, g, nmax, sink_blocks, recent_b
 def order_workspace_shape(batch: int, groups: int, nmax: int) -> tuple[int, int, int] | None:
     """Shape of the uint64 workspace the two-kernel sort needs, or None when one CTA per group sorts."""
     npad = _pow2(nmax, 2)
-    return (batch, groups, npad) if npad > SLICE else None
+    return (batch, groups, npad) if npad > slice_keys(batch, groups, npad) else None
 
 
 DECODE_STAGES = 3  # cp.async ring depth per warp (decode v2, v3)

@@ -594,13 +594,30 @@ def test_resumed_loop_takes_no_more_ctas_than_a_chunk_has_blocks_for_its_warps()
     assert _kernels.resume_cluster(8, 4, 8) == 1 and _kernels.resume_cluster(1, 256, 8) == 1
 
 
+def test_slices_of_512_keys_only_where_every_group_s_slices_fit_in_one_wave(monkeypatch):
+    """slice_keys: 512 keys a CTA where all groups' slices of 512 fit on the 132 SMs at once and a group has more
+    than 512 blocks (one Llama request at 32K-128K, Gemma's up to 128K), else SLICE (1,024): a batch of long caches,
+    or SLICE_ONE_WAVE 0; the workspace follows (none where one slice would hold a group)."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert [_kernels.slice_keys(1, 8, n) for n in (1024, 4096, 8192)] == [512, 512, 512]
+    assert [_kernels.slice_keys(b, 8, 8192) for b in (2, 8)] == [1024, 1024]  # 256 / 1,024 CTAs of 512
+    assert _kernels.slice_keys(1, 1, 16384) == 512 and _kernels.slice_keys(5, 1, 16384) == 1024
+    assert _kernels.slice_keys(1, 8, 512) == 1024  # one slice of 512 would hold the group
+    assert _kernels.order_workspace_shape(1, 8, 1000) == (1, 8, 1024)
+    assert _kernels.order_workspace_shape(1, 8, 512) is None
+    monkeypatch.setattr(_kernels, "SLICE_ONE_WAVE", 0)
+    assert _kernels.slice_keys(1, 8, 8192) == 1024 and _kernels.order_workspace_shape(1, 8, 1000) is None
+
+
 def test_order_method_is_the_fastest_measured(monkeypatch):
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
     # every row of exp_order_rank.py on the H200 (NOTES.md, nineteenth session; 1 x 8 x 4096 and 1 x 8 x 8192 again
-    # in the twenty-sixth, after the merge's rewrite: slices 15.6 and 18.4 µs, radix 16.3 and 27.4): the pick is the
-    # fastest measured
+    # in the twenty-sixth, after the merge's rewrite: slices 15.6 and 18.4 µs, radix 16.3 and 27.4; in the
+    # twenty-seventh with slices of 512 where they fit in one wave: 10.4 and 16.4): the pick is the fastest measured
     measured = {(1, 1, 2048): "rank", (8, 1, 2048): "rank", (32, 1, 2048): "radix", (1, 1, 8192): "rank",
                 (4, 1, 8192): "slices", (1, 8, 2048): "rank", (4, 8, 2048): "radix", (8, 8, 2048): "radix",
                 (1, 8, 4096): "slices", (1, 8, 8192): "slices", (1, 32, 1024): "rank", (8, 8, 512): "sort",

@@ -847,10 +847,10 @@ def test_order_kernels_match_reference_rank(nmax, lens, method):
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
-    if method == "slices" and nmax <= _kernels.SLICE:
-        pytest.skip("slices + merge is for more than SLICE blocks a group")
-    rng = np.random.default_rng(nmax)
     b, gn = len(lens), 3
+    if method == "slices" and _kernels._pow2(nmax, 2) <= _kernels.slice_keys(b, gn, _kernels._pow2(nmax, 2)):
+        pytest.skip("slices + merge is for more blocks a group than a slice holds")
+    rng = np.random.default_rng(nmax)
     scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties
     seq = cupy.asarray(np.array(lens, np.int32))
     out = cupy.full((b, gn, nmax), -7, cupy.int32)
@@ -869,15 +869,19 @@ def test_order_kernels_match_reference_rank(nmax, lens, method):
 
 @pytest.mark.parametrize("nmax, lens", [(3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]), (8192, [8192 * 16, 40 * 16]),
                                          (16384, [16384 * 16, 9000 * 16 + 3])])
-def test_the_merge_gives_the_reference_order(nmax, lens):
-    """psa_order_merge (each key's count in the other slices by binary lifting, eight slices at once) gives psa_ref's
-    order, ties included, and -1 past n: 3 to 8 slices (one batch of eight) and 16,384 blocks (16 slices, two
-    batches, the shorter request's later ones all padding, some warps partly)."""
+@pytest.mark.parametrize("one_wave", [0, 512])
+def test_the_merge_gives_the_reference_order(monkeypatch, nmax, lens, one_wave):
+    """psa_order_slice + psa_order_merge (each key's count in the other slices by binary lifting, eight slices at
+    once) give psa_ref's order, ties included, and -1 past n, with slices of 1,024 keys (SLICE_ONE_WAVE 0: 3 to 8
+    slices, one batch of eight; 16 at 16,384 blocks, two batches, the shorter request's later ones all padding, some
+    warps partly) or of 512 where they fit in one wave (8 to 32 slices)."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
+    monkeypatch.setattr(_kernels, "SLICE_ONE_WAVE", one_wave)
     rng = np.random.default_rng(nmax + 1)
     b, gn = len(lens), 2
+    assert _kernels.slice_keys(b, gn, _kernels._pow2(nmax, 2)) == (one_wave or _kernels.SLICE)
     scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties
     out = cupy.full((b, gn, nmax), -7, cupy.int32)
     _kernels.order(cupy.asarray(scores), cupy.asarray(np.array(lens, np.int32)), out, None, None, s=16, g=1, hq=gn,
