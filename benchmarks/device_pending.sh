@@ -122,6 +122,16 @@
 #  build's merge by each group's last CTA: tests, A/Bs. Then at once (warm):
 #   run(command="bash benchmarks/device_pending.sh s27b")  (~6 minutes)
 #  one request's loop on clusters of 10-16 CTAs (how many fit, then timed); the predicted first chunk re-measured.
+#   run(command="bash benchmarks/device_pending.sh s27c")  (~1 minute)
+#  clusters of 16 for one request of few groups: tests, the A/B against 8 (then `all` for every suite, ~5 minutes).
+#   run(command="bash benchmarks/device_pending.sh s27e")  (~1 minute)
+#  one Llama request on clusters of 16 CTAs of 4 warps (slower: the loop is bound by each warp's work a block).
+#   run(command="bash benchmarks/device_pending.sh s27f 32")  and  "s27f 128"  (~1 minute each)
+#  the per-head profile's rows at 32K or 128K, B = 1, 8, 32 (issue 14's per-head target).
+#   run(command="bash benchmarks/device_pending.sh s27g")  (~1 minute)
+#  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
+#   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
+#  slices of 512 where they fit in one wave: the A/B in both orders, every suite, the runs of record.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -776,6 +786,7 @@ if [ "$PART" = s26b ]; then
   exit 0
 fi
 if [ "$PART" = s27a ]; then
+  # (Run once, twenty-seventh session; _kernels.MERGE_LANES and SPLIT_MERGE were removed after it: the record.)
   # psa_order_merge with 1, 2, 4 or 8 threads a key (_kernels.MERGE_LANES; the kernel ran at 23% occupancy, bound by
   # its instructions), psa_estimate_mma's blocks a warp swept (ESTIMATE_MMA_WARP_BLOCKS; one request's estimate
   # at 128K makes 1.3 waves), the split build merged by each group's last CTA (SPLIT_MERGE): their tests, the
@@ -824,11 +835,6 @@ if [ "$PART" = s27c ]; then
         --steps auto --modes loop,s2.0 --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_cluster16.md" \
         | grep "^#\|^|" | grep -v "^|---\|mode"
   done
-  exit 0
-fi
-if [ "$PART" = s27d ]; then
-  # every kernel suite (and the metadata and pool ones) on this session's defaults
-  kernel_suites t_suites27.log tests/test_fast_metadata.py tests/test_fast_pool.py
   exit 0
 fi
 if [ "$PART" = s27e ]; then
