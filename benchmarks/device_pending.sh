@@ -132,6 +132,8 @@
 #  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
 #   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
 #  slices of 512 where they fit in one wave: the A/B in both orders, every suite, the runs of record.
+#   run(command="bash benchmarks/device_pending.sh s28a")  (~3 minutes; prepared in the twenty-seventh session)
+#  ncu of one Llama request's loop at 128K (warp states, the SASS source page with stall samples).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -889,6 +891,24 @@ if [ "$PART" = s27h ]; then
   kernel_suites t_suites27h.log tests/test_fast_metadata.py tests/test_fast_pool.py
   cd benchmarks
   records
+  exit 0
+fi
+if [ "$PART" = s28a ]; then
+  # where one Llama request's loop waits now (after the windowed stream, s26): the loop is bound by each warp's work
+  # a block (s27e: the same warps on twice the SMs gain nothing). ncu of psa_decode at 5% 128K B = 1 (ema, step 768):
+  # the warp states, then the SASS source page with its stall samples (a CSV to sort by samples).
+  cd benchmarks
+  timeout 300 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section SchedulerStats --section InstructionStats --section SourceCounters -o "$OUT/loop128" \
+      python3 profile_decode_step.py --share 0.05 --shape llama8b --size 131072 --batches 1 --variants ema \
+      --no-profiler --steps 2 --out /tmp > "$OUT/ncu_loop128.log" 2>&1
+  echo "ncu rc=$?"
+  ncu --import "$OUT/loop128.ncu-rep" --print-details all > "$OUT/ncu_loop128.txt" 2>&1
+  ncu --import "$OUT/loop128.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_src_loop128.csv" 2>&1
+  grep -E "Duration|Registers Per|Achieved Occupancy|Eligible|Issue Slots|Instructions Executed|Stall (Long|Barrier\
+|Short|Wait|MIO|LG|Not|Math|Tex)" "$OUT/ncu_loop128.txt" | head -30
+  wc -l "$OUT/ncu_src_loop128.csv"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
