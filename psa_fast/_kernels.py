@@ -73,7 +73,7 @@ def num_sms() -> int:
 
 
 # the largest cluster pick_cluster takes: 16 (non-portable) where the GPU holds every group's cluster at once (the
-# H200 holds 7 of 16 one-CTA-an-SM CTAs, 15 of 8: Gemma 3's one group runs its loop 38.3 -> 34.3 µs on 16 SMs, s27b)
+# H200 holds 7 of 16 one-CTA-an-SM CTAs, 15 of 8: Gemma 3's one group runs its loop 40.2 -> 35.4 µs on 16 SMs, s27c)
 MAX_CLUSTER = 16
 _PROBE = 'extern "C" __global__ void psa_cluster_probe() {}'
 
@@ -265,7 +265,7 @@ MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BAT
 SLICE = 1024  # keys per CTA in the two-kernel sort ...
 # ... or this many (0: never) when a grid of such slices fits in one wave over the SMs (one request of long caches):
 # twice the CTAs, each sorting half as long (H200, s27g: 1 x 8 x 4,096 blocks 15.7 -> 10.4 µs, 1 x 8 x 8,192 18.6
-# -> 16.4; the loop's step at 64K, B = 1 ~54.7 -> ~50.2)
+# -> 16.4; the loop's step at 64K, B = 1 54.4 -> 49.9, s27h)
 SLICE_ONE_WAVE = 512
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
