@@ -611,6 +611,21 @@ def test_slices_of_512_keys_only_where_every_group_s_slices_fit_in_one_wave(monk
     assert _kernels.slice_keys(1, 8, 8192) == 1024 and _kernels.order_workspace_shape(1, 8, 1000) is None
 
 
+def test_the_slices_cost_model_reproduces_its_measurements(monkeypatch):
+    """order_cost_us("slices") within 0.3 µs of the in-graph times it was fitted to (exp_order_rank.py, H200):
+    slices of 512 at 1x8x2048 / 1x8x4096 / 1x8x8192 / 1x1x8192 (9.1 / 10.4 / 16.4 / 14.7, twenty-seventh session),
+    of 1,024 at 1x8x4096 / 1x8x8192 (15.6 / 18.4, twenty-sixth)."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    for (b, gn, n), us in {(1, 8, 2048): 9.1, (1, 8, 4096): 10.4, (1, 8, 8192): 16.4, (1, 1, 8192): 14.7}.items():
+        assert _kernels.slice_keys(b, gn, n) == 512
+        assert abs(_kernels.order_cost_us("slices", b, gn, n) - us) <= 0.3, (b, gn, n)
+    monkeypatch.setattr(_kernels, "SLICE_ONE_WAVE", 0)
+    for (b, gn, n), us in {(1, 8, 4096): 15.6, (1, 8, 8192): 18.4}.items():
+        assert abs(_kernels.order_cost_us("slices", b, gn, n) - us) <= 0.3, (b, gn, n)
+
+
 def test_order_method_is_the_fastest_measured(monkeypatch):
     from psa_fast import _kernels
 
