@@ -96,9 +96,9 @@ class DecodePlan:
         sink_blocks: first blocks attended before the ranked ones (psa, topk).
         recent_blocks: last blocks attended likewise.
         scale: logit scale, default ``1/sqrt(D)``.
-        cluster: CTAs per selection group (default: a power of two that keeps every group's cluster within half
-            the SMs, up to 8, or 16 where the GPU holds all the groups' clusters of 16 at once:
-            ``_kernels.pick_cluster``; a cluster above 8 is a non-portable size, enabled per kernel).
+        cluster: CTAs per selection group (default: the largest power of two with groups x cluster <= SMs, up
+            to 8, or 16 where the GPU holds all the groups' clusters of 16 at once: ``_kernels.pick_cluster``; a
+            cluster above 8 is a non-portable size, enabled per kernel).
         warps: warps per CTA (default: 4 for dense and top-k at head dim <= 64, else 8; with ``speculate``, the
             speculative attend's CTAs take one warp when the chunks speculated (counted on the GPU) fill several
             CTAs an SM, to hide each chunk's start and end, ``_kernels.spec_shapes``).
