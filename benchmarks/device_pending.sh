@@ -134,6 +134,8 @@
 #  slices of 512 where they fit in one wave: the A/B in both orders, every suite, the runs of record.
 #   run(command="bash benchmarks/device_pending.sh s28a")  (~3 minutes; prepared in the twenty-seventh session)
 #  ncu of one Llama request's loop at 128K (warp states, the SASS source page with stall samples).
+#   run(command="bash benchmarks/device_pending.sh s28b")  (~3 minutes)
+#  the loop's step swept on clusters of 16 (SmolLM2, Gemma 3; one request at 32K and 128K).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -909,6 +911,17 @@ if [ "$PART" = s28a ]; then
   grep -E "Duration|Registers Per|Achieved Occupancy|Eligible|Issue Slots|Instructions Executed|Stall (Long|Barrier\
 |Short|Wait|MIO|LG|Not|Math|Tex)" "$OUT/ncu_loop128.txt" | head -30
   wc -l "$OUT/ncu_src_loop128.csv"
+  exit 0
+fi
+if [ "$PART" = s28b ]; then
+  # the loop's step on clusters of 16 (one request of few KV heads since s27): pick_step sizes it from the cluster's
+  # SMs (LOOP_SM_GBS a CTA), but the loop is bound by each warp's work (s27e); SmolLM2's 32K auto step (768, 37.5%
+  # of the blocks) ran 1.6 µs slower than 512 on 8. A sweep to re-fit it if a smaller step wins.
+  cd benchmarks
+  for shape in "smollm2 32768:1,131072:1" "gemma3 32768:1,131072:1"; do set -- $shape
+    timeout 150 python3 exp_step.py --share 0.05 --shape $1 --sizes $2 --steps 256,384,512,768,auto --modes loop \
+        --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_c16.md" | grep "^|" | grep -v "^|---\|mode"
+  done
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
