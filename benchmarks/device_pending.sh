@@ -191,6 +191,17 @@ records() {
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g.log"
 }
+# psa_estimate_mma's blocks a warp swept (0: the rule, 16, 32, 64; one process each), Llama 5% `ema`, kernel by kernel:
+# `estimate_blocks_sweep LOG SECONDS "T B" ...` from benchmarks/, appended to $OUT/LOG.
+estimate_blocks_sweep() {
+  local log="$1" limit="$2" a
+  shift 2
+  for a in "$@"; do set -- $a
+    timeout "$limit" python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
+        --share 0.05 --shape llama8b --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \
+        | tee -a "$OUT/$log" | grep "^#\|^T=\|psa_estimate"
+  done
+}
 # The real Gemma layer's loop and verifier clocks, and where its speculative step's kernels go (timeout $1 each).
 gemma_clocks() {
   local t="$1"
@@ -803,11 +814,7 @@ if [ "$PART" = s27a ]; then
   timeout 200 python3 exp_kernels_attr.py SPLIT_MERGE=0,1 -- exp_split.py --splits 0 --reps 30 \
       --cases llama:32768:1,llama:131072:1,gemma:32768:1,smollm2:32768:1 2>&1 | grep -v Warn \
       | tee "$OUT/exp_split_merge.md" | grep "^#\|µs"
-  for a in "131072 1" "32768 1" "131072 8"; do set -- $a
-    timeout 60 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
-        --share 0.05 --shape llama8b --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_est_blocks.md" | grep "^#\|^T=\|psa_estimate"
-  done
+  estimate_blocks_sweep exp_est_blocks.md 60 "131072 1" "32768 1" "131072 8"
   exit 0
 fi
 if [ "$PART" = s27b ]; then
@@ -873,11 +880,7 @@ if [ "$PART" = s27g ]; then
   timeout 150 python3 exp_kernels_attr.py SLICE=512,1024 -- exp_step.py --share 0.05 --shape llama8b \
       --sizes 131072:1,65536:1 --steps auto --modes loop --layers 16 2>&1 | grep -v Warn | tee "$OUT/exp_slice27_step.md" \
       | grep "^#\|^|" | grep -v "^|---\|mode"
-  for a in "131072 2" "65536 1"; do set -- $a
-    timeout 80 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,16,32,64 -- profile_decode_step.py \
-        --share 0.05 --shape llama8b --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_est_blocks27.md" | grep "^#\|psa_estimate"
-  done
+  estimate_blocks_sweep exp_est_blocks27.md 80 "131072 2" "65536 1"
   exit 0
 fi
 if [ "$PART" = s27h ]; then

@@ -343,11 +343,12 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
     if method not in ORDER_METHODS:
         raise ValueError(f"method must be one of {ORDER_METHODS} or None, got {method!r}")
-    if method == "slices" and workspace is None:
-        raise ValueError(f"method='slices' needs a workspace (order_workspace_shape) for nmax={nmax}")
-    sl = slice_keys(b, gn, npad) if method == "slices" else SLICE
-    if method == "slices" and npad <= sl:
-        raise ValueError(f"method='slices' needs more than {sl} blocks a group (got nmax={nmax})")
+    if method == "slices":
+        if workspace is None:
+            raise ValueError(f"method='slices' needs a workspace (order_workspace_shape) for nmax={nmax}")
+        sl = slice_keys(b, gn, npad)
+        if npad <= sl:
+            raise ValueError(f"method='slices' needs more than {sl} blocks a group (got nmax={nmax})")
     if method == "rank" and nmax > RANK_MAX_BLOCKS:
         raise ValueError(f"method='rank' orders up to {RANK_MAX_BLOCKS} blocks a group (got nmax={nmax})")
     if method == "radix" and npad > RADIX_MAX_BLOCKS:
