@@ -136,6 +136,8 @@
 #  ncu of one Llama request's loop at 128K (warp states, the SASS source page with stall samples).
 #   run(command="bash benchmarks/device_pending.sh s28b")  (~3 minutes)
 #  the loop's step swept on clusters of 16 (SmolLM2, Gemma 3; one request at 32K and 128K).
+#   run(command="bash benchmarks/device_pending.sh s28c")  (~5 minutes)
+#  the loop's grid build: its tests, then exp_step with LOOP_GRID 0 / 16 / 64 (Llama, SmolLM2, Gemma 3).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -924,6 +926,25 @@ if [ "$PART" = s28b ]; then
   for shape in "smollm2 32768:1,131072:1" "gemma3 32768:1,131072:1"; do set -- $shape
     timeout 150 python3 exp_step.py --share 0.05 --shape $1 --sizes $2 --steps 256,384,512,768,auto --modes loop \
         --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_c16.md" | grep "^|" | grep -v "^|---\|mode"
+  done
+  exit 0
+fi
+if [ "$PART" = s28c ]; then
+  # the loop's grid build (LOOP_GRID: a group's CTAs spread over the grid, exchanging through global memory): its
+  # tests, then exp_step's loop rows with LOOP_GRID 0 / 16 in both process orders (Llama: 8 groups on 16 SMs each
+  # where clusters give 8), and Gemma 3 / SmolLM2 (one and three groups: 64 / 44 CTAs against clusters of 16)
+  gpu_tests t_grid.log 200 tests/test_fast.py tests/test_bench_decode.py -k "spread_over_the_grid or pick_grid \
+or cluster_above_8"
+  cd benchmarks
+  for order in 0,16 16,0; do
+    timeout 150 python3 exp_kernels_attr.py LOOP_GRID=$order -- exp_step.py --share 0.05 --shape llama8b \
+        --sizes 32768:1,131072:1 --steps 512,768,1024,auto --modes loop --layers 8 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_grid.md" | grep "^#\|^|" | grep -v "^|---\|mode"
+  done
+  for shape in smollm2 gemma3; do
+    timeout 150 python3 exp_kernels_attr.py LOOP_GRID=0,64 -- exp_step.py --share 0.05 --shape $shape \
+        --sizes 32768:1,131072:1 --steps 256,384,512,auto --modes loop --layers 8 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_grid.md" | grep "^#\|^|" | grep -v "^|---\|mode"
   done
   exit 0
 fi
