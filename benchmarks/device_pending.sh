@@ -929,7 +929,7 @@ if [ "$PART" = s28b ]; then
   done
   exit 0
 fi
-if [ "$PART" = s28c ]; then
+if [ "$PART" = s28c ]; then  # (record: LOOP_GRID was removed after this run, NOTES.md)
   # the loop's grid build (LOOP_GRID: a group's CTAs spread over the grid, exchanging through global memory): its
   # tests, then exp_step's loop rows with LOOP_GRID 0 / 16 in both process orders (Llama: 8 groups on 16 SMs each
   # where clusters give 8), and Gemma 3 / SmolLM2 (one and three groups: 64 / 44 CTAs against clusters of 16)
