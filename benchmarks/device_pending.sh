@@ -138,6 +138,8 @@
 #  the loop's step swept on clusters of 16 (SmolLM2, Gemma 3; one request at 32K and 128K).
 #   run(command="bash benchmarks/device_pending.sh s28c")  (~5 minutes)
 #  the loop's grid build: its tests, then exp_step with LOOP_GRID 0 / 16 / 64 (Llama, SmolLM2, Gemma 3).
+#   run(command="bash benchmarks/device_pending.sh s28d")  (~4 minutes)
+#  psa_order_cluster: its tests, exp_order_rank's columns, the loop's step with ORDER_CLUSTER 0 / 1.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -946,6 +948,23 @@ or cluster_above_8"
         --sizes 32768:1,131072:1 --steps 256,384,512,auto --modes loop --layers 8 2>&1 | grep -v Warn \
         | tee -a "$OUT/exp_step_grid.md" | grep "^#\|^|" | grep -v "^|---\|mode"
   done
+  exit 0
+fi
+if [ "$PART" = s28d ]; then
+  # psa_order_cluster (slices sorted and ranked in one launch, one cluster a group, the ranks found in shared memory):
+  # its tests, exp_order_rank's columns, then the loop's step with ORDER_CLUSTER 0 / 1 in both process orders
+  gpu_tests t_order_cluster.log 200 tests/test_fast.py -k "order_kernels_match or cluster_sort or merge_gives"
+  cd benchmarks
+  timeout 150 python3 exp_order_rank.py --shapes 1x8x2048,1x8x4096,1x8x8192,1x1x8192,1x3x8192,2x8x8192,1x8x16384 \
+      2>&1 | grep -v Warn | tee "$OUT/exp_order_cluster.md" | grep "^|"
+  for order in 0,1 1,0; do
+    timeout 150 python3 exp_kernels_attr.py ORDER_CLUSTER=$order -- exp_step.py --share 0.05 --shape llama8b \
+        --sizes 32768:1,65536:1,131072:1 --steps auto --modes loop --layers 16 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_order_cluster.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense"
+  done
+  timeout 100 python3 exp_kernels_attr.py ORDER_CLUSTER=1 -- profile_decode_step.py --share 0.05 --shape llama8b \
+      --size 131072 --batches 1 --variants ema --out "$OUT" 2>&1 | grep -v Warn | tail -25 > "$OUT/profile_cluster.txt"
+  grep -i "order\|decode\|estimate\|total" "$OUT/profile_cluster.txt" | head -12
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

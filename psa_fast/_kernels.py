@@ -271,7 +271,16 @@ RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
-ORDER_METHODS = ("rank", "sort", "slices", "radix")
+ORDER_METHODS = ("rank", "sort", "slices", "radix", "cluster")
+ORDER_CLUSTER_SLICE = 512  # keys a CTA sorts in psa_order_cluster (more where a group needs more than 16 CTAs)
+ORDER_CLUSTER = 0  # 1: order_method takes "cluster" wherever it applies (an A/B switch until it is measured)
+
+
+def cluster_slice(npad: int) -> int | None:
+    """Keys a CTA sorts in ``psa_order_cluster`` (one cluster a group, at most 16 CTAs of at most 1,024 keys) for
+    ``npad`` padded blocks, or None where it does not apply (fewer than two slices, more than 16 of 1,024)."""
+    sl = max(ORDER_CLUSTER_SLICE, npad // 16)
+    return sl if npad >= 2 * sl and sl <= ORDER_THREADS else None
 
 
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
@@ -316,6 +325,8 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
     one or few requests of long caches; ``"sort"`` (``psa_order``, one CTA's bitonic sort): short groups,
     many of them."""
     npad = _pow2(nmax, 2)
+    if ORDER_CLUSTER and cluster_slice(npad):
+        return "cluster"
     methods = ["sort"]
     if npad > slice_keys(b, gn, npad) and workspace:
         methods.append("slices")
@@ -333,11 +344,12 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
     sums read them).
 
-    Four kernels give the same order (``order_method`` picks the fastest when ``method`` is None): short
+    Five ways give the same order (``order_method`` picks the fastest when ``method`` is None): short
     orders count each block's position (``psa_order_rank``); one CTA a group sorts its keys by radix passes
     (``psa_order_radix``) or by bitonic merges (``psa_order``); or a group is split: ``psa_order_slice`` sorts
     slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``[B, Gn, npad]`` uint64) and
-    ``psa_order_merge`` places every key at its rank."""
+    ``psa_order_merge`` places every key at its rank, or both in one launch (``psa_order_cluster``: a cluster of
+    ``cluster_slice`` keys a CTA, each CTA ranking its keys in the others' slices copied into its shared memory)."""
     b, gn, _ = scores.shape
     npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
@@ -349,6 +361,8 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         sl = slice_keys(b, gn, npad)
         if npad <= sl:
             raise ValueError(f"method='slices' needs more than {sl} blocks a group (got nmax={nmax})")
+    if method == "cluster" and cluster_slice(npad) is None:
+        raise ValueError(f"method='cluster' orders 1,024 to 16,384 padded blocks a group (got nmax={nmax})")
     if method == "rank" and nmax > RANK_MAX_BLOCKS:
         raise ValueError(f"method='rank' orders up to {RANK_MAX_BLOCKS} blocks a group (got nmax={nmax})")
     if method == "radix" and npad > RADIX_MAX_BLOCKS:
@@ -370,6 +384,14 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         _with_smem(fn, smem)
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
+    elif method == "cluster":
+        sl = cluster_slice(npad)
+        p = npad // sl
+        fn = kernel("order_cluster", d=16, s=s, g=g, cluster=p, npad=sl)
+        _with_smem(fn, npad * 8)
+        allow_cluster(fn, p)
+        fn((p, gn, b), (min(ORDER_THREADS, sl),), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
+                                                   np.int32(recent_blocks)), shared_mem=npad * 8)
     elif method == "slices":
         p = npad // sl
         fn = kernel("order_slice", d=16, s=s, g=g, npad=sl)
