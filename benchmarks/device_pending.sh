@@ -967,6 +967,26 @@ if [ "$PART" = s28d ]; then
   grep -i "order\|decode\|estimate\|total" "$OUT/profile_cluster.txt" | head -12
   exit 0
 fi
+if [ "$PART" = s28e ]; then
+  # psa_order_cluster probing the other slices in place (ORDER_CLUSTER_COPY 0, no 60 KiB copy a CTA, 4 KiB of shared
+  # memory so that all eight clusters of 16 fit) against copying them in (1): tests at both, exp_order_rank, the step
+  for copy in 0 1; do
+    timeout 100 python3 -c "import sys, pytest; import psa_fast._kernels as k; k.ORDER_CLUSTER_COPY = $copy; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', 'tests/test_fast.py', '-k', \
+'order_kernels_match or cluster_sort']))" > "$OUT/t_copy$copy.log" 2>&1; echo "copy $copy tests rc=$?"
+    tail -1 "$OUT/t_copy$copy.log"
+  done
+  cd benchmarks
+  timeout 150 python3 exp_kernels_attr.py ORDER_CLUSTER_COPY=0,1 -- exp_order_rank.py \
+      --shapes 1x8x2048,1x8x4096,1x8x8192,1x1x8192,2x8x8192,1x8x16384 2>&1 | grep -v Warn \
+      | tee "$OUT/exp_order_cluster_probe.md" | grep "^#\|^| 1\|^| 2"
+  for order in 0,1 1,0; do
+    timeout 150 python3 exp_kernels_attr.py ORDER_CLUSTER=$order -- exp_step.py --share 0.05 --shape llama8b \
+        --sizes 32768:1,65536:1,131072:1 --steps auto --modes loop --layers 16 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_order_probe.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense"
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

@@ -274,6 +274,7 @@ RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory
 ORDER_METHODS = ("rank", "sort", "slices", "radix", "cluster")
 ORDER_CLUSTER_SLICE = 512  # keys a CTA sorts in psa_order_cluster (more where a group needs more than 16 CTAs)
 ORDER_CLUSTER = 0  # 1: order_method takes "cluster" wherever it applies (an A/B switch until it is measured)
+ORDER_CLUSTER_COPY = 0  # psa_order_cluster: 1 each CTA copies the other slices in, 0 probes them in place (A/B)
 
 
 def cluster_slice(npad: int) -> int | None:
@@ -387,11 +388,12 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     elif method == "cluster":
         sl = cluster_slice(npad)
         p = npad // sl
-        fn = kernel("order_cluster", d=16, s=s, g=g, cluster=p, npad=sl)
-        _with_smem(fn, npad * 8)
+        fn = kernel("order_cluster", d=16, s=s, g=g, cluster=p, npad=sl, order_copy=ORDER_CLUSTER_COPY)
+        smem = (npad if ORDER_CLUSTER_COPY else sl) * 8
+        _with_smem(fn, smem)
         allow_cluster(fn, p)
         fn((p, gn, b), (min(ORDER_THREADS, sl),), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
-                                                   np.int32(recent_blocks)), shared_mem=npad * 8)
+                                                   np.int32(recent_blocks)), shared_mem=smem)
     elif method == "slices":
         p = npad // sl
         fn = kernel("order_slice", d=16, s=s, g=g, npad=sl)
