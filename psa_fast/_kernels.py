@@ -273,8 +273,10 @@ RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared m
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
 ORDER_METHODS = ("rank", "sort", "slices", "radix", "cluster")
 ORDER_CLUSTER_SLICE = 512  # keys a CTA sorts in psa_order_cluster (more where a group needs more than 16 CTAs)
-ORDER_CLUSTER = 0  # 1: order_method takes "cluster" wherever it applies (an A/B switch until it is measured)
-ORDER_CLUSTER_COPY = 0  # psa_order_cluster: 1 each CTA copies the other slices in, 0 probes them in place (A/B)
+# ... which order_method considers (0: never) where its cost model says so: every group's cluster resident at once
+# (H200, s28d: 1 x 1 x 8192 12.8 µs against slices' 15.4, 1 x 8 x 4096 8.9 against 9.8; 1 x 8 x 8192 20.9 against
+# 17.4, where the eight clusters of 16 CTAs of 64 KiB do not all fit)
+ORDER_CLUSTER = 1
 
 
 def cluster_slice(npad: int) -> int | None:
@@ -282,6 +284,22 @@ def cluster_slice(npad: int) -> int | None:
     ``npad`` padded blocks, or None where it does not apply (fewer than two slices, more than 16 of 1,024)."""
     sl = max(ORDER_CLUSTER_SLICE, npad // 16)
     return sl if npad >= 2 * sl and sl <= ORDER_THREADS else None
+
+
+@functools.lru_cache(maxsize=None)
+def order_clusters_fit(npad: int) -> int:
+    """How many of ``psa_order_cluster``'s clusters for ``npad`` padded blocks a group the GPU holds at once
+    (``cuOccupancyMaxActiveClusters`` of the build itself); 0 where the kernel does not apply."""
+    sl = cluster_slice(npad)
+    if sl is None:
+        return 0
+    from . import _driver
+
+    p, smem, threads = npad // sl, npad * 8, min(ORDER_THREADS, sl)
+    fn = kernel("order_cluster", d=16, s=16, g=1, cluster=p, npad=sl)
+    _with_smem(fn, smem)
+    allow_cluster(fn, p)
+    return _driver.max_active_clusters(fn.kernel.ptr, _driver.launch_config((p, 1, 1), threads, smem, p)) or 0
 
 
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
@@ -293,9 +311,14 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     ``npad / SLICE`` CTAs a group in waves; with slices of ``SLICE_ONE_WAVE`` keys (one wave by construction,
     twenty-seventh session: 9.1, 10.4 and 16.4 µs at 2,048, 4,096 and 8,192 blocks, eight groups, 14.7 at 8,192
     blocks, one group) ~7.8 µs plus 0.0004 a padded block of a group, ~3.4 µs for each further batch of eight
-    slices the merge searches, and 0.00003 a padded block of all groups."""
+    slices the merge searches, and 0.00003 a padded block of all groups; both in one launch on a cluster
+    (``psa_order_cluster``, twenty-eighth session: 7.2, 8.9 and 12.8 µs at 2,048, 4,096 and 8,192 blocks) ~5.5 µs plus
+    0.0009 a padded block, in waves of the clusters the GPU holds at once (``order_clusters_fit``)."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
+    if method == "cluster":
+        fit = order_clusters_fit(npad) if ORDER_CLUSTER else 0
+        return (5.5 + 0.0009 * npad) * -(-b * gn // fit) if fit else math.inf
     if method == "rank":
         return 3.0 + b * gn * nmax * nmax / 7.5e6
     if method == "sort":
@@ -323,12 +346,13 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
     CTAs) up to ``RANK_MAX_BLOCKS`` a group: one request, or a few at 32K; ``"radix"`` (``psa_order_radix``, one
     CTA a group, up to ``RADIX_MAX_BLOCKS``): batches, and long caches once there are a few groups an SM;
     ``"slices"`` (``psa_order_slice`` + ``psa_order_merge``, given a ``workspace`` and more blocks than a slice):
-    one or few requests of long caches; ``"sort"`` (``psa_order``, one CTA's bitonic sort): short groups,
+    one or few requests of long caches; ``"cluster"`` (``psa_order_cluster``, 1,024 to 16,384 padded blocks):
+    the same in one launch where every group's cluster fits at once (one request of few groups); ``"sort"`` (``psa_order``, one CTA's bitonic sort): short groups,
     many of them."""
     npad = _pow2(nmax, 2)
-    if ORDER_CLUSTER and cluster_slice(npad):
-        return "cluster"
     methods = ["sort"]
+    if ORDER_CLUSTER and cluster_slice(npad):
+        methods.append("cluster")
     if npad > slice_keys(b, gn, npad) and workspace:
         methods.append("slices")
     if npad <= RADIX_MAX_BLOCKS:

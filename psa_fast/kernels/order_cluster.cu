@@ -3,8 +3,11 @@
 // (sort.cuh, keys as in psa_order) and leaves it at slice p of its shared memory; after a cluster barrier every CTA
 // copies the other P - 1 sorted slices into its own shared memory through distributed shared memory, and gives each
 // of its keys its rank: its position in its slice plus each other slice's count of larger keys, found by binary
-// lifting in shared memory (psa_order_merge lifts through L2, one dependent round trip a step: benchmarks/NOTES.md),
-// then writes the key's block there. Keys are unique but for the zero padding, so the ranks are a permutation.
+// lifting in shared memory (psa_order_merge lifts through L2, one dependent round trip a step; probing the other
+// slices in place through distributed shared memory instead of copying them was 2.5x slower: benchmarks/NOTES.md),
+// then writes the key's block there. Faster than the two kernels only while every group's cluster is resident at
+// once (_kernels.order_cost_us): one request of one to three groups at 8,192 blocks, of eight at 4,096. Keys are
+// unique but for the zero padding, so the ranks are a permutation.
 //
 //   scores   [B, Gn, Nmax] float (from psa_estimate)
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's N_b blocks
@@ -12,17 +15,7 @@
 #include "sort.cuh"
 
 #define PSA_ALL (PSA_CLUSTER * PSA_SN)  // keys of a group: every slice
-#ifndef PSA_ORDER_COPY
-#define PSA_ORDER_COPY 1  // _kernels.ORDER_CLUSTER_COPY: 1 the other slices copied in, 0 probed where they are
-#endif
 static_assert(PSA_CLUSTER > 1 && (PSA_ALL / 2) % PSA_SORT_THREADS == 0, "a cluster of slices, whole pairs a thread");
-
-// Key `local_ptr` of the shared memory of CTA `rank` of this cluster.
-__device__ __forceinline__ u64 dsmem_load_key(const u64* local_ptr, unsigned int rank) {
-    u64 v;
-    asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v) : "r"(dsmem_addr(local_ptr, rank)));
-    return v;
-}
 
 // Two keys at `local_ptr` in the shared memory of CTA `rank` of this cluster (one 16-byte load).
 __device__ __forceinline__ void dsmem_load_pair(const u64* local_ptr, unsigned int rank, u64& a, u64& b) {
@@ -41,13 +34,12 @@ psa_order_cluster(const float* __restrict__ scores, const int* __restrict__ seq_
 
     u64 k[PSA_KPT];
     load_keys(k, srow, n, p * PSA_SN, sink_blocks, recent_blocks);
-    u64* mine = slices + (PSA_ORDER_COPY ? p * PSA_SN : 0);
+    u64* mine = slices + p * PSA_SN;
     block_sort_desc(k, mine);  // (its exchange buffer: this CTA's slice, free again after the sort's last barrier)
 #pragma unroll
     for (int r = 0; r < PSA_KPT; ++r) mine[tid * PSA_KPT + r] = k[r];
     cluster_sync();  // every slice sorted, in its CTA's shared memory
 
-#if PSA_ORDER_COPY
     // The other slices, copied in: pair i of the group's keys (slice 2 i / PSA_SN), all loads issued before any store.
     constexpr int PAIRS = PSA_ALL / 2 / PSA_SORT_THREADS;  // pairs a thread copies (its own slice's skipped)
     u64 lo[PAIRS], hi[PAIRS];
@@ -67,12 +59,6 @@ psa_order_cluster(const float* __restrict__ scores, const int* __restrict__ seq_
     // This CTA is done reading the others' shared memory; it waits for them to be done with its own before it leaves.
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     __syncthreads();  // every slice in this CTA's shared memory
-#define PSA_PROBE(q, c) slices[(q) * PSA_SN + (c)]
-#else
-    // (PSA_ORDER_COPY 0: each CTA holds only its slice, at the start of its shared memory; the probes go to the
-    // other CTAs' through distributed shared memory, and no CTA leaves before all are done probing)
-#define PSA_PROBE(q, c) dsmem_load_key(slices + (c), (q))
-#endif
 
     int* orow = order + ((long)b * Gn + g) * Nmax;
     for (int e = p * PSA_SN + tid; e < (p + 1) * PSA_SN; e += PSA_SORT_THREADS)
@@ -92,17 +78,13 @@ psa_order_cluster(const float* __restrict__ scores, const int* __restrict__ seq_
 #pragma unroll
             for (int q = 0; q < PSA_CLUSTER; ++q) {
                 const int at = count[q] + half;
-                if (q != p) count[q] = PSA_PROBE(q, at - 1) > key ? at : count[q];
+                if (q != p) count[q] = slices[q * PSA_SN + at - 1] > key ? at : count[q];
             }
         int rank = tid * PSA_KPT + r;  // its position in its own slice
 #pragma unroll
         for (int q = 0; q < PSA_CLUSTER; ++q)
-            if (q != p) rank += count[q] + (PSA_PROBE(q, count[q]) > key);
+            if (q != p) rank += count[q] + (slices[q * PSA_SN + count[q]] > key);
         orow[rank] = (int)(0xFFFFFFFFu - (unsigned int)(key & 0xFFFFFFFFull));
     }
-#if PSA_ORDER_COPY
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    cluster_sync();
-#endif
 }
