@@ -967,7 +967,7 @@ if [ "$PART" = s28d ]; then
   grep -i "order\|decode\|estimate\|total" "$OUT/profile_cluster.txt" | head -12
   exit 0
 fi
-if [ "$PART" = s28e ]; then
+if [ "$PART" = s28e ]; then  # (record: in-place probing was removed after this run)
   # psa_order_cluster probing the other slices in place (ORDER_CLUSTER_COPY 0, no 60 KiB copy a CTA, 4 KiB of shared
   # memory so that all eight clusters of 16 fit) against copying them in (1): tests at both, exp_order_rank, the step
   for copy in 0 1; do
@@ -987,7 +987,7 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', 'tests/tes
   done
   exit 0
 fi
-if [ "$PART" = s28f ]; then
+if [ "$PART" = s28f ]; then  # (record: order_clusters_fit was replaced by max_active_clusters after this run)
   # order_method with psa_order_cluster in its cost model (clusters that fit at once, order_clusters_fit): the fits,
   # the order tests with the rule's pick, exp_order_rank's picks, the step with ORDER_CLUSTER 1 / 0 in both orders
   python3 -c "from psa_fast import _kernels as k; print('fits', {n: k.order_clusters_fit(n) for n in (1024, 2048, \
@@ -999,6 +999,25 @@ if [ "$PART" = s28f ]; then
 1x8x8192,2x1x8192,1x1x16384 2>&1 | grep -v Warn | tee "$OUT/exp_order_rule.md" | grep "^|"
   for order in 1,0 0,1; do
     for shape in "smollm2 131072:1" "gemma3 131072:1" "llama8b 65536:1"; do set -- $shape
+      timeout 100 python3 exp_kernels_attr.py ORDER_CLUSTER=$order -- exp_step.py --share 0.05 --shape $1 --sizes $2 \
+          --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_order_rule.md" \
+          | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
+    done
+  done
+  exit 0
+fi
+if [ "$PART" = s28g ]; then
+  # order_method with psa_order_cluster costed in waves of clusters one CTA an SM (max_active_clusters): the picks,
+  # the order tests, exp_order_rank, the step with ORDER_CLUSTER 1 / 0 in both orders (Gemma 3 128K: rank, control)
+  python3 -c "from psa_fast import _kernels as k; print('picks', {(b, g, n): k.order_method(b, g, n) for b, g, n in \
+((1, 1, 2048), (1, 8, 2048), (1, 8, 4096), (1, 1, 8192), (1, 3, 8192), (1, 8, 8192), (2, 8, 8192), (8, 8, 2048), \
+(1, 1, 16384))})" 2>&1 | tee "$OUT/picks.txt"
+  gpu_tests t_order_rule.log 200 tests/test_fast.py -k "order_kernels_match or cluster_sort or merge_gives"
+  cd benchmarks
+  timeout 120 python3 exp_order_rank.py --shapes 1x8x2048,1x8x4096,1x3x8192,1x8x8192,1x1x16384,8x8x2048 2>&1 \
+      | grep -v Warn | tee "$OUT/exp_order_rule.md" | grep "^|"
+  for order in 1,0 0,1; do
+    for shape in "smollm2 131072:1" "llama8b 65536:1" "gemma3 131072:1"; do set -- $shape
       timeout 100 python3 exp_kernels_attr.py ORDER_CLUSTER=$order -- exp_step.py --share 0.05 --shape $1 --sizes $2 \
           --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_order_rule.md" \
           | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"

@@ -273,8 +273,8 @@ RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared m
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
 ORDER_METHODS = ("rank", "sort", "slices", "radix", "cluster")
 ORDER_CLUSTER_SLICE = 512  # keys a CTA sorts in psa_order_cluster (more where a group needs more than 16 CTAs)
-# ... which order_method considers (0: never) where its cost model says so: every group's cluster resident at once
-# (H200, s28d: 1 x 1 x 8192 12.8 µs against slices' 15.4, 1 x 8 x 4096 8.9 against 9.8; 1 x 8 x 8192 20.9 against
+# ... which order_method considers (0: never) where its cost model says so: every group's cluster resident at once,
+# one CTA an SM (H200, s28d: 1 x 1 x 8192 12.8 µs against slices' 15.4, 1 x 8 x 4096 8.9 against 9.8; 1 x 8 x 8192 20.9 against
 # 17.4, where the eight clusters of 16 CTAs of 64 KiB do not all fit)
 ORDER_CLUSTER = 1
 
@@ -284,22 +284,6 @@ def cluster_slice(npad: int) -> int | None:
     ``npad`` padded blocks, or None where it does not apply (fewer than two slices, more than 16 of 1,024)."""
     sl = max(ORDER_CLUSTER_SLICE, npad // 16)
     return sl if npad >= 2 * sl and sl <= ORDER_THREADS else None
-
-
-@functools.lru_cache(maxsize=None)
-def order_clusters_fit(npad: int) -> int:
-    """How many of ``psa_order_cluster``'s clusters for ``npad`` padded blocks a group the GPU holds at once
-    (``cuOccupancyMaxActiveClusters`` of the build itself); 0 where the kernel does not apply."""
-    sl = cluster_slice(npad)
-    if sl is None:
-        return 0
-    from . import _driver
-
-    p, smem, threads = npad // sl, npad * 8, min(ORDER_THREADS, sl)
-    fn = kernel("order_cluster", d=16, s=16, g=1, cluster=p, npad=sl)
-    _with_smem(fn, smem)
-    allow_cluster(fn, p)
-    return _driver.max_active_clusters(fn.kernel.ptr, _driver.launch_config((p, 1, 1), threads, smem, p)) or 0
 
 
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
@@ -313,11 +297,13 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     blocks, one group) ~7.8 µs plus 0.0004 a padded block of a group, ~3.4 µs for each further batch of eight
     slices the merge searches, and 0.00003 a padded block of all groups; both in one launch on a cluster
     (``psa_order_cluster``, twenty-eighth session: 7.2, 8.9 and 12.8 µs at 2,048, 4,096 and 8,192 blocks) ~5.5 µs plus
-    0.0009 a padded block, in waves of the clusters the GPU holds at once (``order_clusters_fit``)."""
+    0.0009 a padded block, in waves of the clusters the GPU holds at once one CTA an SM (``max_active_clusters``:
+    at 1 x 8 x 8192 the driver holds 14 of its clusters of 16, three CTAs an SM, and they took 20.9 µs)."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
     if method == "cluster":
-        fit = order_clusters_fit(npad) if ORDER_CLUSTER else 0
+        sl = cluster_slice(npad) if ORDER_CLUSTER else None
+        fit = max_active_clusters(npad // sl) if sl else 0
         return (5.5 + 0.0009 * npad) * -(-b * gn // fit) if fit else math.inf
     if method == "rank":
         return 3.0 + b * gn * nmax * nmax / 7.5e6
@@ -412,8 +398,8 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     elif method == "cluster":
         sl = cluster_slice(npad)
         p = npad // sl
-        fn = kernel("order_cluster", d=16, s=s, g=g, cluster=p, npad=sl, order_copy=ORDER_CLUSTER_COPY)
-        smem = (npad if ORDER_CLUSTER_COPY else sl) * 8
+        fn = kernel("order_cluster", d=16, s=s, g=g, cluster=p, npad=sl)
+        smem = npad * 8
         _with_smem(fn, smem)
         allow_cluster(fn, p)
         fn((p, gn, b), (min(ORDER_THREADS, sl),), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
