@@ -950,7 +950,7 @@ or cluster_above_8"
   done
   exit 0
 fi
-if [ "$PART" = s28d ]; then
+if [ "$PART" = s28d ]; then  # (record: psa_order_cluster was removed after s28g, NOTES.md)
   # psa_order_cluster (slices sorted and ranked in one launch, one cluster a group, the ranks found in shared memory):
   # its tests, exp_order_rank's columns, then the loop's step with ORDER_CLUSTER 0 / 1 in both process orders
   gpu_tests t_order_cluster.log 200 tests/test_fast.py -k "order_kernels_match or cluster_sort or merge_gives"
@@ -1006,7 +1006,7 @@ if [ "$PART" = s28f ]; then  # (record: order_clusters_fit was replaced by max_a
   done
   exit 0
 fi
-if [ "$PART" = s28g ]; then
+if [ "$PART" = s28g ]; then  # (record: psa_order_cluster was removed after this run, NOTES.md)
   # order_method with psa_order_cluster costed in waves of clusters one CTA an SM (max_active_clusters): the picks,
   # the order tests, exp_order_rank, the step with ORDER_CLUSTER 1 / 0 in both orders (Gemma 3 128K: rank, control)
   python3 -c "from psa_fast import _kernels as k; print('picks', {(b, g, n): k.order_method(b, g, n) for b, g, n in \

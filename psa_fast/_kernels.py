@@ -271,19 +271,7 @@ RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
-ORDER_METHODS = ("rank", "sort", "slices", "radix", "cluster")
-ORDER_CLUSTER_SLICE = 512  # keys a CTA sorts in psa_order_cluster (more where a group needs more than 16 CTAs)
-# ... which order_method considers (0: never) where its cost model says so: every group's cluster resident at once,
-# one CTA an SM (H200, s28d: 1 x 1 x 8192 12.8 µs against slices' 15.4, 1 x 8 x 4096 8.9 against 9.8; 1 x 8 x 8192 20.9 against
-# 17.4, where the eight clusters of 16 CTAs of 64 KiB do not all fit)
-ORDER_CLUSTER = 1
-
-
-def cluster_slice(npad: int) -> int | None:
-    """Keys a CTA sorts in ``psa_order_cluster`` (one cluster a group, at most 16 CTAs of at most 1,024 keys) for
-    ``npad`` padded blocks, or None where it does not apply (fewer than two slices, more than 16 of 1,024)."""
-    sl = max(ORDER_CLUSTER_SLICE, npad // 16)
-    return sl if npad >= 2 * sl and sl <= ORDER_THREADS else None
+ORDER_METHODS = ("rank", "sort", "slices", "radix")
 
 
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
@@ -295,16 +283,9 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     ``npad / SLICE`` CTAs a group in waves; with slices of ``SLICE_ONE_WAVE`` keys (one wave by construction,
     twenty-seventh session: 9.1, 10.4 and 16.4 µs at 2,048, 4,096 and 8,192 blocks, eight groups, 14.7 at 8,192
     blocks, one group) ~7.8 µs plus 0.0004 a padded block of a group, ~3.4 µs for each further batch of eight
-    slices the merge searches, and 0.00003 a padded block of all groups; both in one launch on a cluster
-    (``psa_order_cluster``, twenty-eighth session: 7.2, 8.9 and 12.8 µs at 2,048, 4,096 and 8,192 blocks) ~5.5 µs plus
-    0.0009 a padded block, in waves of the clusters the GPU holds at once one CTA an SM (``max_active_clusters``:
-    at 1 x 8 x 8192 the driver holds 14 of its clusters of 16, three CTAs an SM, and they took 20.9 µs)."""
+    slices the merge searches, and 0.00003 a padded block of all groups."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
-    if method == "cluster":
-        sl = cluster_slice(npad) if ORDER_CLUSTER else None
-        fit = max_active_clusters(npad // sl) if sl else 0
-        return (5.5 + 0.0009 * npad) * -(-b * gn // fit) if fit else math.inf
     if method == "rank":
         return 3.0 + b * gn * nmax * nmax / 7.5e6
     if method == "sort":
@@ -332,13 +313,10 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
     CTAs) up to ``RANK_MAX_BLOCKS`` a group: one request, or a few at 32K; ``"radix"`` (``psa_order_radix``, one
     CTA a group, up to ``RADIX_MAX_BLOCKS``): batches, and long caches once there are a few groups an SM;
     ``"slices"`` (``psa_order_slice`` + ``psa_order_merge``, given a ``workspace`` and more blocks than a slice):
-    one or few requests of long caches; ``"cluster"`` (``psa_order_cluster``, 1,024 to 16,384 padded blocks):
-    the same in one launch where every group's cluster fits at once (one request of few groups); ``"sort"`` (``psa_order``, one CTA's bitonic sort): short groups,
+    one or few requests of long caches; ``"sort"`` (``psa_order``, one CTA's bitonic sort): short groups,
     many of them."""
     npad = _pow2(nmax, 2)
     methods = ["sort"]
-    if ORDER_CLUSTER and cluster_slice(npad):
-        methods.append("cluster")
     if npad > slice_keys(b, gn, npad) and workspace:
         methods.append("slices")
     if npad <= RADIX_MAX_BLOCKS:
@@ -355,12 +333,11 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
     sums read them).
 
-    Five ways give the same order (``order_method`` picks the fastest when ``method`` is None): short
+    Four kernels give the same order (``order_method`` picks the fastest when ``method`` is None): short
     orders count each block's position (``psa_order_rank``); one CTA a group sorts its keys by radix passes
     (``psa_order_radix``) or by bitonic merges (``psa_order``); or a group is split: ``psa_order_slice`` sorts
     slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``[B, Gn, npad]`` uint64) and
-    ``psa_order_merge`` places every key at its rank, or both in one launch (``psa_order_cluster``: a cluster of
-    ``cluster_slice`` keys a CTA, each CTA ranking its keys in the others' slices copied into its shared memory)."""
+    ``psa_order_merge`` places every key at its rank."""
     b, gn, _ = scores.shape
     npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
@@ -372,8 +349,6 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         sl = slice_keys(b, gn, npad)
         if npad <= sl:
             raise ValueError(f"method='slices' needs more than {sl} blocks a group (got nmax={nmax})")
-    if method == "cluster" and cluster_slice(npad) is None:
-        raise ValueError(f"method='cluster' orders 1,024 to 16,384 padded blocks a group (got nmax={nmax})")
     if method == "rank" and nmax > RANK_MAX_BLOCKS:
         raise ValueError(f"method='rank' orders up to {RANK_MAX_BLOCKS} blocks a group (got nmax={nmax})")
     if method == "radix" and npad > RADIX_MAX_BLOCKS:
@@ -395,15 +370,6 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         _with_smem(fn, smem)
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
-    elif method == "cluster":
-        sl = cluster_slice(npad)
-        p = npad // sl
-        fn = kernel("order_cluster", d=16, s=s, g=g, cluster=p, npad=sl)
-        smem = npad * 8
-        _with_smem(fn, smem)
-        allow_cluster(fn, p)
-        fn((p, gn, b), (min(ORDER_THREADS, sl),), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
-                                                   np.int32(recent_blocks)), shared_mem=smem)
     elif method == "slices":
         p = npad // sl
         fn = kernel("order_slice", d=16, s=s, g=g, npad=sl)

@@ -645,20 +645,6 @@ def test_order_method_is_the_fastest_measured(monkeypatch):
     assert _kernels.order_method(32, 8, 16384, workspace=False) == "sort"  # the only one left
 
 
-def test_the_cluster_sort_takes_two_to_sixteen_slices_of_512_to_1024_keys(monkeypatch):
-    """psa_order_cluster's slices: 512 keys a CTA up to 16 CTAs (8,192 blocks), then 1,024 (16,384); none below two
-    slices or past 16 of 1,024. order_method takes it only under the ORDER_CLUSTER switch, wherever it applies."""
-    from psa_fast import _kernels
-
-    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
-    got = {n: _kernels.cluster_slice(n) for n in (512, 1024, 2048, 8192, 16384, 32768)}
-    assert got == {512: None, 1024: 512, 2048: 512, 8192: 512, 16384: 1024, 32768: None}
-    assert _kernels.order_method(1, 8, 8192) != "cluster"
-    monkeypatch.setattr(_kernels, "ORDER_CLUSTER", 1)
-    assert [_kernels.order_method(1, 8, n) for n in (1000, 2048, 8192, 16384)] == ["cluster"] * 4
-    assert _kernels.order_method(1, 8, 500) != "cluster"
-
-
 def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch):
     """One cluster a selection group, doubled while the grid stays within the 132 SMs, above 8 CTAs only where the GPU
     holds every group's cluster at once (the H200: 7 clusters of 16). One request of up to 5 groups (Gemma 3: 1,

@@ -839,19 +839,17 @@ def test_gather_from_mapped_host_memory_equals_host_store():
 
 @pytest.mark.parametrize("nmax, lens", [(1000, [1000 * 16]), (3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]),
                                          (8192, [8192 * 16, 40 * 16]), (45, [45 * 16, 33 * 16, 5, 0])])
-@pytest.mark.parametrize("method", [None, "rank", "sort", "slices", "radix", "cluster"])
+@pytest.mark.parametrize("method", [None, "rank", "sort", "slices", "radix"])
 def test_order_kernels_match_reference_rank(nmax, lens, method):
     """Every way of ordering (counting positions over many CTAs, one CTA sorting a group by bitonic merges
-    or by radix passes, slices + merge for long caches in two launches or in one on a cluster; None: the rule's
-    pick) gives psa_ref's order, ties included, and -1 past n."""
+    or by radix passes, and slices + merge for long caches; None: the rule's pick) gives psa_ref's order,
+    ties included, and -1 past n."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
     b, gn = len(lens), 3
     if method == "slices" and _kernels._pow2(nmax, 2) <= _kernels.slice_keys(b, gn, _kernels._pow2(nmax, 2)):
         pytest.skip("slices + merge is for more blocks a group than a slice holds")
-    if method == "cluster" and _kernels.cluster_slice(_kernels._pow2(nmax, 2)) is None:
-        pytest.skip("the cluster's sort is for two slices of 512 blocks a group or more")
     rng = np.random.default_rng(nmax)
     scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties
     seq = cupy.asarray(np.array(lens, np.int32))
@@ -867,36 +865,6 @@ def test_order_kernels_match_reference_rank(nmax, lens, method):
             want = processing_order(scores[r, g, :n].astype(np.float64), forced_blocks(n, 1, 2))
             np.testing.assert_array_equal(got[r, g, :n], want)
             assert (got[r, g, n:] == -1).all()
-
-
-@pytest.mark.parametrize("nmax, lens", [(1025, [1025 * 16]), (16384, [16384 * 16, 9000 * 16 + 3, 3])])
-def test_the_cluster_sort_gives_the_reference_order(nmax, lens):
-    """psa_order_cluster (slices sorted by the CTAs of one cluster a group, each key ranked in the others' slices copied
-    through distributed shared memory) gives psa_ref's order, ties included, and -1 past n: 4 slices of 512 where
-    the third holds one block and the fourth only padding, and 16 of 1,024 (128 KiB of keys a CTA, a non-portable cluster) on a
-    ragged batch whose shortest request fills part of one slice."""
-    from psa_fast import _kernels
-    from psa_ref.scoring import forced_blocks, processing_order
-
-    rng = np.random.default_rng(nmax + 2)
-    b, gn = len(lens), 2
-    npad = _kernels._pow2(nmax, 2)
-    assert npad // _kernels.cluster_slice(npad) == (4 if nmax == 1025 else 16)
-    scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties
-    out = cupy.full((b, gn, nmax), -7, cupy.int32)
-    _kernels.order(cupy.asarray(scores), cupy.asarray(np.array(lens, np.int32)), out, None, None, s=16, g=1, hq=gn,
-                   nmax=nmax, sink_blocks=1, recent_blocks=2, want_suffix=False, method="cluster")
-    got = cupy.asnumpy(out)
-    for r, t in enumerate(lens):
-        n = -(-t // 16)
-        for g in range(gn):
-            np.testing.assert_array_equal(got[r, g, :n], processing_order(scores[r, g, :n].astype(np.float64),
-                                                                          forced_blocks(n, 1, 2)))
-            assert (got[r, g, n:] == -1).all()
-    with pytest.raises(ValueError, match="cluster"):
-        _kernels.order(cupy.asarray(scores[:, :, :100]), cupy.asarray(np.array(lens, np.int32)), out[:, :, :100], None,
-                       None, s=16, g=1, hq=gn, nmax=100, sink_blocks=1, recent_blocks=2, want_suffix=False,
-                       method="cluster")
 
 
 @pytest.mark.parametrize("nmax, lens", [(3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]), (8192, [8192 * 16, 40 * 16]),
