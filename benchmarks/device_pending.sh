@@ -1025,6 +1025,29 @@ if [ "$PART" = s28g ]; then  # (record: psa_order_cluster was removed after this
   done
   exit 0
 fi
+if [ "$PART" = s28h ]; then
+  # two small rules: psa_order_slice on fewer threads holding several keys each (SLICE_THREADS 0 / 256 / 128: its tests,
+  # then exp_order_rank), and the loop's step counting at most 8 CTAs' bandwidth a cluster (LOOP_GBS_CTAS 16 / 8, both
+  # orders: SmolLM2's and Gemma 3's one request on clusters of 16)
+  for t in 256 128; do
+    timeout 100 python3 -c "import sys, pytest; import psa_fast._kernels as k; k.SLICE_THREADS = $t; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', 'tests/test_fast.py', '-k', \
+'order_kernels_match or merge_gives']))" > "$OUT/t_slice$t.log" 2>&1; echo "SLICE_THREADS $t tests rc=$?"
+    tail -1 "$OUT/t_slice$t.log"
+  done
+  cd benchmarks
+  timeout 120 python3 exp_kernels_attr.py SLICE_THREADS=0,256,128,0 -- exp_order_rank.py \
+      --shapes 1x8x4096,1x8x8192,1x1x8192,1x3x8192,2x8x8192 2>&1 | grep -v Warn | tee "$OUT/exp_slice_threads.md" \
+      | grep "^#\|^| [12]" | cut -d"|" -f1-3,9,10,12
+  for order in 16,8 8,16; do
+    for shape in smollm2 gemma3; do
+      timeout 100 python3 exp_kernels_attr.py LOOP_GBS_CTAS=$order -- exp_step.py --share 0.05 --shape $shape \
+          --sizes 32768:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
+          | tee -a "$OUT/exp_step_gbs_ctas.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
+    done
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
