@@ -1025,7 +1025,7 @@ if [ "$PART" = s28g ]; then  # (record: psa_order_cluster was removed after this
   done
   exit 0
 fi
-if [ "$PART" = s28h ]; then
+if [ "$PART" = s28h ]; then  # (record: SLICE_THREADS and LOOP_GBS_CTAS were removed after this run)
   # two small rules: psa_order_slice on fewer threads holding several keys each (SLICE_THREADS 0 / 256 / 128: its tests,
   # then exp_order_rank), and the loop's step counting at most 8 CTAs' bandwidth a cluster (LOOP_GBS_CTAS 16 / 8, both
   # orders: SmolLM2's and Gemma 3's one request on clusters of 16)

@@ -112,8 +112,7 @@ def pick_cluster(num_groups: int) -> int:
 # on Llama-3.1-8B's shape, ideal 5%, one request (benchmarks/NOTES.md, nineteenth and twenty-fourth sessions; H200)
 LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks (the cluster barrier, the decision, the refill) ...
 LOOP_ITERATION_US_PAIRS = 3.5  # ... and with two blocks a warp, where the chunk's last pair is its tail
-LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs) ...
-LOOP_GBS_CTAS = 16  # ... counted for at most this many CTAs of a cluster (A/B: 8, after s28b / s28c)
+LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
 COPY_CEILING_GBS = 4300.0  # the H200's device-to-device copy ceiling (bench_decode measures it in every run)
 STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
 
@@ -154,7 +153,7 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
         return spec_step(nmax)
     unit = cluster * warps * (2 if pairs else 1)
     iteration_us = LOOP_ITERATION_US_PAIRS if pairs else LOOP_ITERATION_US
-    per_group_gbs = min(min(cluster, LOOP_GBS_CTAS) * LOOP_SM_GBS, COPY_CEILING_GBS / max(1, batch * groups))
+    per_group_gbs = min(cluster * LOOP_SM_GBS, COPY_CEILING_GBS / max(1, batch * groups))
     block_us = block_bytes / per_group_gbs / 1e3
     need = max(1.0, STEP_SHARE * nmax)
     best = math.sqrt(2.0 * need * iteration_us / block_us)
@@ -268,7 +267,6 @@ SLICE = 1024  # keys per CTA in the two-kernel sort ...
 # twice the CTAs, each sorting half as long (H200, s27g: 1 x 8 x 4,096 blocks 15.7 -> 10.4 µs, 1 x 8 x 8,192 18.6
 # -> 16.4; the loop's step at 64K, B = 1 54.4 -> 49.9, s27h)
 SLICE_ONE_WAVE = 512
-SLICE_THREADS = 0  # psa_order_slice's threads, each holding slice / threads keys (0: one a key, at most 1,024; A/B)
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
@@ -374,10 +372,9 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
                                  np.int32(recent_blocks)), shared_mem=smem)
     elif method == "slices":
         p = npad // sl
-        threads = min(SLICE_THREADS, sl) if SLICE_THREADS else sl
-        fn = kernel("order_slice", d=16, s=s, g=g, npad=sl, **({"sort_threads": threads} if SLICE_THREADS else {}))
-        fn((p, gn, b), (threads,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
-                                    np.int32(recent_blocks)), shared_mem=sl * 8)
+        fn = kernel("order_slice", d=16, s=s, g=g, npad=sl)
+        fn((p, gn, b), (sl,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
+                               np.int32(recent_blocks)), shared_mem=sl * 8)
         merge = kernel("order_merge", d=16, s=s, g=g)
         merge((-(-max(npad, nmax) // 256), gn, b), (256,), (workspace, seq_lens, out_order, np.int32(nmax),
                                                            np.int32(p), np.int32(sl)))

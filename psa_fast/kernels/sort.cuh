@@ -17,9 +17,7 @@
 #define PSA_NPAD 8192
 #endif
 #define PSA_SN (PSA_NPAD < 32 ? 32 : PSA_NPAD)  // keys sorted: at least one full warp
-#ifndef PSA_SORT_THREADS
-#define PSA_SORT_THREADS (PSA_SN < 1024 ? PSA_SN : 1024)  // (psa_order_slice may take fewer: _kernels.SLICE_THREADS)
-#endif
+#define PSA_SORT_THREADS (PSA_SN < 1024 ? PSA_SN : 1024)
 #define PSA_KPT (PSA_SN / PSA_SORT_THREADS)
 
 typedef unsigned long long u64;
