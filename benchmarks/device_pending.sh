@@ -1048,6 +1048,13 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', 'tests/tes
   done
   exit 0
 fi
+if [ "$PART" = s28i ]; then
+  # what HBM gives a gather of scattered pieces (the loop's pattern) by piece size, order and readers
+  cd benchmarks
+  timeout 300 python3 exp_gather_bw.py --mb 50 --pool-gb 4 --reps 15 2>&1 | grep -v Warn | tee "$OUT/exp_gather_bw.md" \
+      | grep "^#\|^|"
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
