@@ -1055,6 +1055,24 @@ if [ "$PART" = s28i ]; then
       | grep "^#\|^|"
   exit 0
 fi
+if [ "$PART" = s28j ]; then
+  # the grid build again, its merge one round trip (weights in shared memory, 16 ranks' loads at once) and its
+  # barrier a release-add and acquire-polls: tests, then exp_step LOOP_GRID 0 / 16 both orders (Llama), 0 / 64
+  gpu_tests t_grid2.log 200 tests/test_fast.py tests/test_bench_decode.py -k "spread_over_the_grid or pick_grid \
+or cluster_above_8"
+  cd benchmarks
+  for order in 0,16 16,0; do
+    timeout 120 python3 exp_kernels_attr.py LOOP_GRID=$order -- exp_step.py --share 0.05 --shape llama8b \
+        --sizes 32768:1,131072:1 --steps 512,768,auto --modes loop --layers 8 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_grid2.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
+  done
+  for shape in smollm2 gemma3; do
+    timeout 100 python3 exp_kernels_attr.py LOOP_GRID=0,64 -- exp_step.py --share 0.05 --shape $shape \
+        --sizes 32768:1,131072:1 --steps 384,512,auto --modes loop --layers 8 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_grid2.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

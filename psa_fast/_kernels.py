@@ -108,6 +108,22 @@ def pick_cluster(num_groups: int) -> int:
     return c
 
 
+# The plain loop's CTAs of a group spread over the grid instead of a cluster (decode.cu's PSA_GRID build): 0 never (the
+# default until measured), n > 0 up to n CTAs a group. One Llama request's 8 groups get 16 SMs each where the H200
+# holds 15 clusters of 8 and 7 of 16 (max_active_clusters).
+LOOP_GRID = 0
+
+
+def pick_grid(num_groups: int, cluster: int) -> int:
+    """CTAs a group of the loop's grid build for ``num_groups`` groups: up to ``LOOP_GRID``, so many that every
+    group's CTAs are resident at once one an SM (the build's groups wait for all their CTAs each iteration); 0
+    (the cluster build) where that is no more than ``cluster`` or ``LOOP_GRID`` is 0."""
+    if LOOP_GRID <= 0:
+        return 0
+    c = min(LOOP_GRID, num_sms() // max(1, num_groups))
+    return c if c > cluster else 0
+
+
 # The loop's step (DecodePlan(step="auto")): constants from the loop clock and exp_step.py's sweeps of ema's plain loop
 # on Llama-3.1-8B's shape, ideal 5%, one request (benchmarks/NOTES.md, nineteenth and twenty-fourth sessions; H200)
 LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks (the cluster barrier, the decision, the refill) ...
@@ -524,7 +540,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
-           q_exact: bool = False, spec: tuple | None = None) -> None:
+           q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -551,6 +567,12 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``psa_spec_verify`` (the verifier over those chunks in order; groups that stop get their outputs and
     diagnostics, the others their loop state in ``istate [B, Gn, 4]`` int / ``vstate [B, Hq, 7 + Dp]``), and
     the ``PSA_RESUME`` build (the loop from there, ``cluster`` CTAs per group; done groups leave at once).
+
+    ``grid_group = (ctas, xstats, xcount, xpart)`` (psa's plain loop, version 3, ``cluster`` 1) launches the ``PSA_GRID``
+    build: ``ctas`` CTAs a group that are not a cluster, exchanging each iteration's statistics through ``xstats
+    [B, Gn, 2, ctas, g, 4]`` float32 and a barrier on ``xcount [B, Gn, 2]`` uint32 (zero before the first launch;
+    each launch leaves it zero), their output terms through ``xpart [B, Gn, ctas, g, Dp + 2]`` float32. Every CTA of
+    the grid must be resident at once (``pick_grid``).
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
     (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
@@ -635,7 +657,14 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         resumed((rc, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null)
                 + _clock_args("loop_clocks", LOOP_CLOCK, b, gn, 12), shared_mem=smem)
         return
-    clocked = LOOP_CLOCK and version == 3 and split is None and offload is None
+    if grid_group is not None:
+        if version != 3 or offload is not None or split is not None or cluster != 1 or stop in ("none", "budget"):
+            raise ValueError("the grid build runs PSA's plain loop on decode version 3, cluster 1")
+        ctas, xstats, xcount, xpart = grid_group
+        args = args + (xstats, xcount, xpart)
+        defines["grid"] = ctas
+        grid = (ctas, hq // g, b)
+    clocked = LOOP_CLOCK and version == 3 and split is None and offload is None and "grid" not in defines
     if clocked:
         defines["loop_clock"] = 1
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,

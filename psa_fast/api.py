@@ -183,10 +183,16 @@ class DecodePlan:
         if self.first_chunk is not None and self.version != 3:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
+        # the plain loop on more CTAs a group than a cluster holds (decode.cu's grid build, _kernels.pick_grid)
+        self.grid_ctas = (_kernels.pick_grid(cache.batch * self.gn, self.cluster) if self.mode == "psa"
+                          and self.version == 3 and self.speculate is None and cluster is None else 0)
+        if self.grid_ctas:
+            self.cluster = 1
         if step == "auto":
             loop_warps, pairs = _kernels.loop_launch(d=cache.dp, s=cache.block_size, g=self.g,
                                                      version=self.version, warps=self.warps, stages=self.stages)
-            step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.cluster, warps=loop_warps,
+            step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.grid_ctas or self.cluster,
+                                      warps=loop_warps,
                                       block_bytes=2 * cache.block_size * cache.dp * 2,
                                       speculate=self.speculate is not None, pairs=pairs)
         self.step = step
@@ -232,6 +238,12 @@ class DecodePlan:
         # ... and each head's log sketch mass by position of the order (psa_order_suffix writes it beside the sums)
         self.sketch_ordered = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
         self.out = cupy.empty((b, self.hq, dp), f32)
+        self._grid_group = None  # the grid build's exchange buffers (its counters zero between launches)
+        if self.grid_ctas:
+            c = self.grid_ctas
+            self._grid_group = (c, cupy.empty((b, self.gn, 2, c, self.g, 4), f32),
+                                cupy.zeros((b, self.gn, 2), cupy.uint32),
+                                cupy.empty((b, self.gn, c, self.g, dp + 2), f32))
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)
@@ -385,7 +397,7 @@ class DecodePlan:
                         sketch=(self.sketch_ordered, self.lmass) if self.lmass is not None else None,
                         q_mma=self.q_mma, qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
-                        first_len=self.first_len, q_exact=self._q_exact,
+                        first_len=self.first_len, q_exact=self._q_exact, grid_group=self._grid_group,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,
                                                                   self.spec_warps, self.spec_items),

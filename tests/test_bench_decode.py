@@ -665,6 +665,21 @@ def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch)
     assert [_kernels.pick_cluster(n) for n in sizes] == [8, 8, 8, 8, 8, 8, 4, 2, 2, 1, 1]
 
 
+def test_pick_grid_spreads_a_group_only_where_every_group_s_ctas_fit_and_it_adds_ctas(monkeypatch):
+    """The loop's grid build (LOOP_GRID > 0) gives each group up to LOOP_GRID CTAs, as many as fit one an SM for every
+    group at once on the 132 SMs: one Llama-3.1-8B request (8 groups) 16 where its clusters hold 8, Gemma 3 (1 group)
+    LOOP_GRID itself; none where that is no more than the cluster (two requests' 16 groups: 8 CTAs each), and none
+    while LOOP_GRID is 0 (the default)."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert [_kernels.pick_grid(n, 8) for n in (1, 8, 16)] == [0, 0, 0]
+    monkeypatch.setattr(_kernels, "LOOP_GRID", 64)
+    assert [_kernels.pick_grid(n, c) for n, c in ((1, 16), (3, 16), (8, 8), (16, 8), (33, 4))] == [64, 44, 16, 0, 0]
+    monkeypatch.setattr(_kernels, "LOOP_GRID", 12)
+    assert [_kernels.pick_grid(n, c) for n, c in ((1, 16), (8, 8), (10, 8))] == [0, 12, 12]
+
+
 def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
     """step="auto" on Llama-3.1-8B's shape (8 groups, 8 KiB blocks, 8 warps attending two blocks at once), against
     exp_step.py's sweep (benchmarks/results_h200_exp_step_llama8b_pairs.md): between the two fastest measured steps

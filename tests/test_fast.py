@@ -747,6 +747,44 @@ def test_a_cluster_above_8_is_taken_only_where_every_group_s_cluster_fits():
                  metadata=b.cache.metadata)
 
 
+@pytest.mark.parametrize("stop,metadata,d,hq,hkv", [("ema", "cuboid_mean", 128, 8, 2), ("sketch_avg", "quant3", 64, 6, 2),
+                                                     ("certified", "minmax", 128, 8, 2), ("ema", "cuboid_mean", 256, 4, 1)])
+def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypatch, stop, metadata, d, hq, hkv):
+    """The loop's grid build (_kernels.LOOP_GRID, decode.cu's PSA_GRID): a group's 24 CTAs are CTAs of the grid, not a
+    cluster, and exchange each iteration's statistics, the barrier and the outputs through global memory. Over several
+    iterations it gives psa_ref's blocks, iterations, stop and output for every head (rules reading one scalar a head,
+    the sketch window's block masses, the certified bounds; Llama's, SmolLM2's and Gemma 3's head dims), the cluster
+    build's blocks, iterations and reasons bit for bit, and a second run the same bits (each launch leaves its
+    counters at zero)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(d + hq)
+    t = 1200 * 16 + 9
+    keys = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    values = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
+    b = psa_fast.KVBlocks.from_dense(cupy.asarray(keys), cupy.asarray(values), block_size=16, metadata=metadata)
+    q32 = cupy.asarray(q.astype(np.float32)[None])
+    runs = {}
+    for grid in (0, 24):
+        monkeypatch.setattr(_kernels, "LOOP_GRID", grid)
+        plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop=stop, step=64)
+        assert plan.grid_ctas == grid and (plan.cluster == 1) == (grid > 0)
+        runs[grid] = (plan.run(q32), plan.run(q32))
+    (cl, _), (first, again) = runs[0], runs[24]
+    for name in ("num_used", "iterations", "reason", "out"):
+        np.testing.assert_array_equal(cupy.asnumpy(getattr(again, name)), cupy.asnumpy(getattr(first, name)))
+    for name in ("num_used", "iterations", "reason"):
+        np.testing.assert_array_equal(cupy.asnumpy(getattr(first, name)), cupy.asnumpy(getattr(cl, name)))
+    assert int(first.iterations.max()) >= 2  # several barriers of the grid (random keys spread the mass)
+    gn = hkv
+    used = [cupy.asnumpy(first.order[0, g, : int(first.num_used[0, g])]).astype(np.int64) for g in range(gn)]
+    res = psa_ref.AttentionResult(cupy.asnumpy(first.out[0]), used, cupy.asnumpy(first.iterations[0]),
+                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(first.reason[0])], None, None,
+                                  b.cache.nmax)
+    check_result(res, q, keys, values, threshold=0.9, stop=stop, step=64, block_size=16, metadata=b.cache.metadata)
+
+
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
     """step="auto" (the default) resolves to _kernels.pick_step's integer, which psa_ref takes as is; a bad step
     names the argument; the offload decoder keeps 64 (its pool holds two iterations)."""

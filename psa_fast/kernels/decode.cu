@@ -93,6 +93,16 @@
 // terms (max, mass relative to it) to `partial [B, Hq, splits, PSA_D + 2]`; psa_merge_splits (below)
 // combines them and writes the outputs and the group's diagnostics. Costs one extra pass over
 // splits * (D + 2) floats per head: at B = 1, 32 heads, 16 splits, D 128 that is 264 KiB, ~0.1 us.
+//
+// Grid build (PSA_GRID = C > 1, _kernels.LOOP_GRID): a group's C CTAs are not a cluster but blockIdx.x = 0 .. C - 1
+// of the grid, so that one request of 8 KV heads can take 16 SMs a group where the GPU holds only 15 clusters of 8
+// (the loop is bound by its warps' bytes in flight and chains, not by HBM, on 64 SMs: benchmarks/NOTES.md). What a
+// cluster does through distributed shared memory goes through global memory: each iteration a CTA writes its
+// chunk statistics to `xstats [B, Gn, 2, C, PSA_G]` float4 and arrives at the group's counter `xcount [B, Gn, 2]`
+// (entry 0), waits for all C (group_sync), and warp 0 combines the C totals for every warp; at the end each CTA
+// writes its output terms to `xpart [B, Gn, C, PSA_G, PSA_D + 2]` and the last to arrive (entry 1) combines them in
+// rank order and resets both counters for the next launch. Every CTA of the grid must be resident at once (the
+// host launches it only where B Gn C CTAs, one an SM, fit the GPU); a wait longer than a second traps.
 #include "common.cuh"
 #include "mma.cuh"
 #include "verifier.cuh"
@@ -112,10 +122,16 @@
 #ifndef PSA_STREAM_WINDOW
 #define PSA_STREAM_WINDOW 0  // _kernels.DECODE_STREAM_WINDOW: the stream's entries loaded a window ahead (below)
 #endif
+#ifndef PSA_GRID
+#define PSA_GRID 0  // _kernels.LOOP_GRID: a group's CTAs spread over the grid, not a cluster (below); 0: a cluster
+#endif
 #define PSA_STATEFUL (PSA_OFFLOAD || PSA_RESUME)  // the loop starts from (and the offload build saves) istate/vstate
+#define PSA_GROUP_CTAS (PSA_GRID ? PSA_GRID : PSA_CLUSTER)  // CTAs of one group
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "the speculative build runs one CTA per chunk");
 static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
+static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
+              "the grid build is the plain loop's, its CTAs not a cluster");
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
 #define PSA_LOOP_CLOCK 0
@@ -127,7 +143,8 @@ static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different bu
 // the writes), the iterations, 1, and within the start the cycles to the query's registers and to the first
 // blocks' copies issued. Groups that leave at once write nothing.
 // Not for production; the loop builds only (plain and resumed).
-static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)), "the loop clock times the loop builds");
+static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD || PSA_GRID)),
+              "the loop clock times the cluster's loop builds");
 // The marks and sums live in shared memory (volatile), not registers: the D 256 builds have none to spare.
 #if PSA_LOOP_CLOCK
 #define PSA_LMARK(i) if (rank == 0 && threadIdx.x == 0) lclk[i] = clock64()
@@ -231,6 +248,33 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned int addr, unsigned in
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+
+#if PSA_GRID
+// The grid build's barrier of a group: every CTA arrives at `count` and waits until `target` CTAs have (the
+// counter grows by C an iteration within a launch). Thread 0 arrives with a release (after the CTA's barrier, so
+// every thread's earlier writes are ordered before it) and polls with acquire loads, which order every thread's
+// later reads after the other CTAs' arrivals once the second CTA barrier has passed (cooperative groups' grid sync,
+// without its two full fences); readers use L2 loads (__ldcg). A group whose CTAs are not all resident would wait
+// forever: after a second the kernel traps (a launch error) instead.
+__device__ __forceinline__ void group_sync(unsigned int* count, unsigned int target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned int seen;
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        for (int polls = 1;; ++polls) {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+            if (seen >= target) break;
+            if ((polls & 1023) == 0) {
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                if (t - t0 > 1000000000ull) __trap();
+            }
+        }
+    }
+    __syncthreads();
+}
+#endif
 
 // Merge two shares of a chunk's statistics (max logit, mass and EMA terms relative to it, min log
 // block mass). Every warp that merges the same shares in the same order gets the same bits.
@@ -393,11 +437,14 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
            , const int* __restrict__ spec_len, float* __restrict__ partial, const int* __restrict__ spec_total,
            int one_warp_from, const int* __restrict__ spec_items, int spec_chunks
 #endif
+#if PSA_GRID
+           , float4* __restrict__ xstats, unsigned int* __restrict__ xcount, float* __restrict__ xpart
+#endif
 #if PSA_LOOP_CLOCK
            , long long* __restrict__ loop_clocks
 #endif
            ) {
-    constexpr int NW = PSA_CLUSTER * PSA_WARPS;
+    constexpr int NW = PSA_GROUP_CTAS * PSA_WARPS;
     extern __shared__ __align__(16) unsigned char dyn_smem[];
 #if PSA_SPEC
     // The CTA's request, group and chunk: from the grid (chunk, Gn, B), or the compact list's entry blockIdx.x.
@@ -416,7 +463,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #else
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
 #endif
-    const unsigned int rank = cluster_rank();
+    const unsigned int rank = PSA_GRID ? blockIdx.x : cluster_rank();  // this CTA's index within the group
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if PSA_LOOP_CLOCK
     __shared__ long long lclk_store[12];
@@ -632,6 +679,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
     __shared__ float4 warp_stats[PSA_WARPS][PSA_G];
     __shared__ float4 cta_stats[2][PSA_G];
+#if PSA_GRID
+    __shared__ float4 grid_tot[PSA_G];  // the group's totals of an iteration (warp h's combine of head h)
+    const long gid = (long)b * Gn + g;
+#endif
     // Verifier state per head (verifier.cuh), kept identically by every lane of every warp.
     Verifier ver[PSA_G];
 #pragma unroll
@@ -749,9 +800,32 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
 #pragma unroll
             for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
+#if PSA_GRID
+            xstats[((2 * gid + (it & 1)) * PSA_GRID + rank) * PSA_G + lane] = t;
+#else
             cta_stats[it & 1][lane] = t;
+#endif
         }
+#if PSA_GRID
+        group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
+        // Warp h (warps take the heads round-robin) combines head h's C totals: lane l those of ranks l, l + 32, ...
+        // in order, then the lanes pairwise by halves; lane 0's total goes to shared memory for every warp.
+        for (int h = warp; h < PSA_G; h += PSA_WARPS) {
+            float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
+            for (int r = lane; r < PSA_GRID; r += 32)
+                t = combine_stats(t, __ldcg(xstats + ((2 * gid + (it & 1)) * PSA_GRID + r) * PSA_G + h));
+#pragma unroll
+            for (int m = 16; m > 0; m >>= 1) {
+                const float4 o = make_float4(__shfl_down_sync(0xffffffffu, t.x, m), __shfl_down_sync(0xffffffffu, t.y, m),
+                                             __shfl_down_sync(0xffffffffu, t.z, m), __shfl_down_sync(0xffffffffu, t.w, m));
+                t = combine_stats(t, o);  // (lanes >= 32 - m combine a stale copy: only lane 0's chain is used)
+            }
+            if (lane == 0) grid_tot[h] = t;
+        }
+        __syncthreads();
+#else
         cluster_sync();
+#endif
 #if PSA_SPEC
         why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
         break;
@@ -761,6 +835,16 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         // Every warp reads the cluster's CTA totals (lane h, all ranks at once: one round trip) and
         // combines them in rank order, so every warp reaches the same decision without another barrier.
         float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
+#if PSA_GRID
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) {
+            const float4 t = grid_tot[h];
+            tm[h] = t.x;
+            ts[h] = t.y;
+            tmin[h] = t.z;
+            te[h] = t.w;
+        }
+#else
         {
             float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
             if (lane < PSA_G) {
@@ -778,6 +862,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 te[h] = __shfl_sync(0xffffffffu, t.w, h);
             }
         }
+#endif
         PSA_LADD(5, 2);
         PSA_LMARK(2);
         // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
@@ -851,8 +936,56 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
     return;
 #endif
+#if PSA_GRID
+    // Each CTA's output terms to xpart; the group's last CTA to arrive combines them and writes the results.
+    __syncthreads();
+    {
+        float* part = xpart + (gid * PSA_GRID + rank) * (PSA_G * (PSA_D + 2));
+        for (int idx = threadIdx.x; idx < PSA_G * (PSA_D + 2); idx += blockDim.x) {
+            const int h = idx / (PSA_D + 2), d = idx % (PSA_D + 2);
+            part[idx] = d < PSA_D ? c_o[h][d] : d == PSA_D ? c_m[h] : c_l[h];
+        }
+    }
+    __shared__ unsigned int grid_last;
+    __syncthreads();
+    if (threadIdx.x == 0) {  // arrive (release: the CTA's terms above) and learn whether last (acquire: all of them)
+        unsigned int before;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(xcount + 2 * gid + 1) : "memory");
+        grid_last = before == PSA_GRID - 1;
+    }
+    __syncthreads();
+    if (!grid_last) return;
+    if (threadIdx.x == 0) xcount[2 * gid] = xcount[2 * gid + 1] = 0;  // every CTA has left both barriers
+    // The CTAs' maxima and masses first (one load a thread), then each head's max, mass and every CTA's weight
+    // (one thread a head, in rank order, from shared memory), so that each output channel then issues its C loads
+    // at once: one round trip, where a rank-by-rank walk made C dependent ones (benchmarks/NOTES.md, s28c).
+    const float* part0 = xpart + gid * PSA_GRID * (PSA_G * (PSA_D + 2));
+    __shared__ float g_m[PSA_GRID][PSA_G], g_l[PSA_GRID][PSA_G], g_big[PSA_G], g_sum[PSA_G];
+    for (int idx = threadIdx.x; idx < PSA_GRID * PSA_G; idx += blockDim.x) {
+        const int r = idx / PSA_G, h = idx % PSA_G;
+        const float* p = part0 + r * (PSA_G * (PSA_D + 2)) + h * (PSA_D + 2);
+        g_m[r][h] = __ldcg(p + PSA_D);
+        g_l[r][h] = __ldcg(p + PSA_D + 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < PSA_G) {
+        const int h = threadIdx.x;
+        float M = -PSA_INF, L = 0.f;
+        for (int r = 0; r < PSA_GRID; ++r) M = fmaxf(M, g_m[r][h]);
+        for (int r = 0; r < PSA_GRID; ++r) {  // cluster_combine's arithmetic, rank by rank
+            const float e = g_m[r][h] == -PSA_INF ? 0.f : __expf(g_m[r][h] - M);
+            if (g_m[r][h] != -PSA_INF) L += g_l[r][h] * e;
+            g_m[r][h] = e;  // (now the rank's weight; 0 for a CTA that attended nothing)
+        }
+        g_big[h] = M;
+        g_sum[h] = L;
+    }
+    __syncthreads();
+    {
+#else
     cluster_sync();
     if (rank == 0) {
+#endif
 #if PSA_OFFLOAD
         // Fold this iteration's output into the running one kept in vstate (read every running
         // max and mass before any thread overwrites them).
@@ -860,7 +993,22 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
         for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
             const int h = idx / PSA_D, d = idx % PSA_D;
+#if PSA_GRID
+            float O_sum = 0.f;
+            for (int r0 = 0; r0 < PSA_GRID; r0 += 16) {  // 16 ranks' loads in flight at once
+                float o[16];
+#pragma unroll
+                for (int i = 0; i < 16; ++i)
+                    o[i] = r0 + i < PSA_GRID ? __ldcg(part0 + (r0 + i) * (PSA_G * (PSA_D + 2)) + h * (PSA_D + 2) + d)
+                                             : 0.f;
+#pragma unroll
+                for (int i = 0; i < 16; ++i)
+                    if (r0 + i < PSA_GRID && g_m[r0 + i][h] != 0.f) O_sum += o[i] * g_m[r0 + i][h];
+            }
+            const float3 mlo = make_float3(g_big[h], g_sum[h], O_sum);
+#else
             const float3 mlo = cluster_combine(&c_m[h], &c_l[h], &c_o[h][d]);
+#endif
             float L = mlo.y, O = mlo.z;
 #if PSA_STATEFUL
             const float M = mlo.x;
