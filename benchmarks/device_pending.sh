@@ -1073,6 +1073,15 @@ or cluster_above_8"
   done
   exit 0
 fi
+if [ "$PART" = s28k ]; then
+  # where the grid build pays (s28j: Gemma 3 128K B = 1 77.4 -> 58.4 µs on 64 CTAs; every other row +4-5 µs): Gemma 3
+  # at 64K and 128K, one and two requests, LOOP_GRID 64 / 128 / 0 (the reverse of s28j's order)
+  cd benchmarks
+  timeout 200 python3 exp_kernels_attr.py LOOP_GRID=64,128,0 -- exp_step.py --share 0.05 --shape gemma3 \
+      --sizes 65536:1,131072:1,131072:2 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
+      | tee -a "$OUT/exp_step_grid3.md" | grep "^#\|^|" | grep -v "^|---\|mode\|^# [a-z]"
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
