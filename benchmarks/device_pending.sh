@@ -1082,6 +1082,12 @@ if [ "$PART" = s28k ]; then
       | tee -a "$OUT/exp_step_grid3.md" | grep "^#\|^|" | grep -v "^|---\|mode\|^# [a-z]"
   exit 0
 fi
+if [ "$PART" = s28l ]; then
+  # the final state (the grid build behind LOOP_GRID 0 and pick_grid's rule): its tests and the loop's neighbours
+  gpu_tests t_final.log 230 tests/test_fast.py tests/test_bench_decode.py -k "spread_over_the_grid or pick_grid \
+or cluster_above_8 or default_step or two_blocks or windowed or psa_conforms"
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

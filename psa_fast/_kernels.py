@@ -109,16 +109,22 @@ def pick_cluster(num_groups: int) -> int:
 
 
 # The plain loop's CTAs of a group spread over the grid instead of a cluster (decode.cu's PSA_GRID build): 0 never (the
-# default until measured), n > 0 up to n CTAs a group. One Llama request's 8 groups get 16 SMs each where the H200
-# holds 15 clusters of 8 and 7 of 16 (max_active_clusters).
+# default), n > 0 up to n CTAs a group where pick_grid's rule holds. Off because nothing guarantees that every CTA of
+# the grid is resident at once (a cooperative launch would): under MPS or green contexts with fewer SMs its barrier
+# waits until it traps. Measured (H200, s28j / s28k, exp_step graph µs, 64 CTAs a group against clusters of 16):
+# Gemma 3 (one KV head, D 256) 64K B = 1 49.5 -> 43.6, 128K B = 1 77.4 -> 58.4 / 78.4 -> 56.7, 128K B = 2 85.7 -> 67.4;
+# slower by 4-6 µs where the clusters already cover a quarter of the SMs or more (Llama, SmolLM2) or at 32K.
 LOOP_GRID = 0
+GRID_MAX_BUSY = 0.25  # the share of the SMs the groups' clusters may cover for the grid build to be taken ...
+GRID_MIN_BLOCKS = 4096  # ... and the blocks a group's cache holds at least (Gemma 3 at 32K: +5.5 µs)
 
 
-def pick_grid(num_groups: int, cluster: int) -> int:
-    """CTAs a group of the loop's grid build for ``num_groups`` groups: up to ``LOOP_GRID``, so many that every
-    group's CTAs are resident at once one an SM (the build's groups wait for all their CTAs each iteration); 0
-    (the cluster build) where that is no more than ``cluster`` or ``LOOP_GRID`` is 0."""
-    if LOOP_GRID <= 0:
+def pick_grid(num_groups: int, cluster: int, nmax: int) -> int:
+    """CTAs a group of the loop's grid build for ``num_groups`` groups of ``nmax`` blocks whose clusters would be of
+    ``cluster`` CTAs: up to ``LOOP_GRID``, so many that every group's CTAs are resident at once one an SM (its groups
+    wait for all their CTAs each iteration), where the clusters would leave at least three quarters of the SMs idle
+    (``GRID_MAX_BUSY``) and the cache holds ``GRID_MIN_BLOCKS`` blocks a group or more; else 0 (the cluster build)."""
+    if LOOP_GRID <= 0 or nmax < GRID_MIN_BLOCKS or num_groups * cluster > GRID_MAX_BUSY * num_sms():
         return 0
     c = min(LOOP_GRID, num_sms() // max(1, num_groups))
     return c if c > cluster else 0

@@ -133,6 +133,8 @@ class DecodePlan:
             the estimate and the order). Not with ``stop="certified"``.
     """
 
+    _grid_loop = True  # whether the plain loop may take the grid build (_kernels.pick_grid); not the offload decoder's
+
     @requires_gpu
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
                  stop: str = DEFAULT_STOP, step: int | str = "auto", k: int = 8, gqa: str = "shared",
@@ -184,8 +186,9 @@ class DecodePlan:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
         # the plain loop on more CTAs a group than a cluster holds (decode.cu's grid build, _kernels.pick_grid)
-        self.grid_ctas = (_kernels.pick_grid(cache.batch * self.gn, self.cluster) if self.mode == "psa"
-                          and self.version == 3 and self.speculate is None and cluster is None else 0)
+        self.grid_ctas = (_kernels.pick_grid(cache.batch * self.gn, self.cluster, cache.nmax) if self.mode == "psa"
+                          and self.version == 3 and self.speculate is None and cluster is None and self._grid_loop
+                          else 0)
         if self.grid_ctas:
             self.cluster = 1
         if step == "auto":

@@ -665,19 +665,24 @@ def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch)
     assert [_kernels.pick_cluster(n) for n in sizes] == [8, 8, 8, 8, 8, 8, 4, 2, 2, 1, 1]
 
 
-def test_pick_grid_spreads_a_group_only_where_every_group_s_ctas_fit_and_it_adds_ctas(monkeypatch):
+def test_pick_grid_takes_the_grid_build_only_where_clusters_leave_most_sms_idle_on_long_caches(monkeypatch):
     """The loop's grid build (LOOP_GRID > 0) gives each group up to LOOP_GRID CTAs, as many as fit one an SM for every
-    group at once on the 132 SMs: one Llama-3.1-8B request (8 groups) 16 where its clusters hold 8, Gemma 3 (1 group)
-    LOOP_GRID itself; none where that is no more than the cluster (two requests' 16 groups: 8 CTAs each), and none
+    group at once on the 132 SMs, only where the groups' clusters would cover at most a quarter of the SMs and the
+    cache holds 4,096 blocks a group or more: where it was measured faster (Gemma 3: one or two groups on clusters of
+    16, 64K and 128K), not where it was slower (Gemma 3 at 32K; SmolLM2's 3 groups on 48 SMs; Llama's 8 on 64). None
     while LOOP_GRID is 0 (the default)."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
-    assert [_kernels.pick_grid(n, 8) for n in (1, 8, 16)] == [0, 0, 0]
+    assert [_kernels.pick_grid(n, 16, 8192) for n in (1, 2)] == [0, 0]
     monkeypatch.setattr(_kernels, "LOOP_GRID", 64)
-    assert [_kernels.pick_grid(n, c) for n, c in ((1, 16), (3, 16), (8, 8), (16, 8), (33, 4))] == [64, 44, 16, 0, 0]
+    cases = {(1, 16, 8192): 64, (1, 16, 4096): 64, (2, 16, 8192): 64, (1, 16, 2048): 0, (3, 16, 8192): 0,
+             (8, 8, 8192): 0, (4, 16, 8192): 0}
+    assert {k: _kernels.pick_grid(*k) for k in cases} == cases
+    monkeypatch.setattr(_kernels, "LOOP_GRID", 128)
+    assert [_kernels.pick_grid(n, 16, 8192) for n in (1, 2)] == [128, 66]  # one an SM for every group
     monkeypatch.setattr(_kernels, "LOOP_GRID", 12)
-    assert [_kernels.pick_grid(n, c) for n, c in ((1, 16), (8, 8), (10, 8))] == [0, 12, 12]
+    assert _kernels.pick_grid(1, 16, 8192) == 0  # no more CTAs than the cluster
 
 
 def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):

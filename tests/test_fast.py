@@ -766,6 +766,8 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     b = psa_fast.KVBlocks.from_dense(cupy.asarray(keys), cupy.asarray(values), block_size=16, metadata=metadata)
     q32 = cupy.asarray(q.astype(np.float32)[None])
     runs = {}
+    monkeypatch.setattr(_kernels, "GRID_MIN_BLOCKS", 0)  # (the rule's thresholds: any cache, any cluster)
+    monkeypatch.setattr(_kernels, "GRID_MAX_BUSY", 1.0)
     for grid in (0, 24):
         monkeypatch.setattr(_kernels, "LOOP_GRID", grid)
         plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop=stop, step=64)
