@@ -138,8 +138,10 @@
 #  the loop's step swept on clusters of 16 (SmolLM2, Gemma 3; one request at 32K and 128K).
 #   run(command="bash benchmarks/device_pending.sh s28c")  (~5 minutes)
 #  the loop's grid build: its tests, then exp_step with LOOP_GRID 0 / 16 / 64 (Llama, SmolLM2, Gemma 3).
-#   run(command="bash benchmarks/device_pending.sh s28d")  (~4 minutes)
-#  psa_order_cluster: its tests, exp_order_rank's columns, the loop's step with ORDER_CLUSTER 0 / 1.
+#   run(command="bash benchmarks/device_pending.sh s28i")  (~1 minute)
+#  what HBM gives a gather of scattered pieces (exp_gather_bw.py).
+#   run(command="bash benchmarks/device_pending.sh s28j") / s28k / s28l  (~3 / ~1 / ~3 minutes)
+#  the grid build with its one-round-trip merge: exp_step A/B; Gemma 3 at 64K / 128K; the final tests.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -950,104 +952,11 @@ or cluster_above_8"
   done
   exit 0
 fi
-if [ "$PART" = s28d ]; then  # (record: psa_order_cluster was removed after s28g, NOTES.md)
-  # psa_order_cluster (slices sorted and ranked in one launch, one cluster a group, the ranks found in shared memory):
-  # its tests, exp_order_rank's columns, then the loop's step with ORDER_CLUSTER 0 / 1 in both process orders
-  gpu_tests t_order_cluster.log 200 tests/test_fast.py -k "order_kernels_match or cluster_sort or merge_gives"
-  cd benchmarks
-  timeout 150 python3 exp_order_rank.py --shapes 1x8x2048,1x8x4096,1x8x8192,1x1x8192,1x3x8192,2x8x8192,1x8x16384 \
-      2>&1 | grep -v Warn | tee "$OUT/exp_order_cluster.md" | grep "^|"
-  for order in 0,1 1,0; do
-    timeout 150 python3 exp_kernels_attr.py ORDER_CLUSTER=$order -- exp_step.py --share 0.05 --shape llama8b \
-        --sizes 32768:1,65536:1,131072:1 --steps auto --modes loop --layers 16 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_step_order_cluster.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense"
-  done
-  timeout 100 python3 exp_kernels_attr.py ORDER_CLUSTER=1 -- profile_decode_step.py --share 0.05 --shape llama8b \
-      --size 131072 --batches 1 --variants ema --out "$OUT" 2>&1 | grep -v Warn | tail -25 > "$OUT/profile_cluster.txt"
-  grep -i "order\|decode\|estimate\|total" "$OUT/profile_cluster.txt" | head -12
-  exit 0
-fi
-if [ "$PART" = s28e ]; then  # (record: in-place probing was removed after this run)
-  # psa_order_cluster probing the other slices in place (ORDER_CLUSTER_COPY 0, no 60 KiB copy a CTA, 4 KiB of shared
-  # memory so that all eight clusters of 16 fit) against copying them in (1): tests at both, exp_order_rank, the step
-  for copy in 0 1; do
-    timeout 100 python3 -c "import sys, pytest; import psa_fast._kernels as k; k.ORDER_CLUSTER_COPY = $copy; \
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', 'tests/test_fast.py', '-k', \
-'order_kernels_match or cluster_sort']))" > "$OUT/t_copy$copy.log" 2>&1; echo "copy $copy tests rc=$?"
-    tail -1 "$OUT/t_copy$copy.log"
-  done
-  cd benchmarks
-  timeout 150 python3 exp_kernels_attr.py ORDER_CLUSTER_COPY=0,1 -- exp_order_rank.py \
-      --shapes 1x8x2048,1x8x4096,1x8x8192,1x1x8192,2x8x8192,1x8x16384 2>&1 | grep -v Warn \
-      | tee "$OUT/exp_order_cluster_probe.md" | grep "^#\|^| 1\|^| 2"
-  for order in 0,1 1,0; do
-    timeout 150 python3 exp_kernels_attr.py ORDER_CLUSTER=$order -- exp_step.py --share 0.05 --shape llama8b \
-        --sizes 32768:1,65536:1,131072:1 --steps auto --modes loop --layers 16 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_step_order_probe.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense"
-  done
-  exit 0
-fi
-if [ "$PART" = s28f ]; then  # (record: order_clusters_fit was replaced by max_active_clusters after this run)
-  # order_method with psa_order_cluster in its cost model (clusters that fit at once, order_clusters_fit): the fits,
-  # the order tests with the rule's pick, exp_order_rank's picks, the step with ORDER_CLUSTER 1 / 0 in both orders
-  python3 -c "from psa_fast import _kernels as k; print('fits', {n: k.order_clusters_fit(n) for n in (1024, 2048, \
-4096, 8192, 16384)}); print('picks', {(b, g, n): k.order_method(b, g, n) for b, g, n in ((1, 1, 2048), (1, 8, 2048), \
-(1, 8, 4096), (1, 1, 8192), (1, 3, 8192), (1, 8, 8192), (2, 8, 8192), (8, 8, 2048))})" 2>&1 | tee "$OUT/fits.txt"
-  gpu_tests t_order_rule.log 200 tests/test_fast.py -k "order_kernels_match or cluster_sort or merge_gives"
-  cd benchmarks
-  timeout 150 python3 exp_order_rank.py --shapes 1x1x2048,1x8x2048,1x8x4096,1x1x8192,1x2x8192,1x3x8192,1x4x8192,\
-1x8x8192,2x1x8192,1x1x16384 2>&1 | grep -v Warn | tee "$OUT/exp_order_rule.md" | grep "^|"
-  for order in 1,0 0,1; do
-    for shape in "smollm2 131072:1" "gemma3 131072:1" "llama8b 65536:1"; do set -- $shape
-      timeout 100 python3 exp_kernels_attr.py ORDER_CLUSTER=$order -- exp_step.py --share 0.05 --shape $1 --sizes $2 \
-          --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_order_rule.md" \
-          | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
-    done
-  done
-  exit 0
-fi
-if [ "$PART" = s28g ]; then  # (record: psa_order_cluster was removed after this run, NOTES.md)
-  # order_method with psa_order_cluster costed in waves of clusters one CTA an SM (max_active_clusters): the picks,
-  # the order tests, exp_order_rank, the step with ORDER_CLUSTER 1 / 0 in both orders (Gemma 3 128K: rank, control)
-  python3 -c "from psa_fast import _kernels as k; print('picks', {(b, g, n): k.order_method(b, g, n) for b, g, n in \
-((1, 1, 2048), (1, 8, 2048), (1, 8, 4096), (1, 1, 8192), (1, 3, 8192), (1, 8, 8192), (2, 8, 8192), (8, 8, 2048), \
-(1, 1, 16384))})" 2>&1 | tee "$OUT/picks.txt"
-  gpu_tests t_order_rule.log 200 tests/test_fast.py -k "order_kernels_match or cluster_sort or merge_gives"
-  cd benchmarks
-  timeout 120 python3 exp_order_rank.py --shapes 1x8x2048,1x8x4096,1x3x8192,1x8x8192,1x1x16384,8x8x2048 2>&1 \
-      | grep -v Warn | tee "$OUT/exp_order_rule.md" | grep "^|"
-  for order in 1,0 0,1; do
-    for shape in "smollm2 131072:1" "llama8b 65536:1" "gemma3 131072:1"; do set -- $shape
-      timeout 100 python3 exp_kernels_attr.py ORDER_CLUSTER=$order -- exp_step.py --share 0.05 --shape $1 --sizes $2 \
-          --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_order_rule.md" \
-          | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
-    done
-  done
-  exit 0
-fi
-if [ "$PART" = s28h ]; then  # (record: SLICE_THREADS and LOOP_GBS_CTAS were removed after this run)
-  # two small rules: psa_order_slice on fewer threads holding several keys each (SLICE_THREADS 0 / 256 / 128: its tests,
-  # then exp_order_rank), and the loop's step counting at most 8 CTAs' bandwidth a cluster (LOOP_GBS_CTAS 16 / 8, both
-  # orders: SmolLM2's and Gemma 3's one request on clusters of 16)
-  for t in 256 128; do
-    timeout 100 python3 -c "import sys, pytest; import psa_fast._kernels as k; k.SLICE_THREADS = $t; \
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', 'tests/test_fast.py', '-k', \
-'order_kernels_match or merge_gives']))" > "$OUT/t_slice$t.log" 2>&1; echo "SLICE_THREADS $t tests rc=$?"
-    tail -1 "$OUT/t_slice$t.log"
-  done
-  cd benchmarks
-  timeout 120 python3 exp_kernels_attr.py SLICE_THREADS=0,256,128,0 -- exp_order_rank.py \
-      --shapes 1x8x4096,1x8x8192,1x1x8192,1x3x8192,2x8x8192 2>&1 | grep -v Warn | tee "$OUT/exp_slice_threads.md" \
-      | grep "^#\|^| [12]" | cut -d"|" -f1-3,9,10,12
-  for order in 16,8 8,16; do
-    for shape in smollm2 gemma3; do
-      timeout 100 python3 exp_kernels_attr.py LOOP_GBS_CTAS=$order -- exp_step.py --share 0.05 --shape $shape \
-          --sizes 32768:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
-          | tee -a "$OUT/exp_step_gbs_ctas.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
-    done
-  done
-  exit 0
-fi
+# s28d (psa_order_cluster against slices / rank): removed with what it measured; `git show ee47764:benchmarks/device_pending.sh` has it
+# s28e (psa_order_cluster probing in place): removed with what it measured; `git show 0cb4662:benchmarks/device_pending.sh` has it
+# s28f (psa_order_cluster in the cost model (driver fits)): removed with what it measured; `git show f54a40e:benchmarks/device_pending.sh` has it
+# s28g (psa_order_cluster in waves of one-CTA-an-SM clusters): removed with what it measured; `git show e3a8bd6:benchmarks/device_pending.sh` has it
+# s28h (SLICE_THREADS and LOOP_GBS_CTAS): removed with what it measured; `git show f23de8d:benchmarks/device_pending.sh` has it
 if [ "$PART" = s28i ]; then
   # what HBM gives a gather of scattered pieces (the loop's pattern) by piece size, order and readers
   cd benchmarks
