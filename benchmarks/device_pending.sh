@@ -142,6 +142,8 @@
 #  what HBM gives a gather of scattered pieces (exp_gather_bw.py).
 #   run(command="bash benchmarks/device_pending.sh s28j") / s28k / s28l  (~3 / ~1 / ~3 minutes)
 #  the grid build with its one-round-trip merge: exp_step A/B; Gemma 3 at 64K / 128K; the final tests.
+#   run(command="bash benchmarks/device_pending.sh s29a")  (~4 minutes; prepared in the twenty-eighth session)
+#  the grid build launched cooperatively: tests with a CUDA graph of it, Gemma 3's A/B, what the launch costs.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -995,6 +997,29 @@ if [ "$PART" = s28l ]; then
   # the final state (the grid build behind LOOP_GRID 0 and pick_grid's rule): its tests and the loop's neighbours
   gpu_tests t_final.log 230 tests/test_fast.py tests/test_bench_decode.py -k "spread_over_the_grid or pick_grid \
 or cluster_above_8 or default_step or two_blocks or windowed or psa_conforms"
+  exit 0
+fi
+if [ "$PART" = s29a ]; then
+  # the grid build launched cooperatively (GRID_COOPERATIVE 1, CuPy's cuLaunchCooperativeKernel): its tests (with a
+  # CUDA graph of it replayed), then Gemma 3 one and two requests at 128K and 64K, LOOP_GRID 0 / 64 in both orders,
+  # and GRID_COOPERATIVE 0 / 1 under LOOP_GRID 64 (what the cooperative launch costs)
+  gpu_tests t_coop.log 200 tests/test_fast.py tests/test_bench_decode.py -k "spread_over_the_grid or pick_grid"
+  cd benchmarks
+  for order in 0,64 64,0; do
+    timeout 120 python3 exp_kernels_attr.py LOOP_GRID=$order -- exp_step.py --share 0.05 --shape gemma3 \
+        --sizes 65536:1,131072:1,131072:2 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_coop.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
+  done
+  cat > /tmp/coop_ab.py <<'PY'
+import runpy, sys
+from psa_fast import _kernels
+_kernels.LOOP_GRID = 64
+sys.argv = ["exp_kernels_attr.py", "GRID_COOPERATIVE=0,1,0", "--", "exp_step.py", "--share", "0.05", "--shape",
+            "gemma3", "--sizes", "131072:1", "--steps", "auto", "--modes", "loop", "--layers", "8"]
+runpy.run_path("exp_kernels_attr.py", run_name="__main__")
+PY
+  timeout 120 python3 /tmp/coop_ab.py 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_coop.md" | grep "^#\|^|" \
+      | grep -v "^|---\|mode\|dense\|^# [a-z]"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

@@ -53,14 +53,17 @@ def _source(name: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def kernel(name: str, *, d: int, s: int, g: int, cluster: int = 1, warps: int = 8, entry: str | None = None,
-           **defines):
+           cooperative: bool = False, **defines):
     """The kernel ``psa_<entry or name>`` of ``kernels/<name>.cu`` for one configuration (a
-    ``cupy.RawKernel``, compiled now, cached on disk by CuPy). ``defines`` become ``-DPSA_<NAME>=value``."""
+    ``cupy.RawKernel``, compiled now, cached on disk by CuPy). ``defines`` become ``-DPSA_<NAME>=value``;
+    ``cooperative`` launches it with ``cuLaunchCooperativeKernel`` (the driver refuses a grid whose CTAs cannot all be
+    resident at once)."""
     import cupy
 
     options = ["-std=c++17", f"-DPSA_D={d}", f"-DPSA_S={s}", f"-DPSA_G={g}", f"-DPSA_CLUSTER={cluster}",
                f"-DPSA_WARPS={warps}"] + [f"-DPSA_{k.upper()}={int(v)}" for k, v in sorted(defines.items())]
-    fn = cupy.RawKernel(_source(f"{name}.cu"), f"psa_{entry or name}", options=tuple(options))
+    fn = cupy.RawKernel(_source(f"{name}.cu"), f"psa_{entry or name}", options=tuple(options),
+                        **({"enable_cooperative_groups": True} if cooperative else {}))
     fn.compile()
     return fn
 
@@ -115,6 +118,9 @@ def pick_cluster(num_groups: int) -> int:
 # Gemma 3 (one KV head, D 256) 64K B = 1 49.5 -> 43.6, 128K B = 1 77.4 -> 58.4 / 78.4 -> 56.7, 128K B = 2 85.7 -> 67.4;
 # slower by 4-6 µs where the clusters already cover a quarter of the SMs or more (Llama, SmolLM2) or at 32K.
 LOOP_GRID = 0
+# ... launched cooperatively (prepared in the twenty-eighth session, not yet run on the device: whether CuPy's
+# cooperative launch is captured by a CUDA graph, and what it costs, decide whether LOOP_GRID can become the default)
+GRID_COOPERATIVE = 1
 GRID_MAX_BUSY = 0.25  # the share of the SMs the groups' clusters may cover for the grid build to be taken ...
 GRID_MIN_BLOCKS = 4096  # ... and the blocks a group's cache holds at least (Gemma 3 at 32K: +5.5 µs)
 
@@ -663,6 +669,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         resumed((rc, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null)
                 + _clock_args("loop_clocks", LOOP_CLOCK, b, gn, 12), shared_mem=smem)
         return
+    launch = {}  # how the build is launched (the grid build: cooperatively)
     if grid_group is not None:
         if version != 3 or offload is not None or split is not None or cluster != 1 or stop in ("none", "budget"):
             raise ValueError("the grid build runs PSA's plain loop on decode version 3, cluster 1")
@@ -670,11 +677,12 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         args = args + (xstats, xcount, xpart)
         defines["grid"] = ctas
         grid = (ctas, hq // g, b)
+        launch = {"cooperative": True} if GRID_COOPERATIVE else {}
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None and "grid" not in defines
     if clocked:
         defines["loop_clock"] = 1
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
-                       warps=warps, stages=stages, smem=smem, **defines)
+                       warps=warps, stages=stages, smem=smem, **defines, **launch)
     fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 12), shared_mem=smem)
     if split is not None:
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",

@@ -754,8 +754,8 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     cluster, and exchange each iteration's statistics, the barrier and the outputs through global memory. Over several
     iterations it gives psa_ref's blocks, iterations, stop and output for every head (rules reading one scalar a head,
     the sketch window's block masses, the certified bounds; Llama's, SmolLM2's and Gemma 3's head dims), the cluster
-    build's blocks, iterations and reasons bit for bit, and a second run the same bits (each launch leaves its
-    counters at zero)."""
+    build's blocks, iterations and reasons bit for bit, and a second run and a replayed CUDA graph of it the same bits
+    (each launch leaves its counters at zero; it is launched cooperatively where _kernels.GRID_COOPERATIVE)."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(d + hq)
@@ -765,6 +765,11 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
     b = psa_fast.KVBlocks.from_dense(cupy.asarray(keys), cupy.asarray(values), block_size=16, metadata=metadata)
     q32 = cupy.asarray(q.astype(np.float32)[None])
+    names = ("num_used", "iterations", "reason", "out", "order")
+
+    def snap(dec):  # (a plan's outputs live in its own buffers: copy each run's out before the next)
+        return {name: cupy.asnumpy(getattr(dec, name)) for name in names}
+
     runs = {}
     monkeypatch.setattr(_kernels, "GRID_MIN_BLOCKS", 0)  # (the rule's thresholds: any cache, any cluster)
     monkeypatch.setattr(_kernels, "GRID_MAX_BUSY", 1.0)
@@ -772,18 +777,25 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
         monkeypatch.setattr(_kernels, "LOOP_GRID", grid)
         plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop=stop, step=64)
         assert plan.grid_ctas == grid and (plan.cluster == 1) == (grid > 0)
-        runs[grid] = (plan.run(q32), plan.run(q32))
+        runs[grid] = (snap(plan.run(q32)), snap(plan.run(q32)))
+    stream = cupy.cuda.Stream(non_blocking=True)  # the (cooperative) launch captured in a CUDA graph and replayed
+    with stream:
+        stream.begin_capture()
+        captured = plan.run(q32)
+        graph = stream.end_capture()
+        captured.out.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
     (cl, _), (first, again) = runs[0], runs[24]
-    for name in ("num_used", "iterations", "reason", "out"):
-        np.testing.assert_array_equal(cupy.asnumpy(getattr(again, name)), cupy.asnumpy(getattr(first, name)))
+    for name in names:
+        np.testing.assert_array_equal(again[name], first[name])
+        np.testing.assert_array_equal(snap(captured)[name], first[name])
     for name in ("num_used", "iterations", "reason"):
-        np.testing.assert_array_equal(cupy.asnumpy(getattr(first, name)), cupy.asnumpy(getattr(cl, name)))
-    assert int(first.iterations.max()) >= 2  # several barriers of the grid (random keys spread the mass)
-    gn = hkv
-    used = [cupy.asnumpy(first.order[0, g, : int(first.num_used[0, g])]).astype(np.int64) for g in range(gn)]
-    res = psa_ref.AttentionResult(cupy.asnumpy(first.out[0]), used, cupy.asnumpy(first.iterations[0]),
-                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(first.reason[0])], None, None,
-                                  b.cache.nmax)
+        np.testing.assert_array_equal(first[name], cl[name])
+    assert int(first["iterations"].max()) >= 2  # several barriers of the grid (random keys spread the mass)
+    used = [first["order"][0, g, : int(first["num_used"][0, g])].astype(np.int64) for g in range(hkv)]
+    res = psa_ref.AttentionResult(first["out"][0], used, first["iterations"][0],
+                                  [psa_fast.REASONS[r] for r in first["reason"][0]], None, None, b.cache.nmax)
     check_result(res, q, keys, values, threshold=0.9, stop=stop, step=64, block_size=16, metadata=b.cache.metadata)
 
 
