@@ -94,15 +94,16 @@
 // combines them and writes the outputs and the group's diagnostics. Costs one extra pass over
 // splits * (D + 2) floats per head: at B = 1, 32 heads, 16 splits, D 128 that is 264 KiB, ~0.1 us.
 //
-// Grid build (PSA_GRID = C > 1, _kernels.LOOP_GRID): a group's C CTAs are not a cluster but blockIdx.x = 0 .. C - 1
-// of the grid, so that one request of 8 KV heads can take 16 SMs a group where the GPU holds only 15 clusters of 8
-// (the loop is bound by its warps' bytes in flight and chains, not by HBM, on 64 SMs: benchmarks/NOTES.md). What a
-// cluster does through distributed shared memory goes through global memory: each iteration a CTA writes its
-// chunk statistics to `xstats [B, Gn, 2, C, PSA_G]` float4 and arrives at the group's counter `xcount [B, Gn, 2]`
-// (entry 0), waits for all C (group_sync), and warp 0 combines the C totals for every warp; at the end each CTA
-// writes its output terms to `xpart [B, Gn, C, PSA_G, PSA_D + 2]` and the last to arrive (entry 1) combines them in
-// rank order and resets both counters for the next launch. Every CTA of the grid must be resident at once (the
-// host launches it only where B Gn C CTAs, one an SM, fit the GPU); a wait longer than a second traps.
+// Grid build (PSA_GRID = C > 1, _kernels.LOOP_GRID, pick_grid): a group's C CTAs are not a cluster but blockIdx.x =
+// 0 .. C - 1 of the grid, so that a group can take more SMs than a cluster holds (one Gemma 3 request at 128K: 64
+// CTAs against a cluster of 16, 77 -> 58 µs; where clusters already cover a quarter of the SMs it is 4-6 µs slower:
+// benchmarks/NOTES.md, twenty-eighth session). What a cluster does through distributed shared memory goes through
+// global memory: each iteration a CTA writes its chunk statistics to `xstats [B, Gn, 2, C, PSA_G]` float4 and
+// arrives at the group's counter `xcount [B, Gn, 2]` (entry 0), waits for all C (group_sync), and warp h combines
+// head h's C totals for every warp; at the end each CTA writes its output terms to `xpart [B, Gn, C, PSA_G, PSA_D +
+// 2]` and the last to arrive (entry 1) combines them in rank order and resets both counters for the next launch.
+// Every CTA of the grid must be resident at once: the host gives a group at most SMs / groups CTAs and launches the
+// build cooperatively (the driver refuses a grid that cannot be), and a wait longer than a second traps.
 #include "common.cuh"
 #include "mma.cuh"
 #include "verifier.cuh"
