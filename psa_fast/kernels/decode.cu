@@ -679,10 +679,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // Chunk statistics per head, as float4 (max logit, mass relative to it, min log block mass, -):
     // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
     __shared__ float4 warp_stats[PSA_WARPS][PSA_G];
-    __shared__ float4 cta_stats[2][PSA_G];
 #if PSA_GRID
     __shared__ float4 grid_tot[PSA_G];  // the group's totals of an iteration (warp h's combine of head h)
     const long gid = (long)b * Gn + g;
+#else
+    __shared__ float4 cta_stats[2][PSA_G];
 #endif
     // Verifier state per head (verifier.cuh), kept identically by every lane of every warp.
     Verifier ver[PSA_G];
