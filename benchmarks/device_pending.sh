@@ -1001,9 +1001,11 @@ or cluster_above_8 or default_step or two_blocks or windowed or psa_conforms"
 fi
 if [ "$PART" = s29a ]; then
   # the grid build launched cooperatively (GRID_COOPERATIVE 1, CuPy's cuLaunchCooperativeKernel): its tests (with a
-  # CUDA graph of it replayed), then Gemma 3 one and two requests at 128K and 64K, LOOP_GRID 0 / 64 in both orders,
-  # and GRID_COOPERATIVE 0 / 1 under LOOP_GRID 64 (what the cooperative launch costs)
-  gpu_tests t_coop.log 200 tests/test_fast.py tests/test_bench_decode.py -k "spread_over_the_grid or pick_grid"
+  # CUDA graph of it replayed), then Gemma 3 one and two requests at 128K and 64K, LOOP_GRID 0 / 64 in both orders
+  # (the plain launch), and GRID_COOPERATIVE 0 / 1 / 0 under LOOP_GRID 64 (what the cooperative launch costs)
+  timeout 200 python3 -c "import sys, pytest; import psa_fast._kernels as k; k.GRID_COOPERATIVE = 1; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', 'tests/test_fast.py', '-k', \
+'spread_over_the_grid']))" > "$OUT/t_coop.log" 2>&1; echo "cooperative tests rc=$?"; tail -3 "$OUT/t_coop.log"
   cd benchmarks
   for order in 0,64 64,0; do
     timeout 120 python3 exp_kernels_attr.py LOOP_GRID=$order -- exp_step.py --share 0.05 --shape gemma3 \

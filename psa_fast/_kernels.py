@@ -118,9 +118,10 @@ def pick_cluster(num_groups: int) -> int:
 # Gemma 3 (one KV head, D 256) 64K B = 1 49.5 -> 43.6, 128K B = 1 77.4 -> 58.4 / 78.4 -> 56.7, 128K B = 2 85.7 -> 67.4;
 # slower by 4-6 µs where the clusters already cover a quarter of the SMs or more (Llama, SmolLM2) or at 32K.
 LOOP_GRID = 0
-# ... launched cooperatively (prepared in the twenty-eighth session, not yet run on the device: whether CuPy's
-# cooperative launch is captured by a CUDA graph, and what it costs, decide whether LOOP_GRID can become the default)
-GRID_COOPERATIVE = 1
+# ... launched cooperatively where 1 (CuPy's cuLaunchCooperativeKernel: the driver refuses a grid that cannot be
+# resident at once). 0, the measured launch, until the device shows that a CUDA graph captures it and what it costs
+# (device_pending.sh s29a); then LOOP_GRID can become the default
+GRID_COOPERATIVE = 0
 GRID_MAX_BUSY = 0.25  # the share of the SMs the groups' clusters may cover for the grid build to be taken ...
 GRID_MIN_BLOCKS = 4096  # ... and the blocks a group's cache holds at least (Gemma 3 at 32K: +5.5 µs)
 
@@ -678,7 +679,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         defines["grid"] = ctas
         grid = (ctas, hq // g, b)
         launch = {"cooperative": True} if GRID_COOPERATIVE else {}
-    clocked = LOOP_CLOCK and version == 3 and split is None and offload is None and "grid" not in defines
+    clocked = LOOP_CLOCK and version == 3 and split is None and offload is None and grid_group is None
     if clocked:
         defines["loop_clock"] = 1
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,

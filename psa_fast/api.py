@@ -195,8 +195,7 @@ class DecodePlan:
             loop_warps, pairs = _kernels.loop_launch(d=cache.dp, s=cache.block_size, g=self.g,
                                                      version=self.version, warps=self.warps, stages=self.stages)
             step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.grid_ctas or self.cluster,
-                                      warps=loop_warps,
-                                      block_bytes=2 * cache.block_size * cache.dp * 2,
+                                      warps=loop_warps, block_bytes=2 * cache.block_size * cache.dp * 2,
                                       speculate=self.speculate is not None, pairs=pairs)
         self.step = step
         if speculate_extra is not None and self.speculate is None:

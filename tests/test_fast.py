@@ -755,7 +755,7 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     iterations it gives psa_ref's blocks, iterations, stop and output for every head (rules reading one scalar a head,
     the sketch window's block masses, the certified bounds; Llama's, SmolLM2's and Gemma 3's head dims), the cluster
     build's blocks, iterations and reasons bit for bit, and a second run and a replayed CUDA graph of it the same bits
-    (each launch leaves its counters at zero; it is launched cooperatively where _kernels.GRID_COOPERATIVE)."""
+    (each launch leaves its counters at zero; launched cooperatively where _kernels.GRID_COOPERATIVE)."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(d + hq)
