@@ -111,17 +111,17 @@ def pick_cluster(num_groups: int) -> int:
     return c
 
 
-# The plain loop's CTAs of a group spread over the grid instead of a cluster (decode.cu's PSA_GRID build): 0 never (the
-# default), n > 0 up to n CTAs a group where pick_grid's rule holds. Off because nothing guarantees that every CTA of
-# the grid is resident at once (a cooperative launch would): under MPS or green contexts with fewer SMs its barrier
-# waits until it traps. Measured (H200, s28j / s28k, exp_step graph µs, 64 CTAs a group against clusters of 16):
-# Gemma 3 (one KV head, D 256) 64K B = 1 49.5 -> 43.6, 128K B = 1 77.4 -> 58.4 / 78.4 -> 56.7, 128K B = 2 85.7 -> 67.4;
-# slower by 4-6 µs where the clusters already cover a quarter of the SMs or more (Llama, SmolLM2) or at 32K.
-LOOP_GRID = 0
-# ... launched cooperatively where 1 (CuPy's cuLaunchCooperativeKernel: the driver refuses a grid that cannot be
-# resident at once). 0, the measured launch, until the device shows that a CUDA graph captures it and what it costs
-# (device_pending.sh s29a); then LOOP_GRID can become the default
-GRID_COOPERATIVE = 0
+# The plain loop's CTAs of a group spread over the grid instead of a cluster (decode.cu's PSA_GRID build): n > 0 up to
+# n CTAs a group where pick_grid's rule holds, 0 never. Launched cooperatively (GRID_COOPERATIVE, CuPy's
+# cuLaunchCooperativeKernel): the driver refuses a grid whose CTAs cannot all be resident at once, which the build's
+# barrier needs (under MPS or green contexts with fewer SMs a plain launch would wait until its timer traps).
+# Measured (H200, exp_step graph µs, 64 CTAs a group against clusters of 16, both orders): Gemma 3 (one KV head,
+# D 256) 64K B = 1 49.5 -> 43.6 (s28k), 44.1-45.0 against 48.4-49.4 (s29a); 128K B = 1 76.8-78.2 -> 57.0-58.3,
+# B = 2 83.2-85.0 -> 66.2-68.5 (s29a); the cooperative launch 57.0 / 58.8 / 59.0 (0 / 1 / 0, within the run's
+# drift) and captured in a CUDA graph (its test). Slower by 4-6 µs where the clusters already cover a quarter of
+# the SMs or more (Llama, SmolLM2) or at 32K (s28j), which pick_grid leaves on clusters.
+LOOP_GRID = 64
+GRID_COOPERATIVE = 1
 GRID_MAX_BUSY = 0.25  # the share of the SMs the groups' clusters may cover for the grid build to be taken ...
 GRID_MIN_BLOCKS = 4096  # ... and the blocks a group's cache holds at least (Gemma 3 at 32K: +5.5 µs)
 

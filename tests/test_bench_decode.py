@@ -669,13 +669,12 @@ def test_pick_grid_takes_the_grid_build_only_where_clusters_leave_most_sms_idle_
     """The loop's grid build (LOOP_GRID > 0) gives each group up to LOOP_GRID CTAs, as many as fit one an SM for every
     group at once on the 132 SMs, only where the groups' clusters would cover at most a quarter of the SMs and the
     cache holds 4,096 blocks a group or more: where it was measured faster (Gemma 3: one or two groups on clusters of
-    16, 64K and 128K), not where it was slower (Gemma 3 at 32K; SmolLM2's 3 groups on 48 SMs; Llama's 8 on 64). None
-    while LOOP_GRID is 0 (the default)."""
+    16, 64K and 128K), not where it was slower (Gemma 3 at 32K; SmolLM2's 3 groups on 48 SMs; Llama's 8 on 64). On by
+    default (LOOP_GRID 64); none while LOOP_GRID is 0."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
-    assert [_kernels.pick_grid(n, 16, 8192) for n in (1, 2)] == [0, 0]
-    monkeypatch.setattr(_kernels, "LOOP_GRID", 64)
+    assert _kernels.LOOP_GRID == 64 and _kernels.GRID_COOPERATIVE == 1
     cases = {(1, 16, 8192): 64, (1, 16, 4096): 64, (2, 16, 8192): 64, (1, 16, 2048): 0, (3, 16, 8192): 0,
              (8, 8, 8192): 0, (4, 16, 8192): 0}
     assert {k: _kernels.pick_grid(*k) for k in cases} == cases
@@ -683,6 +682,8 @@ def test_pick_grid_takes_the_grid_build_only_where_clusters_leave_most_sms_idle_
     assert [_kernels.pick_grid(n, 16, 8192) for n in (1, 2)] == [128, 66]  # one an SM for every group
     monkeypatch.setattr(_kernels, "LOOP_GRID", 12)
     assert _kernels.pick_grid(1, 16, 8192) == 0  # no more CTAs than the cluster
+    monkeypatch.setattr(_kernels, "LOOP_GRID", 0)
+    assert [_kernels.pick_grid(n, 16, 8192) for n in (1, 2)] == [0, 0]
 
 
 def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
