@@ -306,7 +306,7 @@ ORDER_METHODS = ("rank", "sort", "slices", "radix", "band")
 # where its cost model says it is fastest; 0 (until the device measures it) only where asked for by name.
 ORDER_BAND = 0
 BANDS = 32  # PSA_BANDS
-BAND_SAMPLES = 512  # PSA_BAND_SAMPLES
+BAND_SAMPLES = 256  # PSA_BAND_SAMPLES (BAND_THREADS / 4: four threads count each sample's rank)
 BAND_THREADS = 1024  # psa_order_band's CTA (one a group)
 BAND_WARPS = 8  # psa_order_band_rank's CTA
 BAND_MAX_BLOCKS = 16384  # psa_order_band keeps a group's keys in shared memory (8 bytes a block)
@@ -412,9 +412,9 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     elif method == "band":
         bands = {"bands": BANDS, "band_samples": BAND_SAMPLES, "band_threads": BAND_THREADS}
         fn = kernel("order_band", d=16, s=s, g=g, **bands)
-        _with_smem(fn, npad * 8)
+        _with_smem(fn, npad * 9)  # the keys and each one's band
         fn((gn, b), (BAND_THREADS,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(npad),
-                                      np.int32(sink_blocks), np.int32(recent_blocks)), shared_mem=npad * 8)
+                                      np.int32(sink_blocks), np.int32(recent_blocks)), shared_mem=npad * 9)
         count = kernel("order_band", d=16, s=s, g=g, warps=BAND_WARPS, entry="order_band_rank", **bands)
         _with_smem(count, npad * 8)
         count((-(-nmax // (32 * BAND_WARPS)), gn, b), (32 * BAND_WARPS,),
