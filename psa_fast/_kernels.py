@@ -300,16 +300,7 @@ RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
-ORDER_METHODS = ("rank", "sort", "slices", "radix", "band")
-# psa_order_band + psa_order_band_rank (order_band.cu): each block's position counted only against its own band of
-# keys (bands cut at ranked samples), ~n^2 / BANDS comparisons a group. ORDER_BAND = 1 lets order_method pick it
-# where its cost model says it is fastest; 0 (until the device measures it) only where asked for by name.
-ORDER_BAND = 0
-BANDS = 32  # PSA_BANDS
-BAND_SAMPLES = 256  # PSA_BAND_SAMPLES (BAND_THREADS / 4: four threads count each sample's rank)
-BAND_THREADS = 1024  # psa_order_band's CTA (one a group)
-BAND_WARPS = 8  # psa_order_band_rank's CTA
-BAND_MAX_BLOCKS = 16384  # psa_order_band keeps a group's keys in shared memory (8 bytes a block)
+ORDER_METHODS = ("rank", "sort", "slices", "radix")
 
 
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
@@ -330,8 +321,6 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
         return 0.0095 * max(npad, 32) * waves
     if method == "radix":
         return (5.0 + 0.0027 * max(npad, 32)) * waves
-    if method == "band":  # (a guess until measured: rank's rate on ~1.5 bands a warp, a launch more than rank)
-        return 5.0 + b * gn * nmax * (1.5 * nmax / BANDS + 64) / 7.5e6
     sl = slice_keys(b, gn, npad)
     if sl != SLICE:
         return 7.8 + 0.0004 * npad + 3.4 * (-(-npad // (8 * sl)) - 1) + 2.96e-5 * b * gn * npad
@@ -363,8 +352,6 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
         methods.append("radix")
     if nmax <= RANK_MAX_BLOCKS:
         methods.append("rank")
-    if ORDER_BAND and workspace and npad <= BAND_MAX_BLOCKS:
-        methods.append("band")
     return min(methods, key=lambda m: order_cost_us(m, b, gn, nmax))
 
 
@@ -375,13 +362,11 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
     sums read them).
 
-    Five ways give the same order (``order_method`` picks the fastest when ``method`` is None): short
+    Four kernels give the same order (``order_method`` picks the fastest when ``method`` is None): short
     orders count each block's position (``psa_order_rank``); one CTA a group sorts its keys by radix passes
     (``psa_order_radix``) or by bitonic merges (``psa_order``); or a group is split: ``psa_order_slice`` sorts
-    slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``order_workspace_shape``, uint64) and
-    ``psa_order_merge`` places every key at its rank; or (``"band"``) ``psa_order_band`` groups a group's keys
-    into ``BANDS`` bands of key values in ``workspace`` and ``psa_order_band_rank`` counts each block's
-    position against its own bands only."""
+    slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``[B, Gn, npad]`` uint64) and
+    ``psa_order_merge`` places every key at its rank."""
     b, gn, _ = scores.shape
     npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
@@ -397,10 +382,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         raise ValueError(f"method='rank' orders up to {RANK_MAX_BLOCKS} blocks a group (got nmax={nmax})")
     if method == "radix" and npad > RADIX_MAX_BLOCKS:
         raise ValueError(f"method='radix' orders up to {RADIX_MAX_BLOCKS} blocks a group (got nmax={nmax})")
-    if method == "band" and (workspace is None or npad > BAND_MAX_BLOCKS):
-        raise ValueError(f"method='band' needs a workspace (order_workspace_shape) and at most {BAND_MAX_BLOCKS} "
-                         f"blocks a group (got nmax={nmax})")
-    if method not in ("rank", "band") and npad > MAX_SMEM_SORT:
+    if method != "rank" and npad > MAX_SMEM_SORT:
         raise NotImplementedError(f"ordering more than {MAX_SMEM_SORT} blocks per head is not implemented yet "
                                   f"(got {nmax}); use a larger block_size")
     if method == "rank":
@@ -409,16 +391,6 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
             (-(-tiles // RANK_OWN), gn, b), (RANK_WARPS * 32,),
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)),
             shared_mem=tiles * 128)
-    elif method == "band":
-        bands = {"bands": BANDS, "band_samples": BAND_SAMPLES, "band_threads": BAND_THREADS}
-        fn = kernel("order_band", d=16, s=s, g=g, **bands)
-        _with_smem(fn, npad * 9)  # the keys and each one's band
-        fn((gn, b), (BAND_THREADS,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(npad),
-                                      np.int32(sink_blocks), np.int32(recent_blocks)), shared_mem=npad * 9)
-        count = kernel("order_band", d=16, s=s, g=g, warps=BAND_WARPS, entry="order_band_rank", **bands)
-        _with_smem(count, npad * 8)
-        count((-(-nmax // (32 * BAND_WARPS)), gn, b), (32 * BAND_WARPS,),
-              (seq_lens, workspace, out_order, np.int32(nmax), np.int32(npad)), shared_mem=npad * 8)
     elif method == "radix":
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)
@@ -470,13 +442,10 @@ def order_head(scores, seq_lens, out_order, *, s, g, nmax, sink_blocks, recent_b
                                     np.int32(recent_blocks), np.int32(head)), shared_mem=smem)
 
 
-def order_workspace_shape(batch: int, groups: int, nmax: int) -> tuple[int] | None:
-    """Shape of the uint64 workspace the two-kernel sorts need (``[B, Gn, npad]`` keys, then for ``"band"``
-    ``[B, Gn, BANDS + 1]`` int32 bounds), or None where neither applies (one CTA per group sorts)."""
+def order_workspace_shape(batch: int, groups: int, nmax: int) -> tuple[int, int, int] | None:
+    """Shape of the uint64 workspace the two-kernel sort needs, or None when one CTA per group sorts."""
     npad = _pow2(nmax, 2)
-    if npad > slice_keys(batch, groups, npad) or npad <= BAND_MAX_BLOCKS:
-        return (batch * groups * npad + -(-batch * groups * (BANDS + 1) // 2),)
-    return None
+    return (batch, groups, npad) if npad > slice_keys(batch, groups, npad) else None
 
 
 DECODE_STAGES = 3  # cp.async ring depth per warp (decode v2, v3)

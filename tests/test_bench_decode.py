@@ -597,7 +597,7 @@ def test_resumed_loop_takes_no_more_ctas_than_a_chunk_has_blocks_for_its_warps()
 def test_slices_of_512_keys_only_where_every_group_s_slices_fit_in_one_wave(monkeypatch):
     """slice_keys: 512 keys a CTA where all groups' slices of 512 fit on the 132 SMs at once and a group has more
     than 512 blocks (one Llama request at 32K-128K, Gemma's up to 128K), else SLICE (1,024): a batch of long caches,
-    or SLICE_ONE_WAVE 0. The workspace holds every group's padded keys and the count by bands' bounds."""
+    or SLICE_ONE_WAVE 0; the workspace follows (none where one slice would hold a group)."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
@@ -605,11 +605,10 @@ def test_slices_of_512_keys_only_where_every_group_s_slices_fit_in_one_wave(monk
     assert [_kernels.slice_keys(b, 8, 8192) for b in (2, 8)] == [1024, 1024]  # 256 / 1,024 CTAs of 512
     assert _kernels.slice_keys(1, 1, 16384) == 512 and _kernels.slice_keys(5, 1, 16384) == 1024
     assert _kernels.slice_keys(1, 8, 512) == 1024  # one slice of 512 would hold the group
-    bounds = -(-8 * (_kernels.BANDS + 1) // 2)  # the count by bands' [B, Gn, BANDS + 1] int32 after the keys
-    assert _kernels.order_workspace_shape(1, 8, 1000) == (8 * 1024 + bounds,)
-    assert _kernels.order_workspace_shape(1, 8, 512) == (8 * 512 + bounds,)  # the bands' (no slices there)
+    assert _kernels.order_workspace_shape(1, 8, 1000) == (1, 8, 1024)
+    assert _kernels.order_workspace_shape(1, 8, 512) is None
     monkeypatch.setattr(_kernels, "SLICE_ONE_WAVE", 0)
-    assert _kernels.slice_keys(1, 8, 8192) == 1024
+    assert _kernels.slice_keys(1, 8, 8192) == 1024 and _kernels.order_workspace_shape(1, 8, 1000) is None
 
 
 def test_the_slices_cost_model_reproduces_its_measurements(monkeypatch):

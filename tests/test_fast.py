@@ -891,11 +891,11 @@ def test_gather_from_mapped_host_memory_equals_host_store():
 
 @pytest.mark.parametrize("nmax, lens", [(1000, [1000 * 16]), (3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]),
                                          (8192, [8192 * 16, 40 * 16]), (45, [45 * 16, 33 * 16, 5, 0])])
-@pytest.mark.parametrize("method", [None, "rank", "sort", "slices", "radix", "band"])
+@pytest.mark.parametrize("method", [None, "rank", "sort", "slices", "radix"])
 def test_order_kernels_match_reference_rank(nmax, lens, method):
-    """Every way of ordering (counting positions over many CTAs, against all blocks or against their bands of
-    keys only, one CTA sorting a group by bitonic merges or by radix passes, and slices + merge for long caches;
-    None: the rule's pick) gives psa_ref's order, ties included, and -1 past n."""
+    """Every way of ordering (counting positions over many CTAs, one CTA sorting a group by bitonic merges
+    or by radix passes, and slices + merge for long caches; None: the rule's pick) gives psa_ref's order,
+    ties included, and -1 past n."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
@@ -969,52 +969,16 @@ def test_order_by_counting_equals_the_sort(values, sink, recent, own, monkeypatc
         scores = (np.full((b, gn, nmax), 2.5) if values == "equal"
                   else rng.standard_normal((b, gn, nmax))).astype(np.float32)
     seq = cupy.asarray(np.array([1000 * 16, 97 * 16 - 3, 50], np.int32))
-    ws = cupy.empty(_kernels.order_workspace_shape(b, gn, nmax), cupy.uint64)
     outs = []
-    for method in ("rank", "sort", "radix", "band"):
+    for method in ("rank", "sort", "radix"):
         out = cupy.full((b, gn, nmax), -7, cupy.int32)
         _kernels.order(cupy.asarray(scores), seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=sink,
-                       recent_blocks=recent, want_suffix=False, workspace=ws, method=method)
+                       recent_blocks=recent, want_suffix=False, method=method)
         outs.append(cupy.asnumpy(out))
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[2], outs[1])  # the radix passes too
-    np.testing.assert_array_equal(outs[3], outs[1])  # and the count by bands
     for r, n in enumerate([1000, 97, 4]):  # each group's positions are a permutation of its blocks
         assert sorted(outs[0][r, 0, :n].tolist()) == list(range(n))
-
-
-@pytest.mark.parametrize("nmax, lens", [(16384, [16384 * 16, 9000 * 16 + 3, 0]), (8192, [8192 * 16, 31 * 16]),
-                                         (2048, [2048 * 16])])
-@pytest.mark.parametrize("values", ["sparse", "clustered", "ascending"])
-def test_the_count_by_bands_gives_the_reference_order_on_skewed_estimates(nmax, lens, values):
-    """psa_order_band + psa_order_band_rank give psa_ref's order where the bands are uneven: estimates like a
-    sparse head's (a few large, the rest near one value with exact ties), half the blocks on one value (bands of
-    one key value, split by index), and estimates rising with the index (the samples' order reversed); up to
-    16,384 blocks a group (past psa_order_rank's limit), an empty request, and -1 past n."""
-    from psa_fast import _kernels
-    from psa_ref.scoring import forced_blocks, processing_order
-
-    rng = np.random.default_rng(nmax)
-    b, gn = len(lens), 2
-    if values == "sparse":
-        scores = np.round(rng.standard_normal((b, gn, nmax)) * 0.01 - 8, 3)
-        scores[rng.random((b, gn, nmax)) < 0.03] += 10
-    elif values == "clustered":
-        scores = np.where(rng.random((b, gn, nmax)) < 0.5, 1.25, rng.standard_normal((b, gn, nmax)))
-    else:
-        scores = np.broadcast_to(np.arange(nmax) / nmax, (b, gn, nmax))
-    scores = np.ascontiguousarray(scores, np.float32)
-    out = cupy.full((b, gn, nmax), -7, cupy.int32)
-    _kernels.order(cupy.asarray(scores), cupy.asarray(np.array(lens, np.int32)), out, None, None, s=16, g=1, hq=gn,
-                   nmax=nmax, sink_blocks=1, recent_blocks=2, want_suffix=False,
-                   workspace=cupy.empty(_kernels.order_workspace_shape(b, gn, nmax), cupy.uint64), method="band")
-    got = cupy.asnumpy(out)
-    for r, t in enumerate(lens):
-        n = -(-t // 16)
-        for g in range(gn):
-            np.testing.assert_array_equal(got[r, g, :n], processing_order(scores[r, g, :n].astype(np.float64),
-                                                                          forced_blocks(n, 1, 2)))
-            assert (got[r, g, n:] == -1).all()
 
 
 @pytest.mark.parametrize("nmax, lens, head", [(1000, [1000 * 16, 7 * 16 + 3], 37), (3000, [3000 * 16, 1500 * 16], 1),
