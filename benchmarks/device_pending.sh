@@ -145,7 +145,7 @@
 #   run(command="bash benchmarks/device_pending.sh s29a")  (~4 minutes; prepared in the twenty-eighth session)
 #  the grid build launched cooperatively: tests with a CUDA graph of it, Gemma 3's A/B, what the launch costs.
 #   run(command="bash benchmarks/device_pending.sh s29d")  (~6 minutes)
-#  the count by bands (psa_order_band + psa_order_band_rank): its tests, every order method, the step A/B.
+#  the count by bands (psa_order_band + psa_order_band_rank; removed after it, code in 789cf4b): the record.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
