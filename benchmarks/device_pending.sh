@@ -146,6 +146,8 @@
 #  the grid build launched cooperatively: tests with a CUDA graph of it, Gemma 3's A/B, what the launch costs.
 #   run(command="bash benchmarks/device_pending.sh s29d")  (~6 minutes)
 #  the count by bands (psa_order_band + psa_order_band_rank; removed after it, code in 789cf4b): the record.
+#   run(command="bash benchmarks/device_pending.sh s29f")  (~2 minutes)
+#  order_cost_us("rank")'s latency floor: Gemma 3's one request at 128K ordered by slices instead of rank.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1041,6 +1043,26 @@ if [ "$PART" = s29d ]; then
     timeout 90 python3 exp_kernels_attr.py ORDER_BAND=$order -- exp_step.py --share 0.05 --shape gemma3 \
         --sizes 65536:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
         | tee -a "$OUT/exp_step_band.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
+  done
+  exit 0
+fi
+if [ "$PART" = s29f ]; then
+  # order_cost_us("rank") with its latency floor (one group of 8,192 blocks ordered by slices, not counted): Gemma 3
+  # one request at 128K and 64K (the control: rank either way), RANK_CHAIN_US 0 (the old model) / 0.0019, both orders
+  cat > /tmp/rank_ab.py <<'PY'
+import runpy, sys
+from psa_fast import _kernels
+for chain in sys.argv[1].split(","):
+    _kernels.RANK_CHAIN_US = float(chain)
+    print(f"# RANK_CHAIN_US = {chain}: order_method(1, 1, 8192) = {_kernels.order_method(1, 1, 8192)}", flush=True)
+    sys.argv = ["exp_step.py", "--share", "0.05", "--shape", "gemma3", "--sizes", "65536:1,131072:1", "--steps",
+                "auto", "--modes", "loop", "--layers", "8"]
+    runpy.run_path("exp_step.py", run_name="__main__")
+PY
+  cd benchmarks
+  for order in 0,0.0019 0.0019,0; do
+    timeout 120 python3 /tmp/rank_ab.py $order 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_rank_chain.md" \
+        | grep "^#\|^| [0-9]" | grep -v "dense"
   done
   exit 0
 fi

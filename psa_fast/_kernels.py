@@ -298,6 +298,7 @@ SLICE = 1024  # keys per CTA in the two-kernel sort ...
 SLICE_ONE_WAVE = 512
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
+RANK_CHAIN_US = 0.0019  # order_cost_us("rank")'s latency floor a block of the group (few groups: few warps an SM)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
 ORDER_METHODS = ("rank", "sort", "slices", "radix")
@@ -306,7 +307,9 @@ ORDER_METHODS = ("rank", "sort", "slices", "radix")
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     """In-graph µs of ordering ``b x gn`` groups of ``nmax`` blocks, fitted to ``exp_order_rank.py`` on the H200
     (benchmarks/NOTES.md, eighteenth and nineteenth sessions): counting (``rank``) ~3 µs plus 7.5 M comparisons a
-    µs (the integer ALU pipe's rate); one CTA's bitonic sort ~0.0095 µs a padded block, a wave of CTAs at a
+    µs (the integer ALU pipe's rate), or where few groups leave the SMs with few warps, the chain of one CTA's count
+    over a group's words (``RANK_CHAIN_US`` a block less 2.3 µs; twenty-ninth session: 4.6 and 16.3 µs for one group
+    of 2,048 and 8,192 blocks); one CTA's bitonic sort ~0.0095 µs a padded block, a wave of CTAs at a
     time; its radix passes ~5 µs plus 0.0027 a padded block, as many rounds as groups an SM; slices + merge
     ~12.8 µs plus 0.00068 a padded block (twenty-sixth session's merge: 15.6 µs at 4,096, 18.4 at 8,192), its
     ``npad / SLICE`` CTAs a group in waves; with slices of ``SLICE_ONE_WAVE`` keys (one wave by construction,
@@ -315,8 +318,8 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     slices the merge searches, and 0.00003 a padded block of all groups."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
-    if method == "rank":
-        return 3.0 + b * gn * nmax * nmax / 7.5e6
+    if method == "rank":  # (a CTA's count over every word is a latency chain: one group of 8,192 takes 16.3 µs)
+        return 3.0 + max(b * gn * nmax * nmax / 7.5e6, RANK_CHAIN_US * nmax - 2.3)
     if method == "sort":
         return 0.0095 * max(npad, 32) * waves
     if method == "radix":
