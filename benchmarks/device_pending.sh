@@ -144,8 +144,7 @@
 #  the grid build with its one-round-trip merge: exp_step A/B; Gemma 3 at 64K / 128K; the final tests.
 #   run(command="bash benchmarks/device_pending.sh s29a")  (~4 minutes; prepared in the twenty-eighth session)
 #  the grid build launched cooperatively: tests with a CUDA graph of it, Gemma 3's A/B, what the launch costs.
-#   run(command="bash benchmarks/device_pending.sh s29d")  (~6 minutes)
-#  the count by bands (psa_order_band + psa_order_band_rank; removed after it, code in 789cf4b): the record.
+#  (s29d, the count by bands, was removed with its kernels: part and code in 789cf4b, figures in NOTES.md)
 #   run(command="bash benchmarks/device_pending.sh s29f")  (~2 minutes)
 #  order_cost_us("rank")'s latency floor: Gemma 3's one request at 128K ordered by slices instead of rank.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
@@ -1026,24 +1025,6 @@ runpy.run_path("exp_kernels_attr.py", run_name="__main__")
 PY
   timeout 120 python3 /tmp/coop_ab.py 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_coop.md" | grep "^#\|^|" \
       | grep -v "^|---\|mode\|dense\|^# [a-z]"
-  exit 0
-fi
-if [ "$PART" = s29d ]; then
-  # the count by bands (order_band.cu): the order tests, every order method timed (band column), then the loop's
-  # step with ORDER_BAND 0 / 1 in both process orders (Llama 32K / 64K / 128K B = 1, Gemma 3 64K / 128K B = 1)
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore tests/test_fast.py -k "order or band" \
-      > "$OUT/t_band.log" 2>&1; echo "order tests rc=$?"; tail -3 "$OUT/t_band.log"
-  cd benchmarks
-  timeout 120 python3 exp_order_rank.py --shapes 1x1x2048,1x8x2048,1x8x4096,1x1x8192,1x3x8192,1x8x8192,2x8x8192,\
-8x8x2048,8x8x8192,1x1x16384 2>&1 | grep -v Warn | tee "$OUT/exp_order_band.md"
-  for order in 0,1 1,0; do
-    timeout 120 python3 exp_kernels_attr.py ORDER_BAND=$order -- exp_step.py --share 0.05 --shape llama8b \
-        --sizes 32768:1,65536:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_step_band.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
-    timeout 90 python3 exp_kernels_attr.py ORDER_BAND=$order -- exp_step.py --share 0.05 --shape gemma3 \
-        --sizes 65536:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_step_band.md" | grep "^#\|^|" | grep -v "^|---\|mode\|dense\|^# [a-z]"
-  done
   exit 0
 fi
 if [ "$PART" = s29f ]; then
