@@ -147,6 +147,14 @@
 #  (s29d, the count by bands, was removed with its kernels: part and code in 789cf4b, figures in NOTES.md)
 #   run(command="bash benchmarks/device_pending.sh s29f")  (~2 minutes)
 #  order_cost_us("rank")'s latency floor: Gemma 3's one request at 128K ordered by slices instead of rank.
+#   run(command="bash benchmarks/device_pending.sh s30a")  (~4 minutes)
+#  one request's step kernel by kernel on today's defaults (Gemma 3, Llama, SmolLM2); ncu of Gemma 3's grid loop.
+#   run(command="bash benchmarks/device_pending.sh s30b")  (~6 minutes)
+#  the grid build's end spread over the group (GRID_SPREAD): its tests, Gemma 3's A/B, 128 CTAs, Llama on the grid.
+#   run(command="bash benchmarks/device_pending.sh s30c")  (~6 minutes)
+#  pick_grid's thresholds with the spread end: the grid against clusters where the rule keeps clusters today.
+#   run(command="bash benchmarks/device_pending.sh s30e", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
+#  after pick_grid's new rule: the runs of record (Gemma 3 and Llama 5%, the real Gemma layer 17).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1045,6 +1053,110 @@ PY
     timeout 120 python3 /tmp/rank_ab.py $order 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_rank_chain.md" \
         | grep "^#\|^| [0-9]" | grep -v "dense"
   done
+  exit 0
+fi
+# /tmp/settings_ab.py SETTING... -- exp_step ARGS: exp_step.py once per setting of psa_fast._kernels constants
+# (`NAME=v;NAME=v`, a float where the constant is one), each printed as `# SETTING` before its rows.
+settings_ab_script() {
+  cat > /tmp/settings_ab.py <<'PY'
+import runpy, sys
+from psa_fast import _kernels
+# argv: SETTING... -- exp_step args; a setting is NAME=v[;NAME=v...] (a float where the constant is one)
+cut = sys.argv.index("--")
+settings, script_args = sys.argv[1:cut], sys.argv[cut + 1:]
+for setting in settings:
+    saved = {}
+    for item in setting.split(";"):
+        name, value = item.split("=")
+        saved[name] = getattr(_kernels, name)
+        setattr(_kernels, name, float(value) if isinstance(saved[name], float) else int(value))
+    print(f"# {setting}", flush=True)
+    sys.argv = ["exp_step.py", *script_args]
+    try:
+        runpy.run_path("exp_step.py", run_name="__main__")
+    finally:
+        for name, value in saved.items():
+            setattr(_kernels, name, value)
+PY
+}
+if [ "$PART" = s30a ]; then
+  # Where one request's step goes on today's defaults (the grid build for Gemma 3 from 64K), kernel by kernel, and
+  # what the grid build's loop waits on (ncu, source counters: the barrier's poll, the last CTA's combine)
+  cd benchmarks
+  for cfg in gemma3:131072:1,2 gemma3:65536:1 llama8b:131072:1 llama8b:32768:1 smollm2:131072:1; do
+    IFS=: read -r shape size batches <<< "$cfg"
+    timeout 120 python3 profile_decode_step.py --share 0.05 --shape $shape --size $size --batches $batches \
+        --variants dense,ema --out /tmp 2>&1 | grep -v Warn | grep "^T=\|psa_\|  " | sed "s/^/[$shape] /"
+  done
+  timeout 150 ncu --clock-control none -k regex:^psa_decode$ --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SourceCounters --print-details all python3 profile_decode_step.py --share 0.05 --shape gemma3 \
+      --size 131072 --batches 1 --variants ema --steps 2 --no-profiler --out /tmp > "$OUT/ncu_grid_gemma3_128k.txt" 2>&1
+  echo "ncu grid rc=$?"
+  grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Stall|Warp Cycles" \
+      "$OUT/ncu_grid_gemma3_128k.txt" | head -30
+  exit 0
+fi
+if [ "$PART" = s30b ]; then
+  # (Run once, thirtieth session; GRID_SPREAD was removed after it, the spread end kept: the record.)
+  # The grid build's end spread over the group's CTAs (GRID_SPREAD 1) against its last CTA combining alone (0): the
+  # grid tests with it, Gemma 3's A/B in both orders, 128 CTAs a group with it, and Llama's one request on the grid
+  # (forced: GRID_MAX_BUSY 1) against its clusters
+  timeout 200 python3 -c "import sys, pytest; import psa_fast._kernels as k; k.GRID_SPREAD = 1; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', 'tests/test_fast.py', '-k', \
+'spread_over_the_grid']))" > "$OUT/t_spread.log" 2>&1; echo "spread tests rc=$?"; tail -3 "$OUT/t_spread.log"
+  settings_ab_script
+  cd benchmarks
+  g="--share 0.05 --shape gemma3 --steps auto --modes loop --layers 8"
+  for order in "GRID_SPREAD=0 GRID_SPREAD=1" "GRID_SPREAD=1 GRID_SPREAD=0"; do
+    timeout 150 python3 /tmp/settings_ab.py $order -- $g --sizes 65536:1,131072:1,131072:2 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_spread.md" | grep "^# [A-Z]\|^| [0-9]" | grep -v dense
+  done
+  timeout 120 python3 /tmp/settings_ab.py "GRID_SPREAD=1;LOOP_GRID=128" "GRID_SPREAD=1;LOOP_GRID=64" -- $g \
+      --sizes 65536:1,131072:1 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_spread.md" | grep "^# [A-Z]\|^| [0-9]" \
+      | grep -v dense
+  timeout 150 python3 /tmp/settings_ab.py "LOOP_GRID=0" "GRID_MAX_BUSY=1;LOOP_GRID=16;GRID_SPREAD=0" \
+      "GRID_MAX_BUSY=1;LOOP_GRID=16;GRID_SPREAD=1" "GRID_MAX_BUSY=1;LOOP_GRID=32;GRID_SPREAD=1" -- --share 0.05 \
+      --shape llama8b --steps auto --modes loop --layers 8 --sizes 32768:1,131072:1 2>&1 | grep -v Warn \
+      | tee -a "$OUT/exp_step_spread.md" | grep "^# [A-Z]\|^| [0-9]" | grep -v dense
+  exit 0
+fi
+if [ "$PART" = s30c ]; then
+  # pick_grid's thresholds again now that the grid build's end is spread over the group (s30b): the grid build
+  # against clusters where the rule keeps clusters today (Gemma 3 at 32K and at B = 8, Llama, SmolLM2), both orders
+  gpu_tests t_grid.log 200 tests/test_fast.py -k "spread_over_the_grid or pick_grid"
+  settings_ab_script
+  cd benchmarks
+  ab() {  # ab "BASE" "TRY" exp_step args...: both settings, then both again in the reverse order
+    local base="$1" try="$2"; shift 2
+    for order in "$base|$try" "$try|$base"; do
+      timeout 140 python3 /tmp/settings_ab.py "${order%|*}" "${order#*|}" -- --steps auto --modes loop --layers 8 \
+          --share 0.05 "$@" 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_rule.md" | grep "^# [A-Z]\|^| [0-9]" \
+          | grep -v dense
+    done
+  }
+  ab "GRID_MIN_BLOCKS=4096" "GRID_MIN_BLOCKS=0" --shape gemma3 --sizes 32768:1,32768:2,16384:1
+  ab "GRID_MAX_BUSY=0.25" "GRID_MAX_BUSY=1" --shape gemma3 --sizes 131072:4,131072:8
+  ab "GRID_MAX_BUSY=0.25" "GRID_MAX_BUSY=1;GRID_MIN_BLOCKS=0" --shape smollm2 --sizes 32768:1,131072:1
+  ab "GRID_MAX_BUSY=0.25" "GRID_MAX_BUSY=1;GRID_MIN_BLOCKS=0" --shape llama8b --sizes 32768:1,65536:1,131072:1
+  exit 0
+fi
+if [ "$PART" = s30e ]; then
+  # after pick_grid's new rule (s30c): the cluster test it failed (fixed: LOOP_GRID 0 there), then the runs of record:
+  # Gemma 3 and Llama 5% with their floors, and the real Gemma layer 17 where it was carried
+  gpu_tests t_cluster.log 120 tests/test_fast.py -k "cluster_above_8 or spread_over_the_grid"
+  cd benchmarks
+  mkdir -p "$OUT/gs" "$OUT/l" "$OUT/g"
+  timeout 200 python3 bench_decode.py --profile sparsity --shares 0.05 --shape gemma3 \
+      --sizes 32768:1,65536:1,131072:1,131072:2,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank \
+      --out "$OUT/gs" 2>&1 | tee "$OUT/gs.log" | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/gs.log"
+  timeout 150 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
+      --out "$OUT/l" 2>&1 | tee "$OUT/l.log" | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/l.log"
+  [ -f ../.gl/gemma3_xml_l17_32k.npz ] || exit 0
+  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
+      | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/g.log"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

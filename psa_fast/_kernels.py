@@ -115,26 +115,36 @@ def pick_cluster(num_groups: int) -> int:
 # n CTAs a group where pick_grid's rule holds, 0 never. Launched cooperatively (GRID_COOPERATIVE, CuPy's
 # cuLaunchCooperativeKernel): the driver refuses a grid whose CTAs cannot all be resident at once, which the build's
 # barrier needs (under MPS or green contexts with fewer SMs a plain launch would wait until its timer traps).
-# Measured (H200, exp_step graph µs, 64 CTAs a group against clusters of 16, both orders): Gemma 3 (one KV head,
-# D 256) 64K B = 1 49.5 -> 43.6 (s28k), 44.1-45.0 against 48.4-49.4 (s29a); 128K B = 1 76.8-78.2 -> 57.0-58.3,
-# B = 2 83.2-85.0 -> 66.2-68.5 (s29a); the cooperative launch 57.0 / 58.8 / 59.0 (0 / 1 / 0, within the run's
-# drift) and captured in a CUDA graph (its test). Slower by 4-6 µs where the clusters already cover a quarter of
-# the SMs or more (Llama, SmolLM2) or at 32K (s28j), which pick_grid leaves on clusters.
+# Measured (H200, exp_step graph µs, 8 layers, both process orders; benchmarks/NOTES.md, thirtieth session, s30c), the
+# grid build with its end spread over the group against clusters: Gemma 3 (one KV head, D 256) 16K B = 1 28.0 ->
+# 25.1, 32K B = 1 34.8 -> 28.1, B = 2 38.6 -> 29.8, 128K B = 4 99.3 -> 80.4 (33 CTAs a group), B = 8 148.1 -> 109.8
+# (16); Llama-3.1-8B (8 KV heads, D 128, clusters of 8) one request 32K 33.4 -> 34.6 (slower), 64K 50.2 -> 48.8,
+# 128K 75.9 -> 73.0; SmolLM2 (D 64) one request 32K 22.9 -> 26.2, 128K 39.6 -> 40.2 (slower: its 4 KiB blocks leave
+# too little attention a CTA to pay for the barriers).
 LOOP_GRID = 64
 GRID_COOPERATIVE = 1
-GRID_MAX_BUSY = 0.25  # the share of the SMs the groups' clusters may cover for the grid build to be taken ...
-GRID_MIN_BLOCKS = 4096  # ... and the blocks a group's cache holds at least (Gemma 3 at 32K: +5.5 µs)
+GRID_MIN_HEAD_DIM = 128  # the grid build for head dims from this up ...
+GRID_MIN_CTAS = 16  # ... where a group gets at least this many CTAs ...
+GRID_MIN_GAIN = 2  # ... and this many times its cluster's ...
+GRID_MAX_BUSY = 0.25  # ... and either the groups' clusters would cover at most this share of the SMs and the
+GRID_MIN_BLOCKS_IDLE = 1024  # cache holds this many blocks a group (16K tokens: the shortest measured) ...
+GRID_MIN_BLOCKS = 4096  # ... or it holds this many (Llama at 32K: slower on the grid)
 
 
-def pick_grid(num_groups: int, cluster: int, nmax: int) -> int:
-    """CTAs a group of the loop's grid build for ``num_groups`` groups of ``nmax`` blocks whose clusters would be of
-    ``cluster`` CTAs: up to ``LOOP_GRID``, so many that every group's CTAs are resident at once one an SM (its groups
-    wait for all their CTAs each iteration), where the clusters would leave at least three quarters of the SMs idle
-    (``GRID_MAX_BUSY``) and the cache holds ``GRID_MIN_BLOCKS`` blocks a group or more; else 0 (the cluster build)."""
-    if LOOP_GRID <= 0 or nmax < GRID_MIN_BLOCKS or num_groups * cluster > GRID_MAX_BUSY * num_sms():
+def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int) -> int:
+    """CTAs a group of the loop's grid build for ``num_groups`` groups of ``nmax`` blocks of head dim ``head_dim`` whose
+    clusters would be of ``cluster`` CTAs: ``min(LOOP_GRID, SMs // num_groups)`` (every group's CTAs resident at once,
+    one an SM: its groups wait for all their CTAs each iteration) where that is at least ``GRID_MIN_CTAS`` and
+    ``GRID_MIN_GAIN`` times the cluster, the head dim at least ``GRID_MIN_HEAD_DIM``, and the cache holds at least
+    ``GRID_MIN_BLOCKS_IDLE`` blocks a group where the clusters would leave three quarters of the SMs idle
+    (``GRID_MAX_BUSY``), ``GRID_MIN_BLOCKS`` elsewhere; else 0 (the cluster build)."""
+    if LOOP_GRID <= 0 or head_dim < GRID_MIN_HEAD_DIM:
+        return 0
+    idle = num_groups * cluster <= GRID_MAX_BUSY * num_sms()
+    if nmax < (GRID_MIN_BLOCKS_IDLE if idle else GRID_MIN_BLOCKS):
         return 0
     c = min(LOOP_GRID, num_sms() // max(1, num_groups))
-    return c if c > cluster else 0
+    return c if c >= max(GRID_MIN_CTAS, GRID_MIN_GAIN * cluster) else 0
 
 
 # The loop's step (DecodePlan(step="auto")): constants from the loop clock and exp_step.py's sweeps of ema's plain loop

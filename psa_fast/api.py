@@ -186,7 +186,8 @@ class DecodePlan:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
         # the plain loop on more CTAs a group than a cluster holds (decode.cu's grid build, _kernels.pick_grid)
-        self.grid_ctas = (_kernels.pick_grid(cache.batch * self.gn, self.cluster, cache.nmax) if self.mode == "psa"
+        self.grid_ctas = (_kernels.pick_grid(cache.batch * self.gn, self.cluster, cache.nmax, cache.dp)
+                          if self.mode == "psa"
                           and self.version == 3 and self.speculate is None and cluster is None and self._grid_loop
                           else 0)
         if self.grid_ctas:

@@ -717,12 +717,15 @@ def test_launch_shape_defaults_and_explicit_values():
         psa_fast.plan(cache, num_q_heads=4, cluster=0)
 
 
-def test_a_cluster_above_8_is_taken_only_where_every_group_s_cluster_fits():
+def test_a_cluster_above_8_is_taken_only_where_every_group_s_cluster_fits(monkeypatch):
     """pick_cluster takes 16 CTAs a group (a non-portable size) only where the driver holds every group's cluster at
     once (max_active_clusters: one CTA an SM); a Gemma-3-like request (one KV head, D 256, one group) then runs its
-    loop on that cluster and gives psa_ref's blocks, stop and output (the stop rule ema over several iterations of
-    64 of its 1,024 blocks: random keys spread the mass)."""
+    loop on that cluster (the grid build, which pick_grid gives this shape by default, turned off) and gives psa_ref's
+    blocks, stop and output (the stop rule ema over several iterations of 64 of its 1,024 blocks: random keys spread
+    the mass)."""
     from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "LOOP_GRID", 0)
 
     fits16, fits8 = _kernels.max_active_clusters(16), _kernels.max_active_clusters(8)
     assert 1 <= fits8 and 0 <= fits16 <= fits8 and 16 * fits16 <= _kernels.num_sms()
@@ -771,8 +774,8 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
         return {name: cupy.asnumpy(getattr(dec, name)) for name in names}
 
     runs = {}
-    monkeypatch.setattr(_kernels, "GRID_MIN_BLOCKS", 0)  # (the rule's thresholds: any cache, any cluster)
-    monkeypatch.setattr(_kernels, "GRID_MAX_BUSY", 1.0)
+    for name in ("GRID_MIN_BLOCKS", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
+        monkeypatch.setattr(_kernels, name, 0)  # (the rule's thresholds: any cache, head dim and cluster)
     for grid in (0, 24):
         monkeypatch.setattr(_kernels, "LOOP_GRID", grid)
         plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop=stop, step=64)

@@ -96,12 +96,12 @@
 //
 // Grid build (PSA_GRID = C > 1, _kernels.LOOP_GRID, pick_grid): a group's C CTAs are not a cluster but blockIdx.x =
 // 0 .. C - 1 of the grid, so that a group can take more SMs than a cluster holds (one Gemma 3 request at 128K: 64
-// CTAs against a cluster of 16, 77 -> 58 µs; where clusters already cover a quarter of the SMs it is 4-6 µs slower:
-// benchmarks/NOTES.md, twenty-eighth session). What a cluster does through distributed shared memory goes through
-// global memory: each iteration a CTA writes its chunk statistics to `xstats [B, Gn, 2, C, PSA_G]` float4 and
-// arrives at the group's counter `xcount [B, Gn, 2]` (entry 0), waits for all C (group_sync), and warp h combines
-// head h's C totals for every warp; at the end each CTA writes its output terms to `xpart [B, Gn, C, PSA_G, PSA_D +
-// 2]` and the last to arrive (entry 1) combines them in rank order and resets both counters for the next launch.
+// CTAs against a cluster of 16, 77 -> 44 µs: benchmarks/NOTES.md, twenty-eighth to thirtieth sessions). What a
+// cluster does through distributed shared memory goes through global memory: each iteration a CTA writes its chunk
+// statistics to `xstats [B, Gn, 2, C, PSA_G]` float4 and arrives at the group's counter `xcount [B, Gn, 2]` (entry
+// 0), waits for all C (group_sync), and warp h combines head h's C totals for every warp; at the end each CTA writes
+// its output terms to `xpart [B, Gn, C, PSA_G, PSA_D + 2]`, waits at the barrier once more and combines its share of
+// the output channels in rank order; the last CTA to leave (entry 1) resets both counters for the next launch.
 // Every CTA of the grid must be resident at once: the host gives a group at most SMs / groups CTAs and launches the
 // build cooperatively (the driver refuses a grid that cannot be), and a wait longer than a second traps.
 #include "common.cuh"
@@ -939,7 +939,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     return;
 #endif
 #if PSA_GRID
-    // Each CTA's output terms to xpart; the group's last CTA to arrive combines them and writes the results.
+    // Each CTA's output terms to xpart; after one more barrier of the group every CTA combines its own share of the
+    // G x D output channels (C loads a channel in flight, added in rank order). Until the thirtieth session the
+    // group's last CTA to arrive combined all of them, ceil(C / 16) dependent round trips a channel and G D / threads
+    // channels a thread (32 round trips for one Gemma 3 request's 64 CTAs): 11-12 µs of its 44-56 µs step.
     __syncthreads();
     {
         float* part = xpart + (gid * PSA_GRID + rank) * (PSA_G * (PSA_D + 2));
@@ -948,19 +951,12 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             part[idx] = d < PSA_D ? c_o[h][d] : d == PSA_D ? c_m[h] : c_l[h];
         }
     }
-    __shared__ unsigned int grid_last;
-    __syncthreads();
-    if (threadIdx.x == 0) {  // arrive (release: the CTA's terms above) and learn whether last (acquire: all of them)
-        unsigned int before;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(xcount + 2 * gid + 1) : "memory");
-        grid_last = before == PSA_GRID - 1;
-    }
-    __syncthreads();
-    if (!grid_last) return;
-    if (threadIdx.x == 0) xcount[2 * gid] = xcount[2 * gid + 1] = 0;  // every CTA has left both barriers
-    // The CTAs' maxima and masses first (one load a thread), then each head's max, mass and every CTA's weight
-    // (one thread a head, in rank order, from shared memory), so that each output channel then issues its C loads
-    // at once: one round trip, where a rank-by-rank walk made C dependent ones (benchmarks/NOTES.md, s28c).
+    group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));  // (the loop's barriers took C * it arrivals)
+    constexpr int per_cta = (PSA_G * PSA_D + PSA_GRID - 1) / PSA_GRID;  // output channels a CTA
+    const int out_lo = min(PSA_G * PSA_D, (int)rank * per_cta), out_hi = min(PSA_G * PSA_D, out_lo + per_cta);
+    // Every CTA loads the CTAs' maxima and masses (one load a thread), then one thread a head makes the head's max,
+    // mass and every CTA's weight (in rank order, from shared memory), so that each output channel then issues its C
+    // loads at once: one or two round trips, where a rank-by-rank walk made C dependent ones (NOTES.md, s28c).
     const float* part0 = xpart + gid * PSA_GRID * (PSA_G * (PSA_D + 2));
     __shared__ float g_m[PSA_GRID][PSA_G], g_l[PSA_GRID][PSA_G], g_big[PSA_G], g_sum[PSA_G];
     for (int idx = threadIdx.x; idx < PSA_GRID * PSA_G; idx += blockDim.x) {
@@ -985,6 +981,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     __syncthreads();
     {
 #else
+    constexpr int out_lo = 0, out_hi = PSA_G * PSA_D;
     cluster_sync();
     if (rank == 0) {
 #endif
@@ -993,18 +990,19 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         // max and mass before any thread overwrites them).
         float new_m[PSA_G], new_l[PSA_G];
 #endif
-        for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
+        for (int idx = out_lo + threadIdx.x; idx < out_hi; idx += blockDim.x) {
             const int h = idx / PSA_D, d = idx % PSA_D;
 #if PSA_GRID
+            constexpr int RB = 32;  // ranks' loads in flight at once
             float O_sum = 0.f;
-            for (int r0 = 0; r0 < PSA_GRID; r0 += 16) {  // 16 ranks' loads in flight at once
-                float o[16];
+            for (int r0 = 0; r0 < PSA_GRID; r0 += RB) {
+                float o[RB];
 #pragma unroll
-                for (int i = 0; i < 16; ++i)
+                for (int i = 0; i < RB; ++i)
                     o[i] = r0 + i < PSA_GRID ? __ldcg(part0 + (r0 + i) * (PSA_G * (PSA_D + 2)) + h * (PSA_D + 2) + d)
                                              : 0.f;
 #pragma unroll
-                for (int i = 0; i < 16; ++i)
+                for (int i = 0; i < RB; ++i)
                     if (r0 + i < PSA_GRID && g_m[r0 + i][h] != 0.f) O_sum += o[i] * g_m[r0 + i][h];
             }
             const float3 mlo = make_float3(g_big[h], g_sum[h], O_sum);
@@ -1041,13 +1039,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             istate[gi * 4 + 2] = why;
         }
 #endif
-        if (threadIdx.x == 0 && why >= 0) {
+        if (threadIdx.x == 0 && why >= 0 && (!PSA_GRID || rank == 0)) {
             const long gi = (long)b * Gn + g;
             num_used[gi] = pos;
             iterations[gi] = it;
             reason[gi] = why;
         }
-        if (threadIdx.x == 0 && why >= 0)
+        if (threadIdx.x == 0 && why >= 0 && (!PSA_GRID || rank == 0))
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = ver[h].frac;
 #if PSA_OFFLOAD
@@ -1057,6 +1055,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         }
 #endif
     }
+#if PSA_GRID
+    if (threadIdx.x == 0) {  // the group's last CTA out resets both counters (every CTA has left the barriers)
+        unsigned int before;
+        asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(xcount + 2 * gid + 1) : "memory");
+        if (before == PSA_GRID - 1) xcount[2 * gid] = xcount[2 * gid + 1] = 0;
+    }
+#endif
 #if PSA_LOOP_CLOCK
     if (rank == 0 && threadIdx.x == 0) {
         const long long t_end = clock64();
