@@ -155,6 +155,8 @@
 #  pick_grid's thresholds with the spread end: the grid against clusters where the rule keeps clusters today.
 #   run(command="bash benchmarks/device_pending.sh s30e", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
 #  after pick_grid's new rule: the runs of record (Gemma 3 and Llama 5%, the real Gemma layer 17).
+#   run(command="bash benchmarks/device_pending.sh s30f")  (~5 minutes)
+#  psa_order_merge 16 slices at once against 8: tests, the order alone, the step (Gemma 3, Llama at 128K).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1157,6 +1159,25 @@ if [ "$PART" = s30e ]; then
   timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
       | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/g.log"
+  exit 0
+fi
+if [ "$PART" = s30f ]; then
+  # (Run once, thirtieth session; ORDER_MERGE_WIDTH was removed after it with the width: the record, NOTES.md.)
+  # psa_order_merge searching 16 slices at once (one batch of lifting rounds for 16 slices of 512 keys) against 8:
+  # its tests at both widths, the order kernels alone, then the step (Gemma 3 and Llama one request at 128K)
+  gpu_tests t_merge.log 200 tests/test_fast.py -k "merge_gives or order_kernels_match"
+  cd benchmarks
+  timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_WIDTH=8,16,8 -- exp_order_rank.py \
+      --shapes 1x1x8192,1x8x8192,1x8x4096,2x8x8192,1x1x16384 2>&1 | grep -v Warn | tee "$OUT/exp_order_merge16.md" \
+      | grep "^#\|^|"
+  for order in 8,16 16,8; do
+    timeout 150 python3 exp_kernels_attr.py ORDER_MERGE_WIDTH=$order -- exp_step.py --share 0.05 --shape gemma3 \
+        --sizes 131072:1,131072:2 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_merge16.md" | grep "^# _\|^| [0-9]" | grep -v dense
+    timeout 150 python3 exp_kernels_attr.py ORDER_MERGE_WIDTH=$order -- exp_step.py --share 0.05 --shape llama8b \
+        --sizes 65536:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_merge16.md" | grep "^# _\|^| [0-9]" | grep -v dense
+  done
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
