@@ -157,6 +157,8 @@
 #  after pick_grid's new rule: the runs of record (Gemma 3 and Llama 5%, the real Gemma layer 17).
 #   run(command="bash benchmarks/device_pending.sh s30f")  (~5 minutes)
 #  psa_order_merge 16 slices at once against 8: tests, the order alone, the step (Gemma 3, Llama at 128K).
+#   run(command="bash benchmarks/device_pending.sh s30g")  (~4 minutes)
+#  the loop's step on the grid build where pick_grid now takes it: auto beside its neighbours.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1177,6 +1179,20 @@ if [ "$PART" = s30f ]; then
     timeout 150 python3 exp_kernels_attr.py ORDER_MERGE_WIDTH=$order -- exp_step.py --share 0.05 --shape llama8b \
         --sizes 65536:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
         | tee -a "$OUT/exp_step_merge16.md" | grep "^# _\|^| [0-9]" | grep -v dense
+  done
+  exit 0
+fi
+if [ "$PART" = s30g ]; then
+  # the loop's step on the grid build where pick_grid now takes it (Gemma 3 at 16K-32K, Llama at 64K-128K): the
+  # rule's pick (auto) beside its neighbours, two runs
+  cd benchmarks
+  for run in 1 2; do
+    timeout 120 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 16384:1,32768:1,32768:2 \
+        --steps 256,384,512,auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_grid_steps.md" \
+        | grep "^| [0-9]" | grep -v dense
+    timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 65536:1,131072:1 \
+        --steps 512,768,1536,auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_grid_steps.md" \
+        | grep "^| [0-9]" | grep -v dense
   done
   exit 0
 fi
