@@ -159,6 +159,10 @@
 #  psa_order_merge 16 slices at once against 8: tests, the order alone, the step (Gemma 3, Llama at 128K).
 #   run(command="bash benchmarks/device_pending.sh s30g")  (~4 minutes)
 #  the loop's step on the grid build where pick_grid now takes it: auto beside its neighbours.
+#   run(command="bash benchmarks/device_pending.sh s30h")  (~3 minutes)
+#  pick_grid's boundary for batches of Gemma 3 (32K and 64K, four and eight requests).
+#   run(command="bash benchmarks/device_pending.sh s30i", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~4 minutes)
+#  pick_grid by a group's MiB: grid, cluster and conformance tests, Gemma 3's batches, the real layer at B = 8.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1194,6 +1198,32 @@ if [ "$PART" = s30g ]; then
         --steps 512,768,1536,auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_grid_steps.md" \
         | grep "^| [0-9]" | grep -v dense
   done
+  exit 0
+fi
+if [ "$PART" = s30h ]; then
+  # pick_grid's boundary for batches of Gemma 3: at 64K four and eight requests take the grid by the rule
+  # (unmeasured), at 32K they keep clusters (fewer than 4,096 blocks): GRID_MIN_BLOCKS 4096 / 0, both orders
+  settings_ab_script
+  cd benchmarks
+  for order in "GRID_MIN_BLOCKS=4096|GRID_MIN_BLOCKS=0" "GRID_MIN_BLOCKS=0|GRID_MIN_BLOCKS=4096"; do
+    timeout 150 python3 /tmp/settings_ab.py "${order%|*}" "${order#*|}" -- --steps auto --modes loop --layers 8 \
+        --share 0.05 --shape gemma3 --sizes 32768:4,32768:8,65536:4,65536:8 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_step_batches.md" | grep "^# [A-Z]\|^| [0-9]" | grep -v dense
+  done
+  exit 0
+fi
+if [ "$PART" = s30i ]; then
+  # pick_grid by a group's MiB (32) where the clusters are busy: the grid and cluster tests, the conformance draws,
+  # the rule's picks at Gemma 3's batches (exp_step, auto), and the real layer 17 at B = 8 (carry the npz)
+  gpu_tests t_rule2.log 240 tests/test_fast.py tests/test_stop_rules.py -k "grid or cluster or conforms"
+  cd benchmarks
+  timeout 100 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 32768:4,32768:8,16384:4 --steps auto \
+      --modes loop --layers 8 2>&1 | grep -v Warn | tee "$OUT/exp_step_rule2.md" | grep "^| [0-9]" | grep -v dense
+  [ -f ../.gl/gemma3_xml_l17_32k.npz ] || exit 0
+  mkdir -p "$OUT/g"
+  timeout 120 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 8 --reps 20 --skip tau0.9,remaining,predicted,stages,speculate,rank --out "$OUT/g" 2>&1 \
+      | tee "$OUT/g.log" | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/g.log"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

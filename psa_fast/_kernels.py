@@ -117,8 +117,8 @@ def pick_cluster(num_groups: int) -> int:
 # barrier needs (under MPS or green contexts with fewer SMs a plain launch would wait until its timer traps).
 # Measured (H200, exp_step graph µs, 8 layers, both process orders; benchmarks/NOTES.md, thirtieth session, s30c), the
 # grid build with its end spread over the group against clusters: Gemma 3 (one KV head, D 256) 16K B = 1 28.0 ->
-# 25.1, 32K B = 1 34.8 -> 28.1, B = 2 38.6 -> 29.8, 128K B = 4 99.3 -> 80.4 (33 CTAs a group), B = 8 148.1 -> 109.8
-# (16); Llama-3.1-8B (8 KV heads, D 128, clusters of 8) one request 32K 33.4 -> 34.6 (slower), 64K 50.2 -> 48.8,
+# 25.1, 32K B = 1 34.8 -> 28.1, B = 2 38.6 -> 29.8, B = 4 44.3 -> 38.0, B = 8 56.9 -> 50.7 (s30h), 128K B = 4 99.3 ->
+# 80.4 (33 CTAs a group), B = 8 148.1 -> 109.8 (16); Llama-3.1-8B (8 KV heads, D 128, clusters of 8) one request 32K 33.4 -> 34.6 (slower), 64K 50.2 -> 48.8,
 # 128K 75.9 -> 73.0; SmolLM2 (D 64) one request 32K 22.9 -> 26.2, 128K 39.6 -> 40.2 (slower: its 4 KiB blocks leave
 # too little attention a CTA to pay for the barriers).
 LOOP_GRID = 64
@@ -128,20 +128,20 @@ GRID_MIN_CTAS = 16  # ... where a group gets at least this many CTAs ...
 GRID_MIN_GAIN = 2  # ... and this many times its cluster's ...
 GRID_MAX_BUSY = 0.25  # ... and either the groups' clusters would cover at most this share of the SMs and the
 GRID_MIN_BLOCKS_IDLE = 1024  # cache holds this many blocks a group (16K tokens: the shortest measured) ...
-GRID_MIN_BLOCKS = 4096  # ... or it holds this many (Llama at 32K: slower on the grid)
+GRID_MIN_GROUP_MIB = 32  # ... or a group's K and V fill this many MiB (Llama at 32K, 16 MiB: slower on the grid)
 
 
-def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int) -> int:
-    """CTAs a group of the loop's grid build for ``num_groups`` groups of ``nmax`` blocks of head dim ``head_dim`` whose
-    clusters would be of ``cluster`` CTAs: ``min(LOOP_GRID, SMs // num_groups)`` (every group's CTAs resident at once,
-    one an SM: its groups wait for all their CTAs each iteration) where that is at least ``GRID_MIN_CTAS`` and
-    ``GRID_MIN_GAIN`` times the cluster, the head dim at least ``GRID_MIN_HEAD_DIM``, and the cache holds at least
-    ``GRID_MIN_BLOCKS_IDLE`` blocks a group where the clusters would leave three quarters of the SMs idle
-    (``GRID_MAX_BUSY``), ``GRID_MIN_BLOCKS`` elsewhere; else 0 (the cluster build)."""
+def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_bytes: int) -> int:
+    """CTAs a group of the loop's grid build for ``num_groups`` groups of ``nmax`` blocks of ``block_bytes`` (K and V)
+    at head dim ``head_dim`` whose clusters would be of ``cluster`` CTAs: ``min(LOOP_GRID, SMs // num_groups)`` (every
+    group's CTAs resident at once, one an SM: its groups wait for all their CTAs each iteration) where that is at
+    least ``GRID_MIN_CTAS`` and ``GRID_MIN_GAIN`` times the cluster, the head dim at least ``GRID_MIN_HEAD_DIM``, and
+    the cache holds at least ``GRID_MIN_BLOCKS_IDLE`` blocks a group where the clusters would leave three quarters of
+    the SMs idle (``GRID_MAX_BUSY``), ``GRID_MIN_GROUP_MIB`` MiB a group elsewhere; else 0 (the cluster build)."""
     if LOOP_GRID <= 0 or head_dim < GRID_MIN_HEAD_DIM:
         return 0
     idle = num_groups * cluster <= GRID_MAX_BUSY * num_sms()
-    if nmax < (GRID_MIN_BLOCKS_IDLE if idle else GRID_MIN_BLOCKS):
+    if (nmax < GRID_MIN_BLOCKS_IDLE) if idle else (nmax * block_bytes < GRID_MIN_GROUP_MIB * 2**20):
         return 0
     c = min(LOOP_GRID, num_sms() // max(1, num_groups))
     return c if c >= max(GRID_MIN_CTAS, GRID_MIN_GAIN * cluster) else 0

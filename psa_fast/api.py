@@ -186,7 +186,8 @@ class DecodePlan:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
         # the plain loop on more CTAs a group than a cluster holds (decode.cu's grid build, _kernels.pick_grid)
-        self.grid_ctas = (_kernels.pick_grid(cache.batch * self.gn, self.cluster, cache.nmax, cache.dp)
+        block_bytes = 2 * cache.block_size * cache.dp * 2  # a block's K and V
+        self.grid_ctas = (_kernels.pick_grid(cache.batch * self.gn, self.cluster, cache.nmax, cache.dp, block_bytes)
                           if self.mode == "psa"
                           and self.version == 3 and self.speculate is None and cluster is None and self._grid_loop
                           else 0)
@@ -196,7 +197,7 @@ class DecodePlan:
             loop_warps, pairs = _kernels.loop_launch(d=cache.dp, s=cache.block_size, g=self.g,
                                                      version=self.version, warps=self.warps, stages=self.stages)
             step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.grid_ctas or self.cluster,
-                                      warps=loop_warps, block_bytes=2 * cache.block_size * cache.dp * 2,
+                                      warps=loop_warps, block_bytes=block_bytes,
                                       speculate=self.speculate is not None, pairs=pairs)
         self.step = step
         if speculate_extra is not None and self.speculate is None:

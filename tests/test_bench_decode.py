@@ -675,29 +675,31 @@ def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch)
 def test_pick_grid_takes_the_grid_build_where_it_was_measured_faster(monkeypatch):
     """The loop's grid build (LOOP_GRID > 0) gives each group up to LOOP_GRID CTAs, as many as fit one an SM for every
     group at once on the 132 SMs, where that is at least 16 CTAs and twice the cluster, the head dim is 128 or more,
-    and the cache holds 1,024 blocks a group where the clusters would cover at most a quarter of the SMs, 4,096
-    elsewhere: every shape measured faster on it in s30c (Gemma 3 from 16K at one and two requests, at 128K up to
-    eight; Llama one request from 64K), none measured slower (Llama at 32K; SmolLM2's D 64 at 32K and 128K). On by
-    default (LOOP_GRID 64); none while LOOP_GRID is 0."""
+    and the cache holds 1,024 blocks a group where the clusters would cover at most a quarter of the SMs, 32 MiB of K
+    and V a group elsewhere: every shape measured faster on it in s30c and s30h (Gemma 3 from 16K at one and two
+    requests, from 32K up to eight; Llama one request from 64K), none measured slower (Llama at 32K; SmolLM2's D 64 at
+    32K and 128K). On by default (LOOP_GRID 64); none while LOOP_GRID is 0."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
     assert _kernels.LOOP_GRID == 64 and _kernels.GRID_COOPERATIVE == 1
-    cases = {  # (groups, cluster, blocks a group, head dim): CTAs a group
-        (1, 16, 1024, 256): 64, (1, 16, 2048, 256): 64, (2, 16, 2048, 256): 64, (1, 16, 8192, 256): 64,
-        (2, 16, 8192, 256): 64, (4, 16, 8192, 256): 33, (8, 8, 8192, 256): 16,  # Gemma 3, measured faster
-        (8, 8, 4096, 128): 16, (8, 8, 8192, 128): 16,  # Llama one request at 64K and 128K, measured faster
-        (8, 8, 2048, 128): 0, (3, 16, 2048, 64): 0, (3, 16, 8192, 64): 0,  # Llama 32K, SmolLM2: measured slower
-        (1, 16, 512, 256): 0, (4, 16, 2048, 256): 0,  # shorter than measured; busy clusters on a short cache
-        (16, 4, 8192, 128): 0, (64, 1, 8192, 128): 0,  # fewer than 16 CTAs a group (batches)
+    gemma, llama, smollm2 = 16 << 10, 8 << 10, 4 << 10  # a block's K and V, bytes
+    cases = {  # (groups, cluster, blocks a group, head dim, block bytes): CTAs a group
+        (1, 16, 1024, 256, gemma): 64, (1, 16, 2048, 256, gemma): 64, (2, 16, 2048, 256, gemma): 64,
+        (4, 16, 2048, 256, gemma): 33, (8, 8, 2048, 256, gemma): 16, (1, 16, 8192, 256, gemma): 64,
+        (2, 16, 8192, 256, gemma): 64, (4, 16, 8192, 256, gemma): 33, (8, 8, 8192, 256, gemma): 16,  # measured faster
+        (8, 8, 4096, 128, llama): 16, (8, 8, 8192, 128, llama): 16,  # Llama one request at 64K and 128K: faster
+        (8, 8, 2048, 128, llama): 0, (3, 16, 2048, 64, smollm2): 0, (3, 16, 8192, 64, smollm2): 0,  # slower
+        (1, 16, 512, 256, gemma): 0, (4, 16, 1024, 256, gemma): 0,  # shorter than measured
+        (16, 4, 8192, 128, llama): 0, (64, 1, 8192, 128, llama): 0,  # fewer than 16 CTAs a group (batches)
     }
     assert {k: _kernels.pick_grid(*k) for k in cases} == cases
     monkeypatch.setattr(_kernels, "LOOP_GRID", 128)
-    assert [_kernels.pick_grid(n, 16, 8192, 256) for n in (1, 2)] == [128, 66]  # one an SM for every group
+    assert [_kernels.pick_grid(n, 16, 8192, 256, gemma) for n in (1, 2)] == [128, 66]  # one an SM for every group
     monkeypatch.setattr(_kernels, "LOOP_GRID", 24)
-    assert _kernels.pick_grid(1, 16, 8192, 256) == 0  # less than twice the cluster
+    assert _kernels.pick_grid(1, 16, 8192, 256, gemma) == 0  # less than twice the cluster
     monkeypatch.setattr(_kernels, "LOOP_GRID", 0)
-    assert [_kernels.pick_grid(n, 16, 8192, 256) for n in (1, 2)] == [0, 0]
+    assert [_kernels.pick_grid(n, 16, 8192, 256, gemma) for n in (1, 2)] == [0, 0]
 
 
 def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):

@@ -774,7 +774,7 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
         return {name: cupy.asnumpy(getattr(dec, name)) for name in names}
 
     runs = {}
-    for name in ("GRID_MIN_BLOCKS", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
+    for name in ("GRID_MIN_GROUP_MIB", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
         monkeypatch.setattr(_kernels, name, 0)  # (the rule's thresholds: any cache, head dim and cluster)
     for grid in (0, 24):
         monkeypatch.setattr(_kernels, "LOOP_GRID", grid)
