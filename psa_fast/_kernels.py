@@ -115,12 +115,12 @@ def pick_cluster(num_groups: int) -> int:
 # n CTAs a group where pick_grid's rule holds, 0 never. Launched cooperatively (GRID_COOPERATIVE, CuPy's
 # cuLaunchCooperativeKernel): the driver refuses a grid whose CTAs cannot all be resident at once, which the build's
 # barrier needs (under MPS or green contexts with fewer SMs a plain launch would wait until its timer traps).
-# Measured (H200, exp_step graph µs, 8 layers, both process orders; benchmarks/NOTES.md, thirtieth session, s30c), the
-# grid build with its end spread over the group against clusters: Gemma 3 (one KV head, D 256) 16K B = 1 28.0 ->
-# 25.1, 32K B = 1 34.8 -> 28.1, B = 2 38.6 -> 29.8, B = 4 44.3 -> 38.0, B = 8 56.9 -> 50.7 (s30h), 128K B = 4 99.3 ->
-# 80.4 (33 CTAs a group), B = 8 148.1 -> 109.8 (16); Llama-3.1-8B (8 KV heads, D 128, clusters of 8) one request 32K 33.4 -> 34.6 (slower), 64K 50.2 -> 48.8,
-# 128K 75.9 -> 73.0; SmolLM2 (D 64) one request 32K 22.9 -> 26.2, 128K 39.6 -> 40.2 (slower: its 4 KiB blocks leave
-# too little attention a CTA to pay for the barriers).
+# Measured (H200, exp_step graph µs, 8 layers, both process orders; benchmarks/NOTES.md, thirtieth session, s30c and
+# s30h), the grid build with its end spread over the group against clusters: Gemma 3 (one KV head, D 256) 16K B = 1
+# 28.0 -> 25.1, 32K B = 1 34.8 -> 28.1, B = 2 38.6 -> 29.8, B = 4 44.3 -> 38.0, B = 8 56.9 -> 50.7, 128K B = 4 99.3 ->
+# 80.4 (33 CTAs a group), B = 8 148.1 -> 109.8 (16); Llama-3.1-8B (8 KV heads, D 128, clusters of 8) one request 32K
+# 33.4 -> 34.6 (slower), 64K 50.2 -> 48.8, 128K 75.9 -> 73.0; SmolLM2 (D 64) one request 32K 22.9 -> 26.2, 128K
+# 39.6 -> 40.2 (slower: its 4 KiB blocks leave too little attention a CTA to pay for the barriers).
 LOOP_GRID = 64
 GRID_COOPERATIVE = 1
 GRID_MIN_HEAD_DIM = 128  # the grid build for head dims from this up ...
