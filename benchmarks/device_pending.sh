@@ -149,18 +149,12 @@
 #  order_cost_us("rank")'s latency floor: Gemma 3's one request at 128K ordered by slices instead of rank.
 #   run(command="bash benchmarks/device_pending.sh s30a")  (~4 minutes)
 #  one request's step kernel by kernel on today's defaults (Gemma 3, Llama, SmolLM2); ncu of Gemma 3's grid loop.
-#   run(command="bash benchmarks/device_pending.sh s30b")  (~6 minutes)
-#  the grid build's end spread over the group (GRID_SPREAD): its tests, Gemma 3's A/B, 128 CTAs, Llama on the grid.
-#   run(command="bash benchmarks/device_pending.sh s30c")  (~6 minutes)
-#  pick_grid's thresholds with the spread end: the grid against clusters where the rule keeps clusters today.
+#  (s30b, s30c, s30f, s30h, the A/Bs of GRID_SPREAD, GRID_MIN_BLOCKS and ORDER_MERGE_WIDTH, were removed with those
+#  switches after their runs: figures in NOTES.md, thirtieth session; the parts as run in 5879f3c)
 #   run(command="bash benchmarks/device_pending.sh s30e", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
 #  after pick_grid's new rule: the runs of record (Gemma 3 and Llama 5%, the real Gemma layer 17).
-#   run(command="bash benchmarks/device_pending.sh s30f")  (~5 minutes)
-#  psa_order_merge 16 slices at once against 8: tests, the order alone, the step (Gemma 3, Llama at 128K).
 #   run(command="bash benchmarks/device_pending.sh s30g")  (~4 minutes)
 #  the loop's step on the grid build where pick_grid now takes it: auto beside its neighbours.
-#   run(command="bash benchmarks/device_pending.sh s30h")  (~3 minutes)
-#  pick_grid's boundary for batches of Gemma 3 (32K and 64K, four and eight requests).
 #   run(command="bash benchmarks/device_pending.sh s30i", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~4 minutes)
 #  pick_grid by a group's MiB: grid, cluster and conformance tests, Gemma 3's batches, the real layer at B = 8.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
@@ -1063,30 +1057,6 @@ PY
   done
   exit 0
 fi
-# /tmp/settings_ab.py SETTING... -- exp_step ARGS: exp_step.py once per setting of psa_fast._kernels constants
-# (`NAME=v;NAME=v`, a float where the constant is one), each printed as `# SETTING` before its rows.
-settings_ab_script() {
-  cat > /tmp/settings_ab.py <<'PY'
-import runpy, sys
-from psa_fast import _kernels
-# argv: SETTING... -- exp_step args; a setting is NAME=v[;NAME=v...] (a float where the constant is one)
-cut = sys.argv.index("--")
-settings, script_args = sys.argv[1:cut], sys.argv[cut + 1:]
-for setting in settings:
-    saved = {}
-    for item in setting.split(";"):
-        name, value = item.split("=")
-        saved[name] = getattr(_kernels, name)
-        setattr(_kernels, name, float(value) if isinstance(saved[name], float) else int(value))
-    print(f"# {setting}", flush=True)
-    sys.argv = ["exp_step.py", *script_args]
-    try:
-        runpy.run_path("exp_step.py", run_name="__main__")
-    finally:
-        for name, value in saved.items():
-            setattr(_kernels, name, value)
-PY
-}
 if [ "$PART" = s30a ]; then
   # Where one request's step goes on today's defaults (the grid build for Gemma 3 from 64K), kernel by kernel, and
   # what the grid build's loop waits on (ncu, source counters: the barrier's poll, the last CTA's combine)
@@ -1103,50 +1073,6 @@ if [ "$PART" = s30a ]; then
   echo "ncu grid rc=$?"
   grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Stall|Warp Cycles" \
       "$OUT/ncu_grid_gemma3_128k.txt" | head -30
-  exit 0
-fi
-if [ "$PART" = s30b ]; then
-  # (Run once, thirtieth session; GRID_SPREAD was removed after it, the spread end kept: the record.)
-  # The grid build's end spread over the group's CTAs (GRID_SPREAD 1) against its last CTA combining alone (0): the
-  # grid tests with it, Gemma 3's A/B in both orders, 128 CTAs a group with it, and Llama's one request on the grid
-  # (forced: GRID_MAX_BUSY 1) against its clusters
-  timeout 200 python3 -c "import sys, pytest; import psa_fast._kernels as k; k.GRID_SPREAD = 1; \
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', 'tests/test_fast.py', '-k', \
-'spread_over_the_grid']))" > "$OUT/t_spread.log" 2>&1; echo "spread tests rc=$?"; tail -3 "$OUT/t_spread.log"
-  settings_ab_script
-  cd benchmarks
-  g="--share 0.05 --shape gemma3 --steps auto --modes loop --layers 8"
-  for order in "GRID_SPREAD=0 GRID_SPREAD=1" "GRID_SPREAD=1 GRID_SPREAD=0"; do
-    timeout 150 python3 /tmp/settings_ab.py $order -- $g --sizes 65536:1,131072:1,131072:2 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_step_spread.md" | grep "^# [A-Z]\|^| [0-9]" | grep -v dense
-  done
-  timeout 120 python3 /tmp/settings_ab.py "GRID_SPREAD=1;LOOP_GRID=128" "GRID_SPREAD=1;LOOP_GRID=64" -- $g \
-      --sizes 65536:1,131072:1 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_spread.md" | grep "^# [A-Z]\|^| [0-9]" \
-      | grep -v dense
-  timeout 150 python3 /tmp/settings_ab.py "LOOP_GRID=0" "GRID_MAX_BUSY=1;LOOP_GRID=16;GRID_SPREAD=0" \
-      "GRID_MAX_BUSY=1;LOOP_GRID=16;GRID_SPREAD=1" "GRID_MAX_BUSY=1;LOOP_GRID=32;GRID_SPREAD=1" -- --share 0.05 \
-      --shape llama8b --steps auto --modes loop --layers 8 --sizes 32768:1,131072:1 2>&1 | grep -v Warn \
-      | tee -a "$OUT/exp_step_spread.md" | grep "^# [A-Z]\|^| [0-9]" | grep -v dense
-  exit 0
-fi
-if [ "$PART" = s30c ]; then
-  # pick_grid's thresholds again now that the grid build's end is spread over the group (s30b): the grid build
-  # against clusters where the rule keeps clusters today (Gemma 3 at 32K and at B = 8, Llama, SmolLM2), both orders
-  gpu_tests t_grid.log 200 tests/test_fast.py -k "spread_over_the_grid or pick_grid"
-  settings_ab_script
-  cd benchmarks
-  ab() {  # ab "BASE" "TRY" exp_step args...: both settings, then both again in the reverse order
-    local base="$1" try="$2"; shift 2
-    for order in "$base|$try" "$try|$base"; do
-      timeout 140 python3 /tmp/settings_ab.py "${order%|*}" "${order#*|}" -- --steps auto --modes loop --layers 8 \
-          --share 0.05 "$@" 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_rule.md" | grep "^# [A-Z]\|^| [0-9]" \
-          | grep -v dense
-    done
-  }
-  ab "GRID_MIN_BLOCKS=4096" "GRID_MIN_BLOCKS=0" --shape gemma3 --sizes 32768:1,32768:2,16384:1
-  ab "GRID_MAX_BUSY=0.25" "GRID_MAX_BUSY=1" --shape gemma3 --sizes 131072:4,131072:8
-  ab "GRID_MAX_BUSY=0.25" "GRID_MAX_BUSY=1;GRID_MIN_BLOCKS=0" --shape smollm2 --sizes 32768:1,131072:1
-  ab "GRID_MAX_BUSY=0.25" "GRID_MAX_BUSY=1;GRID_MIN_BLOCKS=0" --shape llama8b --sizes 32768:1,65536:1,131072:1
   exit 0
 fi
 if [ "$PART" = s30e ]; then
@@ -1167,25 +1093,6 @@ if [ "$PART" = s30e ]; then
       | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/g.log"
   exit 0
 fi
-if [ "$PART" = s30f ]; then
-  # (Run once, thirtieth session; ORDER_MERGE_WIDTH was removed after it with the width: the record, NOTES.md.)
-  # psa_order_merge searching 16 slices at once (one batch of lifting rounds for 16 slices of 512 keys) against 8:
-  # its tests at both widths, the order kernels alone, then the step (Gemma 3 and Llama one request at 128K)
-  gpu_tests t_merge.log 200 tests/test_fast.py -k "merge_gives or order_kernels_match"
-  cd benchmarks
-  timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_WIDTH=8,16,8 -- exp_order_rank.py \
-      --shapes 1x1x8192,1x8x8192,1x8x4096,2x8x8192,1x1x16384 2>&1 | grep -v Warn | tee "$OUT/exp_order_merge16.md" \
-      | grep "^#\|^|"
-  for order in 8,16 16,8; do
-    timeout 150 python3 exp_kernels_attr.py ORDER_MERGE_WIDTH=$order -- exp_step.py --share 0.05 --shape gemma3 \
-        --sizes 131072:1,131072:2 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_step_merge16.md" | grep "^# _\|^| [0-9]" | grep -v dense
-    timeout 150 python3 exp_kernels_attr.py ORDER_MERGE_WIDTH=$order -- exp_step.py --share 0.05 --shape llama8b \
-        --sizes 65536:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_step_merge16.md" | grep "^# _\|^| [0-9]" | grep -v dense
-  done
-  exit 0
-fi
 if [ "$PART" = s30g ]; then
   # the loop's step on the grid build where pick_grid now takes it (Gemma 3 at 16K-32K, Llama at 64K-128K): the
   # rule's pick (auto) beside its neighbours, two runs
@@ -1197,18 +1104,6 @@ if [ "$PART" = s30g ]; then
     timeout 150 python3 exp_step.py --share 0.05 --shape llama8b --sizes 65536:1,131072:1 \
         --steps 512,768,1536,auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_grid_steps.md" \
         | grep "^| [0-9]" | grep -v dense
-  done
-  exit 0
-fi
-if [ "$PART" = s30h ]; then
-  # pick_grid's boundary for batches of Gemma 3: at 64K four and eight requests take the grid by the rule
-  # (unmeasured), at 32K they keep clusters (fewer than 4,096 blocks): GRID_MIN_BLOCKS 4096 / 0, both orders
-  settings_ab_script
-  cd benchmarks
-  for order in "GRID_MIN_BLOCKS=4096|GRID_MIN_BLOCKS=0" "GRID_MIN_BLOCKS=0|GRID_MIN_BLOCKS=4096"; do
-    timeout 150 python3 /tmp/settings_ab.py "${order%|*}" "${order#*|}" -- --steps auto --modes loop --layers 8 \
-        --share 0.05 --shape gemma3 --sizes 32768:4,32768:8,65536:4,65536:8 2>&1 | grep -v Warn \
-        | tee -a "$OUT/exp_step_batches.md" | grep "^# [A-Z]\|^| [0-9]" | grep -v dense
   done
   exit 0
 fi
