@@ -1121,6 +1121,80 @@ if [ "$PART" = s30i ]; then
       | tee "$OUT/g.log" | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/g.log"
   exit 0
 fi
+if [ "$PART" = s31a ]; then
+  # psa_order_merge searching the group's keys in shared memory (carry .gl/order_merge_s30.cu, the L1 version): the
+  # order tests, every order method timed with either merge, then one request's step (Gemma 3 64K / 128K, Llama
+  # 128K) with either merge, one process a side, both orders
+  # the SASS of Gemma 3's grid build (D 256, 4 warps x 2 stages, 64 CTAs) for the loop's per-block instructions
+  python3 -c "from psa_fast import _kernels; open('/tmp/dec.cu', 'w').write(_kernels._source('decode.cu'))"
+  nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=256 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=1 -DPSA_WARPS=4 -DPSA_STAGES=2 \
+      -DPSA_QPARTS=2 -DPSA_PAIR=1 -DPSA_STREAM_WINDOW=0 -DPSA_GRID=64 /tmp/dec.cu -o /tmp/dec.cubin \
+      && cuobjdump -sass /tmp/dec.cubin > "$OUT/decode_grid_d256.sass" 2>&1; echo "sass rc=$?"
+  gpu_tests t_merge.log 200 tests/test_fast.py -k "order or slices or conforms"
+  cd benchmarks
+  for src in new old new; do
+    run="python3"; [ $src = old ] && run="python3 exp_kernel_source.py order_merge ../.gl/order_merge_s30.cu --"
+    echo "## order_merge $src"
+    timeout 60 $run exp_order_rank.py --shapes 1x1x4096,1x1x8192,1x1x16384,1x8x4096,1x8x8192,2x8x8192 2>&1 \
+        | grep -v Warn | tee -a "$OUT/exp_order_merge_smem.md" | grep "^|" | grep -v "^|---"
+  done
+  for order in new,old old,new; do
+    for cfg in gemma3:65536:1,131072:1 llama8b:131072:1,32768:1; do
+      IFS=: read -r shape sizes <<< "$cfg"
+      for side in ${order//,/ }; do
+        run="python3"; [ $side = old ] && run="python3 exp_kernel_source.py order_merge ../.gl/order_merge_s30.cu --"
+        echo "## order_merge $side ($order)"
+        timeout 90 $run exp_step.py --share 0.05 --shape $shape --sizes $sizes --steps auto --modes loop \
+            --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_merge_smem.md" | grep "^| [0-9]" | grep -v dense
+      done
+    done
+  done
+  timeout 120 python3 profile_decode_step.py --share 0.05 --shape gemma3 --size 131072 --batches 1 \
+      --variants ema --out /tmp 2>&1 | grep -v Warn | grep "^T=\|psa_"
+  exit 0
+fi
+if [ "$PART" = s31b ]; then
+  # Gemma 3's loop at 6 and 7 warps a CTA (2 stages: 192 / 224 KiB of rings) against the 4 that decode_config's
+  # halving gives at D 256, one request and B = 8, two processes in opposite orders; psa_order_merge's CTA of 128
+  # threads against 256 (twice the CTAs, each copying the group's keys)
+  cd benchmarks
+  for w in 4,6,7 7,6,4; do
+    timeout 150 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,65536:1,131072:1,131072:8 \
+        --steps auto --modes loop --warps $w --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_gemma_warps.md" \
+        | grep "^| [0-9]" | grep -v dense
+  done
+  for t in 256,128 128,256; do
+    timeout 90 python3 exp_kernels_attr.py ORDER_MERGE_THREADS=$t -- exp_order_rank.py \
+        --shapes 1x1x8192,1x1x16384,1x8x4096,1x8x8192,2x8x8192 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_order_merge_threads.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,8,11
+  done
+  exit 0
+fi
+if [ "$PART" = s31c ]; then
+  # decode.cu with each lane's ldmatrix addresses computed once and the loop's exp / log without subnormal paths,
+  # against the thirtieth session's (carry .gl/decode_s30.cu): the new grid build's SASS, then the loop's step, one
+  # process a side, both orders (Gemma 3 and Llama 5%); every order method at the default shapes (the slices' model)
+  python3 -c "from psa_fast import _kernels; open('/tmp/dec.cu', 'w').write(_kernels._source('decode.cu'))"
+  nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=256 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=1 -DPSA_WARPS=4 -DPSA_STAGES=2 \
+      -DPSA_QPARTS=2 -DPSA_PAIR=1 -DPSA_STREAM_WINDOW=0 -DPSA_GRID=64 /tmp/dec.cu -o /tmp/dec.cubin \
+      && cuobjdump -sass /tmp/dec.cubin > "$OUT/decode_grid_d256_s31.sass" 2>&1; echo "sass rc=$?"
+  cd benchmarks
+  for order in new,old old,new; do
+    for cfg in gemma3:32768:1,131072:1,131072:8 llama8b:32768:1,131072:1,131072:8; do
+      IFS=: read -r shape sizes <<< "$cfg"
+      for side in ${order//,/ }; do
+        run="python3"; [ $side = old ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s30.cu --"
+        echo "## decode $side ($order)"
+        timeout 100 $run exp_step.py --share 0.05 --shape $shape --sizes $sizes --steps auto --modes loop \
+            --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_lane_tiles.md" | grep "^| [0-9]" | grep -v dense \
+            | cut -d'|' -f2-5,8-12
+      done
+    done
+  done
+  timeout 100 python3 exp_order_rank.py 2>&1 | grep -v Warn | tee "$OUT/exp_order_rank_s31.md" | grep "^|" \
+      | grep -v "^|---"
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

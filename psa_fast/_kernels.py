@@ -306,9 +306,10 @@ SLICE = 1024  # keys per CTA in the two-kernel sort ...
 # twice the CTAs, each sorting half as long (H200, s27g: 1 x 8 x 4,096 blocks 15.7 -> 10.4 µs, 1 x 8 x 8,192 18.6
 # -> 16.4; the loop's step at 64K, B = 1 54.4 -> 49.9, s27h)
 SLICE_ONE_WAVE = 512
+ORDER_MERGE_THREADS = 256  # psa_order_merge's CTA (<= 256), each CTA copying its group's keys to shared memory
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
-RANK_CHAIN_US = 0.0019  # order_cost_us("rank")'s latency floor a block of the group (few groups: few warps an SM)
+RANK_CHAIN_US = 0.0021  # order_cost_us("rank")'s latency floor a block of the group (few groups: few warps an SM)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
 ORDER_METHODS = ("rank", "sort", "slices", "radix")
@@ -318,25 +319,26 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     """In-graph µs of ordering ``b x gn`` groups of ``nmax`` blocks, fitted to ``exp_order_rank.py`` on the H200
     (benchmarks/NOTES.md, eighteenth and nineteenth sessions): counting (``rank``) ~3 µs plus 7.5 M comparisons a
     µs (the integer ALU pipe's rate), or where few groups leave the SMs with few warps, the chain of one CTA's count
-    over a group's words (``RANK_CHAIN_US`` a block less 2.3 µs; twenty-ninth session: 4.6 and 16.3 µs for one group
-    of 2,048 and 8,192 blocks); one CTA's bitonic sort ~0.0095 µs a padded block, a wave of CTAs at a
-    time; its radix passes ~5 µs plus 0.0027 a padded block, as many rounds as groups an SM; slices + merge
+    over a group's words (convex: 0.0014 µs a block less 1.3, or ``RANK_CHAIN_US`` a block less 3.9 where more;
+    twenty-ninth and thirty-first sessions: 4.6, 7.5 and 16.3 µs for one group of 2,048, 4,096 and 8,192 blocks);
+    one CTA's bitonic sort ~0.0095 µs a padded block, a wave of CTAs at a time; its radix passes ~5 µs plus 0.0027 a padded block, as many rounds as groups an SM; slices + merge
     ~12.8 µs plus 0.00068 a padded block (twenty-sixth session's merge: 15.6 µs at 4,096, 18.4 at 8,192), its
-    ``npad / SLICE`` CTAs a group in waves; with slices of ``SLICE_ONE_WAVE`` keys (one wave by construction,
-    twenty-seventh session: 9.1, 10.4 and 16.4 µs at 2,048, 4,096 and 8,192 blocks, eight groups, 14.7 at 8,192
-    blocks, one group) ~7.8 µs plus 0.0004 a padded block of a group, ~3.4 µs for each further batch of eight
-    slices the merge searches, and 0.00003 a padded block of all groups."""
+    ``npad / SLICE`` CTAs a group in waves; with slices of ``SLICE_ONE_WAVE`` keys (one wave by construction; the
+    merge searching in shared memory, fitted to twelve shapes of the thirty-first session within 0.6 µs: one group
+    6.8, 7.9, 10.7 and 15.9 µs at 2,048 to 16,384 blocks, eight groups 7.1, 8.0 and 12.6 at 2,048 to 8,192) ~5.5 µs
+    plus 0.00052 a padded block of a group, ~0.53 µs for each further batch of eight slices the merge searches, and
+    0.000025 a padded block of all groups."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
     if method == "rank":  # (a CTA's count over every word is a latency chain: one group of 8,192 takes 16.3 µs)
-        return 3.0 + max(b * gn * nmax * nmax / 7.5e6, RANK_CHAIN_US * nmax - 2.3)
+        return 3.0 + max(b * gn * nmax * nmax / 7.5e6, 0.0014 * nmax - 1.3, RANK_CHAIN_US * nmax - 3.9)
     if method == "sort":
         return 0.0095 * max(npad, 32) * waves
     if method == "radix":
         return (5.0 + 0.0027 * max(npad, 32)) * waves
     sl = slice_keys(b, gn, npad)
     if sl != SLICE:
-        return 7.8 + 0.0004 * npad + 3.4 * (-(-npad // (8 * sl)) - 1) + 2.96e-5 * b * gn * npad
+        return 5.53 + 0.00052 * npad + 0.53 * (-(-npad // (8 * sl)) - 1) + 2.5e-5 * b * gn * npad
     return (12.8 + 0.00068 * npad) * -(-b * gn * max(1, npad // SLICE) // num_sms())
 
 
@@ -417,9 +419,10 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         fn = kernel("order_slice", d=16, s=s, g=g, npad=sl)
         fn((p, gn, b), (sl,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
                                np.int32(recent_blocks)), shared_mem=sl * 8)
-        merge = kernel("order_merge", d=16, s=s, g=g)
-        merge((-(-max(npad, nmax) // 256), gn, b), (256,), (workspace, seq_lens, out_order, np.int32(nmax),
-                                                           np.int32(p), np.int32(sl)))
+        merge = _with_smem(kernel("order_merge", d=16, s=s, g=g), npad * 8)  # the group's keys
+        t = ORDER_MERGE_THREADS
+        merge((-(-max(npad, nmax) // t), gn, b), (t,), (workspace, seq_lens, out_order, np.int32(nmax), np.int32(p),
+                                                       np.int32(sl)), shared_mem=npad * 8)
     else:
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)

@@ -5,6 +5,12 @@
 //
 //   sorted   [B, Gn, P * SL] u64: P slices of SL keys (SL a power of two), each sorted descending
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's N_b blocks
+//   dynamic shared memory: P * SL keys (the group's, <= 16,384: 128 KiB)
+//
+// Each CTA first copies its group's keys into shared memory, all loads in flight at once, and then searches
+// there. (Until the thirty-first session the searches read the keys through L1: a search's probes after the first
+// few miss L1, so a key waited for ~20 dependent L2 round trips, ~12 µs for one group of 8,192 blocks at 16 slices;
+// benchmarks/NOTES.md.)
 #include "common.cuh"
 
 typedef unsigned long long u64;
@@ -12,40 +18,42 @@ typedef unsigned long long u64;
 extern "C" __global__ void __launch_bounds__(256)
 psa_order_merge(const u64* __restrict__ sorted, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
                 int P, int SL) {
+    extern __shared__ __align__(16) u64 sk[];
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
+    const int total = P * SL;  // even: SL is a power of two >= 2
     int* orow = order + ((long)b * Gn + g) * Nmax;
     if (e >= n && e < Nmax) orow[e] = -1;
-    if (e >= P * SL) return;
-    const u64* keys = sorted + ((long)b * Gn + g) * P * SL;
-    const u64 key = keys[e];
+    const uint4* src = reinterpret_cast<const uint4*>(sorted + ((long)b * Gn + g) * total);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < total / 2; i += blockDim.x) reinterpret_cast<uint4*>(sk)[i] = __ldcg(src + i);
+    __syncthreads();
+    if (e >= total) return;
+    const u64 key = sk[e];
     if (key == 0ull) return;  // padding
     const int mine = e / SL;
     int rank = e - mine * SL;
-    // Each other slice's count of keys above `key` by binary lifting, eight slices at once, so that a key waits for
-    // log2(SL) + 1 rounds of eight independent loads, not for P - 1 binary searches one after another (~70 dependent
-    // loads at 8,192 blocks a group). The count is found among the first SL - 1 positions by halves SL / 2 .. 1,
-    // so no probe reaches past its slice or needs a bound check; one last probe decides whether it is SL. The
-    // kernel is bound by its instructions (their issue and latency), not by memory (ncu: benchmarks/NOTES.md).
+    // Each other slice's count of keys above `key` by binary lifting, eight slices at once (eight independent
+    // shared-memory loads a round). The count is found among the first SL - 1 positions by halves SL / 2 .. 1, so no
+    // probe reaches past its slice or needs a bound check; one last probe decides whether it is SL.
     for (int p0 = 0; p0 < P; p0 += 8) {
-        const u64* s[8];
-        int count[8];
+        int s[8], count[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            s[i] = keys + (long)min(p0 + i, P - 1) * SL - 1;  // s[c] = slice[c - 1] (past the last slice: not counted)
+            s[i] = min(p0 + i, P - 1) * SL - 1;  // sk[s[i] + c] = slice[c - 1] (past the last slice: not counted)
             count[i] = 0;
         }
         for (int half = SL >> 1; half > 0; half >>= 1) {
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int at = count[i] + half;
-                count[i] = __ldg(s[i] + at) > key ? at : count[i];
+                count[i] = sk[s[i] + at] > key ? at : count[i];
             }
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            count[i] += __ldg(s[i] + count[i] + 1) > key;
+            count[i] += sk[s[i] + count[i] + 1] > key;
             if (p0 + i < P && p0 + i != mine) rank += count[i];
         }
     }
