@@ -1195,6 +1195,59 @@ if [ "$PART" = s31c ]; then
       | grep -v "^|---"
   exit 0
 fi
+if [ "$PART" = s31d ]; then
+  # Is Gemma 3's D 256 grid loop bound by its blocks in flight? 4 warps x 3 stages unpaired (two blocks in flight a
+  # warp) against paired (one), beside the default 4 x 2 (one); then psa_order_merge's CTA of 128 threads against 256
+  cd benchmarks
+  for pair in 1,0 0,1; do
+    timeout 120 python3 exp_kernels_attr.py DECODE_PAIR=$pair -- exp_step.py --share 0.05 --shape gemma3 \
+        --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop --warps 4 --stages 3 --layers 8 2>&1 \
+        | grep -v Warn | tee -a "$OUT/exp_step_gemma_stages.md" | grep "^#\|^| [0-9]" | grep -v dense | cut -d'|' -f1-7,9-12
+  done
+  timeout 60 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,131072:1,131072:8 --steps auto \
+      --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_gemma_stages.md" | grep "^| [0-9]" \
+      | grep -v dense | cut -d'|' -f1-7,9-12
+  for t in 256,128 128,256; do
+    timeout 90 python3 exp_kernels_attr.py ORDER_MERGE_THREADS=$t -- exp_order_rank.py \
+        --shapes 1x1x8192,1x1x16384,1x8x4096,1x8x8192,1x8x2048,32x1x2048 2>&1 | grep -v Warn \
+        | tee -a "$OUT/exp_order_merge_threads.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,9
+  done
+  exit 0
+fi
+if [ "$PART" = s31e ]; then
+  # where one request's loop spends its time on the grid build (the loop clock, now in grid builds too): Gemma 3 128K
+  # and 32K (64 CTAs), Llama 128K (16 CTAs a group) and, on clusters of 8, Llama 32K; the ema rule at 5%
+  cd benchmarks
+  for cfg in gemma3:131072:1280 gemma3:32768:768 llama8b:131072:1024 llama8b:32768:384; do
+    IFS=: read -r shape size step <<< "$cfg"
+    timeout 90 python3 exp_verify_clock.py --loop --speculate 0 --stop ema --share 0.05 --shape $shape \
+        --size $size --batches 1 --step $step 2>&1 | grep -v Warn | tee -a "$OUT/exp_loop_clock_grid.md" \
+        | grep "^T=\|^| [a-z]"
+  done
+  exit 0
+fi
+if [ "$PART" = s31f ]; then
+  # the grid build's finish in one round trip (every rank's terms of a CTA's channels and their heads' maxima and
+  # masses loaded at once; warp-wide weights) against the s31e build (carry .gl/decode_s31_end.cu): the grid tests,
+  # the loop clock of one Gemma 3 request, then exp_step one process a side, both orders
+  gpu_tests t_grid_end.log 240 tests/test_fast.py -k "grid or cluster_above_8 or conforms"
+  cd benchmarks
+  timeout 60 python3 exp_verify_clock.py --loop --speculate 0 --stop ema --share 0.05 --shape gemma3 --size 131072 \
+      --batches 1 --step 1280 2>&1 | grep -v Warn | tee -a "$OUT/exp_loop_clock_grid_end.md" | grep "^T=\|^| [a-z]"
+  for order in new,old old,new; do
+    for cfg in gemma3:32768:1,131072:1,131072:8 llama8b:131072:1; do
+      IFS=: read -r shape sizes <<< "$cfg"
+      for side in ${order//,/ }; do
+        run="python3"; [ $side = old ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s31_end.cu --"
+        echo "## decode $side ($order)"
+        timeout 100 $run exp_step.py --share 0.05 --shape $shape --sizes $sizes --steps auto --modes loop \
+            --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_grid_end.md" | grep "^| [0-9]" | grep -v dense \
+            | cut -d'|' -f2-5,8-12
+      done
+    done
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
