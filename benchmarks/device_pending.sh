@@ -1228,14 +1228,14 @@ if [ "$PART" = s31e ]; then
 fi
 if [ "$PART" = s31f ]; then
   # the grid build's finish in one round trip (every rank's terms of a CTA's channels and their heads' maxima and
-  # masses loaded at once; warp-wide weights) against the s31e build (carry .gl/decode_s31_end.cu): the grid tests,
-  # the loop clock of one Gemma 3 request, then exp_step one process a side, both orders
-  gpu_tests t_grid_end.log 240 tests/test_fast.py -k "grid or cluster_above_8 or conforms"
+  # masses loaded at once; warp-wide weights) against the s31e build (carry .gl/decode_s31_end.cu): with `s31f tests`
+  # the grid tests, then the loop clock of one Gemma 3 request and exp_step one process a side, both orders
+  [ "${2:-}" = tests ] && gpu_tests t_grid_end.log 240 tests/test_fast.py -k "grid or cluster_above_8 or conforms"
   cd benchmarks
   timeout 60 python3 exp_verify_clock.py --loop --speculate 0 --stop ema --share 0.05 --shape gemma3 --size 131072 \
       --batches 1 --step 1280 2>&1 | grep -v Warn | tee -a "$OUT/exp_loop_clock_grid_end.md" | grep "^T=\|^| [a-z]"
   for order in new,old old,new; do
-    for cfg in gemma3:32768:1,131072:1,131072:8 llama8b:131072:1; do
+    for cfg in gemma3:32768:1,131072:1 llama8b:131072:1; do
       IFS=: read -r shape sizes <<< "$cfg"
       for side in ${order//,/ }; do
         run="python3"; [ $side = old ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s31_end.cu --"

@@ -941,9 +941,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #if PSA_GRID
     // Each CTA's output terms to xpart; after one more barrier of the group every CTA combines its own share of the
-    // G x D output channels (all ranks' terms loaded in one round trip, added in rank order). Until the thirtieth
-    // session the group's last CTA to arrive combined all of them, ceil(C / 16) dependent round trips a channel and
-    // G D / threads channels a thread (32 round trips for one Gemma 3 request's 64 CTAs): 11-12 µs of its 44-56 µs step.
+    // G x D output channels (C loads a channel in flight, added in rank order). Until the thirtieth session the
+    // group's last CTA to arrive combined all of them, ceil(C / 16) dependent round trips a channel and G D / threads
+    // channels a thread (32 round trips for one Gemma 3 request's 64 CTAs): 11-12 µs of its 44-56 µs step.
     __syncthreads();
     {
         float* part = xpart + (gid * PSA_GRID + rank) * (PSA_G * (PSA_D + 2));
@@ -955,60 +955,29 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));  // (the loop's barriers took C * it arrivals)
     constexpr int per_cta = (PSA_G * PSA_D + PSA_GRID - 1) / PSA_GRID;  // output channels a CTA
     const int out_lo = min(PSA_G * PSA_D, (int)rank * per_cta), out_hi = min(PSA_G * PSA_D, out_lo + per_cta);
-    // One round trip: every rank's terms of this CTA's channels and every rank's max and mass of their heads (at
-    // most NH: consecutive channels) are loaded at once, each thread's loads all in flight, into shared memory (the
-    // rings' space). Then warp k makes head h_lo + k's max, mass and every rank's weight (lanes over ranks, then by
-    // halves), and each channel adds its ranks' terms in rank order from shared memory. (Until the thirty-first
-    // session the maxima and masses came first, then one thread a head walked the ranks, then each channel loaded
-    // its terms: three dependent steps of ~1-2 µs, the finish 5.8 µs of one Gemma 3 request's 18.5 µs loop.)
-    constexpr int NH = (PSA_G < 2 + (per_cta - 1) / PSA_D) ? PSA_G : 2 + (per_cta - 1) / PSA_D;
-    constexpr int PART = PSA_G * (PSA_D + 2);                        // floats of a rank's terms
-    constexpr int NV = PSA_GRID * per_cta, NT = NV + 2 * PSA_GRID * NH;  // loads: terms, then (max, mass) pairs
-    constexpr int PER_T = (NT + PSA_WARPS * 32 - 1) / (PSA_WARPS * 32);
-    const float* part0 = xpart + gid * PSA_GRID * PART;
-    const int h_lo = out_lo / PSA_D;
-    float* g_v = reinterpret_cast<float*>(dyn_smem);                // [C][per_cta] terms, then [C][NH][2] max, mass
-    __shared__ float g_w[PSA_GRID][NH], g_big[NH], g_sum[NH];
-    {
-        float v[PER_T];
-#pragma unroll
-        for (int i = 0; i < PER_T; ++i) {
-            const int idx = threadIdx.x + i * PSA_WARPS * 32;
-            const float* src = nullptr;
-            if (idx < NV) {
-                const int r = idx / per_cta, c = out_lo + idx % per_cta;
-                if (c < out_hi) src = part0 + r * PART + (c / PSA_D) * (PSA_D + 2) + c % PSA_D;
-            } else if (idx < NT) {
-                const int k = idx - NV, r = k / (2 * NH), h = min(h_lo + k % (2 * NH) / 2, PSA_G - 1);
-                src = part0 + r * PART + h * (PSA_D + 2) + PSA_D + (k & 1);
-            }
-            v[i] = src ? __ldcg(src) : 0.f;
-        }
-#pragma unroll
-        for (int i = 0; i < PER_T; ++i) {
-            const int idx = threadIdx.x + i * PSA_WARPS * 32;
-            if (idx < NT) g_v[idx] = v[i];
-        }
+    // Every CTA loads the CTAs' maxima and masses (one load a thread), then one thread a head makes the head's max,
+    // mass and every CTA's weight (in rank order, from shared memory), so that each output channel then issues its C
+    // loads at once: one or two round trips, where a rank-by-rank walk made C dependent ones (NOTES.md, s28c).
+    const float* part0 = xpart + gid * PSA_GRID * (PSA_G * (PSA_D + 2));
+    __shared__ float g_m[PSA_GRID][PSA_G], g_l[PSA_GRID][PSA_G], g_big[PSA_G], g_sum[PSA_G];
+    for (int idx = threadIdx.x; idx < PSA_GRID * PSA_G; idx += blockDim.x) {
+        const int r = idx / PSA_G, h = idx % PSA_G;
+        const float* p = part0 + r * (PSA_G * (PSA_D + 2)) + h * (PSA_D + 2);
+        g_m[r][h] = __ldcg(p + PSA_D);
+        g_l[r][h] = __ldcg(p + PSA_D + 1);
     }
     __syncthreads();
-    for (int k = warp; k < NH; k += PSA_WARPS) {
-        const float* ml = g_v + NV + 2 * k;  // rank r's max at ml[2 NH r], its mass after it
+    if (threadIdx.x < PSA_G) {
+        const int h = threadIdx.x;
         float M = -PSA_INF, L = 0.f;
-        for (int r = lane; r < PSA_GRID; r += 32) M = fmaxf(M, ml[2 * NH * r]);
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
-        for (int r = lane; r < PSA_GRID; r += 32) {  // cluster_combine's arithmetic
-            const float mr = ml[2 * NH * r];
-            const float e = mr == -PSA_INF ? 0.f : __expf(mr - M);
-            if (mr != -PSA_INF) L += ml[2 * NH * r + 1] * e;
-            g_w[r][k] = e;  // the rank's weight; 0 for a CTA that attended nothing
+        for (int r = 0; r < PSA_GRID; ++r) M = fmaxf(M, g_m[r][h]);
+        for (int r = 0; r < PSA_GRID; ++r) {  // cluster_combine's arithmetic, rank by rank
+            const float e = g_m[r][h] == -PSA_INF ? 0.f : __expf(g_m[r][h] - M);
+            if (g_m[r][h] != -PSA_INF) L += g_l[r][h] * e;
+            g_m[r][h] = e;  // (now the rank's weight; 0 for a CTA that attended nothing)
         }
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1) L += __shfl_xor_sync(0xffffffffu, L, m);  // (the same bits in every lane)
-        if (lane == 0) {
-            g_big[k] = M;
-            g_sum[k] = L;
-        }
+        g_big[h] = M;
+        g_sum[h] = L;
     }
     __syncthreads();
     {
@@ -1025,11 +994,19 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         for (int idx = out_lo + threadIdx.x; idx < out_hi; idx += blockDim.x) {
             const int h = idx / PSA_D, d = idx % PSA_D;
 #if PSA_GRID
-            const int k = h - h_lo, c = idx - out_lo;
+            constexpr int RB = 32;  // ranks' loads in flight at once
             float O_sum = 0.f;
-            for (int r = 0; r < PSA_GRID; ++r)
-                if (g_w[r][k] != 0.f) O_sum += g_v[r * per_cta + c] * g_w[r][k];
-            const float3 mlo = make_float3(g_big[k], g_sum[k], O_sum);
+            for (int r0 = 0; r0 < PSA_GRID; r0 += RB) {
+                float o[RB];
+#pragma unroll
+                for (int i = 0; i < RB; ++i)
+                    o[i] = r0 + i < PSA_GRID ? __ldcg(part0 + (r0 + i) * (PSA_G * (PSA_D + 2)) + h * (PSA_D + 2) + d)
+                                             : 0.f;
+#pragma unroll
+                for (int i = 0; i < RB; ++i)
+                    if (r0 + i < PSA_GRID && g_m[r0 + i][h] != 0.f) O_sum += o[i] * g_m[r0 + i][h];
+            }
+            const float3 mlo = make_float3(g_big[h], g_sum[h], O_sum);
 #else
             const float3 mlo = cluster_combine(&c_m[h], &c_l[h], &c_o[h][d]);
 #endif
