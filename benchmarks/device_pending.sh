@@ -157,6 +157,15 @@
 #  the loop's step on the grid build where pick_grid now takes it: auto beside its neighbours.
 #   run(command="bash benchmarks/device_pending.sh s30i", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~4 minutes)
 #  pick_grid by a group's MiB: grid, cluster and conformance tests, Gemma 3's batches, the real layer at B = 8.
+#   run(command="bash benchmarks/device_pending.sh s31a", carry=[".gl/order_merge_s30.cu"])  (~4 minutes; first
+#   `git show b07499b:psa_fast/kernels/order_merge.cu > .gl/order_merge_s30.cu`)
+#  psa_order_merge in shared memory against the L1 version: order tests, every order method, one request's step.
+#   run(command="bash benchmarks/device_pending.sh s31b") / s31d  (~1 minute each)
+#  Gemma 3's D 256 loop at 4 / 6 / 7 warps; at 4 x 3 stages paired and unpaired; the merge's CTA of 128 threads.
+#  (s31c, fewer instructions a D 256 block, and s31f, the grid finish in one round trip, were removed with their
+#  code after their runs: figures in NOTES.md, thirty-first session; s31f's code and part in 3261069)
+#   run(command="bash benchmarks/device_pending.sh s31e")  (~1 minute)
+#  the loop clock of one request on the grid build (Gemma 3 128K / 32K, Llama 128K) and on clusters (Llama 32K).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1170,31 +1179,6 @@ if [ "$PART" = s31b ]; then
   done
   exit 0
 fi
-if [ "$PART" = s31c ]; then
-  # decode.cu with each lane's ldmatrix addresses computed once and the loop's exp / log without subnormal paths,
-  # against the thirtieth session's (carry .gl/decode_s30.cu): the new grid build's SASS, then the loop's step, one
-  # process a side, both orders (Gemma 3 and Llama 5%); every order method at the default shapes (the slices' model)
-  python3 -c "from psa_fast import _kernels; open('/tmp/dec.cu', 'w').write(_kernels._source('decode.cu'))"
-  nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=256 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=1 -DPSA_WARPS=4 -DPSA_STAGES=2 \
-      -DPSA_QPARTS=2 -DPSA_PAIR=1 -DPSA_STREAM_WINDOW=0 -DPSA_GRID=64 /tmp/dec.cu -o /tmp/dec.cubin \
-      && cuobjdump -sass /tmp/dec.cubin > "$OUT/decode_grid_d256_s31.sass" 2>&1; echo "sass rc=$?"
-  cd benchmarks
-  for order in new,old old,new; do
-    for cfg in gemma3:32768:1,131072:1,131072:8 llama8b:32768:1,131072:1,131072:8; do
-      IFS=: read -r shape sizes <<< "$cfg"
-      for side in ${order//,/ }; do
-        run="python3"; [ $side = old ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s30.cu --"
-        echo "## decode $side ($order)"
-        timeout 100 $run exp_step.py --share 0.05 --shape $shape --sizes $sizes --steps auto --modes loop \
-            --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_lane_tiles.md" | grep "^| [0-9]" | grep -v dense \
-            | cut -d'|' -f2-5,8-12
-      done
-    done
-  done
-  timeout 100 python3 exp_order_rank.py 2>&1 | grep -v Warn | tee "$OUT/exp_order_rank_s31.md" | grep "^|" \
-      | grep -v "^|---"
-  exit 0
-fi
 if [ "$PART" = s31d ]; then
   # Is Gemma 3's D 256 grid loop bound by its blocks in flight? 4 warps x 3 stages unpaired (two blocks in flight a
   # warp) against paired (one), beside the default 4 x 2 (one); then psa_order_merge's CTA of 128 threads against 256
@@ -1223,28 +1207,6 @@ if [ "$PART" = s31e ]; then
     timeout 90 python3 exp_verify_clock.py --loop --speculate 0 --stop ema --share 0.05 --shape $shape \
         --size $size --batches 1 --step $step 2>&1 | grep -v Warn | tee -a "$OUT/exp_loop_clock_grid.md" \
         | grep "^T=\|^| [a-z]"
-  done
-  exit 0
-fi
-if [ "$PART" = s31f ]; then
-  # the grid build's finish in one round trip (every rank's terms of a CTA's channels and their heads' maxima and
-  # masses loaded at once; warp-wide weights) against the s31e build (carry .gl/decode_s31_end.cu): with `s31f tests`
-  # the grid tests, then the loop clock of one Gemma 3 request and exp_step one process a side, both orders
-  [ "${2:-}" = tests ] && gpu_tests t_grid_end.log 240 tests/test_fast.py -k "grid or cluster_above_8 or conforms"
-  cd benchmarks
-  timeout 60 python3 exp_verify_clock.py --loop --speculate 0 --stop ema --share 0.05 --shape gemma3 --size 131072 \
-      --batches 1 --step 1280 2>&1 | grep -v Warn | tee -a "$OUT/exp_loop_clock_grid_end.md" | grep "^T=\|^| [a-z]"
-  for order in new,old old,new; do
-    for cfg in gemma3:32768:1,131072:1 llama8b:131072:1; do
-      IFS=: read -r shape sizes <<< "$cfg"
-      for side in ${order//,/ }; do
-        run="python3"; [ $side = old ] && run="python3 exp_kernel_source.py decode ../.gl/decode_s31_end.cu --"
-        echo "## decode $side ($order)"
-        timeout 100 $run exp_step.py --share 0.05 --shape $shape --sizes $sizes --steps auto --modes loop \
-            --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_grid_end.md" | grep "^| [0-9]" | grep -v dense \
-            | cut -d'|' -f2-5,8-12
-      done
-    done
   done
   exit 0
 fi

@@ -217,8 +217,15 @@ def resume_cluster(cluster: int, step: int, warps: int) -> int:
 
 
 def _with_smem(fn, smem: int):
-    """``fn`` allowed ``smem`` bytes of dynamic shared memory (beyond the default 48 KiB when asked)."""
+    """``fn`` allowed ``smem`` bytes of dynamic shared memory (beyond the default 48 KiB when asked). A CTA's
+    dynamic and static shared memory together may not pass ``SMEM_LIMIT``: the driver would refuse the setting with
+    CUDA_ERROR_INVALID_VALUE (the decode kernel's grid build at D 256 holds ~6.5 KiB of static shared memory beside its
+    rings: 7 warps x 2 stages, 224 KiB, fit ``decode_config``'s count but not the GPU); that is a ValueError here."""
     if fn.max_dynamic_shared_size_bytes < smem:
+        static = int(fn.shared_size_bytes)
+        if smem + static > SMEM_LIMIT:
+            raise ValueError(f"{fn.name} needs {smem} bytes of dynamic shared memory beside its {static} static ones, "
+                             f"more than the {SMEM_LIMIT} a CTA may hold: ask for fewer warps or stages")
         fn.max_dynamic_shared_size_bytes = smem
     return fn
 

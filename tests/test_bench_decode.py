@@ -630,6 +630,28 @@ def test_the_slices_cost_model_reproduces_its_measurements(monkeypatch):
         assert abs(_kernels.order_cost_us("slices", b, gn, n) - us) <= 0.3, (b, gn, n)
 
 
+def test_shared_memory_past_the_limit_is_a_clear_error():
+    """_with_smem raises the shared memory a kernel may use only while dynamic and static together fit SMEM_LIMIT;
+    past it (the s31b case: 7 warps x 2 stages of D 256 rings, 224 KiB, beside the grid build's 6.5 KiB static) a
+    ValueError names the kernel and what to ask for, where the driver said only CUDA_ERROR_INVALID_VALUE."""
+    from psa_fast import _kernels
+
+    class Kernel:  # the attributes of a cupy.RawKernel that _with_smem reads and sets
+        name = "psa_decode"
+        shared_size_bytes = 6656
+        max_dynamic_shared_size_bytes = 48 * 1024
+
+    fn = Kernel()
+    ring = 4 * 2 * 2 * 16 * 256 * 2  # 4 warps x 2 stages: 128 KiB
+    assert _kernels._with_smem(fn, ring) is fn and fn.max_dynamic_shared_size_bytes == ring
+    assert _kernels._with_smem(fn, 1024).max_dynamic_shared_size_bytes == ring  # never lowered
+    with pytest.raises(ValueError, match="psa_decode needs 229376 bytes .* fewer warps or stages"):
+        _kernels._with_smem(fn, 7 * 2 * 2 * 16 * 256 * 2)
+    assert fn.max_dynamic_shared_size_bytes == ring
+    fits = _kernels.SMEM_LIMIT - fn.shared_size_bytes
+    assert _kernels._with_smem(fn, fits).max_dynamic_shared_size_bytes == fits
+
+
 def test_order_method_is_the_fastest_measured(monkeypatch):
     """order_method picks the fastest method exp_order_rank.py measured at each shape, and order_cost_us("rank")
     is within 0.3 µs of the counts measured where few groups leave the SMs with few warps (one group of 2,048, 4,096
