@@ -37,20 +37,30 @@ def phase_table(clocks: np.ndarray, khz: float) -> list[str]:
 LOOP_PHASES = ("kernel", "start", "attend", "barrier", "decide: stats", "decide: sketch sums", "decide: rest",
                "finish")
 START_MARKS = ("start: to the query loaded", "start: to the first copies issued")  # from the kernel's start
+FINISH_MARKS = ("finish: to the prefetches drained", "finish: to the warps combined", "finish: to the end's barrier",
+                "finish: to the outputs written")  # from the finish's start
 
 
 def loop_table(clocks: np.ndarray, khz: float) -> list[str]:
-    """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 12]``: cycles of the
-    phases, iterations, 1 if the group ran, and two marks within the start, counted from the kernel's start) at
-    ``khz`` kHz; then the iterations and the µs an iteration. The marks' rows follow the start's where a build
-    wrote them."""
-    c = np.asarray(clocks, dtype=np.float64).reshape(-1, 12)
+    """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 16]``, or ``[..., 12]`` as
+    builds before the thirty-first session wrote them: cycles of the phases, iterations, 1 if the group ran, two
+    marks within the start, counted from the kernel's start, and four within the finish, from its start) at ``khz``
+    kHz; then the iterations and the µs an iteration. The marks' rows follow the start's and the finish's where a
+    build wrote them."""
+    clocks = np.asarray(clocks, dtype=np.float64)
+    if clocks.shape[-1] not in (12, 16):
+        raise ValueError(f"clocks: 12 or 16 words a group, got {clocks.shape[-1]}")
+    c = clocks.reshape(-1, clocks.shape[-1])
     c = c[c[:, 9] > 0]
     if c.shape[0] == 0:
         return ["| (no group ran the loop) | | |"]
     k = len(LOOP_PHASES)
     us = c[:, :k] / (khz * 1e-3)
     rows = [f"| {name} | {us[:, i].mean():.2f} | {us[:, i].max():.2f} |" for i, name in enumerate(LOOP_PHASES)]
+    if c.shape[1] == 16 and c[:, 12:16].any():  # within the finish (thirty-first session on)
+        marks = c[:, 12:16] / (khz * 1e-3)
+        rows += [f"| {name} | {marks[:, i].mean():.2f} | {marks[:, i].max():.2f} |"
+                 for i, name in enumerate(FINISH_MARKS)]
     if c[:, 10:12].any():  # within the start (builds since the twenty-fourth session): the marks' cycles from it
         marks = c[:, 10:12] / (khz * 1e-3)
         for i, name in enumerate(START_MARKS):

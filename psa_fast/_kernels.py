@@ -534,8 +534,8 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
 
 VERIFY_CLOCK = 0  # 1: psa_spec_verify's PSA_VERIFY_CLOCK build, its phases' cycles in verify_clocks (exp_verify_clock)
 verify_clocks = None  # [B, Gn, 8] int64 of the last speculative step under VERIFY_CLOCK (spec.cu)
-LOOP_CLOCK = 0  # 1: the loop builds (plain, resumed) with PSA_LOOP_CLOCK, their phases' cycles in loop_clocks
-loop_clocks = None  # [B, Gn, 12] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
+LOOP_CLOCK = 0  # 1: the loop builds (plain, resumed, grid) with PSA_LOOP_CLOCK, their phases' cycles in loop_clocks
+loop_clocks = None  # [B, Gn, 16] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
 
 
 def _clock_args(name: str, enabled: int, b: int, gn: int, words: int) -> tuple:
@@ -692,7 +692,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         rc = resume_cluster(cluster, step, warps)
         resumed = build(entry="decode_resume", cluster=rc, resume=1, **({"loop_clock": 1} if LOOP_CLOCK else {}))
         resumed((rc, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null)
-                + _clock_args("loop_clocks", LOOP_CLOCK, b, gn, 12), shared_mem=smem)
+                + _clock_args("loop_clocks", LOOP_CLOCK, b, gn, 16), shared_mem=smem)
         return
     launch = {}  # how the build is launched (the grid build: cooperatively)
     if grid_group is not None:
@@ -708,7 +708,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         defines["loop_clock"] = 1
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
                        warps=warps, stages=stages, smem=smem, **defines, **launch)
-    fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 12), shared_mem=smem)
+    fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 16), shared_mem=smem)
     if split is not None:
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
                        merge_batch=MERGE_BATCH, **defines)

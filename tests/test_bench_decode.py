@@ -582,6 +582,20 @@ def test_loop_clock_table_counts_only_the_groups_that_ran():
     assert rows[1:4] == ["| start | 1.00 | 1.00 |", "| start: to the query loaded | 0.40 | 0.50 |",
                          "| start: to the first copies issued | 0.85 | 0.90 |"]
     assert rows[4] == "| attend | 8.00 | 12.00 |" and rows[10] == "| iterations | 5.0 | 6 |"
+    # the builds since the thirty-first session write 16 words: four marks within the finish, from its start
+    wide = np.zeros((3, 1, 16), np.int64)
+    wide[..., :12] = clocks
+    assert evc.loop_table(wide, khz=1e6) == rows  # (no finish marks written: the same rows)
+    wide[0, 0, 12:] = [200, 600, 1500, 2500]
+    wide[2, 0, 12:] = [400, 800, 2500, 3500]
+    rows16 = evc.loop_table(wide, khz=1e6)
+    assert rows16[:10] == rows[:10] and rows16[14:] == rows[10:]  # (rows[9]: the finish itself)
+    assert rows16[10:14] == ["| finish: to the prefetches drained | 0.30 | 0.40 |",
+                             "| finish: to the warps combined | 0.70 | 0.80 |",
+                             "| finish: to the end's barrier | 2.00 | 2.50 |",
+                             "| finish: to the outputs written | 3.00 | 3.50 |"]
+    with pytest.raises(ValueError, match="12 or 16 words"):
+        evc.loop_table(np.zeros((2, 13)), khz=1e6)
 
 
 def test_resumed_loop_takes_no_more_ctas_than_a_chunk_has_blocks_for_its_warps():

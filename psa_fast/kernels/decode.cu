@@ -138,11 +138,12 @@ static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STA
 #define PSA_LOOP_CLOCK 0
 #endif
 // PSA_LOOP_CLOCK = 1 (benchmarks/exp_verify_clock.py --loop): thread 0 of each group's rank-0 CTA reads the SM clock
-// around the loop and writes per group to loop_clocks [B, Gn, 12] the cycles of the whole kernel, its start (up to
+// around the loop and writes per group to loop_clocks [B, Gn, 16] the cycles of the whole kernel, its start (up to
 // the loop), the chunks' attention, the barriers after them, the decisions in three parts (the cluster's
 // statistics, the sketch window sums, the rest; each summed over iterations), the finish (the cluster's merge and
-// the writes), the iterations, 1, and within the start the cycles to the query's registers and to the first
-// blocks' copies issued. Groups that leave at once write nothing.
+// the writes), the iterations, 1, within the start the cycles to the query's registers and to the first blocks'
+// copies issued, and within the finish the cycles to the prefetches drained, the warps' outputs combined, the end's
+// barrier passed and the outputs written. Groups that leave at once write nothing.
 // Not for production; the loop builds only (plain, resumed and grid; in the grid build the barrier phase holds the
 // wait for the other CTAs of the group, and the finish the end's barrier and combine).
 static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)),
@@ -157,7 +158,8 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)),
 #endif
 // lclk slots: 0 kernel start, 1 loop start, 2 this iteration's mark, then sums over iterations: 3 attention,
 // 4 barriers, 5 the decision's cluster statistics, 6 its sketch window sums, 7 the rest of it; 8 finish start,
-// 9 iterations; 10 the query loaded, 11 the first copies issued
+// 9 iterations; 10 the query loaded, 11 the first copies issued; within the finish: 12 the prefetches drained, 13 the
+// warps' outputs combined, 14 the end's barrier passed (grid: the terms written first), 15 the outputs written
 
 #ifndef PSA_QPARTS
 #define PSA_QPARTS 2  // parts of Q's split (see above); 1 only when the query is of the KV's type
@@ -468,10 +470,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const unsigned int rank = PSA_GRID ? blockIdx.x : cluster_rank();  // this CTA's index within the group
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if PSA_LOOP_CLOCK
-    __shared__ long long lclk_store[12];
+    __shared__ long long lclk_store[16];
     volatile long long* lclk = lclk_store;
     if (threadIdx.x == 0)
-        for (int i = 0; i < 12; ++i) lclk[i] = 0;
+        for (int i = 0; i < 16; ++i) lclk[i] = 0;
 #endif
     PSA_LMARK(0);
     const int gw = (int)rank * PSA_WARPS + warp;   // this warp's index within the group
@@ -900,6 +902,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
     PSA_LMARK(8);
     cp_async_wait_all();  // prefetches past the stop must land before the ring is reused below
+    PSA_LMARK(12);
 
     // ---- merge the warps' outputs: warps of a CTA, then CTAs of the cluster ----
     __syncthreads();  // every warp is done with its ring
@@ -920,6 +923,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
     __syncthreads();
     combine_warps(f_m, f_l, f_o, c_m, c_l, c_o);
+    PSA_LMARK(13);
 #if PSA_SPLIT || PSA_SPEC
     // One CTA per split (per chunk): its heads' unnormalised output and log-sum-exp terms (max logit, mass
     // relative to it) for psa_merge_splits; the speculative build adds the chunk's lightest block's log-mass
@@ -953,6 +957,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         }
     }
     group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));  // (the loop's barriers took C * it arrivals)
+    PSA_LMARK(14);
     constexpr int per_cta = (PSA_G * PSA_D + PSA_GRID - 1) / PSA_GRID;  // output channels a CTA
     const int out_lo = min(PSA_G * PSA_D, (int)rank * per_cta), out_hi = min(PSA_G * PSA_D, out_lo + per_cta);
     // Every CTA loads the CTAs' maxima and masses (one load a thread), then one thread a head makes the head's max,
@@ -984,6 +989,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #else
     constexpr int out_lo = 0, out_hi = PSA_G * PSA_D;
     cluster_sync();
+    PSA_LMARK(14);
     if (rank == 0) {
 #endif
 #if PSA_OFFLOAD
@@ -1025,6 +1031,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
             out[((long)b * Hq + h0 + h) * PSA_D + d] = O / L;
         }
+        PSA_LMARK(15);
 #if PSA_OFFLOAD
         __syncthreads();  // every thread has read vs[5], vs[6]
         for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x)
@@ -1066,7 +1073,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_LOOP_CLOCK
     if (rank == 0 && threadIdx.x == 0) {
         const long long t_end = clock64();
-        long long* ck = loop_clocks + ((long)b * Gn + g) * 12;
+        long long* ck = loop_clocks + ((long)b * Gn + g) * 16;
         ck[0] = t_end - lclk[0];
         ck[1] = lclk[1] - lclk[0];
         ck[2] = lclk[3];
@@ -1079,6 +1086,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         ck[9] = 1;
         ck[10] = lclk[10] - lclk[0];
         ck[11] = lclk[11] - lclk[0];
+        for (int i = 12; i < 16; ++i) ck[i] = lclk[i] - lclk[8];  // the finish's marks, from its start
     }
 #endif
     cluster_sync();  // no CTA leaves while rank 0 may still read its shared memory
