@@ -418,10 +418,19 @@ def test_kernel_source_swaps_one_file_and_keeps_the_headers(tmp_path):
     run = subprocess.run([sys.executable, str(BENCH / "exp_kernel_source.py"), "decode", str(old), "--", str(script),
                           "--flag", "1"], capture_output=True, text=True, cwd=BENCH.parent, check=True)
     assert "ARGS ['--flag', '1'] True False True False" in run.stdout  # swapped, its header inlined, others not
-    for argv in (["decode", str(old)], ["decode", str(tmp_path / "missing.cu"), "--", str(script)]):
+    older = tmp_path / "order_old.cu"
+    older.write_text('// OLDER\nextern "C" __global__ void psa_order() {}\n')
+    script.write_text("from psa_fast import _kernels\n"
+                      "print('BOTH', 'MARKER' in _kernels._source('decode.cu'), 'OLDER' in _kernels._source('order.cu'))\n")
+    run = subprocess.run([sys.executable, str(BENCH / "exp_kernel_source.py"), "decode,order", f"{old},{older}", "--",
+                          str(script)], capture_output=True, text=True, cwd=BENCH.parent, check=True)
+    assert "BOTH True True" in run.stdout  # two files swapped at once
+    for argv in (["decode", str(old)], ["decode", str(tmp_path / "missing.cu"), "--", str(script)],
+                 ["decode,order", str(old), "--", str(script)]):
         bad = subprocess.run([sys.executable, str(BENCH / "exp_kernel_source.py"), *argv], capture_output=True,
                              text=True, cwd=BENCH.parent)
-        assert bad.returncode != 0 and ("exp_kernel_source.py decode" in bad.stderr or "no such" in bad.stderr)
+        assert bad.returncode != 0 and any(m in bad.stderr for m in ("exp_kernel_source.py decode", "no such",
+                                                                     "as many kernel files"))
 
 
 def test_kernels_attr_runs_the_script_once_per_value_and_restores_the_constant(tmp_path):
