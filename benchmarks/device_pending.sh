@@ -166,6 +166,8 @@
 #  code after their runs: figures in NOTES.md, thirty-first session; s31f's code and part in 3261069)
 #   run(command="bash benchmarks/device_pending.sh s31e")  (~1 minute)
 #  the loop clock of one request on the grid build (Gemma 3 128K / 32K, Llama 128K) and on clusters (Llama 32K).
+#   run(command="bash benchmarks/device_pending.sh s32b")  (~2 minutes)
+#  one request's predicted first chunk against the auto step on the grid build (Gemma 3, Llama; 32K and 128K).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1207,6 +1209,21 @@ if [ "$PART" = s31e ]; then
     timeout 90 python3 exp_verify_clock.py --loop --speculate 0 --stop ema --share 0.05 --shape $shape \
         --size $size --batches 1 --step $step 2>&1 | grep -v Warn | tee -a "$OUT/exp_loop_clock_grid.md" \
         | grep "^T=\|^| [a-z]"
+  done
+  exit 0
+fi
+if [ "$PART" = s32b ]; then
+  # one request reading fewer blocks: the predicted first chunk (first_chunk="predicted", mode `first`) beside the
+  # auto step's loop on the grid build (never measured there), with the steps' blocks read and iterations; then the
+  # loop clock of the first-chunk step. Written in the thirty-first session, before any run: the grid's attend moves
+  # ~2.8 TB/s, so reading ~8% instead of 17.6% at Gemma 3 128K B = 1 saves ~4 µs of attend, against the per-head
+  # estimate, suffix and first-chunk passes (~3-5 µs in the first session): about even, a gain only if the chunk also
+  # keeps one iteration.
+  cd benchmarks
+  for shape in gemma3 llama8b; do
+    timeout 120 python3 exp_step.py --share 0.05 --shape $shape --sizes 32768:1,131072:1 --steps auto \
+        --modes loop,first --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_first_grid.md" | grep "^| [0-9]" \
+        | grep -v dense | cut -d'|' -f2-5,8-12
   done
   exit 0
 fi
