@@ -1214,8 +1214,8 @@ if [ "$PART" = s31e ]; then
 fi
 if [ "$PART" = s32b ]; then
   # one request reading fewer blocks: the predicted first chunk (first_chunk="predicted", mode `first`) beside the
-  # auto step's loop on the grid build (never measured there), with the steps' blocks read and iterations; then the
-  # loop clock of the first-chunk step. Written in the thirty-first session, before any run: the grid's attend moves
+  # auto step's loop on the grid build (never measured there), with the blocks read and iterations of each.
+  # Written in the thirty-first session, before any run: the grid's attend moves
   # ~2.8 TB/s, so reading ~8% instead of 17.6% at Gemma 3 128K B = 1 saves ~4 µs of attend, against the per-head
   # estimate, suffix and first-chunk passes (~3-5 µs in the first session): about even, a gain only if the chunk also
   # keeps one iteration.
