@@ -945,9 +945,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #if PSA_GRID
     // Each CTA's output terms to xpart; after one more barrier of the group every CTA combines its own share of the
-    // G x D output channels (C loads a channel in flight, added in rank order). Until the thirtieth session the
-    // group's last CTA to arrive combined all of them, ceil(C / 16) dependent round trips a channel and G D / threads
-    // channels a thread (32 round trips for one Gemma 3 request's 64 CTAs): 11-12 µs of its 44-56 µs step.
+    // G x D output channels (up to 32 ranks' loads a channel in flight, added in rank order). Until the thirtieth
+    // session the group's last CTA to arrive combined all of them, ceil(C / 16) dependent round trips a channel and
+    // G D / threads channels a thread (32 round trips for one Gemma 3 request's 64 CTAs): 11-12 µs of its 44-56 µs step.
     __syncthreads();
     {
         float* part = xpart + (gid * PSA_GRID + rank) * (PSA_G * (PSA_D + 2));
