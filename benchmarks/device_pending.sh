@@ -168,6 +168,12 @@
 #  the loop clock of one request on the grid build (Gemma 3 128K / 32K, Llama 128K) and on clusters (Llama 32K).
 #   run(command="bash benchmarks/device_pending.sh s32b")  (~2 minutes)
 #  one request's predicted first chunk against the auto step on the grid build (Gemma 3, Llama; 32K and 128K).
+#  (s32c-s32g, the grid finish v1 from the warps' terms and the A/Bs that found the rings' alignment, were removed
+#  with their switches after their runs: figures and what each variant set in NOTES.md, thirty-second session)
+#   run(command="bash benchmarks/device_pending.sh s32h", carry=[".gl/decode_main_a128.cu"])  (~2 minutes; first
+#   `git show 056e00f:psa_fast/kernels/decode.cu | sed 's/__align__(16) unsigned char dyn/__align__(128) unsigned
+#   char dyn/' > .gl/decode_main_a128.cu`)
+#  the grid finish v2 against main's finish (both with the rings on 128-byte lines): grid tests, step, loop clock.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1224,6 +1230,35 @@ if [ "$PART" = s32b ]; then
     timeout 120 python3 exp_step.py --share 0.05 --shape $shape --sizes 32768:1,131072:1 --steps auto \
         --modes loop,first --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_first_grid.md" | grep "^| [0-9]" \
         | grep -v dense | cut -d'|' -f2-5,8-12
+  done
+  exit 0
+fi
+if [ "$PART" = s32h ]; then
+  # The grid finish v2 (thirty-second session): each CTA's output channels four at a time, the threads of one warp
+  # loading every warp entry's max, mass and terms at once and weighting them themselves (no shared memory, no CTA
+  # barrier), beside main's decode.cu with the rings aligned to 128 bytes (.gl/decode_main_a128.cu), both orders.
+  # Predicted before the run: the finish 3.9 (s32g) -> ~2 µs (one round trip of ~8 sectors a thread where v1 made
+  # two of 32 scattered words), so Gemma 3 128K B = 1 38.9 -> ~35.5, B = 8 (grid 16) back to or below 104,
+  # Llama 128K B = 1 (grid 16) 68.0 -> ~67.
+  gpu_tests t_grid.log 200 tests/test_fast.py -k "spread_over_the_grid"
+  cd benchmarks
+  for order in new,old old,new; do
+    for cfg in gemma3/32768:1,131072:1,131072:8 llama8b/131072:1; do
+      IFS=/ read -r shape sizes <<< "$cfg"
+      for side in ${order//,/ }; do
+        run="python3"; [ $side = old ] && run="python3 exp_kernel_source.py decode ../.gl/decode_main_a128.cu --"
+        echo "## $side ($order) $shape"
+        timeout 120 $run exp_step.py --share 0.05 --shape $shape --sizes $sizes --steps auto --modes loop \
+            --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_finish_v2.md" | grep "^| [0-9]" | grep -v dense \
+            | cut -d'|' -f2-5,8-12
+      done
+    done
+  done
+  for cfg in gemma3:131072:1280:1 gemma3:131072:576:8 llama8b:131072:1024:1; do
+    IFS=: read -r shape size step b <<< "$cfg"
+    timeout 90 python3 exp_verify_clock.py --loop --speculate 0 --stop ema --share 0.05 --shape $shape \
+        --size $size --batches $b --step $step 2>&1 | grep -v Warn | tee -a "$OUT/exp_loop_clock_finish_v2.md" \
+        | grep "^T=\|^| [a-z]"
   done
   exit 0
 fi

@@ -608,7 +608,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``grid_group = (ctas, xstats, xcount, xpart)`` (psa's plain loop, version 3, ``cluster`` 1) launches the ``PSA_GRID``
     build: ``ctas`` CTAs a group that are not a cluster, exchanging each iteration's statistics through ``xstats
     [B, Gn, 2, ctas, g, 4]`` float32 and a barrier on ``xcount [B, Gn, 2]`` uint32 (zero before the first launch;
-    each launch leaves it zero), their output terms through ``xpart [B, Gn, ctas, g, Dp + 2]`` float32. Every CTA of
+    each launch leaves it zero), every warp's output terms through ``xpart [B, Gn, ctas * warps, g, Dp + 4]`` float32 (``Dp`` outputs, max, mass, 2 unused)
+    (``warps`` the build's, after ``decode_config``). Every CTA of
     the grid must be resident at once (``pick_grid``).
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
@@ -699,6 +700,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         if version != 3 or offload is not None or split is not None or cluster != 1 or stop in ("none", "budget"):
             raise ValueError("the grid build runs PSA's plain loop on decode version 3, cluster 1")
         ctas, xstats, xcount, xpart = grid_group
+        if tuple(xpart.shape[2:]) != (ctas * warps, g, d + 4):
+            raise ValueError(f"grid_group's xpart: expected [B, Gn, {ctas * warps}, {g}, {d + 4}] (ctas x the "
+                             f"build's {warps} warps), got {list(xpart.shape)}")
         args = args + (xstats, xcount, xpart)
         defines["grid"] = ctas
         grid = (ctas, hq // g, b)

@@ -245,9 +245,11 @@ class DecodePlan:
         self._grid_group = None  # the grid build's exchange buffers (its counters zero between launches)
         if self.grid_ctas:
             c = self.grid_ctas
+            w = _kernels.loop_launch(d=dp, s=cache.block_size, g=self.g, version=self.version, warps=self.warps,
+                                     stages=self.stages)[0]  # every warp of the group writes its output terms
             self._grid_group = (c, cupy.empty((b, self.gn, 2, c, self.g, 4), f32),
                                 cupy.zeros((b, self.gn, 2), cupy.uint32),
-                                cupy.empty((b, self.gn, c, self.g, dp + 2), f32))
+                                cupy.empty((b, self.gn, c * w, self.g, dp + 4), f32))
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)

@@ -758,7 +758,8 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     iterations it gives psa_ref's blocks, iterations, stop and output for every head (rules reading one scalar a head,
     the sketch window's block masses, the certified bounds; Llama's, SmolLM2's and Gemma 3's head dims), the cluster
     build's blocks, iterations and reasons bit for bit, and a second run and a replayed CUDA graph of it the same bits
-    (each launch leaves its counters at zero; launched cooperatively where _kernels.GRID_COOPERATIVE)."""
+    (each launch leaves its counters at zero; launched cooperatively where _kernels.GRID_COOPERATIVE). Its exchange
+    buffer holds an entry for every warp of the group; one of another shape is a ValueError, not a launch."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(d + hq)
@@ -790,6 +791,13 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
         graph.launch(stream)
         stream.synchronize()
     (cl, _), (first, again) = runs[0], runs[24]
+    ctas, xstats, xcount, xpart = plan._grid_group  # every warp of the group writes its output terms
+    assert xpart.shape[2:] == (24 * _kernels.loop_launch(d=d, s=16, g=plan.g, version=3, warps=plan.warps)[0],
+                               plan.g, b.cache.dp + 4)
+    plan._grid_group = (ctas, xstats, xcount, xpart[:, :, :-1])
+    with pytest.raises(ValueError, match="xpart"):
+        plan.run(q32)
+    plan._grid_group = (ctas, xstats, xcount, xpart)
     for name in names:
         np.testing.assert_array_equal(again[name], first[name])
         np.testing.assert_array_equal(snap(captured)[name], first[name])

@@ -99,9 +99,10 @@
 // CTAs against a cluster of 16, 77 -> 44 µs: benchmarks/NOTES.md, twenty-eighth to thirtieth sessions). What a
 // cluster does through distributed shared memory goes through global memory: each iteration a CTA writes its chunk
 // statistics to `xstats [B, Gn, 2, C, PSA_G]` float4 and arrives at the group's counter `xcount [B, Gn, 2]` (entry
-// 0), waits for all C (group_sync), and warp h combines head h's C totals for every warp; at the end each CTA writes
-// its output terms to `xpart [B, Gn, C, PSA_G, PSA_D + 2]`, waits at the barrier once more and combines its share of
-// the output channels in rank order; the last CTA to leave (entry 1) resets both counters for the next launch.
+// 0), waits for all C (group_sync), and warp h combines head h's C totals for every warp; before that barrier each
+// warp also writes its output terms so far to `xpart [B, Gn, C * warps, PSA_G, PSA_D + 4]`, so that when the group
+// stops every CTA combines its share of the output channels from them at once, with no barrier after the loop's;
+// the last CTA to leave (entry 1) resets both counters for the next launch.
 // Every CTA of the grid must be resident at once: the host gives a group at most SMs / groups CTAs and launches the
 // build cooperatively (the driver refuses a grid that cannot be), and a wait longer than a second traps.
 #include "common.cuh"
@@ -145,7 +146,8 @@ static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STA
 // copies issued, and within the finish the cycles to the prefetches drained, the warps' outputs combined, the end's
 // barrier passed and the outputs written. Groups that leave at once write nothing.
 // Not for production; the loop builds only (plain, resumed and grid; in the grid build the barrier phase holds the
-// wait for the other CTAs of the group, and the finish the end's barrier and combine).
+// wait for the other CTAs of the group and the attend the warps' output terms written each iteration, and the
+// finish has no warps' combine or end barrier: its second and third marks bracket the outputs' combine).
 static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)),
               "the loop clock times the loop builds (cluster and grid: the rank-0 CTA's thread 0)");
 // The marks and sums live in shared memory (volatile), not registers: the D 256 builds have none to spare.
@@ -277,6 +279,14 @@ __device__ __forceinline__ void group_sync(unsigned int* count, unsigned int tar
         }
     }
     __syncthreads();
+}
+
+// Threads that add one output channel's entries in the grid build's finish: a power of two up to a warp, as many as
+// the CTA's threads give each of its channels.
+__host__ __device__ constexpr int grid_finish_threads(int threads, int channels) {
+    int f = 1;
+    while (2 * f <= 32 && 2 * f * channels <= threads) f *= 2;
+    return f;
 }
 #endif
 
@@ -449,7 +459,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
            ) {
     constexpr int NW = PSA_GROUP_CTAS * PSA_WARPS;
-    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    // The rings start on a 128-byte line. After the static shared memory (not a multiple of 128 bytes in most builds)
+    // a 16-byte alignment started them off one, and every build was slower for it: one Gemma 3 request's grid build
+    // by up to 4 µs, Llama's clusters at 128K B = 8 by 12 (NOTES.md, thirty-second session, s32d-g; why, not profiled:
+    // the swizzle keeps a phase's eight 16-byte pieces on distinct banks at any 16-byte offset).
+    extern __shared__ __align__(128) unsigned char dyn_smem[];
 #if PSA_SPEC
     // The CTA's request, group and chunk: from the grid (chunk, Gn, B), or the compact list's entry blockIdx.x.
     // Each build leaves unless the chunks speculated pick its shape (above).
@@ -791,6 +805,31 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         }
 
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
+#if PSA_GRID
+        // This warp's output terms as they stand (its unnormalised output, max logit and mass relative to it), as if
+        // the loop stopped here: the group's barrier below publishes them with the chunk's statistics, so a CTA
+        // that leaves the loop combines every warp's entry at once with no barrier of its own (the finish, below).
+        // An iteration that goes on overwrites them before its barrier; nobody reads them unless the group stops.
+        {
+            float* part = xpart + (gid * NW + gw) * (PSA_G * (PSA_D + 4));
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int h = 2 * quad + e;
+                if (h < PSA_G) {
+                    float* ph = part + h * (PSA_D + 4);
+#pragma unroll
+                    for (int ct = 0; ct < PSA_D / 16; ++ct) {
+                        __stcg(ph + 16 * ct + hh, oacc[ct][e]);
+                        __stcg(ph + 16 * ct + hh + 8, oacc[ct][e + 2]);
+                    }
+                    if (hh == 0) {
+                        __stcg(ph + PSA_D, wm[e]);
+                        __stcg(ph + PSA_D + 1, wl[e]);
+                    }
+                }
+            }
+        }
+#endif
         if (hh == 0)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
@@ -903,6 +942,86 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     PSA_LMARK(8);
     cp_async_wait_all();  // prefetches past the stop must land before the ring is reused below
     PSA_LMARK(12);
+#if PSA_GRID
+    // ---- the group's output from every warp's entry of the last iteration (written before its barrier) ----
+    // Each CTA makes its share of the G x D output channels, FV at a time (a float4 where the share allows), FS
+    // threads of one warp a share's piece: each loads its run of the NW entries (the max, mass and the piece's
+    // output terms, all in flight at once), the FS threads make the head's max by halves, weight their entries and
+    // add them in order, and the sums meet by halves. One round trip after the loop's barrier, no shared memory and
+    // no barrier of the group or the CTA: every CTA saw the same decision. Until the thirty-second session each CTA
+    // combined its warps in shared memory, wrote its terms and passed one more barrier of the group before this
+    // (5.8 µs of one Gemma 3 request's 17.4 µs loop, NOTES.md s31e).
+    {
+        constexpr int HS = PSA_D + 4, STRIDE = PSA_G * HS;  // floats a head (D outputs, max, mass, 2 unused), an entry
+        constexpr int per_cta = (PSA_G * PSA_D + PSA_GRID - 1) / PSA_GRID;  // output channels a CTA
+        constexpr int FV = per_cta % 4 == 0 ? 4 : 1;                          // channels a thread
+        constexpr int T = PSA_WARPS * 32, FS = grid_finish_threads(T, per_cta / FV), EPT = (NW + FS - 1) / FS;
+        constexpr int ROUNDS = (per_cta / FV + T / FS - 1) / (T / FS);
+        static_assert(EPT <= 64, "a thread's entries in registers");
+        const float* part0 = xpart + gid * NW * STRIDE;
+        const int out_lo = min(PSA_G * PSA_D, (int)rank * per_cta), out_hi = min(PSA_G * PSA_D, out_lo + per_cta);
+        const int sub = threadIdx.x % FS;
+        PSA_LMARK(13);
+        for (int k = 0; k < ROUNDS; ++k) {  // the same count for every lane (the shuffles below)
+            const int idx = out_lo + (k * (T / FS) + (int)threadIdx.x / FS) * FV;
+            const bool live = idx < out_hi;  // (FV divides per_cta, so the piece is all in or all out)
+            const int h = live ? idx / PSA_D : 0, d = live ? idx % PSA_D : 0;
+            float m[EPT], l[EPT], o[EPT][FV];
+#pragma unroll
+            for (int i = 0; i < EPT; ++i) {
+                const int e = sub * EPT + i;
+                const float* p = part0 + e * STRIDE + h * HS;
+                const bool in = live && e < NW;
+                const float2 ml = in ? __ldcg(reinterpret_cast<const float2*>(p + PSA_D)) : make_float2(-PSA_INF, 0.f);
+                m[i] = ml.x;
+                l[i] = ml.y;
+                if constexpr (FV == 4) {
+                    const float4 v = in ? __ldcg(reinterpret_cast<const float4*>(p + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    o[i][0] = v.x; o[i][1] = v.y; o[i][2] = v.z; o[i][3] = v.w;
+                } else {
+                    o[i][0] = in ? __ldcg(p + d) : 0.f;
+                }
+            }
+            float M = -PSA_INF;
+#pragma unroll
+            for (int i = 0; i < EPT; ++i) M = fmaxf(M, m[i]);
+#pragma unroll
+            for (int sh = FS / 2; sh > 0; sh >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, sh));
+            float L = 0.f, O[FV];
+#pragma unroll
+            for (int v = 0; v < FV; ++v) O[v] = 0.f;
+#pragma unroll
+            for (int i = 0; i < EPT; ++i) {
+                if (m[i] == -PSA_INF) continue;  // a warp that attended nothing (or no entry)
+                const float w = __expf(m[i] - M);
+                L += l[i] * w;
+#pragma unroll
+                for (int v = 0; v < FV; ++v) O[v] += o[i][v] * w;
+            }
+#pragma unroll
+            for (int sh = FS / 2; sh > 0; sh >>= 1) {
+                L += __shfl_xor_sync(0xffffffffu, L, sh);
+#pragma unroll
+                for (int v = 0; v < FV; ++v) O[v] += __shfl_xor_sync(0xffffffffu, O[v], sh);
+            }
+            if (live && sub == 0) {
+                float* dst = out + ((long)b * Hq + h0 + h) * PSA_D + d;
+                if constexpr (FV == 4) *reinterpret_cast<float4*>(dst) = make_float4(O[0] / L, O[1] / L, O[2] / L, O[3] / L);
+                else *dst = O[0] / L;
+            }
+        }
+        PSA_LMARK(14);  // (the marks of the cluster builds' warps' combine and end barrier: none here)
+        PSA_LMARK(15);
+        if (threadIdx.x == 0 && rank == 0) {  // (the grid build's loop ends only with a reason)
+            const long gi = (long)b * Gn + g;
+            num_used[gi] = pos;
+            iterations[gi] = it;
+            reason[gi] = why;
+#pragma unroll
+            for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = ver[h].frac;
+        }
+    }
+#else
 
     // ---- merge the warps' outputs: warps of a CTA, then CTAs of the cluster ----
     __syncthreads();  // every warp is done with its ring
@@ -943,79 +1062,17 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
     return;
 #endif
-#if PSA_GRID
-    // Each CTA's output terms to xpart; after one more barrier of the group every CTA combines its own share of the
-    // G x D output channels (up to 32 ranks' loads a channel in flight, added in rank order). Until the thirtieth
-    // session the group's last CTA to arrive combined all of them, ceil(C / 16) dependent round trips a channel and
-    // G D / threads channels a thread (32 round trips for one Gemma 3 request's 64 CTAs): 11-12 µs of its 44-56 µs step.
-    __syncthreads();
-    {
-        float* part = xpart + (gid * PSA_GRID + rank) * (PSA_G * (PSA_D + 2));
-        for (int idx = threadIdx.x; idx < PSA_G * (PSA_D + 2); idx += blockDim.x) {
-            const int h = idx / (PSA_D + 2), d = idx % (PSA_D + 2);
-            part[idx] = d < PSA_D ? c_o[h][d] : d == PSA_D ? c_m[h] : c_l[h];
-        }
-    }
-    group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));  // (the loop's barriers took C * it arrivals)
-    PSA_LMARK(14);
-    constexpr int per_cta = (PSA_G * PSA_D + PSA_GRID - 1) / PSA_GRID;  // output channels a CTA
-    const int out_lo = min(PSA_G * PSA_D, (int)rank * per_cta), out_hi = min(PSA_G * PSA_D, out_lo + per_cta);
-    // Every CTA loads the CTAs' maxima and masses (one load a thread), then one thread a head makes the head's max,
-    // mass and every CTA's weight (in rank order, from shared memory), so that each output channel then issues its C
-    // loads at once: one or two round trips, where a rank-by-rank walk made C dependent ones (NOTES.md, s28c).
-    const float* part0 = xpart + gid * PSA_GRID * (PSA_G * (PSA_D + 2));
-    __shared__ float g_m[PSA_GRID][PSA_G], g_l[PSA_GRID][PSA_G], g_big[PSA_G], g_sum[PSA_G];
-    for (int idx = threadIdx.x; idx < PSA_GRID * PSA_G; idx += blockDim.x) {
-        const int r = idx / PSA_G, h = idx % PSA_G;
-        const float* p = part0 + r * (PSA_G * (PSA_D + 2)) + h * (PSA_D + 2);
-        g_m[r][h] = __ldcg(p + PSA_D);
-        g_l[r][h] = __ldcg(p + PSA_D + 1);
-    }
-    __syncthreads();
-    if (threadIdx.x < PSA_G) {
-        const int h = threadIdx.x;
-        float M = -PSA_INF, L = 0.f;
-        for (int r = 0; r < PSA_GRID; ++r) M = fmaxf(M, g_m[r][h]);
-        for (int r = 0; r < PSA_GRID; ++r) {  // cluster_combine's arithmetic, rank by rank
-            const float e = g_m[r][h] == -PSA_INF ? 0.f : __expf(g_m[r][h] - M);
-            if (g_m[r][h] != -PSA_INF) L += g_l[r][h] * e;
-            g_m[r][h] = e;  // (now the rank's weight; 0 for a CTA that attended nothing)
-        }
-        g_big[h] = M;
-        g_sum[h] = L;
-    }
-    __syncthreads();
-    {
-#else
-    constexpr int out_lo = 0, out_hi = PSA_G * PSA_D;
     cluster_sync();
     PSA_LMARK(14);
     if (rank == 0) {
-#endif
 #if PSA_OFFLOAD
         // Fold this iteration's output into the running one kept in vstate (read every running
         // max and mass before any thread overwrites them).
         float new_m[PSA_G], new_l[PSA_G];
 #endif
-        for (int idx = out_lo + threadIdx.x; idx < out_hi; idx += blockDim.x) {
+        for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
             const int h = idx / PSA_D, d = idx % PSA_D;
-#if PSA_GRID
-            constexpr int RB = 32;  // ranks' loads in flight at once
-            float O_sum = 0.f;
-            for (int r0 = 0; r0 < PSA_GRID; r0 += RB) {
-                float o[RB];
-#pragma unroll
-                for (int i = 0; i < RB; ++i)
-                    o[i] = r0 + i < PSA_GRID ? __ldcg(part0 + (r0 + i) * (PSA_G * (PSA_D + 2)) + h * (PSA_D + 2) + d)
-                                             : 0.f;
-#pragma unroll
-                for (int i = 0; i < RB; ++i)
-                    if (r0 + i < PSA_GRID && g_m[r0 + i][h] != 0.f) O_sum += o[i] * g_m[r0 + i][h];
-            }
-            const float3 mlo = make_float3(g_big[h], g_sum[h], O_sum);
-#else
             const float3 mlo = cluster_combine(&c_m[h], &c_l[h], &c_o[h][d]);
-#endif
             float L = mlo.y, O = mlo.z;
 #if PSA_STATEFUL
             const float M = mlo.x;
@@ -1047,13 +1104,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             istate[gi * 4 + 2] = why;
         }
 #endif
-        if (threadIdx.x == 0 && why >= 0 && (!PSA_GRID || rank == 0)) {
+        if (threadIdx.x == 0 && why >= 0) {
             const long gi = (long)b * Gn + g;
             num_used[gi] = pos;
             iterations[gi] = it;
             reason[gi] = why;
         }
-        if (threadIdx.x == 0 && why >= 0 && (!PSA_GRID || rank == 0))
+        if (threadIdx.x == 0 && why >= 0)
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = ver[h].frac;
 #if PSA_OFFLOAD
@@ -1063,6 +1120,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         }
 #endif
     }
+#endif
 #if PSA_GRID
     if (threadIdx.x == 0) {  // the group's last CTA out resets both counters (every CTA has left the barriers)
         unsigned int before;
