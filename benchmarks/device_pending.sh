@@ -174,6 +174,8 @@
 #   `git show 056e00f:psa_fast/kernels/decode.cu | sed 's/__align__(16) unsigned char dyn/__align__(128) unsigned
 #   char dyn/' > .gl/decode_main_a128.cu`)
 #  the grid finish v2 against main's finish (both with the rings on 128-byte lines): grid tests, step, loop clock.
+#   run(command="bash benchmarks/device_pending.sh s32i")  (~9 minutes)
+#  every GPU suite on the thirty-second session's final code, then Gemma 3's and Llama's 5% runs of record.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1260,6 +1262,20 @@ if [ "$PART" = s32h ]; then
         --size $size --batches $b --step $step 2>&1 | grep -v Warn | tee -a "$OUT/exp_loop_clock_finish_v2.md" \
         | grep "^T=\|^| [a-z]"
   done
+  exit 0
+fi
+if [ "$PART" = s32i ]; then
+  # the thirty-second session's final code (the grid finish v2, the rings on 128-byte lines in every decode build):
+  # every GPU suite, then the runs of record that fit the rest of the call (Gemma 3 and Llama 5% with their floors)
+  kernel_suites t_all.log tests/test_fast_metadata.py tests/test_fast_pool.py
+  cd benchmarks
+  mkdir -p "$OUT/gs" "$OUT/l"
+  timeout 100 python3 bench_decode.py --profile sparsity --shares 0.05 --shape gemma3 \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank \
+      --out "$OUT/gs" 2>&1 | tee "$OUT/gs.log" | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/gs.log"
+  timeout 90 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
+      --out "$OUT/l" 2>&1 | tee "$OUT/l.log" | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/l.log"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
