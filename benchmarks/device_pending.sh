@@ -176,6 +176,8 @@
 #  the grid finish v2 against main's finish (both with the rings on 128-byte lines): grid tests, step, loop clock.
 #   run(command="bash benchmarks/device_pending.sh s32i")  (~9 minutes)
 #  every GPU suite on the thirty-second session's final code, then Gemma 3's and Llama's 5% runs of record.
+#   run(command="bash benchmarks/device_pending.sh s33a")  (~5 minutes)
+#  the long order's merge over the keys' high words (benchmarks/next/): order timings, steps, the GPU order tests.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1276,6 +1278,38 @@ if [ "$PART" = s32i ]; then
   timeout 90 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
       --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
       --out "$OUT/l" 2>&1 | tee "$OUT/l.log" | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/l.log"
+  exit 0
+fi
+if [ "$PART" = s33a ]; then
+  # The long order's merge over the keys' high words (benchmarks/next/order_slice.cu + order_merge.cu, swapped in
+  # together; the thirty-first session's design, written again in the thirty-second and checked there against a
+  # Python model of its lifting with many tied high words). Predicted before any run: one group of 8,192 blocks
+  # (slices + merge) 10.7 -> ~9 µs (the copy 64 -> 32 KiB a CTA, 4-byte probes), Gemma 3 5% 128K B = 1 -1.5 µs.
+  # The order timings and steps first (both orders), then the GPU order tests on the package with the two files
+  # copied in (this machine's copy of the tree only).
+  cd benchmarks
+  swap="python3 exp_kernel_source.py order_slice,order_merge next/order_slice.cu,next/order_merge.cu --"
+  for order in new,old old,new; do
+    for side in ${order//,/ }; do
+      run="python3"; [ $side = new ] && run="$swap"
+      echo "## order $side ($order)"
+      timeout 90 $run exp_order_rank.py --shapes 1x1x8192,1x1x16384,1x8x4096,1x8x8192,2x8x8192 2>&1 | grep -v Warn \
+          | tee -a "$OUT/exp_order_merge_hi.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,8,11
+    done
+    for cfg in gemma3:131072:1 llama8b:131072:1; do
+      IFS=: read -r shape size b <<< "$cfg"
+      for side in ${order//,/ }; do
+        run="python3"; [ $side = new ] && run="$swap"
+        echo "## step $side ($order) $shape"
+        timeout 90 $run exp_step.py --share 0.05 --shape $shape --sizes $size:$b --steps auto --modes loop \
+            --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_merge_hi.md" | grep "^| [0-9]" | grep -v dense \
+            | cut -d'|' -f2-5,8-12
+      done
+    done
+  done
+  cd ..
+  cp benchmarks/next/order_slice.cu benchmarks/next/order_merge.cu psa_fast/kernels/
+  gpu_tests t_order_hi.log 300 tests/test_fast.py -k "order or slices or conforms"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
