@@ -178,6 +178,8 @@
 #  every GPU suite on the thirty-second session's final code, then Gemma 3's and Llama's 5% runs of record.
 #   run(command="bash benchmarks/device_pending.sh s33a")  (~5 minutes)
 #  the long order's merge over the keys' high words (benchmarks/next/): order timings, steps, the GPU order tests.
+#   run(command="bash benchmarks/device_pending.sh s33b")  (~3 minutes)
+#  the grid finish draining the prefetches past the stop at its end (decode.cu's PSA_GRID_DRAIN_LATE) against before.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1310,6 +1312,33 @@ if [ "$PART" = s33a ]; then
   cd ..
   cp benchmarks/next/order_slice.cu benchmarks/next/order_merge.cu psa_fast/kernels/
   gpu_tests t_order_hi.log 300 tests/test_fast.py -k "order or slices or conforms"
+  exit 0
+fi
+if [ "$PART" = s33b ]; then
+  # The grid finish draining the prefetches past the stop at its end (GRID_DRAIN_LATE=1: the copies land while the
+  # outputs combine; the finish v2 uses no shared memory) against before it (0, the default). Predicted before any
+  # run: Llama 128K B = 1 (grid 16; s32h: 1.2 µs of drain) finish 3.4 -> ~2.3, step 68.4 -> ~67.3; Gemma 3 (drain
+  # 0.04-0.08) unchanged. The grid tests with it, the step both orders, the loop clock.
+  gpu_tests t_grid_late.log 200 tests/test_fast.py -k "spread_over_the_grid"  # (default build)
+  cd benchmarks
+  for order in 1,0 0,1; do
+    for cfg in llama8b/131072:1 gemma3/131072:1,131072:8; do
+      IFS=/ read -r shape sizes <<< "$cfg"
+      for v in ${order//,/ }; do
+        echo "## GRID_DRAIN_LATE=$v ($order) $shape"
+        timeout 90 python3 exp_kernel_defines.py decode grid_drain_late=$v -- exp_step.py --share 0.05 --shape $shape \
+            --sizes $sizes --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_drain.md" \
+            | grep "^| [0-9]" | grep -v dense | cut -d'|' -f2-5,8-12
+      done
+    done
+  done
+  timeout 90 python3 exp_kernel_defines.py decode grid_drain_late=1 -- exp_verify_clock.py --loop --speculate 0 \
+      --stop ema --share 0.05 --shape llama8b --size 131072 --batches 1 --step 1024 2>&1 | grep -v Warn \
+      | tee -a "$OUT/exp_loop_clock_drain.md" | grep "^T=\|^| [a-z]"
+  cd ..  # the grid tests with the switch on (this machine's copy of the tree only)
+  sed -i 's/^#define PSA_GRID_DRAIN_LATE 0/#define PSA_GRID_DRAIN_LATE 1/' psa_fast/kernels/decode.cu
+  grep -c "^#define PSA_GRID_DRAIN_LATE 1" psa_fast/kernels/decode.cu
+  gpu_tests t_grid_late1.log 200 tests/test_fast.py -k "spread_over_the_grid"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

@@ -138,6 +138,9 @@ static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STA
 #ifndef PSA_LOOP_CLOCK
 #define PSA_LOOP_CLOCK 0
 #endif
+#ifndef PSA_GRID_DRAIN_LATE
+#define PSA_GRID_DRAIN_LATE 0  // experiment (device_pending.sh s33b): the grid finish drains the prefetches at its end
+#endif
 // PSA_LOOP_CLOCK = 1 (benchmarks/exp_verify_clock.py --loop): thread 0 of each group's rank-0 CTA reads the SM clock
 // around the loop and writes per group to loop_clocks [B, Gn, 16] the cycles of the whole kernel, its start (up to
 // the loop), the chunks' attention, the barriers after them, the decisions in three parts (the cluster's
@@ -940,7 +943,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     }
     PSA_LMARK(8);
+#if !(PSA_GRID && PSA_GRID_DRAIN_LATE)
     cp_async_wait_all();  // prefetches past the stop must land before the ring is reused below
+#endif
     PSA_LMARK(12);
 #if PSA_GRID
     // ---- the group's output from every warp's entry of the last iteration (written before its barrier) ----
@@ -1011,6 +1016,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             }
         }
         PSA_LMARK(14);  // (the marks of the cluster builds' warps' combine and end barrier: none here)
+#if PSA_GRID_DRAIN_LATE
+        cp_async_wait_all();  // the copies past the stop landed while the outputs combined (no shared memory above)
+#endif
         PSA_LMARK(15);
         if (threadIdx.x == 0 && rank == 0) {  // (the grid build's loop ends only with a reason)
             const long gi = (long)b * Gn + g;
