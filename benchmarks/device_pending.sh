@@ -180,6 +180,8 @@
 #  the long order's merge over the keys' high words (benchmarks/next/): order timings, steps, the GPU order tests.
 #   run(command="bash benchmarks/device_pending.sh s33b")  (~3 minutes)
 #  the grid finish draining the prefetches past the stop at its end (decode.cu's PSA_GRID_DRAIN_LATE) against before.
+#   run(command="bash benchmarks/device_pending.sh s33c")  (~3 minutes)
+#  the dense kernel's split and warp counts swept again for one request at 32K (Llama, SmolLM2).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1339,6 +1341,16 @@ if [ "$PART" = s33b ]; then
   sed -i 's/^#define PSA_GRID_DRAIN_LATE 0/#define PSA_GRID_DRAIN_LATE 1/' psa_fast/kernels/decode.cu
   grep -c "^#define PSA_GRID_DRAIN_LATE 1" psa_fast/kernels/decode.cu
   gpu_tests t_grid_late1.log 200 tests/test_fast.py -k "spread_over_the_grid"
+  exit 0
+fi
+if [ "$PART" = s33c ]; then
+  # The dense kernel's launch shapes again after the rings' alignment (s32: Llama one request 0.85x -> 0.88x SDPA at
+  # 32K, 0.93x -> 0.96x at 128K): does another split count or warp count now reach 0.95x at 32K (Llama, SmolLM2)?
+  cd benchmarks
+  for shape in llama8b smollm2; do
+    timeout 150 python3 exp_dense_tune.py --shape $shape --sizes 32768 --batches 1 --out "$OUT/dense_tune_$shape.jsonl" \
+        2>&1 | grep -v Warn | tee "$OUT/dense_tune_$shape.log" | grep "^#\|^T=\|warps\|SDPA" | head -40
+  done
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
