@@ -177,7 +177,7 @@
 #   run(command="bash benchmarks/device_pending.sh s32i")  (~9 minutes)
 #  every GPU suite on the thirty-second session's final code, then Gemma 3's and Llama's 5% runs of record.
 #   run(command="bash benchmarks/device_pending.sh s33a")  (~5 minutes)
-#  the long order's merge over the keys' high words (benchmarks/next/): order timings, steps, the GPU order tests.
+#  the long order's merge over the keys' high words (ORDER_WORDS=1): order timings, steps, the GPU order tests.
 #   run(command="bash benchmarks/device_pending.sh s33b")  (~3 minutes)
 #  the grid finish draining the prefetches past the stop at its end (decode.cu's PSA_GRID_DRAIN_LATE) against before.
 #   run(command="bash benchmarks/device_pending.sh s33c")  (~3 minutes)
@@ -1285,17 +1285,16 @@ if [ "$PART" = s32i ]; then
   exit 0
 fi
 if [ "$PART" = s33a ]; then
-  # The long order's merge over the keys' high words (benchmarks/next/order_slice.cu + order_merge.cu, swapped in
-  # together; the thirty-first session's design, written again in the thirty-second and checked there against a
-  # Python model of its lifting with many tied high words). Predicted before any run: one group of 8,192 blocks
-  # (slices + merge) 10.7 -> ~9 µs (the copy 64 -> 32 KiB a CTA, 4-byte probes), Gemma 3 5% 128K B = 1 -1.5 µs.
-  # The order timings and steps first (both orders), then the GPU order tests on the package with the two files
-  # copied in (this machine's copy of the tree only).
+  # The long order's merge over the keys' high words (order_slice.cu and order_merge.cu built with ORDER_WORDS=1; the
+  # thirty-first session's design, written again in the thirty-second and checked there against a Python model of
+  # its lifting with many tied high words). Predicted before any run: one group of 8,192 blocks (slices + merge)
+  # 10.7 -> ~9 µs (the copy 64 -> 32 KiB a CTA, 4-byte probes), Gemma 3 5% 128K B = 1 -1.5 µs. The order timings
+  # and steps first (both orders), then the GPU order tests with the switch on in both files (this machine's copy).
   cd benchmarks
-  swap="python3 exp_kernel_source.py order_slice,order_merge next/order_slice.cu,next/order_merge.cu --"
+  words="python3 exp_kernel_defines.py order_slice order_words=1 -- exp_kernel_defines.py order_merge order_words=1 --"
   for order in new,old old,new; do
     for side in ${order//,/ }; do
-      run="python3"; [ $side = new ] && run="$swap"
+      run="python3"; [ $side = new ] && run="$words"
       echo "## order $side ($order)"
       timeout 90 $run exp_order_rank.py --shapes 1x1x8192,1x1x16384,1x8x4096,1x8x8192,2x8x8192 2>&1 | grep -v Warn \
           | tee -a "$OUT/exp_order_merge_hi.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,8,11
@@ -1303,7 +1302,7 @@ if [ "$PART" = s33a ]; then
     for cfg in gemma3:131072:1 llama8b:131072:1; do
       IFS=: read -r shape size b <<< "$cfg"
       for side in ${order//,/ }; do
-        run="python3"; [ $side = new ] && run="$swap"
+        run="python3"; [ $side = new ] && run="$words"
         echo "## step $side ($order) $shape"
         timeout 90 $run exp_step.py --share 0.05 --shape $shape --sizes $size:$b --steps auto --modes loop \
             --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_merge_hi.md" | grep "^| [0-9]" | grep -v dense \
@@ -1312,7 +1311,8 @@ if [ "$PART" = s33a ]; then
     done
   done
   cd ..
-  cp benchmarks/next/order_slice.cu benchmarks/next/order_merge.cu psa_fast/kernels/
+  sed -i 's/^#define PSA_ORDER_WORDS 0/#define PSA_ORDER_WORDS 1/' psa_fast/kernels/order_slice.cu psa_fast/kernels/order_merge.cu
+  grep -c "^#define PSA_ORDER_WORDS 1" psa_fast/kernels/order_slice.cu psa_fast/kernels/order_merge.cu
   gpu_tests t_order_hi.log 300 tests/test_fast.py -k "order or slices or conforms"
   exit 0
 fi
