@@ -182,6 +182,8 @@
 #  the grid finish draining the prefetches past the stop at its end (decode.cu's PSA_GRID_DRAIN_LATE) against before.
 #   run(command="bash benchmarks/device_pending.sh s33c")  (~3 minutes)
 #  the dense kernel's split and warp counts swept again for one request at 32K (Llama, SmolLM2).
+#   run(command="bash benchmarks/device_pending.sh s33d")  (~2 minutes)
+#  pick_grid's thresholds after the grid finish v2: the grid forced where the rule keeps clusters (Llama, SmolLM2).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1351,6 +1353,20 @@ if [ "$PART" = s33c ]; then
     timeout 150 python3 exp_dense_tune.py --shape $shape --sizes 32768 --batches 1 --out "$OUT/dense_tune_$shape.jsonl" \
         2>&1 | grep -v Warn | tee "$OUT/dense_tune_$shape.log" | grep "^#\|^T=\|warps\|SDPA" | head -40
   done
+  exit 0
+fi
+if [ "$PART" = s33d ]; then
+  # pick_grid after the grid finish v2 (thirty-second session: the grid's finish 5.8 -> 2.1 µs at one Gemma 3
+  # request): where the rule keeps clusters, the grid forced beside them. Llama 32K B = 1 (16 MiB a group, below
+  # GRID_MIN_GROUP_MIB; s30c: grid +1.2 µs then), SmolLM2's D 64 at 32K and 128K B = 1 (below GRID_MIN_HEAD_DIM;
+  # s30c: +3.3 / +0.6). Predicted: the grid now wins Llama 32K by ~1-2 µs; SmolLM2 still loses at 32K.
+  cd benchmarks
+  timeout 120 python3 exp_kernels_attr.py GRID_MIN_GROUP_MIB=32,0 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:1,65536:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee "$OUT/exp_step_grid_rule.md" \
+      | grep "^#\|^| [0-9]" | grep -v dense | cut -d'|' -f1-5,8-12
+  timeout 120 python3 exp_kernels_attr.py GRID_MIN_HEAD_DIM=128,0 -- exp_step.py --share 0.05 --shape smollm2 \
+      --sizes 32768:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_grid_rule.md" \
+      | grep "^#\|^| [0-9]" | grep -v dense | cut -d'|' -f1-5,8-12
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
