@@ -284,11 +284,11 @@ __device__ __forceinline__ void group_sync(unsigned int* count, unsigned int tar
     __syncthreads();
 }
 
-// Threads that add one output channel's entries in the grid build's finish: a power of two up to a warp, as many as
-// the CTA's threads give each of its channels.
-__host__ __device__ constexpr int grid_finish_threads(int threads, int channels) {
+// Threads that add one piece's entries in the grid build's finish (a piece: the 1 or 4 output channels a thread
+// makes): a power of two up to a warp, as many as the CTA's threads give each of its `pieces`.
+__host__ __device__ constexpr int grid_finish_threads(int threads, int pieces) {
     int f = 1;
-    while (2 * f <= 32 && 2 * f * channels <= threads) f *= 2;
+    while (2 * f <= 32 && 2 * f * pieces <= threads) f *= 2;
     return f;
 }
 #endif
