@@ -39,14 +39,17 @@ LOOP_PHASES = ("kernel", "start", "attend", "barrier", "decide: stats", "decide:
 START_MARKS = ("start: to the query loaded", "start: to the first copies issued")  # from the kernel's start
 FINISH_MARKS = ("finish: to the prefetches drained", "finish: to the warps combined", "finish: to the end's barrier",
                 "finish: to the outputs written")  # from the finish's start
+# The grid build's finish since the thirty-second session: no warps' combine, no end barrier (decode.cu)
+GRID_FINISH_MARKS = ("finish: to the prefetches drained", "finish: to the combine's start",
+                     "finish: to the outputs written", "finish: to the end (a late drain)")
 
 
-def loop_table(clocks: np.ndarray, khz: float) -> list[str]:
+def loop_table(clocks: np.ndarray, khz: float, grid: bool = False) -> list[str]:
     """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 16]``, or ``[..., 12]`` as
     builds before the thirty-first session wrote them: cycles of the phases, iterations, 1 if the group ran, two
     marks within the start, counted from the kernel's start, and four within the finish, from its start) at ``khz``
     kHz; then the iterations and the µs an iteration. The marks' rows follow the start's and the finish's where a
-    build wrote them."""
+    build wrote them, named as the grid build's finish has them where ``grid``."""
     clocks = np.asarray(clocks, dtype=np.float64)
     if clocks.shape[-1] not in (12, 16):
         raise ValueError(f"clocks: 12 or 16 words a group, got {clocks.shape[-1]}")
@@ -60,7 +63,7 @@ def loop_table(clocks: np.ndarray, khz: float) -> list[str]:
     if c.shape[1] == 16 and c[:, 12:16].any():  # within the finish (thirty-first session on)
         marks = c[:, 12:16] / (khz * 1e-3)
         rows += [f"| {name} | {marks[:, i].mean():.2f} | {marks[:, i].max():.2f} |"
-                 for i, name in enumerate(FINISH_MARKS)]
+                 for i, name in enumerate(GRID_FINISH_MARKS if grid else FINISH_MARKS)]
     if c[:, 10:12].any():  # within the start (builds since the twenty-fourth session): the marks' cycles from it
         marks = c[:, 10:12] / (khz * 1e-3)
         for i, name in enumerate(START_MARKS):
@@ -121,11 +124,11 @@ def main() -> None:
             cupy.cuda.Device().synchronize()
             what = "the loop" if args.loop else "psa_spec_verify"
             print(f"\nT={args.size} B={b} {shape.name} {args.stop} step {p.step} speculate {speculate}"
-                  f"{' spread' if args.spread else ''}, {what}, cluster {p.cluster}, "
+                  f"{' spread' if args.spread else ''}, {what}, cluster {p.cluster}, grid {p.grid_ctas}, "
                   f"SM clock {khz / 1e3:.0f} MHz (its maximum)")
             print("| phase | mean µs | largest µs |\n|---|---|---|")
             if args.loop:
-                print("\n".join(loop_table(cupy.asnumpy(_kernels.loop_clocks), khz)))
+                print("\n".join(loop_table(cupy.asnumpy(_kernels.loop_clocks), khz, grid=p.grid_ctas > 0)))
             else:
                 print("\n".join(phase_table(cupy.asnumpy(_kernels.verify_clocks), khz)))
     finally:

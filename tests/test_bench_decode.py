@@ -603,6 +603,12 @@ def test_loop_clock_table_counts_only_the_groups_that_ran():
                              "| finish: to the warps combined | 0.70 | 0.80 |",
                              "| finish: to the end's barrier | 2.00 | 2.50 |",
                              "| finish: to the outputs written | 3.00 | 3.50 |"]
+    grid = evc.loop_table(wide, khz=1e6, grid=True)  # the grid build's finish: no warps' combine, no end barrier
+    assert grid[:10] == rows16[:10] and grid[14:] == rows16[14:]
+    assert [r.split(" |")[0] for r in grid[10:14]] == ["| finish: to the prefetches drained",
+                                                       "| finish: to the combine's start",
+                                                       "| finish: to the outputs written",
+                                                       "| finish: to the end (a late drain)"]
     with pytest.raises(ValueError, match="12 or 16 words"):
         evc.loop_table(np.zeros((2, 13)), khz=1e6)
 
