@@ -184,8 +184,6 @@
 #  the dense kernel's split and warp counts swept again for one request at 32K (Llama, SmolLM2).
 #   run(command="bash benchmarks/device_pending.sh s33d")  (~2 minutes)
 #  pick_grid's thresholds after the grid finish v2: the grid forced where the rule keeps clusters (Llama, SmolLM2).
-#   run(command="bash benchmarks/device_pending.sh s33e")  (~3 minutes)
-#  batches: the predicted first chunk against the auto step (the busiest group's iterations).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1369,19 +1367,6 @@ if [ "$PART" = s33d ]; then
   timeout 120 python3 exp_kernels_attr.py GRID_MIN_HEAD_DIM=128,0 -- exp_step.py --share 0.05 --shape smollm2 \
       --sizes 32768:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_grid_rule.md" \
       | grep "^#\|^| [0-9]" | grep -v dense | cut -d'|' -f1-5,8-12
-  exit 0
-fi
-if [ "$PART" = s33e ]; then
-  # Batches: the predicted first chunk (mode `first`: each group's first chunk sized from its estimated mass) against
-  # the auto step's loop where the busiest group sets the step (Llama 128K B = 8: 3.3 iterations on average, 5 at
-  # most; top-k at PSA's budget 250.3 µs against PSA's 272.1 in s32i). s32b measured one request only (slower: two
-  # iterations always). Predicted: at B = 8 the busiest group's iterations 5 -> ~2-3, the step -5 to -10%.
-  cd benchmarks
-  for shape in llama8b gemma3; do
-    timeout 150 python3 exp_step.py --share 0.05 --shape $shape --sizes 131072:8,32768:8 --steps auto \
-        --modes loop,first --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_first_batch.md" | grep "^| [0-9]" \
-        | grep -v dense | cut -d'|' -f2-5,8-12
-  done
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
