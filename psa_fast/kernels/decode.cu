@@ -981,7 +981,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 m[i] = ml.x;
                 l[i] = ml.y;
                 if constexpr (FV == 4) {
-                    const float4 v = in ? __ldcg(reinterpret_cast<const float4*>(p + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    const float4 v = in ? __ldcg(reinterpret_cast<const float4*>(p + d))
+                                        : make_float4(0.f, 0.f, 0.f, 0.f);
                     o[i][0] = v.x; o[i][1] = v.y; o[i][2] = v.z; o[i][3] = v.w;
                 } else {
                     o[i][0] = in ? __ldcg(p + d) : 0.f;
@@ -1011,8 +1012,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             }
             if (live && sub == 0) {
                 float* dst = out + ((long)b * Hq + h0 + h) * PSA_D + d;
-                if constexpr (FV == 4) *reinterpret_cast<float4*>(dst) = make_float4(O[0] / L, O[1] / L, O[2] / L, O[3] / L);
-                else *dst = O[0] / L;
+                if constexpr (FV == 4)
+                    *reinterpret_cast<float4*>(dst) = make_float4(O[0] / L, O[1] / L, O[2] / L, O[3] / L);
+                else
+                    *dst = O[0] / L;
             }
         }
         PSA_LMARK(14);  // (the marks of the cluster builds' warps' combine and end barrier: none here)
