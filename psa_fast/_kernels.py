@@ -331,11 +331,11 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     one CTA's bitonic sort ~0.0095 µs a padded block, a wave of CTAs at a time; its radix passes ~5 µs plus 0.0027
     a padded block, as many rounds as groups an SM; slices + merge ~12.8 µs plus 0.00068 a padded block
     (twenty-sixth session's merge: 15.6 µs at 4,096, 18.4 at 8,192), its ``npad / SLICE`` CTAs a group in waves;
-    with slices of ``SLICE_ONE_WAVE`` keys (one wave by construction; the
-    merge searching in shared memory, fitted to twelve shapes of the thirty-first session within 0.62 µs: one group
-    6.8, 7.9, 10.7 and 15.9 µs at 2,048 to 16,384 blocks, eight groups 7.1, 8.0 and 12.6 at 2,048 to 8,192) ~5.5 µs
-    plus 0.00052 a padded block of a group, ~0.53 µs for each further batch of eight slices the merge searches, and
-    0.000025 a padded block of all groups."""
+    with slices of ``SLICE_ONE_WAVE`` keys (one wave by construction; the merge searching in shared memory, fitted
+    to twelve shapes of the thirty-first session within 0.62 µs: one group 6.8, 7.9, 10.7 and 15.9 µs at 2,048 to
+    16,384 blocks, eight groups 7.1, 8.0 and 12.6 at 2,048 to 8,192) ~5.5 µs plus 0.00052 a padded block of a
+    group, ~0.53 µs for each further batch of eight slices the merge searches, and 0.000025 a padded block of all
+    groups."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
     if method == "rank":  # (a CTA's count over every word is a latency chain: one group of 8,192 takes 16.3 µs)

@@ -193,9 +193,10 @@ class DecodePlan:
                           else 0)
         if self.grid_ctas:
             self.cluster = 1
+        # the loop's warps a CTA as its build fits them (the step's unit; the grid build's entries, one a warp)
+        loop_warps, pairs = _kernels.loop_launch(d=cache.dp, s=cache.block_size, g=self.g, version=self.version,
+                                                 warps=self.warps, stages=self.stages)
         if step == "auto":
-            loop_warps, pairs = _kernels.loop_launch(d=cache.dp, s=cache.block_size, g=self.g,
-                                                     version=self.version, warps=self.warps, stages=self.stages)
             step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.grid_ctas or self.cluster,
                                       warps=loop_warps, block_bytes=block_bytes,
                                       speculate=self.speculate is not None, pairs=pairs)
@@ -245,11 +246,9 @@ class DecodePlan:
         self._grid_group = None  # the grid build's exchange buffers (its counters zero between launches)
         if self.grid_ctas:
             c = self.grid_ctas
-            w = _kernels.loop_launch(d=dp, s=cache.block_size, g=self.g, version=self.version, warps=self.warps,
-                                     stages=self.stages)[0]  # every warp of the group writes its output terms
             self._grid_group = (c, cupy.empty((b, self.gn, 2, c, self.g, 4), f32),
                                 cupy.zeros((b, self.gn, 2), cupy.uint32),
-                                cupy.empty((b, self.gn, c * w, self.g, dp + 4), f32))
+                                cupy.empty((b, self.gn, c * loop_warps, self.g, dp + 4), f32))
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)

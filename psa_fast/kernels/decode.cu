@@ -164,7 +164,8 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)),
 // lclk slots: 0 kernel start, 1 loop start, 2 this iteration's mark, then sums over iterations: 3 attention,
 // 4 barriers, 5 the decision's cluster statistics, 6 its sketch window sums, 7 the rest of it; 8 finish start,
 // 9 iterations; 10 the query loaded, 11 the first copies issued; within the finish: 12 the prefetches drained, 13 the
-// warps' outputs combined, 14 the end's barrier passed (grid: the terms written first), 15 the outputs written
+// warps' outputs combined, 14 the end's barrier passed, 15 the outputs written (grid: 13 the combine's start, 14 the
+// outputs written, 15 the end, after a late drain where PSA_GRID_DRAIN_LATE)
 
 #ifndef PSA_QPARTS
 #define PSA_QPARTS 2  // parts of Q's split (see above); 1 only when the query is of the KV's type
@@ -944,7 +945,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
     PSA_LMARK(8);
 #if !(PSA_GRID && PSA_GRID_DRAIN_LATE)
-    cp_async_wait_all();  // prefetches past the stop must land before the ring is reused below
+    cp_async_wait_all();  // prefetches past the stop land before the ring is reused below (grid: before the CTA leaves)
 #endif
     PSA_LMARK(12);
 #if PSA_GRID
