@@ -176,14 +176,15 @@
 #  the grid finish v2 against main's finish (both with the rings on 128-byte lines): grid tests, step, loop clock.
 #   run(command="bash benchmarks/device_pending.sh s32i")  (~9 minutes)
 #  every GPU suite on the thirty-second session's final code, then Gemma 3's and Llama's 5% runs of record.
-#   run(command="bash benchmarks/device_pending.sh s33a")  (~5 minutes)
-#  the long order's merge over the keys' high words (ORDER_WORDS=1): order timings, steps, the GPU order tests.
-#   run(command="bash benchmarks/device_pending.sh s33b")  (~3 minutes)
-#  the grid finish draining the prefetches past the stop at its end (decode.cu's PSA_GRID_DRAIN_LATE) against before.
 #   run(command="bash benchmarks/device_pending.sh s33c")  (~3 minutes)
 #  the dense kernel's split and warp counts swept again for one request at 32K (Llama, SmolLM2).
 #   run(command="bash benchmarks/device_pending.sh s33d")  (~2 minutes)
 #  pick_grid's thresholds after the grid finish v2: the grid forced where the rule keeps clusters (Llama, SmolLM2).
+#   run(command="bash benchmarks/device_pending.sh s33e", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
+#  runs of record after the finish v2 (real Gemma layer 17, per-head at 32K and 128K), pick_step and the estimate's
+#  one wave at 128K, B = 1.
+#   run(command="bash benchmarks/device_pending.sh s33f")  (~4 minutes)
+#  pick_step's STEP_SHARE 0.25 against 0.5 at B = 8: the per-head profile against top-k, Llama 5% as the control.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1286,65 +1287,6 @@ if [ "$PART" = s32i ]; then
       --out "$OUT/l" 2>&1 | tee "$OUT/l.log" | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/l.log"
   exit 0
 fi
-if [ "$PART" = s33a ]; then
-  # The long order's merge over the keys' high words (order_slice.cu and order_merge.cu built with ORDER_WORDS=1; the
-  # thirty-first session's design, written again in the thirty-second and checked there against a Python model of
-  # its lifting with many tied high words). Predicted before any run: one group of 8,192 blocks (slices + merge)
-  # 10.7 -> ~9 µs (the copy 64 -> 32 KiB a CTA, 4-byte probes), Gemma 3 5% 128K B = 1 -1.5 µs. The order timings
-  # and steps first (both orders), then the GPU order tests with the switch on in both files (this machine's copy).
-  cd benchmarks
-  words="python3 exp_kernel_defines.py order_slice order_words=1 -- exp_kernel_defines.py order_merge order_words=1 --"
-  for order in new,old old,new; do
-    for side in ${order//,/ }; do
-      run="python3"; [ $side = new ] && run="$words"
-      echo "## order $side ($order)"
-      timeout 90 $run exp_order_rank.py --shapes 1x1x8192,1x1x16384,1x8x4096,1x8x8192,2x8x8192 2>&1 | grep -v Warn \
-          | tee -a "$OUT/exp_order_merge_hi.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,8,11
-    done
-    for cfg in gemma3:131072:1 llama8b:131072:1; do
-      IFS=: read -r shape size b <<< "$cfg"
-      for side in ${order//,/ }; do
-        run="python3"; [ $side = new ] && run="$words"
-        echo "## step $side ($order) $shape"
-        timeout 90 $run exp_step.py --share 0.05 --shape $shape --sizes $size:$b --steps auto --modes loop \
-            --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_merge_hi.md" | grep "^| [0-9]" | grep -v dense \
-            | cut -d'|' -f2-5,8-12
-      done
-    done
-  done
-  cd ..
-  sed -i 's/^#define PSA_ORDER_WORDS 0/#define PSA_ORDER_WORDS 1/' psa_fast/kernels/order_slice.cu psa_fast/kernels/order_merge.cu
-  grep -c "^#define PSA_ORDER_WORDS 1" psa_fast/kernels/order_slice.cu psa_fast/kernels/order_merge.cu
-  gpu_tests t_order_hi.log 300 tests/test_fast.py -k "order or slices or conforms"
-  exit 0
-fi
-if [ "$PART" = s33b ]; then
-  # The grid finish draining the prefetches past the stop at its end (GRID_DRAIN_LATE=1: the copies land while the
-  # outputs combine; the finish v2 uses no shared memory) against before it (0, the default). Predicted before any
-  # run: Llama 128K B = 1 (grid 16; s32h: 1.2 µs of drain) finish 3.4 -> ~2.3, step 68.4 -> ~67.3; Gemma 3 (drain
-  # 0.04-0.08) unchanged. The grid tests with it, the step both orders, the loop clock.
-  gpu_tests t_grid_late.log 200 tests/test_fast.py -k "spread_over_the_grid"  # (default build)
-  cd benchmarks
-  for order in 1,0 0,1; do
-    for cfg in llama8b/131072:1 gemma3/131072:1,131072:8; do
-      IFS=/ read -r shape sizes <<< "$cfg"
-      for v in ${order//,/ }; do
-        echo "## GRID_DRAIN_LATE=$v ($order) $shape"
-        timeout 90 python3 exp_kernel_defines.py decode grid_drain_late=$v -- exp_step.py --share 0.05 --shape $shape \
-            --sizes $sizes --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_drain.md" \
-            | grep "^| [0-9]" | grep -v dense | cut -d'|' -f2-5,8-12
-      done
-    done
-  done
-  timeout 90 python3 exp_kernel_defines.py decode grid_drain_late=1 -- exp_verify_clock.py --loop --speculate 0 \
-      --stop ema --share 0.05 --shape llama8b --size 131072 --batches 1 --step 1024 2>&1 | grep -v Warn \
-      | tee -a "$OUT/exp_loop_clock_drain.md" | grep "^T=\|^| [a-z]"
-  cd ..  # the grid tests with the switch on (this machine's copy of the tree only)
-  sed -i 's/^#define PSA_GRID_DRAIN_LATE 0/#define PSA_GRID_DRAIN_LATE 1/' psa_fast/kernels/decode.cu
-  grep -c "^#define PSA_GRID_DRAIN_LATE 1" psa_fast/kernels/decode.cu
-  gpu_tests t_grid_late1.log 200 tests/test_fast.py -k "spread_over_the_grid"
-  exit 0
-fi
 if [ "$PART" = s33c ]; then
   # The dense kernel's launch shapes again after the rings' alignment (s32: Llama one request 0.85x -> 0.88x SDPA at
   # 32K, 0.93x -> 0.96x at 128K): does another split count or warp count now reach 0.95x at 32K (Llama, SmolLM2)?
@@ -1367,6 +1309,52 @@ if [ "$PART" = s33d ]; then
   timeout 120 python3 exp_kernels_attr.py GRID_MIN_HEAD_DIM=128,0 -- exp_step.py --share 0.05 --shape smollm2 \
       --sizes 32768:1,131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_grid_rule.md" \
       | grep "^#\|^| [0-9]" | grep -v dense | cut -d'|' -f1-5,8-12
+  exit 0
+fi
+if [ "$PART" = s33e ]; then
+  # Runs of record not re-measured since the grid finish v2 (thirty-second session), then two cheap sweeps. Carry
+  # .gl/gemma3_xml_l17_32k.npz. (1) the real Gemma 3 layer 17 at B = 1, 8, 32 (s31: speculating 49.7 / 106.2 /
+  # 271.4 µs; predicted the B = 1 loop rows ~3 µs faster from the finish, the speculative ones unchanged); (2) the
+  # per-head rows against top-k at 32K and 128K (s31: per-head B = 8 6-8% slower than top-k); (3) pick_step on the
+  # grid after the finish v2: Gemma 3 128K B = 1 and 8 at the auto step and its neighbours (predicted: the finish's
+  # 3.7 µs less an iteration favours a smaller step, ~1 µs at most); (4) psa_estimate_mma at 64 blocks a warp (one
+  # wave) in the step at one request, 128K (s27a: the kernel alone 11.6 -> 10.3 µs on Llama; predicted the step
+  # -1 µs on Llama, ~0 on Gemma 3).
+  cd benchmarks
+  mkdir -p "$OUT/g" "$OUT/ph32" "$OUT/ph128"
+  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
+      | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/g.log"
+  for size in 32 128; do
+    sizes="32768:1,32768:8,32768:32"; [ $size = 128 ] && sizes="131072:1,131072:8,131072:32"
+    timeout 150 python3 bench_decode.py --profile per-head --shape llama8b --sizes $sizes --reps 20 \
+        --skip tau0.9,remaining,predicted,sketch,stages,rank --out "$OUT/ph$size" 2>&1 | tee "$OUT/ph$size.log" \
+        | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph$size.log"
+  done
+  timeout 120 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 131072:1,131072:8 --steps 640,896,auto,1792 \
+      --modes loop --layers 8 2>&1 | grep -v Warn | tee "$OUT/exp_step_grid_steps128.md" | grep "^| [0-9]" | grep -v dense
+  timeout 120 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,64 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee "$OUT/exp_step_est64.md" \
+      | grep "^#\|^| [0-9]" | grep -v dense | cut -d'|' -f1-5,8-12
+  timeout 120 python3 exp_kernels_attr.py ESTIMATE_MMA_WARP_BLOCKS=0,64 -- exp_step.py --share 0.05 --shape gemma3 \
+      --sizes 131072:1 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn | tee -a "$OUT/exp_step_est64.md" \
+      | grep "^#\|^| [0-9]" | grep -v dense | cut -d'|' -f1-5,8-12
+  exit 0
+fi
+if [ "$PART" = s33f ]; then
+  # pick_step's STEP_SHARE (the share of a group's blocks the step is sized for) 0.25 against 0.5 where the busiest
+  # group sets a batch's step: the per-head profile at B = 8 (s33e: PSA 163.8 / 545.0 µs against top-k at PSA's
+  # error 157.9 / 532.0 at 32K / 128K; steps 160 / 352 -> 256 / 480), and Llama 5% at B = 8 (uniform groups) as the
+  # control. Predicted before any run: the busiest per-head group ~2 fewer iterations of ~3.5 µs for ~50-60 more
+  # blocks at its own two SMs' ~90 GB/s: 32K -4 µs (-2.5%), 128K -5 (-1%), not enough to pass top-k; Llama 5%
+  # within +-1%.
+  cd benchmarks
+  timeout 300 python3 exp_kernels_attr.py STEP_SHARE=0.25,0.5 -- bench_decode.py --profile per-head --shape llama8b \
+      --sizes 32768:8,131072:8 --reps 20 --skip tau0.9,remaining,predicted,sketch,stages,rank,speculate \
+      --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/per_head_step_share.log" | grep "^#\|PSA\|top-k" | cut -c1-130
+  timeout 150 python3 exp_kernels_attr.py STEP_SHARE=0.25,0.5 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:8,131072:8 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
+      | tee "$OUT/exp_step_step_share.md" | grep "^#\|^| [0-9]" | grep -v dense | cut -d'|' -f1-5,8-12
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

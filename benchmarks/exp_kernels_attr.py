@@ -4,7 +4,8 @@
     python benchmarks/exp_kernels_attr.py SLICE=1024,16384 -- profile_decode_step.py --kv l17.npz --batches 1
 
 Each value prints a ``# _kernels.NAME = value`` line before the script's own output; the constant is restored
-afterwards. Values are integers.
+afterwards. Values take the constant's type: integers for an integer constant, numbers for a float one
+(``STEP_SHARE=0.25,0.5``).
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ import runpy
 import sys
 
 
-def parse_assignment(text: str) -> tuple[str, list[int]]:
-    """``"SLICE=1024,16384"`` -> ``("SLICE", [1024, 16384])``; the name must be an existing integer constant."""
+def parse_assignment(text: str) -> tuple[str, list[int] | list[float]]:
+    """``"SLICE=1024,16384"`` -> ``("SLICE", [1024, 16384])``, ``"STEP_SHARE=0.25,0.5"`` -> ``("STEP_SHARE", [0.25,
+    0.5])``; the name must be an existing integer (or flag) or float constant, the values of its type."""
     from psa_fast import _kernels
 
     name, sep, values = text.partition("=")
-    if not sep or not name.isupper() or not isinstance(getattr(_kernels, name, None), int):
-        raise SystemExit(f"expected NAME=v1,v2 with NAME an integer constant of psa_fast._kernels, got {text!r}")
+    current = getattr(_kernels, name, None)
+    kind = int if type(current) is bool else type(current)  # a flag takes 0 / 1
+    if not sep or not name.isupper() or kind not in (int, float):
+        raise SystemExit(f"expected NAME=v1,v2 with NAME an integer or float constant of psa_fast._kernels, got {text!r}")
     try:
-        return name, [int(v) for v in values.split(",")]
+        return name, [kind(v) for v in values.split(",")]
     except ValueError:
-        raise SystemExit(f"{name}: values are integers, got {values!r}") from None
+        raise SystemExit(f"{name}: values are {'integers' if kind is int else 'numbers'}, got {values!r}") from None
 
 
 def main(argv: list[str]) -> None:

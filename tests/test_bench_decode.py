@@ -437,7 +437,10 @@ def test_kernels_attr_runs_the_script_once_per_value_and_restores_the_constant(t
     import exp_kernels_attr as eka
 
     assert eka.parse_assignment("SLICE=1024,16384") == ("SLICE", [1024, 16384])
-    for bad in ("SLICE", "slice=1", "NOT_THERE=1", "SLICE=a"):
+    share = eka.parse_assignment("STEP_SHARE=0.25,0.5")  # a float constant takes numbers
+    assert share == ("STEP_SHARE", [0.25, 0.5]) and all(type(v) is float for v in share[1])
+    assert eka.parse_assignment("ESTIMATE_ON_TENSOR_CORES=0,1") == ("ESTIMATE_ON_TENSOR_CORES", [0, 1])  # a flag
+    for bad in ("SLICE", "slice=1", "NOT_THERE=1", "SLICE=a", "SLICE=0.5", "STEP_SHARE=x", "GRID_COOPERATIVE_=1"):
         with pytest.raises(SystemExit):
             eka.parse_assignment(bad)
     script = tmp_path / "probe.py"

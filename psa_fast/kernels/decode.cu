@@ -138,9 +138,6 @@ static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STA
 #ifndef PSA_LOOP_CLOCK
 #define PSA_LOOP_CLOCK 0
 #endif
-#ifndef PSA_GRID_DRAIN_LATE
-#define PSA_GRID_DRAIN_LATE 0  // experiment (device_pending.sh s33b): the grid finish drains the prefetches at its end
-#endif
 // PSA_LOOP_CLOCK = 1 (benchmarks/exp_verify_clock.py --loop): thread 0 of each group's rank-0 CTA reads the SM clock
 // around the loop and writes per group to loop_clocks [B, Gn, 16] the cycles of the whole kernel, its start (up to
 // the loop), the chunks' attention, the barriers after them, the decisions in three parts (the cluster's
@@ -165,7 +162,7 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)),
 // 4 barriers, 5 the decision's cluster statistics, 6 its sketch window sums, 7 the rest of it; 8 finish start,
 // 9 iterations; 10 the query loaded, 11 the first copies issued; within the finish: 12 the prefetches drained, 13 the
 // warps' outputs combined, 14 the end's barrier passed, 15 the outputs written (grid: 13 the combine's start, 14 the
-// outputs written, 15 the end, after a late drain where PSA_GRID_DRAIN_LATE)
+// outputs written, 15 the end)
 
 #ifndef PSA_QPARTS
 #define PSA_QPARTS 2  // parts of Q's split (see above); 1 only when the query is of the KV's type
@@ -944,9 +941,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     }
     PSA_LMARK(8);
-#if !(PSA_GRID && PSA_GRID_DRAIN_LATE)
     cp_async_wait_all();  // prefetches past the stop land before the ring is reused below (grid: before the CTA leaves)
-#endif
     PSA_LMARK(12);
 #if PSA_GRID
     // ---- the group's output from every warp's entry of the last iteration (written before its barrier) ----
@@ -1020,9 +1015,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             }
         }
         PSA_LMARK(14);  // (the marks of the cluster builds' warps' combine and end barrier: none here)
-#if PSA_GRID_DRAIN_LATE
-        cp_async_wait_all();  // the copies past the stop landed while the outputs combined (no shared memory above)
-#endif
         PSA_LMARK(15);
         if (threadIdx.x == 0 && rank == 0) {  // (the grid build's loop ends only with a reason)
             const long gi = (long)b * Gn + g;

@@ -3,7 +3,7 @@
 // each other slice, how many keys there are larger (keys are unique but for the zero padding) -- and
 // writes its block index there, one thread a key, many CTAs per group.
 //
-//   sorted   [B, Gn, P * SL] u64: P slices of SL keys (SL a power of two >= 4), each sorted descending
+//   sorted   [B, Gn, P * SL] u64: P slices of SL keys (SL a power of two), each sorted descending
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's N_b blocks
 //   dynamic shared memory: P * SL keys (the group's, <= 16,384: 128 KiB)
 //
@@ -15,45 +15,23 @@
 
 typedef unsigned long long u64;
 
-#ifndef PSA_ORDER_WORDS
-#define PSA_ORDER_WORDS 0
-#endif
-// PSA_ORDER_WORDS = 1 (experiment, device_pending.sh s33a; with order_slice.cu's build of the same): the group's keys
-// arrive as two word arrays, [B, Gn, 2, P * SL] u32 (high words, then low words); each CTA copies only the high words
-// into shared memory (half the bytes), and a probe reads a low word from global memory only where the high words tie
-// (forced blocks, equal scores). The comparison is the whole key's, so the ranks are the same.
-#if PSA_ORDER_WORDS
-typedef unsigned int merge_key;  // the high word
-#else
-typedef u64 merge_key;
-#endif
-
 extern "C" __global__ void __launch_bounds__(256)
 psa_order_merge(const u64* __restrict__ sorted, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
                 int P, int SL) {
-    extern __shared__ __align__(16) merge_key sk[];
+    extern __shared__ __align__(16) u64 sk[];
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
-    const int total = P * SL;  // a multiple of 4: SL is a power of two >= 4
+    const int total = P * SL;  // even: SL is a power of two >= 2
     int* orow = order + ((long)b * Gn + g) * Nmax;
     if (e >= n && e < Nmax) orow[e] = -1;
     const uint4* src = reinterpret_cast<const uint4*>(sorted + ((long)b * Gn + g) * total);
-    constexpr int per16 = 16 / sizeof(merge_key);  // keys a 16-byte load
 #pragma unroll 8
-    for (int i = threadIdx.x; i < total / per16; i += blockDim.x) reinterpret_cast<uint4*>(sk)[i] = __ldcg(src + i);
+    for (int i = threadIdx.x; i < total / 2; i += blockDim.x) reinterpret_cast<uint4*>(sk)[i] = __ldcg(src + i);
     __syncthreads();
     if (e >= total) return;
-#if PSA_ORDER_WORDS
-    const unsigned int* lo = reinterpret_cast<const unsigned int*>(sorted + ((long)b * Gn + g) * total) + total;
-    const unsigned int key = sk[e], low = __ldcg(lo + e);
-    if (key == 0u && low == 0u) return;  // padding
-    auto above = [&](int j) { return sk[j] > key || (sk[j] == key && __ldcg(lo + j) > low); };
-#else
     const u64 key = sk[e];
     if (key == 0ull) return;  // padding
-    auto above = [&](int j) { return sk[j] > key; };
-#endif
     const int mine = e / SL;
     int rank = e - mine * SL;
     // Each other slice's count of keys above `key` by binary lifting, eight slices at once (eight independent
@@ -70,18 +48,14 @@ psa_order_merge(const u64* __restrict__ sorted, const int* __restrict__ seq_lens
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int at = count[i] + half;
-                count[i] = above(s[i] + at) ? at : count[i];
+                count[i] = sk[s[i] + at] > key ? at : count[i];
             }
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            count[i] += above(s[i] + count[i] + 1);
+            count[i] += sk[s[i] + count[i] + 1] > key;
             if (p0 + i < P && p0 + i != mine) rank += count[i];
         }
     }
-#if PSA_ORDER_WORDS
-    orow[rank] = (int)(0xFFFFFFFFu - low);
-#else
     orow[rank] = (int)(0xFFFFFFFFu - (unsigned int)(key & 0xFFFFFFFFull));
-#endif
 }

@@ -9,10 +9,6 @@
 //   sorted   [B, Gn, P * PSA_SN] u64 out: slice p holds blocks p * PSA_SN .., sorted descending
 #include "sort.cuh"
 
-#ifndef PSA_ORDER_WORDS
-#define PSA_ORDER_WORDS 0  // experiment (s33a): 1 writes the high words, then the low words (order_merge.cu's build)
-#endif
-
 extern "C" __global__ void __launch_bounds__(PSA_SORT_THREADS)
 psa_order_slice(const float* __restrict__ scores, const int* __restrict__ seq_lens, u64* __restrict__ sorted,
                 int Nmax, int sink_blocks, int recent_blocks) {
@@ -28,19 +24,7 @@ psa_order_slice(const float* __restrict__ scores, const int* __restrict__ seq_le
 
     block_sort_desc(k, keys);
 
-#if PSA_ORDER_WORDS
-    // The group's keys as two word arrays, the high words first (device_pending.sh s33a; see order_merge.cu)
-    const int total = P * PSA_SN;
-    unsigned int* hi = reinterpret_cast<unsigned int*>(sorted + ((long)b * Gn + g) * total) + slice * PSA_SN;
-    unsigned int* lo = hi + total;
-#pragma unroll
-    for (int r = 0; r < PSA_KPT; ++r) {
-        hi[tid * PSA_KPT + r] = (unsigned int)(k[r] >> 32);
-        lo[tid * PSA_KPT + r] = (unsigned int)(k[r] & 0xFFFFFFFFull);
-    }
-#else
     u64* out = sorted + (((long)b * Gn + g) * P + slice) * PSA_SN;
 #pragma unroll
     for (int r = 0; r < PSA_KPT; ++r) out[tid * PSA_KPT + r] = k[r];
-#endif
 }
