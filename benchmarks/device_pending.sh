@@ -185,6 +185,8 @@
 #  one wave at 128K, B = 1.
 #   run(command="bash benchmarks/device_pending.sh s33f")  (~4 minutes)
 #  pick_step's STEP_SHARE 0.25 against 0.5 at B = 8: the per-head profile against top-k, Llama 5% as the control.
+#   run(command="bash benchmarks/device_pending.sh s33g")  (~8 minutes)
+#  the run of record on drawn profiles (5% and 20%, Llama and Gemma 3 shapes, B = 1, 8, 32) for performance.md's plot.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1355,6 +1357,21 @@ if [ "$PART" = s33f ]; then
   timeout 150 python3 exp_kernels_attr.py STEP_SHARE=0.25,0.5 -- exp_step.py --share 0.05 --shape llama8b \
       --sizes 32768:8,131072:8 --steps auto --modes loop --layers 8 2>&1 | grep -v Warn \
       | tee "$OUT/exp_step_step_share.md" | grep "^#\|^| [0-9]" | grep -v dense | cut -d'|' -f1-5,8-12
+  exit 0
+fi
+if [ "$PART" = s33g ]; then
+  # The run of record on drawn profiles (docs/performance.md's plot, last run 2026-12-01 on the twentieth session's
+  # kernels) again on today's: ideal shares 5% and 20%, B = 1, 8, 32 at 32K and B = 1, 8 at 128K, Llama-3.1-8B and
+  # Gemma 3 shapes; the loop (step "auto"), dense, SDPA and top-k at PSA's budget and error in one run each.
+  cd benchmarks
+  mkdir -p "$OUT/ll" "$OUT/gg"
+  for cfg in llama8b/ll/300 gemma3/gg/260; do
+    IFS=/ read -r shape dir limit <<< "$cfg"
+    timeout $limit python3 bench_decode.py --profile sparsity --shares 0.05,0.2 --shape $shape \
+        --sizes 32768:1,32768:8,32768:32,131072:1,131072:8 --reps 20 \
+        --skip tau0.9,remaining,predicted,sketch,stages,rank,speculate --out "$OUT/$dir" 2>&1 | tee "$OUT/$dir.log" \
+        | grep "^|" | cut -d'|' -f3-9,12 | grep . || tail -n 5 "$OUT/$dir.log"
+  done
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

@@ -74,6 +74,16 @@ def speedup_vs_blocks(rows: list[dict], *, methods=VS_BLOCKS_METHODS, batches=(1
     return {k: sorted(v) for k, v in sorted(lines.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))}
 
 
+def merged_legend(per_axis: list[tuple[list, list[str]]]) -> tuple[list, list[str]]:
+    """One legend for every panel: the ``(handles, labels)`` of each axis (``ax.get_legend_handles_labels()``)
+    joined in order, each label once (a batch drawn in one panel only, e.g. B = 32 at 32K, is still listed)."""
+    seen: dict = {}
+    for handles, labels in per_axis:
+        for h, label in zip(handles, labels):
+            seen.setdefault(label, h)
+    return list(seen.values()), list(seen)
+
+
 def plot_vs_blocks(src: str, dst: str, *, methods=VS_BLOCKS_METHODS, batches=(1, 8, 32)) -> dict:
     """Speedup over SDPA (same run) against the share of blocks read, one line per batch and method and a
     panel per size, from a bench_decode JSONL (best: ``--profile sparsity``, whose shares spread the
@@ -95,7 +105,7 @@ def plot_vs_blocks(src: str, dst: str, *, methods=VS_BLOCKS_METHODS, batches=(1,
     styles = {b: (ls, mk) for b, ls, mk in zip(sorted(batches), ("-", "--", "-.", ":"), ("o", "s", "^", "D"))}
     from matplotlib.ticker import FuncFormatter
 
-    fig, axes = plt.subplots(1, len(sizes), figsize=(max(7.0, 5.5 * len(sizes)), 4.5), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(max(7.0, 5.5 * len(sizes)), 5.6), sharey=True, squeeze=False)
     for ax, t in zip(axes[0], sizes):
         for (tt, b, m), pts in lines.items():
             if tt != t:
@@ -116,9 +126,11 @@ def plot_vs_blocks(src: str, dst: str, *, methods=VS_BLOCKS_METHODS, batches=(1,
         ax.set_title(f"{t // 1024}K tokens")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("speedup over torch SDPA (same run)")
-    axes[0][-1].legend(fontsize=6, ncol=1, loc="best")
+    handles, labels = merged_legend([ax.get_legend_handles_labels() for ax in axes[0]])
+    ncol = 4
+    fig.legend(handles, labels, fontsize=7, ncol=ncol, loc="lower center", frameon=False)
     fig.suptitle(f"Decode step against the share of blocks read ({', '.join(shapes)}; higher is better)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.035 * -(-len(labels) // ncol) + 0.01, 1, 1))  # room for the legend's rows below
     fig.savefig(dst, dpi=120)
     plt.close(fig)
     print(f"wrote {dst}")

@@ -186,6 +186,13 @@ def test_plot_speedup_against_blocks_read(tmp_path):
         plot_decode.plot_vs_blocks(str(src), str(dst), batches=(32,))
 
 
+def test_one_legend_lists_every_panels_lines_once():
+    left = (["h1", "h32"], ["PSA, B=1", "PSA, B=32"])  # B = 32 drawn at 32K only
+    right = (["h1b", "h8"], ["PSA, B=1", "PSA, B=8"])
+    handles, labels = plot_decode.merged_legend([left, right])
+    assert labels == ["PSA, B=1", "PSA, B=32", "PSA, B=8"] and handles == ["h1", "h32", "h8"]
+
+
 
 def test_plot_step_reads_exp_steps_tables_and_draws_them(tmp_path):
     text = """# a comment
