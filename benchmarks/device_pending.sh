@@ -187,6 +187,8 @@
 #  pick_step's STEP_SHARE 0.25 against 0.5 at B = 8: the per-head profile against top-k, Llama 5% as the control.
 #   run(command="bash benchmarks/device_pending.sh s33g")  (~8 minutes)
 #  the run of record on drawn profiles (5% and 20%, Llama and Gemma 3 shapes, B = 1, 8, 32) for performance.md's plot.
+#   run(command="bash benchmarks/device_pending.sh s33h")  (~5 minutes)
+#  the offload decoder's rows (bench_offload.py, every section) on today's kernels.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1372,6 +1374,16 @@ if [ "$PART" = s33g ]; then
         --skip tau0.9,remaining,predicted,sketch,stages,rank,speculate --out "$OUT/$dir" 2>&1 | tee "$OUT/$dir.log" \
         | grep "^|" | cut -d'|' -f3-9,12 | grep . || tail -n 5 "$OUT/$dir.log"
   done
+  exit 0
+fi
+if [ "$PART" = s33h ]; then
+  # Issue 14 item 6: the offload decoder's step rows re-measured on today's kernels (last run 2026-11-30, before the
+  # planned step, the paired warps, the rings' alignment...). Every section of bench_offload (transfers, the pool's
+  # access, the decode step cold and warm, unified against per-layer pools). Predicted: transfers and the pool's
+  # access unchanged; the resident *compute* column well below 2026-11-30's 256-408 µs (that step was 64 blocks an
+  # iteration on older kernels); the offload step's own time little changed, since it launches every iteration.
+  cd benchmarks
+  timeout 450 python3 bench_offload.py --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/bench_offload.log" | grep "^|\|^[0-9]* s"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
