@@ -23,7 +23,8 @@ def parse_assignment(text: str) -> tuple[str, list[int] | list[float]]:
     current = getattr(_kernels, name, None)
     kind = int if type(current) is bool else type(current)  # a flag takes 0 / 1
     if not sep or not name.isupper() or kind not in (int, float):
-        raise SystemExit(f"expected NAME=v1,v2 with NAME an integer or float constant of psa_fast._kernels, got {text!r}")
+        raise SystemExit(f"expected NAME=v1,v2 with NAME an integer or float constant of psa_fast._kernels, "
+                         f"got {text!r}")
     try:
         return name, [kind(v) for v in values.split(",")]
     except ValueError:
