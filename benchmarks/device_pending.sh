@@ -104,22 +104,8 @@
 #  the loop kernel's start split by two marks (to the query in registers, to the first copies issued).
 #   run(command="bash benchmarks/device_pending.sh s25ab", carry=[".gl/decode_s25_before_x.cu"])  (~6 minutes)
 #  the loop kernel's start and finish shortened: tests, the loop clock, the A/B against the file before.
-#   run(command="bash benchmarks/device_pending.sh l2policy")  (~5 minutes)
-#  K/V and metadata streams marked evict-first in L2 (switches since removed): the loop clock, exp_step A/B.
 #   run(command="bash benchmarks/device_pending.sh window", carry=[".gl/decode_s25_prewin.cu"])  (~5 minutes)
 #  the stream's entries loaded a window ahead (no load between a pair's copies): A/B, then the stream's tests.
-#   run(command="bash benchmarks/device_pending.sh next26")  (~8 minutes), then at once (warm)
-#   run(command="bash benchmarks/device_pending.sh next26ab")  (~4 minutes)
-#  the twenty-fifth session's three switches (the windowed stream, the merge's lifting, the query's fold into the
-#  estimate): their tests, every kernel suite with all on, each A/B.
-#   run(command="bash benchmarks/device_pending.sh s26a")  (~2 minutes)
-#  the window's head-dimension rule and the merge's lifting as defaults: tests; a warp-narrowed merge (no gain);
-#  ncu of the merge; the query's fold per kernel (the estimate slower: the fold was removed).
-#   run(command="bash benchmarks/device_pending.sh s26b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~6 minutes)
-#  the merge's lifting in fewer instructions: tests, SASS, A/B; the runs of record; test_fast_metadata and _pool.
-#   run(command="bash benchmarks/device_pending.sh s27a")  (~7 minutes; prepared in the twenty-sixth session)
-#  psa_order_merge with 1, 2, 4, 8 threads a key; psa_estimate_mma's blocks a warp 16 / 32 / 64; the split
-#  build's merge by each group's last CTA: tests, A/Bs. Then at once (warm):
 #   run(command="bash benchmarks/device_pending.sh s27b")  (~6 minutes)
 #  one request's loop on clusters of 10-16 CTAs (how many fit, then timed); the predicted first chunk re-measured.
 #   run(command="bash benchmarks/device_pending.sh s27c")  (~1 minute)
@@ -738,27 +724,6 @@ if [ "$PART" = s25ab ]; then
   decode_source_ab ../.gl/decode_s25_before_x.cu exp_s25ab.md
   exit 0
 fi
-if [ "$PART" = l2policy ]; then
-  # K/V copies (decode.cu PSA_KV_EVICT_FIRST) and the estimate's metadata loads (estimate_mma.cu
-  # PSA_META_EVICT_FIRST) marked evict-first in L2, so that what each kernel's start reads (code, lengths, block
-  # tables, orders, scores) survives the stream: the loop clock's start, then exp_step's graph rows, three ways.
-  # Run once (twenty-fifth session); both switches were then removed (NOTES), so this part is the record only.
-  cd benchmarks
-  for a in "32768 384" "131072 768"; do set -- $a
-    timeout 60 python3 exp_kernel_defines.py decode kv_evict_first=1 -- exp_verify_clock.py --share 0.05 \
-        --shape llama8b --stop ema --speculate 0 --loop --size $1 --batches 1 --step $2 2>&1 | grep -v Warn \
-        | tee -a "$OUT/loop_clock_l2policy.md" | grep "^T=\|^|" | grep -v "^|---"
-  done
-  for v in "0 0" "1 0" "1 1"; do set -- $v
-    echo "## K/V evict-first $1, metadata evict-first $2"
-    run="python3 exp_kernel_defines.py decode kv_evict_first=$1 -- exp_kernel_defines.py estimate_mma meta_evict_first=$2 --"
-    timeout 120 $run exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto \
-        --modes loop 2>&1 | grep -v Warn | tee -a "$OUT/exp_l2policy.md" | grep "^|" | grep -v "^|---\|mode"
-    timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
-        --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_l2policy.md" | grep "^|" | grep -v "^|---\|mode"
-  done
-  exit 0
-fi
 if [ "$PART" = window ]; then
   # the stream's order and block-table entries loaded a window of 32 ahead by the lanes at once (decode.cu
   # stream_position, load_window): the A/B against the file before (.gl/decode_s25_prewin.cu, carried) at Llama's
@@ -767,107 +732,6 @@ if [ "$PART" = window ]; then
   decode_source_ab ../.gl/decode_s25_prewin.cu exp_window.md
   cd ..
   gpu_tests t_window.log 150 tests/test_fast.py -k "two_blocks or default_step or topk or split or resume or offload"
-  exit 0
-fi
-if [ "$PART" = next26 ]; then
-  # (Run once, twenty-sixth session; _kernels.QUERY_FOLD and ORDER_MERGE_LIFT were removed after it: the record.)
-  # The three switches prepared in the twenty-fifth session, in one call (~8 minutes): their comparison tests, then
-  # every kernel suite in one process with all on (_kernels.DECODE_STREAM_WINDOW, ORDER_MERGE_LIFT, QUERY_FOLD), then
-  # the order methods with the merge's lifting off and on. Then at once (warm) `next26ab`.
-  gpu_tests t_next26_cmp.log 120 tests/test_fast.py -k "windowed or lifting or scales_the_query"
-  timeout 400 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.DECODE_STREAM_WINDOW = 1; \
-_kernels.ORDER_MERGE_LIFT = 1; _kernels.QUERY_FOLD = 1; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', \
-'--tb=short', 'tests/test_fast.py', 'tests/test_fast_bf16.py', 'tests/test_stop_rules.py', 'tests/test_first_chunk.py', \
-'tests/test_fast_hf.py', 'tests/test_fast_offload.py', 'tests/test_fast_distributed.py']))" > "$OUT/t_next26.log" 2>&1
-  echo "suites with the three switches on rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_next26.log" | tail -8
-  cd benchmarks
-  timeout 60 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- exp_order_rank.py --shapes 1x8x4096,1x8x8192,8x8x8192 \
-      2>&1 | grep -v Warn | tee "$OUT/exp_mergelift.md" | grep "^#\|^|" | grep -v "^|---"
-  exit 0
-fi
-if [ "$PART" = next26ab ]; then
-  # (Run once, twenty-sixth session; _kernels.QUERY_FOLD and ORDER_MERGE_LIFT were removed after it: the record.)
-  # after next26 (warm): each switch A/B in one process: Llama's and Gemma 3's loop and speculating rows (the
-  # windowed stream), one request's step at 128K kernel by kernel (the merge), Llama's steps (the query's fold).
-  cd benchmarks
-  timeout 150 python3 exp_kernels_attr.py DECODE_STREAM_WINDOW=0,1 -- exp_step.py --share 0.05 --shape llama8b \
-      --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_window2.md" \
-      | grep "^#\|^|" | grep -v "^|---\|mode"
-  timeout 100 python3 exp_kernels_attr.py DECODE_STREAM_WINDOW=0,1 -- exp_step.py --share 0.05 --shape gemma3 \
-      --sizes 32768:1,32768:8 --steps auto --modes loop,s2.0 2>&1 | grep -v Warn | tee -a "$OUT/exp_window2.md" \
-      | grep "^#\|^|" | grep -v "^|---\|mode"
-  timeout 120 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=0,1 -- profile_decode_step.py --share 0.05 \
-      --shape llama8b --size 131072 --batches 1 --variants ema --out "$OUT" 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_"
-  timeout 90 python3 exp_kernels_attr.py QUERY_FOLD=0,1 -- exp_step.py --share 0.05 --shape llama8b \
-      --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | tee "$OUT/exp_fold.md" \
-      | grep "^#\|^|" | grep -v "^|---\|mode\|dense"
-  # how many loop clusters the GPU holds at once (two clusters a group for one request needs 2 B Gn of them)
-  timeout 60 python3 exp_clusters.py 2>&1 | grep -v Warn | tee "$OUT/exp_clusters.md" | grep "^#\|^|" | grep -v "^|---"
-  # smaller slices sort in fewer bitonic stages but give the merge more slices to search (lifting on)
-  timeout 90 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1 -- exp_kernels_attr.py SLICE=256,512,1024 -- \
-      exp_order_rank.py --shapes 1x8x8192,1x8x4096 2>&1 | grep -v Warn | tee -a "$OUT/exp_mergelift.md" \
-      | grep "^#\|^|" | grep -v "^|---"
-  exit 0
-fi
-if [ "$PART" = s26a ]; then
-  # (Run once, twenty-sixth session; _kernels.QUERY_FOLD and ORDER_MERGE_LIFT were removed after it: the record.)
-  # twenty-sixth session, after next26/next26ab: the window's new rule (head dims <= 128) and the merge's lifting on
-  # by default; the merge narrowed by each warp's first and last keys (ORDER_MERGE_LIFT 2): its tests, its A/B
-  # against lifting, ncu of both at one request's 128K (8 x 8,192 keys), and where the query's fold loses (per kernel).
-  gpu_tests t_s26a.log 200 tests/test_fast.py -k "windowed or lifting or order or two_blocks or default_step or split"
-  cd benchmarks
-  timeout 60 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1,2 -- exp_order_rank.py --shapes 1x8x4096,1x8x8192,8x8x8192 \
-      2>&1 | grep -v Warn | tee "$OUT/exp_merge2.md" | grep "^#\|^|" | grep -v "^|---"
-  timeout 100 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1,2 -- profile_decode_step.py --share 0.05 \
-      --shape llama8b --size 131072 --batches 1 --variants ema --out "$OUT" 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_"
-  for lift in 1 2; do
-    timeout 100 ncu --clock-control none -k regex:psa_order_merge --launch-skip 3 --launch-count 1 \
-        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
-        --section Occupancy --section SchedulerStats --print-details all python3 exp_kernels_attr.py \
-        ORDER_MERGE_LIFT=$lift -- exp_order_rank.py --shapes 1x8x8192 > "$OUT/ncu_merge_lift$lift.txt" 2>&1
-    echo "ncu lift=$lift rc=$?"; grep -E "Duration|DRAM Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Issue Slots \
-|Achieved Occupancy|Stall (Long|Short|Wait|MIO|LG|Not|No Inst)|Warp Cycles Per Issued" "$OUT/ncu_merge_lift$lift.txt" | head -24
-  done
-  timeout 120 python3 exp_kernels_attr.py QUERY_FOLD=0,1 -- profile_decode_step.py --share 0.05 \
-      --shape llama8b --size 131072 --batches 8 --variants ema --out "$OUT" 2>&1 | grep -v Warn | grep "^#\|^T=\|psa_"
-  exit 0
-fi
-if [ "$PART" = s26b ]; then
-  # (Run once, twenty-sixth session; _kernels.QUERY_FOLD and ORDER_MERGE_LIFT were removed after it: the record.)
-  # psa_order_merge's lifting in fewer instructions a probe (ORDER_MERGE_LIFT 2, the new default): its tests, its
-  # SASS beside lifting's, its A/B; the runs of record (with lifting 1 if 2's tests fail); the two suites next26's
-  # one-process run left out.
-  gpu_tests t_s26b.log 90 tests/test_fast.py -k "lifting or slices or order_by"
-  grep -q "failed" "$OUT/t_s26b.log" && export RECORD_RUN="python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1 --"
-  python3 -c "from psa_fast import _kernels; open('/tmp/merge.cu', 'w').write(_kernels._source('order_merge.cu'))"
-  for lift in 1 2; do
-    nvcc -arch=sm_90 -cubin -DPSA_D=16 -DPSA_S=16 -DPSA_G=1 -DPSA_MERGE_LIFT=$lift /tmp/merge.cu -o /tmp/m$lift.cubin \
-        && cuobjdump -sass /tmp/m$lift.cubin > "$OUT/merge_lift${lift}_sass.txt" 2>&1
-    echo "SASS lift=$lift lines=$(grep -c '^ */\*[0-9a-f]*\*/' "$OUT/merge_lift${lift}_sass.txt")"
-  done
-  cd benchmarks
-  timeout 60 python3 exp_kernels_attr.py ORDER_MERGE_LIFT=1,2 -- exp_order_rank.py --shapes 1x8x4096,1x8x8192,2x8x8192 \
-      2>&1 | grep -v Warn | tee "$OUT/exp_merge3.md" | grep "^#\|^|" | grep -v "^|---"
-  records
-  cd ..
-  gpu_tests t_s26b_suites.log 150 tests/test_fast_metadata.py tests/test_fast_pool.py
-  exit 0
-fi
-if [ "$PART" = s27a ]; then
-  # (Run once, twenty-seventh session; _kernels.MERGE_LANES and SPLIT_MERGE were removed after it: the record.)
-  # psa_order_merge with 1, 2, 4 or 8 threads a key (_kernels.MERGE_LANES; the kernel ran at 23% occupancy, bound by
-  # its instructions), psa_estimate_mma's blocks a warp swept (ESTIMATE_MMA_WARP_BLOCKS; one request's estimate
-  # at 128K makes 1.3 waves), the split build merged by each group's last CTA (SPLIT_MERGE): their tests, the
-  # order methods at one request's long orders, dense/top-k rows, the estimate's kernel (~7 minutes).
-  gpu_tests t_s27a.log 150 tests/test_fast.py -k "merge_gives or any_blocks_a_warp or split"
-  cd benchmarks
-  timeout 45 python3 exp_kernels_attr.py MERGE_LANES=1,2,4,8 -- exp_order_rank.py --shapes 1x8x8192,2x8x8192,1x8x4096 \
-      2>&1 | grep -v Warn | tee "$OUT/exp_merge_lanes.md" | grep "^#\|^|" | grep -v "^|---" | cut -d'|' -f2,3,9-11
-  # the split build's merge by each group's last CTA (SPLIT_MERGE) against psa_merge_splits' launch: dense and top-k
-  timeout 200 python3 exp_kernels_attr.py SPLIT_MERGE=0,1 -- exp_split.py --splits 0 --reps 30 \
-      --cases llama:32768:1,llama:131072:1,gemma:32768:1,smollm2:32768:1 2>&1 | grep -v Warn \
-      | tee "$OUT/exp_split_merge.md" | grep "^#\|µs"
-  estimate_blocks_sweep exp_est_blocks.md 60 "131072 1" "32768 1" "131072 8"
   exit 0
 fi
 if [ "$PART" = s27b ]; then
