@@ -429,8 +429,9 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
                                np.int32(recent_blocks)), shared_mem=sl * 8)
         merge = _with_smem(kernel("order_merge", d=16, s=s, g=g), npad * 8)  # the group's keys
         t = ORDER_MERGE_THREADS
-        merge((-(-max(npad, nmax) // t), gn, b), (t,), (workspace, seq_lens, out_order, np.int32(nmax), np.int32(p),
-                                                       np.int32(sl)), shared_mem=npad * 8)
+        # a thread a padded key (npad >= nmax, so they also write the -1s past each group's blocks)
+        merge((-(-npad // t), gn, b), (t,), (workspace, seq_lens, out_order, np.int32(nmax), np.int32(p),
+                                             np.int32(sl)), shared_mem=npad * 8)
     else:
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)
