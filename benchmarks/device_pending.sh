@@ -175,6 +175,9 @@
 #  the run of record on drawn profiles (5% and 20%, Llama and Gemma 3 shapes, B = 1, 8, 32) for performance.md's plot.
 #   run(command="bash benchmarks/device_pending.sh s33h")  (~5 minutes)
 #  the offload decoder's rows (bench_offload.py, every section) on today's kernels.
+#   run(command="bash benchmarks/device_pending.sh s34a")  (~4 minutes)
+#  the run of record over shares 2-30% (both shapes, B = 1, 8, 32) for performance.md's plots (then plot_decode.py
+#  --vs-blocks on each JSONL).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1248,6 +1251,20 @@ if [ "$PART" = s33h ]; then
   # iteration on older kernels); the offload step's own time little changed, since it launches every iteration.
   cd benchmarks
   timeout 450 python3 bench_offload.py --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/bench_offload.log" | grep "^|\|^[0-9]* s"
+  exit 0
+fi
+if [ "$PART" = s34a ]; then
+  # Issue 14's run of record over the whole family of drawn profiles (ideal shares 2, 5, 10, 20 and 30%; s33g ran 5%
+  # and 20% in 75 s), so that performance.md's plots show each method's curve, not two points: ~3 minutes.
+  cd benchmarks
+  mkdir -p "$OUT/ll" "$OUT/gg"
+  for cfg in llama8b/ll/280 gemma3/gg/250; do
+    IFS=/ read -r shape dir limit <<< "$cfg"
+    timeout $limit python3 bench_decode.py --profile sparsity --shares 0.02,0.05,0.1,0.2,0.3 --shape $shape \
+        --sizes 32768:1,32768:8,32768:32,131072:1,131072:8 --reps 20 \
+        --skip tau0.9,remaining,predicted,sketch,stages,rank,speculate --out "$OUT/$dir" 2>&1 | tee "$OUT/$dir.log" \
+        | grep "^|" | cut -d'|' -f3-9,12 | grep . || tail -n 5 "$OUT/$dir.log"
+  done
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
