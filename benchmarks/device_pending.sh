@@ -221,6 +221,19 @@ kernel_suites() {
   gpu_tests "$log" 560 tests/test_fast.py tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py \
       tests/test_fast_hf.py tests/test_fast_offload.py tests/test_fast_distributed.py "$@"
 }
+# The run of record on drawn profiles (bench_decode --profile sparsity) at ideal shares $1, Llama-3.1-8B and Gemma 3
+# shapes, B = 1, 8, 32 at 32K and 1, 8 at 128K, each shape within $2 / $3 seconds: rows to $OUT/ll and $OUT/gg.
+drawn_record() {
+  local shares="$1" cfg shape dir limit
+  (cd benchmarks && mkdir -p "$OUT/ll" "$OUT/gg" &&
+  for cfg in "llama8b/ll/$2" "gemma3/gg/$3"; do
+    IFS=/ read -r shape dir limit <<< "$cfg"
+    timeout "$limit" python3 bench_decode.py --profile sparsity --shares "$shares" --shape "$shape" \
+        --sizes 32768:1,32768:8,32768:32,131072:1,131072:8 --reps 20 \
+        --skip tau0.9,remaining,predicted,sketch,stages,rank,speculate --out "$OUT/$dir" 2>&1 | tee "$OUT/$dir.log" \
+        | grep "^|" | cut -d'|' -f3-9,12 | grep . || tail -n 5 "$OUT/$dir.log"
+  done)
+}
 # The runs of record since the twenty-third session (run from benchmarks/): Llama's 5% rows at 32K B = 1, 128K
 # B = 1 and 8, and the real Gemma layer 17 at B = 1, 8, 32; each log kept, its tail printed if no row came out.
 records() {
@@ -1232,15 +1245,7 @@ if [ "$PART" = s33g ]; then
   # The run of record on drawn profiles (docs/performance.md's plot, last run 2026-12-01 on the twentieth session's
   # kernels) again on today's: ideal shares 5% and 20%, B = 1, 8, 32 at 32K and B = 1, 8 at 128K, Llama-3.1-8B and
   # Gemma 3 shapes; the loop (step "auto"), dense, SDPA and top-k at PSA's budget and error in one run each.
-  cd benchmarks
-  mkdir -p "$OUT/ll" "$OUT/gg"
-  for cfg in llama8b/ll/300 gemma3/gg/260; do
-    IFS=/ read -r shape dir limit <<< "$cfg"
-    timeout $limit python3 bench_decode.py --profile sparsity --shares 0.05,0.2 --shape $shape \
-        --sizes 32768:1,32768:8,32768:32,131072:1,131072:8 --reps 20 \
-        --skip tau0.9,remaining,predicted,sketch,stages,rank,speculate --out "$OUT/$dir" 2>&1 | tee "$OUT/$dir.log" \
-        | grep "^|" | cut -d'|' -f3-9,12 | grep . || tail -n 5 "$OUT/$dir.log"
-  done
+  drawn_record 0.05,0.2 300 260
   exit 0
 fi
 if [ "$PART" = s33h ]; then
@@ -1256,15 +1261,7 @@ fi
 if [ "$PART" = s34a ]; then
   # Issue 14's run of record over the whole family of drawn profiles (ideal shares 2, 5, 10, 20 and 30%; s33g ran 5%
   # and 20% in 75 s), so that performance.md's plots show each method's curve, not two points: ~3 minutes.
-  cd benchmarks
-  mkdir -p "$OUT/ll" "$OUT/gg"
-  for cfg in llama8b/ll/280 gemma3/gg/250; do
-    IFS=/ read -r shape dir limit <<< "$cfg"
-    timeout $limit python3 bench_decode.py --profile sparsity --shares 0.02,0.05,0.1,0.2,0.3 --shape $shape \
-        --sizes 32768:1,32768:8,32768:32,131072:1,131072:8 --reps 20 \
-        --skip tau0.9,remaining,predicted,sketch,stages,rank,speculate --out "$OUT/$dir" 2>&1 | tee "$OUT/$dir.log" \
-        | grep "^|" | cut -d'|' -f3-9,12 | grep . || tail -n 5 "$OUT/$dir.log"
-  done
+  drawn_record 0.02,0.05,0.1,0.2,0.3 280 250
   exit 0
 fi
 if [ "$PART" = fasttests ]; then
