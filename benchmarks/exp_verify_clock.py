@@ -41,7 +41,7 @@ FINISH_MARKS = ("finish: to the prefetches drained", "finish: to the warps combi
                 "finish: to the outputs written")  # from the finish's start
 # The grid build's finish since the thirty-second session: no warps' combine, no end barrier (decode.cu)
 GRID_FINISH_MARKS = ("finish: to the prefetches drained", "finish: to the combine's start",
-                     "finish: to the outputs written", "finish: to the end (a late drain)")
+                     "finish: to the outputs written", "finish: to the end")
 
 
 def loop_table(clocks: np.ndarray, khz: float, grid: bool = False) -> list[str]:

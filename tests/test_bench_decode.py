@@ -618,7 +618,7 @@ def test_loop_clock_table_counts_only_the_groups_that_ran():
     assert [r.split(" |")[0] for r in grid[10:14]] == ["| finish: to the prefetches drained",
                                                        "| finish: to the combine's start",
                                                        "| finish: to the outputs written",
-                                                       "| finish: to the end (a late drain)"]
+                                                       "| finish: to the end"]
     with pytest.raises(ValueError, match="12 or 16 words"):
         evc.loop_table(np.zeros((2, 13)), khz=1e6)
 
