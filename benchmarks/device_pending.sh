@@ -178,6 +178,8 @@
 #   run(command="bash benchmarks/device_pending.sh s34a")  (~4 minutes)
 #  the run of record over shares 2-30% (both shapes, B = 1, 8, 32) for performance.md's plots (then plot_decode.py
 #  --vs-blocks on each JSONL).
+#   run(command="bash benchmarks/device_pending.sh s34b")  (~5 minutes)
+#  where Gemma 3's 32K B = 32 step goes (PSA slower than top-k there): kernels, the loop's clock, clusters x steps.
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1262,6 +1264,43 @@ if [ "$PART" = s34a ]; then
   # Issue 14's run of record over the whole family of drawn profiles (ideal shares 2, 5, 10, 20 and 30%; s33g ran 5%
   # and 20% in 75 s), so that performance.md's plots show each method's curve, not two points: ~3 minutes.
   drawn_record 0.02,0.05,0.1,0.2,0.3 280 250
+  exit 0
+fi
+if [ "$PART" = s34b ]; then
+  # Gemma 3's 32K B = 32, the one shape where PSA's loop is slower than top-k of equal error at every share (s34a:
+  # 127.9 µs against 105.1 at 5%; top-k at PSA's own budget 93.1). Where the 35 µs go: kernel by kernel (PSA `ema`,
+  # top-k at PSA's budget, dense), the loop's phases (its clock build), and the loop at other clusters and steps.
+  cd benchmarks
+  timeout 120 python3 profile_decode_step.py --share 0.05 --shape gemma3 --size 32768 --batches 32 \
+      --variants ema,topk,ema:s1.0 --topk 333 --out /tmp 2>&1 | grep -v Warn | grep "^T=\|psa_"
+  timeout 90 python3 exp_verify_clock.py --share 0.05 --shape gemma3 --batches 32 --stop ema --loop --speculate 0 \
+      --step 144 2>&1 | grep -v Warn | grep "^T=\|^|"
+  timeout 200 python3 exp_step.py --share 0.05 --shape gemma3 --sizes 32768:32 --modes loop,s1.0 \
+      --steps 96,144,288,auto --clusters 2,4,8 2>&1 | grep -v Warn | grep "^|"
+  exit 0
+fi
+if [ "$PART" = s34c ]; then
+  # s34b: at Gemma 3 32K B = 32 the 32 clusters of 4 do not all fit (max_active_clusters 30), so the decode kernel
+  # takes 91 µs where a group's CTAs live 50 (mean) to 62 (largest): a second wave. GRID_WHERE_CLUSTERS_WAIT = 1 gives
+  # such plans the grid build (132 // groups CTAs a group, all resident). Predicted: Gemma 3 32K B = 32 123 -> ~90 µs,
+  # Llama B = 2 (16 clusters of 8, 15 fit) and B = 4 (32 of 4) near half their decode kernel; others unchanged.
+  cd benchmarks
+  python3 -c "from psa_fast import _kernels as k; print('max_active_clusters', {c: k.max_active_clusters(c) for c in (2, 4, 8, 16)})"
+  timeout 200 python3 exp_kernels_attr.py GRID_WHERE_CLUSTERS_WAIT=0,1 -- exp_step.py --share 0.05 --shape gemma3 \
+      --sizes 32768:32,32768:16,131072:16,32768:8 --modes loop --steps auto,96,144 2>&1 | grep -v Warn | grep "^|\|^#"
+  timeout 200 python3 exp_kernels_attr.py GRID_WHERE_CLUSTERS_WAIT=0,1 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:2,32768:4,131072:2,131072:4,32768:8 --modes loop --steps auto 2>&1 | grep -v Warn | grep "^|\|^#"
+  exit 0
+fi
+if [ "$PART" = s34d ]; then
+  # s34c again in the other order (1 then 0: the second half of s34c ran 1.5-3% slower on its unchanged rows), with
+  # Gemma 3 128K B = 32 and Llama 64K added: whether the grid for waiting clusters helps Llama's shape too.
+  cd benchmarks
+  timeout 200 python3 exp_kernels_attr.py GRID_WHERE_CLUSTERS_WAIT=1,0 -- exp_step.py --share 0.05 --shape gemma3 \
+      --sizes 32768:32,131072:32 --modes loop --steps auto 2>&1 | grep -v Warn | grep "^|\|^#"
+  timeout 250 python3 exp_kernels_attr.py GRID_WHERE_CLUSTERS_WAIT=1,0 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:2,32768:4,65536:2,65536:4,131072:2,131072:4 --modes loop --steps auto 2>&1 | grep -v Warn \
+      | grep "^|\|^#"
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

@@ -6,7 +6,7 @@ variant, each kernel's launches per step, µs per launch and share of the step.
     python benchmarks/profile_decode_step.py --kv gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 32,1
     python benchmarks/profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 --variants dense
 
-Variants (``--variants``, comma-separated): ``dense``; ``NAME`` or ``NAME:sM`` with NAME ``default`` (the
+Variants (``--variants``, comma-separated): ``dense``; ``topk`` (``k = --topk`` blocks a group); ``NAME`` or ``NAME:sM`` with NAME ``default`` (the
 library's default rule on ``metadata="quant3"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``.
 Steps as in bench_decode: the loop's the plan's ``step="auto"``, speculating ``_kernels.spec_step`` (``max(16,
 blocks / 256)``).
@@ -31,11 +31,11 @@ def parse_variants(text: str) -> list[tuple[str, float | None]]:
         if not item:
             continue
         name, _, spec = item.partition(":")
-        if name == "dense" and not spec:
+        if name in ("dense", "topk") and not spec:
             out.append((name, None))
             continue
         if name not in VARIANT_RULES:
-            raise ValueError(f"--variants: {name!r} is not dense or one of {', '.join(VARIANT_RULES)}")
+            raise ValueError(f"--variants: {name!r} is not dense, topk or one of {', '.join(VARIANT_RULES)}")
         if spec and not (spec.startswith("s") and spec[1:].replace(".", "", 1).isdigit()):
             raise ValueError(f"--variants: {item!r}: the speculation margin is written sM, e.g. default:s1.0")
         out.append((name, float(spec[1:]) if spec else None))
@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=32768, help="tokens (with --kv: a captured position + 1)")
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--variants", default="dense,default:s1.0,default:s2.0,default,ema:s2.0")
+    ap.add_argument("--topk", type=int, default=333, help="blocks a group of the topk variant")
     ap.add_argument("--extra-chunks", type=int, default=None,
                     help="speculative variants: DecodePlan(speculate_extra=N x step) (default: one step)")
     ap.add_argument("--steps", type=int, default=20, help="profiled steps per variant (after 3 warm-up steps)")
@@ -113,6 +114,8 @@ def main() -> None:
                 cache, q = caches[metadata], qs[metadata]
                 if name == "dense":
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="dense", scale=shape.scale)
+                elif name == "topk":
+                    p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="topk", k=args.topk, scale=shape.scale)
                 else:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
                                       stop="auto" if name == "default" else "ema",
@@ -142,7 +145,7 @@ def main() -> None:
                     cupy.cuda.Device().synchronize()
                 events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
                 rows = kernel_table(events, args.steps)
-                label = (name + (f" speculate {spec}" if spec else "")
+                label = (name + (f" k={args.topk}" if name == "topk" else "") + (f" speculate {spec}" if spec else "")
                          + (f" +{args.extra_chunks} chunks" if spec and args.extra_chunks is not None else "")
                          + (" scattered" if args.scatter else "")
                          + (" spread" if args.spread else ""))

@@ -129,6 +129,10 @@ GRID_MIN_GAIN = 2  # ... and this many times its cluster's ...
 GRID_MAX_BUSY = 0.25  # ... and either the groups' clusters would cover at most this share of the SMs and the
 GRID_MIN_BLOCKS_IDLE = 1024  # cache holds this many blocks a group (16K tokens: the shortest measured) ...
 GRID_MIN_GROUP_MIB = 32  # ... or a group's K and V fill this many MiB (Llama at 32K, 16 MiB: slower on the grid)
+# 1: the grid build also wherever the GPU cannot hold every group's cluster at once (max_active_clusters: 30 of 4 and
+# 15 of 8 on the H200, so 32 groups on clusters of 4 or 16 on clusters of 8 run their last clusters in a second wave,
+# e.g. Gemma 3 32K B = 32, Llama B = 2 and 4): SMs // groups CTAs a group, every one resident
+GRID_WHERE_CLUSTERS_WAIT = 1
 
 
 def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_bytes: int) -> int:
@@ -137,8 +141,15 @@ def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_byt
     group's CTAs resident at once, one an SM: its groups wait for all their CTAs each iteration) where that is at
     least ``GRID_MIN_CTAS`` and ``GRID_MIN_GAIN`` times the cluster, the head dim at least ``GRID_MIN_HEAD_DIM``, and
     the cache holds at least ``GRID_MIN_BLOCKS_IDLE`` blocks a group where the clusters would leave three quarters of
-    the SMs idle (``GRID_MAX_BUSY``), ``GRID_MIN_GROUP_MIB`` MiB a group elsewhere; else 0 (the cluster build)."""
-    if LOOP_GRID <= 0 or head_dim < GRID_MIN_HEAD_DIM:
+    the SMs idle (``GRID_MAX_BUSY``), ``GRID_MIN_GROUP_MIB`` MiB a group elsewhere; else 0 (the cluster build).
+    Also, whatever the head dim and size, wherever the GPU cannot hold all ``num_groups`` clusters at once
+    (``GRID_WHERE_CLUSTERS_WAIT``): there the last clusters would wait for a second wave."""
+    if LOOP_GRID <= 0:
+        return 0
+    if GRID_WHERE_CLUSTERS_WAIT and cluster > 1 and max_active_clusters(cluster) < num_groups:
+        c = min(LOOP_GRID, num_sms() // max(1, num_groups))
+        return c if c > 1 else 0
+    if head_dim < GRID_MIN_HEAD_DIM:
         return 0
     idle = num_groups * cluster <= GRID_MAX_BUSY * num_sms()
     if (nmax < GRID_MIN_BLOCKS_IDLE) if idle else (nmax * block_bytes < GRID_MIN_GROUP_MIB * 2**20):

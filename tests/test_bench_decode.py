@@ -362,9 +362,10 @@ def test_long_rule_search_share_order_is_the_librarys():
 def test_profile_decode_step_variants():
     import profile_decode_step as pds
 
-    assert pds.parse_variants("dense, default:s1.0,ema,default:s2") == [
-        ("dense", None), ("default", 1.0), ("ema", None), ("default", 2.0)]
-    for bad, says in (("loop", "not dense"), ("default:2.0", "sM"), ("dense:s1", "not dense"), (" , ", "no variant")):
+    assert pds.parse_variants("dense, default:s1.0,ema,default:s2,topk") == [
+        ("dense", None), ("default", 1.0), ("ema", None), ("default", 2.0), ("topk", None)]
+    for bad, says in (("loop", "not dense"), ("default:2.0", "sM"), ("dense:s1", "not dense"), ("topk:s1", "topk"),
+                      (" , ", "no variant")):
         with pytest.raises(ValueError, match=says):
             pds.parse_variants(bad)
 
@@ -747,6 +748,7 @@ def test_pick_grid_takes_the_grid_build_where_it_was_measured_faster(monkeypatch
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    monkeypatch.setattr(_kernels, "max_active_clusters", {2: 66, 4: 30, 8: 15, 16: 7}.get)  # the H200's
     assert _kernels.LOOP_GRID == 64 and _kernels.GRID_COOPERATIVE == 1
     gemma, llama, smollm2 = 16 << 10, 8 << 10, 4 << 10  # a block's K and V, bytes
     cases = {  # (groups, cluster, blocks a group, head dim, block bytes): CTAs a group
@@ -757,6 +759,7 @@ def test_pick_grid_takes_the_grid_build_where_it_was_measured_faster(monkeypatch
         (8, 8, 2048, 128, llama): 0, (3, 16, 2048, 64, smollm2): 0, (3, 16, 8192, 64, smollm2): 0,  # slower
         (1, 16, 512, 256, gemma): 0, (4, 16, 1024, 256, gemma): 0,  # shorter than measured
         (16, 4, 8192, 128, llama): 0, (64, 1, 8192, 128, llama): 0,  # fewer than 16 CTAs a group (batches)
+        (30, 4, 2048, 256, gemma): 0, (15, 8, 8192, 128, llama): 0,  # every cluster fits
     }
     assert {k: _kernels.pick_grid(*k) for k in cases} == cases
     monkeypatch.setattr(_kernels, "LOOP_GRID", 128)
@@ -765,6 +768,29 @@ def test_pick_grid_takes_the_grid_build_where_it_was_measured_faster(monkeypatch
     assert _kernels.pick_grid(1, 16, 8192, 256, gemma) == 0  # less than twice the cluster
     monkeypatch.setattr(_kernels, "LOOP_GRID", 0)
     assert [_kernels.pick_grid(n, 16, 8192, 256, gemma) for n in (1, 2)] == [0, 0]
+
+
+def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatch):
+    """Where the GPU cannot hold every group's cluster at once (the H200 holds 30 clusters of 4 and 15 of 8, one CTA
+    an SM), the last clusters would run in a second wave: there the grid build gives every group 132 // groups CTAs,
+    all resident, at any head dim and size (s34c/d: Gemma 3 32K B = 32 125.4 -> 99.9 µs, B = 16 76.5 -> 64.7; Llama
+    128K B = 2 125.9 -> 113.4, 128K B = 4 175.4 -> 184.1 the one loss). Not with GRID_WHERE_CLUSTERS_WAIT 0, nor where
+    the groups would get one CTA each."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    monkeypatch.setattr(_kernels, "max_active_clusters", {2: 66, 4: 30, 8: 15, 16: 7}.get)
+    gemma, llama, smollm2 = 16 << 10, 8 << 10, 4 << 10
+    cases = {  # (groups, cluster, blocks a group, head dim, block bytes): CTAs a group
+        (32, 4, 2048, 256, gemma): 4, (32, 4, 8192, 256, gemma): 4, (16, 8, 2048, 256, gemma): 8,  # Gemma 3 B = 32, 16
+        (16, 8, 2048, 128, llama): 8, (32, 4, 8192, 128, llama): 4,  # Llama B = 2 and 4
+        (33, 4, 64, 64, smollm2): 4,  # any head dim and size
+        (67, 2, 2048, 128, llama): 0,  # one CTA a group
+    }
+    assert {k: _kernels.pick_grid(*k) for k in cases} == cases
+    assert _kernels.pick_cluster(32) == 4 and _kernels.pick_cluster(16) == 8  # the clusters that would wait
+    monkeypatch.setattr(_kernels, "GRID_WHERE_CLUSTERS_WAIT", 0)
+    assert [_kernels.pick_grid(*k) for k in ((32, 4, 2048, 256, gemma), (16, 8, 2048, 128, llama))] == [0, 0]
 
 
 def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):

@@ -750,6 +750,49 @@ def test_a_cluster_above_8_is_taken_only_where_every_group_s_cluster_fits(monkey
                  metadata=b.cache.metadata)
 
 
+def test_a_batch_whose_clusters_would_wait_runs_on_the_grid_and_conforms(monkeypatch):
+    """32 requests of a Gemma-3-like shape (one KV head, D 256): 32 clusters of 4, more than the GPU holds at once
+    (the H200: 30), so pick_grid gives the plan the grid build (SMs // 32 CTAs a group, every one resident;
+    GRID_WHERE_CLUSTERS_WAIT). It selects what the clusters select (blocks, iterations, stop, bit for bit) and gives
+    psa_ref's result for the requests checked, over several iterations (a heavier stretch of keys, step 32)."""
+    from psa_fast import _kernels
+
+    batch, hkv, hq, d = 32, 1, 4, 256
+    cluster = _kernels.pick_cluster(batch)
+    if _kernels.max_active_clusters(cluster) >= batch:
+        pytest.skip(f"this GPU holds all {batch} clusters of {cluster} at once")
+    rng = np.random.default_rng(5)
+    lens = [(200 + 7 * b) * 16 + b % 5 for b in range(batch)]
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=batch, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens))
+    data = []
+    for b, t in enumerate(lens):
+        k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+        k[:, 16 * 20: 16 * 60] += np.float16(0.5) * rng.standard_normal(d).astype(np.float16)
+        v = rng.standard_normal((hkv, t, d)).astype(np.float16)
+        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(v))
+        data.append((k, v))
+    q = (2 * rng.standard_normal((batch, hq, d))).astype(np.float16)
+    q32 = cupy.asarray(q.astype(np.float32))
+    runs = {}
+    for wait in (0, 1):
+        monkeypatch.setattr(_kernels, "GRID_WHERE_CLUSTERS_WAIT", wait)
+        plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, stop="ema", step=32)
+        assert plan.grid_ctas == (_kernels.num_sms() // batch if wait else 0)
+        dec = plan.run(q32)
+        runs[wait] = {name: cupy.asnumpy(getattr(dec, name)) for name in ("num_used", "iterations", "reason", "out",
+                                                                          "order")}
+    for name in ("num_used", "iterations", "reason"):
+        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+    grid = runs[1]
+    assert int(grid["iterations"].max()) >= 2
+    for b in (0, 13, batch - 1):
+        k, v = data[b]
+        used = [grid["order"][b, 0, : int(grid["num_used"][b, 0])].astype(np.int64)]
+        res = psa_ref.AttentionResult(grid["out"][b], used, grid["iterations"][b],
+                                      [psa_fast.REASONS[r] for r in grid["reason"][b]], None, None, -(-lens[b] // 16))
+        check_result(res, q[b], k, v, threshold=0.9, stop="ema", step=32, block_size=16, metadata=cache.metadata)
+
+
 @pytest.mark.parametrize("stop,metadata,d,hq,hkv", [("ema", "cuboid_mean", 128, 8, 2), ("sketch_avg", "quant3", 64, 6, 2),
                                                      ("certified", "minmax", 128, 8, 2), ("ema", "cuboid_mean", 256, 4, 1)])
 def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypatch, stop, metadata, d, hq, hkv):
