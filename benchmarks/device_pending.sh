@@ -1303,6 +1303,26 @@ if [ "$PART" = s34d ]; then
       | grep "^|\|^#"
   exit 0
 fi
+if [ "$PART" = s34e ]; then
+  # The runs of record that GRID_WHERE_CLUSTERS_WAIT changes (carry .gl/gemma3_xml_l17_32k.npz): Gemma 3's drawn
+  # profiles (all shares; only B = 32 takes the grid, B = 1 and 8 already did) and the real layer 17 at B = 1, 8, 32
+  # (B = 32: 32 groups). Predicted: drawn 32K B = 32 PSA ~-20% (127.9 -> ~102 at 5%, now faster than top-k of equal
+  # error, 105.1), the real layer's B = 32 loop rows ~-15%, every other row within noise. Then the loop clock of
+  # Llama 128K B = 4, the one shape where the grid lost (175.4 -> 184.1), cluster then grid.
+  cd benchmarks
+  mkdir -p "$OUT/gg" "$OUT/g"
+  timeout 200 python3 bench_decode.py --profile sparsity --shares 0.02,0.05,0.1,0.2,0.3 --shape gemma3 \
+      --sizes 32768:1,32768:8,32768:32,131072:1,131072:8 --reps 20 \
+      --skip tau0.9,remaining,predicted,sketch,stages,rank,speculate --out "$OUT/gg" 2>&1 | tee "$OUT/gg.log" \
+      | grep "^|" | cut -d'|' -f3-9,12 | grep "| 32 |" || tail -n 5 "$OUT/gg.log"
+  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
+      | grep "^|" | cut -d'|' -f4-10,12 | grep . || tail -n 5 "$OUT/g.log"
+  timeout 100 python3 exp_kernels_attr.py GRID_WHERE_CLUSTERS_WAIT=0,1 -- exp_verify_clock.py --share 0.05 \
+      --shape llama8b --size 131072 --batches 4 --stop ema --loop --speculate 0 --step 512 2>&1 | grep -v Warn \
+      | grep "^T=\|^|\|^#"
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
