@@ -1323,6 +1323,38 @@ if [ "$PART" = s34e ]; then
       | grep "^T=\|^|\|^#"
   exit 0
 fi
+if [ "$PART" = s34f ]; then
+  # psa_estimate_mma at D 256 (cuboid_mean: 16 chunks of 32 channels a tile of 16 blocks) loads a tile in two groups
+  # of 8 chunks: the second group's round trip is exposed (D 128 has one group, prefetched). ESTIMATE_MMA_CHUNK_GROUP
+  # 16 loads the whole tile at once (255 registers, 2 CTAs an SM instead of 3). Predicted: Gemma 3 32K B = 32 estimate
+  # 23.1 -> ~17 µs (68% -> ~90% of HBM on 67 MB), one request at 128K 4.4 -> ~3; Llama's build unchanged (8 chunks).
+  cd benchmarks
+  for size in "32768 32,8,1" "131072 8,1"; do
+    set -- $size
+    timeout 120 python3 exp_kernels_attr.py ESTIMATE_MMA_CHUNK_GROUP=8,16 -- profile_decode_step.py --share 0.05 \
+        --shape gemma3 --size $1 --batches $2 --variants ema --out /tmp 2>&1 | grep -v Warn \
+        | grep "^#\|^T=\|psa_estimate"
+  done
+  timeout 100 python3 exp_kernels_attr.py ESTIMATE_MMA_CHUNK_GROUP=16,8 -- exp_step.py --share 0.05 --shape gemma3 \
+      --sizes 32768:1,32768:32,131072:1,131072:8 --modes loop --steps auto 2>&1 | grep -v Warn | grep "^|\|^#"
+  cd .. && timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore tests/test_fast.py -k "estimat" 2>&1 | tail -2
+  exit 0
+fi
+if [ "$PART" = s34g ]; then
+  # The session's final code (ESTIMATE_MMA_CHUNK_GROUP 16 as the default, the grid for waiting clusters): every GPU
+  # suite, then Gemma 3's runs of record again (the estimate of D 256 changed; carry the layer's npz).
+  kernel_suites t_all.log tests/test_fast_metadata.py tests/test_fast_pool.py
+  cd benchmarks
+  mkdir -p "$OUT/gg" "$OUT/g"
+  timeout 100 python3 bench_decode.py --profile sparsity --shares 0.02,0.05,0.1,0.2,0.3 --shape gemma3 \
+      --sizes 32768:1,32768:8,32768:32,131072:1,131072:8 --reps 20 \
+      --skip tau0.9,remaining,predicted,sketch,stages,rank,speculate --out "$OUT/gg" > "$OUT/gg.log" 2>&1
+  grep "PSA τ=0.95 |" "$OUT/gg.log" | cut -d'|' -f3-9,12 || tail -n 5 "$OUT/gg.log"
+  timeout 100 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" > "$OUT/g.log" 2>&1
+  grep "^|" "$OUT/g.log" | cut -d'|' -f4-10,12 | grep "PSA τ=0.95 |\|sketch_avg (quant3) |" || tail -n 5 "$OUT/g.log"
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

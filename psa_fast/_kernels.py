@@ -24,6 +24,12 @@ ESTIMATE_MMA_LAUNCH = (4, 32, 16)  # estimate_mma: warps a CTA, blocks a warp (w
 # psa_estimate_mma's blocks a warp when not 0 (16, 32 or 64), in place of the rule in `estimate`: one request's
 # estimate reads at ~68% of HBM at 128K, where 512 CTAs of ~3 resident an SM make 1.3 waves (a sweep, not a default)
 ESTIMATE_MMA_WARP_BLOCKS = 0
+# psa_estimate_mma's chunks of 32 channels whose loads a warp issues together (PSA_EST_KG; a tile has 2 D / 32 of them
+# for cuboid_mean, so only D 256 sees a change from 8): 16 loads Gemma 3's whole tile at once where 8 left its second
+# half one round trip behind the first (255 registers, two CTAs an SM instead of three). H200, the kernel alone, 8 ->
+# 16: Gemma 3 5% 32K B = 32 23.2 -> 21.4 µs, 128K B = 8 23.2 -> 21.6, 128K B = 1 4.5 -> 4.2, 32K B = 8 7.5 -> 7.8
+# (benchmarks/NOTES.md, s34f)
+ESTIMATE_MMA_CHUNK_GROUP = 16
 ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
 QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
 ORDER_THREADS = 1024
@@ -281,7 +287,12 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
                 raise ValueError(f"_kernels.ESTIMATE_MMA_WARP_BLOCKS must be 0, 16, 32 or 64, got "
                                  f"{ESTIMATE_MMA_WARP_BLOCKS!r}")
             per_warp = least = ESTIMATE_MMA_WARP_BLOCKS
-        make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind])
+        if ESTIMATE_MMA_CHUNK_GROUP not in (1, 2, 4, 8, 16):
+            raise ValueError(f"_kernels.ESTIMATE_MMA_CHUNK_GROUP must be 1, 2, 4, 8 or 16, got "
+                             f"{ESTIMATE_MMA_CHUNK_GROUP!r}")
+        # (at D 256 a group of fewer than 4 heads spills ~100 bytes a thread with 16 chunks (ptxas): 8 there, unmeasured)
+        chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)
+        make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind], est_kg=chunks)
         summary = meta
     else:
         warps, per_warp, least = ESTIMATE_WARPS, 32, 4

@@ -556,9 +556,11 @@ def test_per_head_estimates_from_one_launch_per_kv_head_equal_one_launch_per_hea
                                                        ("cuboid_mean", 8, 2, 64, "per_head")])
 def test_the_tensor_core_estimate_gives_the_same_bits_at_any_blocks_a_warp(monkeypatch, metadata, hq, hkv, d, gqa):
     """psa_estimate_mma with 16, 32 or 64 blocks a warp (_kernels.ESTIMATE_MMA_WARP_BLOCKS) in place of the launch
-    rule: each block's score is computed alone, so the group scores (and per head, each head's) are the rule's bit
-    for bit, on ragged lengths (a warp's last tile partly past n), Llama's D 128, D 64, Gemma 3's one KV head of
-    D 256, and one launch per KV head for per-head selection."""
+    rule, or its chunks of 32 channels loaded 4 or 16 at a time (ESTIMATE_MMA_CHUNK_GROUP): each block's score is
+    computed alone, its chunks accumulated in the same order, so the group scores (and per head, each head's) are the
+    default's bit for bit, on ragged lengths (a warp's last tile partly past n), Llama's D 128, D 64, Gemma 3's one KV
+    head of D 256, and one launch per KV head for per-head selection. A chunk group that is not a power of two up to
+    16 is a ValueError."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(d + hq)
@@ -570,15 +572,23 @@ def test_the_tensor_core_estimate_gives_the_same_bits_at_any_blocks_a_warp(monke
     with pytest.raises(ValueError, match="ESTIMATE_MMA_WARP_BLOCKS"):
         monkeypatch.setattr(_kernels, "ESTIMATE_MMA_WARP_BLOCKS", 48)
         plan.estimate(0)
-    for blocks in (16, 32, 64):
-        monkeypatch.setattr(_kernels, "ESTIMATE_MMA_WARP_BLOCKS", blocks)
+    default_group = _kernels.ESTIMATE_MMA_CHUNK_GROUP
+    monkeypatch.setattr(_kernels, "ESTIMATE_MMA_WARP_BLOCKS", 0)
+    monkeypatch.setattr(_kernels, "ESTIMATE_MMA_CHUNK_GROUP", 12)
+    with pytest.raises(ValueError, match="ESTIMATE_MMA_CHUNK_GROUP"):
+        plan.estimate(0)
+    for name, value in [("ESTIMATE_MMA_WARP_BLOCKS", blocks) for blocks in (16, 32, 64)] + [
+            ("ESTIMATE_MMA_CHUNK_GROUP", group) for group in (4, 8, 16) if group != default_group]:
+        monkeypatch.setattr(_kernels, "ESTIMATE_MMA_WARP_BLOCKS", 0)
+        monkeypatch.setattr(_kernels, "ESTIMATE_MMA_CHUNK_GROUP", default_group)
+        monkeypatch.setattr(_kernels, name, value)
         scores, bounds = cupy.empty_like(plan.scores), None if plan.bounds is None else cupy.empty_like(plan.bounds)
         _kernels.estimate(plan.q, cache.meta[0], cache.lohi[0], cache.seq_lens[0], scores, bounds, d=cache.dp,
                           hkv=hkv, kind=metadata, per_head=plan._per_head, group_scores=plan._group_scores,
                           **plan._shape())
-        assert cupy.array_equal(scores, plan.scores), blocks
+        assert cupy.array_equal(scores, plan.scores), (name, value)
         if bounds is not None:
-            assert cupy.array_equal(bounds, plan.bounds), blocks
+            assert cupy.array_equal(bounds, plan.bounds), (name, value)
 
 
 def test_every_rule_of_the_reference_runs_on_the_gpu_and_auto_follows_the_metadata():

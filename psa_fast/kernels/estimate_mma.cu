@@ -17,7 +17,9 @@
 // Version 3: a tile's first chunks are loaded before the query's fragments are built (the query is another load
 // away) and the next tile's while this one's scores are written, so no warp waits for two round trips in a row.
 // Llama-3.1-8B's shape (H200): 6.2 -> 3.7 us at 32K B = 1, 91.9 -> 66.3 us at 128K B = 8 (4.0 TB/s on 268 MB);
-// the compiler then keeps a chunk group's 16 loads in flight (130 registers at D 128, 70 before).
+// the compiler then keeps a chunk group's 16 loads in flight (130 registers at D 128, 70 before). A chunk group of up
+// to 16 chunks (PSA_EST_KG; 8 until the thirty-fourth session) takes cuboid_mean's whole tile at D 256 at once too:
+// 255 registers there, Gemma 3's 32K B = 32 estimate 23.2 -> 21.4 us.
 //
 //   q       [B, Hq, PSA_D]            float, already multiplied by the logit scale
 //   meta    [B, Hkv, Nmax, 2, PSA_D]  half: (centre, radius) for cuboid_mean, (mean, -) for mean
@@ -32,7 +34,10 @@
 #endif
 #define PSA_K (PSA_KIND == 0 ? 2 * PSA_D : PSA_D)  // the dot product's length
 #define PSA_KC (PSA_K / 32)                         // chunks of 32 channels (two MMAs each)
-#define PSA_KG (PSA_KC < 8 ? PSA_KC : 8)            // chunks whose loads are issued together
+#ifndef PSA_EST_KG
+#define PSA_EST_KG 16  // _kernels.ESTIMATE_MMA_CHUNK_GROUP
+#endif
+#define PSA_KG (PSA_KC < PSA_EST_KG ? PSA_KC : PSA_EST_KG)  // chunks whose loads are issued together
 static_assert(PSA_KIND == 0 || PSA_KIND == 2, "estimate_mma scores cuboid_mean and mean (minmax: estimate.cu)");
 static_assert(PSA_BOUNDS != 1, "the certified bounds need lo/hi per channel: estimate.cu");
 static_assert(PSA_G <= 4, "estimate_mma packs at most 4 heads' hi and lo parts into the MMA's 8 columns");
