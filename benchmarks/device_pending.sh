@@ -180,6 +180,9 @@
 #  --vs-blocks on each JSONL).
 #   run(command="bash benchmarks/device_pending.sh s34b")  (~5 minutes)
 #  where Gemma 3's 32K B = 32 step goes (PSA slower than top-k there): kernels, the loop's clock, clusters x steps.
+#   run(command="bash benchmarks/device_pending.sh s35a")  (~2 minutes)
+#  the loop clock of clusters against the grid at equal CTAs (Llama 32K B = 1, Gemma 3 32K B = 8): why the grid's
+#  attend is slower on Llama's build (s34e).
 #   run(command="bash benchmarks/device_pending.sh fasttests")  (~4 minutes)
 #  the whole of test_fast.py on the decode kernel's v3 (run in part on s23; its pair test's speculative case never).
 #   run(command="bash benchmarks/device_pending.sh run python3 SCRIPT.py ARGS")
@@ -1353,6 +1356,23 @@ if [ "$PART" = s34g ]; then
   timeout 100 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages --out "$OUT/g" > "$OUT/g.log" 2>&1
   grep "^|" "$OUT/g.log" | cut -d'|' -f4-10,12 | grep "PSA τ=0.95 |\|sketch_avg (quant3) |" || tail -n 5 "$OUT/g.log"
+  exit 0
+fi
+if [ "$PART" = s35a ]; then
+  # Prepared in the thirty-fourth session, not run. Why the grid build's attend is slower than the cluster's on
+  # Llama's build (s34e: 128K B = 4 attend 55.8 -> 62.8 µs, barrier 5.1 -> 8.4) and not on Gemma 3's: the loop clock of
+  # the same groups on the same number of CTAs, clusters (LOOP_GRID 0) against the grid (LOOP_GRID 8, its other
+  # thresholds off), Llama 32K B = 1 (8 groups of 8 CTAs) and Gemma 3 32K B = 8 (8 groups of 8). Expected if the
+  # grid's exchange is the cost: the barrier phase longer on both, the attend equal; if the placement of a group's
+  # CTAs (one GPC for a cluster, spread for the grid) is, the attend longer on Llama's 3-stage, 8-warp build only.
+  cd benchmarks
+  for cfg in "llama8b 384" "gemma3 320"; do
+    set -- $cfg
+    b=1; [ "$1" = gemma3 ] && b=8
+    timeout 120 python3 exp_kernels_attr.py LOOP_GRID=0,8 GRID_MIN_CTAS=0 GRID_MIN_GAIN=0 GRID_MIN_GROUP_MIB=0 \
+        GRID_MIN_BLOCKS_IDLE=0 GRID_MIN_HEAD_DIM=0 -- exp_verify_clock.py --share 0.05 --shape $1 --size 32768 \
+        --batches $b --stop ema --loop --speculate 0 --step $2 2>&1 | grep -v Warn | grep "^T=\|^|\|^#"
+  done
   exit 0
 fi
 if [ "$PART" = fasttests ]; then

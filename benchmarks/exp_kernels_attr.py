@@ -2,14 +2,17 @@
 (a threshold, a thread count) in one device call without a switch in the library.
 
     python benchmarks/exp_kernels_attr.py SLICE=1024,16384 -- profile_decode_step.py --kv l17.npz --batches 1
+    python benchmarks/exp_kernels_attr.py LOOP_GRID=0,8 GRID_MIN_CTAS=0 -- exp_step.py --sizes 32768:1
 
 Each value prints a ``# _kernels.NAME = value`` line before the script's own output; the constant is restored
 afterwards. Values take the constant's type: integers for an integer constant, numbers for a float one
-(``STEP_SHARE=0.25,0.5``).
+(``STEP_SHARE=0.25,0.5``). Several assignments run the script once per combination of their values (the last
+name's values varying fastest), each combination on one line (``# _kernels.A = 0; _kernels.B = 1``).
 """
 
 from __future__ import annotations
 
+import itertools
 import runpy
 import sys
 
@@ -32,21 +35,27 @@ def parse_assignment(text: str) -> tuple[str, list[int] | list[float]]:
 
 
 def main(argv: list[str]) -> None:
-    if "--" not in argv or argv.index("--") != 1:
-        raise SystemExit("usage: exp_kernels_attr.py NAME=v1,v2 -- SCRIPT [ARGS...]")
+    if "--" not in argv or argv.index("--") < 1 or argv.index("--") == len(argv) - 1:
+        raise SystemExit("usage: exp_kernels_attr.py NAME=v1,v2 [NAME2=...] -- SCRIPT [ARGS...]")
     from psa_fast import _kernels
 
-    name, values = parse_assignment(argv[0])
-    script, *rest = argv[2:]
-    original = getattr(_kernels, name)
+    split = argv.index("--")
+    assignments = [parse_assignment(text) for text in argv[:split]]
+    names = [name for name, _ in assignments]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"each constant may be assigned once, got {', '.join(names)}")
+    script, *rest = argv[split + 1:]
+    originals = {name: getattr(_kernels, name) for name in names}
     try:
-        for value in values:
-            setattr(_kernels, name, value)
-            print(f"# _kernels.{name} = {value}", flush=True)
+        for values in itertools.product(*(values for _, values in assignments)):
+            for name, value in zip(names, values):
+                setattr(_kernels, name, value)
+            print("# " + "; ".join(f"_kernels.{name} = {value}" for name, value in zip(names, values)), flush=True)
             sys.argv = [script, *rest]
             runpy.run_path(script, run_name="__main__")
     finally:
-        setattr(_kernels, name, original)
+        for name, value in originals.items():
+            setattr(_kernels, name, value)
 
 
 if __name__ == "__main__":

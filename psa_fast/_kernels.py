@@ -108,7 +108,8 @@ def max_active_clusters(cluster: int) -> int:
 def pick_cluster(num_groups: int) -> int:
     """CTAs per selection group: powers of two while the grid stays within the multiprocessors (1 for large
     batches, up to ``MAX_CLUSTER`` for one request), above 8 (a non-portable size) only where the GPU holds all
-    ``num_groups`` clusters at once (``max_active_clusters``)."""
+    ``num_groups`` clusters at once (``max_active_clusters``). Where it cannot hold them all at 8 or fewer (16
+    groups of 8, 32 of 4 on the H200), the loop's plan takes the grid build instead (``pick_grid``)."""
     c = 1
     while c < MAX_CLUSTER and num_groups * c * 2 <= num_sms():
         c *= 2

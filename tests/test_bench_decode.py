@@ -456,6 +456,15 @@ def test_kernels_attr_runs_the_script_once_per_value_and_restores_the_constant(t
     run = subprocess.run([sys.executable, str(BENCH / "exp_kernels_attr.py"), "SLICE=7,9", "--", str(script), "-x"],
                          capture_output=True, text=True, cwd=BENCH.parent, check=True)
     assert run.stdout.splitlines() == ["# _kernels.SLICE = 7", "SEEN 7 ['-x']", "# _kernels.SLICE = 9", "SEEN 9 ['-x']"]
+    script.write_text("from psa_fast import _kernels\nprint('SEEN', _kernels.SLICE, _kernels.LOOP_GRID)\n")
+    run = subprocess.run([sys.executable, str(BENCH / "exp_kernels_attr.py"), "SLICE=7,9", "LOOP_GRID=0,8", "--",
+                          str(script)], capture_output=True, text=True, cwd=BENCH.parent, check=True)
+    assert [line for line in run.stdout.splitlines() if line.startswith("SEEN")] == [
+        "SEEN 7 0", "SEEN 7 8", "SEEN 9 0", "SEEN 9 8"]  # every combination, the last name fastest
+    assert "# _kernels.SLICE = 9; _kernels.LOOP_GRID = 8" in run.stdout
+    for bad in (["SLICE=1", "SLICE=2", "--", str(script)], ["--", str(script)], ["SLICE=1", "--"]):
+        with pytest.raises(SystemExit):
+            eka.main(bad)
 
 
 # --- exp_dense_tune.py: the launch shapes it sweeps ----------------------------------------------------
