@@ -185,7 +185,8 @@ class DecodePlan:
         if self.first_chunk is not None and self.version != 3:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
-        # the plain loop on more CTAs a group than a cluster holds (decode.cu's grid build, _kernels.pick_grid)
+        # the plain loop on more CTAs a group than a cluster holds, or where the GPU cannot hold every group's cluster
+        # at once (decode.cu's grid build, _kernels.pick_grid)
         block_bytes = 2 * cache.block_size * cache.dp * 2  # a block's K and V
         self.grid_ctas = (_kernels.pick_grid(cache.batch * self.gn, self.cluster, cache.nmax, cache.dp, block_bytes)
                           if self.mode == "psa"

@@ -556,7 +556,7 @@ def test_per_head_estimates_from_one_launch_per_kv_head_equal_one_launch_per_hea
                                                        ("cuboid_mean", 8, 2, 64, "per_head")])
 def test_the_tensor_core_estimate_gives_the_same_bits_at_any_blocks_a_warp(monkeypatch, metadata, hq, hkv, d, gqa):
     """psa_estimate_mma with 16, 32 or 64 blocks a warp (_kernels.ESTIMATE_MMA_WARP_BLOCKS) in place of the launch
-    rule, or its chunks of 32 channels loaded 4 or 16 at a time (ESTIMATE_MMA_CHUNK_GROUP): each block's score is
+    rule, or its chunks of 32 channels loaded 4, 8 or 16 at a time (ESTIMATE_MMA_CHUNK_GROUP): each block's score is
     computed alone, its chunks accumulated in the same order, so the group scores (and per head, each head's) are the
     default's bit for bit, on ragged lengths (a warp's last tile partly past n), Llama's D 128, D 64, Gemma 3's one KV
     head of D 256, and one launch per KV head for per-head selection. A chunk group that is not a power of two up to
