@@ -798,6 +798,10 @@ def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatc
     }
     assert {k: _kernels.pick_grid(*k) for k in cases} == cases
     assert _kernels.pick_cluster(32) == 4 and _kernels.pick_cluster(16) == 8  # the clusters that would wait
+    for n in range(1, 300):  # whatever the batch: clusters that all fit at once, the grid, or one CTA a group
+        c = _kernels.pick_cluster(n)
+        for d, block in ((256, gemma), (128, llama), (64, smollm2)):
+            assert c == 1 or {2: 66, 4: 30, 8: 15, 16: 7}[c] >= n or _kernels.pick_grid(n, c, 2048, d, block) > 1, (n, d)
     monkeypatch.setattr(_kernels, "GRID_WHERE_CLUSTERS_WAIT", 0)
     assert [_kernels.pick_grid(*k) for k in ((32, 4, 2048, 256, gemma), (16, 8, 2048, 128, llama))] == [0, 0]
 
