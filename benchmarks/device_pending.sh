@@ -1377,6 +1377,138 @@ if [ "$PART" = s35a ]; then
   done
   exit 0
 fi
+if [ "$PART" = s35b ]; then
+  # Where a launch's CTAs land (GPCs by clusters of 16 / 8 / 4; a plain launch of 16 .. 128 CTAs, one an SM) and what
+  # N SMs stream from HBM when they are the plain launch's, spread over the GPCs, or packed into few (~1 minute).
+  (cd benchmarks && timeout 200 python3 exp_placement.py 2>&1 | grep -v Warn)
+  exit 0
+fi
+if [ "$PART" = s35c ]; then
+  # The decode loop's SASS at Gemma 3's shape (D 256, 4 heads, 4 warps, 3 stages) and Llama's (D 128, 8 warps), as
+  # clusters of 8 and as the grid build of 8 CTAs, with line info: where the D 256 builds' spills sit (~10 seconds).
+  python3 -c "from psa_fast import _kernels; open('/tmp/decode.cu', 'w').write(_kernels._source('decode.cu'))"
+  for cfg in "gemma 256 4 1 8 0" "gemma 256 4 8 0 0" "llama 128 8 1 8 1" "llama 128 8 8 0 1"; do
+    set -- $cfg
+    tag="$1_c$4_g$5"
+    nvcc -arch=sm_90 -std=c++17 -cubin -lineinfo -Xptxas -v -DPSA_D=$2 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=$4 \
+        -DPSA_WARPS=$3 -DPSA_STAGES=3 -DPSA_GRID=$5 -DPSA_QPARTS=2 -DPSA_PAIR=1 -DPSA_STREAM_WINDOW=$6 \
+        /tmp/decode.cu -o /tmp/$tag.cubin 2>&1 | grep -i "spill\|Used" | tail -2
+    nvdisasm -g -c /tmp/$tag.cubin > "$OUT/$tag.sass" 2>&1
+    echo "$tag rc=$? LDL=$(grep -c LDL "$OUT/$tag.sass") STL=$(grep -c STL "$OUT/$tag.sass")"
+  done
+  exit 0
+fi
+if [ "$PART" = s35d ]; then
+  # s35a again on Gemma 3 (32K, B = 8, 8 CTAs a group): is the grid's attend (23.0 µs against the clusters' 18.0)
+  # repeatable in either order, and at a step where every group takes one iteration (640)? ~2 minutes.
+  cd benchmarks
+  for cfg in "8,0 320" "0,8 320" "8,0 640" "16 320"; do
+    set -- $cfg
+    timeout 100 python3 exp_kernels_attr.py LOOP_GRID=$1 GRID_MIN_CTAS=0 GRID_MIN_GAIN=0 GRID_MIN_GROUP_MIB=0 \
+        GRID_MIN_BLOCKS_IDLE=0 GRID_MIN_HEAD_DIM=0 -- exp_verify_clock.py --share 0.05 --shape gemma3 --size 32768 \
+        --batches 8 --stop ema --loop --speculate 0 --step $2 2>&1 | grep -v Warn \
+        | grep "^T=\|^| kernel\|^| start |\|^| attend\|^| barrier\|^| finish |\|^| iterations"
+  done
+  exit 0
+fi
+if [ "$PART" = s35e ]; then
+  # What slows the grid build's attend on Gemma 3 (s35d: 35.3 µs against the clusters' 29.0 at step 640, the same
+  # inner loop in SASS): the group barrier's back-to-back polls (.gl/decode_sleep.cu), the output terms stored each
+  # iteration (.gl/decode_nostore.cu, outputs wrong: timing only), the cooperative launch (GRID_COOPERATIVE 0).
+  # Carry both .gl files; ~2 minutes.
+  cd benchmarks
+  clock() {
+    timeout 100 "$@" exp_verify_clock.py --share 0.05 --shape gemma3 --size 32768 --batches 8 --stop ema --loop \
+        --speculate 0 --step 640 2>&1 | grep -v Warn \
+        | grep "^T=\|^| kernel\|^| start |\|^| attend\|^| barrier\|^| finish |\|^#"
+  }
+  grid8="LOOP_GRID=8 GRID_MIN_CTAS=0 GRID_MIN_GAIN=0 GRID_MIN_GROUP_MIB=0 GRID_MIN_BLOCKS_IDLE=0 GRID_MIN_HEAD_DIM=0"
+  clock python3 exp_kernels_attr.py $grid8 GRID_COOPERATIVE=1,0 --
+  for v in sleep nostore; do
+    echo "## decode_$v.cu"
+    clock python3 exp_kernel_source.py decode ../.gl/decode_$v.cu -- exp_kernels_attr.py $grid8 --
+  done
+  exit 0
+fi
+if [ "$PART" = s35f ]; then
+  # s35e found the grid build's attend 35.0 -> 27.6 µs without the output terms' stores (Gemma 3, 32K, B = 8, 8 CTAs a
+  # group, step 640; the clusters' 29.0). Is that the clock build's register allocation, or the shipped builds' too?
+  # (1) the SASS of the clock builds (grid, grid without the stores, clusters of 8), with line info; (2) exp_step's
+  # graph µs of the shipped builds at the same shape: the grid, the grid without the stores, clusters. Carry
+  # .gl/decode_nostore.cu; ~2 minutes.
+  python3 -c "from psa_fast import _kernels; open('/tmp/decode.cu', 'w').write(_kernels._source('decode.cu'))"
+  python3 - <<'PY'
+import re
+from pathlib import Path
+folder = Path("psa_fast/kernels")
+def expand(text, seen):
+    out = []
+    for line in text.splitlines():
+        m = re.match(r'#include "(\w+\.cuh)"', line.strip())
+        if m:
+            if m.group(1) not in seen:
+                seen.add(m.group(1)); out.append(expand((folder / m.group(1)).read_text(), seen))
+        elif line.strip() != "#pragma once":
+            out.append(line)
+    return "\n".join(out)
+Path("/tmp/decode_nostore.cu").write_text(expand(Path(".gl/decode_nostore.cu").read_text(), set()))
+PY
+  for cfg in "decode 1 8 grid" "decode_nostore 1 8 nostore" "decode 8 0 cl8"; do
+    set -- $cfg
+    nvcc -arch=sm_90 -std=c++17 -cubin -lineinfo -Xptxas -v -DPSA_D=256 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=$2 \
+        -DPSA_WARPS=4 -DPSA_STAGES=3 -DPSA_GRID=$3 -DPSA_QPARTS=2 -DPSA_PAIR=1 -DPSA_STREAM_WINDOW=0 -DPSA_LOOP_CLOCK=1 \
+        /tmp/$1.cu -o /tmp/clk_$4.cubin 2>&1 | grep -i "spill\|Used" | tail -2
+    nvdisasm -g -c /tmp/clk_$4.cubin > "$OUT/clk_$4.sass" 2>&1
+  done
+  cd benchmarks
+  grid8="LOOP_GRID=8 GRID_MIN_CTAS=0 GRID_MIN_GAIN=0 GRID_MIN_GROUP_MIB=0 GRID_MIN_BLOCKS_IDLE=0 GRID_MIN_HEAD_DIM=0"
+  step() { timeout 100 "$@" exp_step.py --share 0.05 --shape gemma3 --sizes 32768:8 --steps 320,640 --modes loop 2>&1 \
+      | grep -v Warn | grep "^#\|^|" | grep -v "^|---"; }
+  step python3 exp_kernels_attr.py $grid8 --
+  step python3 exp_kernels_attr.py LOOP_GRID=0 --
+  step python3 exp_kernel_source.py decode ../.gl/decode_nostore.cu -- exp_kernels_attr.py $grid8 --
+  exit 0
+fi
+if [ "$PART" = s35g ]; then
+  # What the grid build's output-term stores cost in the shipped builds: .gl/decode_nostore.cu keeps them behind a
+  # condition false at run time (s35f's version let the compiler drop the PV products: no measure of the stores).
+  # exp_step graph µs, Gemma 3 32K B = 8 on 8 CTAs a group and by the plan (16), Llama 128K B = 1 (grid 16);
+  # the package's decode.cu first, then the variant. Carry .gl/decode_nostore.cu; ~2 minutes.
+  cd benchmarks
+  grid8="LOOP_GRID=8 GRID_MIN_CTAS=0 GRID_MIN_GAIN=0 GRID_MIN_GROUP_MIB=0 GRID_MIN_BLOCKS_IDLE=0 GRID_MIN_HEAD_DIM=0"
+  for src in package nostore; do
+    echo "## decode.cu: $src"
+    run="python3"; [ $src = nostore ] && run="python3 exp_kernel_source.py decode ../.gl/decode_nostore.cu --"
+    timeout 80 $run exp_kernels_attr.py $grid8 -- exp_step.py --share 0.05 --shape gemma3 --sizes 32768:8 \
+        --steps 320,640 --modes loop 2>&1 | grep "^| 32768 | 8 | loop"
+    timeout 80 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:8,131072:1 --steps auto,640 --modes loop \
+        2>&1 | grep "^| [0-9]* | [0-9]* | loop"
+    timeout 80 $run exp_step.py --share 0.05 --shape llama8b --sizes 131072:1 --steps auto --modes loop 2>&1 \
+        | grep "^| [0-9]* | [0-9]* | loop"
+  done
+  exit 0
+fi
+if [ "$PART" = s35h ]; then
+  # One Gemma 3 request on 64 CTAs streams at most ~3.1 TB/s (s35b: 64 SMs 3.1, 128 SMs 4.3 TB/s): LOOP_GRID 64
+  # against 128 since the grid's end is spread (s28k's 128 predates it), exp_step graph µs, both orders (~1 minute).
+  cd benchmarks
+  for v in 64,128 128,64; do
+    timeout 120 python3 exp_kernels_attr.py LOOP_GRID=$v -- exp_step.py --share 0.05 --shape gemma3 \
+        --sizes 32768:1,65536:1,131072:1,131072:2 --steps auto --modes loop 2>&1 | grep "^# _k\|^| [0-9]* | [0-9]* | loop"
+  done
+  exit 0
+fi
+if [ "$PART" = s35i ]; then
+  # How much the real Gemma layer's `ema` loop (B = 8: 62.5% of the blocks in steps of 320, 1.83x its floor) would
+  # gain from a step sized for its need: STEP_SHARE 0.25 (the plan's) / 0.5 / 1.0, B = 1, 8, 32 (carry the layer's
+  # npz; ~1.5 minutes).
+  cd benchmarks
+  timeout 200 python3 exp_kernels_attr.py STEP_SHARE=0.25,0.5,1.0 -- bench_decode.py --profile real \
+      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
+      --skip tau0.9,remaining,predicted,stages,speculate,rank,sketch,topk 2>&1 | grep "^# _k\|^|" | grep -v "^|---" \
+      | cut -d'|' -f1-9,12
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

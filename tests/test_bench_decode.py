@@ -943,3 +943,20 @@ def test_the_driver_gets_a_launch_config_of_the_c_layout():
     assert cfg.num_attrs == 1 and cfg.attrs.contents.id == ec.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     assert list(cfg.attrs.contents.value[:3]) == [8, 1, 1]
     assert ec.launch_config((1, 1, 1), 32, 0, None).num_attrs == 0
+
+
+def test_placement_sets_spread_and_pack_the_gpcs():
+    """exp_placement: `spread` takes SMs round-robin over the GPCs (no GPC gets two more than another while any has
+    SMs left), `packed` fills the largest GPCs first; both give distinct SMs, never more than exist."""
+    import exp_placement as ep
+
+    gpcs = [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9], [10], [11, 12, 13]]
+    assert ep.spread(gpcs, 6) == [0, 6, 10, 11, 1, 7]
+    assert ep.packed(gpcs, 7) == [0, 1, 2, 3, 4, 5, 6]
+    for n in range(1, 16):
+        s, p = ep.spread(gpcs, n), ep.packed(gpcs, n)
+        assert len(s) == len(set(s)) == len(p) == len(set(p)) == min(n, 14)
+        counts = [len(set(g) & set(s)) for g in gpcs]
+        assert all(c == len(g) or c >= max(counts) - 1 for c, g in zip(counts, gpcs))
+        touched = sum(bool(set(g) & set(p)) for g in gpcs)
+        assert touched == next(k for k in range(1, 5) if sum(sorted(map(len, gpcs), reverse=True)[:k]) >= min(n, 14))
