@@ -1509,6 +1509,52 @@ if [ "$PART" = s35i ]; then
       | cut -d'|' -f1-9,12
   exit 0
 fi
+if [ "$PART" = s35j ]; then
+  # first_chunk="previous" (decode.cu's PSA_FIRST_PREV; the previous call's stop less a step ends the first chunk):
+  # the real Gemma 3 layer 17's 32 captured decode steps in order, plain loop against previous, B = 1, 8, 32; then
+  # its GPU tests and the first-chunk ones. Carry the layer's npz; ~5 minutes on a cold machine.
+  (cd benchmarks && timeout 240 python3 exp_previous_steps.py --kv ../.gl/gemma3_xml_l17_32k.npz --batches 1,8,32 \
+      2>&1 | grep -v Warn)
+  gpu_tests t_prev.log 300 tests/test_fast.py -k "previous or first_chunk" tests/test_first_chunk.py
+  exit 0
+fi
+if [ "$PART" = s35k ]; then
+  # s35j: first_chunk="previous" halved the decisions but not the time (B = 8 91.9 -> 94.8 µs). The same with the
+  # previous stop an oracle (every call the latest step: --same): the schedule's own cost, apart from the
+  # sequence's. Carry the layer's npz; ~1.5 minutes warm.
+  (cd benchmarks && timeout 200 python3 exp_previous_steps.py --kv ../.gl/gemma3_xml_l17_32k.npz --batches 1,8,32 \
+      --same 2>&1 | grep -v Warn)
+  exit 0
+fi
+if [ "$PART" = s35l ]; then
+  # s35k: with the same boundaries (0, 768, 1536) and blocks, one request's step with first_chunk="previous" took
+  # 37.9 µs against the plain loop's 32.6. The same boundaries from a fixed first chunk of 768 (the other build):
+  # is the cost the first chunk's path or the previous build? Carry the layer's npz; ~1 minute warm.
+  (cd benchmarks && timeout 200 python3 exp_previous_steps.py --kv ../.gl/gemma3_xml_l17_32k.npz --batches 1 \
+      --same --fixed 768 --reps 20 ${2:-} 2>&1 | grep -v Warn)
+  exit 0
+fi
+if [ "$PART" = s35m ]; then
+  # The SASS of one Gemma 3 request's grid build (64 CTAs, 4 warps, 2 stages) with and without PSA_FIRST_PREV
+  # (s35l: +5 µs at the same boundaries and blocks), with line info (~10 seconds).
+  python3 -c "from psa_fast import _kernels; open('/tmp/decode.cu', 'w').write(_kernels._source('decode.cu'))"
+  for fp in 0 1; do
+    nvcc -arch=sm_90 -std=c++17 -cubin -lineinfo -DPSA_D=256 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=1 -DPSA_WARPS=4 \
+        -DPSA_STAGES=2 -DPSA_GRID=64 -DPSA_QPARTS=2 -DPSA_PAIR=1 -DPSA_STREAM_WINDOW=0 -DPSA_FIRST_PREV=$fp \
+        /tmp/decode.cu -o /tmp/fp$fp.cubin && nvdisasm -g -c /tmp/fp$fp.cubin > "$OUT/fp$fp.sass"
+  done
+  exit 0
+fi
+if [ "$PART" = s35n ]; then
+  # The last call of the thirty-fifth session: test_fast.py (every decode path through the changed DecodePlan.attend)
+  # and the first-chunk tests within what the budget leaves; the dots counted if the time runs out.
+  timeout "${2:-280}" python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short tests/test_fast.py \
+      tests/test_first_chunk.py > "$OUT/t_s35n.log" 2>&1
+  echo "rc=$? passed-dots=$(grep -o '^[.sFE]*' "$OUT/t_s35n.log" | tr -d '\n' | tr -cd . | wc -c)" \
+      "F=$(grep -o '^[.sFE]*' "$OUT/t_s35n.log" | tr -d '\n' | tr -cd F | wc -c)"
+  grep -E "^FAILED|passed|failed" "$OUT/t_s35n.log" | tail -5
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

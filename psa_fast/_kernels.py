@@ -601,7 +601,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
-           q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None) -> None:
+           q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None,
+           first_prev: bool = False) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -638,6 +639,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
     (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
+    ``first_prev`` (``first_chunk="previous"``, the plain loop): ``first_len`` is ``num_used`` itself (the same
+    array), holding the blocks each group attended at the previous call; the first ranked chunk ends there (0:
+    chunks of ``step``), and the launch overwrites it with this call's.
 
     ``q`` is the scaled query ``[B, Hq, Dp]`` float32. Given ``q_mma`` (the query scaled by a power of
     two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; version 2 reads
@@ -661,6 +665,10 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         raise NotImplementedError("stop='ema', 'sketch', 'sketch_avg', first_chunk and offload need decode version 3")
     if stop in ("sketch", "sketch_avg") and sketch is None:
         raise ValueError(f"stop={stop!r} needs sketch=(ordered, lmass)")
+    if first_prev and (version < 3 or first_len is None or first_len.data.ptr != num_used.data.ptr
+                       or offload is not None or split is not None or spec is not None):
+        raise ValueError("first_prev runs the plain loop (decode version 3, no offload, splits or speculation) "
+                         "with first_len the num_used array itself")
     bf16 = k_pool.dtype == np.int16
     defines = {"bf16": 1} if bf16 else {}
     if version == 3:
@@ -674,6 +682,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         share = SKETCH_AVG_SHARE if stop == "sketch_avg" else SKETCH_NEXT_SHARE
         rule_args = (np.float32(EMA_WEIGHT), ordered, lmass, np.float32(share), np.int32(SKETCH_WINDOW))
         args = args + rule_args + (np.float32(qk_scale), null if first_len is None else first_len)
+    if first_prev:
+        defines["first_prev"] = 1
     if offload is not None:
         slot_map, istate, vstate, groups_left, done_ptr, token = offload
         args = args + (slot_map, istate, vstate, groups_left, np.uint64(done_ptr), token)

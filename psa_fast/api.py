@@ -106,9 +106,18 @@ class DecodePlan:
             any group size, stop rules remaining/seed/certified; groups of more than 8 heads use it).
         stages: depth of each warp's prefetch ring (default: 3, fewer where shared memory is short).
         first_chunk: psa: the ranked blocks of the first ranked iteration, as in
-            [`psa_ref.attention`][psa_ref.attention]: None (``step``), an integer, or ``"predicted"``
+            [`psa_ref.attention`][psa_ref.attention]: None (``step``), an integer, ``"predicted"``
             (from each head's estimates along the order, on the GPU; not with ``stop="certified"``,
-            whose per-head buffer holds the bounds).
+            whose per-head buffer holds the bounds), or ``"previous"``: one ``step`` short of where the same
+            layer's group stopped at its previous call
+            ([`previous_first_chunk`][psa_ref.progressive.previous_first_chunk]; the plain schedule at the
+            first call and after [`forget_previous`][psa_fast.DecodePlan.forget_previous]). A layer's need
+            changes little between decode steps, so a group takes about two decisions where the step alone
+            takes one every ``step`` blocks, with no pass over the estimates; not with ``speculate``. Each
+            call is still the reference's with an integer ``first_chunk`` (the previous ``num_used``). On the
+            H200 it halves the decisions but not yet the time (a real Gemma 3 layer's decode steps in order:
+            +12% at B = 1, +3% at B = 8, -0.5% at B = 32; its build costs ~5 µs a call not yet explained,
+            benchmarks/NOTES.md): an option to measure, not a default.
         splits: CTAs per group for dense and top-k (split-KV: each attends a slice of the positions,
             partial outputs merged by log-sum-exp). Default: about one wave over the SMs when the groups
             alone leave SMs idle (one request, few KV heads), else 1. PSA's loop runs one cluster per group.
@@ -176,7 +185,7 @@ class DecodePlan:
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
-        self.first_chunk = check_first_chunk(first_chunk)
+        self.first_chunk = "previous" if first_chunk == "previous" else check_first_chunk(first_chunk)
         if self.first_chunk is not None and self.mode != "psa":
             raise ValueError(f"first_chunk sizes PSA's first ranked iteration; mode={self.mode!r} has none")
         if self.first_chunk == "predicted" and self.stop == "certified":
@@ -185,6 +194,9 @@ class DecodePlan:
         if self.first_chunk is not None and self.version != 3:
             raise ValueError("first_chunk needs decode version 3")
         self.speculate = self._check_speculate(speculate)
+        if self.first_chunk == "previous" and self.speculate is not None:
+            raise ValueError("first_chunk='previous' sizes the plain loop's first chunk; speculate runs another "
+                             "schedule (leave one of them None)")
         # the plain loop on more CTAs a group than a cluster holds, or where the GPU cannot hold every group's cluster
         # at once (decode.cu's grid build, _kernels.pick_grid)
         block_bytes = 2 * cache.block_size * cache.dp * 2  # a block's K and V
@@ -256,7 +268,11 @@ class DecodePlan:
         self.mass_estimate = cupy.empty((b, self.hq), f32)
         # first_chunk: per group, the ranked blocks of the first ranked iteration (constant, or predicted per step)
         self.first_len = None
-        if self.first_chunk is not None:
+        if self.first_chunk == "previous":
+            # each layer's num_used, kept from one call to the next: the decode kernel reads the previous call's
+            # as its first chunk's end and writes this call's over it (decode.cu's PSA_FIRST_PREV)
+            self.num_used_layers = cupy.zeros((cache.num_layers, b, self.gn), i32)
+        elif self.first_chunk is not None:
             fixed = 0 if self.first_chunk == "predicted" else self.first_chunk
             self.first_len = cupy.full((b, self.gn), fixed, i32)
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
@@ -329,6 +345,22 @@ class DecodePlan:
             self.order(layer)
         return self.attend(layer)
 
+    def forget_previous(self, requests=None) -> None:
+        """``first_chunk="previous"``: forget where the groups stopped, in every layer, for every request or for
+        ``requests`` (batch indices), so that their next call runs the plain schedule, e.g. for a batch slot that
+        now holds another request. (A stale stop never changes the rule, only where it is first tested: more or
+        fewer blocks read, one call long.)
+
+        Raises:
+            ValueError: the plan's ``first_chunk`` is not ``"previous"``, or a request is out of range."""
+        if self.first_chunk != "previous":
+            raise ValueError(f"forget_previous needs first_chunk='previous', this plan has {self.first_chunk!r}")
+        if requests is None:
+            self.num_used_layers[...] = 0
+            return
+        for r in np.atleast_1d(np.asarray(requests)).tolist():
+            self.num_used_layers[:, PagedKVCache._index(r, "request", self.cache.batch)] = 0
+
     def load_query(self, q, layer: int) -> int:
         """Stage 0: copy ``q`` into the plan's buffers, zero-padded: scaled (``q``, for the estimates) and
         scaled by a power of two (``q_mma``, for the decode kernel). Returns the checked layer."""
@@ -396,19 +428,22 @@ class DecodePlan:
         else:
             stop, thr, step, forced = "none", 2.0, c.nmax, 0
         order = None if self.mode == "dense" else self.order_buf
+        previous = self.first_chunk == "previous"
+        num_used = self.num_used_layers[layer] if previous else self.num_used
+        first_len = num_used if previous else self.first_len
         _kernels.decode(self.q, c.k_pool, c.v_pool, c.block_table[layer], c.seq_lens[layer], order, self.log_suffix,
-                        self.out, self.num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
+                        self.out, num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
                         hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
                         warps=self.warps, version=self.version, stages=self.stages,
                         sketch=(self.sketch_ordered, self.lmass) if self.lmass is not None else None,
                         q_mma=self.q_mma, qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
-                        first_len=self.first_len, q_exact=self._q_exact, grid_group=self._grid_group,
+                        first_len=first_len, first_prev=previous, q_exact=self._q_exact, grid_group=self._grid_group,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,
                                                                   self.spec_warps, self.spec_items),
                         **self._shape())
-        return DecodeOutput(self.out[..., : c.head_dim], order, self.num_used, self.iterations, self.reason,
+        return DecodeOutput(self.out[..., : c.head_dim], order, num_used, self.iterations, self.reason,
                             self.mass_estimate, None if self.istate is None else self.istate[..., 3])
 
 

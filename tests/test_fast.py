@@ -121,6 +121,92 @@ def test_psa_with_a_first_chunk_conforms(p, tau, stop, step, first):
                 f"group {gi}: GPU first chunk {c}, reference {want}"
 
 
+@settings(max_examples=40)
+@given(gpu_problems(), thresholds, st.sampled_from(psa_fast.STOP_RULES), st.sampled_from([1, 2, 5]))
+def test_psa_with_the_previous_stop_conforms_call_after_call(p, tau, stop, step):
+    """first_chunk="previous": three calls of one layer (the query, another, the first again). Each call runs the
+    reference's schedule with, for each group, the first chunk that psa_ref.progressive.previous_first_chunk makes
+    of the group's num_used at the call before (the plain schedule at the first call), checked group by group; the
+    third call (the first query again) stops no later than the first did."""
+    from psa_ref.progressive import previous_first_chunk
+
+    b = blocks_of(p)
+    n = b.num_blocks
+    sink = min(p.sink_blocks, n)
+    recent = min(p.recent_blocks, n - sink)
+    plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], threshold=tau, stop=stop, step=step, gqa=p.gqa,
+                         sink_blocks=sink, recent_blocks=recent, first_chunk="previous")
+    other = np.random.default_rng(n).standard_normal(p.q.shape).astype(np.float16)
+    prev, calls = [None] * plan.gn, []
+    for q in (p.q, other, p.q):
+        sizes = [previous_first_chunk(u, sink + recent, step) or 0 for u in prev]
+        dec = plan.run(cupy.asarray(q.astype(np.float32)[None]))
+        used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
+        res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
+                                      [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None, n)
+        check_result(res, q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                     metadata=p.metadata, first_chunk=sizes, gqa=p.gqa, sink_blocks=sink, recent_blocks=recent)
+        prev = [u.size for u in used]
+        calls.append(prev)
+    assert all(a <= c for a, c in zip(calls[2], calls[0])), calls
+
+
+def test_the_previous_stop_is_kept_per_layer_replayed_and_forgotten_on_request():
+    """first_chunk="previous" keeps each layer's stops apart (a call of layer 1 leaves layer 0's alone), a CUDA graph
+    of one call replays the eager calls' blocks (the state moves on in device memory between replays), and
+    forget_previous brings back the plain schedule for the requests named (every layer) or all. Bad uses raise."""
+    rng = np.random.default_rng(5)
+    hq, hkv, d, s, step = 8, 2, 64, 16, 8
+    lens = [1500, 900]
+    cache = psa_fast.PagedKVCache(num_layers=2, batch=2, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
+                                  block_size=s)
+    for layer in range(2):
+        for r, t in enumerate(lens):
+            k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+            cache.prefill(layer, r, cupy.asarray(k), cupy.asarray(k[:, ::-1].copy()))
+    q = [cupy.asarray((rng.standard_normal((2, hq, d)) * 3).astype(np.float32)) for _ in range(3)]
+    plain = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, step=step, stop="ema")
+    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, step=step, stop="ema", first_chunk="previous")
+
+    def used(dec):
+        return cupy.asnumpy(dec.num_used).copy()
+
+    first = used(plan.run(q[0], layer=0))
+    np.testing.assert_array_equal(first, used(plain.run(q[0], layer=0)))  # the first call: the plain schedule
+    assert int(cupy.asnumpy(plan.num_used_layers[1]).max()) == 0
+    used(plan.run(q[1], layer=1))
+    np.testing.assert_array_equal(cupy.asnumpy(plan.num_used_layers[0]), first)  # layer 1 left layer 0 alone
+    assert (cupy.asnumpy(plan.num_used_layers[1]) > 0).all()
+    eager = [used(plan.run(q[2], layer=0)) for _ in range(3)]  # the state moves on call by call
+    plan.num_used_layers[0] = cupy.asarray(first)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        plan.run(q[2], layer=0)
+        graph = stream.end_capture()
+        plan.num_used_layers[0] = cupy.asarray(first)  # (capture ran nothing: start again from the same state)
+        replayed = []
+        for _ in range(3):
+            graph.launch(stream)
+            stream.synchronize()
+            replayed.append(cupy.asnumpy(plan.num_used_layers[0]).copy())
+    np.testing.assert_array_equal(np.array(replayed), np.array(eager))
+    assert int(np.array(eager)[:, :, :].max()) > 0
+    plan.forget_previous([1])
+    assert int(cupy.asnumpy(plan.num_used_layers[:, 1]).max()) == 0
+    assert (cupy.asnumpy(plan.num_used_layers[:, 0]) > 0).all()
+    plan.forget_previous()
+    assert int(cupy.asnumpy(plan.num_used_layers).max()) == 0
+    with pytest.raises(ValueError, match="request"):
+        plan.forget_previous([2])
+    with pytest.raises(ValueError, match="first_chunk='previous'"):
+        plain.forget_previous()
+    with pytest.raises(ValueError, match="speculate"):
+        psa_fast.plan(cache, num_q_heads=hq, first_chunk="previous", speculate=1.0)
+    with pytest.raises(ValueError, match="first_chunk"):
+        psa_fast.plan(cache, num_q_heads=hq, mode="topk", first_chunk="previous")
+
+
 SPECULATED = {"runs": 0, "same": 0, "resumed": 0}
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import psa_ref
 from psa_ref import sweep
-from psa_ref.progressive import predicted_first_chunk, split_chunks
+from psa_ref.progressive import predicted_first_chunk, previous_first_chunk, split_chunks
 from psa_ref.scoring import processing_order
 from psa_ref.testing import exact_fraction
 from psa_ref.testing.conformance import check_result
@@ -119,6 +119,43 @@ def test_first_chunk_is_checked():
         psa_ref.attention(q, b, first_chunk=2.5)
     with pytest.raises(ValueError, match="first_chunk must be >= 1"):
         sweep.attention(q, b, first_chunk=-3)
+
+
+def test_previous_first_chunk_is_the_last_calls_ranked_blocks_less_a_step():
+    assert previous_first_chunk(None, 2, 5) is None  # the first call: the plain schedule
+    assert previous_first_chunk(20, 2, 5) == 13
+    assert previous_first_chunk(20, 0, 5) == 15
+    assert previous_first_chunk(8, 2, 5) == 1
+    assert previous_first_chunk(7, 2, 5) is None  # no ranked block left: the plain schedule
+    assert previous_first_chunk(0, 0, 1) is None
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        previous_first_chunk(20, 2, 0)
+    with pytest.raises(ValueError, match="blocks_attended must be >= 0"):
+        previous_first_chunk(-1, 2, 5)
+    with pytest.raises(TypeError, match="num_forced"):
+        previous_first_chunk(20, 2.0, 5)
+
+
+@given(problems(), thresholds, st.sampled_from(psa_ref.STOP_RULES), st.integers(1, 4))
+def test_the_previous_stop_keeps_every_invariant_and_never_moves_later_for_the_same_query(p, tau, stop, step):
+    """DecodePlan(first_chunk="previous") on one query asked twice: each group's second call, with the first chunk
+    its first call's stop gives, is Algorithm 1 on those boundaries (every invariant), and stops no later than the
+    first call did: the boundary where the rule held is a boundary again, with the same blocks attended before it,
+    and every rule decides from those alone."""
+    b = blocks_of(p)
+    forced = min(b.num_blocks, p.sink_blocks + p.recent_blocks)
+    opts = dict(stop=stop, step=step, gqa=p.gqa, sink_blocks=p.sink_blocks, recent_blocks=p.recent_blocks)
+
+    def groups(res):
+        return res.blocks_used if isinstance(res.blocks_used, list) else [res.blocks_used]
+
+    before = groups(psa_ref.attention(p.q, b, tau, **opts))
+    for gi, u in enumerate(before):
+        first = previous_first_chunk(u.size, forced, step)
+        again = psa_ref.attention(p.q, b, tau, **opts, first_chunk=first)
+        check_result(again, p.q, p.keys, p.values, threshold=tau, block_size=p.block_size, metadata=p.metadata,
+                     first_chunk=first, **opts)
+        assert groups(again)[gi].size <= u.size, (gi, first, u.size, groups(again)[gi].size)
 
 
 def test_a_predicted_chunk_saves_iterations_on_the_shipped_trace():

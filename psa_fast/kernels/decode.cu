@@ -57,6 +57,9 @@
 //              each position of the order (psa_order_suffix)
 //   lmass      [B, Hq, Nmax] float scratch (stop = sketch): log of each attended block's true mass, by
 //              position in the order, written by the warp that attends it and read by the verifier
+//   first_len  [B, Gn] int or null: the ranked blocks of each group's first ranked chunk (first_chunk given or
+//              "predicted"); with PSA_FIRST_PREV (first_chunk="previous") the same buffer as num_used, whose
+//              value from the previous call ends the first ranked chunk
 //   dynamic shared memory: PSA_WARPS * PSA_STAGES * 2 * SP * D halves, SP = S rounded up to 16
 //   (reused for the final merge)
 //
@@ -134,6 +137,11 @@ static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "th
 static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
 static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
               "the grid build is the plain loop's, its CTAs not a cluster");
+#ifndef PSA_FIRST_PREV
+#define PSA_FIRST_PREV 0  // first_chunk="previous": first_len is the num_used this launch writes (below)
+#endif
+static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
+              "first_chunk='previous' reads the plain loop's own num_used of the previous call");
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
 #define PSA_LOOP_CLOCK 0
@@ -518,8 +526,18 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // stop = sketch / sketch_avg: the next block's share test (sketch_avg: of an average block, c / n)
     const bool sketchy = stop == PSA_STOP_SKETCH || stop == PSA_STOP_SKETCH_AVG;
     const float next_share = stop == PSA_STOP_SKETCH_AVG ? sketch_share / (float)n : sketch_share;
+#if PSA_FIRST_PREV
+    // first_chunk="previous" (psa_ref.progressive.previous_first_chunk): first_len is this layer's num_used, the
+    // blocks its group attended at its previous call (0 before the first), which this launch overwrites when the
+    // group stops. The first ranked chunk ends one step short of where that call stopped (none if that leaves no
+    // ranked block). An L2 load (the buffer is not read-only for the kernel's life), made before the group's first
+    // barrier; the write comes after its last.
+    const int prev = __ldcg(first_len + (long)b * Gn + g);
+    const int first2 = min(n, first + max(0, prev - first - step));
+#else
     // first_chunk: the ranked blocks of the first ranked chunk, per group (psa_first_chunk), or none
     const int first2 = first_len ? min(n, first + __ldg(first_len + (long)b * Gn + g)) : first;
+#endif
     const int* orow = order ? order + ((long)b * Gn + g) * Nmax + base : nullptr;
     const int* btab = block_table + ((long)b * Hkv + kv) * Nmax;
 #if PSA_STATEFUL
