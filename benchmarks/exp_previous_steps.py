@@ -7,7 +7,9 @@ does), its length set to that position + 1 before the call. Each layer of the ca
 many layers as keep the timed calls out of L2, ``bench_decode.rotating_layers``), and a decode step runs every layer
 in turn, so each layer's plan state sees the previous decode step, as in a model. One CUDA graph holds all the
 steps; it is replayed a few times first (the state settles) and then timed (median of ``--reps``). The lengths'
-copy (one small kernel a decode step) is timed alone and taken off.
+copy (one small kernel a decode step) is timed alone and taken off. (The cache holds the capture's whole length;
+a shorter length leaves the last block's metadata covering up to 124 tokens past the query: the estimate of one
+block of ~2,000, harmless to the timing.)
 
 Blocks read, iterations and the error against psa_fast dense come from one more pass, eager, over layer 0.
 

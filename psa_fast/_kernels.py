@@ -640,8 +640,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
     (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
     ``first_prev`` (``first_chunk="previous"``, the plain loop): ``first_len`` is ``num_used`` itself (the same
-    array), holding the blocks each group attended at the previous call; the first ranked chunk ends there (0:
-    chunks of ``step``), and the launch overwrites it with this call's.
+    array), holding the blocks each group attended at the previous call; the first ranked chunk ends one ``step``
+    short of there (``psa_ref.progressive.previous_first_chunk``; 0, or too few to leave a ranked block: chunks of
+    ``step``), and the launch overwrites it with this call's.
 
     ``q`` is the scaled query ``[B, Hq, Dp]`` float32. Given ``q_mma`` (the query scaled by a power of
     two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; version 2 reads
