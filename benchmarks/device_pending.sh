@@ -1555,6 +1555,16 @@ if [ "$PART" = s35n ]; then
   grep -E "^FAILED|passed|failed" "$OUT/t_s35n.log" | tail -5
   exit 0
 fi
+if [ "$PART" = s36a ]; then
+  # Prepared in the thirty-fifth session, not run. The ~5 µs a call of first_chunk="previous" (s35l): the same plan
+  # reading a frozen copy of its stops (--unaliased: one array read at the start and written at the end of a launch,
+  # or not) beside the plain loop and an integer first chunk of the same boundaries. Expected if the alias is the
+  # cost: unaliased ~32.6 µs at B = 1 like the fixed chunk, the aliased ~37.7. Carry the layer's npz; ~1.5 minutes
+  # (one cold compile of the previous build).
+  (cd benchmarks && timeout 240 python3 exp_previous_steps.py --kv ../.gl/gemma3_xml_l17_32k.npz --batches 1,8 \
+      --same --fixed 768 --unaliased --reps 20 2>&1 | grep -v Warn)
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

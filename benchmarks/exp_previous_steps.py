@@ -33,6 +33,9 @@ def main(argv=None) -> None:
     ap.add_argument("--fixed", type=int, default=None, help="also a plan whose first chunk is this many blocks")
     ap.add_argument("--stages", action="store_true",
                     help="also each plan's stages timed apart by CUDA events (eager, the latest step, layer 0)")
+    ap.add_argument("--unaliased", action="store_true",
+                    help="also first_chunk='previous' reading a frozen copy of the previous plan's stops (taken after "
+                         "the warm-up) instead of the num_used it writes: is one array read and written the cost?")
     ap.add_argument("--same", action="store_true",
                     help="every call the latest decode step (the previous stop an oracle: the schedule's cost alone)")
     args = ap.parse_args(argv)
@@ -40,6 +43,7 @@ def main(argv=None) -> None:
     import cupy
 
     import psa_fast
+    from psa_fast import _kernels
     from bench_decode import (SHAPES, capture, copy_ceiling_gbs, floor_bytes, floor_us, median_us, rel_err,
                               rotating_layers)
 
@@ -52,6 +56,16 @@ def main(argv=None) -> None:
     if (q_all.shape[2], k_all.shape[1], q_all.shape[3]) != (shape.hq, shape.hkv, shape.d):
         raise SystemExit(f"the trace has Hq {q_all.shape[2]}, Hkv {k_all.shape[1]}, D {q_all.shape[3]}; "
                          f"--shape {shape.name} needs {shape.hq}, {shape.hkv}, {shape.d}")
+    # --unaliased: the decode launches of a plan whose num_used (by pointer) is listed here read this array instead
+    swaps = {}
+    launch_decode = _kernels.decode
+
+    def decode(*a, first_len=None, first_prev=False, **kw):
+        if first_prev:
+            first_len = swaps.get(a[8].data.ptr, first_len)  # a[8]: num_used
+        return launch_decode(*a, first_len=first_len, first_prev=first_prev, **kw)
+
+    _kernels.decode = decode
     stream = cupy.cuda.Stream(non_blocking=True)
     ceiling = copy_ceiling_gbs(stream)
     what = "the latest decode step every call" if args.same else f"{steps.size} decode steps in order"
@@ -76,6 +90,12 @@ def main(argv=None) -> None:
                  f"PSA τ=0.95 {args.stop}": psa_fast.plan(cache, num_q_heads=shape.hq, stop=args.stop),
                  f"PSA τ=0.95 {args.stop}, first_chunk previous": psa_fast.plan(
                      cache, num_q_heads=shape.hq, stop=args.stop, first_chunk="previous")}
+        previous = plans[f"PSA τ=0.95 {args.stop}, first_chunk previous"]
+        if args.unaliased:
+            unaliased = psa_fast.plan(cache, num_q_heads=shape.hq, stop=args.stop, first_chunk="previous")
+            frozen = cupy.zeros_like(unaliased.num_used_layers)
+            swaps.update({unaliased.num_used_layers[layer].data.ptr: frozen[layer] for layer in range(layers)})
+            plans[f"PSA τ=0.95 {args.stop}, first_chunk previous, unaliased"] = unaliased
         if args.fixed:
             plans[f"PSA τ=0.95 {args.stop}, first_chunk {args.fixed}"] = psa_fast.plan(
                 cache, num_q_heads=shape.hq, stop=args.stop, first_chunk=args.fixed)
@@ -96,6 +116,8 @@ def main(argv=None) -> None:
             for gr in list(graphs.values()) + [copies]:
                 for _ in range(3):
                     gr.launch(stream)
+            if args.unaliased:
+                frozen[...] = previous.num_used_layers  # the aliased plan's stops after the warm-up, read from now on
             base = median_us(lambda i: copies.launch(stream), stream, args.reps, 1)
             times = {name: (median_us(lambda i, g=gr: g.launch(stream), stream, args.reps, 1) - base) / calls
                      for name, gr in graphs.items()}

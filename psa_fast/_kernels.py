@@ -639,10 +639,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
     (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
-    ``first_prev`` (``first_chunk="previous"``, the plain loop): ``first_len`` is ``num_used`` itself (the same
-    array), holding the blocks each group attended at the previous call; the first ranked chunk ends one ``step``
-    short of there (``psa_ref.progressive.previous_first_chunk``; 0, or too few to leave a ranked block: chunks of
-    ``step``), and the launch overwrites it with this call's.
+    ``first_prev`` (``first_chunk="previous"``, the plain loop): ``first_len`` holds the blocks each group attended
+    at the previous call (the plan passes ``num_used`` itself; benchmarks/exp_previous_steps.py ``--unaliased`` a
+    frozen copy); the first ranked chunk ends one ``step`` short of there (``psa_ref.progressive.
+    previous_first_chunk``; 0, or too few to leave a ranked block: chunks of ``step``), and the launch writes this
+    call's to ``num_used``.
 
     ``q`` is the scaled query ``[B, Hq, Dp]`` float32. Given ``q_mma`` (the query scaled by a power of
     two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; version 2 reads
@@ -666,10 +667,10 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         raise NotImplementedError("stop='ema', 'sketch', 'sketch_avg', first_chunk and offload need decode version 3")
     if stop in ("sketch", "sketch_avg") and sketch is None:
         raise ValueError(f"stop={stop!r} needs sketch=(ordered, lmass)")
-    if first_prev and (version < 3 or first_len is None or first_len.data.ptr != num_used.data.ptr
-                       or offload is not None or split is not None or spec is not None):
+    if first_prev and (version < 3 or first_len is None or offload is not None or split is not None
+                       or spec is not None):
         raise ValueError("first_prev runs the plain loop (decode version 3, no offload, splits or speculation) "
-                         "with first_len the num_used array itself")
+                         "with first_len the previous call's num_used")
     bf16 = k_pool.dtype == np.int16
     defines = {"bf16": 1} if bf16 else {}
     if version == 3:

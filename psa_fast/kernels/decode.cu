@@ -58,8 +58,8 @@
 //   lmass      [B, Hq, Nmax] float scratch (stop = sketch): log of each attended block's true mass, by
 //              position in the order, written by the warp that attends it and read by the verifier
 //   first_len  [B, Gn] int or null: the ranked blocks of each group's first ranked chunk (first_chunk given or
-//              "predicted"); with PSA_FIRST_PREV (first_chunk="previous") the same buffer as num_used, whose
-//              value from the previous call ends the first ranked chunk
+//              "predicted"); with PSA_FIRST_PREV (first_chunk="previous") the previous call's num_used (the plan
+//              passes num_used itself), one step short of which the first ranked chunk ends
 //   dynamic shared memory: PSA_WARPS * PSA_STAGES * 2 * SP * D halves, SP = S rounded up to 16
 //   (reused for the final merge)
 //
@@ -527,9 +527,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const bool sketchy = stop == PSA_STOP_SKETCH || stop == PSA_STOP_SKETCH_AVG;
     const float next_share = stop == PSA_STOP_SKETCH_AVG ? sketch_share / (float)n : sketch_share;
 #if PSA_FIRST_PREV
-    // first_chunk="previous" (psa_ref.progressive.previous_first_chunk): first_len is this layer's num_used, the
-    // blocks its group attended at its previous call (0 before the first), which this launch overwrites when the
-    // group stops. The first ranked chunk ends one step short of where that call stopped (none if that leaves no
+    // first_chunk="previous" (psa_ref.progressive.previous_first_chunk): first_len holds the blocks the group
+    // attended at its previous call (0 before the first); the plan passes this layer's num_used itself, which this
+    // launch overwrites when the group stops. The first ranked chunk ends one step short of where that call stopped (none if that leaves no
     // ranked block). An L2 load (the buffer is not read-only for the kernel's life), made before the group's first
     // barrier; the write comes after its last.
     const int prev = __ldcg(first_len + (long)b * Gn + g);
