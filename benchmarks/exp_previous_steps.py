@@ -58,21 +58,22 @@ def main(argv=None) -> None:
                          f"--shape {shape.name} needs {shape.hq}, {shape.hkv}, {shape.d}")
     # --unaliased: the decode launches of a plan whose num_used (by pointer) is listed here read this array instead
     swaps = {}
-    launch_decode = _kernels.decode
+    if args.unaliased:
+        launch_decode = _kernels.decode
 
-    def decode(*a, first_len=None, first_prev=False, **kw):
-        if first_prev:
-            first_len = swaps.get(a[8].data.ptr, first_len)  # a[8]: num_used
-        return launch_decode(*a, first_len=first_len, first_prev=first_prev, **kw)
+        def decode(*a, first_len=None, first_prev=False, **kw):
+            if first_prev:
+                first_len = swaps.get(a[8].data.ptr, first_len)  # a[8]: num_used
+            return launch_decode(*a, first_len=first_len, first_prev=first_prev, **kw)
 
-    _kernels.decode = decode
+        _kernels.decode = decode
     stream = cupy.cuda.Stream(non_blocking=True)
     ceiling = copy_ceiling_gbs(stream)
     what = "the latest decode step every call" if args.same else f"{steps.size} decode steps in order"
     print(f"# {args.kv}: {what} (positions {positions.min()}..{positions.max()}), stop {args.stop}, copy ceiling "
           f"{ceiling:.0f} GB/s")
-    print("| T | B | method | µs a call | floor µs | step ÷ floor | vs dense | blocks read | iterations (mean / max) "
-          "| rel. error |")
+    print("| T | B | method | µs a call | floor µs | step ÷ floor | vs dense | blocks read "
+          "| iterations (mean / max) | rel. error |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for b in (int(x) for x in args.batches.split(",")):
         layers = rotating_layers(shape, t, b)

@@ -291,7 +291,8 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         if ESTIMATE_MMA_CHUNK_GROUP not in (1, 2, 4, 8, 16):
             raise ValueError(f"_kernels.ESTIMATE_MMA_CHUNK_GROUP must be 1, 2, 4, 8 or 16, got "
                              f"{ESTIMATE_MMA_CHUNK_GROUP!r}")
-        # (at D 256 a group of fewer than 4 heads spills ~100 bytes a thread with 16 chunks (ptxas): 8 there, unmeasured)
+        # (at D 256 a group of fewer than 4 heads spills ~100 bytes a thread with 16 chunks, ptxas: 8 there,
+        # unmeasured)
         chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)
         make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind], est_kg=chunks)
         summary = meta

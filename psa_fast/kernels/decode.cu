@@ -529,9 +529,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_FIRST_PREV
     // first_chunk="previous" (psa_ref.progressive.previous_first_chunk): first_len holds the blocks the group
     // attended at its previous call (0 before the first); the plan passes this layer's num_used itself, which this
-    // launch overwrites when the group stops. The first ranked chunk ends one step short of where that call stopped (none if that leaves no
-    // ranked block). An L2 load (the buffer is not read-only for the kernel's life), made before the group's first
-    // barrier; the write comes after its last.
+    // launch overwrites when the group stops. The first ranked chunk ends one step short of where that call stopped
+    // (none if that leaves no ranked block). An L2 load (the buffer is not read-only for the kernel's life), made
+    // before the group's first barrier; the write comes after its last.
     const int prev = __ldcg(first_len + (long)b * Gn + g);
     const int first2 = min(n, first + max(0, prev - first - step));
 #else
