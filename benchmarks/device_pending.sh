@@ -1565,6 +1565,16 @@ if [ "$PART" = s36a ]; then
       --same --fixed 768 --unaliased --reps 20 2>&1 | grep -v Warn)
   exit 0
 fi
+if [ "$PART" = s36b ]; then
+  # What one launch streaming one request's K/V reaches, static slices against claimed units (exp_stream_tail.py),
+  # and where one request's dense step goes on HEAD at the three shapes (profile_decode_step.py). ~1.5 minutes.
+  (cd benchmarks && timeout 150 python3 exp_stream_tail.py --reps 30 2>&1 | grep -v Warn)
+  for sh in llama8b smollm2 gemma3; do
+    (cd benchmarks && timeout 90 python3 profile_decode_step.py --share 0.05 --shape $sh --size 32768 --batches 1 \
+        --variants dense,ema --steps 20 2>&1 | grep -v Warn | tail -25)
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
