@@ -722,6 +722,60 @@ def test_split_kv_matches_the_reference_on_ragged_batches(mode, splits, d):
                 assert np.abs(out[b, h] - ref[h]).max() <= 2 * naive + 1e-6 * np.abs(v32).max(), (b, h)
 
 
+@pytest.mark.parametrize("d,splits", [(72, None), (128, None), (128, 1), (64, 5)])
+@pytest.mark.parametrize("q_dtype", ["float16", "float32"])
+def test_dense_reads_the_callers_query_with_the_bits_of_the_scaled_copy(d, splits, q_dtype):
+    """Dense's ``run`` hands the caller's query to the decode kernel, which scales it as it loads it
+    (``_kernels.DENSE_QUERY_FOLD``): the output is the staged path's (``load_query``, whose ``psa_scale_query``
+    writes the scaled copy, then ``attend``) bit for bit, split or not, at a padded head dim (72 -> 80: the pad
+    channels zero), in a ragged batch, and a CUDA graph of ``run`` reads the caller's buffer at each replay."""
+    from psa_fast import _kernels
+
+    lens = [1, 900, 2100] if splits != 1 else [2100]
+    hq, hkv = 8, 2
+    cache, data = ragged_cache(np.random.default_rng(d), lens, hq=hq, hkv=hkv, d=d, s=16)
+    plan = psa_fast.plan(cache, num_q_heads=hq, mode="dense", splits=splits)
+    assert plan._fold_query() and (plan.partial is None) == (plan.splits == 1)
+    rng = np.random.default_rng(7)
+    q1, q2 = (cupy.asarray(rng.standard_normal((len(lens), hq, d)).astype(q_dtype)) for _ in range(2))
+
+    def staged(q):
+        plan.load_query(q, 0)
+        return cupy.asnumpy(plan.attend(0).out)
+
+    def folded(q):
+        plan.q.fill(np.nan)  # nothing of the staged path's copies is read
+        plan.q_mma.fill(np.nan)
+        return cupy.asnumpy(plan.run(q).out)
+
+    want1, want2 = staged(q1), staged(q2)
+    assert np.isfinite(want1).all() and not np.array_equal(want1, want2)
+    np.testing.assert_array_equal(folded(q1), want1)
+    buf = q1.copy()
+    plan.q_mma.fill(np.nan)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        out = plan.run(buf).out
+        graph = stream.end_capture()
+        for q, want in ((q2, want2), (q1, want1)):
+            buf[...] = q
+            out.fill(np.nan)
+            graph.launch(stream)
+            stream.synchronize()
+            np.testing.assert_array_equal(cupy.asnumpy(out), want)
+    old = _kernels.DENSE_QUERY_FOLD
+    _kernels.DENSE_QUERY_FOLD = 0
+    try:
+        assert not plan._fold_query()
+        plan.q_mma.fill(np.nan)
+        np.testing.assert_array_equal(cupy.asnumpy(plan.run(q2).out), want2)  # run stages it again
+    finally:
+        _kernels.DENSE_QUERY_FOLD = old
+    with pytest.raises(ValueError, match="q_raw"):
+        plan.attend(0, q_raw=q1[:, :, ::2])  # its last axis not contiguous
+
+
 def test_split_kv_is_chosen_for_one_request_and_refused_for_psa():
     from psa_fast import _kernels
 
