@@ -1579,8 +1579,8 @@ if [ "$PART" = s36c ]; then
   # Dense's query read by the decode kernel itself (DENSE_QUERY_FOLD; no psa_scale_query launch): its tests, then
   # the dense step with it off and on in one process, both orders (exp_dense_tune --default-only, graph µs, SDPA
   # beside). Predicted at 32K B = 1: Llama 42.2 -> ~40.3, SmolLM2 16.0 -> ~14.3, Gemma 3 ~20.6 -> ~19; B = 8 ~-1.
-  gpu_tests t_s36c.log 200 tests/test_fast.py tests/test_fast_bf16.py -k "dense or split or gemma_shape"
-  for sh in llama8b smollm2 gemma3; do
+  gpu_tests t_s36c.log 200 tests/test_fast.py tests/test_fast_bf16.py -k "${2:-dense or split or gemma_shape}"
+  for sh in ${3:-llama8b smollm2 gemma3}; do
     for order in 0,1 1,0; do
       (cd benchmarks && timeout 120 python3 exp_kernels_attr.py DENSE_QUERY_FOLD=$order -- exp_dense_tune.py \
           --shape $sh --sizes 32768 --batches 1,8 --default-only --reps 30 --out /dev/null 2>&1 | grep -v Warn)

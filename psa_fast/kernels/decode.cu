@@ -445,14 +445,22 @@ __device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PS
 #endif
 
 #if PSA_QIN
-// Element `at` of the caller's query (PSA_QIN: 1 float16, 2 bfloat16 bits, 3 float32) as a float.
-__device__ __forceinline__ float query_in(const float* q, long at) {
-#if PSA_QIN == 1
-    return __half2float(__ldg(reinterpret_cast<const __half*>(q) + at));
-#elif PSA_QIN == 2
-    return __uint_as_float((unsigned int)__ldg(reinterpret_cast<const unsigned short*>(q) + at) << 16);
-#else
+// Element `at` of the caller's query (PSA_QIN: 1 float16, 2 bfloat16 bits, 3 float32): its bits, held in a float
+// register until query_value converts them (after the first copies are issued, see the kernel's start).
+__device__ __forceinline__ float query_bits(const float* q, long at) {
+#if PSA_QIN == 3
     return __ldg(q + at);
+#else
+    return __uint_as_float(__ldg(reinterpret_cast<const unsigned short*>(q) + at));
+#endif
+}
+__device__ __forceinline__ float query_value(float bits) {
+#if PSA_QIN == 1
+    return __half2float(__ushort_as_half((unsigned short)__float_as_uint(bits)));
+#elif PSA_QIN == 2
+    return __uint_as_float(__float_as_uint(bits) << 16);
+#else
+    return bits;
 #endif
 }
 #endif
@@ -610,8 +618,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_QIN
                 const int c = ks * 16 + half * 8 + 2 * quad;
                 const long at = (long)b * q_sb + (long)(h0 + hh) * q_sh + c;
-                qx[ks][half][0] = c < q_dim ? query_in(q, at) * q_pow2 : 0.f;
-                qx[ks][half][1] = c + 1 < q_dim ? query_in(q, at + 1) * q_pow2 : 0.f;
+                qx[ks][half][0] = c < q_dim ? query_bits(q, at) : 0.f;  // (zero bits: zero in every type)
+                qx[ks][half][1] = c + 1 < q_dim ? query_bits(q, at + 1) : 0.f;
 #else
                 const float* qh = q + ((long)b * Hq + h0 + hh) * PSA_D + ks * 16 + half * 8 + 2 * quad;
                 qx[ks][half][0] = __ldg(qh);
@@ -717,6 +725,16 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     for (int s = 0; s < PSA_STAGES - 1; ++s) issue(s == 0);
     PSA_LMARK(11);  // the first blocks' copies issued (their positions and block-table entries loaded)
 
+#if PSA_QIN
+    // The caller's query converted and scaled only now: a use before the copies above waited on its loads before
+    // the first blocks were found (a whole round trip more a launch: dense one request +2-4 µs, s36c).
+#pragma unroll
+    for (int ks = 0; ks < PSA_KS; ++ks)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) qx[ks][half][i] = query_value(qx[ks][half][i]) * q_pow2;
+#endif
     // The query, split into PSA_QPARTS parts.
     unsigned int qa[PSA_KS][PSA_QPARTS][2];
 #pragma unroll
