@@ -598,8 +598,10 @@ def spec_shapes(chunk_slots: int, warps: int) -> tuple[int, ...]:
     return (warps,) if chunk_slots < frm else (warps, 1)
 
 
-DENSE_QUERY_FOLD = 1  # 1: DecodePlan.run in dense mode hands the caller's query to the decode kernel (q_raw), no
-# psa_scale_query launch; 0: it launches psa_scale_query as the other modes do (benchmarks/NOTES.md, s36)
+DENSE_QUERY_FOLD = 0  # 1: DecodePlan.run in dense mode hands the caller's query to the decode kernel (q_raw), no
+# psa_scale_query launch; 0: it launches psa_scale_query as the other modes do. Off: its first build (the query
+# converted where it was loaded) was 1-4 µs slower for one request (s36c); the conversion moved after the first copies
+# is not yet measured (benchmarks/NOTES.md, thirty-sixth session; device_pending.sh s36c)
 QIN_CODES = {"float16": 1, "int16": 2, "float32": 3}  # decode.cu's PSA_QIN by the caller's query dtype (int16: bfloat16)
 
 

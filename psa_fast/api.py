@@ -335,9 +335,10 @@ class DecodePlan:
     def run(self, q, layer: int = 0) -> DecodeOutput:
         """Attend ``q`` (``[B, Hq, D]`` float16, bfloat16 or float32 on the GPU) to layer ``layer`` of the cache.
 
-        Launches the stages on the current stream (query scaling, estimate, order, then the decode kernel; dense
-        on decode version 3: the decode kernel alone, which reads ``q`` itself and scales it as it loads it, the
-        same bits) and returns without synchronising. ``q`` is read by the launches, so it must hold its values
+        Launches the stages on the current stream (query scaling, then estimate and order unless dense, then the
+        decode kernel; with ``_kernels.DENSE_QUERY_FOLD``, dense on decode version 3 launches the decode kernel
+        alone, which reads ``q`` itself and scales it as it loads it, the same bits) and returns without
+        synchronising. ``q`` is read by the launches, so it must hold its values
         until they have run (as must a captured graph's). Shapes and dtypes are checked; values are not (no NaN
         scan).
         """

@@ -724,13 +724,14 @@ def test_split_kv_matches_the_reference_on_ragged_batches(mode, splits, d):
 
 @pytest.mark.parametrize("d,splits", [(72, None), (128, None), (128, 1), (64, 5)])
 @pytest.mark.parametrize("q_dtype", ["float16", "float32"])
-def test_dense_reads_the_callers_query_with_the_bits_of_the_scaled_copy(d, splits, q_dtype):
-    """Dense's ``run`` hands the caller's query to the decode kernel, which scales it as it loads it
-    (``_kernels.DENSE_QUERY_FOLD``): the output is the staged path's (``load_query``, whose ``psa_scale_query``
-    writes the scaled copy, then ``attend``) bit for bit, split or not, at a padded head dim (72 -> 80: the pad
-    channels zero), in a ragged batch, and a CUDA graph of ``run`` reads the caller's buffer at each replay."""
+def test_dense_reads_the_callers_query_with_the_bits_of_the_scaled_copy(d, splits, q_dtype, monkeypatch):
+    """With ``_kernels.DENSE_QUERY_FOLD``, dense's ``run`` hands the caller's query to the decode kernel, which
+    scales it as it loads it: the output is the staged path's (``load_query``, whose ``psa_scale_query`` writes the
+    scaled copy, then ``attend``) bit for bit, split or not, at a padded head dim (72 -> 80: the pad channels zero),
+    in a ragged batch, and a CUDA graph of ``run`` reads the caller's buffer at each replay."""
     from psa_fast import _kernels
 
+    monkeypatch.setattr(_kernels, "DENSE_QUERY_FOLD", 1)
     lens = [1, 900, 2100] if splits != 1 else [2100]
     hq, hkv = 8, 2
     cache, data = ragged_cache(np.random.default_rng(d), lens, hq=hq, hkv=hkv, d=d, s=16)
@@ -764,14 +765,10 @@ def test_dense_reads_the_callers_query_with_the_bits_of_the_scaled_copy(d, split
             graph.launch(stream)
             stream.synchronize()
             np.testing.assert_array_equal(cupy.asnumpy(out), want)
-    old = _kernels.DENSE_QUERY_FOLD
-    _kernels.DENSE_QUERY_FOLD = 0
-    try:
-        assert not plan._fold_query()
-        plan.q_mma[..., :d].fill(np.nan)  # (the pad channels past d stay the zeros psa_scale_query never writes)
-        np.testing.assert_array_equal(cupy.asnumpy(plan.run(q2).out), want2)  # run stages it again
-    finally:
-        _kernels.DENSE_QUERY_FOLD = old
+    monkeypatch.setattr(_kernels, "DENSE_QUERY_FOLD", 0)
+    assert not plan._fold_query()
+    plan.q_mma[..., :d].fill(np.nan)  # (the pad channels past d stay the zeros psa_scale_query never writes)
+    np.testing.assert_array_equal(cupy.asnumpy(plan.run(q2).out), want2)  # run stages it again
     with pytest.raises(ValueError, match="q_raw"):
         plan.attend(0, q_raw=q1[:, :, ::2])  # its last axis not contiguous
 

@@ -92,10 +92,13 @@ def test_dense_attention_of_bfloat16_within_twice_naive_fp32():
 
 
 @pytest.mark.parametrize("q_dtype", ["bfloat16", "float32"])
-def test_dense_reads_a_bfloat16_cache_callers_query_with_the_staged_bits(q_dtype):
-    """Dense's ``run`` on a bfloat16 cache: the kernel reads the caller's bfloat16 (one tensor-core part) or float32
+def test_dense_reads_a_bfloat16_cache_callers_query_with_the_staged_bits(q_dtype, monkeypatch):
+    """With ``_kernels.DENSE_QUERY_FOLD``, dense's ``run`` on a bfloat16 cache: the kernel reads the caller's bfloat16 (one tensor-core part) or float32
     query (three) itself and gives the staged path's bits (``load_query`` + ``attend``), one request (split) and a
     batch of two."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "DENSE_QUERY_FOLD", 1)
     rng = np.random.default_rng(9)
     for batch in (1, 2):
         cache = psa_fast.PagedKVCache(num_layers=1, batch=batch, num_kv_heads=2, head_dim=128, max_tokens=3000,
