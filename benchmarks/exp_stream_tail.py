@@ -12,9 +12,11 @@ ways:
   the current one); the last CTA to leave zeroes the counter for the next launch.
 
 Each CTA records ``%globaltimer`` at its start and end. Per variant the table gives the launch's time (median of
-repeats, CUDA events around the launch), GB/s and its share of a device-to-device copy's in the same run, and from
-the median repeat's timers: the span from the first CTA's start to the last one's end, the mean CTA end, and how
-much the last end trails the median end (the tail a static split pays and claiming should remove).
+repeats, CUDA events around the launch: they include the host's launch, ~18 µs for an empty launch on the H200, so
+compare variants by it, not with kernel durations), GB/s and its share of a device-to-device copy's in the same run,
+and from the median repeat's timers: the span from the first CTA's start to the last one's end (the kernel's own
+time, less its launch), the mean CTA end, and how much the last end trails the median end (the tail a static split
+pays and claiming should remove).
 
     python benchmarks/exp_stream_tail.py [--mb 25,33.5,134,537] [--grids 128,132,264] [--units 64,256] [--reps 30]
 """
@@ -128,7 +130,8 @@ def main() -> None:
                                                                   cupy.empty(2 * sms, cupy.uint64), sink),
                                     shared_mem=opt_in - 1024)) for _ in range(20))[10]
     print(f"# an empty launch of {sms} CTAs: {empty:.1f} µs\n")
-    print("| MB | CTAs | split | µs | GB/s | % ceiling | µs at ceiling | span µs | mean end µs | last end - median end µs |")
+    print("| MB | CTAs | split | µs (events) | GB/s (events) | % ceiling | µs at ceiling | span µs | mean end µs "
+          "| last end - median end µs |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for mb in sizes:
         total = int(mb * 1e6) // 16
