@@ -1588,6 +1588,23 @@ if [ "$PART" = s36c ]; then
   done
   exit 0
 fi
+if [ "$PART" = s36d ]; then
+  # Why psa_merge_splits takes 3.3 µs at every shape (s36b), whatever its splits, where one L2 round trip and a
+  # store should take ~1.5: ncu of the dense step's merge and query kernels, one request at 32K, Llama and SmolLM2
+  # (warp states, memory, the SASS with stall samples). ~2 minutes.
+  for sh in llama8b smollm2; do
+    (cd benchmarks && timeout 120 ncu --clock-control none -k regex:"psa_merge_splits|psa_scale_query" \
+        --launch-skip 6 --launch-count 2 --section SpeedOfLight --section LaunchStats --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
+        --print-details all python3 profile_decode_step.py --share 0.05 --shape $sh --size 32768 --batches 1 \
+        --variants dense --no-profiler --steps 2 --out /tmp > "$OUT/ncu_merge_${sh}_32k_b1.txt" 2>&1)
+    echo "ncu $sh rc=$?"
+    grep -E "psa_merge|psa_scale|Duration|Elapsed Cycles|Grid Size|Block Size|Registers Per|Achieved Occupancy\
+|Issue Slots|Instructions Executed|Stall (Long|Barrier|Short|Wait|MIO|LG|Not)|L2 Hit|Mem Busy" \
+        "$OUT/ncu_merge_${sh}_32k_b1.txt" | head -40
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
