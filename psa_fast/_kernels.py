@@ -697,9 +697,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         args = args + rule_args + (np.float32(qk_scale), null if first_len is None else first_len)
         if q_raw is not None:
             raw, pow2 = q_raw
-            if raw.ndim != 3 or raw.shape[:2] != (b, hq) or raw.shape[2] > d or raw.strides[2] != raw.itemsize:
-                raise ValueError(f"q_raw: expected [B, Hq, <= {d}] = [{b}, {hq}, ...] with its last axis contiguous, "
-                                 f"got shape {raw.shape}, strides {raw.strides}")
+            if (raw.ndim != 3 or raw.shape[:2] != out.shape[:2] or raw.shape[2] > d or raw.strides[2] != raw.itemsize
+                    or raw.dtype.name not in QIN_CODES):
+                raise ValueError(f"q_raw: expected [B, Hq, <= {d}] = [{out.shape[0]}, {hq}, ...] float16, float32 or "
+                                 f"int16 (bfloat16 bits) with its last axis contiguous, got shape {raw.shape}, dtype "
+                                 f"{raw.dtype}, strides {raw.strides}")
             defines["qin"] = QIN_CODES[raw.dtype.name]
             args = args + (np.float32(pow2), np.int32(raw.shape[2]), np.int64(raw.strides[0] // raw.itemsize),
                            np.int64(raw.strides[1] // raw.itemsize))

@@ -354,7 +354,8 @@ class DecodePlan:
     def _fold_query(self) -> bool:
         """Whether ``run`` hands the caller's query to the decode kernel, which scales it as it loads it (dense on
         decode version 3: nothing else reads the scaled query), instead of launching ``psa_scale_query``."""
-        return self.mode == "dense" and self.version == 3 and bool(_kernels.DENSE_QUERY_FOLD)
+        return (self.mode == "dense" and bool(_kernels.DENSE_QUERY_FOLD)
+                and self.g <= 8 and self.version == 3)  # (groups of more than 8 heads run decode version 2)
 
     def forget_previous(self, requests=None) -> None:
         """``first_chunk="previous"``: forget where the groups stopped, in every layer, for every request or for

@@ -773,6 +773,23 @@ def test_dense_reads_the_callers_query_with_the_bits_of_the_scaled_copy(d, split
         plan.attend(0, q_raw=q1[:, :, ::2])  # its last axis not contiguous
 
 
+def test_dense_with_more_than_8_heads_a_group_keeps_the_staged_query(monkeypatch):
+    """Groups of more than 8 query heads run decode version 2, which reads the plan's scaled copy: with the fold
+    switched on, their ``run`` still stages the query (and gives the same output as with it off)."""
+    from psa_fast import _kernels
+
+    hq, hkv, d = 32, 2, 64
+    cache, data = ragged_cache(np.random.default_rng(3), [700], hq=hq, hkv=hkv, d=d, s=16)
+    q = cupy.asarray(np.stack([q for q, _, _ in data]))
+    plan = psa_fast.plan(cache, num_q_heads=hq, mode="dense")
+    want = cupy.asnumpy(plan.run(q).out)
+    monkeypatch.setattr(_kernels, "DENSE_QUERY_FOLD", 1)
+    assert not plan._fold_query()
+    np.testing.assert_array_equal(cupy.asnumpy(plan.run(q).out), want)
+    with pytest.raises(ValueError, match="q_raw needs decode version 3"):
+        plan.attend(0, q_raw=q)
+
+
 def test_split_kv_is_chosen_for_one_request_and_refused_for_psa():
     from psa_fast import _kernels
 
