@@ -338,9 +338,8 @@ class DecodePlan:
         Launches the stages on the current stream (query scaling, then estimate and order unless dense, then the
         decode kernel; with ``_kernels.DENSE_QUERY_FOLD``, dense on decode version 3 launches the decode kernel
         alone, which reads ``q`` itself and scales it as it loads it, the same bits) and returns without
-        synchronising. ``q`` is read by the launches, so it must hold its values
-        until they have run (as must a captured graph's). Shapes and dtypes are checked; values are not (no NaN
-        scan).
+        synchronising. ``q`` is read by the launches, so it must hold its values until they have run (as must a
+        captured graph's). Shapes and dtypes are checked; values are not (no NaN scan).
         """
         if self._fold_query():
             qa, layer = self._checked_query(q, layer)

@@ -726,8 +726,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     PSA_LMARK(11);  // the first blocks' copies issued (their positions and block-table entries loaded)
 
 #if PSA_QIN
-    // The caller's query converted and scaled only now: a use before the copies above waited on its loads before
-    // the first blocks were found (a whole round trip more a launch: dense one request +2-4 µs, s36c).
+    // The caller's query converted and scaled only now: used before the copies above, its loads were waited for
+    // before the first blocks were found (a whole round trip more per launch: dense one request +2-4 µs, s36c).
 #pragma unroll
     for (int ks = 0; ks < PSA_KS; ++ks)
 #pragma unroll
