@@ -185,6 +185,9 @@ class DecodePlan:
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
+        # the decode kernel version this plan's launches take (groups of more than 8 heads fall back to version 2)
+        self._kernel_version = _kernels.decode_config(d=cache.dp, s=cache.block_size, g=self.g, version=self.version,
+                                                      warps=self.warps, stages=self.stages)[0]
         self.first_chunk = "previous" if first_chunk == "previous" else check_first_chunk(first_chunk)
         if self.first_chunk is not None and self.mode != "psa":
             raise ValueError(f"first_chunk sizes PSA's first ranked iteration; mode={self.mode!r} has none")
@@ -353,8 +356,7 @@ class DecodePlan:
     def _fold_query(self) -> bool:
         """Whether ``run`` hands the caller's query to the decode kernel, which scales it as it loads it (dense on
         decode version 3: nothing else reads the scaled query), instead of launching ``psa_scale_query``."""
-        return (self.mode == "dense" and bool(_kernels.DENSE_QUERY_FOLD)
-                and self.g <= 8 and self.version == 3)  # (groups of more than 8 heads run decode version 2)
+        return self.mode == "dense" and self._kernel_version == 3 and bool(_kernels.DENSE_QUERY_FOLD)
 
     def forget_previous(self, requests=None) -> None:
         """``first_chunk="previous"``: forget where the groups stopped, in every layer, for every request or for
