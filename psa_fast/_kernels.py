@@ -598,19 +598,12 @@ def spec_shapes(chunk_slots: int, warps: int) -> tuple[int, ...]:
     return (warps,) if chunk_slots < frm else (warps, 1)
 
 
-DENSE_QUERY_FOLD = 0  # 1: DecodePlan.run in dense mode hands the caller's query to the decode kernel (q_raw), no
-# psa_scale_query launch; 0: it launches psa_scale_query as the other modes do. Off: its first build (the query
-# converted where it was loaded) was 1-4 µs slower for one request (s36c); the conversion moved after the first copies
-# is not yet measured (benchmarks/NOTES.md, thirty-sixth session; device_pending.sh s36c)
-QIN_CODES = {"float16": 1, "int16": 2, "float32": 3}  # decode.cu's PSA_QIN by the caller's query dtype (int16: bfloat16)
-
-
 def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out, num_used, iterations, reason,
            mass_est, *, d, s, g, hq, hkv, nmax, stop, threshold, step, forced, cluster, warps=8,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
            q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None,
-           first_prev: bool = False, q_raw: tuple | None = None) -> None:
+           first_prev: bool = False) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -655,16 +648,13 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 
     ``q`` is the scaled query ``[B, Hq, Dp]`` float32. Given ``q_mma`` (the query scaled by a power of
     two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; version 2 reads
-    ``q``. ``q_raw = (query, pow2)`` (version 3, in place of ``q_mma``): the caller's query ``[B, Hq, D]``, float16,
-    float32 or int16 holding bfloat16 bits, its last axis contiguous, which the kernel multiplies by ``pow2`` as it
-    loads it (``PSA_QIN``): the bits of ``scale_query``'s ``out_pow2`` without its launch. ``q_exact``: ``q_mma``
-    (or ``q_raw``) holds numbers of the KV's type (a query of that type), so the tensor cores take it in one part
-    (``PSA_QPARTS`` 1); otherwise in 2 (float16) or 3 (bfloat16) parts.
+    ``q``. ``q_exact``: ``q_mma`` holds numbers of the KV's type (a query of that type), so the tensor
+    cores take it in one part (``PSA_QPARTS`` 1); otherwise in 2 (float16) or 3 (bfloat16) parts.
 
     The KV dtype follows the pools: float16, or int16 holding bfloat16 (the ``PSA_BF16`` build)."""
     version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
-    if version == 3 and (q_mma is not None or q_raw is not None):
-        q = q_mma if q_raw is None else q_raw[0]
+    if version == 3 and q_mma is not None:
+        q = q_mma
     else:
         qk_scale = 1.0
     b = q.shape[0]
@@ -685,7 +675,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     bf16 = k_pool.dtype == np.int16
     defines = {"bf16": 1} if bf16 else {}
     if version == 3:
-        defines["qparts"] = 1 if q_exact and (q_mma is not None or q_raw is not None) else (3 if bf16 else 2)
+        defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
         defines["pair"] = DECODE_PAIR
         defines["stream_window"] = int(d <= DECODE_STREAM_WINDOW)
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
@@ -695,18 +685,6 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         share = SKETCH_AVG_SHARE if stop == "sketch_avg" else SKETCH_NEXT_SHARE
         rule_args = (np.float32(EMA_WEIGHT), ordered, lmass, np.float32(share), np.int32(SKETCH_WINDOW))
         args = args + rule_args + (np.float32(qk_scale), null if first_len is None else first_len)
-        if q_raw is not None:
-            raw, pow2 = q_raw
-            if (raw.ndim != 3 or raw.shape[:2] != out.shape[:2] or raw.shape[2] > d or raw.strides[2] != raw.itemsize
-                    or raw.dtype.name not in QIN_CODES):
-                raise ValueError(f"q_raw: expected [B, Hq, <= {d}] = [{out.shape[0]}, {hq}, ...] float16, float32 or "
-                                 f"int16 (bfloat16 bits) with its last axis contiguous, got shape {raw.shape}, dtype "
-                                 f"{raw.dtype}, strides {raw.strides}")
-            defines["qin"] = QIN_CODES[raw.dtype.name]
-            args = args + (np.float32(pow2), np.int32(raw.shape[2]), np.int64(raw.strides[0] // raw.itemsize),
-                           np.int64(raw.strides[1] // raw.itemsize))
-    elif q_raw is not None:
-        raise ValueError("q_raw needs decode version 3")
     if first_prev:
         defines["first_prev"] = 1
     if offload is not None:

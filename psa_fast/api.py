@@ -185,9 +185,6 @@ class DecodePlan:
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
-        # the decode kernel version this plan's launches take (groups of more than 8 heads fall back to version 2)
-        self._kernel_version = _kernels.decode_config(d=cache.dp, s=cache.block_size, g=self.g, version=self.version,
-                                                      warps=self.warps, stages=self.stages)[0]
         self.first_chunk = "previous" if first_chunk == "previous" else check_first_chunk(first_chunk)
         if self.first_chunk is not None and self.mode != "psa":
             raise ValueError(f"first_chunk sizes PSA's first ranked iteration; mode={self.mode!r} has none")
@@ -338,25 +335,15 @@ class DecodePlan:
     def run(self, q, layer: int = 0) -> DecodeOutput:
         """Attend ``q`` (``[B, Hq, D]`` float16, bfloat16 or float32 on the GPU) to layer ``layer`` of the cache.
 
-        Launches the stages on the current stream (query scaling, then estimate and order unless dense, then the
-        decode kernel; with ``_kernels.DENSE_QUERY_FOLD``, dense on decode version 3 launches the decode kernel
-        alone, which reads ``q`` itself and scales it as it loads it, the same bits) and returns without
-        synchronising. ``q`` is read by the launches, so it must hold its values until they have run (as must a
-        captured graph's). Shapes and dtypes are checked; values are not (no NaN scan).
+        Launches the stages on the current stream (query scaling, then estimate and order unless
+        dense, then the decode kernel) and returns without synchronising. Shapes and dtypes are
+        checked; values are not (no NaN scan).
         """
-        if self._fold_query():
-            qa, layer = self._checked_query(q, layer)
-            return self.attend(layer, q_raw=qa)
         layer = self.load_query(q, layer)
         if self.mode != "dense":
             self.estimate(layer)
             self.order(layer)
         return self.attend(layer)
-
-    def _fold_query(self) -> bool:
-        """Whether ``run`` hands the caller's query to the decode kernel, which scales it as it loads it (dense on
-        decode version 3: nothing else reads the scaled query), instead of launching ``psa_scale_query``."""
-        return self.mode == "dense" and self._kernel_version == 3 and bool(_kernels.DENSE_QUERY_FOLD)
 
     def forget_previous(self, requests=None) -> None:
         """``first_chunk="previous"``: forget where the groups stopped, in every layer, for every request or for
@@ -377,26 +364,19 @@ class DecodePlan:
     def load_query(self, q, layer: int) -> int:
         """Stage 0: copy ``q`` into the plan's buffers, zero-padded: scaled (``q``, for the estimates) and
         scaled by a power of two (``q_mma``, for the decode kernel). Returns the checked layer."""
-        qa, layer = self._checked_query(q, layer)
-        c = self.cache
-        _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim], self.q_mma[..., : c.head_dim],
-                             bf16_bits=qa.dtype == np.dtype(BF16_BITS))
-        return layer
-
-    def _checked_query(self, q, layer: int) -> tuple:
-        """``(q as a CuPy array, the checked layer)``; notes whether the tensor cores may take the query in one
-        part (a bfloat16 query for a bfloat16 cache)."""
         c = self.cache
         qa = as_cupy_kv(q, "q", "bfloat16") if is_torch_bf16(q) else as_cupy(q, "q", dtypes=("float16", "float32"))
+        bf16_q = qa.dtype == np.dtype(BF16_BITS)
         if qa.shape != (c.batch, self.hq, c.head_dim):
             raise ValueError(f"q must have shape [B, Hq, D] = {(c.batch, self.hq, c.head_dim)}, got {qa.shape}")
         layer = PagedKVCache._index(layer, "layer", c.num_layers)
         empty = np.flatnonzero(c.host_lens[layer] == 0)
         if empty.size:
             raise ValueError(f"requests {empty.tolist()} have no tokens in layer {layer}; prefill them first")
-        # float16 can underflow once scaled: not claimed
-        self._q_exact = qa.dtype == np.dtype(BF16_BITS) and c.dtype == "bfloat16"
-        return qa, layer
+        _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim], self.q_mma[..., : c.head_dim],
+                             bf16_bits=bf16_q)
+        self._q_exact = bf16_q and c.dtype == "bfloat16"  # float16 can underflow once scaled: not claimed
+        return layer
 
     def _shape(self) -> dict:
         c = self.cache
@@ -437,10 +417,8 @@ class DecodePlan:
                               margin=self.speculate, extra=self.speculate_extra, step=self.step,
                               first_len=self.first_len, spec_items=self.spec_items, chunks=self.spec_chunks)
 
-    def attend(self, layer: int, *, q_raw=None) -> DecodeOutput:
-        """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel, on the query
-        [`load_query`][psa_fast.DecodePlan.load_query] scaled, or given ``q_raw`` (dense, decode version 3: the
-        caller's query, checked), on that, scaled by the kernel as it loads it."""
+    def attend(self, layer: int) -> DecodeOutput:
+        """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel."""
         c = self.cache
         if self.mode == "psa":
             stop, thr, step, forced = (self.stop, self.threshold if self.threshold < 1 else 2.0, self.step,
@@ -459,7 +437,6 @@ class DecodePlan:
                         warps=self.warps, version=self.version, stages=self.stages,
                         sketch=(self.sketch_ordered, self.lmass) if self.lmass is not None else None,
                         q_mma=self.q_mma, qk_scale=self.qk_scale,
-                        q_raw=None if q_raw is None else (q_raw, self._pow2),
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
                         first_len=first_len, first_prev=previous, q_exact=self._q_exact, grid_group=self._grid_group,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,

@@ -91,34 +91,6 @@ def test_dense_attention_of_bfloat16_within_twice_naive_fp32():
         assert_close(f"head {h}", out[h], ref[h], naive_err=naive, atol=1e-6 * np.abs(v32).max())
 
 
-@pytest.mark.parametrize("q_dtype", ["bfloat16", "float32"])
-def test_dense_reads_a_bfloat16_cache_callers_query_with_the_staged_bits(q_dtype, monkeypatch):
-    """With ``_kernels.DENSE_QUERY_FOLD``, dense's ``run`` on a bfloat16 cache: the kernel reads the caller's bfloat16 (one tensor-core part) or float32
-    query (three) itself and gives the staged path's bits (``load_query`` + ``attend``), one request (split) and a
-    batch of two."""
-    from psa_fast import _kernels
-
-    monkeypatch.setattr(_kernels, "DENSE_QUERY_FOLD", 1)
-    rng = np.random.default_rng(9)
-    for batch in (1, 2):
-        cache = psa_fast.PagedKVCache(num_layers=1, batch=batch, num_kv_heads=2, head_dim=128, max_tokens=3000,
-                                      block_size=16, dtype="bfloat16")
-        qs = []
-        for r in range(batch):
-            (_, _, _), (qt, kt, vt) = bf16_problem(rng, hq=8, hkv=2, t=3000 - 700 * r, d=128, q_dtype=q_dtype)
-            cache.prefill(0, r, kt, vt)
-            qs.append(qt)
-        q = torch.stack(qs).contiguous()
-        plan = psa_fast.plan(cache, num_q_heads=8, mode="dense")
-        assert plan._fold_query()
-        plan.load_query(q, 0)
-        want = cupy.asnumpy(plan.attend(0).out)
-        plan.q_mma.fill(np.nan)
-        got = cupy.asnumpy(plan.run(q).out)
-        assert np.isfinite(want).all()
-        np.testing.assert_array_equal(got, want)
-
-
 @pytest.mark.parametrize("hq, version", [(32, 3), (8, 2)])
 def test_cuda_core_kernel_with_bfloat16(hq, version):
     """Groups of more than 8 query heads (decode v2, CUDA cores) read bfloat16 too."""

@@ -175,13 +175,6 @@ static_assert(!(PSA_LOOP_CLOCK && (PSA_SPLIT || PSA_SPEC || PSA_OFFLOAD)),
 #ifndef PSA_QPARTS
 #define PSA_QPARTS 2  // parts of Q's split (see above); 1 only when the query is of the KV's type
 #endif
-// How the query arrives. 0: `q` as above (the host's psa_scale_query wrote it). 1 / 2 / 3: the caller's query itself,
-// float16 / bfloat16 bits / float32, element (b, h, c) at q[b * q_sb + h * q_sh + c] for channels c < q_dim (zero
-// above), multiplied by q_pow2 here: the same float32 product psa_scale_query writes, so the same bits, one launch
-// fewer (dense's step: _kernels.decode's q_raw).
-#ifndef PSA_QIN
-#define PSA_QIN 0
-#endif
 #define PSA_PPARTS (PSA_BF16 ? 3 : 2)  // parts of P's split
 #ifndef PSA_PAIR
 #define PSA_PAIR 1  // _kernels.DECODE_PAIR: a warp attends two blocks of a chunk at once where it has two
@@ -444,27 +437,6 @@ __device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PS
 #define PSA_DECODE_ENTRY psa_decode
 #endif
 
-#if PSA_QIN
-// Element `at` of the caller's query (PSA_QIN: 1 float16, 2 bfloat16 bits, 3 float32): its bits, held in a float
-// register until query_value converts them (after the first copies are issued, see the kernel's start).
-__device__ __forceinline__ float query_bits(const float* q, long at) {
-#if PSA_QIN == 3
-    return __ldg(q + at);
-#else
-    return __uint_as_float(__ldg(reinterpret_cast<const unsigned short*>(q) + at));
-#endif
-}
-__device__ __forceinline__ float query_value(float bits) {
-#if PSA_QIN == 1
-    return __half2float(__ushort_as_half((unsigned short)__float_as_uint(bits)));
-#elif PSA_QIN == 2
-    return __uint_as_float(__float_as_uint(bits) << 16);
-#else
-    return bits;
-#endif
-}
-#endif
-
 extern "C" __global__ void
 #if PSA_CLUSTER > 1
 __cluster_dims__(PSA_CLUSTER, 1, 1)
@@ -477,9 +449,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
            int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w,
            const float* __restrict__ ordered, float* __restrict__ lmass, float sketch_share, int sketch_window,
            float qk_scale, const int* __restrict__ first_len
-#if PSA_QIN
-           , float q_pow2, int q_dim, long q_sb, long q_sh
-#endif
 #if PSA_STATEFUL
            , const int* __restrict__ slot_map, int* __restrict__ istate, float* __restrict__ vstate,
            int* __restrict__ groups_left, volatile int* done_host, const int* __restrict__ token
@@ -615,16 +584,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         for (int half = 0; half < 2; ++half) {
             qx[ks][half][0] = qx[ks][half][1] = 0.f;
             if (hh < PSA_G) {
-#if PSA_QIN
-                const int c = ks * 16 + half * 8 + 2 * quad;
-                const long at = (long)b * q_sb + (long)(h0 + hh) * q_sh + c;
-                qx[ks][half][0] = c < q_dim ? query_bits(q, at) : 0.f;  // (zero bits: zero in every type)
-                qx[ks][half][1] = c + 1 < q_dim ? query_bits(q, at + 1) : 0.f;
-#else
                 const float* qh = q + ((long)b * Hq + h0 + hh) * PSA_D + ks * 16 + half * 8 + 2 * quad;
                 qx[ks][half][0] = __ldg(qh);
                 qx[ks][half][1] = __ldg(qh + 1);
-#endif
             }
         }
     // Rows S..SP-1 of every stage are padding the MMA reads: zero them once.
@@ -725,16 +687,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     for (int s = 0; s < PSA_STAGES - 1; ++s) issue(s == 0);
     PSA_LMARK(11);  // the first blocks' copies issued (their positions and block-table entries loaded)
 
-#if PSA_QIN
-    // The caller's query converted and scaled only now: used before the copies above, its loads were waited for
-    // before the first blocks were found (a whole round trip more per launch: dense one request +2-4 µs, s36c).
-#pragma unroll
-    for (int ks = 0; ks < PSA_KS; ++ks)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) qx[ks][half][i] = query_value(qx[ks][half][i]) * q_pow2;
-#endif
     // The query, split into PSA_QPARTS parts.
     unsigned int qa[PSA_KS][PSA_QPARTS][2];
 #pragma unroll
