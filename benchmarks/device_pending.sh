@@ -1605,6 +1605,33 @@ if [ "$PART" = s36d ]; then
   done
   exit 0
 fi
+if [ "$PART" = s37a ]; then
+  # The dense step's programmatic dependent launches (_kernels.PDL: the decode kernel starts while psa_scale_query
+  # runs, the merge while the decode kernel runs) and the merge's batch fitted to the splits (MERGE_BATCH_FIT; ncu
+  # s36d: 1,290 instructions a warp for 2 splits at Llama's 16). Tests (bits against the plain launches, graph replay),
+  # then every combination, both orders. Predicted at 32K B = 1: Llama 41.7 -> ~38.5 (fit -1.4, PDL -1.5 to -2.5),
+  # SmolLM2 16.4 -> ~14, Gemma 3 20.8 -> ~18.5; B = 8 -1 to -2.
+  gpu_tests t_s37a.log 300 tests/test_fast.py tests/test_fast_bf16.py -k "${2:-dependent or plainly or split_kv or gemma_shape or dense_within or graph}"
+  for sh in ${3:-llama8b smollm2 gemma3}; do
+    for order in "PDL=0,1 MERGE_BATCH_FIT=0,1" "PDL=1,0 MERGE_BATCH_FIT=1,0"; do
+      (cd benchmarks && timeout 150 python3 exp_kernels_attr.py $order -- exp_dense_tune.py \
+          --shape $sh --sizes 32768 --batches 1,8 --default-only --reps 30 --out /dev/null 2>&1 | grep -v Warn \
+          | grep "^#\|splits None")
+    done
+  done
+  exit 0
+fi
+if [ "$PART" = s37b ]; then
+  # s37a's PDL gains were within noise (Llama B = 1 -1, Gemma 3 -1.5, SmolLM2 +0.6, B = 8 +2 to +4 µs): each launch
+  # alone (PDL 1 the decode kernel after the query, 2 the merge after the decode kernel, 3 both) against none,
+  # interleaved twice, 50 repeats; the merge's fitted batch (now the default) in all.
+  for sh in ${2:-llama8b gemma3 smollm2}; do
+    (cd benchmarks && timeout 200 python3 exp_kernels_attr.py PDL=0,1,2,3,3,2,1,0 -- exp_dense_tune.py \
+        --shape $sh --sizes 32768 --batches 1,8 --default-only --reps 50 --out /dev/null 2>&1 | grep -v Warn \
+        | grep "^#\|splits None" | tee -a "$OUT/s37b.txt")
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

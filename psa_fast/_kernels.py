@@ -331,7 +331,9 @@ def _pow2(x: int, least: int) -> int:
     return max(least, 1 << max(0, int(x - 1).bit_length()))
 
 
-MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH)
+MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH), at most; and where MERGE_BATCH_FIT,
+MERGE_BATCH_FIT = 1  # no more than the warp's share of the splits (each slot of the batch is unrolled code: at 16
+# splits, Llama's one request, a batch of 32 ran 1,290 instructions a warp for its 2 splits; ncu s36d, 3.4 -> 2.2 µs, s37)
 SLICE = 1024  # keys per CTA in the two-kernel sort ...
 # ... or this many (0: never) when a grid of such slices fits in one wave over the SMs (one request of long caches):
 # twice the CTAs, each sorting half as long (H200, s27g: 1 x 8 x 4,096 blocks 15.7 -> 10.4 µs, 1 x 8 x 8,192 18.6
@@ -751,11 +753,13 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
                        warps=warps, stages=stages, smem=smem, **defines, **launch)
     fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 16), shared_mem=smem)
     if split is not None:
+        merge_warps = min(8, splits)
+        batch = min(MERGE_BATCH, -(-splits // merge_warps)) if MERGE_BATCH_FIT else MERGE_BATCH
         merge = kernel("decode", d=d, s=s, g=g, cluster=1, warps=warps, stages=stages, entry="merge_splits",
-                       merge_batch=MERGE_BATCH, **defines)
+                       merge_batch=batch, **defines)
         why = REASONS.index("budget" if stop == "budget" else "exhausted")
         per_cta = 32 if d % 32 == 0 else 16  # channels a CTA merges (PSA_MC); its warps take the splits round-robin
-        merge((hq, b, d // per_cta), (32 * min(8, splits),), (partial, seq_lens, out, num_used, iterations, reason,
+        merge((hq, b, d // per_cta), (32 * merge_warps,), (partial, seq_lens, out, num_used, iterations, reason,
                                                               mass_est, np.int32(splits), np.int32(step),
                                                               np.int32(why)))
 

@@ -686,13 +686,15 @@ def test_every_rule_of_the_reference_runs_on_the_gpu_and_auto_follows_the_metada
 
 
 @pytest.mark.parametrize("mode", ["dense", "topk"])
-@pytest.mark.parametrize("splits,d", [(None, 64), (1, 64), (3, 64), (7, 64), (40, 16), (300, 32)])
+@pytest.mark.parametrize("splits,d", [(None, 64), (1, 64), (3, 64), (7, 64), (40, 16), (300, 32), (16, 128),
+                                     (132, 256)])
 def test_split_kv_matches_the_reference_on_ragged_batches(mode, splits, d):
     """Split-KV (dense, top-k): splits of a group's positions on separate CTAs, merged by log-sum-exp.
     Ragged lengths leave some splits empty; every output is still the reference's within I1's budget,
     and the diagnostics are those of one chunk. 40 splits at head dim 16: more splits than a warp has lanes
     (the merge's max is a CTA reduction); 300 splits at head dim 32: more than the merge's CTA has in flight at a
-    time (8 warps x 16), so its running maxima are rescaled, most of them empty (125 blocks at most)."""
+    time (8 warps x 32), so its running maxima are rescaled, most of them empty (125 blocks at most). 16 and 132:
+    Llama's and Gemma 3's one request, whose merge batches fit a warp's share (2 and 17 splits, MERGE_BATCH_FIT)."""
     lens = [1, 700, 2000]
     hq, hkv, s, k = 8, 2, 16, 37
     cache, data = ragged_cache(np.random.default_rng(2), lens, hq=hq, hkv=hkv, d=d, s=s)
