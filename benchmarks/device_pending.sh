@@ -1632,6 +1632,18 @@ if [ "$PART" = s37b ]; then
   done
   exit 0
 fi
+if [ "$PART" = s37c ]; then
+  # The dense rows of record with the merge's fitted batch (MERGE_BATCH_FIT, the default since s37): the plan's own
+  # launch shape at the three model shapes, 32K B = 1 / 8 / 32 and 128K B = 1 / 8, SDPA and the floors beside.
+  # Predicted: B = 1 ~-0.5 to -1 µs against s34-s36 (the merge 3.4 -> 2.2 µs at Llama), batches unchanged.
+  for sh in ${2:-llama8b gemma3 smollm2}; do
+    (cd benchmarks && timeout 150 python3 exp_dense_tune.py --shape $sh --sizes 32768 --batches 1,8,32 --default-only \
+        --reps 20 --out "$OUT/dense_record_${sh}_s37.jsonl" 2>&1 | grep -v Warn | tee -a "$OUT/dense_record_s37.txt")
+    (cd benchmarks && timeout 150 python3 exp_dense_tune.py --shape $sh --sizes 131072 --batches 1,8 --default-only \
+        --reps 20 --out "$OUT/dense_record_${sh}_128k_s37.jsonl" 2>&1 | grep -v Warn | tee -a "$OUT/dense_record_s37.txt")
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
