@@ -1644,6 +1644,23 @@ if [ "$PART" = s37c ]; then
   done
   exit 0
 fi
+if [ "$PART" = s37d ]; then
+  # Issue-bound waste in PSA's small stages at one request (as s36d found 1,290 instructions a warp in the merge):
+  # ncu of every kernel of one `ema` step, 5% profile, 32K B = 1 (3 warm-up steps + 2, five kernels a step: the 4th
+  # step's), Llama and Gemma 3; instructions, issue, stalls, memory, launch shape. ~2.5 minutes with a cold start.
+  for sh in ${2:-llama8b gemma3}; do
+    (cd benchmarks && timeout 110 ncu --clock-control none -k regex:"psa_" --launch-skip ${3:-15} --launch-count ${4:-5} \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all python3 profile_decode_step.py \
+        --share 0.05 --shape $sh --size 32768 --batches 1 --variants ema --no-profiler --steps 2 --out /tmp \
+        > "$OUT/ncu_ema_${sh}_32k_b1.txt" 2>&1)
+    echo "ncu $sh rc=$?"
+    grep -E "^  psa_|Duration|Grid Size|Block Size|Registers Per|Achieved Occupancy|Instructions Executed  \
+|Warp Cycles Per Issued|Stall (Long|Barrier|Short|Wait)|DRAM Throughput|Memory Throughput" \
+        "$OUT/ncu_ema_${sh}_32k_b1.txt" | head -80
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0
