@@ -960,3 +960,47 @@ def test_placement_sets_spread_and_pack_the_gpcs():
         assert all(c == len(g) or c >= max(counts) - 1 for c, g in zip(counts, gpcs))
         touched = sum(bool(set(g) & set(p)) for g in gpcs)
         assert touched == next(k for k in range(1, 5) if sum(sorted(map(len, gpcs), reverse=True)[:k]) >= min(n, 14))
+
+
+def _elf64(sections: dict[str, bytes]) -> bytes:
+    """A minimal ELF64 file holding ``sections`` (name -> contents) after a null section and a name table."""
+    import struct
+
+    names = b"\0" + b"".join(n.encode() + b"\0" for n in sections) + b".shstrtab\0"
+    body, offsets, data_off = b"", [], 64
+    for contents in sections.values():
+        offsets.append(data_off + len(body))
+        body += contents
+    strtab_off = data_off + len(body)
+    shoff = strtab_off + len(names)
+    headers = [struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)]
+    name_at = 1
+    for (name, contents), off in zip(sections.items(), offsets):
+        headers.append(struct.pack("<IIQQQQIIQQ", name_at, 1, 6, 0, off, len(contents), 0, 0, 128, 0))
+        name_at += len(name) + 1
+    headers.append(struct.pack("<IIQQQQIIQQ", name_at, 3, 0, 0, strtab_off, len(names), 0, 0, 1, 0))
+    ident = b"\x7fELF\x02\x01\x01" + b"\0" * 9
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64, len(headers),
+                                 len(headers) - 1)
+    return header + body + names + b"".join(headers)
+
+
+def test_sass_size_reads_each_kernels_text_section_and_ptxas_usage():
+    """benchmarks/sass_size.py (a kernel's static SASS size without a disassembler): the ``.text.<kernel>`` sections'
+    sizes of an ELF64 cubin, other sections ignored; registers and spill stores per kernel from ptxas -v; a file that
+    is not ELF64 is refused."""
+    import sass_size
+
+    cubin = _elf64({".text.psa_decode": b"\0" * 16 * 37, ".nv.info": b"\1" * 24, ".text.psa_merge_splits": b"\0" * 160})
+    assert sass_size.text_sections(cubin) == {"psa_decode": 592, "psa_merge_splits": 160}
+    with pytest.raises(ValueError, match="ELF64"):
+        sass_size.text_sections(b"\x7fELF\x01" + b"\0" * 60)
+    report = """ptxas info    : Compiling entry function 'psa_merge_splits' for 'sm_90'
+ptxas info    : Function properties for psa_merge_splits
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 33 registers, used 1 barriers, 1152 bytes smem
+ptxas info    : Compiling entry function 'psa_decode' for 'sm_90'
+ptxas info    : Function properties for psa_decode
+    96 bytes stack frame, 84 bytes spill stores, 84 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 3072 bytes smem"""
+    assert sass_size.ptxas_usage(report) == {"psa_merge_splits": (33, 0), "psa_decode": (255, 84)}

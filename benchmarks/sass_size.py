@@ -1,0 +1,109 @@
+"""Static SASS size of a kernel build, on a machine with nvcc but no disassembler (cuobjdump, nvdisasm): compile the
+kernel's source (its local headers inlined, as psa_fast._kernels does for NVRTC) to an sm_90 cubin with the build's
+defines and read the size of each kernel's ``.text.<name>`` section from the ELF file. Hopper's instructions are 16
+bytes each, so the size / 16 is the kernel's instruction count: a proxy for what a change to unrolled per-block code
+saves, checked on the CPU before a device call (the dynamic count needs ncu on the GPU).
+
+    python benchmarks/sass_size.py decode -D D=128 S=16 G=4 CLUSTER=8 WARPS=8 STAGES=3 QPARTS=2 PAIR=1 STREAM_WINDOW=1
+    python benchmarks/sass_size.py decode --llama-loop          # the same, Llama-3.1-8B's ema loop at one request
+    python benchmarks/sass_size.py decode --llama-loop -D MY_SWITCH=1   # a define added to the preset
+
+Prints each kernel's instructions, registers and spill bytes (ptxas -v).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PRESETS = {
+    # the ema loop's build at Llama-3.1-8B's shape for one request (clusters of 8, 8 warps, 3 stages, paired,
+    # windowed stream), and the dense split build of the same shape
+    "llama_loop": dict(D=128, S=16, G=4, CLUSTER=8, WARPS=8, STAGES=3, QPARTS=2, PAIR=1, STREAM_WINDOW=1),
+    "llama_split": dict(D=128, S=16, G=4, CLUSTER=1, WARPS=8, STAGES=3, QPARTS=2, PAIR=1, STREAM_WINDOW=1, SPLIT=1),
+}
+
+
+def text_sections(cubin: bytes) -> dict[str, int]:
+    """``{kernel name: bytes}`` of the ELF64 file's ``.text.<name>`` sections."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise ValueError("cubin: expected an ELF64 file")
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_off = headers[shstrndx][4]
+
+    def name(offset: int) -> str:
+        end = cubin.index(b"\0", names_off + offset)
+        return cubin[names_off + offset:end].decode()
+
+    return {name(h[0])[len(".text."):]: h[5] for h in headers if name(h[0]).startswith(".text.")}
+
+
+def build(source_name: str, defines: dict[str, str]) -> tuple[dict[str, int], str]:
+    """Compile ``psa_fast/kernels/<source_name>.cu`` with ``-DPSA_<k>=<v>``; returns (text sizes, ptxas's report)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from psa_fast import _kernels
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / f"{source_name}.cu", Path(tmp) / "k.cubin"
+        src.write_text(_kernels._source(f"{source_name}.cu"))
+        cmd = ["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-o", str(out), str(src)]
+        cmd += [f"-DPSA_{k}={v}" for k, v in defines.items()]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"nvcc failed:\n{done.stderr[-4000:]}")
+        return text_sections(out.read_bytes()), done.stderr
+
+
+def ptxas_usage(report: str) -> dict[str, tuple[int, int]]:
+    """``{kernel: (registers, spill store bytes)}`` from ptxas -v's report."""
+    usage, current, spill = {}, None, 0
+    for line in report.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'|Function properties for (\w+)", line)
+        if m:
+            current = m.group(1) or m.group(2)
+            continue
+        m = re.search(r"(\d+) bytes spill stores", line)
+        if m:
+            spill = int(m.group(1))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current:
+            usage[current] = (int(m.group(1)), spill)
+            spill = 0
+    return usage
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("source", help="kernel source under psa_fast/kernels, without .cu (e.g. decode)")
+    ap.add_argument("-D", "--define", nargs="*", default=[], help="NAME=value, as -DPSA_NAME=value")
+    for preset in PRESETS:
+        ap.add_argument(f"--{preset.replace('_', '-')}", action="store_true", help=f"the preset {PRESETS[preset]}")
+    args = ap.parse_args(argv)
+    defines: dict[str, str] = {}
+    for preset, values in PRESETS.items():
+        if getattr(args, preset):
+            defines.update({k: str(v) for k, v in values.items()})
+    for text in args.define:
+        name, sep, value = text.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"-D: expected NAME=value, got {text!r}")
+        defines[name] = value
+    sizes, report = build(args.source, defines)
+    usage = ptxas_usage(report)
+    print(f"# {args.source}.cu, " + " ".join(f"{k}={v}" for k, v in defines.items()))
+    print("| kernel | SASS instructions | registers | spill stores (bytes) |")
+    print("|---|---|---|---|")
+    for name, size in sorted(sizes.items()):
+        regs, spill = usage.get(name, (None, None))
+        print(f"| {name} | {size // 16} | {regs} | {spill} |")
+
+
+if __name__ == "__main__":
+    main()
