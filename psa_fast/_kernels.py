@@ -331,9 +331,11 @@ def _pow2(x: int, least: int) -> int:
     return max(least, 1 << max(0, int(x - 1).bit_length()))
 
 
-MERGE_BATCH = 32  # psa_merge_splits: splits a warp loads at once (PSA_MERGE_BATCH), at most; and where MERGE_BATCH_FIT,
-MERGE_BATCH_FIT = 1  # no more than the warp's share of the splits (each slot of the batch is unrolled code: at 16
-# splits, Llama's one request, a batch of 32 ran 1,290 instructions a warp for its 2 splits; ncu s36d, 3.4 -> 2.2 µs, s37)
+# psa_merge_splits: the splits a warp loads at once (PSA_MERGE_BATCH), at most MERGE_BATCH and, where MERGE_BATCH_FIT,
+# no more than the warp's share of the splits. Each slot of the batch is unrolled code: at Llama's 16 splits for one
+# request a batch of 32 ran 1,290 instructions a warp for its 2 splits (ncu, s36d); fitted, the merge 3.4 -> 2.2 µs (s37)
+MERGE_BATCH = 32
+MERGE_BATCH_FIT = 1
 SLICE = 1024  # keys per CTA in the two-kernel sort ...
 # ... or this many (0: never) when a grid of such slices fits in one wave over the SMs (one request of long caches):
 # twice the CTAs, each sorting half as long (H200, s27g: 1 x 8 x 4,096 blocks 15.7 -> 10.4 µs, 1 x 8 x 8,192 18.6
