@@ -1606,6 +1606,8 @@ if [ "$PART" = s36d ]; then
   exit 0
 fi
 if [ "$PART" = s37a ]; then
+  # (Record of the thirty-seventh session's calls: `_kernels.PDL` was not kept, so on main these parts stop at its
+  # assignment; the merge's fit is the default. benchmarks/NOTES.md has the results.)
   # The dense step's programmatic dependent launches (_kernels.PDL: the decode kernel starts while psa_scale_query
   # runs, the merge while the decode kernel runs) and the merge's batch fitted to the splits (MERGE_BATCH_FIT; ncu
   # s36d: 1,290 instructions a warp for 2 splits at Llama's 16). Tests (bits against the plain launches, graph replay),
