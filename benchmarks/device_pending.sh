@@ -1663,6 +1663,23 @@ if [ "$PART" = s37d ]; then
   done
   exit 0
 fi
+if [ "$PART" = s38a ]; then
+  # Prepared in the thirty-seventh session (not run). One request's loop is bound by each warp's instruction chain
+  # (s37d: ~4,000 instructions a warp at 6-7 cycles at 32K B = 1). The SASS source page of the current psa_decode
+  # (windowed stream, since s26) at Llama 5% 32K B = 1 (ema) and Gemma 3 (grid build), for sass_mix.py here: the
+  # instructions a warp of the start, a block, an iteration's decision and the finish. ~3 minutes with a cold start.
+  cd benchmarks
+  for sh in ${2:-llama8b gemma3}; do
+    timeout 150 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 \
+        --section WarpStateStats --section SourceCounters -o "$OUT/loop_$sh" \
+        python3 profile_decode_step.py --share 0.05 --shape $sh --size 32768 --batches 1 --variants ema \
+        --no-profiler --steps 2 --out /tmp > "$OUT/ncu_loop_$sh.log" 2>&1
+    echo "ncu $sh rc=$?"
+    ncu --import "$OUT/loop_$sh.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_src_loop_${sh}_32k.csv" 2>&1
+    python3 sass_mix.py "$OUT/ncu_src_loop_${sh}_32k.csv" --rows 8 | tail -11
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

@@ -1004,3 +1004,30 @@ ptxas info    : Function properties for psa_decode
     96 bytes stack frame, 84 bytes spill stores, 84 bytes spill loads
 ptxas info    : Used 255 registers, used 1 barriers, 3072 bytes smem"""
     assert sass_size.ptxas_usage(report) == {"psa_merge_splits": (33, 0), "psa_decode": (255, 84)}
+
+
+def test_sass_mix_groups_the_source_page_by_opcode_and_by_times_run(tmp_path):
+    """benchmarks/sass_mix.py: an ncu source-page CSV (comment lines skipped) gives the dynamic mix by opcode (the
+    predicate and modifiers dropped) and the lines grouped by execution count, the largest share first; a CSV of
+    another page is refused with the missing column named."""
+    import sass_mix
+
+    csv_path = tmp_path / "src.csv"
+    csv_path.write_text(
+        "# ncu source page\n"
+        "Address,Source,Warp Stall Sampling (All Samples),Instructions Executed\n"
+        '0x0,"      LDC R1, c[0x0][0x28]",3,512\n'
+        '0x10,"      HMMA.16816.F32 R4, R8, R12, R4",5,"5,376"\n'
+        '0x20,"@!P0 HMMA.16816.F32 R4, R8, R14, R4",1,"5,376"\n'
+        '0x30,"      FADD R4, R4, R20",0,"5,376"\n'
+        '0x40,"      EXIT",0,512\n')
+    lines = sass_mix.load(csv_path)
+    assert lines[1] == ("HMMA", 5376, 5) and lines[2] == ("HMMA", 5376, 1)
+    assert sass_mix.mix(lines) == {"HMMA": 10752, "FADD": 5376, "LDC": 512, "EXIT": 512}
+    groups = sass_mix.by_count(lines)
+    assert [(g["count"], g["lines"]) for g in groups] == [(5376, 3), (512, 2)]
+    assert abs(sum(g["share"] for g in groups) - 1) < 1e-12 and groups[0]["ops"][0] == ("HMMA", 2)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("ID,Kernel Name,Duration\n1,psa_decode,3\n")
+    with pytest.raises(ValueError, match="'Source' column"):
+        sass_mix.load(bad)
