@@ -1676,7 +1676,8 @@ if [ "$PART" = s38a ]; then
         --no-profiler --steps 2 --out /tmp > "$OUT/ncu_loop_$sh.log" 2>&1
     echo "ncu $sh rc=$?"
     ncu --import "$OUT/loop_$sh.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_src_loop_${sh}_32k.csv" 2>&1
-    python3 sass_mix.py "$OUT/ncu_src_loop_${sh}_32k.csv" --rows 8 | tail -11
+    warps=512; [ "$sh" = gemma3 ] && warps=256  # the grids of s37d: 64 CTAs of 8 warps (Llama), of 4 (Gemma 3)
+    python3 sass_mix.py "$OUT/ncu_src_loop_${sh}_32k.csv" --warps $warps --rows 8 | tail -11
   done
   exit 0
 fi
