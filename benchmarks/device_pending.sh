@@ -1681,6 +1681,23 @@ if [ "$PART" = s38a ]; then
   done
   exit 0
 fi
+if [ "$PART" = s38b ]; then
+  # Prepared in the thirty-seventh session (not run). decode.cu's PSA_RESCALE_SKIP: a warp whose running maxima do
+  # not move skips the output's rescale (factors of exactly 1: the same bits; default builds byte-identical, nvcc
+  # .text md5 at six builds). Static: Llama loop 4,712 -> 4,784 instructions (the vote and branch), 248 -> 250
+  # registers; Gemma 3's grid build spills 92 -> 44 bytes. Predicted (the s25 source counters: ~38 of a pair's 762
+  # instructions, ~9% of a single block's): the loop's attend ~5% shorter at one request, Llama ema 32K B = 1 ~-0.5
+  # µs, 128K B = 1 ~-1.5; dense and batches within noise. Tests (bits against the default), then exp_step both orders.
+  gpu_tests t_s38b.log 200 tests/test_fast.py -k "rescale_skip"
+  cd benchmarks
+  for order in "0 1" "1 0"; do
+    for v in $order; do
+      timeout 120 python3 exp_kernel_defines.py decode rescale_skip=$v -- exp_step.py --share 0.05 --shape llama8b \
+          --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^#\||"
+    done
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

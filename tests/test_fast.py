@@ -951,6 +951,45 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     check_result(res, q, keys, values, threshold=0.9, stop=stop, step=64, block_size=16, metadata=b.cache.metadata)
 
 
+@pytest.mark.parametrize("case", ["ema", "certified", "sketch_avg", "topk", "dense", "grid", "speculate", "d256"])
+def test_rescale_skip_keeps_every_bit(monkeypatch, case):
+    """decode.cu's ``PSA_RESCALE_SKIP`` (prepared in the thirty-seventh session, off by default): a warp whose running
+    maxima do not move skips the output's rescale by factors of exactly 1. Every decode build with it gives the
+    default build's outputs, blocks, iterations and reasons bit for bit: the loop on clusters (paired at D 128, three
+    rules), top-k and dense (split), the grid build, the speculative schedule, D 256."""
+    from psa_fast import _kernels
+
+    d, hq, hkv = (256, 4, 1) if case == "d256" else (128, 8, 2)
+    metadata = "quant3" if case == "sketch_avg" else "minmax" if case == "certified" else "cuboid_mean"
+    rng = np.random.default_rng(21)
+    t = 3000
+    q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
+                                             logit_scale=2.0, sink_strength=4.0, dtype=np.float16)
+    blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v), block_size=16, metadata=metadata)
+    if case == "grid":
+        for name in ("GRID_MIN_GROUP_MIB", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
+            monkeypatch.setattr(_kernels, name, 0)
+        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
+    opts = {"ema": dict(stop="ema"), "certified": dict(stop="certified"), "sketch_avg": dict(stop="sketch_avg"),
+            "topk": dict(mode="topk", k=40), "dense": dict(mode="dense", splits=7), "grid": dict(stop="ema"),
+            "speculate": dict(stop="ema", speculate=1.0), "d256": dict(stop="ema")}[case]
+    plan = psa_fast.plan(blocks.cache, num_q_heads=hq, threshold=0.9, step=16, **opts)
+    if case == "grid":
+        assert plan.grid_ctas == 8
+    real = _kernels.kernel
+    runs = []
+    for skip in (0, 1):
+        monkeypatch.setattr(_kernels, "kernel", real if not skip else
+                            lambda file, **o: real(file, **({"rescale_skip": 1, **o} if file == "decode" else o)))
+        plan.out.fill(np.nan)
+        dec = plan.run(cupy.asarray(q[None]))
+        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in ("out", "num_used", "iterations", "reason")}
+                    | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {}))
+    assert not np.isnan(runs[0]["out"]).any()
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+
+
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
     """step="auto" (the default) resolves to _kernels.pick_step's integer, which psa_ref takes as is; a bad step
     names the argument; the offload decoder keeps 64 (its pool holds two iterations)."""

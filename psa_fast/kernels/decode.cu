@@ -142,6 +142,9 @@ static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STA
 #endif
 static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
               "first_chunk='previous' reads the plain loop's own num_used of the previous call");
+#ifndef PSA_RESCALE_SKIP
+#define PSA_RESCALE_SKIP 0  // 1: move_max skips the output's rescale when no lane's running max moves (below; s38)
+#endif
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
 #define PSA_LOOP_CLOCK 0
@@ -384,6 +387,12 @@ __device__ __forceinline__ void fold_block(int cur, int pos, int clen, int it, f
 // relative to the new wm.
 __device__ __forceinline__ void move_max(const float (&to)[2], float (&wm)[2], float (&wl)[2],
                                          float (&oacc)[PSA_D / 16][4]) {
+#if PSA_RESCALE_SKIP
+    // No lane's running max moves (the usual case past a warp's first blocks, the order's heaviest first): every
+    // factor would be __expf(0) = 1 exactly, so the warp skips its D / 4 + 2 multiplies a lane, the same bits. (A head
+    // whose running max and block max are both -inf, which no block of >= 1 token gives, would keep 0, not NaN.)
+    if (!__any_sync(0xffffffffu, to[0] > wm[0] || to[1] > wm[1])) return;
+#endif
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const float nw = fmaxf(wm[e], to[e]);
