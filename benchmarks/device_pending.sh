@@ -1698,6 +1698,14 @@ if [ "$PART" = s38b ]; then
   done
   exit 0
 fi
+if [ "$PART" = s38c ]; then
+  # Prepared in the thirty-seventh session (not run): what an eager step costs the host (exp_host_overhead.py: host
+  # µs a call, the eager step by events, the graph's, cProfile's top functions). s37b saw ~176 µs a dense step eager
+  # at Llama 32K B = 1 against ~41 in a graph. ~1.5 minutes.
+  (cd benchmarks && timeout 200 python3 exp_host_overhead.py --shape llama8b --size 32768 --batch 1 \
+      --variants dense,ema,topk,default --calls 200 2>&1 | grep -v Warn | tee "$OUT/host_overhead_s38.md")
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

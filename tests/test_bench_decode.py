@@ -1031,3 +1031,30 @@ def test_sass_mix_groups_the_source_page_by_opcode_and_by_times_run(tmp_path):
     bad.write_text("ID,Kernel Name,Duration\n1,psa_decode,3\n")
     with pytest.raises(ValueError, match="'Source' column"):
         sass_mix.load(bad)
+
+
+def test_host_overhead_lists_the_functions_with_the_most_own_time():
+    """exp_host_overhead.top_functions: a cProfile of N calls becomes (file:line(function), own µs a call,
+    cumulative µs a call) rows, the most own time first, cut to n; a function that does the work outranks its
+    caller, whose cumulative time holds it."""
+    import cProfile
+
+    import exp_host_overhead as eho
+
+    def busy():
+        return sum(i * i for i in range(20000))
+
+    def caller():
+        return busy()
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(5):
+        caller()
+    profile.disable()
+    rows = eho.top_functions(profile, 5, n=3)
+    assert len(rows) == 3 and all(r[1] >= s[1] for r, s in zip(rows, rows[1:]))
+    names = [r[0] for r in rows]
+    assert any("(<genexpr>)" in n or "(busy)" in n for n in names[:2])
+    by_name = {r[0].split("(")[-1]: r for r in eho.top_functions(profile, 5, n=50)}
+    assert by_name["caller)"][2] >= by_name["busy)"][2] > 0 and "test_bench_decode.py:" in by_name["busy)"][0]
