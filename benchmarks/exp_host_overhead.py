@@ -1,9 +1,9 @@
 """What an eager (not captured) decode step costs the host: ``DecodePlan.run`` called back to back without a CUDA
-graph, as a user timing ``psa_fast`` eagerly or a model decoding without ``CapturedDecoder`` does. For each mode,
+graph, as a user timing ``psa_fast`` eagerly or a model decoding without ``CapturedDecoder`` does. For each mode:
 the host's µs a call (perf_counter around N calls that launch without waiting), the eager step as the GPU sees it
 (CUDA events around the same N calls: the larger of the host's and the GPU's time), the step in a CUDA graph of 16
-calls of the one layer (the GPU alone; at small shapes its K/V may stay in L2), and the host functions that take the most time (cProfile over the
-N calls, by own time).
+calls of the one layer (the GPU alone; at small shapes its K/V may stay in L2), and the host functions that take the
+most time (cProfile over the N calls, by own time).
 
     python benchmarks/exp_host_overhead.py --shape llama8b --size 32768 --batch 1 --variants dense,ema,topk
 
