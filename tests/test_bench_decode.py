@@ -1058,3 +1058,20 @@ def test_host_overhead_lists_the_functions_with_the_most_own_time():
     assert any("(<genexpr>)" in n or "(busy)" in n for n in names[:2])
     by_name = {r[0].split("(")[-1]: r for r in eho.top_functions(profile, 5, n=50)}
     assert by_name["caller)"][2] >= by_name["busy)"][2] > 0 and "test_bench_decode.py:" in by_name["busy)"][0]
+
+
+def test_order_head_rows_grow_with_the_multiple_and_hold_shares():
+    """exp_order_head (CPU, psa_ref): on the shipped trace, one row per (step, multiple); a larger multiple of the
+    predicted prefix gives a head at least as long that the loop stays within at least as often; every share lies in
+    [0, 1] and the head is never shorter than the predicted prefix."""
+    import exp_order_head as eoh
+    from psa_ref.trace import load_trace
+
+    rows = eoh.head_rows(load_trace(), metadata="cuboid_mean", stop="ema", steps=[4, 16], multiples=[1, 2, 4])
+    assert [(r["step"], r["multiple"]) for r in rows] == [(s, m) for s in (4, 16) for m in (1, 2, 4)]
+    for r in rows:
+        assert all(0 <= r[key] <= 1 for key in ("read", "read_p90", "predicted", "head", "within"))
+        assert r["head"] >= r["predicted"] - 1e-12 and r["read_p90"] >= r["read"] - 1e-12
+    for s in (4, 16):
+        mine = [r for r in rows if r["step"] == s]
+        assert all(a["head"] <= b["head"] and a["within"] <= b["within"] for a, b in zip(mine, mine[1:]))
