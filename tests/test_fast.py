@@ -891,6 +891,14 @@ def test_a_batch_whose_clusters_would_wait_runs_on_the_grid_and_conforms(monkeyp
         check_result(res, q[b], k, v, threshold=0.9, stop="ema", step=32, block_size=16, metadata=cache.metadata)
 
 
+def lift_grid_thresholds(monkeypatch):
+    """pick_grid's thresholds set to 0, so that _kernels.LOOP_GRID alone decides: any cache, head dim and cluster."""
+    from psa_fast import _kernels
+
+    for name in ("GRID_MIN_GROUP_MIB", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
+        monkeypatch.setattr(_kernels, name, 0)
+
+
 @pytest.mark.parametrize("stop,metadata,d,hq,hkv", [("ema", "cuboid_mean", 128, 8, 2), ("sketch_avg", "quant3", 64, 6, 2),
                                                      ("certified", "minmax", 128, 8, 2), ("ema", "cuboid_mean", 256, 4, 1)])
 def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypatch, stop, metadata, d, hq, hkv):
@@ -916,8 +924,7 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
         return {name: cupy.asnumpy(getattr(dec, name)) for name in names}
 
     runs = {}
-    for name in ("GRID_MIN_GROUP_MIB", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
-        monkeypatch.setattr(_kernels, name, 0)  # (the rule's thresholds: any cache, head dim and cluster)
+    lift_grid_thresholds(monkeypatch)
     for grid in (0, 24):
         monkeypatch.setattr(_kernels, "LOOP_GRID", grid)
         plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop=stop, step=64)
@@ -967,8 +974,7 @@ def test_rescale_skip_keeps_every_bit(monkeypatch, case):
                                              logit_scale=2.0, sink_strength=4.0, dtype=np.float16)
     blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v), block_size=16, metadata=metadata)
     if case == "grid":
-        for name in ("GRID_MIN_GROUP_MIB", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
-            monkeypatch.setattr(_kernels, name, 0)
+        lift_grid_thresholds(monkeypatch)
         monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
     opts = {"ema": dict(stop="ema"), "certified": dict(stop="certified"), "sketch_avg": dict(stop="sketch_avg"),
             "topk": dict(mode="topk", k=40), "dense": dict(mode="dense", splits=7), "grid": dict(stop="ema"),
