@@ -9,7 +9,9 @@ variant, each kernel's launches per step, µs per launch and share of the step.
 Variants (``--variants``, comma-separated): ``dense``; ``topk`` (``k = --topk`` blocks a group); ``NAME`` or ``NAME:sM`` with NAME ``default`` (the
 library's default rule on ``metadata="quant3"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``.
 Steps as in bench_decode: the loop's the plan's ``step="auto"``, speculating ``_kernels.spec_step`` (``max(16,
-blocks / 256)``).
+blocks / 256)``). The steps rotate over ``--layers`` layers of the same data (default: bench_decode's
+``rotating_layers``, enough that K/V and metadata come from HBM, as in a decoder's step and the bench's rows; one
+layer leaves a small shape's K/V in L2 between steps: its kernels then read faster than the bench's graph).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import collections
 import json
 import os
 
-from bench_decode import SHAPES, real_fill, scatter_slots, sparsity_fill
+from bench_decode import SHAPES, real_fill, rotating_layers, scatter_slots, sparsity_fill
 
 VARIANT_RULES = ("default", "ema")
 
@@ -77,6 +79,9 @@ def main() -> None:
     ap.add_argument("--extra-chunks", type=int, default=None,
                     help="speculative variants: DecodePlan(speculate_extra=N x step) (default: one step)")
     ap.add_argument("--steps", type=int, default=20, help="profiled steps per variant (after 3 warm-up steps)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="layers the steps rotate over (default: bench_decode.rotating_layers; 1: the same layer "
+                         "every step, as before 2026-12-04)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-profiler", action="store_true",
                     help="time the steps only, without torch.profiler (under ncu, which also needs CUPTI)")
@@ -84,6 +89,8 @@ def main() -> None:
     variants = parse_variants(args.variants)
     if (args.kv is None) == (args.share is None):
         ap.error("give the data: --kv TRACES or --share S")
+    if args.layers is not None and args.layers < 1:
+        ap.error(f"--layers must be >= 1, got {args.layers}")
 
     import cupy
     import torch
@@ -98,12 +105,13 @@ def main() -> None:
     path = os.path.join(args.out, f"profile_decode_step_{shape.name}.jsonl")
     with open(path, "w") as log:
         for b in (int(x) for x in args.batches.split(",")):
+            layers = args.layers or rotating_layers(shape, args.size, b)
             caches, qs = {}, {}
             for metadata in sorted({"quant3" if v == "default" else "cuboid_mean" for v, _ in variants}):
-                caches[metadata] = psa_fast.PagedKVCache(num_layers=1, batch=b, num_kv_heads=shape.hkv,
+                caches[metadata] = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv,
                                                          head_dim=shape.d, max_tokens=args.size, block_size=shape.s,
                                                          metadata=metadata)
-                qs[metadata] = fill(caches[metadata], 0)
+                qs[metadata] = [fill(caches[metadata], layer) for layer in range(layers)]
                 if args.scatter:
                     scatter_slots(caches[metadata])
             n = caches[next(iter(caches))].nmax
@@ -122,16 +130,20 @@ def main() -> None:
                                       step=spec_step if spec else step, speculate=spec,
                                       speculate_extra=(None if spec is None or args.extra_chunks is None
                                                        else args.extra_chunks * spec_step))
-                for _ in range(3):  # compiles, warms up
-                    dec = p.run(q, 0)
+
+                def run(i, p=p, q=q):  # step i: layer i % layers
+                    return p.run(q[i % layers], i % layers)
+
+                for i in range(3):  # compiles, warms up
+                    dec = run(i)
                 read = f"attends {100 * float(dec.num_used.mean()) / n:.1f}% of the blocks"
                 if dec.num_speculated is not None:
                     read += f", reads {100 * float(dec.num_read.mean()) / n:.1f}%"
                 cupy.cuda.Device().synchronize()
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
                 start.record()
-                for _ in range(args.steps):
-                    p.run(q, 0)
+                for i in range(args.steps):
+                    run(i)
                 end.record()
                 end.synchronize()
                 wall_us = cupy.cuda.get_elapsed_time(start, end) * 1e3 / args.steps
@@ -140,8 +152,8 @@ def main() -> None:
                           flush=True)
                     continue
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    for _ in range(args.steps):
-                        p.run(q, 0)
+                    for i in range(args.steps):
+                        run(i)
                     cupy.cuda.Device().synchronize()
                 events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
                 rows = kernel_table(events, args.steps)
@@ -151,11 +163,12 @@ def main() -> None:
                          + (" spread" if args.spread else ""))
                 gpu_us = sum(r["us_per_step"] for r in rows)
                 print(f"\nT={args.size} B={b} {label}: {wall_us:.1f} µs a step back to back (CUDA events), "
-                      f"{gpu_us:.1f} µs of kernels; step {p.step}; {read}", flush=True)
+                      f"{gpu_us:.1f} µs of kernels; step {p.step}; {layers} layers in turn; {read}", flush=True)
                 for r in rows:
                     print(f"  {r['kernel'][:48]:<48} {r['per_step']:5.1f}/step {r['us_per_launch']:8.1f} µs "
                           f"{r['us_per_step']:8.1f} µs/step {100 * r['share']:5.1f}%", flush=True)
-                    log.write(json.dumps(dict(T=args.size, B=b, variant=label, wall_us=wall_us, **r)) + "\n")
+                    log.write(json.dumps(dict(T=args.size, B=b, variant=label, wall_us=wall_us, layers=layers, **r))
+                              + "\n")
                 log.flush()
             del caches, qs
             cupy.get_default_memory_pool().free_all_blocks()

@@ -387,6 +387,15 @@ def test_profile_decode_step_kernel_table_sums_per_step():
     assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-12 and est["share"] == 12.0 / 49.0
 
 
+def test_profile_decode_step_rejects_no_layers(monkeypatch, capsys):
+    import profile_decode_step as pds
+
+    monkeypatch.setattr("sys.argv", ["profile_decode_step.py", "--share", "0.05", "--layers", "0"])
+    with pytest.raises(SystemExit) as exc:
+        pds.main()
+    assert exc.value.code == 2 and "--layers must be >= 1, got 0" in capsys.readouterr().err
+
+
 # --- exp_kernel_defines.py: extra defines on one kernel file's builds --------------------------------
 
 def test_kernel_defines_reach_one_file_only_and_yield_to_the_caller():
