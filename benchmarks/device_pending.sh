@@ -1706,6 +1706,30 @@ if [ "$PART" = s38c ]; then
       --variants dense,ema,topk,default --calls 200 2>&1 | grep -v Warn | tee "$OUT/host_overhead_s38.md")
   exit 0
 fi
+if [ "$PART" = s38d ]; then
+  # Prepared in the thirty-eighth session (no device then). decode.cu's PSA_EARLY_WINDOW: the stream's first two
+  # windows (order and block-table entries) loaded before the request's length is read, as if the request filled the
+  # table, then cut at its end: the start's chain length -> positions -> order -> table -> copies loses its first link
+  # (loaded again where the guess moves a chunk boundary). Default builds byte-identical (sass_size.py md5 at eleven
+  # builds); on: Llama loop 4,712 -> 4,992 instructions (the guess and the fallback), 248 -> 250 registers.
+  # Predicted: one L2/HBM round trip off every launch's start, -0.4 to -0.8 µs a step at one request (dense and ema),
+  # less than the spread at B = 8. ~8 minutes with a cold start. Tests (bits against the default on a ragged batch), then A/B in both orders:
+  # dense (exp_dense_tune, SDPA beside) at Llama and SmolLM2 32K B = 1, 8 and 128K B = 1; the ema loop at Llama.
+  gpu_tests t_s38d.log 240 tests/test_fast.py -k "early_window"
+  cd benchmarks
+  for order in "0 1" "1 0"; do
+    for v in $order; do
+      echo "## early_window=$v"
+      for sh in llama8b smollm2; do
+        timeout 100 python3 exp_kernel_defines.py decode early_window=$v -- exp_dense_tune.py --shape $sh \
+            --sizes 32768 --batches 1,8 --default-only --reps 20 --out /tmp/dt.jsonl 2>&1 | grep -v Warn | grep "µs"
+      done
+      timeout 100 python3 exp_kernel_defines.py decode early_window=$v -- exp_step.py --share 0.05 --shape llama8b \
+          --sizes 32768:1,131072:1 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^#\||"
+    done
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

@@ -8,12 +8,15 @@ saves, checked on the CPU before a device call (the dynamic count needs ncu on t
     python benchmarks/sass_size.py decode --llama-loop          # the same, Llama-3.1-8B's ema loop at one request
     python benchmarks/sass_size.py decode --llama-loop -D MY_SWITCH=1   # a define added to the preset
 
-Prints each kernel's instructions, registers and spill bytes (ptxas -v).
+Prints each kernel's instructions, registers and spill bytes (ptxas -v), and the md5 of its code: a switch compiled
+out must leave the default build's digests unchanged (byte-identical code), which is checked here before any device
+time is spent on it.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import struct
 import subprocess
@@ -29,8 +32,9 @@ PRESETS = {
 }
 
 
-def text_sections(cubin: bytes) -> dict[str, int]:
-    """``{kernel name: bytes}`` of the ELF64 file's ``.text.<name>`` sections."""
+def text_sections(cubin: bytes, *, digest: bool = False) -> dict:
+    """``{kernel name: bytes}`` of the ELF64 file's ``.text.<name>`` sections (``digest``: ``{name: md5 hex of the
+    section's contents}``)."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
         raise ValueError("cubin: expected an ELF64 file")
     shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
@@ -42,11 +46,15 @@ def text_sections(cubin: bytes) -> dict[str, int]:
         end = cubin.index(b"\0", names_off + offset)
         return cubin[names_off + offset:end].decode()
 
-    return {name(h[0])[len(".text."):]: h[5] for h in headers if name(h[0]).startswith(".text.")}
+    texts = [h for h in headers if name(h[0]).startswith(".text.")]
+    if digest:
+        return {name(h[0])[len(".text."):]: hashlib.md5(cubin[h[4]:h[4] + h[5]]).hexdigest() for h in texts}
+    return {name(h[0])[len(".text."):]: h[5] for h in texts}
 
 
-def build(source_name: str, defines: dict[str, str]) -> tuple[dict[str, int], str]:
-    """Compile ``psa_fast/kernels/<source_name>.cu`` with ``-DPSA_<k>=<v>``; returns (text sizes, ptxas's report)."""
+def build(source_name: str, defines: dict[str, str]) -> tuple[dict[str, int], str, dict[str, str]]:
+    """Compile ``psa_fast/kernels/<source_name>.cu`` with ``-DPSA_<k>=<v>``; returns (text sizes, ptxas's report,
+    text digests)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from psa_fast import _kernels
 
@@ -58,7 +66,8 @@ def build(source_name: str, defines: dict[str, str]) -> tuple[dict[str, int], st
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"nvcc failed:\n{done.stderr[-4000:]}")
-        return text_sections(out.read_bytes()), done.stderr
+        cubin = out.read_bytes()
+        return text_sections(cubin), done.stderr, text_sections(cubin, digest=True)
 
 
 def ptxas_usage(report: str) -> dict[str, tuple[int, int]]:
@@ -95,14 +104,14 @@ def main(argv: list[str] | None = None) -> None:
         if not sep or not name:
             raise SystemExit(f"-D: expected NAME=value, got {text!r}")
         defines[name] = value
-    sizes, report = build(args.source, defines)
+    sizes, report, digests = build(args.source, defines)
     usage = ptxas_usage(report)
     print(f"# {args.source}.cu, " + " ".join(f"{k}={v}" for k, v in defines.items()))
-    print("| kernel | SASS instructions | registers | spill stores (bytes) |")
-    print("|---|---|---|---|")
+    print("| kernel | SASS instructions | registers | spill stores (bytes) | md5 of the code |")
+    print("|---|---|---|---|---|")
     for name, size in sorted(sizes.items()):
         regs, spill = usage.get(name, (None, None))
-        print(f"| {name} | {size // 16} | {regs} | {spill} |")
+        print(f"| {name} | {size // 16} | {regs} | {spill} | {digests[name][:12]} |")
 
 
 if __name__ == "__main__":

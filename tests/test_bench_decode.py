@@ -1,6 +1,7 @@
 """The CPU side of benchmarks/bench_decode.py and plot_decode.py: arguments, the floor arithmetic, the
 blocks-read count, the sparsity data path and the plots (the timing itself needs the GPU)."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -1002,6 +1003,8 @@ def test_sass_size_reads_each_kernels_text_section_and_ptxas_usage():
 
     cubin = _elf64({".text.psa_decode": b"\0" * 16 * 37, ".nv.info": b"\1" * 24, ".text.psa_merge_splits": b"\0" * 160})
     assert sass_size.text_sections(cubin) == {"psa_decode": 592, "psa_merge_splits": 160}
+    digests = sass_size.text_sections(cubin, digest=True)
+    assert digests["psa_decode"] == hashlib.md5(b"\0" * 16 * 37).hexdigest() != digests["psa_merge_splits"]
     with pytest.raises(ValueError, match="ELF64"):
         sass_size.text_sections(b"\x7fELF\x01" + b"\0" * 60)
     report = """ptxas info    : Compiling entry function 'psa_merge_splits' for 'sm_90'

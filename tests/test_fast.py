@@ -996,6 +996,54 @@ def test_rescale_skip_keeps_every_bit(monkeypatch, case):
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
 
 
+@pytest.mark.parametrize("case", ["ema", "sketch_avg", "topk", "topk_loop", "dense", "grid", "predicted", "previous",
+                                  "speculate"])
+def test_early_window_keeps_every_bit(monkeypatch, case):
+    """decode.cu's ``PSA_EARLY_WINDOW`` (thirty-eighth session, off by default): the stream's first two windows loaded
+    as if each request held the table's ``Nmax`` blocks, before its length is read, then cut at its true end, or
+    loaded again where the guess moves a chunk boundary. On a ragged batch (one block: shorter than the 3 forced
+    blocks, so loaded again; 3 blocks; two longer; the longest fills the table) every build gives the default build's
+    outputs, blocks, iterations and reasons bit for bit: the loop on clusters (two rules, D 128 and D 64), top-k split
+    and on the loop, dense split (empty splits), the grid build, a predicted and a previous first chunk (the second
+    call), and the speculative schedule (whose builds keep their own start)."""
+    from psa_fast import _kernels
+
+    d, hq, hkv = (64, 6, 2) if case == "sketch_avg" else (128, 8, 2)
+    metadata = "quant3" if case == "sketch_avg" else "cuboid_mean"
+    lens = [16, 40, 700, 3000]
+    cache, data = ragged_cache(np.random.default_rng(38), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
+    if case == "grid":
+        lift_grid_thresholds(monkeypatch)
+        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
+    loop = dict(sink_blocks=1, recent_blocks=2, step=16)
+    opts = {"ema": dict(stop="ema", **loop), "sketch_avg": dict(stop="sketch_avg", **loop),
+            "topk": dict(mode="topk", k=40), "topk_loop": dict(mode="topk", k=40, splits=1),
+            "dense": dict(mode="dense", splits=7), "grid": dict(stop="ema", **loop),
+            "predicted": dict(stop="ema", first_chunk="predicted", **loop),
+            "previous": dict(stop="ema", first_chunk="previous", **loop),
+            "speculate": dict(stop="ema", speculate=1.0, **loop)}[case]
+    q = cupy.asarray(np.stack([q for q, _, _ in data]))
+    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, **opts)
+    if case == "grid":
+        assert plan.grid_ctas == 8
+    real = _kernels.kernel
+    runs = []
+    for early in (0, 1):
+        monkeypatch.setattr(_kernels, "kernel", real if not early else
+                            lambda file, **o: real(file, **({"early_window": 1, **o} if file == "decode" else o)))
+        if case == "previous":
+            plan.forget_previous()
+        for _ in range(2 if case == "previous" else 1):
+            plan.out.fill(np.nan)
+            dec = plan.run(q)
+        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in ("out", "num_used", "iterations", "reason")}
+                    | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {}))
+    assert not np.isnan(runs[0]["out"]).any()
+    assert int(runs[0]["num_used"].min()) < int(runs[0]["num_used"].max())  # (the requests' ends differ)
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+
+
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
     """step="auto" (the default) resolves to _kernels.pick_step's integer, which psa_ref takes as is; a bad step
     names the argument; the offload decoder keeps 64 (its pool holds two iterations)."""

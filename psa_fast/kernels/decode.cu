@@ -142,6 +142,11 @@ static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STA
 #endif
 static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
               "first_chunk='previous' reads the plain loop's own num_used of the previous call");
+#ifndef PSA_EARLY_WINDOW
+#define PSA_EARLY_WINDOW 0  // 1: the stream's first windows loaded before the request's length is known (below; s38)
+#endif
+// (the plain loop, the split and the grid builds, windowed stream; the speculative and stateful ones start elsewhere)
+#define PSA_EARLY_WINDOW_ON (PSA_EARLY_WINDOW && PSA_STREAM_WINDOW && !PSA_SPEC && !PSA_STATEFUL)
 #ifndef PSA_RESCALE_SKIP
 #define PSA_RESCALE_SKIP 0  // 1: move_max skips the output's rescale when no lane's running max moves (below; s38)
 #endif
@@ -511,6 +516,44 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const int gw = (int)rank * PSA_WARPS + warp;   // this warp's index within the group
     const int h0 = g * PSA_G, kv = h0 / (Hq / Hkv);
     const float log_keep = __logf(1.f - ema_w);    // stop = ema: log of the weight kept per block
+#if PSA_EARLY_WINDOW_ON
+    // The start's chain is the request's length -> its first positions -> their order entries -> their block-table
+    // entries -> their copies. The positions depend on the length only through the group's block count n, so the
+    // stream's first two windows are loaded as if n were the table's Nmax, before the length is read (positions past
+    // the true end are found and dropped once it is, below; the loads for them read inside the order's and the table's
+    // rows, garbage entries skipped): one dependent load less before the first copies. Where the guess gives other
+    // chunk boundaries (a request shorter than its forced or first ranked chunk) the windows are loaded again.
+#if PSA_SPLIT
+    const int total_g = min(Nmax, step);
+    const int base_g = min(total_g, (int)blockIdx.x * split_len);
+    const int n_g = min(total_g - base_g, split_len);
+    const int first_g = n_g, first2_g = n_g;  // the split's one chunk (as first, first2 = n below)
+#else
+    constexpr int base_g = 0;
+    const int n_g = Nmax;
+    const int first_g = min(n_g, forced);
+#if PSA_FIRST_PREV
+    const int first2_g = min(n_g, first_g + max(0, __ldcg(first_len + (long)b * Gn + g) - first_g - step));
+#else
+    const int first2_g = first_len ? min(n_g, first_g + __ldg(first_len + (long)b * Gn + g)) : first_g;
+#endif
+#endif
+    const int lim_g = stop == PSA_STOP_BUDGET ? min(n_g, step) : n_g;
+    int g_pos[2], g_blk[2], g_slot[2];
+    {
+        const int* orow_g = order ? order + ((long)b * Gn + g) * Nmax + base_g : nullptr;
+        const int* btab_g = block_table + ((long)b * Hkv + kv) * Nmax;
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            constexpr int from_g = 0;
+            const int p = stream_position(32 * w + lane, from_g, gw, NW, first_g, first2_g, step, lim_g);
+            const int blk = p < lim_g ? (orow_g ? __ldg(orow_g + p) : base_g + p) : 0;
+            g_pos[w] = p;
+            g_blk[w] = blk;
+            g_slot[w] = p < lim_g && (unsigned)blk < (unsigned)Nmax ? __ldg(btab_g + blk) : 0;
+        }
+    }
+#endif
     const int len = seq_lens[b];
 #if PSA_SPLIT
     // This CTA's positions [base, base + n) of the group's min(blocks, step): one chunk, no decision.
@@ -628,8 +671,25 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     };
     // Entry m's value v (v0 in even windows, v1 in odd ones), m the same for every lane.
     auto entry = [&](int m, int v0, int v1) { return __shfl_sync(0xffffffffu, (m >> 5) & 1 ? v1 : v0, m & 31); };
+#if PSA_EARLY_WINDOW_ON
+    // The guessed windows (above) with the true n: the same chunk boundaries (the split's one chunk whatever its n; the
+    // loop's where n reaches the guessed first ranked chunk) give the same positions below the true end and the end
+    // past it, the same blocks and slots below it (the split: base = base_g wherever n > 0). Else: loaded again.
+    if (PSA_SPLIT || (first == first_g && first2 == first2_g)) {
+        w_pos0 = g_pos[0] < lim ? g_pos[0] : lim;
+        w_pos1 = g_pos[1] < lim ? g_pos[1] : lim;
+        w_blk0 = g_blk[0];
+        w_blk1 = g_blk[1];
+        w_slot0 = g_slot[0];
+        w_slot1 = g_slot[1];
+    } else {
+        load_window(0);
+        load_window(1);
+    }
+#else
     load_window(0);
     load_window(1);
+#endif
 #else
     // ---- the prefetch stream: positions of the order this warp will attend, in sequence ----
     int a_end = lim;                                                 // the end of a_pos's chunk
