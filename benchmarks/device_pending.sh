@@ -1707,26 +1707,39 @@ if [ "$PART" = s38c ]; then
   exit 0
 fi
 if [ "$PART" = s38d ]; then
-  # Prepared in the thirty-eighth session (no device then). decode.cu's PSA_EARLY_WINDOW: the stream's first two
-  # windows (order and block-table entries) loaded before the request's length is read, as if the request filled the
-  # table, then cut at its end: the start's chain length -> positions -> order -> table -> copies loses its first link
-  # (loaded again where the guess moves a chunk boundary). Default builds byte-identical (sass_size.py md5 at eleven
-  # builds); on: Llama loop 4,712 -> 4,992 instructions (the guess and the fallback), 248 -> 250 registers.
-  # Predicted: one L2/HBM round trip off every launch's start, -0.4 to -0.8 µs a step at one request (dense and ema),
-  # less than the spread at B = 8. ~8 minutes with a cold start. Tests (bits against the default on a ragged batch), then A/B in both orders:
-  # dense (exp_dense_tune, SDPA beside) at Llama and SmolLM2 32K B = 1, 8 and 128K B = 1; the ema loop at Llama.
-  gpu_tests t_s38d.log 240 tests/test_fast.py -k "early_window"
+  # Prepared in the thirty-eighth session (no device then): the dense step's two start/tail levers, both off by
+  # default with every default build byte-identical (sass_size.py md5 at eleven builds).
+  #  PSA_EARLY_WINDOW: the stream's first two windows (order and block-table entries) loaded before the request's
+  #   length is read, as if the request filled the table, then cut at its end: the start's chain length -> positions
+  #   -> order -> table -> copies loses its first link (loaded again where the guess moves a chunk boundary). Static:
+  #   Llama split 2,688 -> 2,736 instructions; loop 4,712 -> 4,992, 248 -> 250 registers.
+  #  PSA_SPLIT_LEAVE: the split build leaves its loop after its one chunk, before the verifier (two barriers and the
+  #   combine in every CTA's tail). Static: Llama split 2,688 -> 1,632 instructions, 178 -> 136 registers; SmolLM2
+  #   2,264 -> 1,360, 126 -> 96; Gemma 3 (D 256) 2,792 -> 1,864, 255 -> 168 registers, its 112 bytes of spill gone.
+  #   (s18 measured it for every head dim: Llama dense 32K B = 1 42.7 against 44.3, Gemma 3 slower at every batch.)
+  # Predicted at 32K B = 1: early -0.4 to -0.8 µs, leave -0.5 to -1.5 µs, both -1 to -2 (Llama 40.5 -> ~39, the
+  # 0.95x line at 38.6); B = 8 within the spread. If Gemma 3 loses with the leave again, it stays off for D 256.
+  # ~8 minutes with a cold start (a shape list as the second argument splits it over calls). Then s38e.
+  gpu_tests t_s38d.log 300 tests/test_fast.py -k "early_window or split_leave"
   cd benchmarks
-  for order in "0 1" "1 0"; do
-    for v in $order; do
-      echo "## early_window=$v"
-      for sh in llama8b smollm2; do
-        timeout 100 python3 exp_kernel_defines.py decode early_window=$v -- exp_dense_tune.py --shape $sh \
-            --sizes 32768 --batches 1,8 --default-only --reps 20 --out /tmp/dt.jsonl 2>&1 | grep -v Warn | grep "µs"
-      done
-      timeout 100 python3 exp_kernel_defines.py decode early_window=$v -- exp_step.py --share 0.05 --shape llama8b \
-          --sizes 32768:1,131072:1 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^#\||"
+  for v in "early_window=0 split_leave=0" "early_window=1 split_leave=0" "early_window=0 split_leave=1" \
+           "early_window=1 split_leave=1" "early_window=0 split_leave=0"; do
+    echo "## $v"
+    for sh in ${2:-llama8b smollm2 gemma3}; do
+      timeout 90 python3 exp_kernel_defines.py decode $v -- exp_dense_tune.py --shape $sh --sizes 32768 \
+          --batches 1,8 --default-only --reps 20 --out /tmp/dt.jsonl 2>&1 | grep -v Warn | grep "µs"
     done
+  done
+  exit 0
+fi
+if [ "$PART" = s38e ]; then
+  # Prepared in the thirty-eighth session: PSA_EARLY_WINDOW on the ema loop (Llama 5%, one request), both orders.
+  # Predicted -0.4 to -0.8 µs a step (the loop's start: the length's round trip off its chain). ~3 minutes.
+  cd benchmarks
+  for v in 0 1 1 0; do
+    echo "## early_window=$v"
+    timeout 100 python3 exp_kernel_defines.py decode early_window=$v -- exp_step.py --share 0.05 --shape llama8b \
+        --sizes 32768:1,131072:1 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^#\\||"
   done
   exit 0
 fi

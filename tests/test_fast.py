@@ -1044,6 +1044,34 @@ def test_early_window_keeps_every_bit(monkeypatch, case):
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
 
 
+@pytest.mark.parametrize("mode,d,hq,hkv", [("dense", 128, 8, 2), ("dense", 64, 9, 3), ("dense", 256, 4, 1),
+                                         ("topk", 128, 8, 2), ("topk", 64, 9, 3)])
+def test_split_leave_keeps_every_bit(monkeypatch, mode, d, hq, hkv):
+    """decode.cu's ``PSA_SPLIT_LEAVE`` (thirty-eighth session, off by default): the split build (dense, top-k) leaves
+    its loop after its one chunk instead of running the verifier it never uses. Every output and diagnostic is the
+    default build's bit for bit, on a ragged batch (empty splits for the short requests) at Llama's, SmolLM2's and
+    Gemma 3's head dims, with the build at both query parts (a float32 query)."""
+    from psa_fast import _kernels
+
+    lens = [16, 700, 3000]
+    cache, data = ragged_cache(np.random.default_rng(d + hq), lens, hq=hq, hkv=hkv, d=d, s=16)
+    plan = psa_fast.plan(cache, num_q_heads=hq, mode=mode, k=40, splits=7)
+    assert plan.splits == 7
+    q = cupy.asarray(np.stack([q for q, _, _ in data]).astype(np.float32))
+    real = _kernels.kernel
+    runs = []
+    for leave in (0, 1):
+        monkeypatch.setattr(_kernels, "kernel", real if not leave else
+                            lambda file, **o: real(file, **({"split_leave": 1, **o} if file == "decode" else o)))
+        plan.out.fill(np.nan)
+        dec = plan.run(q)
+        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in ("out", "num_used", "iterations", "reason",
+                                                                          "mass_estimate")})
+    assert not np.isnan(runs[0]["out"]).any()
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+
+
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
     """step="auto" (the default) resolves to _kernels.pick_step's integer, which psa_ref takes as is; a bad step
     names the argument; the offload decoder keeps 64 (its pool holds two iterations)."""

@@ -147,6 +147,9 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #endif
 // (the plain loop, the split and the grid builds, windowed stream; the speculative and stateful ones start elsewhere)
 #define PSA_EARLY_WINDOW_ON (PSA_EARLY_WINDOW && PSA_STREAM_WINDOW && !PSA_SPEC && !PSA_STATEFUL)
+#ifndef PSA_SPLIT_LEAVE
+#define PSA_SPLIT_LEAVE 0  // 1: the split build leaves its loop after its one chunk, before the verifier (below; s38)
+#endif
 #ifndef PSA_RESCALE_SKIP
 #define PSA_RESCALE_SKIP 0  // 1: move_max skips the output's rescale when no lane's running max moves (below; s38)
 #endif
@@ -892,6 +895,15 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             PSA_ADVANCE(consumed + 1, cur, e1);
         }
 
+#if PSA_SPLIT && PSA_SPLIT_LEAVE
+        // The split build attends one chunk and decides nothing (psa_merge_splits writes the diagnostics): it leaves
+        // here, without the verifier's two barriers and its combine, which otherwise sit in every CTA's tail. (Tried
+        // in the eighteenth session for every head dim: Llama's dense at 32K B = 1 42.7 against 44.3 µs, but Gemma 3's
+        // D 256 slower at every batch, cause not found; that was before the rings were aligned, s32.)
+        why = PSA_REASON_EXHAUSTED;
+        pos = end;
+        break;
+#endif
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
 #if PSA_GRID
         // This warp's output terms as they stand (its unnormalised output, max logit and mass relative to it), as if
