@@ -1072,6 +1072,54 @@ def test_split_leave_keeps_every_bit(monkeypatch, mode, d, hq, hkv):
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
 
 
+@pytest.mark.parametrize("case", ["ema", "remaining", "seed", "certified", "sketch", "sketch_avg", "grid", "predicted",
+                                  "previous", "d256", "d64", "topk_loop", "speculate"])
+def test_lane_verify_keeps_every_bit(monkeypatch, case):
+    """decode.cu's ``PSA_LANE_VERIFY`` (thirty-eighth session, off by default): lane h of every warp keeps and decides
+    head h's verifier (the warp's vote is the decision) where every lane kept every head's. The same operations on the
+    same inputs, so every build gives the default's outputs, blocks, iterations, reasons and mass estimates bit for bit
+    over many decisions on a ragged batch: every stop rule on clusters, the grid build (a sketch rule), a predicted and
+    a previous first chunk, Gemma 3's D 256 on the grid, D 64, top-k on the loop, and the speculative schedule (its
+    resumed build keeps every head's state)."""
+    from psa_fast import _kernels
+
+    d, hq, hkv = (256, 4, 1) if case == "d256" else (64, 6, 2) if case == "d64" else (128, 8, 2)
+    stop = {"grid": "sketch_avg", "predicted": "ema", "previous": "ema", "d256": "ema", "d64": "ema",
+            "topk_loop": None, "speculate": "ema"}.get(case, case)
+    metadata = ("quant3" if stop in ("sketch", "sketch_avg") else "minmax" if stop == "certified" else "cuboid_mean")
+    lens = [16, 40, 700, 3000]
+    cache, data = ragged_cache(np.random.default_rng(83), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
+    if case in ("grid", "d256"):
+        lift_grid_thresholds(monkeypatch)
+        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
+    opts = (dict(mode="topk", k=40, splits=1) if case == "topk_loop" else
+            dict(stop=stop, sink_blocks=1, recent_blocks=2, step=16,
+                 **({"first_chunk": case} if case in ("predicted", "previous") else {}),
+                 **({"speculate": 1.0} if case == "speculate" else {})))
+    q = cupy.asarray(np.stack([q for q, _, _ in data]))
+    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, **opts)
+    if case in ("grid", "d256"):
+        assert plan.grid_ctas == 8
+    real = _kernels.kernel
+    names = ("out", "num_used", "iterations", "reason", "mass_estimate")
+    runs = []
+    for lane in (0, 1):
+        monkeypatch.setattr(_kernels, "kernel", real if not lane else
+                            lambda file, **o: real(file, **({"lane_verify": 1, **o} if file == "decode" else o)))
+        if case == "previous":
+            plan.forget_previous()
+        for _ in range(2 if case == "previous" else 1):
+            plan.out.fill(np.nan)
+            plan.mass_estimate.fill(np.nan)
+            dec = plan.run(q)
+        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in names}
+                    | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {}))
+    assert not np.isnan(runs[0]["out"]).any() and not np.isnan(runs[0]["mass_estimate"]).any()
+    assert case == "topk_loop" or int(runs[0]["iterations"].max()) >= 3  # (several decisions)
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+
+
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
     """step="auto" (the default) resolves to _kernels.pick_step's integer, which psa_ref takes as is; a bad step
     names the argument; the offload decoder keeps 64 (its pool holds two iterations)."""

@@ -150,6 +150,10 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #ifndef PSA_SPLIT_LEAVE
 #define PSA_SPLIT_LEAVE 0  // 1: the split build leaves its loop after its one chunk, before the verifier (below; s38)
 #endif
+#ifndef PSA_LANE_VERIFY
+#define PSA_LANE_VERIFY 0  // 1: lane h of every warp keeps and decides head h's verifier, not every lane all heads (s38)
+#endif
+#define PSA_LANE_VERIFY_ON (PSA_LANE_VERIFY && !PSA_STATEFUL)  // (the stateful builds write every head's state)
 #ifndef PSA_RESCALE_SKIP
 #define PSA_RESCALE_SKIP 0  // 1: move_max skips the output's rescale when no lane's running max moves (below; s38)
 #endif
@@ -793,6 +797,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #else
     __shared__ float4 cta_stats[2][PSA_G];
 #endif
+#if PSA_LANE_VERIFY_ON
+    // Verifier state (verifier.cuh) of head `lane` (lanes < PSA_G), the same in every warp.
+    Verifier ver = verifier_start();
+#else
     // Verifier state per head (verifier.cuh), kept identically by every lane of every warp.
     Verifier ver[PSA_G];
 #pragma unroll
@@ -804,6 +812,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         ver[h] = verifier_start();
 #endif
     }
+#endif
 
     // The consumer's view of the stream: the block of entry m (at `position`), the position of entry m (the one
     // after `after`, in a chunk ending at e), and the advance past the entries just consumed.
@@ -978,6 +987,21 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         PSA_LMARK(2);
         // Every warp reads the cluster's CTA totals (lane h, all ranks at once: one round trip) and
         // combines them in rank order, so every warp reaches the same decision without another barrier.
+#if PSA_LANE_VERIFY_ON
+        // (lane h takes head h's totals only: the combine's own lane in the cluster builds, no shuffles)
+        float4 lt = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
+#if PSA_GRID
+        lt = grid_tot[lane < PSA_G ? lane : 0];
+#else
+        if (lane < PSA_G) {
+            float4 c[PSA_CLUSTER];
+#pragma unroll
+            for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[it & 1][lane], r);
+#pragma unroll
+            for (int r = 0; r < PSA_CLUSTER; ++r) lt = combine_stats(lt, c[r]);
+        }
+#endif
+#else
         float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
 #if PSA_GRID
 #pragma unroll
@@ -1007,6 +1031,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             }
         }
 #endif
+#endif
         PSA_LADD(5, 2);
         PSA_LMARK(2);
         // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
@@ -1017,6 +1042,26 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         PSA_LADD(6, 2);
         PSA_LMARK(2);
         bool all_hold = true;
+#if PSA_LANE_VERIFY_ON
+        {
+            // Lane h folds and tests head h (the same operations on the same inputs as the every-lane form below:
+            // the same bits), and the warp's vote is the group's decision.
+            float wt = 0.f, wsk = 0.f, nxt = 0.f;
+#pragma unroll
+            for (int h = 0; h < PSA_G; ++h)
+                if (sketchy && lane == h) {
+                    wt = w_true[h];
+                    wsk = w_sketch[h];
+                    nxt = next_sketch[h];
+                }
+            const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
+            const float log_tail =
+                tail && lane < PSA_G ? __ldg(log_suffix + ((long)b * Hq + h0 + lane) * (Nmax + 1) + end) : 0.f;
+            const bool hold = lane >= PSA_G || verify_step(ver, lt.x, lt.y, lt.z, lt.w, end - pos, end, first, n, stop,
+                                                           threshold, log_keep, log_tail, wt, wsk, nxt, next_share);
+            all_hold = __all_sync(0xffffffffu, hold);
+        }
+#else
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {
             const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
@@ -1026,6 +1071,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                                           sketchy ? w_sketch[h] : 0.f, sketchy ? next_sketch[h] : 0.f, next_share);
             all_hold = all_hold && hold;
         }
+#endif
         if (stop == PSA_STOP_BUDGET) why = PSA_REASON_BUDGET;
         else if (end >= n) why = PSA_REASON_EXHAUSTED;
         else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
@@ -1120,9 +1166,14 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             num_used[gi] = pos;
             iterations[gi] = it;
             reason[gi] = why;
+#if !PSA_LANE_VERIFY_ON
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = ver[h].frac;
+#endif
         }
+#if PSA_LANE_VERIFY_ON
+        if (threadIdx.x < PSA_G && rank == 0) mass_est[(long)b * Hq + h0 + threadIdx.x] = ver.frac;
+#endif
     }
 #else
 
@@ -1213,9 +1264,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             iterations[gi] = it;
             reason[gi] = why;
         }
+#if PSA_LANE_VERIFY_ON
+        if (threadIdx.x < PSA_G && why >= 0) mass_est[(long)b * Hq + h0 + threadIdx.x] = ver.frac;
+#else
         if (threadIdx.x == 0 && why >= 0)
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = ver[h].frac;
+#endif
 #if PSA_OFFLOAD
         if (threadIdx.x == 0 && why >= 0 && atomicSub(groups_left, 1) == 1) {  // the batch's last group to stop
             __threadfence_system();
