@@ -1087,3 +1087,45 @@ def test_order_head_rows_grow_with_the_multiple_and_hold_shares():
     for s in (4, 16):
         mine = [r for r in rows if r["step"] == s]
         assert all(a["head"] <= b["head"] and a["within"] <= b["within"] for a, b in zip(mine, mine[1:]))
+
+
+def test_growing_chunks_split_the_order_like_the_reference_and_grow():
+    """exp_step_growth.growing_chunks: growth 1 is psa_ref's split_chunks (forced blocks first, then chunks of step);
+    growth 2 doubles each ranked chunk (rounded up, the last what is left); every block once, in order; growth < 1 is
+    refused."""
+    import exp_step_growth as esg
+    from psa_ref.progressive import split_chunks
+
+    order = np.arange(100)[::-1].copy()
+    for forced in (0, 3):
+        same = esg.growing_chunks(order, forced, 7, 1.0)
+        assert [c.tolist() for c in same] == [c.tolist() for c in split_chunks(order, forced, 7)]
+    grown = esg.growing_chunks(order, 3, 5, 2.0)
+    assert [len(c) for c in grown] == [3, 5, 10, 20, 40, 22]
+    assert np.concatenate(grown).tolist() == order.tolist()
+    assert [len(c) for c in esg.growing_chunks(order, 0, 10, 1.5)] == [10, 15, 23, 34, 18]
+    with pytest.raises(ValueError, match="growth must be >= 1"):
+        esg.growing_chunks(order, 0, 4, 0.5)
+
+
+def test_step_growth_rows_on_the_shipped_trace():
+    """exp_step_growth.schedule_rows (CPU, psa_ref) on the shipped trace: one row per (step, growth); growth 1 at a
+    step matches psa_ref.attention's iterations; a batch's slowest group takes at least the mean iterations and its
+    largest read at least the mean read; shares lie in [0, 1]."""
+    import exp_step_growth as esg
+    import psa_ref
+    from psa_ref.trace import load_trace
+
+    trace = load_trace()
+    rows = esg.schedule_rows(trace, metadata="cuboid_mean", stop="ema", steps=[8], growths=[1, 2], batch=4)
+    assert [(r["step"], r["growth"]) for r in rows] == [(8, 1), (8, 2)]
+    for r in rows:
+        assert 0 < r["read"] <= 1 and 0 < r["batch_read"] <= r["batch_read_max"] <= 1
+        assert r["batch_iterations"] >= r["iterations"] - 1e-12 and r["batches"] == r["queries"] // 4
+    blocks = psa_ref.KVBlocks.from_dense(trace.k[0].astype(np.float32), trace.v[0].astype(np.float32),
+                                         block_size=16, metadata="cuboid_mean")
+    its = [int(psa_ref.attention(trace.q[0, i].astype(np.float32), blocks, 0.95, scale=trace.scale, stop="ema",
+                                 step=8, sink_blocks=1, recent_blocks=2).iterations[0])
+           for i in range(trace.q.shape[1])]
+    assert rows[0]["iterations"] == pytest.approx(np.mean(its))
+    assert rows[1]["iterations"] < rows[0]["iterations"]  # (on this trace: growing chunks take fewer iterations)
