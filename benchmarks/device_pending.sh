@@ -1763,6 +1763,23 @@ if [ "$PART" = s38f ]; then
   done
   exit 0
 fi
+if [ "$PART" = s38g ]; then
+  # Prepared in the thirty-eighth session: the windowed stream at Gemma 3's D 256 again, now that PSA_LANE_VERIFY frees
+  # its registers (static, grid build D 256: 255 registers and 92 bytes of spill today; windowed 132; windowed with the
+  # lane verifier 44, with the early window as well 36). The twenty-sixth session found the window 1-2 µs slower at
+  # D 256 (more registers, spills). Predicted: with the lane verifier, the window about even to -2 µs at Gemma 3's one
+  # request (as it gave Llama's loop at 128K, 81.5 -> 78.6); if so, DECODE_STREAM_WINDOW = 256 after s38f's flip.
+  # Its test first (the D 256 windowed builds bit for bit against the default), then both orders of the constant, the
+  # lane verifier on in all. ~5 minutes.
+  gpu_tests t_s38g.log 150 tests/test_fast.py -k "windowed_stream_at_d256"
+  cd benchmarks
+  for w in 128,256 256,128; do
+    timeout 200 python3 exp_kernel_defines.py decode lane_verify=1 -- exp_kernels_attr.py DECODE_STREAM_WINDOW=$w \
+        -- exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,131072:1,32768:8 --steps auto --modes loop 2>&1 \
+        | grep -v Warn | grep "^#\||"
+  done
+  exit 0
+fi
 if [ "$PART" = fasttests ]; then
   gpu_tests t_fast.log 500 tests/test_fast.py
   exit 0

@@ -1120,6 +1120,36 @@ def test_lane_verify_keeps_every_bit(monkeypatch, case):
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
 
 
+@pytest.mark.parametrize("case", ["grid", "cluster", "dense", "speculate"])
+def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, case):
+    """_kernels.DECODE_STREAM_WINDOW raised to 256 (Gemma 3's head dim loads its stream a window at a time, as D <= 128
+    does; measured again in device_pending.sh s38g): only how the positions and block-table entries reach the copies
+    changes, so the grid and cluster loops, dense (split) and the speculative schedule give the default D 256 build's
+    outputs, blocks, iterations and reasons bit for bit on a ragged batch."""
+    from psa_fast import _kernels
+
+    lens = [16, 40, 700, 3000]
+    cache, data = ragged_cache(np.random.default_rng(256), lens, hq=4, hkv=1, d=256, s=16)
+    if case == "grid":
+        lift_grid_thresholds(monkeypatch)
+        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
+    opts = dict(mode="dense", splits=7) if case == "dense" else dict(
+        stop="ema", sink_blocks=1, recent_blocks=2, step=16, **({"speculate": 1.0} if case == "speculate" else {}))
+    plan = psa_fast.plan(cache, num_q_heads=4, threshold=0.9, **opts)
+    assert (plan.grid_ctas == 8) == (case == "grid")
+    q = cupy.asarray(np.stack([q for q, _, _ in data]))
+    assert _kernels.DECODE_STREAM_WINDOW < 256  # (the default D 256 build streams without the window)
+    runs = []
+    for window in (_kernels.DECODE_STREAM_WINDOW, 256):
+        monkeypatch.setattr(_kernels, "DECODE_STREAM_WINDOW", window)
+        plan.out.fill(np.nan)
+        dec = plan.run(q)
+        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in ("out", "num_used", "iterations", "reason")})
+    assert not np.isnan(runs[0]["out"]).any()
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+
+
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
     """step="auto" (the default) resolves to _kernels.pick_step's integer, which psa_ref takes as is; a bad step
     names the argument; the offload decoder keeps 64 (its pool holds two iterations)."""
