@@ -958,6 +958,34 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     check_result(res, q, keys, values, threshold=0.9, stop=stop, step=64, block_size=16, metadata=b.cache.metadata)
 
 
+def assert_define_keeps_every_bit(monkeypatch, define, plan, q, *, calls=1, before=None,
+                                  names=("out", "num_used", "iterations", "reason")):
+    """Run ``plan`` on ``q`` with the default decode builds, then with decode.cu's switch ``define`` set to 1 (added to
+    every build of decode.cu, as benchmarks/exp_kernel_defines.py does): ``calls`` calls each (``before()`` first, if
+    given), outputs filled with NaN before each call. Asserts the two runs' ``names`` (and the order, where the plan
+    has one) equal bit for bit and the default's output free of NaN; returns the default run's arrays."""
+    from psa_fast import _kernels
+
+    real = _kernels.kernel
+    runs = []
+    for on in (0, 1):
+        monkeypatch.setattr(_kernels, "kernel", real if not on else
+                            lambda file, **o: real(file, **({define: 1, **o} if file == "decode" else o)))
+        if before is not None:
+            before()
+        for _ in range(calls):
+            plan.out.fill(np.nan)
+            plan.mass_estimate.fill(np.nan)
+            dec = plan.run(q)
+        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in names}
+                    | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {}))
+    monkeypatch.setattr(_kernels, "kernel", real)
+    assert not np.isnan(runs[0]["out"]).any()
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=f"{define}: {name}")
+    return runs[0]
+
+
 @pytest.mark.parametrize("case", ["ema", "certified", "sketch_avg", "topk", "dense", "grid", "speculate", "d256"])
 def test_rescale_skip_keeps_every_bit(monkeypatch, case):
     """decode.cu's ``PSA_RESCALE_SKIP`` (prepared in the thirty-seventh session, off by default): a warp whose running
@@ -982,18 +1010,7 @@ def test_rescale_skip_keeps_every_bit(monkeypatch, case):
     plan = psa_fast.plan(blocks.cache, num_q_heads=hq, threshold=0.9, step=16, **opts)
     if case == "grid":
         assert plan.grid_ctas == 8
-    real = _kernels.kernel
-    runs = []
-    for skip in (0, 1):
-        monkeypatch.setattr(_kernels, "kernel", real if not skip else
-                            lambda file, **o: real(file, **({"rescale_skip": 1, **o} if file == "decode" else o)))
-        plan.out.fill(np.nan)
-        dec = plan.run(cupy.asarray(q[None]))
-        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in ("out", "num_used", "iterations", "reason")}
-                    | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {}))
-    assert not np.isnan(runs[0]["out"]).any()
-    for name in runs[0]:
-        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+    assert_define_keeps_every_bit(monkeypatch, "rescale_skip", plan, cupy.asarray(q[None]))
 
 
 @pytest.mark.parametrize("case", ["ema", "sketch_avg", "topk", "topk_loop", "dense", "grid", "predicted", "previous",
@@ -1026,22 +1043,10 @@ def test_early_window_keeps_every_bit(monkeypatch, case):
     plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, **opts)
     if case == "grid":
         assert plan.grid_ctas == 8
-    real = _kernels.kernel
-    runs = []
-    for early in (0, 1):
-        monkeypatch.setattr(_kernels, "kernel", real if not early else
-                            lambda file, **o: real(file, **({"early_window": 1, **o} if file == "decode" else o)))
-        if case == "previous":
-            plan.forget_previous()
-        for _ in range(2 if case == "previous" else 1):
-            plan.out.fill(np.nan)
-            dec = plan.run(q)
-        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in ("out", "num_used", "iterations", "reason")}
-                    | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {}))
-    assert not np.isnan(runs[0]["out"]).any()
-    assert int(runs[0]["num_used"].min()) < int(runs[0]["num_used"].max())  # (the requests' ends differ)
-    for name in runs[0]:
-        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+    previous = case == "previous"
+    base = assert_define_keeps_every_bit(monkeypatch, "early_window", plan, q, calls=2 if previous else 1,
+                                         before=plan.forget_previous if previous else None)
+    assert int(base["num_used"].min()) < int(base["num_used"].max())  # (the requests' ends differ)
 
 
 @pytest.mark.parametrize("mode,d,hq,hkv", [("dense", 128, 8, 2), ("dense", 64, 9, 3), ("dense", 256, 4, 1),
@@ -1051,25 +1056,13 @@ def test_split_leave_keeps_every_bit(monkeypatch, mode, d, hq, hkv):
     its loop after its one chunk instead of running the verifier it never uses. Every output and diagnostic is the
     default build's bit for bit, on a ragged batch (empty splits for the short requests) at Llama's, SmolLM2's and
     Gemma 3's head dims, with the build at both query parts (a float32 query)."""
-    from psa_fast import _kernels
-
     lens = [16, 700, 3000]
     cache, data = ragged_cache(np.random.default_rng(d + hq), lens, hq=hq, hkv=hkv, d=d, s=16)
     plan = psa_fast.plan(cache, num_q_heads=hq, mode=mode, k=40, splits=7)
     assert plan.splits == 7
     q = cupy.asarray(np.stack([q for q, _, _ in data]).astype(np.float32))
-    real = _kernels.kernel
-    runs = []
-    for leave in (0, 1):
-        monkeypatch.setattr(_kernels, "kernel", real if not leave else
-                            lambda file, **o: real(file, **({"split_leave": 1, **o} if file == "decode" else o)))
-        plan.out.fill(np.nan)
-        dec = plan.run(q)
-        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in ("out", "num_used", "iterations", "reason",
-                                                                          "mass_estimate")})
-    assert not np.isnan(runs[0]["out"]).any()
-    for name in runs[0]:
-        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+    assert_define_keeps_every_bit(monkeypatch, "split_leave", plan, q,
+                                  names=("out", "num_used", "iterations", "reason", "mass_estimate"))
 
 
 @pytest.mark.parametrize("case", ["ema", "remaining", "seed", "certified", "sketch", "sketch_avg", "grid", "predicted",
@@ -1100,24 +1093,12 @@ def test_lane_verify_keeps_every_bit(monkeypatch, case):
     plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, **opts)
     if case in ("grid", "d256"):
         assert plan.grid_ctas == 8
-    real = _kernels.kernel
-    names = ("out", "num_used", "iterations", "reason", "mass_estimate")
-    runs = []
-    for lane in (0, 1):
-        monkeypatch.setattr(_kernels, "kernel", real if not lane else
-                            lambda file, **o: real(file, **({"lane_verify": 1, **o} if file == "decode" else o)))
-        if case == "previous":
-            plan.forget_previous()
-        for _ in range(2 if case == "previous" else 1):
-            plan.out.fill(np.nan)
-            plan.mass_estimate.fill(np.nan)
-            dec = plan.run(q)
-        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in names}
-                    | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {}))
-    assert not np.isnan(runs[0]["out"]).any() and not np.isnan(runs[0]["mass_estimate"]).any()
-    assert case == "topk_loop" or int(runs[0]["iterations"].max()) >= 3  # (several decisions)
-    for name in runs[0]:
-        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+    previous = case == "previous"
+    base = assert_define_keeps_every_bit(monkeypatch, "lane_verify", plan, q, calls=2 if previous else 1,
+                                         before=plan.forget_previous if previous else None,
+                                         names=("out", "num_used", "iterations", "reason", "mass_estimate"))
+    assert not np.isnan(base["mass_estimate"]).any()
+    assert case == "topk_loop" or int(base["iterations"].max()) >= 3  # (several decisions)
 
 
 @pytest.mark.parametrize("case", ["grid", "cluster", "dense", "speculate"])
