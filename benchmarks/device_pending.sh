@@ -3,8 +3,8 @@
 # [args]", carry=[...]). Parts named sNNx were written in the NN-th session (each block's comment has its prediction);
 # the ones still to run are listed, in order, under "Prepared for the next session" at the end of benchmarks/NOTES.md.
 # `all` runs every GPU suite (before any run of record); `run CMD...` runs a command from benchmarks/ with the paths
-# set. The older parts below stay as the record of what each call in NOTES.md ran. (The first lines of this header
-# are the eleventh session's list.)
+# set. The older parts stay as the record of what each call in NOTES.md ran. (The list that follows is an early
+# session's, kept as it was.)
 # What the next device call should measure before the next one-request kernel change (benchmarks/NOTES.md):
 #   run(command="bash benchmarks/device_pending.sh probe", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  1. where one request's dense step goes at the three model shapes (scale, decode, merge), 8K and 32K;
