@@ -1754,11 +1754,12 @@ if [ "$PART" = s38f ]; then
   # every warp keeps and decides head h's verifier and the warp votes, where every lane kept and folded all G heads
   # (G x the verifier's exps a decision, its state and the totals' shuffles held through the whole loop). Static
   # (nvcc sm_90): Llama loop 4,712 -> 4,288 instructions, **248 -> 172 registers**; grid D 128 252 -> 176; Gemma 3's
-  # grid D 256 4,200 -> 3,600, spill 92 -> 48 bytes. Predicted: ~100-150 fewer instructions a warp a decision (~0.3-0.5
+  # grid D 256 4,200 -> 3,600, spill 92 -> 48 bytes; resumed build 244 -> 170 registers, offload 4,928 -> 4,528
+  # instructions. Predicted: ~100-150 fewer instructions a warp a decision (~0.3-0.5
   # µs an iteration at one request), so Llama ema 32K B = 1 -0.3 to -1 µs, 128K B = 1 -0.5 to -1.5, 128K B = 8 -1 to
   # -3 (more iterations); Gemma 3 (grid) 32K / 128K B = 1 -0.5 to -1.5. If it holds in both orders, flip the default
   # (then drop the every-lane form). Tests, then exp_step both orders. ~6 minutes with a cold start.
-  gpu_tests t_s38f.log 300 tests/test_fast.py -k "lane_verify"
+  gpu_tests t_s38f.log 300 tests/test_fast.py tests/test_fast_offload.py -k "lane_verify or lane_verifier"
   cd benchmarks
   for v in 0 1 1 0; do
     echo "## lane_verify=$v"

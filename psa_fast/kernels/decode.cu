@@ -153,7 +153,7 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #ifndef PSA_LANE_VERIFY
 #define PSA_LANE_VERIFY 0  // 1: lane h of every warp keeps and decides head h's verifier, not every lane all heads (s38)
 #endif
-#define PSA_LANE_VERIFY_ON (PSA_LANE_VERIFY && !PSA_STATEFUL)  // (the stateful builds write every head's state)
+#define PSA_LANE_VERIFY_ON PSA_LANE_VERIFY
 #ifndef PSA_RESCALE_SKIP
 #define PSA_RESCALE_SKIP 0  // 1: move_max skips the output's rescale when no lane's running max moves (below; s38)
 #endif
@@ -800,6 +800,12 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_LANE_VERIFY_ON
     // Verifier state (verifier.cuh) of head `lane` (lanes < PSA_G), the same in every warp.
     Verifier ver = verifier_start();
+#if PSA_STATEFUL
+    if (lane < PSA_G) {
+        const float* vs = vstate + ((long)b * Hq + h0 + lane) * PSA_VSTATE;
+        ver = Verifier{vs[0], vs[1], vs[2], vs[3], vs[4]};
+    }
+#endif
 #else
     // Verifier state per head (verifier.cuh), kept identically by every lane of every warp.
     Verifier ver[PSA_G];
@@ -1249,9 +1255,17 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             if (idx % PSA_D == 0) {
                 const int h = idx / PSA_D;
                 float* vs = vstate + ((long)b * Hq + h0 + h) * PSA_VSTATE;
+#if !PSA_LANE_VERIFY_ON
                 vs[0] = ver[h].M; vs[1] = ver[h].acc; vs[2] = ver[h].min; vs[3] = ver[h].ema; vs[4] = ver[h].frac;
+#endif
                 vs[5] = new_m[h]; vs[6] = new_l[h];
             }
+#if PSA_LANE_VERIFY_ON
+        if (threadIdx.x < PSA_G) {  // (lane h of warp 0 holds head h's verifier)
+            float* vs = vstate + ((long)b * Hq + h0 + threadIdx.x) * PSA_VSTATE;
+            vs[0] = ver.M; vs[1] = ver.acc; vs[2] = ver.min; vs[3] = ver.ema; vs[4] = ver.frac;
+        }
+#endif
         if (threadIdx.x == 0) {
             istate[gi * 4] = pos;
             istate[gi * 4 + 1] = it;
