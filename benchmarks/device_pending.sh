@@ -1739,13 +1739,21 @@ if [ "$PART" = s38d ]; then
   exit 0
 fi
 if [ "$PART" = s38e ]; then
-  # Prepared in the thirty-eighth session: PSA_EARLY_WINDOW on the ema loop (Llama 5%, one request), both orders.
-  # Predicted -0.4 to -0.8 µs a step (the loop's start: the length's round trip off its chain). ~3 minutes.
+  # Prepared in the thirty-eighth session: PSA_EARLY_WINDOW on the ema loop (Llama 5%, one request), both orders,
+  # then the loop clock's start (its marks: the query loaded, the first copies issued) off and on. Predicted -0.4 to
+  # -0.8 µs a step and as much off the clock's "first copies issued" mark (the length's round trip off the start's
+  # chain). If the mark moves and the step does not, the start was not on the critical path. ~4 minutes.
   cd benchmarks
   for v in 0 1 1 0; do
     echo "## early_window=$v"
     timeout 100 python3 exp_kernel_defines.py decode early_window=$v -- exp_step.py --share 0.05 --shape llama8b \
         --sizes 32768:1,131072:1 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^#\\||"
+  done
+  for v in 0 1; do
+    echo "## loop clock, early_window=$v"
+    timeout 60 python3 exp_kernel_defines.py decode early_window=$v -- exp_verify_clock.py --loop --speculate 0 \
+        --stop ema --share 0.05 --shape llama8b --size 32768 --batches 1 --step 384 2>&1 | grep -v Warn \
+        | grep "^T=\\|^| [a-z]"
   done
   exit 0
 fi
