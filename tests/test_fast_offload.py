@@ -234,7 +234,7 @@ def test_lane_verifier_keeps_the_offload_decoders_bits(monkeypatch, stop):
         runs.append(out)
     monkeypatch.setattr(_kernels, "kernel", real)
     assert 1 in switched  # the offload build was asked for with the switch
-    assert max(int(r["iterations"].max()) for r in runs[0]) >= 3
+    assert max(int(r["iterations"].max()) for r in runs[0]) >= 2  # (decisions between launches)
     for a, b in zip(runs[0], runs[1]):
         for name in a:
             np.testing.assert_array_equal(b[name], a[name], err_msg=name)
