@@ -1712,6 +1712,25 @@ if [ "$PART" = s38c ]; then
       --variants dense,ema,topk,default --calls 200 2>&1 | grep -v Warn | tee "$OUT/host_overhead_s38.md")
   exit 0
 fi
+if [ "$PART" = s38 ]; then
+  # Prepared in the thirty-eighth session: one call (~9 minutes with a cold start) that says whether any of its three
+  # switches pays, before the longer parts s38d-g: the three switches' bit tests, then one request at 32K in both
+  # orders, each switch alone and all three: dense at Llama and SmolLM2 (EARLY_WINDOW and SPLIT_LEAVE act there), the
+  # ema loop at Llama (EARLY_WINDOW and LANE_VERIFY). Predictions in s38d-f's comments and NOTES.
+  gpu_tests t_s38.log 240 tests/test_fast.py tests/test_fast_offload.py \
+      -k "early_window or split_leave or lane_verify or lane_verifier"
+  cd benchmarks
+  for v in "" "early_window=1" "split_leave=1" "lane_verify=1" "early_window=1 split_leave=1 lane_verify=1" ""; do
+    echo "## ${v:-defaults}"
+    for sh in llama8b smollm2; do
+      timeout 45 python3 exp_kernel_defines.py decode $v rescale_skip=0 -- exp_dense_tune.py --shape $sh \
+          --sizes 32768 --batches 1 --default-only --reps 20 --out /tmp/dt.jsonl 2>&1 | grep -v Warn | grep "µs"
+    done
+    timeout 45 python3 exp_kernel_defines.py decode $v rescale_skip=0 -- exp_step.py --share 0.05 \
+        --shape llama8b --sizes 32768:1 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^| [0-9]"
+  done
+  exit 0
+fi
 if [ "$PART" = s38d ]; then
   # Prepared in the thirty-eighth session (no device then): the dense step's two start/tail levers, both off by
   # default with every default build byte-identical (sass_size.py md5 at eleven builds).
