@@ -1731,6 +1731,28 @@ if [ "$PART" = s38 ]; then
   done
   exit 0
 fi
+if [ "$PART" = s38h ]; then
+  # Prepared in the thirty-eighth session: suffix.cu's PSA_SUFFIX_BATCH (off; the default build byte-identical). The
+  # default rule (sketch_avg on quant3) and certified run psa_order_suffix after the order: each thread walked its run
+  # of the order one position at a time, two dependent loads a position (its block, then its value), twice: 17.6 µs
+  # of one Llama request at 128K and 46.4 at B = 8, 4.2 at 32K (s19's profiles; 8, 8 and 2 positions a thread).
+  # Batched (8 positions' blocks at once, then their values, the same merges in the same order): 2 round trips a
+  # thread where a run fits one batch. Predicted: psa_order_suffix 128K B = 1 17.6 -> ~2-3 µs, B = 8 46 -> ~10,
+  # 32K 4.2 -> ~2; the default rule's step as much less. The tests, then profile_decode_step's kernel table (default
+  # rule, Llama 5%) off and on, both orders. ~5 minutes with a cold start.
+  gpu_tests t_s38h.log 200 tests/test_fast.py -k "suffix_batch"
+  cd benchmarks
+  for v in 0 8 8 0; do
+    echo "## suffix_batch=$v"
+    for cfg in 32768:1 131072:1 131072:8; do
+      IFS=: read -r size b <<< "$cfg"
+      timeout 80 python3 exp_kernel_defines.py suffix suffix_batch=$v -- profile_decode_step.py --share 0.05 \
+          --shape llama8b --size $size --batches $b --variants default --steps 10 --out /tmp 2>&1 | grep -v Warn \
+          | grep "^T=\\|psa_order_suffix\\|psa_decode "
+    done
+  done
+  exit 0
+fi
 if [ "$PART" = s38d ]; then
   # Prepared in the thirty-eighth session (no device then): the dense step's two start/tail levers, both off by
   # default with every default build byte-identical (sass_size.py md5 at eleven builds).

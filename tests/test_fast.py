@@ -959,21 +959,22 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
 
 
 def assert_define_keeps_every_bit(monkeypatch, define, plan, q, *, calls=1, before=None,
-                                  names=("out", "num_used", "iterations", "reason")):
-    """Run ``plan`` on ``q`` with the default decode builds, then with decode.cu's switch ``define`` set to 1 (added to
-    every build of decode.cu, as benchmarks/exp_kernel_defines.py does): ``calls`` calls each (``before()`` first, if
+                                  names=("out", "num_used", "iterations", "reason"), file="decode", buffers=()):
+    """Run ``plan`` on ``q`` with the default builds, then with the switch ``define`` set to 1 in every build of
+    ``kernels/<file>.cu`` (as benchmarks/exp_kernel_defines.py does): ``calls`` calls each (``before()`` first, if
     given), outputs filled with NaN before each call. Asserts the two runs' ``names`` (and the order, where the plan
-    has one) equal bit for bit and the default's output free of NaN; returns the default run's arrays."""
+    has one, and the plan's ``buffers``) equal bit for bit and the default's output free of NaN; returns the default
+    run's arrays."""
     from psa_fast import _kernels
 
     real = _kernels.kernel
     switched = []  # the decode builds asked for with the switch (none: the A/B would compare a build with itself)
 
-    def with_switch(file, **o):
-        if file == "decode":
+    def with_switch(name, **o):
+        if name == file:
             switched.append(o.get("entry"))
             o = {define: 1, **o}
-        return real(file, **o)
+        return real(name, **o)
 
     runs = []
     for on in (0, 1):
@@ -985,7 +986,8 @@ def assert_define_keeps_every_bit(monkeypatch, define, plan, q, *, calls=1, befo
             plan.mass_estimate.fill(np.nan)
             dec = plan.run(q)
         runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in names}
-                    | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {}))
+                    | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {})
+                    | {name: cupy.asnumpy(getattr(plan, name)) for name in buffers})
     monkeypatch.setattr(_kernels, "kernel", real)
     assert switched and not np.isnan(runs[0]["out"]).any()
     for name in runs[0]:
@@ -1138,6 +1140,27 @@ def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, case):
     assert not np.isnan(runs[0]["out"]).any()
     for name in runs[0]:
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+
+
+@pytest.mark.parametrize("stop,metadata,s,lens,hq,hkv", [
+    ("sketch_avg", "quant3", 16, [16, 700, 3000], 8, 2),      # runs of one position a thread
+    ("certified", "minmax", 4, [40000, 300], 8, 2),          # 10,000 blocks: runs of 10 (a batch and a part)
+    ("sketch", "quant3", 16, [144000, 5000], 4, 1)])         # 9,000 blocks: runs of 9
+def test_suffix_batch_keeps_every_bit(monkeypatch, stop, metadata, s, lens, hq, hkv):
+    """suffix.cu's ``PSA_SUFFIX_BATCH`` (thirty-eighth session, off by default): psa_order_suffix loads a thread's run
+    of the order eight positions at a time (their blocks, then their values) instead of one dependent pair at a time,
+    merging in the same order. Its suffix sums, the sketch rules' values by position, and the decode step that reads
+    them are the default's bit for bit, where a thread's run is one position, and where it spans a batch and part of
+    another."""
+    cache, data = ragged_cache(np.random.default_rng(s + len(lens)), lens, hq=hq, hkv=hkv, d=64, s=s,
+                               metadata=metadata)
+    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, stop=stop, sink_blocks=1, recent_blocks=1, step=64)
+    assert plan.log_suffix is not None
+    buffers = ("log_suffix",) + (("sketch_ordered",) if stop.startswith("sketch") else ())
+    q = cupy.asarray(np.stack([q for q, _, _ in data]))
+    base = assert_define_keeps_every_bit(monkeypatch, "suffix_batch", plan, q, file="suffix", buffers=buffers)
+    n = -(-max(lens) // s)
+    assert np.isfinite(base["log_suffix"][0, :, :n]).all() and np.isneginf(base["log_suffix"][0, :, n]).all()
 
 
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
