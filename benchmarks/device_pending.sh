@@ -1753,6 +1753,27 @@ if [ "$PART" = s38h ]; then
   done
   exit 0
 fi
+if [ "$PART" = s38i ]; then
+  # Prepared in the thirty-eighth session: the order kernels' PSA_EARLY_SCORES (off; default builds byte-identical):
+  # psa_order, psa_order_slice and psa_order_radix read their scores only below n, so each launch's start waited on
+  # the request's length before its scores; now every score below Nmax is requested first. Predicted: one round trip
+  # off psa_order_slice at one request (Llama 32K / Gemma 3 128K B = 1: ~-0.3 to -0.6 µs of 3.7-3.8), within the
+  # spread for batches (radix). The tests, then profile_decode_step's kernel table (ema) off and on, both orders.
+  # ~4 minutes with a cold start.
+  gpu_tests t_s38i.log 150 tests/test_fast.py -k "early_scores"
+  cd benchmarks
+  for v in 0 1 1 0; do
+    echo "## early_scores=$v"
+    for cfg in llama8b:32768:1 gemma3:131072:1 llama8b:131072:8; do
+      IFS=: read -r shape size b <<< "$cfg"
+      timeout 80 python3 exp_kernel_defines.py order_slice early_scores=$v -- exp_kernel_defines.py order_radix \
+          early_scores=$v -- exp_kernel_defines.py order early_scores=$v -- profile_decode_step.py --share 0.05 \
+          --shape $shape --size $size --batches $b --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+          | grep "^T=\\|psa_order"
+    done
+  done
+  exit 0
+fi
 if [ "$PART" = s38d ]; then
   # Prepared in the thirty-eighth session (no device then): the dense step's two start/tail levers, both off by
   # default with every default build byte-identical (sass_size.py md5 at eleven builds).

@@ -1312,6 +1312,45 @@ def test_the_merge_gives_the_reference_order(monkeypatch, nmax, lens, one_wave):
             assert (got[r, g, n:] == -1).all()
 
 
+@pytest.mark.parametrize("method,nmax", [("sort", 1000), ("radix", 1000), ("slices", 8192), ("radix", 8192)])
+def test_early_scores_keep_every_order(monkeypatch, method, nmax):
+    """The order kernels' ``PSA_EARLY_SCORES`` (sort.cuh's ``load_keys_early``, psa_order_radix; thirty-eighth session,
+    off by default): every score below Nmax requested before the request's length decides which are keys. The orders
+    are the default builds' bit for bit on scores with infinities, NaNs and ties, on requests that fill the table,
+    fall short of it, and hold fewer blocks than their forced ones; and the switch reached the method's kernel."""
+    from psa_fast import _kernels
+
+    files = {"sort": "order", "radix": "order_radix", "slices": "order_slice"}
+    rng = np.random.default_rng(nmax)
+    b, gn = 3, 2
+    pool = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0, -1.0, 2.5, 3e38], np.float32)
+    scores = cupy.asarray(np.where(rng.random((b, gn, nmax)) < 0.3, rng.choice(pool, size=(b, gn, nmax)),
+                                   rng.standard_normal((b, gn, nmax))).astype(np.float32))
+    seq = cupy.asarray(np.array([nmax * 16, (nmax // 3) * 16 - 5, 40], np.int32))
+    ws = _kernels.order_workspace_shape(b, gn, nmax)
+    real = _kernels.kernel
+    switched = []
+
+    def with_switch(name, **o):
+        if name == files[method]:
+            switched.append(name)
+            o = {"early_scores": 1, **o}
+        return real(name, **o)
+
+    outs = []
+    for on in (0, 1):
+        monkeypatch.setattr(_kernels, "kernel", with_switch if on else real)
+        out = cupy.full((b, gn, nmax), -7, cupy.int32)
+        _kernels.order(scores, seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=1, recent_blocks=3,
+                       want_suffix=False, workspace=None if ws is None else cupy.empty(ws, cupy.uint64),
+                       method=method)
+        outs.append(cupy.asnumpy(out))
+    monkeypatch.setattr(_kernels, "kernel", real)
+    assert switched
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert sorted(outs[0][2, 0, :3].tolist()) == [0, 1, 2] and (outs[0][2, 0, 3:] == -1).all()
+
+
 @pytest.mark.parametrize("values", ["special", "equal", "distinct"])
 @pytest.mark.parametrize("sink, recent", [(0, 0), (3, 40), (70, 70)])
 @pytest.mark.parametrize("own", [1, 4])
