@@ -1754,22 +1754,24 @@ if [ "$PART" = s38h ]; then
   exit 0
 fi
 if [ "$PART" = s38i ]; then
-  # Prepared in the thirty-eighth session: the order kernels' PSA_EARLY_SCORES (off; default builds byte-identical):
-  # psa_order, psa_order_slice and psa_order_radix read their scores only below n, so each launch's start waited on
-  # the request's length before its scores; now every score below Nmax is requested first. Predicted: one round trip
-  # off psa_order_slice at one request (Llama 32K / Gemma 3 128K B = 1: ~-0.3 to -0.6 µs of 3.7-3.8), within the
-  # spread for batches (radix). The tests, then profile_decode_step's kernel table (ema) off and on, both orders.
-  # ~4 minutes with a cold start.
-  gpu_tests t_s38i.log 150 tests/test_fast.py -k "early_scores"
+  # Prepared in the thirty-eighth session: two switches of the order kernels' loads (off; default builds
+  # byte-identical). PSA_EARLY_SCORES: psa_order, psa_order_slice and psa_order_radix read their scores only below n,
+  # so each launch's start waited on the request's length before its scores; now every score below Nmax is requested
+  # first. PSA_RANK_BATCH=8: psa_order_rank's load loop stored each word right after its load, so (the loads in
+  # branches between the stores) a thread's 8 loads at 2,048 blocks went one round trip at a time; now 8 at once.
+  # Predicted at one request: psa_order_slice ~-0.3 to -0.6 µs (Llama 32K, Gemma 3 128K), psa_order_rank 7.7 -> ~5
+  # (Gemma 3 32K, where s18 found ~3.5 µs of it fixed); batches (radix) within the spread. The tests, then
+  # profile_decode_step's kernel table (ema) off and on, both orders. ~5 minutes with a cold start.
+  gpu_tests t_s38i.log 150 tests/test_fast.py -k "order_load_switches"
   cd benchmarks
   for v in 0 1 1 0; do
-    echo "## early_scores=$v"
-    for cfg in llama8b:32768:1 gemma3:131072:1 llama8b:131072:8; do
+    echo "## early_scores=$v rank_batch=$((8 * v))"
+    for cfg in llama8b:32768:1 gemma3:32768:1 gemma3:131072:1 llama8b:131072:8; do
       IFS=: read -r shape size b <<< "$cfg"
       timeout 80 python3 exp_kernel_defines.py order_slice early_scores=$v -- exp_kernel_defines.py order_radix \
-          early_scores=$v -- exp_kernel_defines.py order early_scores=$v -- profile_decode_step.py --share 0.05 \
-          --shape $shape --size $size --batches $b --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
-          | grep "^T=\\|psa_order"
+          early_scores=$v -- exp_kernel_defines.py order early_scores=$v -- exp_kernel_defines.py order_rank \
+          rank_batch=$((8 * v)) -- profile_decode_step.py --share 0.05 --shape $shape --size $size --batches $b \
+          --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn | grep "^T=\\|psa_order"
     done
   done
   exit 0

@@ -1312,15 +1312,19 @@ def test_the_merge_gives_the_reference_order(monkeypatch, nmax, lens, one_wave):
             assert (got[r, g, n:] == -1).all()
 
 
-@pytest.mark.parametrize("method,nmax", [("sort", 1000), ("radix", 1000), ("slices", 8192), ("radix", 8192)])
-def test_early_scores_keep_every_order(monkeypatch, method, nmax):
-    """The order kernels' ``PSA_EARLY_SCORES`` (sort.cuh's ``load_keys_early``, psa_order_radix; thirty-eighth session,
-    off by default): every score below Nmax requested before the request's length decides which are keys. The orders
-    are the default builds' bit for bit on scores with infinities, NaNs and ties, on requests that fill the table,
-    fall short of it, and hold fewer blocks than their forced ones; and the switch reached the method's kernel."""
+@pytest.mark.parametrize("method,nmax,define", [("sort", 1000, "early_scores"), ("radix", 1000, "early_scores"),
+                                                ("slices", 8192, "early_scores"), ("radix", 8192, "early_scores"),
+                                                ("rank", 1000, "rank_batch"), ("rank", 8192, "rank_batch")])
+def test_order_load_switches_keep_every_order(monkeypatch, method, nmax, define):
+    """Two switches of the order kernels' loads (thirty-eighth session, off by default): ``PSA_EARLY_SCORES`` (sort.cuh's
+    ``load_keys_early``, psa_order_radix: every score below Nmax requested before the request's length decides which
+    are keys) and ``PSA_RANK_BATCH`` (psa_order_rank: a thread's scores loaded eight at a time before their words are
+    stored). The orders are the default builds' bit for bit on scores with infinities, NaNs and ties, on requests that
+    fill the table, fall short of it, and hold fewer blocks than their forced ones; and the switch reached the
+    method's kernel."""
     from psa_fast import _kernels
 
-    files = {"sort": "order", "radix": "order_radix", "slices": "order_slice"}
+    files = {"sort": "order", "radix": "order_radix", "slices": "order_slice", "rank": "order_rank"}
     rng = np.random.default_rng(nmax)
     b, gn = 3, 2
     pool = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0, -1.0, 2.5, 3e38], np.float32)
@@ -1334,7 +1338,7 @@ def test_early_scores_keep_every_order(monkeypatch, method, nmax):
     def with_switch(name, **o):
         if name == files[method]:
             switched.append(name)
-            o = {"early_scores": 1, **o}
+            o = {define: 8 if define == "rank_batch" else 1, **o}
         return real(name, **o)
 
     outs = []

@@ -73,6 +73,10 @@ __device__ __forceinline__ void count_tile(const unsigned int* __restrict__ tile
     for (int r = 0; r < PSA_RO; ++r) c[r] += BELOW ? k[r][0] + k[r][1] : 32 - k[r][0] - k[r][1];
 }
 
+#ifndef PSA_RANK_BATCH
+#define PSA_RANK_BATCH 0  // > 0: a thread's scores loaded this many at a time before their words are stored (s38)
+#endif
+
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
                int sink_blocks, int recent_blocks) {
@@ -92,11 +96,32 @@ psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_len
     }
     const float* srow = scores + ((long)b * Gn + g) * Nmax;
     const int tiles = (n + 31) >> 5;
+#if PSA_RANK_BATCH
+    // A thread's scores requested PSA_RANK_BATCH at a time before any of their words is stored: the loop below had
+    // each store wait for its own load before the next load was issued (the loads sit in branches between stores),
+    // up to 8 round trips a thread at 2,048 blocks. The same words.
+    constexpr int RB = PSA_RANK_BATCH, STRIDE = PSA_WARPS * 32;
+    for (int j0 = threadIdx.x; j0 < tiles * 32; j0 += RB * STRIDE) {
+        float x[RB];
+#pragma unroll
+        for (int u = 0; u < RB; ++u) x[u] = j0 + u * STRIDE < n ? __ldg(srow + j0 + u * STRIDE) : 0.f;
+#pragma unroll
+        for (int u = 0; u < RB; ++u) {
+            const int j = j0 + u * STRIDE;
+            if (j < tiles * 32) {
+                unsigned int w = 0u;
+                if (j < n) w = (j < sink_blocks || j >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(x[u]);
+                words[j] = w;
+            }
+        }
+    }
+#else
     for (int j = threadIdx.x; j < tiles * 32; j += PSA_WARPS * 32) {
         unsigned int w = 0u;
         if (j < n) w = (j < sink_blocks || j >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(srow[j]);
         words[j] = w;
     }
+#endif
     __syncthreads();
 
     unsigned int w[PSA_RO];
