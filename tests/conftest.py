@@ -39,3 +39,31 @@ def sweep_rank_calls(monkeypatch):
 
     monkeypatch.setattr(hf._sweep, "attention", spy)
     return seen
+
+
+@pytest.fixture
+def kernel_switch(monkeypatch):
+    """Kernel builds with extra defines, as ``benchmarks/exp_kernel_defines.py`` makes them: ``kernel_switch(file,
+    NAME=value, ...)`` adds ``-DPSA_NAME=value`` to every later build of ``psa_fast/kernels/<file>.cu`` (where the
+    library does not set the define itself) and returns the list that receives the options of each build asked for so;
+    ``kernel_switch(None)`` restores the library's builds. (The A/B tests of switches that must keep every bit.)"""
+    from psa_fast import _kernels
+
+    real = _kernels.kernel
+
+    def switch(file, **defines):
+        reached = []
+        if file is None:
+            monkeypatch.setattr(_kernels, "kernel", real)
+            return reached
+
+        def with_defines(name, **options):
+            if name == file:
+                reached.append(options)
+                options = {**defines, **options}
+            return real(name, **options)
+
+        monkeypatch.setattr(_kernels, "kernel", with_defines)
+        return reached
+
+    return switch

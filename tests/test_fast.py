@@ -958,27 +958,17 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     check_result(res, q, keys, values, threshold=0.9, stop=stop, step=64, block_size=16, metadata=b.cache.metadata)
 
 
-def assert_define_keeps_every_bit(monkeypatch, define, plan, q, *, calls=1, before=None,
+def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, before=None,
                                   names=("out", "num_used", "iterations", "reason"), file="decode", buffers=()):
     """Run ``plan`` on ``q`` with the default builds, then with the switch ``define`` set to 1 in every build of
     ``kernels/<file>.cu`` (as benchmarks/exp_kernel_defines.py does): ``calls`` calls each (``before()`` first, if
     given), outputs filled with NaN before each call. Asserts the two runs' ``names`` (and the order, where the plan
     has one, and the plan's ``buffers``) equal bit for bit and the default's output free of NaN; returns the default
     run's arrays."""
-    from psa_fast import _kernels
-
-    real = _kernels.kernel
-    switched = []  # the decode builds asked for with the switch (none: the A/B would compare a build with itself)
-
-    def with_switch(name, **o):
-        if name == file:
-            switched.append(o.get("entry"))
-            o = {define: 1, **o}
-        return real(name, **o)
-
     runs = []
     for on in (0, 1):
-        monkeypatch.setattr(_kernels, "kernel", with_switch if on else real)
+        # (the builds asked for with the switch: none would mean the A/B compared a build with itself)
+        switched = kernel_switch(file, **{define: 1}) if on else kernel_switch(None)
         if before is not None:
             before()
         for _ in range(calls):
@@ -988,7 +978,7 @@ def assert_define_keeps_every_bit(monkeypatch, define, plan, q, *, calls=1, befo
         runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in names}
                     | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {})
                     | {name: cupy.asnumpy(getattr(plan, name)) for name in buffers})
-    monkeypatch.setattr(_kernels, "kernel", real)
+    kernel_switch(None)
     assert switched and not np.isnan(runs[0]["out"]).any()
     for name in runs[0]:
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=f"{define}: {name}")
@@ -996,7 +986,7 @@ def assert_define_keeps_every_bit(monkeypatch, define, plan, q, *, calls=1, befo
 
 
 @pytest.mark.parametrize("case", ["ema", "certified", "sketch_avg", "topk", "dense", "grid", "speculate", "d256"])
-def test_rescale_skip_keeps_every_bit(monkeypatch, case):
+def test_rescale_skip_keeps_every_bit(monkeypatch, kernel_switch, case):
     """decode.cu's ``PSA_RESCALE_SKIP`` (prepared in the thirty-seventh session, off by default): a warp whose running
     maxima do not move skips the output's rescale by factors of exactly 1. Every decode build with it gives the
     default build's outputs, blocks, iterations and reasons bit for bit: the loop on clusters (paired at D 128, three
@@ -1019,12 +1009,12 @@ def test_rescale_skip_keeps_every_bit(monkeypatch, case):
     plan = psa_fast.plan(blocks.cache, num_q_heads=hq, threshold=0.9, step=16, **opts)
     if case == "grid":
         assert plan.grid_ctas == 8
-    assert_define_keeps_every_bit(monkeypatch, "rescale_skip", plan, cupy.asarray(q[None]))
+    assert_define_keeps_every_bit(kernel_switch, "rescale_skip", plan, cupy.asarray(q[None]))
 
 
 @pytest.mark.parametrize("case", ["ema", "sketch_avg", "topk", "topk_loop", "dense", "grid", "predicted", "previous",
                                   "speculate"])
-def test_early_window_keeps_every_bit(monkeypatch, case):
+def test_early_window_keeps_every_bit(monkeypatch, kernel_switch, case):
     """decode.cu's ``PSA_EARLY_WINDOW`` (thirty-eighth session, off by default): the stream's first two windows loaded
     as if each request held the table's ``Nmax`` blocks, before its length is read, then cut at its true end, or
     loaded again where the guess moves a chunk boundary. On a ragged batch (one block: shorter than the 3 forced
@@ -1053,14 +1043,14 @@ def test_early_window_keeps_every_bit(monkeypatch, case):
     if case == "grid":
         assert plan.grid_ctas == 8
     previous = case == "previous"
-    base = assert_define_keeps_every_bit(monkeypatch, "early_window", plan, q, calls=2 if previous else 1,
+    base = assert_define_keeps_every_bit(kernel_switch, "early_window", plan, q, calls=2 if previous else 1,
                                          before=plan.forget_previous if previous else None)
     assert int(base["num_used"].min()) < int(base["num_used"].max())  # (the requests' ends differ)
 
 
 @pytest.mark.parametrize("mode,d,hq,hkv", [("dense", 128, 8, 2), ("dense", 64, 9, 3), ("dense", 256, 4, 1),
                                          ("topk", 128, 8, 2), ("topk", 64, 9, 3)])
-def test_split_leave_keeps_every_bit(monkeypatch, mode, d, hq, hkv):
+def test_split_leave_keeps_every_bit(kernel_switch, mode, d, hq, hkv):
     """decode.cu's ``PSA_SPLIT_LEAVE`` (thirty-eighth session, off by default): the split build (dense, top-k) leaves
     its loop after its one chunk instead of running the verifier it never uses. Every output and diagnostic is the
     default build's bit for bit, on a ragged batch (empty splits for the short requests) at Llama's, SmolLM2's and
@@ -1070,13 +1060,13 @@ def test_split_leave_keeps_every_bit(monkeypatch, mode, d, hq, hkv):
     plan = psa_fast.plan(cache, num_q_heads=hq, mode=mode, k=40, splits=7)
     assert plan.splits == 7
     q = cupy.asarray(np.stack([q for q, _, _ in data]).astype(np.float32))
-    assert_define_keeps_every_bit(monkeypatch, "split_leave", plan, q,
+    assert_define_keeps_every_bit(kernel_switch, "split_leave", plan, q,
                                   names=("out", "num_used", "iterations", "reason", "mass_estimate"))
 
 
 @pytest.mark.parametrize("case", ["ema", "remaining", "seed", "certified", "sketch", "sketch_avg", "grid", "predicted",
                                   "previous", "d256", "d64", "topk_loop", "speculate"])
-def test_lane_verify_keeps_every_bit(monkeypatch, case):
+def test_lane_verify_keeps_every_bit(monkeypatch, kernel_switch, case):
     """decode.cu's ``PSA_LANE_VERIFY`` (thirty-eighth session, off by default): lane h of every warp keeps and decides
     head h's verifier (the warp's vote is the decision) where every lane kept every head's. The same operations on the
     same inputs, so every build gives the default's outputs, blocks, iterations, reasons and mass estimates bit for bit
@@ -1103,7 +1093,7 @@ def test_lane_verify_keeps_every_bit(monkeypatch, case):
     if case in ("grid", "d256"):
         assert plan.grid_ctas == 8
     previous = case == "previous"
-    base = assert_define_keeps_every_bit(monkeypatch, "lane_verify", plan, q, calls=2 if previous else 1,
+    base = assert_define_keeps_every_bit(kernel_switch, "lane_verify", plan, q, calls=2 if previous else 1,
                                          before=plan.forget_previous if previous else None,
                                          names=("out", "num_used", "iterations", "reason", "mass_estimate"))
     assert not np.isnan(base["mass_estimate"]).any()
@@ -1146,7 +1136,7 @@ def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, case):
     ("sketch_avg", "quant3", 16, [16, 700, 3000], 8, 2),      # runs of one position a thread
     ("certified", "minmax", 4, [40000, 300], 8, 2),          # 10,000 blocks: runs of 10 (a batch and a part)
     ("sketch", "quant3", 16, [144000, 5000], 4, 1)])         # 9,000 blocks: runs of 9
-def test_suffix_batch_keeps_every_bit(monkeypatch, stop, metadata, s, lens, hq, hkv):
+def test_suffix_batch_keeps_every_bit(kernel_switch, stop, metadata, s, lens, hq, hkv):
     """suffix.cu's ``PSA_SUFFIX_BATCH`` (thirty-eighth session, off by default): psa_order_suffix loads a thread's run
     of the order eight positions at a time (their blocks, then their values) instead of one dependent pair at a time,
     merging in the same order. Its suffix sums, the sketch rules' values by position, and the decode step that reads
@@ -1158,7 +1148,7 @@ def test_suffix_batch_keeps_every_bit(monkeypatch, stop, metadata, s, lens, hq, 
     assert plan.log_suffix is not None
     buffers = ("log_suffix",) + (("sketch_ordered",) if stop.startswith("sketch") else ())
     q = cupy.asarray(np.stack([q for q, _, _ in data]))
-    base = assert_define_keeps_every_bit(monkeypatch, "suffix_batch", plan, q, file="suffix", buffers=buffers)
+    base = assert_define_keeps_every_bit(kernel_switch, "suffix_batch", plan, q, file="suffix", buffers=buffers)
     n = -(-max(lens) // s)
     assert np.isfinite(base["log_suffix"][0, :, :n]).all() and np.isneginf(base["log_suffix"][0, :, n]).all()
 
@@ -1315,7 +1305,7 @@ def test_the_merge_gives_the_reference_order(monkeypatch, nmax, lens, one_wave):
 @pytest.mark.parametrize("method,nmax,define", [("sort", 1000, "early_scores"), ("radix", 1000, "early_scores"),
                                                 ("slices", 8192, "early_scores"), ("radix", 8192, "early_scores"),
                                                 ("rank", 1000, "rank_batch"), ("rank", 8192, "rank_batch")])
-def test_order_load_switches_keep_every_order(monkeypatch, method, nmax, define):
+def test_order_load_switches_keep_every_order(kernel_switch, method, nmax, define):
     """Two switches of the order kernels' loads (thirty-eighth session, off by default): ``PSA_EARLY_SCORES`` (sort.cuh's
     ``load_keys_early``, psa_order_radix: every score below Nmax requested before the request's length decides which
     are keys) and ``PSA_RANK_BATCH`` (psa_order_rank: a thread's scores loaded eight at a time before their words are
@@ -1332,24 +1322,16 @@ def test_order_load_switches_keep_every_order(monkeypatch, method, nmax, define)
                                    rng.standard_normal((b, gn, nmax))).astype(np.float32))
     seq = cupy.asarray(np.array([nmax * 16, (nmax // 3) * 16 - 5, 40], np.int32))
     ws = _kernels.order_workspace_shape(b, gn, nmax)
-    real = _kernels.kernel
-    switched = []
-
-    def with_switch(name, **o):
-        if name == files[method]:
-            switched.append(name)
-            o = {define: 8 if define == "rank_batch" else 1, **o}
-        return real(name, **o)
-
     outs = []
     for on in (0, 1):
-        monkeypatch.setattr(_kernels, "kernel", with_switch if on else real)
+        switched = (kernel_switch(files[method], **{define: 8 if define == "rank_batch" else 1}) if on
+                    else kernel_switch(None))
         out = cupy.full((b, gn, nmax), -7, cupy.int32)
         _kernels.order(scores, seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=1, recent_blocks=3,
                        want_suffix=False, workspace=None if ws is None else cupy.empty(ws, cupy.uint64),
                        method=method)
         outs.append(cupy.asnumpy(out))
-    monkeypatch.setattr(_kernels, "kernel", real)
+    kernel_switch(None)
     assert switched
     np.testing.assert_array_equal(outs[1], outs[0])
     assert sorted(outs[0][2, 0, :3].tolist()) == [0, 1, 2] and (outs[0][2, 0, 3:] == -1).all()
