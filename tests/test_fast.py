@@ -1307,7 +1307,7 @@ def test_the_merge_gives_the_reference_order(monkeypatch, nmax, lens, one_wave):
                                                 ("rank", 1000, "rank_batch"), ("rank", 8192, "rank_batch")])
 def test_order_load_switches_keep_every_order(kernel_switch, method, nmax, define):
     """Two switches of the order kernels' loads (thirty-eighth session, off by default): ``PSA_EARLY_SCORES`` (sort.cuh's
-    ``load_keys_early``, psa_order_radix: every score below Nmax requested before the request's length decides which
+    ``load_keys``, psa_order_radix: every score below Nmax requested before the request's length decides which
     are keys) and ``PSA_RANK_BATCH`` (psa_order_rank: a thread's scores loaded eight at a time before their words are
     stored). The orders are the default builds' bit for bit on scores with infinities, NaNs and ties, on requests that
     fill the table, fall short of it, and hold fewer blocks than their forced ones; and the switch reached the

@@ -19,11 +19,7 @@ psa_order(const float* __restrict__ scores, const int* __restrict__ seq_lens, in
     const int tid = threadIdx.x;
 
     u64 k[PSA_KPT];
-#if PSA_EARLY_SCORES
-    load_keys_early(k, srow, n, Nmax, 0, sink_blocks, recent_blocks);
-#else
-    load_keys(k, srow, n, 0, sink_blocks, recent_blocks);
-#endif
+    load_keys(k, srow, n, Nmax, 0, sink_blocks, recent_blocks);
 
     block_sort_desc(k, keys);
 

@@ -87,7 +87,7 @@ psa_order_radix(const float* __restrict__ scores, const int* __restrict__ seq_le
         const int i = warp * PSA_RSPAN + j * 32 + lane;
         unsigned int w = 0u;
 #if PSA_EARLY_SCORES
-        // (the score requested before the length arrives: the same key; see sort.cuh's load_keys_early)
+        // (the score requested before the length arrives: the same key; see sort.cuh's load_keys)
         const float x = i < Nmax ? __ldg(srow + i) : 0.f;
         if (i < n) w = (i < sink_blocks || i >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(x);
 #else

@@ -20,11 +20,7 @@ psa_order_slice(const float* __restrict__ scores, const int* __restrict__ seq_le
     const int tid = threadIdx.x;
 
     u64 k[PSA_KPT];
-#if PSA_EARLY_SCORES
-    load_keys_early(k, srow, n, Nmax, slice * PSA_SN, sink_blocks, recent_blocks);
-#else
-    load_keys(k, srow, n, slice * PSA_SN, sink_blocks, recent_blocks);
-#endif
+    load_keys(k, srow, n, Nmax, slice * PSA_SN, sink_blocks, recent_blocks);
 
     block_sort_desc(k, keys);
 

@@ -33,49 +33,34 @@ __device__ __forceinline__ u64 shfl_xor64(u64 x, int lane_mask) {
     return ((u64)hi << 32) | lo;
 }
 
-// This thread's KPT keys for blocks first + tid * KPT + r of a group with n blocks.
-__device__ __forceinline__ void load_keys(u64 (&k)[PSA_KPT], const float* __restrict__ srow, int n, int first,
-                                          int sink_blocks, int recent_blocks) {
-#pragma unroll
-    for (int r = 0; r < PSA_KPT; ++r) {
-        const int i = first + threadIdx.x * PSA_KPT + r;
-        u64 key = 0ull;
-        if (i < n) {
-            const bool forced = i < sink_blocks || i >= n - recent_blocks;
-            const unsigned int hi = forced ? 0xFFFFFFFFu : orderable(srow[i]);
-            key = ((u64)hi << 32) | (0xFFFFFFFFu - (unsigned int)i);
-        }
-        k[r] = key;
-    }
-}
-
 #ifndef PSA_EARLY_SCORES
-#define PSA_EARLY_SCORES 0  // 1: scores requested before the request's length is known (load_keys_early; s38)
+#define PSA_EARLY_SCORES 0  // 1: scores requested before the request's length is known (below; s38)
 #endif
+
+// This thread's KPT keys for blocks first + tid * KPT + r of a group with n blocks. With PSA_EARLY_SCORES every score
+// below `nmax` is requested before `n` (which waits on the request's length) decides which are keys, so the length's
+// round trip is not before the scores'; the same keys.
+__device__ __forceinline__ void load_keys(u64 (&k)[PSA_KPT], const float* __restrict__ srow, int n, int nmax,
+                                          int first, int sink_blocks, int recent_blocks) {
+#pragma unroll
+    for (int r = 0; r < PSA_KPT; ++r) {
+        const int i = first + threadIdx.x * PSA_KPT + r;
 #if PSA_EARLY_SCORES
-// load_keys with every score of the thread's keys below `nmax` requested at once, before `n` (which waits on the
-// request's length) decides which of them are keys: the length's round trip is not before the scores'. The same keys.
-__device__ __forceinline__ void load_keys_early(u64 (&k)[PSA_KPT], const float* __restrict__ srow, int n, int nmax,
-                                                int first, int sink_blocks, int recent_blocks) {
-    float x[PSA_KPT];
-#pragma unroll
-    for (int r = 0; r < PSA_KPT; ++r) {
-        const int i = first + threadIdx.x * PSA_KPT + r;
-        x[r] = i < nmax ? __ldg(srow + i) : 0.f;
-    }
-#pragma unroll
-    for (int r = 0; r < PSA_KPT; ++r) {
-        const int i = first + threadIdx.x * PSA_KPT + r;
+        const float x = i < nmax ? __ldg(srow + i) : 0.f;
+#define PSA_KEY_SCORE x
+#else
+#define PSA_KEY_SCORE srow[i]
+#endif
         u64 key = 0ull;
         if (i < n) {
             const bool forced = i < sink_blocks || i >= n - recent_blocks;
-            const unsigned int hi = forced ? 0xFFFFFFFFu : orderable(x[r]);
+            const unsigned int hi = forced ? 0xFFFFFFFFu : orderable(PSA_KEY_SCORE);
             key = ((u64)hi << 32) | (0xFFFFFFFFu - (unsigned int)i);
         }
         k[r] = key;
+#undef PSA_KEY_SCORE
     }
 }
-#endif
 
 // Sort k (this thread's KPT keys; together the block's PSA_SN keys in blocked order) descending.
 // keys: PSA_SN words of shared memory.
