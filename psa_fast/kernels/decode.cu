@@ -993,8 +993,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         PSA_LMARK(2);
         // Every warp reads the cluster's CTA totals (lane h, all ranks at once: one round trip) and
         // combines them in rank order, so every warp reaches the same decision without another barrier.
-#if PSA_LANE_VERIFY_ON
-        // (lane h takes head h's totals only: the combine's own lane in the cluster builds, no shuffles)
+        // Lane h (< PSA_G) makes head h's totals `lt`: the cluster's CTA totals combined in rank order, or the grid's.
         float4 lt = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
 #if PSA_GRID
         lt = grid_tot[lane < PSA_G ? lane : 0];
@@ -1007,36 +1006,24 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             for (int r = 0; r < PSA_CLUSTER; ++r) lt = combine_stats(lt, c[r]);
         }
 #endif
-#else
+#if !PSA_LANE_VERIFY_ON
+        // (every lane decides every head: the heads' totals from shared memory (grid) or from their lanes)
         float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
-#if PSA_GRID
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {
+#if PSA_GRID
             const float4 t = grid_tot[h];
             tm[h] = t.x;
             ts[h] = t.y;
             tmin[h] = t.z;
             te[h] = t.w;
-        }
 #else
-        {
-            float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
-            if (lane < PSA_G) {
-                float4 c[PSA_CLUSTER];
-#pragma unroll
-                for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[it & 1][lane], r);
-#pragma unroll
-                for (int r = 0; r < PSA_CLUSTER; ++r) t = combine_stats(t, c[r]);
-            }
-#pragma unroll
-            for (int h = 0; h < PSA_G; ++h) {
-                tm[h] = __shfl_sync(0xffffffffu, t.x, h);
-                ts[h] = __shfl_sync(0xffffffffu, t.y, h);
-                tmin[h] = __shfl_sync(0xffffffffu, t.z, h);
-                te[h] = __shfl_sync(0xffffffffu, t.w, h);
-            }
-        }
+            tm[h] = __shfl_sync(0xffffffffu, lt.x, h);
+            ts[h] = __shfl_sync(0xffffffffu, lt.y, h);
+            tmin[h] = __shfl_sync(0xffffffffu, lt.z, h);
+            te[h] = __shfl_sync(0xffffffffu, lt.w, h);
 #endif
+        }
 #endif
         PSA_LADD(5, 2);
         PSA_LMARK(2);
