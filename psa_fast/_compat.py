@@ -10,6 +10,9 @@ import functools
 
 import numpy as np
 
+# psa is not on PyPI (the name there is another project's): the GPU extra installs from a clone.
+INSTALL_GPU = "from a clone of the repository: pip install -e '.[gpu]'"
+
 
 def patch_numpy_for_numba() -> None:
     """numba-cuda 0.30 calls ``np.row_stack``, which NumPy 2.5 removed; alias it to ``np.vstack``.
@@ -42,7 +45,7 @@ def require_gpu() -> None:
         except Exception as exc:  # ImportError, or a broken install
             why = f"CuPy cannot be imported ({type(exc).__name__}: {exc})"
         raise RuntimeError(
-            f"psa_fast needs an NVIDIA GPU and CuPy (pip install 'psa[gpu]'); {why}. "
+            f"psa_fast needs an NVIDIA GPU and CuPy ({INSTALL_GPU}); {why}. "
             "psa_ref computes the same results on the CPU."
         )
 

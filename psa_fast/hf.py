@@ -40,7 +40,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from psa_ref import _validate
 from psa_ref.tools import hf as _hf
 
-from ._compat import gpu_available
+from ._compat import INSTALL_GPU, gpu_available
 
 MODEL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -295,7 +295,7 @@ class PagedCache(Cache):
         import psa_fast
 
         if not gpu_available():
-            raise RuntimeError("psa_fast.hf.PagedCache needs a CUDA GPU and CuPy (pip install 'psa[gpu]')")
+            raise RuntimeError(f"psa_fast.hf.PagedCache needs a CUDA GPU and CuPy ({INSTALL_GPU})")
         session = _session(model)
         cfg = session.config
         text = model.config.get_text_config()
@@ -691,7 +691,7 @@ def enable(model, config: _hf.PSAConfig | None = None) -> _hf.PSASession:
         RuntimeError: where there is no CUDA GPU (or CuPy is missing).
     """
     if not gpu_available():
-        raise RuntimeError("psa_fast.hf needs a CUDA GPU and CuPy (pip install 'psa[gpu]'); on the CPU use "
+        raise RuntimeError(f"psa_fast.hf needs a CUDA GPU and CuPy ({INSTALL_GPU}); on the CPU use "
                            "psa_ref.tools.hf.enable(model, PSAConfig(backend='ref' or 'sweep'))")
     config = _hf.PSAConfig(backend="fast") if config is None else dataclasses.replace(config, backend="fast")
     why = step_warning(config)
