@@ -5,8 +5,53 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import _validate
 from ..blocks import METADATA_KINDS
+from ..progressive import AUTO_STOP, STOP_RULES
 from ..scoring import RANKS
+
+
+def _arg(check, what: str):
+    """An argparse ``type`` from one of psa_ref's checks: a bad value is a usage error (exit 2, no traceback),
+    raised before any model or trace is loaded."""
+    def convert(text: str):
+        try:
+            return check(text)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r} ({exc})") from None
+    convert.__name__ = what  # argparse names the type in its message
+    return convert
+
+
+def _number(text: str) -> float:
+    return _validate.threshold(float(text), "value")
+
+
+def _positive(text: str) -> int:
+    return _validate.integer(int(text), "value", minimum=1)
+
+
+def _listed(one):
+    """A comma-separated list of ``one`` values (at least one)."""
+    def convert(text: str):
+        items = tuple(one(x.strip()) for x in text.split(",") if x.strip())
+        if not items:
+            raise ValueError("an empty list")
+        return items
+    return convert
+
+
+def _count(text: str) -> int:
+    return _validate.integer(int(text), "value", minimum=0)
+
+
+def _rule(text: str) -> str:
+    return _validate.choice(text, "stop rule", STOP_RULES)
+
+
+THRESHOLD = _arg(_number, "a threshold in (0, 1]")
+POSITIVE = _arg(_positive, "a positive integer")
+COUNT = _arg(_count, "an integer >= 0")
 
 
 def main(argv=None) -> int:
@@ -22,10 +67,10 @@ def main(argv=None) -> int:
     sim = sub.add_parser("sim", help="decode simulator: unified vs per-layer KV pools, PSA vs top-k (table + PNGs)")
     sim.add_argument("--out", default=".", help="folder for the PNGs and psa_sim.json (default: here)")
     sim.add_argument("--trace", default=None, help="a trace .npz from examples/capture_trace.py (default: shipped)")
-    sim.add_argument("--threshold", type=float, default=0.95, help="PSA's threshold τ (default 0.95)")
-    sim.add_argument("--stop", default=None,
+    sim.add_argument("--threshold", type=THRESHOLD, default=0.95, help="PSA's threshold τ in (0, 1] (default 0.95)")
+    sim.add_argument("--stop", default=None, choices=(AUTO_STOP,) + STOP_RULES,
                      help="PSA's stop rule (default: psa_ref's 'auto', i.e. 'ema' on the sim's cuboid_mean metadata)")
-    sim.add_argument("--step", type=int, default=1, help="blocks per KV head per iteration (default 1)")
+    sim.add_argument("--step", type=POSITIVE, default=1, help="blocks per KV head per iteration (default 1)")
     sim.add_argument("--policy", choices=("lru", "fifo"), default="lru", help="eviction policy (default lru)")
     sim.add_argument("--no-synthetic", action="store_true", help="the trace only, no synthetic many-request workload")
     sim.add_argument("--no-plots", action="store_true", help="print the tables only")
@@ -39,20 +84,24 @@ def main(argv=None) -> int:
     ev.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                     help="compute dtype (default: the model's: float32 for smollm2, bfloat16 for gemma3)")
     ev.add_argument("--out", default=".", help="folder for psa_eval.json and the PNGs (default: here)")
-    ev.add_argument("--contexts", default="2048,4096,8192",
+    ev.add_argument("--contexts", type=_arg(_listed(_positive), "comma-separated positive integers"),
+                    default=(2048, 4096, 8192),
                     help="comma-separated context lengths (default 2048,4096,8192)")
-    ev.add_argument("--tokens", type=int, default=32, help="decoded (scored) tokens per window (default 32)")
-    ev.add_argument("--windows", type=int, default=1, help="text windows per context, pooled (default 1)")
-    ev.add_argument("--rules", default=None, help="comma-separated stop rules (default: ema,remaining,seed,certified; "
+    ev.add_argument("--tokens", type=POSITIVE, default=32, help="decoded (scored) tokens per window (default 32)")
+    ev.add_argument("--windows", type=POSITIVE, default=1, help="text windows per context, pooled (default 1)")
+    ev.add_argument("--rules", type=_arg(_listed(_rule), "comma-separated stop rules"),
+                    default=None, help="comma-separated stop rules (default: ema,remaining,seed,certified; "
                                                     "sketch goes with --metadata quant3)")
-    ev.add_argument("--taus", default="0.9,0.95,0.99", help="comma-separated thresholds (default 0.9,0.95,0.99)")
-    ev.add_argument("--topk", default="8,16,32,64,128,256", help="comma-separated top-k budgets (default 8,...,256)")
+    ev.add_argument("--taus", type=_arg(_listed(_number), "comma-separated thresholds in (0, 1]"),
+                    default=(0.9, 0.95, 0.99), help="comma-separated thresholds (default 0.9,0.95,0.99)")
+    ev.add_argument("--topk", type=_arg(_listed(_positive), "comma-separated positive integers"),
+                    default=(8, 16, 32, 64, 128, 256), help="comma-separated top-k budgets (default 8,...,256)")
     ev.add_argument("--text", default="pydoc", help="'pydoc' (CPython's pydoc topics), 'stdlib:<modules>' (the .py "
                                                    "sources of those comma-separated stdlib packages or modules, e.g. "
                                                    "stdlib:xml,multiprocessing) or a UTF-8 text file")
-    ev.add_argument("--chunk", type=int, default=None, help="prefill chunk in tokens, 0 for one pass (default: the "
+    ev.add_argument("--chunk", type=COUNT, default=None, help="prefill chunk in tokens, 0 for one pass (default: the "
                                                             "model's: one pass for smollm2, 2048 for gemma3)")
-    ev.add_argument("--offset", type=int, default=30000, help="first token of the text window (default 30000)")
+    ev.add_argument("--offset", type=COUNT, default=30000, help="first token of the text window (default 30000)")
     ev.add_argument("--metadata", default="cuboid_mean", choices=METADATA_KINDS,
                     help="block metadata that ranks the blocks of PSA and top-k (default cuboid_mean)")
     ev.add_argument("--gqa", choices=("shared", "per_head"), default="shared",
@@ -60,8 +109,8 @@ def main(argv=None) -> int:
     ev.add_argument("--rank", choices=RANKS, default="estimate",
                     help="how a shared PSA selection ranks its blocks: largest estimate (default) or largest share")
     ev.add_argument("--backend", choices=("sweep", "ref"), default="sweep", help="psa_ref backend (default sweep)")
-    ev.add_argument("--threads", type=int, default=2, help="torch CPU threads (per process with --jobs; default 2)")
-    ev.add_argument("--jobs", type=int, default=1, help="evaluate the windows in this many processes at once, each "
+    ev.add_argument("--threads", type=POSITIVE, default=2, help="torch CPU threads (per process with --jobs; default 2)")
+    ev.add_argument("--jobs", type=POSITIVE, default=1, help="evaluate the windows in this many processes at once, each "
                                                        "loading the model (default 1: one process)")
     ev.add_argument("--no-plots", action="store_true", help="print the table only")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -80,11 +129,9 @@ def main(argv=None) -> int:
     elif args.command == "eval":
         from . import evaluate
 
-        ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
-        floats = lambda text: tuple(float(x) for x in text.split(",") if x.strip())  # noqa: E731
-        evaluate.main(out_dir=args.out, contexts=ints(args.contexts), tokens=args.tokens, windows=args.windows,
-                      rules=tuple(args.rules.split(",")) if args.rules else evaluate.BLOCK_STOP_RULES,
-                      taus=floats(args.taus), topk=ints(args.topk), text=args.text, offset=args.offset,
+        evaluate.main(out_dir=args.out, contexts=args.contexts, tokens=args.tokens, windows=args.windows,
+                      rules=args.rules or evaluate.BLOCK_STOP_RULES,
+                      taus=args.taus, topk=args.topk, text=args.text, offset=args.offset,
                       metadata=args.metadata, backend=args.backend, gqa=args.gqa, rank=args.rank,
                       threads=args.threads, jobs=args.jobs,
                       plots=not args.no_plots, progress=not args.quiet, model=args.model, chunk=args.chunk,
