@@ -44,10 +44,11 @@ class Problem:
     forced: np.ndarray  # blocks attended before the ranked ones
 
 
-def prepare(q, blocks, *, scale, gqa, sink_blocks, recent_blocks) -> Problem:
+def prepare(q, blocks, *, scale, gqa, sink_blocks, recent_blocks, exact_mass=False) -> Problem:
     """Validate the arguments common to every sparse attention call."""
     if not isinstance(blocks, KVBlocks):
         raise TypeError(f"blocks must be a psa_ref.KVBlocks (see KVBlocks.from_dense), got {type(blocks).__name__}")
+    _validate.flag(exact_mass, "exact_mass")
     gqa = _validate.choice(gqa, "gqa", GQA_MODES)
     sink_blocks = _validate.integer(sink_blocks, "sink_blocks", minimum=0)
     recent_blocks = _validate.integer(recent_blocks, "recent_blocks", minimum=0)

@@ -47,6 +47,13 @@ def integer(x, name: str, *, minimum: int) -> int:
     return int(x)
 
 
+def flag(x, name: str) -> bool:
+    """Check that ``x`` is a bool (NumPy's included): a truthy string such as ``"no"`` is not one."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(x).__name__} {x!r}")
+    return bool(x)
+
+
 def integer_or_auto(x, name: str, *, minimum: int) -> int | str:
     """``x`` as ``integer`` checks it, or the string ``"auto"`` (a value the caller picks later)."""
     if isinstance(x, str):

@@ -6,6 +6,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _validate
+from .blocks import to_hnd
 from .scoring import kv_head_of
 
 
@@ -26,15 +27,19 @@ def softmax_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale
     return (w @ values) / w.sum()
 
 
-def dense_attention(q: ArrayLike, keys: ArrayLike, values: ArrayLike, *, scale: float | None = None) -> np.ndarray:
+def dense_attention(q: ArrayLike, keys: ArrayLike, values: ArrayLike, *, scale: float | None = None,
+                    kv_layout: str | None = None) -> np.ndarray:
     """Full attention of a decode query over a dense KV cache.
 
     Args:
         q: ``[D]`` with keys ``[T, D]``, or ``[Hq, D]`` with keys ``[Hkv, T, D]``
             (``Hq % Hkv == 0``; query head ``h`` reads KV head ``h // (Hq // Hkv)``).
-        keys: float16/32/64, finite, ``T >= 1``.
+        keys: float16/32/64, finite, ``T >= 1``; several heads in ``kv_layout``.
         values: the shape of ``keys``.
         scale: logit scale, default ``1/sqrt(D)``.
+        kv_layout: ``"HND"`` (``[Hkv, T, D]``), ``"NHD"`` (``[T, Hkv, D]``) or None: HND, with a
+            ``KVLayoutWarning`` where the shape looks like NHD, as
+            [`KVBlocks.from_dense`][psa_ref.KVBlocks.from_dense].
 
     Returns:
         float64 array with the shape of ``q``.
@@ -42,6 +47,7 @@ def dense_attention(q: ArrayLike, keys: ArrayLike, values: ArrayLike, *, scale: 
     k = _validate.float_array(keys, "keys")
     v = _validate.float_array(values, "values")
     _validate.kv_shapes(k.shape, v.shape)
+    k, v = to_hnd(k, v, kv_layout)
     single = k.ndim == 2
     if single:
         k, v = k[None], v[None]

@@ -434,7 +434,8 @@ def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, g
     step = _validate.integer(step, "step", minimum=1)
     first_chunk = check_first_chunk(first_chunk)
     rank = _validate.choice(rank, "rank", RANKS)
-    p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks)
+    p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks,
+                exact_mass=exact_mass)
     # the per-token logit level that "certified" and "sketch" scale by n_j (no other rule needs one)
     bound = upper_bound(p.q, blocks, p.scale) if stop == "certified" else p.scores if stop in SKETCH_RULES else None
 

@@ -43,7 +43,8 @@ def topk_attention(
             estimate (descending, ties to the lower index).
     """
     k = _validate.integer(k, "k", minimum=1)
-    p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks)
+    p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks,
+                exact_mass=exact_mass)
     if k < p.forced.size:
         raise ValueError(f"k ({k}) must be at least the number of sink and recent blocks ({p.forced.size})")
 

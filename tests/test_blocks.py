@@ -150,6 +150,11 @@ def test_issue_example_nhd_passed_without_kv_layout_warns():
     dense = psa_ref.dense_attention(q, keys.transpose(1, 0, 2), values.transpose(1, 0, 2))
     assert_close("NHD output", psa_ref.attention(q, right, 1.0).output, dense, rtol=budget64(t))
     assert np.abs(psa_ref.attention(q, wrong, 1.0).output - dense).max() > 0.1  # what the warning prevents
+    # dense_attention takes the same kv_layout, and warns the same way without it
+    np.testing.assert_array_equal(psa_ref.dense_attention(q, keys, values, kv_layout="NHD"), dense)
+    with pytest.warns(psa_ref.blocks.KVLayoutWarning, match="kv_layout='NHD'") as record:
+        misread = psa_ref.dense_attention(q, keys, values)
+    assert record[0].filename == __file__ and np.abs(misread - dense).max() > 0.1
 
 
 @pytest.mark.parametrize("shape, warns", [

@@ -62,3 +62,36 @@ def test_rejects_out_of_order_blocks():
     with pytest.raises(AssertionError, match="I4"):
         check_result(dataclasses.replace(res, blocks_used=[swapped, res.blocks_used[1]]), q, k, v, threshold=0.9,
                      step=2, block_size=8)
+
+
+@pytest.mark.parametrize("kwargs, args, error, match", [
+    (dict(method="PSA"), None, ValueError, "method must be one of 'psa', 'topk'"),
+    (dict(method="topK"), None, ValueError, "method must be one of"),
+    ({}, "keys 4-D", ValueError, r"keys must have shape \[T, D\] or \[Hkv, T, D\]"),
+    ({}, "values short", ValueError, "values must have the same shape as keys"),
+    ({}, "q one head", ValueError, r"needs keys of \[T, D\]"),
+    ({}, "q heads", ValueError, r"query heads \(3\) must be a multiple"),
+    (dict(kv_layout="nhd"), None, ValueError, "kv_layout"),
+])
+def test_bad_calls_are_errors_before_any_comparison(kwargs, args, error, match):
+    """A mistyped method or inputs that do not fit together say so: the reference is never run on a misread call
+    (a typo used to take top-k's path and report different blocks)."""
+    q, k, v, res = make()
+    if args == "keys 4-D":
+        k, v = k[None], v[None]
+    elif args == "values short":
+        v = v[:, :-1]
+    elif args == "q one head":
+        q = q[0]
+    elif args == "q heads":
+        q = q[:3]
+    with pytest.raises(error, match=match):
+        check_result(res, q, k, v, threshold=0.9, step=2, block_size=8, **kwargs)
+
+
+def test_nhd_inputs_conform_with_their_layout():
+    q, k, v, res = make()
+    nhd = dict(keys=k.transpose(1, 0, 2), values=v.transpose(1, 0, 2))
+    check_result(res, q, threshold=0.9, step=2, block_size=8, kv_layout="NHD", **nhd)
+    with pytest.warns(psa_ref.KVLayoutWarning, match="kv_layout='NHD'"), pytest.raises(ValueError):
+        check_result(res, q, threshold=0.9, step=2, block_size=8, **nhd)  # read as HND: 90 KV heads of 2 tokens

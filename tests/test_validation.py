@@ -58,6 +58,8 @@ CALLS = {
     (Q, {"gqa": "grouped"}, ValueError, "gqa must be one of"),
     (Q, {"sink_blocks": -1}, ValueError, "sink_blocks must be >= 0"),
     (Q, {"recent_blocks": 1.5}, TypeError, "recent_blocks must be an integer"),
+    (Q, {"exact_mass": "no"}, TypeError, "exact_mass must be True or False"),  # a truthy string
+    (Q, {"exact_mass": 1}, TypeError, "exact_mass must be True or False"),
 ])
 def test_sparse_attention_rejects(fn, q, kw, exc, words):
     with pytest.raises(exc, match=words):

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..blocks import KVBlocks
+from .. import _validate
+from ..blocks import KVBlocks, to_hnd
 from ..progressive import (DEFAULT_STOP, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, attention, check_first_chunk,
                            first_chunk_size, resolve_stop, split_chunks)
 from ..scoring import estimate, forced_blocks, group_rank_key, kv_head_of, processing_order
@@ -59,14 +60,15 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
                  step: int = 1, k: int = 8, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
                  block_size: int = 16, metadata: str = "cuboid_mean", scale: float | None = None,
                  est_tol: float | None = None, ratio_tol: float = 1e-4,
-                 first_chunk: int | str | list[int] | None = None, rank: str = "estimate") -> Conformance:
+                 first_chunk: int | str | list[int] | None = None, rank: str = "estimate",
+                 kv_layout: str | None = None) -> Conformance:
     """Assert that ``result`` is a valid PSA / top-k execution on these inputs; return the margins.
 
     Args:
         result: an object with ``output`` (array-like with the shape of ``q``), ``blocks_used``,
             ``iterations`` and ``stop_reason`` laid out as [`psa_ref.AttentionResult`][psa_ref.AttentionResult].
         q: the query, ``[Hq, D]`` or ``[D]``, on the host.
-        keys: ``[Hkv, T, D]`` or ``[T, D]``, on the host.
+        keys: ``[Hkv, T, D]`` (or ``[T, Hkv, D]`` with ``kv_layout="NHD"``) or ``[T, D]``, on the host.
         values: the shape of ``keys``.
         method: ``"psa"`` or ``"topk"``; the other keywords are the call's options.
         est_tol: how far the implementation's estimates may be from the reference's; default:
@@ -78,14 +80,26 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
             boundary that lies within rounding of ``threshold``: check those sizes apart).
         rank: the call's ``rank`` (psa; top-k always ranks by the estimate): I4 is checked on that ranking
             key ([`group_rank_key`][psa_ref.scoring.group_rank_key]).
+        kv_layout: the layout of 3-D ``keys`` and ``values``, as
+            [`KVBlocks.from_dense`][psa_ref.KVBlocks.from_dense] takes it (None: HND, warning where the
+            shape looks like NHD).
 
     Raises:
         AssertionError: naming the invariant, the group and the numbers that broke it.
+        ValueError, TypeError: inputs that are not a valid call (an unknown ``method``, shapes that do
+            not fit together), before anything is compared.
     """
+    _validate.choice(method, "method", ("psa", "topk"))
+    k3 = _validate.float_array(keys, "keys")
+    v3 = _validate.float_array(values, "values")
+    _validate.kv_shapes(k3.shape, v3.shape)
+    k3, v3 = to_hnd(k3, v3, kv_layout)
     single = np.ndim(q) == 1
-    q2 = np.atleast_2d(np.asarray(q, np.float64))
-    k3 = np.asarray(keys, np.float64).reshape((-1,) + np.shape(keys)[-2:])
-    v3 = np.asarray(values, np.float64).reshape(k3.shape)
+    if single != (k3.ndim == 2):
+        raise ValueError(f"q of shape {np.shape(q)} needs keys of {'[T, D]' if single else '[Hkv, T, D]'}, "
+                         f"got keys of shape {tuple(np.shape(keys))}")
+    k3, v3 = k3.reshape((-1,) + k3.shape[-2:]), v3.reshape((-1,) + v3.shape[-2:])
+    q2 = _validate.query(np.atleast_2d(q) if single else q, k3.shape[2], k3.shape[0], False)
     hq, d = q2.shape
     hkv = k3.shape[0]
     g = hq // hkv
