@@ -663,12 +663,13 @@ def topk_attention(q, blocks: KVBlocks, k: int = 8, *, scale: float | None = Non
 
 
 @requires_gpu
-def dense_attention(q, keys, values, *, scale: float | None = None):
+def dense_attention(q, keys, values, *, scale: float | None = None, kv_layout: str | None = None):
     """Full attention on the GPU (the paged kernel over every block);
-    [`psa_ref.dense_attention`][psa_ref.dense_attention]'s arguments. Returns float32 on the GPU, the shape of ``q``."""
+    [`psa_ref.dense_attention`][psa_ref.dense_attention]'s arguments, ``kv_layout`` included. Returns float32 on the
+    GPU, the shape of ``q``."""
     import cupy
 
-    blocks = KVBlocks.from_dense(keys, values, block_size=16, kv_layout="HND")  # HND, like psa_ref.dense_attention
+    blocks = KVBlocks.from_dense(keys, values, block_size=16, kv_layout=kv_layout)
     q3, single, kind = _query(q, blocks)
     p = DecodePlan(blocks.cache, num_q_heads=q3.shape[1], mode="dense", scale=scale)
     out = cupy.ascontiguousarray(p.run(q3).out[0])

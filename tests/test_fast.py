@@ -1490,5 +1490,7 @@ def test_kv_layout_nhd_equals_hnd_and_the_check_is_psa_ref_s():
     assert record[0].filename == __file__ and wrong.num_heads == 100
     with pytest.raises(ValueError, match="kv_layout"):
         psa_fast.KVBlocks.from_dense(k_nhd, v_nhd, kv_layout="nhd")
+    np.testing.assert_array_equal(cupy.asnumpy(psa_fast.dense_attention(q, k_nhd, v_nhd, kv_layout="NHD")),
+                                  cupy.asnumpy(psa_fast.dense_attention(q, cupy.asarray(k), cupy.asarray(v))))
     assert repr(nhd) == ("psa_fast.KVBlocks(Hkv=4, T=100, D=64, block_size=16, num_blocks=7, metadata='cuboid_mean', "
                          "dtype=float16)")

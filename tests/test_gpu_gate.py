@@ -81,6 +81,23 @@ def test_gate_passes_through_where_the_gpu_is_available(monkeypatch):
     assert list(inspect.signature(psa_fast.attention).parameters)[:3] == ["q", "blocks", "threshold"]
 
 
+@pytest.mark.parametrize("name", ["attention", "topk_attention", "dense_attention", "KVBlocks.from_dense"])
+def test_gpu_twins_take_every_argument_of_the_reference(name):
+    """psa_fast's twins take psa_ref's arguments (docs/gpu.md promises it), under the same names and defaults; they
+    may add their own (``speculate``, ``dtype``)."""
+    import psa_ref
+
+    def signature(module):
+        obj = module
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return inspect.signature(obj).parameters
+
+    ref, fast = signature(psa_ref), signature(psa_fast)
+    assert set(ref) <= set(fast), f"psa_fast.{name} lacks {sorted(set(ref) - set(fast))}"
+    assert {p: fast[p].default for p in ref} == {p: ref[p].default for p in ref}
+
+
 def test_decode_output_counts_speculated_blocks_as_read():
     """``DecodeOutput.num_read``: the attended blocks, or with speculation the larger of attended and speculated
     (blocks read before the verifier stopped are read all the same). Works on NumPy arrays too."""
