@@ -41,7 +41,7 @@ def main(tiny: bool = False, tokens: int = 24) -> dict:
     with torch.no_grad():
         dense = model.generate(ids, max_new_tokens=tokens, do_sample=False)
     # --8<-- [start:enable]
-    session = psa_hf.enable(model, psa_hf.PSAConfig(threshold=0.95))  # stop="ema", 1 sink + 1 recent block
+    session = psa_hf.enable(model, psa_hf.PSAConfig(threshold=0.95))  # quant3, sketch_avg; 1 sink + 1 recent block
     with torch.no_grad():
         sparse = model.generate(ids, max_new_tokens=tokens, do_sample=False)
     summary = session.summary()  # blocks and KV bytes read per decode token, per layer and head
