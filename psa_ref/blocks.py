@@ -240,8 +240,13 @@ class KVBlocks:
         return n
 
     def token_indices(self, block_ids) -> np.ndarray:
-        """Positions of every token in ``block_ids``, block by block, in the given order."""
+        """Positions of every token in ``block_ids`` (each in ``[0, N)``), block by block, in the given order.
+
+        Raises:
+            ValueError: a block id outside ``[0, N)``.
+        """
         block_ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
-        if block_ids.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.arange(self.num_tokens)[self.block_slice(int(j))] for j in block_ids])
+        if block_ids.size and not (0 <= block_ids.min() and block_ids.max() < self.num_blocks):
+            raise ValueError(f"block ids must lie in [0, {self.num_blocks}), got {block_ids.min()} .. {block_ids.max()}")
+        tokens = (block_ids[:, None] * self.block_size + np.arange(self.block_size)).reshape(-1)
+        return tokens[tokens < self.num_tokens]  # only the last block may be partial

@@ -49,6 +49,18 @@ def test_single_head_and_inputs_copied_to_float64():
     assert list(b.token_indices([1, 0])) == [4, 5, 0, 1, 2, 3]
 
 
+@given(t=st.integers(1, 60), s=st.integers(1, 9), data=st.data())
+def test_token_indices_are_the_blocks_slices_in_order(t, s, data):
+    k = np.zeros((t, 2))
+    b = psa_ref.KVBlocks.from_dense(k, k, block_size=s)
+    ids = data.draw(st.lists(st.integers(0, b.num_blocks - 1), max_size=12))
+    want = [i for j in ids for i in range(j * s, min((j + 1) * s, t))]  # block_slice, block by block
+    assert b.token_indices(ids).tolist() == want and b.token_indices(ids).dtype == np.int64
+    for bad in ([b.num_blocks], [-1], [0, b.num_blocks + 3]):
+        with pytest.raises(ValueError, match=r"block ids must lie in \[0, "):
+            b.token_indices(bad)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_float_dtypes_accepted(dtype):
     k = np.ones((3, 2), dtype=dtype)

@@ -62,6 +62,9 @@ def main(argv=None) -> int:
     demo.add_argument("--out", default=".", help="folder for the PNGs and psa_demo.json (default: here)")
     demo.add_argument("--trace", default=None, help="a trace .npz from examples/capture_trace.py (default: shipped)")
     demo.add_argument("--no-plots", action="store_true", help="print the table only")
+    demo.add_argument("--backend", choices=("sweep", "ref"), default="sweep",
+                      help="Algorithm 1 vectorised (default) or the readable loop, psa_ref.attention (~4x slower; "
+                           "the same table)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
 
     sim = sub.add_parser("sim", help="decode simulator: unified vs per-layer KV pools, PSA vs top-k (table + PNGs)")
@@ -119,7 +122,8 @@ def main(argv=None) -> int:
     if args.command == "demo":
         from . import demo as demo_module
 
-        demo_module.main(out_dir=args.out, trace_path=args.trace, plots=not args.no_plots, progress=not args.quiet)
+        demo_module.main(out_dir=args.out, trace_path=args.trace, plots=not args.no_plots, progress=not args.quiet,
+                         backend=args.backend)
     elif args.command == "sim":
         from ..kvcache import sim as sim_module
 
