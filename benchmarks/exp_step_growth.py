@@ -8,6 +8,9 @@ and give heavy groups fewer iterations for some blocks read past the stop. Over 
 consecutive queries (as bench_decode ``--spread`` replays them) by their slowest group and their total reads.
 
     python benchmarks/exp_step_growth.py --kv .gl/gemma3_xml_l17_32k.npz --steps 320,576 --growths 1,1.5,2
+
+``--firsts none,predicted`` adds psa_ref's ``first_chunk="predicted"`` (the first ranked chunk sized by the
+estimates, then fixed steps; growth 1 only) beside each step.
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ def growing_chunks(order: np.ndarray, num_forced: int, step: int, growth: float)
 
 
 def schedule_rows(trace, *, metadata: str, stop: str, steps: list[int], growths: list[float], batch: int,
-                  threshold: float = 0.95, sink_blocks: int = 1, recent_blocks: int = 2, layer: int = 0) -> list[dict]:
-    """Per (step, growth): each query's group (the first KV head's; shared GQA) through ``psa_ref``'s loop with those
-    chunks: mean iterations and blocks read, and over batches of ``batch`` consecutive queries the mean of the batch's
-    largest iterations and largest group read, and its mean read (all reads as shares of the blocks)."""
+                  threshold: float = 0.95, sink_blocks: int = 1, recent_blocks: int = 2, layer: int = 0,
+                  firsts: tuple = (None,)) -> list[dict]:
+    """Per (step, growth, first chunk): each query's group (the first KV head's; shared GQA) through ``psa_ref``'s loop
+    with those chunks: mean iterations and blocks read, and over batches of ``batch`` consecutive queries the mean of
+    the batch's largest iterations and largest group read, and its mean read (all reads as shares of the blocks).
+    ``firsts``: None (chunks of ``step`` after the forced ones) and/or ``"predicted"`` (``first_chunk="predicted"``,
+    with growth 1 only)."""
     import psa_ref
     from psa_ref import progressive
 
@@ -45,29 +51,30 @@ def schedule_rows(trace, *, metadata: str, stop: str, steps: list[int], growths:
     blocks = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata=metadata)
     n = blocks.num_blocks
     rows = []
-    for step in steps:
-        for growth in growths:
-            def group_fn(q, keys, values, blocks_, chunks, bound, thr, stop_, scale, num_forced, growth=growth,
-                         step=step):
-                order = np.concatenate(chunks)
-                return progressive.progressive_loop(q, keys, values, blocks_, growing_chunks(order, num_forced, step,
-                                                                                            growth),
-                                                    bound, thr, stop_, scale, num_forced)
+    for step, growth, first in ((s, g, f) for s in steps for g in growths for f in firsts if f is None or g == 1):
+        def group_fn(q, keys, values, blocks_, chunks, bound, thr, stop_, scale, num_forced, growth=growth,
+                     step=step):
+            order = np.concatenate(chunks)
+            return progressive.progressive_loop(q, keys, values, blocks_, growing_chunks(order, num_forced, step,
+                                                                                        growth),
+                                                bound, thr, stop_, scale, num_forced)
 
-            its, used = [], []
-            for i in range(trace.q.shape[1]):
-                q = trace.q[layer, i].astype(np.float32)
-                res = progressive.run_groups(group_fn, q, blocks, threshold, scale=trace.scale, stop=stop, step=step,
-                                             gqa="shared", sink_blocks=sink_blocks, recent_blocks=recent_blocks,
-                                             exact_mass=False)
-                its.append(int(res.iterations[0]))
-                used.append(len(res.blocks_used[0]))
-            its_a, used_a = np.array(its), np.array(used) / n
-            nb = len(its) // batch
-            bi, bu = its_a[:nb * batch].reshape(nb, batch), used_a[:nb * batch].reshape(nb, batch)
-            rows.append(dict(metadata=metadata, stop=stop, step=step, growth=growth, iterations=its_a.mean(),
-                             read=used_a.mean(), batch_iterations=bi.max(1).mean(), batch_read_max=bu.max(1).mean(),
-                             batch_read=bu.mean(), queries=len(its), batches=nb))
+        its, used = [], []
+        for i in range(trace.q.shape[1]):
+            q = trace.q[layer, i].astype(np.float32)
+            fn = progressive.progressive_loop if first else group_fn  # (predicted: run_groups splits the chunks)
+            res = progressive.run_groups(fn, q, blocks, threshold, scale=trace.scale, stop=stop, step=step,
+                                         gqa="shared", sink_blocks=sink_blocks, recent_blocks=recent_blocks,
+                                         exact_mass=False, first_chunk=first)
+            its.append(int(res.iterations[0]))
+            used.append(len(res.blocks_used[0]))
+        its_a, used_a = np.array(its), np.array(used) / n
+        nb = len(its) // batch
+        bi, bu = its_a[:nb * batch].reshape(nb, batch), used_a[:nb * batch].reshape(nb, batch)
+        rows.append(dict(metadata=metadata, stop=stop, step=step, growth=growth, first=first or "-",
+                         iterations=its_a.mean(),
+                         read=used_a.mean(), batch_iterations=bi.max(1).mean(), batch_read_max=bu.max(1).mean(),
+                         batch_read=bu.mean(), queries=len(its), batches=nb))
     return rows
 
 
@@ -77,6 +84,7 @@ def main() -> None:
     ap.add_argument("--steps", default="320,576")
     ap.add_argument("--growths", default="1,1.5,2")
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--firsts", default="none", help="first ranked chunk: none and/or predicted, comma-separated")
     ap.add_argument("--rules", default="cuboid_mean:ema,quant3:sketch_avg", help="metadata:stop, comma-separated")
     args = ap.parse_args()
     if args.batch < 1:
@@ -84,14 +92,18 @@ def main() -> None:
     from psa_ref.trace import load_trace
 
     trace = load_trace(args.kv)
-    print(f"| metadata | rule | step | growth | iterations | read | B = {args.batch}: slowest group's iterations "
-          "| largest read | mean read |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    firsts = tuple(None if f == "none" else f for f in args.firsts.split(","))
+    if any(f not in (None, "predicted") for f in firsts):
+        ap.error(f"--firsts takes none and predicted, got {args.firsts!r}")
+    print(f"| metadata | rule | step | growth | first chunk | iterations | read | B = {args.batch}: slowest group's "
+          "iterations | largest read | mean read |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for rule in args.rules.split(","):
         metadata, stop = rule.split(":")
         for r in schedule_rows(trace, metadata=metadata, stop=stop, steps=[int(s) for s in args.steps.split(",")],
-                               growths=[float(g) for g in args.growths.split(",")], batch=args.batch):
-            print(f"| {r['metadata']} | {r['stop']} | {r['step']} | {r['growth']:g} | {r['iterations']:.2f} | "
+                               growths=[float(g) for g in args.growths.split(",")], batch=args.batch, firsts=firsts):
+            print(f"| {r['metadata']} | {r['stop']} | {r['step']} | {r['growth']:g} | {r['first']} | "
+                  f"{r['iterations']:.2f} | "
                   f"{r['read']:.1%} | {r['batch_iterations']:.2f} | {r['batch_read_max']:.1%} | "
                   f"{r['batch_read']:.1%} |", flush=True)
 

@@ -1129,3 +1129,11 @@ def test_step_growth_rows_on_the_shipped_trace():
            for i in range(trace.q.shape[1])]
     assert rows[0]["iterations"] == pytest.approx(np.mean(its))
     assert rows[1]["iterations"] < rows[0]["iterations"]  # (on this trace: growing chunks take fewer iterations)
+    # a predicted first chunk: psa_ref's first_chunk="predicted" at that step (growth 1 only)
+    rows = esg.schedule_rows(trace, metadata="cuboid_mean", stop="ema", steps=[8], growths=[1, 2], batch=4,
+                             firsts=(None, "predicted"))
+    assert [(r["growth"], r["first"]) for r in rows] == [(1, "-"), (1, "predicted"), (2, "-")]
+    its = [int(psa_ref.attention(trace.q[0, i].astype(np.float32), blocks, 0.95, scale=trace.scale, stop="ema",
+                                 step=8, sink_blocks=1, recent_blocks=2, first_chunk="predicted").iterations[0])
+           for i in range(trace.q.shape[1])]
+    assert rows[1]["iterations"] == pytest.approx(np.mean(its))
