@@ -88,6 +88,10 @@ SHAPES = {
 PROFILES = ("pooled", "per-head", "sparsity", "long-context", "real")
 DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
 SKIPPABLE = ("tau0.9", "remaining", "predicted", "sketch", "topk", "stages", "speculate", "rank")
+# The step after a predicted first chunk in the default rule's extra rows: on the real Gemma 3 layer 17 psa_ref's
+# sketch_avg with first_chunk="predicted" takes 2.8 iterations at steps 128-192 against 3.8 at 320 alone, reading
+# 36-38% of the blocks against 43% (benchmarks/exp_step_growth.py --firsts, thirty-ninth session).
+FIRST_STEP = 128
 SPECULATE = 2.0  # the margin of the speculative rows (DecodePlan(speculate=...))
 # metadata bytes per (request, KV head, block) that the estimate reads
 META_BYTES = {
@@ -629,17 +633,24 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                                            max_tokens=t, block_size=s, metadata="quant3")
                 for layer in range(layers):
                     fill(q3, layer)
-                variants = [(gqa, spec, "estimate") for spec in (None, margin) for gqa in ("shared", "per_head")
+                variants = [(gqa, spec, "estimate", None) for spec in (None, margin) for gqa in ("shared", "per_head")
                             if spec is None or "speculate" not in skip]
                 if "rank" not in skip and hq > hkv:  # shared groups ranked by share (DecodePlan(rank="share"))
-                    variants += [("shared", spec, "share") for spec in (None, margin)
+                    variants += [("shared", spec, "share", None) for spec in (None, margin)
                                  if spec is None or "speculate" not in skip]
-                for gqa, spec, rank in variants:
+                if "predicted" not in skip:  # the first ranked chunk from the estimates whose suffix sums this rule
+                    # computes anyway (one more small launch), at the plan's step and at FIRST_STEP
+                    variants += [("shared", None, "estimate", first_step) for first_step in ("plan", FIRST_STEP)]
+                for gqa, spec, rank, first in variants:
                     name = ("PSA τ=0.95 sketch_avg (quant3)" + (" per_head" if gqa == "per_head" else "")
-                            + (" rank share" if rank == "share" else "") + (f" {spec_name}" if spec else ""))
-                    p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95, step=spec_step if spec else step,
+                            + (" rank share" if rank == "share" else "") + (f" {spec_name}" if spec else "")
+                            + ("" if first is None else " first chunk predicted"
+                               + ("" if first == "plan" else f" step {first}")))
+                    p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95,
+                                       step=spec_step if spec else step if first in (None, "plan") else first,
                                        gqa=gqa, scale=shape.scale, speculate=spec, rank=rank,
-                                       speculate_extra=spec_extra if spec else None)
+                                       speculate_extra=spec_extra if spec else None,
+                                       first_chunk=None if first is None else "predicted")
                     us3, outs3, read3 = timed(p3)
                     row(name, us3, psa_floor(read3, metadata="quant3", passes=3, groups=hq if gqa == "per_head"
                                              else hkv), mean_err(outs3), read3, 5,

@@ -1844,6 +1844,26 @@ if [ "$PART" = s38f ]; then
   done
   exit 0
 fi
+if [ "$PART" = s39a ]; then
+  # Prepared in the thirty-ninth session (CPU): the default rule (sketch_avg on quant3) with first_chunk="predicted"
+  # on the real Gemma 3 layer 17. Every earlier measurement of the predicted first chunk used ema, where it needs its
+  # own per-head estimate and suffix passes; the default rule computes those suffix sums anyway, so the prediction
+  # costs one small launch (psa_first_chunk). psa_ref on this layer (exp_step_growth.py --firsts, 32 queries): at step
+  # 128 the predicted chunk takes 2.81 iterations and reads 35.8% against 3.75 and 43.1% at step 320 alone (B = 8's
+  # slowest group 3.50 iterations against 5.00, its largest read 48.6% against 62.6%). Predicted: the default rule's
+  # step at B = 8 72.6 -> ~60 µs, B = 1 29.7 -> ~26, B = 32 189 -> ~165 (fewer iterations of the grid's barrier and
+  # fewer blocks); the plan's own step with the prediction in between. NEEDS `carry: [".gl/gemma3_xml_l17_32k.npz"]`:
+  # recaptured in s39 on an AVX2 machine (sha256 3059595f..., not s23's eba34c74...; psa_ref's budgets on it differ in
+  # the 4th decimal), so compare only rows of this call. With PSA_SUFFIX_BATCH on as well if s38h has flipped it.
+  # The sketch_avg and predicted GPU tests first (the predicted chunk's conformance draws every stop rule). ~6 min.
+  gpu_tests t_s39a.log 200 tests/test_fast.py -k "first_chunk_conforms or sketch_avg"
+  cd benchmarks
+  mkdir -p "$OUT/g39"
+  timeout 300 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+      --batches 1,8,32 --reps 20 --skip tau0.9,remaining,stages,rank,speculate,topk --out "$OUT/g39" 2>&1 \
+      | tee "$OUT/g39.log" | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g39.log"
+  exit 0
+fi
 if [ "$PART" = s38g ]; then
   # Prepared in the thirty-eighth session: the windowed stream at Gemma 3's D 256 again, now that PSA_LANE_VERIFY frees
   # its registers (static, grid build D 256: 255 registers and 92 bytes of spill today; windowed 132; windowed with the
