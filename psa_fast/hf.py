@@ -66,7 +66,7 @@ def decode_step(session, layer: int, q: torch.Tensor, key: torch.Tensor, value: 
         res = psa_fast.topk_attention(q.contiguous(), blocks, cfg.topk, **common)
     else:
         res = psa_fast.attention(q.contiguous(), blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, rank=cfg.rank,
-                                 **common)
+                                 first_chunk=cfg.first_chunk, **common)
     if cfg.record:
         hq, hkv = q.shape[0], key.shape[0]
         g = hq // hkv
@@ -371,7 +371,8 @@ class PagedCache(Cache):
                         sink_blocks=cfg.sink_blocks if self.mode != "dense" else 0,
                         recent_blocks=cfg.recent_blocks if self.mode != "dense" else 0)
             if self.mode == "psa":
-                opts.update(threshold=cfg.threshold, stop=cfg.stop, step=cfg.step, rank=cfg.rank)
+                opts.update(threshold=cfg.threshold, stop=cfg.stop, step=cfg.step, rank=cfg.rank,
+                            first_chunk=cfg.first_chunk)
             elif self.mode == "topk":
                 opts.update(k=cfg.topk)
             p = self._plans[scale] = psa_fast.DecodePlan(self.kv, **opts, **self._plan_options)

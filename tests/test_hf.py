@@ -74,6 +74,8 @@ def test_threshold_one_reproduces_dense_logits(model, backend):
     hf.PSAConfig(threshold=0.8, block_size=4),
     hf.PSAConfig(threshold=0.6, stop="remaining", block_size=5, gqa="per_head", sink_blocks=0, recent_blocks=0, step=2),
     hf.PSAConfig(topk=3, block_size=4, sink_blocks=1, recent_blocks=0),
+    # the first chunk from the estimates (on this model it changes what remaining attends)
+    hf.PSAConfig(threshold=0.6, stop="remaining", block_size=4, first_chunk="predicted"),
     # incrementally kept quant3 codes, through the sweep, equal the loop on a fresh build
     hf.PSAConfig(threshold=0.9, stop="sketch", metadata="quant3", block_size=4, backend="sweep"),
 ])
@@ -101,7 +103,8 @@ def test_each_decode_step_is_psa_ref_on_the_models_cache(model, config):
         blocks = psa_ref.KVBlocks.from_dense(k, v, block_size=config.block_size, metadata=config.metadata)
         opts = dict(scale=scale, gqa=config.gqa, sink_blocks=config.sink_blocks, recent_blocks=config.recent_blocks)
         if config.topk is None:
-            ref = psa_ref.attention(q, blocks, config.threshold, stop=config.stop, step=config.step, **opts)
+            ref = psa_ref.attention(q, blocks, config.threshold, stop=config.stop, step=config.step,
+                                    first_chunk=config.first_chunk, **opts)
         else:
             ref = psa_ref.topk_attention(q, blocks, config.topk, **opts)
         assert_close("decode output vs psa_ref", out, ref.output, rtol=0, atol=1e-6)  # float32 output
@@ -168,6 +171,8 @@ def test_padding_in_decode_is_rejected(model):
     (dict(topk=1), ValueError, "topk must be >= 2"),  # the default sink + recent blocks count towards k
     (dict(backend="gpu"), ValueError, "backend must be one of"),
     (dict(record=1), TypeError, "record must be a bool"),
+    (dict(first_chunk="previous"), ValueError, "first_chunk must be one of 'predicted'"),  # a GPU plan's option only
+    (dict(first_chunk=0), ValueError, "first_chunk must be >= 1"),
 ])
 def test_config_rejects(kw, exc, words):
     with pytest.raises(exc, match=words):
@@ -331,6 +336,7 @@ def test_eval_pipeline_on_the_tiny_model(tmp_path):
 @pytest.mark.skipif(not gpu_available(), reason="backend='fast' needs psa_fast and a CUDA GPU")
 @pytest.mark.parametrize("config", [
     dict(threshold=1.0), dict(threshold=0.9, stop="remaining"), dict(threshold=0.9, stop="ema"), dict(topk=3),
+    dict(threshold=0.9, stop="remaining", first_chunk="predicted"),
 ])
 def test_fast_backend_on_the_gpu(config):
     """backend="fast" (psa_fast, float16 KV) on a CUDA model: at tau = 1 the logits are within twice the

@@ -36,7 +36,7 @@ from .. import _validate
 from .. import sweep as _sweep
 from ..analysis import blocks_for_mass
 from ..blocks import METADATA_KINDS, KVBlocks, block_metadata, quantize
-from ..progressive import DEFAULT_STOP, resolve_stop
+from ..progressive import DEFAULT_STOP, check_first_chunk, resolve_stop
 from ..progressive import attention as _ref_attention
 from ..scoring import RANKS
 from ..topk import topk_attention
@@ -64,6 +64,9 @@ class PSAConfig:
             decides how many blocks are read past the stop), for ``backend="fast"`` only. On the GPU an
             integer step of 1 makes the loop iterate once a block: ``psa_fast.hf.enable`` warns about it.
         gqa: ``"shared"`` (one selection per KV head) or ``"per_head"``.
+        first_chunk: the first ranked iteration's size, as for [`psa_ref.attention`][psa_ref.attention]: None
+            (default: ``step``), an integer, or ``"predicted"`` (the prefix the estimates say holds ``threshold``;
+            with the default rule its suffix sums are computed anyway, so on the GPU it costs one small launch).
         rank: how a shared selection ranks its blocks: ``"estimate"`` (default) or ``"share"``
             (see [`psa_ref.attention`][psa_ref.attention]; the ``"fast"`` backend does not run it yet).
         sink_blocks: first blocks attended before the ranked ones (default 1: real models
@@ -86,6 +89,7 @@ class PSAConfig:
     metadata: str = "quant3"
     step: int | str = 1
     gqa: str = "shared"
+    first_chunk: int | str | None = None
     rank: str = "estimate"
     sink_blocks: int = 1
     recent_blocks: int = 1
@@ -102,6 +106,7 @@ class PSAConfig:
         _validate.choice(self.metadata, "metadata", METADATA_KINDS)
         _validate.integer_or_auto(self.step, "step", minimum=1)
         _validate.choice(self.gqa, "gqa", ("shared", "per_head"))
+        check_first_chunk(self.first_chunk)
         _validate.choice(self.rank, "rank", RANKS)
         _validate.integer(self.sink_blocks, "sink_blocks", minimum=0)
         _validate.integer(self.recent_blocks, "recent_blocks", minimum=0)
@@ -376,7 +381,8 @@ def _decode_ref(session: PSASession, layer: int, b: int, q: torch.Tensor, key, v
         res = topk_attention(q64, blocks, cfg.topk, **common)
     else:
         fn = _ref_attention if cfg.backend == "ref" else _sweep.attention
-        res = fn(q64, blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, rank=cfg.rank, **common)
+        res = fn(q64, blocks, cfg.threshold, stop=cfg.stop, step=cfg.step, rank=cfg.rank, first_chunk=cfg.first_chunk,
+                 **common)
     if cfg.record:
         _record(session, layer, blocks, q64, res, scaling)
     return res.output
