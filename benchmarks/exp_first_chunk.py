@@ -6,6 +6,11 @@ attended (mean and worst 1%) and the output error against dense; the ideal budge
 heaviest true blocks until tau) for scale.
 
     python benchmarks/exp_first_chunk.py [--tau 0.95] [--stop ema]
+    python benchmarks/exp_first_chunk.py --kv .gl/gemma3_xml_l17_32k.npz --metadata quant3 --stop sketch_avg \
+        --steps 128,320 --recent 2
+
+``--kv`` takes any captured trace (bench_decode's ``--kv`` files: one layer of Gemma 3 at 32K), ``--metadata`` the
+blocks' metadata, ``--steps`` the steps, each alone and after a predicted first chunk.
 """
 
 from __future__ import annotations
@@ -21,22 +26,25 @@ def main(argv=None) -> None:
     ap.add_argument("--stop", default="ema")
     ap.add_argument("--sink", type=int, default=1)
     ap.add_argument("--recent", type=int, default=1)
+    ap.add_argument("--kv", default=None, help="a trace .npz (default: the shipped SmolLM2 trace)")
+    ap.add_argument("--metadata", default="cuboid_mean")
+    ap.add_argument("--steps", default="1,8", help="comma-separated")
     args = ap.parse_args(argv)
 
     import psa_ref
     from psa_ref import analysis, sweep
     from psa_ref.trace import load_trace
 
-    trace = load_trace()
-    schedules = {"step 1": dict(step=1), "step 8": dict(step=8),
-                 "predicted, then 1": dict(step=1, first_chunk="predicted"),
-                 "predicted, then 8": dict(step=8, first_chunk="predicted")}
+    trace = load_trace(args.kv)
+    steps = [int(x) for x in args.steps.split(",")]
+    schedules = {**{f"step {s}": dict(step=s) for s in steps},
+                 **{f"predicted, then {s}": dict(step=s, first_chunk="predicted") for s in steps}}
     rows = {name: {"it": [], "blocks": [], "mass": [], "err": []} for name in schedules}
     ideal = []
     for li in range(len(trace.layers)):
         for pi in range(trace.q.shape[1]):
             q, k, v = (a.astype(np.float64) for a in trace.case(li, pi))
-            b = psa_ref.KVBlocks.from_dense(k, v, block_size=16, kv_layout="HND")
+            b = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata=args.metadata, kv_layout="HND")
             dense = psa_ref.dense_attention(q, k, v, scale=trace.scale)
             g = q.shape[0] // k.shape[0]
             for kv in range(k.shape[0]):
@@ -50,7 +58,8 @@ def main(argv=None) -> None:
                 r["blocks"] += [u.size / b.num_blocks for u in res.blocks_used]
                 r["mass"] += list(res.mass_exact)
                 r["err"] += list(np.linalg.norm(res.output - dense, axis=1) / np.linalg.norm(dense, axis=1))
-    print(f"trace: {len(trace.layers)} layers x {trace.q.shape[1]} positions, tau {args.tau}, stop {args.stop}, "
+    print(f"trace: {len(trace.layers)} layers x {trace.q.shape[1]} positions, tau {args.tau}, stop {args.stop} on "
+          f"{args.metadata}, "
           f"sink {args.sink}, recent {args.recent}; ideal budget {np.mean(ideal):.1%} of blocks (per head, mean)")
     print("| schedule | iterations (mean) | blocks read | true mass mean | true mass p1 | error mean |")
     print("|---|---|---|---|---|---|")

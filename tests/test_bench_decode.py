@@ -1137,3 +1137,15 @@ def test_step_growth_rows_on_the_shipped_trace():
                                  step=8, sink_blocks=1, recent_blocks=2, first_chunk="predicted").iterations[0])
            for i in range(trace.q.shape[1])]
     assert rows[1]["iterations"] == pytest.approx(np.mean(its))
+
+
+def test_first_chunk_experiment_prints_accuracy_md_s_rows(capsys):
+    """exp_first_chunk.py (CPU, psa_ref) at step 8 on the shipped trace prints the rows docs/accuracy.md quotes."""
+    import exp_first_chunk
+
+    exp_first_chunk.main(["--steps", "8"])
+    out = capsys.readouterr().out
+    doc = (Path(__file__).parent.parent / "docs" / "accuracy.md").read_text()
+    for schedule in ("step 8", "predicted, then 8"):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {schedule} |"))
+        assert f"| `ema` |{row[1:]}" in doc, row
