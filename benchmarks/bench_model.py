@@ -16,7 +16,8 @@ token through [`psa_fast.hf.CapturedDecoder`][psa_fast.hf.CapturedDecoder]):
   (``speculate_extra``; one by default);
 * ``topk``: top-k with k = the mean blocks read by the run's first ``psa0.95...`` method (listed before it);
 * a ``+share`` suffix (``psa0.95s1.0+share``): that method with ``rank="share"`` whatever ``--rank`` says, so
-  both ranks are measured in one run.
+  both ranks are measured in one run; a ``+first`` suffix (``psa0.95+first``): with
+  ``PSAConfig(first_chunk="predicted")`` (the first ranked chunk from the estimates); both may be given.
 
 ``--compile``: every method's decoder layers compiled by ``torch.compile`` around eager attention
 ([`psa_fast.hf.compile_layers`][psa_fast.hf.compile_layers]); the first step of each shape compiles.
@@ -159,6 +160,17 @@ def psa_method(method: str, step: int) -> tuple[float, dict | None]:
     return tau, spec
 
 
+def method_options(method: str, rank: str) -> tuple[str, str, str | None]:
+    """``(method, rank, first_chunk)`` of a ``--methods`` entry: ``+share`` sets ``rank="share"`` (else ``rank``),
+    ``+first`` sets ``first_chunk="predicted"`` (PSA methods only)."""
+    method, *flags = method.split("+")
+    if not set(flags) <= {"share", "first"}:
+        raise ValueError(f"method suffixes are +share and +first, got {'+'.join(flags)!r} in {method!r}")
+    if "first" in flags and not method.startswith("psa"):
+        raise ValueError(f"+first sizes PSA's first ranked chunk; {method!r} has none")
+    return method, "share" if "share" in flags else rank, "predicted" if "first" in flags else None
+
+
 def run_method(model, method, ids, args, k=None):
     """Teacher-forced decode of ``ids[:, context:]`` after a prefill of ``ids[:, :context]``; returns timings,
     argmax tokens, forced-token log-probabilities and the blocks-read share."""
@@ -169,7 +181,7 @@ def run_method(model, method, ids, args, k=None):
 
     batch, total = ids.shape
     context = total - args.steps - 1
-    method, _, rank = method.partition("+")  # psa...+share: this method with rank="share" whatever --rank says
+    method, rank, first_chunk = method_options(method, args.rank)
     chunk = args.step  # a speculated chunk: the plan's step ("auto": _kernels.spec_step of the cache's blocks)
     if chunk == "auto":
         from psa_fast import _kernels
@@ -178,7 +190,7 @@ def run_method(model, method, ids, args, k=None):
     tau, spec = psa_method(method, chunk) if method.startswith("psa") else (0.95, None)
 
     cfg = PSAConfig(threshold=tau, step=args.step, topk=k if method == "topk" else None, record=False, gqa=args.gqa,
-                    rank=rank or args.rank)
+                    rank=rank, first_chunk=first_chunk)
     psa_fast.hf.enable(model, cfg)
     cache = psa_fast.hf.PagedCache(model, batch=batch, max_tokens=total + 8, static=True,
                                    mode={"paged": "dense", "sdpa": "sdpa"}.get(method), plan_options=spec)

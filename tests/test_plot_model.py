@@ -90,3 +90,15 @@ def test_step_argument_takes_a_positive_integer_or_auto():
     for bad in ("0", "-3", "1.5", "Auto", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="positive integer or 'auto'"):
             bench_model.step_arg(bad)
+
+
+def test_bench_model_method_suffixes():
+    """--methods entries: +share (rank="share" whatever --rank says) and +first (first_chunk="predicted")."""
+    import bench_model
+
+    assert bench_model.method_options("psa0.95s1.0", "estimate") == ("psa0.95s1.0", "estimate", None)
+    assert bench_model.method_options("psa0.95+share", "estimate") == ("psa0.95", "share", None)
+    assert bench_model.method_options("psa0.95+first+share", "estimate") == ("psa0.95", "share", "predicted")
+    for bad, words in (("psa0.95+fast", "suffixes are"), ("topk+first", "has none")):
+        with pytest.raises(ValueError, match=words):
+            bench_model.method_options(bad, "estimate")
