@@ -31,6 +31,8 @@ def no_work(monkeypatch):
     (["eval", "--tokens", "-1"], "--tokens"),
     (["eval", "--jobs", "0"], "--jobs"),
     (["eval", "--offset", "-3"], "--offset"),
+    (["eval", "--first-chunk", "previous"], "--first-chunk"),
+    (["eval", "--first-chunk", "0"], "--first-chunk"),
 ])
 def test_bad_arguments_are_usage_errors_before_any_work(no_work, capsys, argv, argument):
     with pytest.raises(SystemExit) as exit_:
@@ -48,7 +50,10 @@ def test_arguments_reach_the_tools_as_numbers(no_work):
     (_, sim), (_, ev) = no_work
     assert (sim["threshold"], sim["step"], sim["stop"]) == (0.9, 4, "remaining")
     assert ev["contexts"] == (1024, 2048) and ev["rules"] == ("ema", "sketch_avg") and ev["taus"] == (0.95,)
-    assert ev["topk"] == (4, 8) and ev["tokens"] == 3
+    assert ev["topk"] == (4, 8) and ev["tokens"] == 3 and ev["first_chunk"] is None
+    cli.main(["eval", "--first-chunk", "predicted", "--quiet"])
+    cli.main(["eval", "--first-chunk", "12", "--quiet"])
+    assert [kw["first_chunk"] for _, kw in no_work[2:]] == ["predicted", 12]
 
 
 def test_defaults_are_the_tools_defaults(no_work):

@@ -302,6 +302,25 @@ def test_session_summary_counts_bytes(model):
     assert s["dense_kv_bytes_per_token"] == pytest.approx(2 * 2 * 2 * 8 * 2 * np.mean(np.arange(33, 41) + 1))
 
 
+def test_eval_passes_the_first_chunk_to_every_psa_configuration(monkeypatch):
+    """psa eval --first-chunk: every PSA configuration (the τ = 1 ideal run and top-k aside) gets it; the caption
+    says so."""
+    from psa_ref.tools import evaluate
+
+    model = tiny_llama(seed=8)
+    configs = []
+    enable = hf.enable
+    monkeypatch.setattr(hf, "enable", lambda m, cfg: configs.append(cfg) or enable(m, cfg))
+    runs = evaluate.evaluate(model, lambda text, **kw: {"input_ids": [ord(c) % 97 for c in text]}, contexts=(40,),
+                             tokens=2, rules=("remaining",), taus=(0.9,), topk=(2,), block_size=8, progress=False,
+                             first_chunk="predicted")
+    psa = [c for c in configs if c.topk is None and c.threshold < 1]
+    assert psa and all(c.first_chunk == "predicted" for c in psa)
+    assert all(c.first_chunk is None for c in configs if c.topk is not None or c.threshold >= 1)
+    assert "first ranked chunk: predicted" in evaluate.caption(runs, metadata="cuboid_mean", gqa="shared",
+                                                               first_chunk="predicted")
+
+
 def test_eval_pipeline_on_the_tiny_model(tmp_path):
     """psa eval's decode, scoring, table and figures, with a character-level stand-in tokenizer."""
     from psa_ref.tools import evaluate

@@ -7,7 +7,7 @@ import sys
 
 from .. import _validate
 from ..blocks import METADATA_KINDS
-from ..progressive import AUTO_STOP, STOP_RULES
+from ..progressive import AUTO_STOP, STOP_RULES, check_first_chunk
 from ..scoring import RANKS
 
 
@@ -43,6 +43,10 @@ def _listed(one):
 
 def _count(text: str) -> int:
     return _validate.integer(int(text), "value", minimum=0)
+
+
+def _first_chunk(text: str) -> int | str:
+    return check_first_chunk(text if text == "predicted" or not text.lstrip("-").isdigit() else int(text))
 
 
 def _rule(text: str) -> str:
@@ -109,6 +113,9 @@ def main(argv=None) -> int:
                     help="block metadata that ranks the blocks of PSA and top-k (default cuboid_mean)")
     ev.add_argument("--gqa", choices=("shared", "per_head"), default="shared",
                     help="selection per KV head (default) or per query head, the group's union read")
+    ev.add_argument("--first-chunk", type=_arg(_first_chunk, "'predicted' or a positive integer"), default=None,
+                    help="the size of PSA's first ranked iteration: 'predicted' (the prefix the estimates say holds "
+                         "tau) or a number of blocks (default: the step, as psa_ref.attention)")
     ev.add_argument("--rank", choices=RANKS, default="estimate",
                     help="how a shared PSA selection ranks its blocks: largest estimate (default) or largest share")
     ev.add_argument("--backend", choices=("sweep", "ref"), default="sweep", help="psa_ref backend (default sweep)")
@@ -137,6 +144,7 @@ def main(argv=None) -> int:
                       rules=args.rules or evaluate.BLOCK_STOP_RULES,
                       taus=args.taus, topk=args.topk, text=args.text, offset=args.offset,
                       metadata=args.metadata, backend=args.backend, gqa=args.gqa, rank=args.rank,
+                      first_chunk=args.first_chunk,
                       threads=args.threads, jobs=args.jobs,
                       plots=not args.no_plots, progress=not args.quiet, model=args.model, chunk=args.chunk,
                       dtype=args.dtype)
