@@ -247,6 +247,7 @@ class KVBlocks:
         """
         block_ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
         if block_ids.size and not (0 <= block_ids.min() and block_ids.max() < self.num_blocks):
-            raise ValueError(f"block ids must lie in [0, {self.num_blocks}), got {block_ids.min()} .. {block_ids.max()}")
+            raise ValueError(f"block ids must lie in [0, {self.num_blocks}), "
+                             f"got {block_ids.min()} .. {block_ids.max()}")
         tokens = (block_ids[:, None] * self.block_size + np.arange(self.block_size)).reshape(-1)
         return tokens[tokens < self.num_tokens]  # only the last block may be partial

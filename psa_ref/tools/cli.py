@@ -96,9 +96,9 @@ def main(argv=None) -> int:
                     help="comma-separated context lengths (default 2048,4096,8192)")
     ev.add_argument("--tokens", type=POSITIVE, default=32, help="decoded (scored) tokens per window (default 32)")
     ev.add_argument("--windows", type=POSITIVE, default=1, help="text windows per context, pooled (default 1)")
-    ev.add_argument("--rules", type=_arg(_listed(_rule), "comma-separated stop rules"),
-                    default=None, help="comma-separated stop rules (default: ema,remaining,seed,certified; "
-                                                    "sketch goes with --metadata quant3)")
+    ev.add_argument("--rules", type=_arg(_listed(_rule), "comma-separated stop rules"), default=None,
+                    help="comma-separated stop rules (default: ema,remaining,seed,certified; sketch and sketch_avg go "
+                         "with --metadata quant3)")
     ev.add_argument("--taus", type=_arg(_listed(_number), "comma-separated thresholds in (0, 1]"),
                     default=(0.9, 0.95, 0.99), help="comma-separated thresholds (default 0.9,0.95,0.99)")
     ev.add_argument("--topk", type=_arg(_listed(_positive), "comma-separated positive integers"),
@@ -119,9 +119,11 @@ def main(argv=None) -> int:
     ev.add_argument("--rank", choices=RANKS, default="estimate",
                     help="how a shared PSA selection ranks its blocks: largest estimate (default) or largest share")
     ev.add_argument("--backend", choices=("sweep", "ref"), default="sweep", help="psa_ref backend (default sweep)")
-    ev.add_argument("--threads", type=POSITIVE, default=2, help="torch CPU threads (per process with --jobs; default 2)")
-    ev.add_argument("--jobs", type=POSITIVE, default=1, help="evaluate the windows in this many processes at once, each "
-                                                       "loading the model (default 1: one process)")
+    ev.add_argument("--threads", type=POSITIVE, default=2,
+                    help="torch CPU threads (per process with --jobs; default 2)")
+    ev.add_argument("--jobs", type=POSITIVE, default=1,
+                    help="evaluate the windows in this many processes at once, each loading the model (default 1: one "
+                         "process)")
     ev.add_argument("--no-plots", action="store_true", help="print the table only")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
 
