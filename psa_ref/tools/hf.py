@@ -68,7 +68,7 @@ class PSAConfig:
             (default: ``step``), an integer, or ``"predicted"`` (the prefix the estimates say holds ``threshold``;
             with the default rule its suffix sums are computed anyway, so on the GPU it costs one small launch).
         rank: how a shared selection ranks its blocks: ``"estimate"`` (default) or ``"share"``
-            (see [`psa_ref.attention`][psa_ref.attention]; the ``"fast"`` backend does not run it yet).
+            (see [`psa_ref.attention`][psa_ref.attention]; every backend runs both).
         sink_blocks: first blocks attended before the ranked ones (default 1: real models
             park much of their attention on the first token, and metadata ranks it late).
         recent_blocks: newest blocks attended likewise (default 1).
