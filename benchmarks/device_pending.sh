@@ -226,6 +226,18 @@ gpu_tests() {
   timeout "$limit" python3 -m pytest -q -p no:cacheprovider -W ignore -rf --tb=short "$@" > "$OUT/$log" 2>&1
   echo "GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/$log" | tail -8
 }
+# profile_decode_step.py's kernel table (5% profile, 10 steps) at each SHAPE:T:B of $1, variant $2, the lines
+# matching $3; the remaining arguments are the command before the script (e.g. exp_kernel_defines.py FILE NAME=v --).
+# Run from benchmarks/.
+kernel_rows() {
+  local cfgs="$1" variant="$2" pattern="$3" cfg shape size b
+  shift 3
+  for cfg in $cfgs; do
+    IFS=: read -r shape size b <<< "$cfg"
+    timeout 80 python3 "$@" profile_decode_step.py --share 0.05 --shape "$shape" --size "$size" --batches "$b" \
+        --variants "$variant" --steps 10 --out /tmp 2>&1 | grep -v Warn | grep "$pattern"
+  done
+}
 kernel_suites() {
   local log="$1"
   shift
@@ -1746,12 +1758,8 @@ if [ "$PART" = s38h ]; then
   cd benchmarks
   for v in 0 8 8 0; do
     echo "## suffix_batch=$v"
-    for cfg in 32768:1 131072:1 131072:8; do
-      IFS=: read -r size b <<< "$cfg"
-      timeout 80 python3 exp_kernel_defines.py suffix suffix_batch=$v -- profile_decode_step.py --share 0.05 \
-          --shape llama8b --size $size --batches $b --variants default --steps 10 --out /tmp 2>&1 | grep -v Warn \
-          | grep "^T=\\|psa_order_suffix\\|psa_decode "
-    done
+    kernel_rows "llama8b:32768:1 llama8b:131072:1 llama8b:131072:8" default '^T=\|psa_order_suffix\|psa_decode ' \
+        exp_kernel_defines.py suffix suffix_batch=$v --
   done
   exit 0
 fi
@@ -1768,13 +1776,9 @@ if [ "$PART" = s38i ]; then
   cd benchmarks
   for v in 0 1 1 0; do
     echo "## early_scores=$v rank_batch=$((8 * v))"
-    for cfg in llama8b:32768:1 gemma3:32768:1 gemma3:131072:1 llama8b:131072:8; do
-      IFS=: read -r shape size b <<< "$cfg"
-      timeout 80 python3 exp_kernel_defines.py order_slice early_scores=$v -- exp_kernel_defines.py order_radix \
-          early_scores=$v -- exp_kernel_defines.py order early_scores=$v -- exp_kernel_defines.py order_rank \
-          rank_batch=$((8 * v)) -- profile_decode_step.py --share 0.05 --shape $shape --size $size --batches $b \
-          --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn | grep "^T=\\|psa_order"
-    done
+    kernel_rows "llama8b:32768:1 gemma3:32768:1 gemma3:131072:1 llama8b:131072:8" ema '^T=\|psa_order' \
+        exp_kernel_defines.py order_slice early_scores=$v -- exp_kernel_defines.py order_radix early_scores=$v -- \
+        exp_kernel_defines.py order early_scores=$v -- exp_kernel_defines.py order_rank rank_batch=$((8 * v)) --
   done
   exit 0
 fi
