@@ -11,6 +11,13 @@ heaviest true blocks until tau) for scale.
 
 ``--kv`` takes any captured trace (bench_decode's ``--kv`` files: one layer of Gemma 3 at 32K), ``--metadata`` the
 blocks' metadata, ``--steps`` the steps, each alone and after a predicted first chunk.
+
+``--residual`` instead measures what the prediction leaves: the predicted chunk, then steps of one block, so each
+decision past the first chunk adds one block; it prints the distribution over groups of the blocks still needed, the
+need that ``psa_fast._kernels.pick_step`` sizes the step for after a predicted first chunk (``PREDICTED_SHARE``):
+
+    python benchmarks/exp_first_chunk.py --kv .gl/gemma3_xml_l17_32k.npz --metadata quant3 --stop sketch_avg \
+        --recent 2 --residual
 """
 
 from __future__ import annotations
@@ -29,7 +36,11 @@ def main(argv=None) -> None:
     ap.add_argument("--kv", default=None, help="a trace .npz (default: the shipped SmolLM2 trace)")
     ap.add_argument("--metadata", default="cuboid_mean")
     ap.add_argument("--steps", default="1,8", help="comma-separated")
+    ap.add_argument("--residual", action="store_true", help="the blocks needed past the predicted first chunk")
     args = ap.parse_args(argv)
+    if args.residual:
+        residual(args)
+        return
 
     import psa_ref
     from psa_ref import analysis, sweep
@@ -66,6 +77,34 @@ def main(argv=None) -> None:
     for name, r in rows.items():
         print(f"| {name} | {np.mean(r['it']):.1f} | {np.mean(r['blocks']):.1%} | {np.mean(r['mass']):.3f} | "
               f"{np.percentile(r['mass'], 1):.3f} | {np.mean(r['err']):.4f} |")
+
+
+def residual(args) -> None:
+    """The blocks each group needs past its predicted first chunk, as a share of its blocks: percentiles over the
+    trace's (layer, position, group) and ``PREDICTED_SHARE`` beside them."""
+    import psa_ref
+    from psa_ref import sweep
+    from psa_ref.trace import load_trace
+    from psa_fast._kernels import PREDICTED_SHARE
+
+    trace = load_trace(args.kv)
+    shares = []
+    for li in range(len(trace.layers)):
+        for pi in range(trace.q.shape[1]):
+            q, k, v = (a.astype(np.float64) for a in trace.case(li, pi))
+            b = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata=args.metadata, kv_layout="HND")
+            res = sweep.attention(q, b, args.tau, stop=args.stop, scale=trace.scale, sink_blocks=args.sink,
+                                  recent_blocks=args.recent, step=1, first_chunk="predicted")
+            forced = min(b.num_blocks, args.sink + args.recent) > 0  # the forced blocks are one decision
+            # each decision past the forced blocks and the predicted chunk adds one block (step 1)
+            shares += list((np.atleast_1d(res.iterations) - forced - 1) / b.num_blocks)
+    p = np.percentile(shares, [50, 90, 99])
+    print(f"trace: {len(trace.layers)} layers x {trace.q.shape[1]} positions, {b.num_blocks} blocks, tau {args.tau}, "
+          f"stop {args.stop} on {args.metadata}, sink {args.sink}, recent {args.recent}")
+    print("| groups | past the prediction: mean | p50 | p90 | p99 | max | none needed | PREDICTED_SHARE |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| {len(shares)} | {np.mean(shares):.2%} | {p[0]:.2%} | {p[1]:.2%} | {p[2]:.2%} | {np.max(shares):.2%} | "
+          f"{np.mean(np.asarray(shares) == 0):.0%} | {PREDICTED_SHARE:.2%} |")
 
 
 if __name__ == "__main__":

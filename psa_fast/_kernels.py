@@ -172,6 +172,10 @@ LOOP_ITERATION_US_PAIRS = 3.5  # ... and with two blocks a warp, where the chunk
 LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
 COPY_CEILING_GBS = 4300.0  # the H200's device-to-device copy ceiling (bench_decode measures it in every run)
 STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
+# ... and after a predicted first chunk, the blocks a busier group still needs: on the real Gemma 3 layers at 32K
+# (psa_ref, sketch_avg on quant3, step 1 after the prediction; thirty-ninth/fortieth sessions, CPU) the residual was
+# 0.8% of the blocks on average and 2.7% at the 90th percentile on layer 17, 0.3% / 0.9% on layer 11, 0.06% / 0.15% on layer 5
+PREDICTED_SHARE = 0.03
 
 
 def spec_step(nmax: int) -> int:
@@ -189,7 +193,7 @@ def loop_launch(*, d: int, s: int, g: int, version: int, warps: int, stages: int
 
 
 def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, block_bytes: int,
-              speculate: bool = False, pairs: bool = False) -> int:
+              speculate: bool = False, pairs: bool = False, predicted: bool = False) -> int:
     """Blocks an iteration for ``DecodePlan(step="auto")``. The loop's step decides on the slowest group: each
     iteration costs ``LOOP_ITERATION_US`` beyond its blocks, and the last one reads up to a step past the stop,
     each block at the group's share of the bandwidth (its cluster's SMs for one request, the copy ceiling
@@ -205,6 +209,11 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
     busiest group's need, which the plan cannot see, decides between neighbours: at 128K B = 1 and ideal 2% / 10% /
     20%, 768 took 77.1 / 121.2 / 184.6 µs and 704 75.8 / 118.1 / 178.4.
 
+    With ``predicted`` (``first_chunk="predicted"`` under a sketch rule) the first ranked chunk holds the blocks the
+    estimates predict, and the step sizes only what a group needs past it, ``need = PREDICTED_SHARE * nmax``
+    (modelled from psa_ref on real layers, not yet timed on the GPU: benchmarks/NOTES.md, fortieth session). The
+    sketch rules stop on the same per-head estimates the prediction sums, so little is left; ``ema`` reads far past
+    the prediction (Gemma 3's layer 17: 56% of the blocks where the prediction holds ~17%) and keeps ``STEP_SHARE``.
     With ``speculate`` the step is one speculative CTA's chunk, ``spec_step(nmax)``."""
     if speculate:
         return spec_step(nmax)
@@ -212,7 +221,7 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
     iteration_us = LOOP_ITERATION_US_PAIRS if pairs else LOOP_ITERATION_US
     per_group_gbs = min(cluster * LOOP_SM_GBS, COPY_CEILING_GBS / max(1, batch * groups))
     block_us = block_bytes / per_group_gbs / 1e3
-    need = max(1.0, STEP_SHARE * nmax)
+    need = max(1.0, (PREDICTED_SHARE if predicted else STEP_SHARE) * nmax)
     best = math.sqrt(2.0 * need * iteration_us / block_us)
 
     def cost(step: int) -> float:

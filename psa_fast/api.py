@@ -19,7 +19,7 @@ import numpy as np
 
 from psa_ref import _validate
 from psa_ref.blocks import METADATA_KINDS, to_hnd
-from psa_ref.progressive import DEFAULT_STOP, check_first_chunk, resolve_stop
+from psa_ref.progressive import DEFAULT_STOP, SKETCH_RULES, check_first_chunk, resolve_stop
 from psa_ref.result import AttentionResult
 from psa_ref.scoring import RANKS
 
@@ -86,7 +86,8 @@ class DecodePlan:
             (`_kernels.pick_step`) from the batch, the blocks and the launch
             shape, so fewer iterations where the GPU has bandwidth to spare (one request on Llama-3.1-8B's
             shape: 384 blocks at 32K, 768 at 128K; a whole number of blocks, or of pairs, for every warp;
-            benchmarks/NOTES.md). The step decides which
+            benchmarks/NOTES.md; after a ``first_chunk="predicted"`` under a sketch rule, a step for what the
+            prediction leaves, 96 blocks on Gemma 3's shape where the plain loop takes 256). The step decides which
             blocks are attended past the stop, so ``"auto"`` makes them depend on the batch and the GPU; give an
             integer for results that do not, and ``plan.step`` to [`psa_ref.attention`][psa_ref.attention] to
             check a run. On the GPU an iteration's blocks are spread over ``cluster * warps`` warps, so a step
@@ -212,7 +213,8 @@ class DecodePlan:
         if step == "auto":
             step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.grid_ctas or self.cluster,
                                       warps=loop_warps, block_bytes=block_bytes,
-                                      speculate=self.speculate is not None, pairs=pairs)
+                                      speculate=self.speculate is not None, pairs=pairs,
+                                      predicted=self.first_chunk == "predicted" and self.stop in SKETCH_RULES)
         self.step = step
         if speculate_extra is not None and self.speculate is None:
             raise ValueError("speculate_extra needs speculate (a margin)")

@@ -1160,8 +1160,9 @@ def test_suffix_batch_keeps_every_bit(kernel_switch, stop, metadata, s, lens, hq
 
 
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
-    """step="auto" (the default) resolves to _kernels.pick_step's integer, which psa_ref takes as is; a bad step
-    names the argument; the offload decoder keeps 64 (its pool holds two iterations)."""
+    """step="auto" (the default) resolves to _kernels.pick_step's integer (smaller after a predicted first chunk),
+    which psa_ref takes as is; a bad step names the argument; the offload decoder keeps 64 (its pool holds two
+    iterations)."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(5)
@@ -1176,6 +1177,15 @@ def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
     assert plan.step == _kernels.pick_step(1, plan.gn, b.cache.nmax, cluster=plan.cluster, warps=warps,
                                            block_bytes=2 * 16 * 64 * 2, pairs=pairs)
     assert plan.cluster * plan.warps <= plan.step < b.cache.nmax  # a few iterations, not one over everything
+    # after a predicted first chunk a sketch rule's step sizes only what the prediction leaves; ema, which reads far
+    # past the prediction, keeps the plain loop's
+    q3 = psa_fast.KVBlocks.from_dense(cupy.asarray(keys), cupy.asarray(values), block_size=16, metadata="quant3")
+    for stop in ("ema", "sketch_avg"):
+        plain = psa_fast.plan(q3.cache, num_q_heads=hq, threshold=0.9, stop=stop)
+        predicted = psa_fast.plan(q3.cache, num_q_heads=hq, threshold=0.9, stop=stop, first_chunk="predicted")
+        want = _kernels.pick_step(1, plan.gn, b.cache.nmax, cluster=predicted.cluster, warps=warps,
+                                  block_bytes=2 * 16 * 64 * 2, pairs=pairs, predicted=stop == "sketch_avg")
+        assert predicted.step == want and (predicted.step < plain.step) == (stop == "sketch_avg"), stop
     dec = plan.run(cupy.asarray(q.astype(np.float32)[None]))
     used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
     res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
