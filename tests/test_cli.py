@@ -33,6 +33,8 @@ def no_work(monkeypatch):
     (["eval", "--offset", "-3"], "--offset"),
     (["eval", "--first-chunk", "previous"], "--first-chunk"),
     (["eval", "--first-chunk", "0"], "--first-chunk"),
+    (["eval", "--step", "0"], "--step"),
+    (["eval", "--step", "auto"], "--step"),
 ])
 def test_bad_arguments_are_usage_errors_before_any_work(no_work, capsys, argv, argument):
     with pytest.raises(SystemExit) as exit_:
@@ -54,6 +56,8 @@ def test_arguments_reach_the_tools_as_numbers(no_work):
     cli.main(["eval", "--first-chunk", "predicted", "--quiet"])
     cli.main(["eval", "--first-chunk", "12", "--quiet"])
     assert [kw["first_chunk"] for _, kw in no_work[2:]] == ["predicted", 12]
+    cli.main(["eval", "--step", "96", "--quiet"])
+    assert no_work[-1][1]["step"] == 96 and ev["step"] == 1
 
 
 def test_defaults_are_the_tools_defaults(no_work):

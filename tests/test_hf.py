@@ -321,6 +321,37 @@ def test_eval_passes_the_first_chunk_to_every_psa_configuration(monkeypatch):
                                                                first_chunk="predicted")
 
 
+def test_eval_passes_the_step_to_every_psa_configuration(monkeypatch):
+    """psa eval --step: every PSA configuration runs at that step (the τ = 1 ideal run keeps the reference's 1),
+    the caption says so, and a step of 0 is refused before any decode."""
+    from psa_ref.tools import evaluate
+
+    model = tiny_llama(seed=8)
+    configs = []
+    enable = hf.enable
+    monkeypatch.setattr(hf, "enable", lambda m, cfg: configs.append(cfg) or enable(m, cfg))
+
+    def tokenizer(text, **kw):
+        return {"input_ids": [ord(c) % 97 for c in text]}
+
+    runs = {}
+    for step in (1, 4):
+        runs[step] = evaluate.evaluate(model, tokenizer, contexts=(64,), tokens=2, rules=("remaining",), taus=(0.9,),
+                                       topk=(2,), block_size=4, progress=False, step=step, topk_at_budget=False)
+    psa = [c for c in configs if c.topk is None and c.threshold < 1]
+    assert [c.step for c in psa] == [1, 4]
+    assert all(c.step == 1 for c in configs if c.topk is not None or c.threshold >= 1)
+    # 16 blocks. "remaining" decides on the blocks attended so far, whatever the chunks: a step of 4 stops at the
+    # first boundary at or after the step of 1's stop, so it never reads fewer blocks
+    read = {step: next(r for r in rs if r.method == "psa").kv_bytes_per_token for step, rs in runs.items()}
+    assert read[4] >= read[1]
+    assert "step: 4 blocks" in evaluate.caption(runs[4], metadata="cuboid_mean", gqa="shared", step=4)
+    assert "step" not in evaluate.caption(runs[1], metadata="cuboid_mean", gqa="shared")
+    with pytest.raises(ValueError, match="step"):
+        evaluate.evaluate(model, tokenizer, contexts=(64,), tokens=2, rules=("ema",), taus=(0.9,), topk=(2,),
+                          block_size=4, progress=False, step=0)
+
+
 def test_eval_pipeline_on_the_tiny_model(tmp_path):
     """psa eval's decode, scoring, table and figures, with a character-level stand-in tokenizer."""
     from psa_ref.tools import evaluate

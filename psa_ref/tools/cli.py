@@ -116,6 +116,9 @@ def main(argv=None) -> int:
     ev.add_argument("--first-chunk", type=_arg(_first_chunk, "'predicted' or a positive integer"), default=None,
                     help="the size of PSA's first ranked iteration: 'predicted' (the prefix the estimates say holds "
                          "tau) or a number of blocks (default: the step, as psa_ref.attention)")
+    ev.add_argument("--step", type=POSITIVE, default=1,
+                    help="PSA's blocks per iteration (default 1, the reference's; a GPU plan's step shows what "
+                         "reading past the stop costs)")
     ev.add_argument("--rank", choices=RANKS, default="estimate",
                     help="how a shared PSA selection ranks its blocks: largest estimate (default) or largest share")
     ev.add_argument("--backend", choices=("sweep", "ref"), default="sweep", help="psa_ref backend (default sweep)")
@@ -146,7 +149,7 @@ def main(argv=None) -> int:
                       rules=args.rules or evaluate.BLOCK_STOP_RULES,
                       taus=args.taus, topk=args.topk, text=args.text, offset=args.offset,
                       metadata=args.metadata, backend=args.backend, gqa=args.gqa, rank=args.rank,
-                      first_chunk=args.first_chunk,
+                      first_chunk=args.first_chunk, step=args.step,
                       threads=args.threads, jobs=args.jobs,
                       plots=not args.no_plots, progress=not args.quiet, model=args.model, chunk=args.chunk,
                       dtype=args.dtype)

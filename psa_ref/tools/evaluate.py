@@ -324,7 +324,8 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
              contexts=CONTEXTS, tokens: int = 32, rules=BLOCK_STOP_RULES, taus=TAUS, topk=TOPK_LADDER,
              block_size: int = 16, metadata: str = "cuboid_mean", backend: str = "sweep", progress: bool = True,
              topk_at_budget: bool = True, ideal: bool = True, gqa: str = "shared", chunk: int | None = None,
-             bos: bool | None = None, rank: str = "estimate", first_chunk: int | str | None = None) -> list[Run]:
+             bos: bool | None = None, rank: str = "estimate", first_chunk: int | str | None = None,
+             step: int = 1) -> list[Run]:
     """Run every configuration at every context length; return the ``Run`` list.
 
     Window ``i`` of context ``C`` is ``C + 1`` tokens: the BOS token where the tokenizer adds one
@@ -338,7 +339,8 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
     window of its context. ``metadata`` ranks the blocks of every PSA and top-k configuration, and
     ``gqa`` is their selection (one per KV head, or per query head with the union read) and ``rank`` how a
     shared PSA selection ranks its blocks (top-k ranks by the estimate), ``first_chunk`` the size of PSA's first
-    ranked iteration (``PSAConfig.first_chunk``); top-k is also
+    ranked iteration (``PSAConfig.first_chunk``) and ``step`` its blocks per iteration (``PSAConfig.step``: 1, the
+    reference's, or the step a GPU plan runs, to see what its overshoot past the stop costs); top-k is also
     run at the mean budget of the first rule of ``rules`` at each threshold (unless ``topk_at_budget``
     is false: [`evaluate_parallel`][psa_ref.tools.evaluate.evaluate_parallel] adds those runs once every
     window's budget is known); without ``ideal`` the ``τ = 1`` run that records the ideal budgets is left
@@ -354,6 +356,7 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
     ids = tokenizer(load_text(text), add_special_tokens=False, verbose=False)["input_ids"]
     _validate.integer(windows, "windows", minimum=1)
     _validate.integer(tokens, "tokens", minimum=1)
+    _validate.integer(step, "step", minimum=1)
     if chunk is not None:
         _validate.integer(chunk, "chunk", minimum=1)
     stride = max(contexts) + 1
@@ -378,7 +381,8 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
             for tau in taus:
                 configs.append((Run(f"psa {stop} τ={tau:g}", "psa", ctx, stop=stop, tau=tau),
                                 hf.PSAConfig(threshold=tau, stop=stop, block_size=block_size, metadata=metadata,
-                                             backend=backend, gqa=gqa, rank=rank, first_chunk=first_chunk)))
+                                             backend=backend, gqa=gqa, rank=rank, first_chunk=first_chunk,
+                                             step=step)))
         for k in sorted({min(k, n_blocks) for k in topk}):
             configs.append((Run(f"top-{k}", "topk", ctx, k=k), hf.PSAConfig(topk=k, block_size=block_size,
                                                                            metadata=metadata, backend=backend,
@@ -595,7 +599,7 @@ def evaluate_parallel(*, jobs: int, threads: int = 1, text: str = "pydoc", offse
                       topk=TOPK_LADDER, block_size: int = 16, metadata: str = "cuboid_mean", backend: str = "sweep",
                       gqa: str = "shared", progress: bool = True, model: str = "smollm2", chunk: int | None = None,
                       bos: bool | None = None, dtype: str | None = None, rank: str = "estimate",
-                      first_chunk: int | str | None = None) -> list[Run]:
+                      first_chunk: int | str | None = None, step: int = 1) -> list[Run]:
     """[`evaluate`][psa_ref.tools.evaluate.evaluate] on ``MODELS[model]`` with every window in its own process,
     ``jobs`` at a time, in ``dtype`` (see ``load_model``).
 
@@ -619,7 +623,8 @@ def evaluate_parallel(*, jobs: int, threads: int = 1, text: str = "pydoc", offse
     _validate.choice(model, "model", tuple(MODELS))
     stride = max(contexts) + 1
     common = dict(text=text, tokens=tokens, block_size=block_size, metadata=metadata, backend=backend, gqa=gqa,
-                  rank=rank, first_chunk=first_chunk, threads=threads, windows=1, topk_at_budget=False, model=model,
+                  rank=rank, first_chunk=first_chunk, step=step, threads=threads, windows=1, topk_at_budget=False,
+                  model=model,
                   chunk=chunk, bos=bos, dtype=dtype)
     first = [dict(common, offset=offset + i * stride, contexts=tuple(contexts), rules=tuple(rules), taus=tuple(taus),
                   topk=tuple(topk)) for i in range(windows)]
@@ -771,7 +776,7 @@ def plot(runs: list[Run], out_dir: Path, *, title: str = MODELS["smollm2"].title
 
 
 def caption(runs: list[Run], *, metadata: str, gqa: str, rank: str = "estimate",
-            first_chunk: int | str | None = None) -> str:
+            first_chunk: int | str | None = None, step: int = 1) -> str:
     """The table's caption: blocks, metadata, GQA mode, and which layers the KV bytes count (those of the runs'
     PSA records: the layers that run PSA; the others keep stock SDPA in every configuration)."""
     counted = sorted({int(layer) for r in runs for layer in r.layers})
@@ -782,6 +787,8 @@ def caption(runs: list[Run], *, metadata: str, gqa: str, rank: str = "estimate",
     ranked = "" if rank == "estimate" else f" (PSA ranked by {rank})"
     if first_chunk is not None:
         ranked += f" (PSA's first ranked chunk: {first_chunk})"
+    if step != 1:
+        ranked += f" (PSA's step: {step} blocks)"
     return (f"Blocks of 16 tokens, {metadata} metadata, GQA {gqa}{ranked}, 1 sink + 1 recent block forced; KV read "
             f"counts keys and values in float16 of the {len(counted)} layer(s) that run PSA ({which}); layers on "
             "stock SDPA (sliding windows) read the same in every configuration and are not counted; agreement and "
@@ -792,7 +799,8 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
          taus=TAUS, topk=TOPK_LADDER, text: str = "pydoc", offset: int = TEXT_OFFSET, metadata: str = "cuboid_mean",
          backend: str = "sweep", gqa: str = "shared", threads: int = 2, jobs: int = 1, plots: bool = True,
          progress: bool = True, model: str = "smollm2", chunk: int | None = None,
-         dtype: str | None = None, rank: str = "estimate", first_chunk: int | str | None = None) -> list[Run]:
+         dtype: str | None = None, rank: str = "estimate", first_chunk: int | str | None = None,
+         step: int = 1) -> list[Run]:
     """Load ``MODELS[model]``, run [`evaluate`][psa_ref.tools.evaluate.evaluate] (or, with ``jobs > 1``,
     [`evaluate_parallel`][psa_ref.tools.evaluate.evaluate_parallel]: ``jobs`` processes of ``threads`` threads each),
     print the table, write the JSON and the figures. ``chunk`` is the prefill chunk (None: the model's
@@ -822,14 +830,14 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
           + (f"; {jobs} processes x {threads} threads" if jobs > 1 else ""), flush=True)
     kw = dict(text=text, offset=offset, windows=windows, contexts=contexts, tokens=tokens, rules=rules, taus=taus,
               topk=topk, metadata=metadata, backend=backend, gqa=gqa, progress=progress, chunk=chunk, rank=rank,
-              first_chunk=first_chunk)
+              first_chunk=first_chunk, step=step)
     if jobs == 1:
         runs = evaluate(lm, tokenizer, **kw)
     else:
         runs = evaluate_parallel(jobs=jobs, threads=threads, model=model, dtype=dtype, **kw)
     seconds = time.perf_counter() - start
     print()
-    print(caption(runs, metadata=metadata, gqa=gqa, rank=rank, first_chunk=first_chunk))
+    print(caption(runs, metadata=metadata, gqa=gqa, rank=rank, first_chunk=first_chunk, step=step))
     print(format_table(runs))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -839,10 +847,11 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
     summary = out / "psa_eval.json"
     summary.write_text(json.dumps({"runs": [asdict(r) for r in runs], "seconds": seconds, "text": text,
                                    "offset": offset, "windows": windows, "tokens": tokens, "metadata": metadata,
-                                   "gqa": gqa, "rank": rank, "first_chunk": first_chunk, "model": spec.name,
+                                   "gqa": gqa, "rank": rank, "first_chunk": first_chunk, "step": step,
+                                   "model": spec.name,
                                    "dtype": dtype, "chunk": chunk, "threads": threads, "jobs": jobs,
                                    "caption": caption(runs, metadata=metadata, gqa=gqa, rank=rank,
-                                                      first_chunk=first_chunk)},
+                                                      first_chunk=first_chunk, step=step)},
                                   indent=1, default=_json_default))
     print(f"wrote {summary}  ({seconds:.0f} s)")
     return runs
