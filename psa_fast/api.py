@@ -19,7 +19,7 @@ import numpy as np
 
 from psa_ref import _validate
 from psa_ref.blocks import METADATA_KINDS, to_hnd
-from psa_ref.progressive import DEFAULT_STOP, SKETCH_RULES, check_first_chunk, resolve_stop
+from psa_ref.progressive import DEFAULT_STOP, SKETCH_RULES, check_first_chunk, resolve_stop, warn_sketch_metadata
 from psa_ref.result import AttentionResult
 from psa_ref.scoring import RANKS
 
@@ -160,6 +160,8 @@ class DecodePlan:
         self.mode = _validate.choice(mode, "mode", MODES)
         self.threshold = _validate.threshold(threshold)
         self.stop = resolve_stop(stop, cache.metadata)  # every rule of the reference runs on the GPU
+        if self.mode == "psa":
+            warn_sketch_metadata(self.stop, cache.metadata)  # at the caller of DecodePlan()
         step = _validate.integer_or_auto(step, "step", minimum=1)
         self.k = _validate.integer(k, "k", minimum=1)
         self.gqa = _validate.choice(gqa, "gqa", GQA_MODES)

@@ -15,7 +15,7 @@ Everything is computed in float64 from plain NumPy operations; the GPU backend
 from .blocks import METADATA_KINDS, KVBlocks, KVLayoutWarning
 from .dense import dense_attention
 from .scoring import estimate, rank, upper_bound
-from .progressive import STOP_RULES, attention
+from .progressive import STOP_RULES, SketchMetadataWarning, attention
 from .result import AttentionResult
 from .topk import topk_attention
 
@@ -25,6 +25,7 @@ __all__ = [
     "KVLayoutWarning",
     "METADATA_KINDS",
     "STOP_RULES",
+    "SketchMetadataWarning",
     "attention",
     "dense_attention",
     "estimate",

@@ -1198,6 +1198,27 @@ def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
             psa_fast.plan(b.cache, num_q_heads=hq, step=bad)
 
 
+def test_plans_warn_of_sketch_rules_off_quant3():
+    """A GPU plan of a sketch rule on per-block metadata warns as psa_ref does, at the caller's line; quant3, the
+    per-block rules and top-k do not."""
+    import warnings
+
+    for metadata in ("cuboid_mean", "quant3"):
+        cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=1, head_dim=64, max_tokens=256,
+                                      metadata=metadata)
+        if metadata == "cuboid_mean":
+            with pytest.warns(psa_ref.SketchMetadataWarning, match="metadata='cuboid_mean'") as rec:
+                psa_fast.plan(cache, num_q_heads=4, stop="sketch_avg", step=16)
+            assert rec[0].filename == __file__
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", psa_ref.SketchMetadataWarning)
+            psa_fast.plan(cache, num_q_heads=4, step=16)  # "auto"
+            psa_fast.plan(cache, num_q_heads=4, stop="ema", step=16)
+            psa_fast.plan(cache, num_q_heads=4, mode="topk", k=4)
+            if metadata == "quant3":
+                psa_fast.plan(cache, num_q_heads=4, stop="sketch", step=16)
+
+
 def test_synthetic_fill_with_per_head_profiles():
     from psa_fast.synthetic import fill_skewed, trace_block_profiles
 

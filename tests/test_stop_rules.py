@@ -236,6 +236,39 @@ def test_sketch_worked_example_by_hand(fn):
     assert res.blocks_used[0] == 0 and res.blocks_used.size >= 2
 
 
+@pytest.mark.parametrize("fn", [psa_ref.attention, sweep.attention])
+def test_sketch_rules_warn_off_quant3(fn):
+    """A sketch rule on per-block metadata warns, naming the rule, the metadata and the fix, at the caller's line;
+    quant3 and the per-block rules do not. On the shipped trace the warning's claims hold: cuboid_mean reads nearly
+    every block, mean stops short of tau for some heads, quant3 neither."""
+    import warnings
+
+    from psa_ref.trace import load_trace
+
+    tr = load_trace(None)
+    q, k, v = (a.astype(np.float64) for a in tr.case(2, 5))
+    for metadata in ("cuboid_mean", "minmax", "mean"):
+        b = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata=metadata, kv_layout="HND")
+        for stop in SKETCH_RULES:
+            with pytest.warns(psa_ref.SketchMetadataWarning, match=f"stop='{stop}'.*metadata='{metadata}'") as rec:
+                res = fn(q, b, 0.95, stop=stop, scale=tr.scale, exact_mass=True)
+            assert rec[0].filename == __file__ and "metadata='quant3'" in str(rec[0].message)
+            if metadata == "mean":
+                assert "short of the threshold" in str(rec[0].message) and res.mass_exact.min() < 0.9
+            else:
+                assert "nearly every block" in str(rec[0].message)
+                assert np.mean([u.size for u in res.blocks_used]) > 0.9 * b.num_blocks
+    quant3 = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata="quant3", kv_layout="HND")
+    cuboid = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata="cuboid_mean", kv_layout="HND")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", psa_ref.SketchMetadataWarning)
+        for stop in SKETCH_RULES + ("auto",):
+            res = fn(q, quant3, 0.95, stop=stop, scale=tr.scale, exact_mass=True)
+            assert res.mass_exact.min() >= 0.9 and np.mean([u.size for u in res.blocks_used]) < 0.6 * 128
+        fn(q, cuboid, 0.95, stop="ema", scale=tr.scale)
+        fn(q, cuboid, 0.95, scale=tr.scale)  # "auto": ema on cuboid_mean
+
+
 def test_sketch_rest_and_share_by_hand():
     # kappa = 6 / 3 = 2 over the window; unseen sketch 5: rest = 10. Units of the sketch cancel.
     assert sketch_rest(np.array(6.0), np.log(3.0) + 7.0, np.log(5.0) + 7.0) == pytest.approx(10.0, rel=1e-15)
