@@ -172,9 +172,10 @@ LOOP_ITERATION_US_PAIRS = 3.5  # ... and with two blocks a warp, where the chunk
 LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
 COPY_CEILING_GBS = 4300.0  # the H200's device-to-device copy ceiling (bench_decode measures it in every run)
 STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
-# ... and after a predicted first chunk, the blocks a busier group still needs: on the real Gemma 3 layers at 32K
-# (psa_ref, sketch_avg on quant3, step 1 after the prediction; thirty-ninth/fortieth sessions, CPU) the residual was
-# 0.8% of the blocks on average and 2.7% at the 90th percentile on layer 17, 0.3% / 0.9% on layer 11, 0.06% / 0.15% on layer 5
+# ... and after a predicted first chunk (sketch rules), the blocks a busier group still needs: on the real Gemma 3
+# layers at 32K (psa_ref, sketch_avg on quant3, step 1 after the prediction; exp_first_chunk.py --residual, fortieth
+# session, CPU) 0.81% of the blocks on average and 2.72% at the 90th percentile on layer 17, 0.31% / 0.91% on layer 11,
+# 0.06% / 0.19% on layer 5
 PREDICTED_SHARE = 0.03
 
 
