@@ -1857,9 +1857,10 @@ if [ "$PART" = s39a ]; then
   # slowest group 3.50 iterations against 5.00, its largest read 48.6% against 62.6%). Predicted: the default rule's
   # step at B = 8 72.6 -> ~60 µs, B = 1 29.7 -> ~26, B = 32 189 -> ~165 (fewer iterations of the grid's barrier and
   # fewer blocks). The plan's own step with the prediction is pick_step's residual rule since the fortieth session
-  # (PREDICTED_SHARE: 96 at B = 1 and 8, 64 at B = 32, where the plain loop takes 256 / 256 / 160): psa_ref puts 96
-  # level with 128 (3.09 iterations and 35.9% against 2.81 and 35.8%), so its row within ~1 µs of the "step 128"
-  # row; if both beat the plain rows, the residual rule stands. NEEDS `carry: [".gl/gemma3_xml_l17_32k.npz"]`:
+  # (PREDICTED_SHARE: 256 / 128 / 48 at B = 1 / 8 / 32, where the plain loop takes 768 / 320 / 144 on the grid
+  # build): modelled B = 8 ~-24% against the plain rows, B = 1 level, B = 32 ~-10% (NOTES, fortieth session). If the
+  # plan-step row loses to the "step 128" row at B = 8, sweep PREDICTED_SHARE. NEEDS
+  # `carry: [".gl/gemma3_xml_l17_32k.npz"]`:
   # recaptured in s39 on an AVX2 machine (sha256 3059595f..., not s23's eba34c74...; psa_ref's budgets on it differ in
   # the 4th decimal), so compare only rows of this call. With PSA_SUFFIX_BATCH on as well if s38h has flipped it.
   # The sketch_avg and predicted GPU tests first (the predicted chunk's conformance draws every stop rule). ~6 min.
