@@ -57,10 +57,11 @@ chunk's blocks are folded in processing order) and ``p_next`` is the sketch mass
 block of the next chunk, so the estimate after a prefix does not depend on ``step``. With other
 metadata kinds ``s_j`` is that kind's estimate and ``p_j = n_j exp(s_j - M)`` its implied mass:
 near a block's largest logit for ``minmax`` and ``cuboid_mean``, so the share test rarely passes
-and the rule reads nearly every block; for ``mean`` (the logit of the block's mean key) far below
-it, so the rule stops short of ``threshold`` (on the shipped trace at tau 0.95: 98-100% of the
-blocks read, or a true mass of 0.23 for the worst 1% of heads, where ``quant3`` reads 38-40% for
-0.95). Either way ``SketchMetadataWarning`` says so; use ``quant3``.
+and the rule reads nearly every block; for ``mean`` (the logit of the block's mean key) below the
+block's true mass, so the rule stops short of ``threshold``. On the shipped trace at tau 0.95:
+98-100% of the blocks read on ``cuboid_mean`` and ``minmax``, a true mass of 0.23 for the worst
+1% of heads on ``mean``, where ``quant3`` reads 38-40% of the blocks for 0.95. Either way
+``SketchMetadataWarning`` says so; use ``quant3``.
 
 ``stop="sketch_avg"`` is ``sketch`` with a share test relative to the *average* block: it stops
 only once ``p_next < (c / N) (AS_acc + rest)``, i.e. once the next block's sketch mass is below
@@ -93,6 +94,7 @@ decides one step early, then where it stopped before). ``attention`` itself stay
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -119,16 +121,25 @@ class SketchMetadataWarning(UserWarning):
     """``stop="sketch"`` or ``"sketch_avg"`` on blocks whose metadata is not ``"quant3"`` (see the module doc)."""
 
 
-def warn_sketch_metadata(stop: str, metadata: str | None, *, stacklevel: int = 3) -> None:
+def warn_sketch_metadata(stop: str, metadata: str | None) -> None:
     """Warn (``SketchMetadataWarning``) where a sketch rule runs on metadata other than ``"quant3"``: its unseen
     mass then comes from per-block estimates that are not masses, and it reads nearly every block
-    (``cuboid_mean``, ``minmax``) or stops short of the threshold (``mean``). ``stacklevel`` as for
-    ``warnings.warn``."""
+    (``cuboid_mean``, ``minmax``) or stops short of the threshold (``mean``). The warning names the first caller
+    outside ``psa_ref`` and ``psa_fast``, however deep the call that checks."""
     if stop in SKETCH_RULES and metadata is not None and metadata != "quant3":
         effect = "stops short of the threshold" if metadata == "mean" else "reads nearly every block"
         warnings.warn(f"stop={stop!r} sums quant3's per-token sketch masses; on metadata={metadata!r} it {effect}. "
                       "Build the blocks with metadata='quant3', or use stop='auto' (ema on this metadata).",
-                      SketchMetadataWarning, stacklevel=stacklevel)
+                      SketchMetadataWarning, stacklevel=_outside_stacklevel())
+
+
+def _outside_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel``, called from a function of these packages, that points at the first frame
+    outside them (``skip_file_prefixes`` needs Python 3.12)."""
+    frame, level = sys._getframe(2), 2  # the caller of the function that warns
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("psa_ref", "psa_fast"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def resolve_stop(stop: str, metadata: str) -> str:
@@ -453,7 +464,7 @@ def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, g
     """
     threshold = _validate.threshold(threshold)
     stop = resolve_stop(stop, getattr(blocks, "metadata", None))
-    warn_sketch_metadata(stop, getattr(blocks, "metadata", None), stacklevel=4)  # at attention's caller
+    warn_sketch_metadata(stop, getattr(blocks, "metadata", None))
     step = _validate.integer(step, "step", minimum=1)
     first_chunk = check_first_chunk(first_chunk)
     rank = _validate.choice(rank, "rank", RANKS)
