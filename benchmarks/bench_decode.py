@@ -563,6 +563,33 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
             return floor_bytes(shape, t=t, b=b, blocks_read=read, metadata=metadata, groups=groups,
                                per_head_passes=passes)
 
+        def topk_ladder(kv, targets, metadata="cuboid_mean"):
+            """Top-k on ``kv`` at each target's budget, then the smallest k on a grid of multiples of it whose error
+            is at most the target's: rows "top-k k=K (NAME budget)" and "top-k k=K (error ≤ NAME)", with
+            "(quant3)" after "top-k" on a quant3 cache. ``targets``: (name, error, blocks read) triples; each k is
+            timed once."""
+            tag = "" if metadata == "cuboid_mean" else f" ({metadata})"
+            timed_k = {}
+
+            def topk(k):
+                if k not in timed_k:
+                    us, outs, _ = timed(psa_fast.plan(kv, num_q_heads=hq, mode="topk", k=k, scale=shape.scale))
+                    timed_k[k] = (us, mean_err(outs))
+                return timed_k[k]
+
+            for target, err_t, read_t in targets:
+                k_budget = max(1, int(round(read_t)))
+                us, err = topk(k_budget)
+                row(f"top-k{tag} k={k_budget} ({target} budget)", us, psa_floor(k_budget, metadata=metadata), err,
+                    k_budget, 5)
+                for factor in (1.25, 1.5, 2, 3, 4, 6, 8, 12, 16):  # the smallest k on this grid with the error
+                    k = min(n, int(round(k_budget * factor)))
+                    us_k, err_k = topk(k)
+                    if err_k <= err_t or k == n:
+                        row(f"top-k{tag} k={k} (error ≤ {target})", us_k, psa_floor(k, metadata=metadata), err_k, k,
+                            5)
+                        break
+
         psa = {}
         for tau in (0.9, 0.95):
             if tau == 0.9 and "tau0.9" in skip:
@@ -639,48 +666,46 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     variants += [("shared", spec, "share", None) for spec in (None, margin)
                                  if spec is None or "speculate" not in skip]
                 if "predicted" not in skip:  # the first ranked chunk from the estimates whose suffix sums this rule
-                    # computes anyway (one more small launch), at the plan's step and at FIRST_STEP
-                    variants += [("shared", None, "estimate", first_step) for first_step in ("plan", FIRST_STEP)]
+                    # computes anyway (one more small launch): at the plan's step (pick_step's residual rule), at
+                    # FIRST_STEP, and at the step the plan takes without it ("plain": on the per-head profiles
+                    # psa_ref cuts the busiest group's iterations most there, NOTES' fortieth session)
+                    variants += [("shared", None, "estimate", first) for first in ("plan", FIRST_STEP, "plain")]
+                    variants += [("per_head", None, "estimate", first) for first in ("plan", "plain")]
+                plain_step = {}  # gqa -> the plan's step without a predicted chunk (the variants' first rows)
+                targets = []  # (name, error, blocks read) of the rows top-k is matched against below
                 for gqa, spec, rank, first in variants:
+                    first_step = plain_step.get(gqa) if first == "plain" else first
                     name = ("PSA τ=0.95 sketch_avg (quant3)" + (" per_head" if gqa == "per_head" else "")
                             + (" rank share" if rank == "share" else "") + (f" {spec_name}" if spec else "")
                             + ("" if first is None else " first chunk predicted"
-                               + ("" if first == "plan" else f" step {first}")))
+                               + {"plan": "", "plain": f" plain step {first_step}"}.get(first, f" step {first}")))
                     p3 = psa_fast.plan(q3, num_q_heads=hq, mode="psa", threshold=0.95,
-                                       step=spec_step if spec else step if first in (None, "plan") else first,
+                                       step=spec_step if spec else step if first in (None, "plan") else first_step,
                                        gqa=gqa, scale=shape.scale, speculate=spec, rank=rank,
                                        speculate_extra=spec_extra if spec else None,
                                        first_chunk=None if first is None else "predicted")
+                    if first is None and spec is None and rank == "estimate":
+                        plain_step[gqa] = p3.step
                     us3, outs3, read3 = timed(p3)
+                    err3 = mean_err(outs3)
                     row(name, us3, psa_floor(read3, metadata="quant3", passes=3, groups=hq if gqa == "per_head"
-                                             else hkv), mean_err(outs3), read3, 5,
+                                             else hkv), err3, read3, 5,
                         f"stop {p3.stop}, metadata quant3, gqa {gqa}, step {p3.step}, cluster {p3.cluster}")
+                    if spec is None and rank == "estimate":
+                        targets.append((name, err3, read3))
                     if "stages" not in skip:
                         parts = attempt(name + " stages", lambda: stage_times(p3, us3))
                         if parts is not None:
                             log(dict(T=t, B=b, **tags, breakdown_us=parts, of=name))
+                if "topk" not in skip:  # top-k on the same quant3 cache (its estimates rank the blocks) at each
+                    # plain or predicted row's error: "PSA faster than top-k at equal error" for the default rule
+                    topk_ladder(q3, targets, metadata="quant3")
 
             attempt("PSA τ=0.95 sketch_avg (quant3)", run_sketch)
             cupy.get_default_memory_pool().free_all_blocks()  # the quant3 cache is gone with run_sketch's frame
 
         if "topk" not in skip and 0.95 in psa:
-            def topk(k):
-                us, outs, _ = timed(psa_fast.plan(cache, num_q_heads=hq, mode="topk", k=int(k), scale=shape.scale))
-                return us, mean_err(outs)
-
-            def run_topk():
-                err95, read95 = psa[0.95]
-                k_budget = max(1, int(round(read95)))
-                us, err = topk(k_budget)
-                row(f"top-k k={k_budget} (PSA τ=0.95 budget)", us, psa_floor(k_budget), err, k_budget, 5)
-                for factor in (1.25, 1.5, 2, 3, 4, 6, 8, 12, 16):  # the smallest k on this grid with PSA's error
-                    k = min(n, int(round(k_budget * factor)))
-                    us_k, err_k = topk(k)
-                    if err_k <= err95 or k == n:
-                        row(f"top-k k={k} (error ≤ PSA τ=0.95)", us_k, psa_floor(k), err_k, k, 5)
-                        break
-
-            attempt("top-k", run_topk)
+            attempt("top-k", lambda: topk_ladder(cache, [("PSA τ=0.95",) + psa[0.95]]))
     return rows
 
 

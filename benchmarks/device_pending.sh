@@ -120,6 +120,9 @@
 #  one Llama request on clusters of 16 CTAs of 4 warps (slower: the loop is bound by each warp's work a block).
 #   run(command="bash benchmarks/device_pending.sh s27f 32")  and  "s27f 128"  (~1 minute each)
 #  the per-head profile's rows at 32K or 128K, B = 1, 8, 32 (issue 14's per-head target).
+#   run(command="bash benchmarks/device_pending.sh s40a 32")  and  "s40a 128"  (~2 and ~4 minutes)
+#  the per-head profile's rows again with the predicted first chunk (ema and the default rule, shared and per head)
+#  and top-k on the quant3 cache at each default-rule row's error (fortieth session).
 #   run(command="bash benchmarks/device_pending.sh s27g")  (~1 minute)
 #  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
 #   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
@@ -1870,6 +1873,25 @@ if [ "$PART" = s39a ]; then
   timeout 300 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,stages,rank,speculate,topk --out "$OUT/g39" 2>&1 \
       | tee "$OUT/g39.log" | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g39.log"
+  exit 0
+fi
+if [ "$PART" = s40a ]; then
+  # Prepared in the fortieth session (CPU): issue 14's per-head target (PSA faster than top-k at equal error; B = 8
+  # was 2-4% slower in s33, the busiest group setting the time) with the predicted first chunk, which sizes each
+  # group's first chunk from its own estimates: the "step per group from the estimates" that s33f's note asked for.
+  # psa_ref on this profile at 32K B = 8 (NOTES, fortieth session): at the plan's step the busiest group's decisions
+  # fall from 8 to 5 (ema, shared, 160), 6 to 2 (sketch_avg shared, 160) and 12 to 3 (sketch_avg per_head, 80), at
+  # the same mean reads and error. Predicted: the `ema` row with its predicted chunk (bench's "PSA τ=0.95 first
+  # chunk predicted", its own per-head passes ~5 µs) -3 to -8 µs at B = 8, level elsewhere; the default rule's rows
+  # (quant3) with the prediction at the plain step -5 to -15 µs at B = 8 and 32, and now matched against top-k on the
+  # same quant3 cache at each row's error ("top-k (quant3) k=.. (error ≤ ...)"). $2 = 32 or 128 (K tokens).
+  # ~2 minutes each at 32K, ~4 at 128K.
+  cd benchmarks
+  mkdir -p "$OUT/ph40_$2"
+  sizes="32768:1,32768:8,32768:32"; [ "${2:-32}" = 128 ] && sizes="131072:1,131072:8,131072:32"
+  timeout 560 python3 bench_decode.py --profile per-head --shape llama8b --sizes $sizes --reps 20 --per-head \
+      --skip tau0.9,remaining,stages,rank,speculate --out "$OUT/ph40_$2" 2>&1 | tee "$OUT/ph40_$2.log" \
+      | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph40_$2.log"
   exit 0
 fi
 if [ "$PART" = s38g ]; then

@@ -79,32 +79,40 @@ def main(argv=None) -> None:
               f"{np.percentile(r['mass'], 1):.3f} | {np.mean(r['err']):.4f} |")
 
 
-def residual(args) -> None:
-    """The blocks each group needs past its predicted first chunk, as a share of its blocks: percentiles over the
-    trace's (layer, position, group) and ``PREDICTED_SHARE`` beside them."""
+def residual_shares(trace, cases, *, metadata: str, stop: str, tau: float, sink: int, recent: int) -> np.ndarray:
+    """For each (layer, position) of ``cases`` and each selection group (shared GQA): the blocks the group attends
+    past its predicted first chunk, as a share of its blocks. With steps of one block after the prediction each
+    decision past the forced blocks and the predicted chunk adds one block."""
     import psa_ref
     from psa_ref import sweep
+
+    shares = []
+    for li, pi in cases:
+        q, k, v = (a.astype(np.float64) for a in trace.case(li, pi))
+        b = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata=metadata, kv_layout="HND")
+        res = sweep.attention(q, b, tau, stop=stop, scale=trace.scale, sink_blocks=sink, recent_blocks=recent,
+                              step=1, first_chunk="predicted")
+        forced = min(b.num_blocks, sink + recent) > 0  # the forced blocks are one decision
+        shares += list((np.atleast_1d(res.iterations) - forced - 1) / b.num_blocks)
+    return np.asarray(shares)
+
+
+def residual(args) -> None:
+    """Percentiles of ``residual_shares`` over the whole trace, and ``PREDICTED_SHARE`` beside them."""
     from psa_ref.trace import load_trace
     from psa_fast._kernels import PREDICTED_SHARE
 
     trace = load_trace(args.kv)
-    shares = []
-    for li in range(len(trace.layers)):
-        for pi in range(trace.q.shape[1]):
-            q, k, v = (a.astype(np.float64) for a in trace.case(li, pi))
-            b = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata=args.metadata, kv_layout="HND")
-            res = sweep.attention(q, b, args.tau, stop=args.stop, scale=trace.scale, sink_blocks=args.sink,
-                                  recent_blocks=args.recent, step=1, first_chunk="predicted")
-            forced = min(b.num_blocks, args.sink + args.recent) > 0  # the forced blocks are one decision
-            # each decision past the forced blocks and the predicted chunk adds one block (step 1)
-            shares += list((np.atleast_1d(res.iterations) - forced - 1) / b.num_blocks)
+    cases = [(li, pi) for li in range(len(trace.layers)) for pi in range(trace.q.shape[1])]
+    shares = residual_shares(trace, cases, metadata=args.metadata, stop=args.stop, tau=args.tau, sink=args.sink,
+                             recent=args.recent)
     p = np.percentile(shares, [50, 90, 99])
-    print(f"trace: {len(trace.layers)} layers x {trace.q.shape[1]} positions, {b.num_blocks} blocks, tau {args.tau}, "
-          f"stop {args.stop} on {args.metadata}, sink {args.sink}, recent {args.recent}")
+    print(f"trace: {len(trace.layers)} layers x {trace.q.shape[1]} positions, tau {args.tau}, stop {args.stop} on "
+          f"{args.metadata}, sink {args.sink}, recent {args.recent}")
     print("| groups | past the prediction: mean | p50 | p90 | p99 | max | none needed | PREDICTED_SHARE |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| {len(shares)} | {np.mean(shares):.2%} | {p[0]:.2%} | {p[1]:.2%} | {p[2]:.2%} | {np.max(shares):.2%} | "
-          f"{np.mean(np.asarray(shares) == 0):.0%} | {PREDICTED_SHARE:.2%} |")
+          f"{np.mean(shares == 0):.0%} | {PREDICTED_SHARE:.2%} |")
 
 
 if __name__ == "__main__":

@@ -1162,3 +1162,43 @@ def test_first_chunk_experiment_prints_accuracy_md_s_rows(capsys):
     for schedule in ("step 8", "predicted, then 8"):
         row = next(line for line in out.splitlines() if line.startswith(f"| {schedule} |"))
         assert f"| `ema` |{row[1:]}" in doc, row
+
+
+def test_residual_past_the_predicted_chunk_is_the_fewest_blocks_that_stop():
+    """exp_first_chunk.residual_shares (CPU, psa_ref): what a group attends past its predicted first chunk is the
+    smallest number of extra blocks e for which an integer first chunk of (prediction + e) stops right after it;
+    one block fewer does not stop there. Checked on two positions of the shipped trace, every KV-head group."""
+    import exp_first_chunk
+    import psa_ref
+    from psa_ref import sweep
+    from psa_ref.progressive import predicted_first_chunk
+    from psa_ref.scoring import forced_blocks, processing_order
+    from psa_ref.trace import load_trace
+
+    trace = load_trace(None)
+    cases = [(0, 5), (1, 30)]  # residuals of 10-16 blocks, and of 0-3
+    opts = dict(metadata="quant3", stop="sketch_avg", tau=0.95, sink=1, recent=2)
+    shares = exp_first_chunk.residual_shares(trace, cases, **opts)
+    seen = []
+    for li, pi in cases:
+        q, k, v = (a.astype(np.float64) for a in trace.case(li, pi))
+        blocks = psa_ref.KVBlocks.from_dense(k, v, block_size=16, metadata="quant3", kv_layout="HND")
+        g = q.shape[0] // k.shape[0]
+        forced = forced_blocks(blocks.num_blocks, 1, 2)
+        scores = psa_ref.estimate(q, blocks, trace.scale)
+        for kv in range(k.shape[0]):
+            heads = scores[kv * g : (kv + 1) * g]
+            order = processing_order(heads.max(axis=0), forced)
+            c = predicted_first_chunk(heads, order, forced.size, blocks.block_lengths, 0.95)
+            one = psa_ref.KVBlocks.from_dense(k[kv], v[kv], block_size=16, metadata="quant3")
+
+            def stops_at_once(first):
+                res = sweep.attention(q[kv * g : (kv + 1) * g], one, 0.95, stop="sketch_avg", scale=trace.scale,
+                                      sink_blocks=1, recent_blocks=2, step=1, first_chunk=first)
+                return int(np.atleast_1d(res.iterations)[0]) == 2
+
+            e = round(shares[len(seen)] * blocks.num_blocks)
+            assert stops_at_once(c + e), (li, pi, kv, c, e)
+            assert e == 0 or not stops_at_once(c + e - 1), (li, pi, kv, c, e)
+            seen.append(e)
+    assert len(seen) == shares.size and min(seen) == 0 and max(seen) >= 10

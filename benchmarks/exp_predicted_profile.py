@@ -1,0 +1,111 @@
+"""The predicted first chunk on bench_decode's per-head profile, batch by batch (CPU, psa_ref).
+
+At a batch the busiest selection group sets the step's time (issue 14's per-head target: B = 8 was 2-4% slower
+than top-k at equal error, benchmarks/NOTES.md s33). ``first_chunk="predicted"`` sizes each group's first ranked
+chunk from its own estimates, so a heavy group takes one long chunk where a fixed step makes it iterate. This fills
+Llama-3.1-8B-shaped KV (Hq 32, Hkv 8, D 128, blocks of 16) as ``bench_decode.py --profile per-head`` does
+(``psa_fast.synthetic.fill_skewed`` on the CPU), runs psa_ref on every request at each step alone and after a
+predicted chunk, and prints per schedule: the decisions (mean, and the busiest group's over the batch), the blocks
+read (mean, largest) and the output error against dense.
+
+    python benchmarks/exp_predicted_profile.py --tokens 32768 --batch 8 --gqa per_head --steps 32,80
+    python benchmarks/exp_predicted_profile.py --tokens 32768 --batch 8 --gqa shared --steps 160 --rule cuboid_mean:ema
+
+``--residual`` prints instead what the prediction leaves (the predicted chunk, then steps of one block; as
+``exp_first_chunk.py --residual`` on a captured trace): the share of the blocks each group still needs past it.
+
+About 5 s a request at 32K on two cores. ``--steps auto`` takes the GPU plan's steps (``_kernels.pick_step`` with
+the H200's SM and cluster counts): the plain loop's and the one after a predicted chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+HQ, HKV, D, S = 32, 8, 128, 16  # Llama-3.1-8B's attention shape, blocks of 16
+
+
+class HostCache:
+    """What ``fill_skewed`` needs of a ``PagedKVCache``, keeping the keys it writes in NumPy."""
+
+    def __init__(self, *, batch: int, tokens: int):
+        self.batch, self.num_kv_heads, self.head_dim, self.block_size = batch, HKV, D, S
+        self.nmax = -(-tokens // S)
+        self.capacity = self.nmax * S
+        self.keys: dict[int, np.ndarray] = {}
+
+    def prefill(self, layer, request, keys, values):
+        self.keys[request] = keys
+
+
+def plan_steps(batch: int, gqa: str, nmax: int) -> list[int]:
+    """The GPU plan's ``step="auto"`` on the H200 for this shape: plain, and after a predicted chunk (sketch rules)."""
+    from psa_fast import _kernels
+
+    _kernels.num_sms = lambda: 132  # the H200's; max_active_clusters as measured there (clusters of 16: 7)
+    _kernels.max_active_clusters = lambda c: {16: 7, 8: 16}.get(c, 132 // c)
+    groups = HQ if gqa == "per_head" else HKV
+    cluster = _kernels.pick_cluster(batch * groups)
+    shape = dict(cluster=cluster, warps=8, block_bytes=2 * S * D * 2, pairs=True)
+    return [_kernels.pick_step(batch, groups, nmax, **shape, predicted=p) for p in (False, True)]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--gqa", choices=("shared", "per_head"), default="per_head")
+    ap.add_argument("--steps", default="auto", help="comma-separated, or 'auto' (the GPU plan's two steps)")
+    ap.add_argument("--rule", default="quant3:sketch_avg", help="metadata:stop")
+    ap.add_argument("--tau", type=float, default=0.95)
+    ap.add_argument("--residual", action="store_true", help="the blocks needed past the predicted first chunk")
+    args = ap.parse_args(argv)
+
+    import psa_ref
+    from psa_ref import sweep
+    from psa_fast.synthetic import fill_skewed, trace_block_profiles
+
+    metadata, stop = args.rule.split(":")
+    cache = HostCache(batch=args.batch, tokens=args.tokens)
+    q = fill_skewed(cache, 0, HQ, trace_block_profiles(block_size=S), seed=0, xp=np)
+    steps = (plan_steps(args.batch, args.gqa, cache.nmax) if args.steps == "auto"
+             else [int(x) for x in args.steps.split(",")])
+    if args.residual:
+        steps = [1]
+    rows: dict[tuple, dict] = {}
+    for r in range(args.batch):
+        keys = cache.keys[r].astype(np.float64)
+        values = np.random.default_rng(r).standard_normal(keys.shape)
+        qr = q[r].astype(np.float64)
+        blocks = psa_ref.KVBlocks.from_dense(keys, values, block_size=S, metadata=metadata, kv_layout="HND")
+        dense = psa_ref.dense_attention(qr, keys, values)
+        for step in steps:
+            for first in (("predicted",) if args.residual else (None, "predicted")):
+                res = sweep.attention(qr, blocks, args.tau, stop=stop, gqa=args.gqa, step=step, first_chunk=first)
+                d = rows.setdefault((step, first), {"it": [], "read": [], "err": []})
+                d["it"] += list(np.atleast_1d(res.iterations))
+                d["read"] += [u.size / blocks.num_blocks for u in res.blocks_used]
+                d["err"] += list(np.linalg.norm(res.output - dense, axis=1) / np.linalg.norm(dense, axis=1))
+    print(f"per-head profile, Llama-3.1-8B shape, {args.tokens} tokens, B = {args.batch}, {stop} on {metadata}, "
+          f"gqa {args.gqa}, tau {args.tau}")
+    if args.residual:  # no forced blocks: each decision past the predicted chunk adds one block
+        from psa_fast._kernels import PREDICTED_SHARE
+
+        past = (np.asarray(rows[1, "predicted"]["it"]) - 1) / cache.nmax
+        p = np.percentile(past, [50, 90, 99])
+        print("| groups | past the prediction: mean | p50 | p90 | p99 | max | none needed | PREDICTED_SHARE |")
+        print("|---|---|---|---|---|---|---|---|")
+        print(f"| {past.size} | {past.mean():.2%} | {p[0]:.2%} | {p[1]:.2%} | {p[2]:.2%} | {past.max():.2%} | "
+              f"{np.mean(past == 0):.0%} | {PREDICTED_SHARE:.2%} |")
+        return
+    print("| step | first chunk | decisions mean | busiest group's | read mean | largest read | error mean |")
+    print("|---|---|---|---|---|---|---|")
+    for (step, first), d in rows.items():
+        print(f"| {step} | {first or '-'} | {np.mean(d['it']):.2f} | {max(d['it'])} | {np.mean(d['read']):.1%} | "
+              f"{max(d['read']):.1%} | {np.mean(d['err']):.4f} |")
+
+
+if __name__ == "__main__":
+    main()
