@@ -591,6 +591,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                         break
 
         psa = {}
+        main_targets = []  # (name, error, blocks read) of the τ 0.95 rows on this cache that top-k is matched against
         for tau in (0.9, 0.95):
             if tau == 0.9 and "tau0.9" in skip:
                 continue
@@ -608,6 +609,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
             row(name, us, psa_floor(read), psa[tau][0], read, 5, f"stop {p.stop}, step {p.step}, cluster {p.cluster}")
             if tau != 0.95:
                 continue
+            main_targets.append((name,) + psa[tau])
             if "stages" not in skip:  # where the time goes: each stage alone
                 parts = attempt(f"{name} stages", lambda p=p, us=us: stage_times(p, us))
                 if parts is not None:
@@ -630,6 +632,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     usf, outsf, readf = gotf
                     # per head: the estimates written, read back by the suffix sums, which write their own
                     row(fname, usf, psa_floor(readf, passes=3), mean_err(outsf), readf, 7)
+                    main_targets.append((fname, mean_err(outsf), readf))
             if "speculate" not in skip:  # every predicted chunk at once, verified after (DecodePlan(speculate=...))
                 sname = f"{name} {spec_name}"
                 gots = attempt(sname, lambda: timed(psa_fast.plan(
@@ -651,6 +654,17 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     ph, (ush, outsh, readh) = goth
                     row(pname, ush, psa_floor(readh, groups=hq), mean_err(outsh), readh, 5,
                         f"stop {ph.stop}, step {ph.step}, cluster {ph.cluster}")
+                    main_targets.append((pname, mean_err(outsh), readh))
+                if "predicted" not in skip:  # each head's first chunk from its estimates: the busiest of many
+                    # per-head groups decides less often (psa_ref, NOTES' fortieth session)
+                    fpname = f"{pname} first chunk predicted"
+                    gotfp = attempt(fpname, lambda: timed(psa_fast.plan(
+                        cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, gqa="per_head",
+                        first_chunk="predicted", scale=shape.scale)))
+                    if gotfp is not None:
+                        usfp, outsfp, readfp = gotfp
+                        row(fpname, usfp, psa_floor(readfp, groups=hq, passes=3), mean_err(outsfp), readfp, 7)
+                        main_targets.append((fpname, mean_err(outsfp), readfp))
 
         if "sketch" not in skip:
             # the default rule on metadata="quant3" (stop="auto" = "sketch_avg"): the same KV (same fill, same layers)
@@ -704,8 +718,8 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
             attempt("PSA τ=0.95 sketch_avg (quant3)", run_sketch)
             cupy.get_default_memory_pool().free_all_blocks()  # the quant3 cache is gone with run_sketch's frame
 
-        if "topk" not in skip and 0.95 in psa:
-            attempt("top-k", lambda: topk_ladder(cache, [("PSA τ=0.95",) + psa[0.95]]))
+        if "topk" not in skip and main_targets:  # top-k at the error of each τ 0.95 row on this cache
+            attempt("top-k", lambda: topk_ladder(cache, main_targets))
     return rows
 
 

@@ -1881,8 +1881,9 @@ if [ "$PART" = s40a ]; then
   # group's first chunk from its own estimates: the "step per group from the estimates" that s33f's note asked for.
   # psa_ref on this profile at 32K B = 8 (NOTES, fortieth session): at the plan's step the busiest group's decisions
   # fall from 8 to 5 (ema, shared, 160), 6 to 2 (sketch_avg shared, 160) and 12 to 3 (sketch_avg per_head, 80), at
-  # the same mean reads and error. Predicted: the `ema` row with its predicted chunk (bench's "PSA τ=0.95 first
-  # chunk predicted", its own per-head passes ~5 µs) -3 to -8 µs at B = 8, level elsewhere; the default rule's rows
+  # the same mean reads and error. Predicted: the `ema` rows with their predicted chunk (bench's "PSA τ=0.95 first
+  # chunk predicted" and "PSA τ=0.95 per_head first chunk predicted", their own per-head passes ~5 µs; each now with
+  # top-k at its own error) -3 to -8 µs at B = 8, level elsewhere; the default rule's rows
   # (quant3) with the prediction at the plain step -5 to -15 µs at B = 8 and 32, and now matched against top-k on the
   # same quant3 cache at each row's error ("top-k (quant3) k=.. (error ≤ ...)"). $2 = 32 or 128 (K tokens).
   # ~2 minutes each at 32K, ~4 at 128K.
