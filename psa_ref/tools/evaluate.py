@@ -624,8 +624,7 @@ def evaluate_parallel(*, jobs: int, threads: int = 1, text: str = "pydoc", offse
     stride = max(contexts) + 1
     common = dict(text=text, tokens=tokens, block_size=block_size, metadata=metadata, backend=backend, gqa=gqa,
                   rank=rank, first_chunk=first_chunk, step=step, threads=threads, windows=1, topk_at_budget=False,
-                  model=model,
-                  chunk=chunk, bos=bos, dtype=dtype)
+                  model=model, chunk=chunk, bos=bos, dtype=dtype)
     first = [dict(common, offset=offset + i * stride, contexts=tuple(contexts), rules=tuple(rules), taus=tuple(taus),
                   topk=tuple(topk)) for i in range(windows)]
     second = []  # per context and window: top-k at the first rule's pooled budgets, with a dense reference
@@ -848,8 +847,7 @@ def main(*, out_dir: str = ".", contexts=CONTEXTS, tokens: int = 32, windows: in
     summary.write_text(json.dumps({"runs": [asdict(r) for r in runs], "seconds": seconds, "text": text,
                                    "offset": offset, "windows": windows, "tokens": tokens, "metadata": metadata,
                                    "gqa": gqa, "rank": rank, "first_chunk": first_chunk, "step": step,
-                                   "model": spec.name,
-                                   "dtype": dtype, "chunk": chunk, "threads": threads, "jobs": jobs,
+                                   "model": spec.name, "dtype": dtype, "chunk": chunk, "threads": threads, "jobs": jobs,
                                    "caption": caption(runs, metadata=metadata, gqa=gqa, rank=rank,
                                                       first_chunk=first_chunk, step=step)},
                                   indent=1, default=_json_default))
