@@ -40,16 +40,28 @@ class HostCache:
         self.keys[request] = keys
 
 
+H200_SMS = 132
+
+
+def h200_active_clusters(cluster: int) -> int:
+    """Clusters of ``cluster`` CTAs the H200 holds at once, as measured there (16: 7; 8: 16)."""
+    return {16: 7, 8: 16}.get(cluster, H200_SMS // cluster)
+
+
 def plan_steps(batch: int, gqa: str, nmax: int) -> list[int]:
-    """The GPU plan's ``step="auto"`` on the H200 for this shape: plain, and after a predicted chunk (sketch rules)."""
+    """The GPU plan's ``step="auto"`` on the H200 for this shape: plain, and after a predicted chunk (sketch rules).
+    The plan's GPU queries are answered with the H200's values for the call, then restored."""
     from psa_fast import _kernels
 
-    _kernels.num_sms = lambda: 132  # the H200's; max_active_clusters as measured there (clusters of 16: 7)
-    _kernels.max_active_clusters = lambda c: {16: 7, 8: 16}.get(c, 132 // c)
-    groups = HQ if gqa == "per_head" else HKV
-    cluster = _kernels.pick_cluster(batch * groups)
-    shape = dict(cluster=cluster, warps=8, block_bytes=2 * S * D * 2, pairs=True)
-    return [_kernels.pick_step(batch, groups, nmax, **shape, predicted=p) for p in (False, True)]
+    saved = _kernels.num_sms, _kernels.max_active_clusters
+    _kernels.num_sms, _kernels.max_active_clusters = (lambda: H200_SMS), h200_active_clusters
+    try:
+        groups = HQ if gqa == "per_head" else HKV
+        cluster = _kernels.pick_cluster(batch * groups)
+        shape = dict(cluster=cluster, warps=8, block_bytes=2 * S * D * 2, pairs=True)
+        return [_kernels.pick_step(batch, groups, nmax, **shape, predicted=p) for p in (False, True)]
+    finally:
+        _kernels.num_sms, _kernels.max_active_clusters = saved
 
 
 def main(argv=None) -> None:

@@ -1202,3 +1202,30 @@ def test_residual_past_the_predicted_chunk_is_the_fewest_blocks_that_stop():
             assert e == 0 or not stops_at_once(c + e - 1), (li, pi, kv, c, e)
             seen.append(e)
     assert len(seen) == shares.size and min(seen) == 0 and max(seen) >= 10
+
+
+def test_predicted_profile_experiment_runs_its_schedules(capsys, monkeypatch):
+    """exp_predicted_profile.py (CPU, psa_ref) at a tiny size: one row per (step, first chunk) with decisions, reads
+    and errors in range; --steps auto takes the plan's two steps (smaller after a predicted chunk); --residual prints
+    the share past the prediction beside PREDICTED_SHARE."""
+    import exp_predicted_profile as epp
+    from psa_fast import _kernels
+
+    epp.main(["--tokens", "2048", "--batch", "2", "--gqa", "shared", "--steps", "4,16"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    body = [[c.strip() for c in r] for r in rows[1:]]
+    assert [(r[0], r[1]) for r in body] == [("4", "-"), ("4", "predicted"), ("16", "-"), ("16", "predicted")]
+    for step, first, mean_it, busiest, read, largest, err in body:
+        assert 1 <= float(mean_it) <= int(busiest) <= 128 and 0 < float(read[:-1]) <= float(largest[:-1]) <= 100
+        assert 0 <= float(err) < 1
+    before = _kernels.num_sms
+    plain, predicted = epp.plan_steps(8, "per_head", 2048)
+    assert _kernels.num_sms is before  # the H200's values only for the call
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    monkeypatch.setattr(_kernels, "max_active_clusters", epp.h200_active_clusters)
+    want = [_kernels.pick_step(8, 32, 2048, cluster=_kernels.pick_cluster(256), warps=8, block_bytes=8192, pairs=True,
+                               predicted=p) for p in (False, True)]
+    assert [plain, predicted] == want and predicted < plain
+    epp.main(["--tokens", "2048", "--batch", "2", "--residual"])
+    out = capsys.readouterr().out
+    assert f"| {_kernels.PREDICTED_SHARE:.2%} |" in out and "| 64 |" in out  # 2 requests x 32 query heads
