@@ -27,19 +27,6 @@ import numpy as np
 HQ, HKV, D, S = 32, 8, 128, 16  # Llama-3.1-8B's attention shape, blocks of 16
 
 
-class HostCache:
-    """What ``fill_skewed`` needs of a ``PagedKVCache``, keeping the keys it writes in NumPy."""
-
-    def __init__(self, *, batch: int, tokens: int):
-        self.batch, self.num_kv_heads, self.head_dim, self.block_size = batch, HKV, D, S
-        self.nmax = -(-tokens // S)
-        self.capacity = self.nmax * S
-        self.keys: dict[int, np.ndarray] = {}
-
-    def prefill(self, layer, request, keys, values):
-        self.keys[request] = keys
-
-
 H200_SMS = 132
 
 
@@ -77,10 +64,10 @@ def main(argv=None) -> None:
 
     import psa_ref
     from psa_ref import sweep
-    from psa_fast.synthetic import fill_skewed, trace_block_profiles
+    from psa_fast.synthetic import HostCache, fill_skewed, trace_block_profiles
 
     metadata, stop = args.rule.split(":")
-    cache = HostCache(batch=args.batch, tokens=args.tokens)
+    cache = HostCache(batch=args.batch, num_kv_heads=HKV, head_dim=D, max_tokens=args.tokens, block_size=S)
     q = fill_skewed(cache, 0, HQ, trace_block_profiles(block_size=S), seed=0, xp=np)
     steps = (plan_steps(args.batch, args.gqa, cache.nmax) if args.steps == "auto"
              else [int(x) for x in args.steps.split(",")])
@@ -88,7 +75,7 @@ def main(argv=None) -> None:
         steps = [1]
     rows: dict[tuple, dict] = {}
     for r in range(args.batch):
-        keys = cache.keys[r].astype(np.float64)
+        keys = cache.keys[0, r].astype(np.float64)
         values = np.random.default_rng(r).standard_normal(keys.shape)
         qr = q[r].astype(np.float64)
         blocks = psa_ref.KVBlocks.from_dense(keys, values, block_size=S, metadata=metadata, kv_layout="HND")

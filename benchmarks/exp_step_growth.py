@@ -72,9 +72,8 @@ def schedule_rows(trace, *, metadata: str, stop: str, steps: list[int], growths:
         nb = len(its) // batch
         bi, bu = its_a[:nb * batch].reshape(nb, batch), used_a[:nb * batch].reshape(nb, batch)
         rows.append(dict(metadata=metadata, stop=stop, step=step, growth=growth, first=first or "-",
-                         iterations=its_a.mean(),
-                         read=used_a.mean(), batch_iterations=bi.max(1).mean(), batch_read_max=bu.max(1).mean(),
-                         batch_read=bu.mean(), queries=len(its), batches=nb))
+                         iterations=its_a.mean(), read=used_a.mean(), batch_iterations=bi.max(1).mean(),
+                         batch_read_max=bu.max(1).mean(), batch_read=bu.mean(), queries=len(its), batches=nb))
     return rows
 
 
@@ -103,8 +102,7 @@ def main() -> None:
         for r in schedule_rows(trace, metadata=metadata, stop=stop, steps=[int(s) for s in args.steps.split(",")],
                                growths=[float(g) for g in args.growths.split(",")], batch=args.batch, firsts=firsts):
             print(f"| {r['metadata']} | {r['stop']} | {r['step']} | {r['growth']:g} | {r['first']} | "
-                  f"{r['iterations']:.2f} | "
-                  f"{r['read']:.1%} | {r['batch_iterations']:.2f} | {r['batch_read_max']:.1%} | "
+                  f"{r['iterations']:.2f} | {r['read']:.1%} | {r['batch_iterations']:.2f} | {r['batch_read_max']:.1%} | "
                   f"{r['batch_read']:.1%} |", flush=True)
 
 

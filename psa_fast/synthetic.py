@@ -66,6 +66,31 @@ def trace_block_profiles(layers=(12, 18, 24, 29), block_size: int = 16, trace=No
                            for r in rows])
 
 
+class HostCache:
+    """The part of a [`PagedKVCache`][psa_fast.PagedKVCache] that ``fill_skewed`` uses, keeping what it writes in
+    NumPy: ``fill_skewed(..., xp=numpy)`` on the CPU, for tests and psa_ref experiments. ``keys[layer, request]``
+    is the request's ``[Hkv, capacity, D]`` float16 keys; the values are not kept.
+
+    Raises:
+        ValueError: ``prefill`` given keys or values of another shape or dtype.
+    """
+
+    def __init__(self, *, batch: int, num_kv_heads: int, head_dim: int, max_tokens: int, block_size: int = 16,
+                 num_layers: int = 1):
+        self.num_layers, self.batch, self.num_kv_heads, self.head_dim = num_layers, batch, num_kv_heads, head_dim
+        self.block_size = block_size
+        self.nmax = -(-max_tokens // block_size)
+        self.capacity = self.nmax * block_size
+        self.keys: dict[tuple[int, int], np.ndarray] = {}
+
+    def prefill(self, layer, request, keys, values):
+        want = (self.num_kv_heads, self.capacity, self.head_dim)
+        if keys.shape != want or values.shape != want or keys.dtype != np.float16 or values.dtype != np.float16:
+            raise ValueError(f"keys and values must be float16 of shape {want}, got {keys.dtype} {keys.shape} "
+                             f"and {values.dtype} {values.shape}")
+        self.keys[layer, request] = keys
+
+
 def fill_skewed(cache, layer: int, num_q_heads: int, offsets: np.ndarray, seed: int = 0, within_block: float = 0.5,
                 *, positional: bool = False, xp=None):
     """Fill one layer of a [`PagedKVCache`][psa_fast.PagedKVCache] to capacity and return matching queries.
@@ -89,7 +114,7 @@ def fill_skewed(cache, layer: int, num_q_heads: int, offsets: np.ndarray, seed: 
 
     ``xp`` is the array module (default CuPy); ``numpy`` runs the same construction on the CPU for tests,
     with any ``cache`` object that has ``batch``, ``num_kv_heads``, ``head_dim``, ``block_size``, ``nmax``,
-    ``capacity`` and ``prefill(layer, request, keys, values)``.
+    ``capacity`` and ``prefill(layer, request, keys, values)``, such as ``HostCache``.
 
     Returns:
         ``q``: ``[B, Hq, D]`` float16 (a CuPy array, or of ``xp``).

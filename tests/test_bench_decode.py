@@ -139,7 +139,8 @@ def test_output_names_and_printing():
 def test_sparsity_fill_uses_each_profile_once():
     """The bench's data path on the CPU: every (layer, request, KV head) gets its own profile, so the mean
     ideal share of the whole cache is the target's."""
-    from test_synthetic import HostCache, head_shares
+    from psa_fast.synthetic import HostCache
+    from test_synthetic import head_shares
 
     shape = bd.Shape("tiny", 4, 2, 64)
     fill = bd.sparsity_fill(shape, 0.1, 2, xp=np)

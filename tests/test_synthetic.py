@@ -9,27 +9,11 @@ import numpy as np
 import pytest
 
 from psa_fast import gpu_available
-from psa_fast.synthetic import (OFFSET_FLOOR, fill_skewed, ideal_share, ideal_share_of_logits,
+from psa_fast.synthetic import (OFFSET_FLOOR, HostCache, fill_skewed, ideal_share, ideal_share_of_logits,
                                 sparsity_profiles)
 from psa_ref import analysis
 
 SHARES = (0.02, 0.05, 0.1, 0.2, 0.3)
-
-
-class HostCache:
-    """The part of ``PagedKVCache`` that ``fill_skewed`` uses, keeping what it writes in NumPy."""
-
-    def __init__(self, *, batch, num_kv_heads, head_dim, max_tokens, block_size=16, num_layers=1):
-        self.num_layers, self.batch, self.num_kv_heads, self.head_dim = num_layers, batch, num_kv_heads, head_dim
-        self.block_size = block_size
-        self.nmax = -(-max_tokens // block_size)
-        self.capacity = self.nmax * block_size
-        self.keys = {}
-
-    def prefill(self, layer, request, keys, values):
-        assert keys.shape == values.shape == (self.num_kv_heads, self.capacity, self.head_dim)
-        assert keys.dtype == values.dtype == np.float16
-        self.keys[layer, request] = keys
 
 
 def head_shares(cache, layer, q, scale=None):

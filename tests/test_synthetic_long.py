@@ -139,7 +139,8 @@ def test_the_data_file_says_how_it_was_made():
 def test_a_filled_cache_keeps_the_drawn_budgets():
     """Through ``fill_skewed`` (NumPy on a stand-in cache), the keys give each KV head its profile's budget
     within 15% (the within-block spread of token logits; tests/test_synthetic.py)."""
-    from test_synthetic import HostCache, head_shares
+    from psa_fast.synthetic import HostCache
+    from test_synthetic import head_shares
 
     cache = HostCache(batch=2, num_kv_heads=1, head_dim=256, max_tokens=8192)
     prof = long_context_profiles(cache.nmax, num_profiles=2, seed=1)
@@ -154,7 +155,7 @@ def test_the_decode_benchmark_fills_from_them():
     import sys
     from pathlib import Path
 
-    from test_synthetic import HostCache
+    from psa_fast.synthetic import HostCache
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_decode as bd
