@@ -107,8 +107,10 @@ def residual(args) -> None:
     shares = residual_shares(trace, cases, metadata=args.metadata, stop=args.stop, tau=args.tau, sink=args.sink,
                              recent=args.recent)
     p = np.percentile(shares, [50, 90, 99])
+    blocks = -(-trace.case(*cases[-1])[1].shape[-2] // 16)  # the last case's keys: the trace's longest prefix
     print(f"trace: {len(trace.layers)} layers x {trace.q.shape[1]} positions, tau {args.tau}, stop {args.stop} on "
-          f"{args.metadata}, sink {args.sink}, recent {args.recent}")
+          f"{args.metadata}, sink {args.sink}, recent {args.recent}; up to {blocks} blocks a group "
+          f"(p90 = {p[1] * blocks:.0f} blocks there)")
     print("| groups | past the prediction: mean | p50 | p90 | p99 | max | none needed | PREDICTED_SHARE |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| {len(shares)} | {np.mean(shares):.2%} | {p[0]:.2%} | {p[1]:.2%} | {p[2]:.2%} | {np.max(shares):.2%} | "
