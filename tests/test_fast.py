@@ -961,15 +961,15 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
 def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, before=None,
                                   names=("out", "num_used", "iterations", "reason"), file="decode", buffers=(),
                                   value=1):
-    """Run ``plan`` on ``q`` with the default builds, then with the switch ``define`` set to ``value`` in every build of
-    ``kernels/<file>.cu`` (as benchmarks/exp_kernel_defines.py does): ``calls`` calls each (``before()`` first, if
-    given), outputs filled with NaN before each call. Asserts the two runs' ``names`` (and the order, where the plan
-    has one, and the plan's ``buffers``) equal bit for bit and the default's output free of NaN; returns the default
-    run's arrays."""
+    """Run ``plan`` on ``q`` with the switch ``define`` set to 0, then to ``value``, in every build of
+    ``kernels/<file>.cu`` (as benchmarks/exp_kernel_defines.py does; both sides explicit, whatever the source's default
+    is for the build): ``calls`` calls each (``before()`` first, if given), outputs filled with NaN before each call.
+    Asserts the two runs' ``names`` (and the order, where the plan has one, and the plan's ``buffers``) equal bit for
+    bit and the first run's output free of NaN; returns the first run's arrays."""
     runs = []
     for on in (0, 1):
         # (the builds asked for with the switch: none would mean the A/B compared a build with itself)
-        switched = kernel_switch(file, **{define: value}) if on else kernel_switch(None)
+        switched = kernel_switch(file, **{define: value if on else 0})
         if before is not None:
             before()
         for _ in range(calls):
@@ -986,43 +986,17 @@ def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, be
     return runs[0]
 
 
-@pytest.mark.parametrize("case", ["ema", "certified", "sketch_avg", "topk", "dense", "grid", "speculate", "d256"])
-def test_rescale_skip_keeps_every_bit(monkeypatch, kernel_switch, case):
-    """decode.cu's ``PSA_RESCALE_SKIP`` (prepared in the thirty-seventh session, off by default): a warp whose running
-    maxima do not move skips the output's rescale by factors of exactly 1. Every decode build with it gives the
-    default build's outputs, blocks, iterations and reasons bit for bit: the loop on clusters (paired at D 128, three
-    rules), top-k and dense (split), the grid build, the speculative schedule, D 256."""
-    from psa_fast import _kernels
-
-    d, hq, hkv = (256, 4, 1) if case == "d256" else (128, 8, 2)
-    metadata = "quant3" if case == "sketch_avg" else "minmax" if case == "certified" else "cuboid_mean"
-    rng = np.random.default_rng(21)
-    t = 3000
-    q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
-                                             logit_scale=2.0, sink_strength=4.0, dtype=np.float16)
-    blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v), block_size=16, metadata=metadata)
-    if case == "grid":
-        lift_grid_thresholds(monkeypatch)
-        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
-    opts = {"ema": dict(stop="ema"), "certified": dict(stop="certified"), "sketch_avg": dict(stop="sketch_avg"),
-            "topk": dict(mode="topk", k=40), "dense": dict(mode="dense", splits=7), "grid": dict(stop="ema"),
-            "speculate": dict(stop="ema", speculate=1.0), "d256": dict(stop="ema")}[case]
-    plan = psa_fast.plan(blocks.cache, num_q_heads=hq, threshold=0.9, step=16, **opts)
-    if case == "grid":
-        assert plan.grid_ctas == 8
-    assert_define_keeps_every_bit(kernel_switch, "rescale_skip", plan, cupy.asarray(q[None]))
-
-
 @pytest.mark.parametrize("case", ["ema", "sketch_avg", "topk", "topk_loop", "dense", "grid", "predicted", "previous",
                                   "speculate"])
 def test_early_window_keeps_every_bit(monkeypatch, kernel_switch, case):
-    """decode.cu's ``PSA_EARLY_WINDOW`` (thirty-eighth session, off by default): the stream's first two windows loaded
-    as if each request held the table's ``Nmax`` blocks, before its length is read, then cut at its true end, or
-    loaded again where the guess moves a chunk boundary. On a ragged batch (one block: shorter than the 3 forced
-    blocks, so loaded again; 3 blocks; two longer; the longest fills the table) every build gives the default build's
-    outputs, blocks, iterations and reasons bit for bit: the loop on clusters (two rules, D 128 and D 64), top-k split
-    and on the loop, dense split (empty splits), the grid build, a predicted and a previous first chunk (the second
-    call), and the speculative schedule (whose builds keep their own start)."""
+    """decode.cu's ``PSA_EARLY_WINDOW`` (thirty-eighth session; on by default in the split build at D <= 128 since the
+    forty-first, off elsewhere): the stream's first two windows loaded as if each request held the table's ``Nmax``
+    blocks, before its length is read, then cut at its true end, or loaded again where the guess moves a chunk
+    boundary. On a ragged batch (one block: shorter than the 3 forced blocks, so loaded again; 3 blocks; two longer;
+    the longest fills the table) every build gives the same outputs, blocks, iterations and reasons with the switch
+    off and on, bit for bit: the loop on clusters (two rules, D 128 and D 64), top-k split and on the loop, dense
+    split (empty splits), the grid build, a predicted and a previous first chunk (the second call), and the
+    speculative schedule (whose builds keep their own start)."""
     from psa_fast import _kernels
 
     d, hq, hkv = (64, 6, 2) if case == "sketch_avg" else (128, 8, 2)
@@ -1052,10 +1026,11 @@ def test_early_window_keeps_every_bit(monkeypatch, kernel_switch, case):
 @pytest.mark.parametrize("mode,d,hq,hkv", [("dense", 128, 8, 2), ("dense", 64, 9, 3), ("dense", 256, 4, 1),
                                          ("topk", 128, 8, 2), ("topk", 64, 9, 3)])
 def test_split_leave_keeps_every_bit(kernel_switch, mode, d, hq, hkv):
-    """decode.cu's ``PSA_SPLIT_LEAVE`` (thirty-eighth session, off by default): the split build (dense, top-k) leaves
-    its loop after its one chunk instead of running the verifier it never uses. Every output and diagnostic is the
-    default build's bit for bit, on a ragged batch (empty splits for the short requests) at Llama's, SmolLM2's and
-    Gemma 3's head dims, with the build at both query parts (a float32 query)."""
+    """decode.cu's ``PSA_SPLIT_LEAVE`` (thirty-eighth session; on by default at D <= 128 since the forty-first): the
+    split build (dense, top-k) leaves its loop after its one chunk instead of running the verifier it never uses. Every
+    output and diagnostic is the same with the switch off and on, bit for bit, on a ragged batch (empty splits for the
+    short requests) at Llama's, SmolLM2's and Gemma 3's head dims, with the build at both query parts (a float32
+    query)."""
     lens = [16, 700, 3000]
     cache, data = ragged_cache(np.random.default_rng(d + hq), lens, hq=hq, hkv=hkv, d=d, s=16)
     plan = psa_fast.plan(cache, num_q_heads=hq, mode=mode, k=40, splits=7)
@@ -1065,52 +1040,12 @@ def test_split_leave_keeps_every_bit(kernel_switch, mode, d, hq, hkv):
                                   names=("out", "num_used", "iterations", "reason", "mass_estimate"))
 
 
-@pytest.mark.parametrize("case", ["ema", "remaining", "seed", "certified", "sketch", "sketch_avg", "grid", "predicted",
-                                  "previous", "d256", "d64", "topk_loop", "speculate"])
-def test_lane_verify_keeps_every_bit(monkeypatch, kernel_switch, case):
-    """decode.cu's ``PSA_LANE_VERIFY`` (thirty-eighth session, off by default): lane h of every warp keeps and decides
-    head h's verifier (the warp's vote is the decision) where every lane kept every head's. The same operations on the
-    same inputs, so every build gives the default's outputs, blocks, iterations, reasons and mass estimates bit for bit
-    over many decisions on a ragged batch: every stop rule on clusters, the grid build (a sketch rule), a predicted and
-    a previous first chunk, Gemma 3's D 256 on the grid, D 64, top-k on the loop, and the speculative schedule (its
-    resumed build keeps every head's state)."""
-    from psa_fast import _kernels
-
-    d, hq, hkv = (256, 4, 1) if case == "d256" else (64, 6, 2) if case == "d64" else (128, 8, 2)
-    stop = {"grid": "sketch_avg", "predicted": "ema", "previous": "ema", "d256": "ema", "d64": "ema",
-            "topk_loop": None, "speculate": "ema"}.get(case, case)
-    metadata = ("quant3" if stop in ("sketch", "sketch_avg") else "minmax" if stop == "certified" else "cuboid_mean")
-    lens = [16, 40, 700, 3000]
-    cache, data = ragged_cache(np.random.default_rng(83), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
-    if case in ("grid", "d256"):
-        lift_grid_thresholds(monkeypatch)
-        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
-    opts = (dict(mode="topk", k=40, splits=1) if case == "topk_loop" else
-            dict(stop=stop, sink_blocks=1, recent_blocks=2, step=16,
-                 **({"first_chunk": case} if case in ("predicted", "previous") else {}),
-                 **({"speculate": 1.0} if case == "speculate" else {})))
-    q = cupy.asarray(np.stack([q for q, _, _ in data]))
-    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, **opts)
-    if case in ("grid", "d256"):
-        assert plan.grid_ctas == 8
-    previous = case == "previous"
-    base = assert_define_keeps_every_bit(kernel_switch, "lane_verify", plan, q, calls=2 if previous else 1,
-                                         before=plan.forget_previous if previous else None,
-                                         names=("out", "num_used", "iterations", "reason", "mass_estimate"))
-    assert not np.isnan(base["mass_estimate"]).any()
-    # several decisions (a predicted or previous first chunk may leave just the forced chunk and one more)
-    assert int(base["iterations"].max()) >= (1 if case == "topk_loop" else 2 if case in ("predicted", "previous")
-                                             else 3)
-
-
-@pytest.mark.parametrize("lane_verify", [0, 1])
 @pytest.mark.parametrize("case", ["grid", "cluster", "dense", "speculate"])
-def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, kernel_switch, case, lane_verify):
+def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, case):
     """_kernels.DECODE_STREAM_WINDOW raised to 256 (Gemma 3's head dim loads its stream a window at a time, as D <= 128
     does; measured again in device_pending.sh s38g): only how the positions and block-table entries reach the copies
     changes, so the grid and cluster loops, dense (split) and the speculative schedule give the default D 256 build's
-    outputs, blocks, iterations and reasons bit for bit on a ragged batch; also with ``PSA_LANE_VERIFY`` on in both
-    runs (the builds s38g times)."""
+    outputs, blocks, iterations and reasons bit for bit on a ragged batch."""
     from psa_fast import _kernels
 
     lens = [16, 40, 700, 3000]
@@ -1124,39 +1059,15 @@ def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, kernel_switch, cas
     assert (plan.grid_ctas == 8) == (case == "grid")
     q = cupy.asarray(np.stack([q for q, _, _ in data]))
     assert _kernels.DECODE_STREAM_WINDOW < 256  # (the default D 256 build streams without the window)
-    switched = kernel_switch("decode", lane_verify=1) if lane_verify else []
     runs = []
     for window in (_kernels.DECODE_STREAM_WINDOW, 256):
         monkeypatch.setattr(_kernels, "DECODE_STREAM_WINDOW", window)
         plan.out.fill(np.nan)
         dec = plan.run(q)
         runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in ("out", "num_used", "iterations", "reason")})
-    assert bool(switched) == bool(lane_verify) and not np.isnan(runs[0]["out"]).any()
+    assert not np.isnan(runs[0]["out"]).any()
     for name in runs[0]:
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
-
-
-@pytest.mark.parametrize("stop,metadata,s,lens,hq,hkv", [
-    ("sketch_avg", "quant3", 16, [16, 700, 3000], 8, 2),      # runs of one position a thread
-    ("certified", "minmax", 4, [40000, 300], 8, 2),          # 10,000 blocks: runs of 10 (a batch and a part)
-    ("sketch", "quant3", 16, [144000, 5000], 4, 1)])         # 9,000 blocks: runs of 9
-def test_suffix_batch_keeps_every_bit(kernel_switch, stop, metadata, s, lens, hq, hkv):
-    """suffix.cu's ``PSA_SUFFIX_BATCH`` (thirty-eighth session, off by default): psa_order_suffix loads a thread's run
-    of the order eight positions at a time (their blocks, then their values) instead of one dependent pair at a time,
-    merging in the same order. Its suffix sums, the sketch rules' values by position, and the decode step that reads
-    them are the default's bit for bit, where a thread's run is one position, and where it spans a batch and part of
-    another."""
-    cache, data = ragged_cache(np.random.default_rng(s + len(lens)), lens, hq=hq, hkv=hkv, d=64, s=s,
-                               metadata=metadata)
-    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, stop=stop, sink_blocks=1, recent_blocks=1, step=64)
-    assert plan.log_suffix is not None
-    buffers = ("log_suffix",) + (("sketch_ordered",) if stop.startswith("sketch") else ())
-    q = cupy.asarray(np.stack([q for q, _, _ in data]))
-    # the batch device_pending.sh s38h times (8): runs of 9 and 10 positions span a batch and part of another
-    base = assert_define_keeps_every_bit(kernel_switch, "suffix_batch", plan, q, file="suffix", buffers=buffers,
-                                         value=8)
-    n = -(-max(lens) // s)
-    assert np.isfinite(base["log_suffix"][0, :, :n]).all() and np.isneginf(base["log_suffix"][0, :, n]).all()
 
 
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():

@@ -143,19 +143,18 @@ static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STA
 static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
               "first_chunk='previous' reads the plain loop's own num_used of the previous call");
 #ifndef PSA_EARLY_WINDOW
-#define PSA_EARLY_WINDOW 0  // 1: the stream's first windows loaded before the request's length is known (below; s38)
+// 1: the stream's first windows loaded before the request's length is known (below; s38). On by default in the
+// split build at head dims <= 128 (s41: with PSA_SPLIT_LEAVE, dense one request Llama 41.0 -> 39.6 µs, SmolLM2
+// 15.9 -> 14.2); elsewhere it measured level (the ema loop) and was never timed at D 256.
+#define PSA_EARLY_WINDOW (PSA_SPLIT && PSA_D <= 128)
 #endif
 // (the plain loop, the split and the grid builds, windowed stream; the speculative and stateful ones start elsewhere)
 #define PSA_EARLY_WINDOW_ON (PSA_EARLY_WINDOW && PSA_STREAM_WINDOW && !PSA_SPEC && !PSA_STATEFUL)
 #ifndef PSA_SPLIT_LEAVE
-#define PSA_SPLIT_LEAVE 0  // 1: the split build leaves its loop after its one chunk, before the verifier (below; s38)
-#endif
-#ifndef PSA_LANE_VERIFY
-#define PSA_LANE_VERIFY 0  // 1: lane h of every warp keeps and decides head h's verifier, not every lane all heads (s38)
-#endif
-#define PSA_LANE_VERIFY_ON PSA_LANE_VERIFY
-#ifndef PSA_RESCALE_SKIP
-#define PSA_RESCALE_SKIP 0  // 1: move_max skips the output's rescale when no lane's running max moves (below; s38)
+// 1: the split build leaves its loop after its one chunk, before the verifier (below; s38). On by default at head
+// dims <= 128 (s41: Llama dense 32K B = 1 41.0 -> 39.9 µs, SmolLM2 15.9 -> 14.9); at D 256 it lost (Gemma 3 B = 8
+// 74.3 -> 82.1, as in s18), so Gemma's build keeps the verifier's tail.
+#define PSA_SPLIT_LEAVE (PSA_D <= 128)
 #endif
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
@@ -399,12 +398,6 @@ __device__ __forceinline__ void fold_block(int cur, int pos, int clen, int it, f
 // relative to the new wm.
 __device__ __forceinline__ void move_max(const float (&to)[2], float (&wm)[2], float (&wl)[2],
                                          float (&oacc)[PSA_D / 16][4]) {
-#if PSA_RESCALE_SKIP
-    // No lane's running max moves (the usual case past a warp's first blocks, the order's heaviest first): every
-    // factor would be __expf(0) = 1 exactly, so the warp skips its D / 4 + 2 multiplies a lane, the same bits. (A head
-    // whose running max and block max are both -inf, which no block of >= 1 token gives, would keep 0, not NaN.)
-    if (!__any_sync(0xffffffffu, to[0] > wm[0] || to[1] > wm[1])) return;
-#endif
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const float nw = fmaxf(wm[e], to[e]);
@@ -797,16 +790,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #else
     __shared__ float4 cta_stats[2][PSA_G];
 #endif
-#if PSA_LANE_VERIFY_ON
-    // Verifier state (verifier.cuh) of head `lane` (lanes < PSA_G), the same in every warp.
-    Verifier ver = verifier_start();
-#if PSA_STATEFUL
-    if (lane < PSA_G) {
-        const float* vs = vstate + ((long)b * Hq + h0 + lane) * PSA_VSTATE;
-        ver = Verifier{vs[0], vs[1], vs[2], vs[3], vs[4]};
-    }
-#endif
-#else
     // Verifier state per head (verifier.cuh), kept identically by every lane of every warp.
     Verifier ver[PSA_G];
 #pragma unroll
@@ -818,7 +801,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         ver[h] = verifier_start();
 #endif
     }
-#endif
 
     // The consumer's view of the stream: the block of entry m (at `position`), the position of entry m (the one
     // after `after`, in a chunk ending at e), and the advance past the entries just consumed.
@@ -1006,7 +988,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             for (int r = 0; r < PSA_CLUSTER; ++r) lt = combine_stats(lt, c[r]);
         }
 #endif
-#if !PSA_LANE_VERIFY_ON
         // (every lane decides every head: the heads' totals from shared memory (grid) or from their lanes)
         float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
 #pragma unroll
@@ -1024,7 +1005,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             te[h] = __shfl_sync(0xffffffffu, lt.w, h);
 #endif
         }
-#endif
         PSA_LADD(5, 2);
         PSA_LMARK(2);
         // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
@@ -1035,26 +1015,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         PSA_LADD(6, 2);
         PSA_LMARK(2);
         bool all_hold = true;
-#if PSA_LANE_VERIFY_ON
-        {
-            // Lane h folds and tests head h (the same operations on the same inputs as the every-lane form below:
-            // the same bits), and the warp's vote is the group's decision.
-            float wt = 0.f, wsk = 0.f, nxt = 0.f;
-#pragma unroll
-            for (int h = 0; h < PSA_G; ++h)
-                if (sketchy && lane == h) {
-                    wt = w_true[h];
-                    wsk = w_sketch[h];
-                    nxt = next_sketch[h];
-                }
-            const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
-            const float log_tail =
-                tail && lane < PSA_G ? __ldg(log_suffix + ((long)b * Hq + h0 + lane) * (Nmax + 1) + end) : 0.f;
-            const bool hold = lane >= PSA_G || verify_step(ver, lt.x, lt.y, lt.z, lt.w, end - pos, end, first, n, stop,
-                                                           threshold, log_keep, log_tail, wt, wsk, nxt, next_share);
-            all_hold = __all_sync(0xffffffffu, hold);
-        }
-#else
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {
             const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
@@ -1064,7 +1024,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                                           sketchy ? w_sketch[h] : 0.f, sketchy ? next_sketch[h] : 0.f, next_share);
             all_hold = all_hold && hold;
         }
-#endif
         if (stop == PSA_STOP_BUDGET) why = PSA_REASON_BUDGET;
         else if (end >= n) why = PSA_REASON_EXHAUSTED;
         else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
@@ -1159,14 +1118,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             num_used[gi] = pos;
             iterations[gi] = it;
             reason[gi] = why;
-#if !PSA_LANE_VERIFY_ON
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = ver[h].frac;
-#endif
         }
-#if PSA_LANE_VERIFY_ON
-        if (threadIdx.x < PSA_G && rank == 0) mass_est[(long)b * Hq + h0 + threadIdx.x] = ver.frac;
-#endif
     }
 #else
 
@@ -1242,17 +1196,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             if (idx % PSA_D == 0) {
                 const int h = idx / PSA_D;
                 float* vs = vstate + ((long)b * Hq + h0 + h) * PSA_VSTATE;
-#if !PSA_LANE_VERIFY_ON
                 vs[0] = ver[h].M; vs[1] = ver[h].acc; vs[2] = ver[h].min; vs[3] = ver[h].ema; vs[4] = ver[h].frac;
-#endif
                 vs[5] = new_m[h]; vs[6] = new_l[h];
             }
-#if PSA_LANE_VERIFY_ON
-        if (threadIdx.x < PSA_G) {  // (lane h of warp 0 holds head h's verifier)
-            float* vs = vstate + ((long)b * Hq + h0 + threadIdx.x) * PSA_VSTATE;
-            vs[0] = ver.M; vs[1] = ver.acc; vs[2] = ver.min; vs[3] = ver.ema; vs[4] = ver.frac;
-        }
-#endif
         if (threadIdx.x == 0) {
             istate[gi * 4] = pos;
             istate[gi * 4 + 1] = it;
@@ -1265,13 +1211,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             iterations[gi] = it;
             reason[gi] = why;
         }
-#if PSA_LANE_VERIFY_ON
-        if (threadIdx.x < PSA_G && why >= 0) mass_est[(long)b * Hq + h0 + threadIdx.x] = ver.frac;
-#else
         if (threadIdx.x == 0 && why >= 0)
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = ver[h].frac;
-#endif
 #if PSA_OFFLOAD
         if (threadIdx.x == 0 && why >= 0 && atomicSub(groups_left, 1) == 1) {  // the batch's last group to stop
             __threadfence_system();

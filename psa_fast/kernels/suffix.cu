@@ -16,9 +16,6 @@
 #include "common.cuh"
 
 #define PSA_SUFFIX_THREADS 1024
-#ifndef PSA_SUFFIX_BATCH
-#define PSA_SUFFIX_BATCH 0  // > 0: a thread's run loaded this many positions at a time (below; s38); 0: one at a time
-#endif
 
 // (max, sum relative to it) of two log-sum-exp shares.
 __device__ __forceinline__ float2 lse_merge(float2 a, float2 b) {
@@ -57,34 +54,10 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
     const int per = (n + blockDim.x - 1) / blockDim.x;
     const int lo = tid * per, hi = min(lo + per, n);
     float2 run = make_float2(-PSA_INF, 0.f);  // this run's total
-#if PSA_SUFFIX_BATCH
-    // The walk below waited on two dependent loads (the position's block, then its value) for every position, twice
-    // (the run's total, then the run again): 4 x `per` round trips a thread, 17.6 µs of one Llama request at 128K
-    // (8 positions a thread; NOTES.md, nineteenth session's profile). Here a batch's blocks are loaded at once, then
-    // their values at once, and merged in the same order with the same operations (the same bits); a run that fits
-    // one batch keeps its values in registers for the second walk: 2 round trips a thread.
-    constexpr int BT = PSA_SUFFIX_BATCH;
-    float xr[BT];  // x of positions top - 1 - u of the batch last loaded
-    auto load_batch = [&](int top) {
-        int jb[BT];
-#pragma unroll
-        for (int u = 0; u < BT; ++u) jb[u] = top - 1 - u >= lo ? __ldg(orow + top - 1 - u) : 0;
-#pragma unroll
-        for (int u = 0; u < BT; ++u)
-            xr[u] = top - 1 - u >= lo ? __ldg(v + jb[u]) + __logf((float)min(PSA_S, len - jb[u] * PSA_S)) : 0.f;
-    };
-    for (int top = hi; top > lo; top -= BT) {
-        load_batch(top);
-#pragma unroll
-        for (int u = 0; u < BT; ++u)
-            if (top - 1 - u >= lo) run = lse_merge(run, make_float2(xr[u], 1.f));
-    }
-#else
     for (int i = hi - 1; i >= lo; --i) {
         const int j = __ldg(orow + i);
         run = lse_merge(run, make_float2(__ldg(v + j) + __logf((float)min(PSA_S, len - j * PSA_S)), 1.f));
     }
-#endif
     // everything after this run: later lanes of the warp, then later warps
     const float2 incl = warp_suffix(run, lane);
     if (lane == 0) warp_total[warp] = incl;
@@ -99,20 +72,6 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
     float2 after = shfl_down2(incl, 1);
     if (lane == 31) after = make_float2(-PSA_INF, 0.f);
     if (warp + 1 < nwarps) after = lse_merge(after, warp_total[warp + 1]);
-#if PSA_SUFFIX_BATCH
-    for (int top = hi; top > lo; top -= BT) {
-        if (hi - lo > BT) load_batch(top);  // (a run of one batch still holds its values)
-#pragma unroll
-        for (int u = 0; u < BT; ++u) {
-            const int i = top - 1 - u;
-            if (i >= lo) {
-                after = lse_merge(after, make_float2(xr[u], 1.f));
-                ls[i] = after.x + __logf(after.y);
-                if (xs) xs[i] = xr[u];
-            }
-        }
-    }
-#else
     for (int i = hi - 1; i >= lo; --i) {
         const int j = __ldg(orow + i);
         const float x = __ldg(v + j) + __logf((float)min(PSA_S, len - j * PSA_S));
@@ -120,6 +79,5 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
         ls[i] = after.x + __logf(after.y);
         if (xs) xs[i] = x;
     }
-#endif
     for (int i = n + tid; i <= Nmax; i += blockDim.x) ls[i] = -PSA_INF;
 }
