@@ -123,6 +123,9 @@
 #   run(command="bash benchmarks/device_pending.sh s40a 32")  and  "s40a 128"  (~2 and ~4 minutes)
 #  the per-head profile's rows again with the predicted first chunk (ema and the default rule, shared and per head)
 #  and top-k on the quant3 cache at each default-rule row's error (fortieth session).
+#  (s38b, s38f, s38h and s38's lane_verify rows: PSA_RESCALE_SKIP, PSA_LANE_VERIFY and PSA_SUFFIX_BATCH were removed
+#  after their runs in the forty-first session, so those defines now change nothing: figures in NOTES.md, the kernels
+#  as run in 6dd4720; s38g's premise went with the lane verifier)
 #   run(command="bash benchmarks/device_pending.sh s27g")  (~1 minute)
 #  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
 #   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
@@ -1865,7 +1868,7 @@ if [ "$PART" = s39a ]; then
   # plan-step row loses to the "step 128" row at B = 8, sweep PREDICTED_SHARE. NEEDS
   # `carry: [".gl/gemma3_xml_l17_32k.npz"]`:
   # recaptured in s39 on an AVX2 machine (sha256 3059595f..., not s23's eba34c74...; psa_ref's budgets on it differ in
-  # the 4th decimal), so compare only rows of this call. With PSA_SUFFIX_BATCH on as well if s38h has flipped it.
+  # the 4th decimal), so compare only rows of this call.
   # The sketch_avg and predicted GPU tests first (the predicted chunk's conformance draws every stop rule). ~6 min.
   gpu_tests t_s39a.log 200 tests/test_fast.py -k "first_chunk_conforms or sketch_avg"
   cd benchmarks
