@@ -213,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip", default="", help=f"rows to leave out, of {','.join(SKIPPABLE)}")
     p.add_argument("--kv", default=None, help="--profile real: captured trace .npz files, comma-separated (a layer "
                                              "cut from a 32K capture by benchmarks/slice_trace.py fits one call)")
+    p.add_argument("--spread", action="store_true",
+                   help="--profile real: request r replays the trace's r-th latest captured decode step, not every "
+                        "request the step at T - 1 (a batch of different queries, as a model's; the requests a few "
+                        "tokens apart, and SDPA, which reads the whole pool, then attends their unused tails: its "
+                        "time stands, its error column does not)")
     return p
 
 
@@ -241,16 +246,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--recent-blocks must be >= 0, got {args.recent_blocks}")
     if (args.profile == "real") != (args.kv is not None):
         parser.error("--profile real takes its K/V from --kv PATH (a captured trace), and --kv needs --profile real")
+    if args.spread and args.profile != "real":
+        parser.error("--spread replays captured decode steps: it needs --profile real")
     args.shape = SHAPES[args.shape]
     return args
 
 
-def out_stem(profile: str, shape: Shape) -> str:
+def out_stem(profile: str, shape: Shape, *, spread: bool = False) -> str:
     """File stem of a run's rows: ``bench_decode`` (trace pooled, Llama, the run of record),
-    ``bench_decode_per_head`` (Llama), else ``bench_decode_<profile>_<shape>``."""
+    ``bench_decode_per_head`` (Llama), else ``bench_decode_<profile>_<shape>`` (``_spread`` after it with
+    ``--spread``)."""
     if shape.name == "llama8b" and profile in ("pooled", "per-head"):
         return "bench_decode" + ("" if profile == "pooled" else "_per_head")
-    return f"bench_decode_{profile.replace('-', '_')}_{shape.name}"
+    return f"bench_decode_{profile.replace('-', '_')}_{shape.name}" + ("_spread" if spread else "")
 
 
 def format_row(r: dict) -> str:
@@ -868,10 +876,10 @@ def main(argv=None) -> None:
     elif args.profile == "real":
         from psa_ref.trace import load_trace
 
-        base = real_fill(shape, [load_trace(path) for path in args.kv.split(",")])
+        base = real_fill(shape, [load_trace(path) for path in args.kv.split(",")], spread=args.spread)
     rows = []
     start = time.time()
-    stem = out_stem(args.profile, shape)
+    stem = out_stem(args.profile, shape, spread=args.spread)
     with open(os.path.join(args.out, f"{stem}.jsonl"), "w") as f:
         def log(r):
             f.write(json.dumps(r) + "\n")

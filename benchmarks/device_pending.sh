@@ -126,6 +126,8 @@
 #  (s38b, s38f, s38h and s38's lane_verify rows: PSA_RESCALE_SKIP, PSA_LANE_VERIFY and PSA_SUFFIX_BATCH were removed
 #  after their runs in the forty-first session, so those defines now change nothing: figures in NOTES.md, the kernels
 #  as run in 6dd4720; s38g's premise went with the lane verifier)
+#   run(command="bash benchmarks/device_pending.sh s41a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
+#  the real Gemma layer's predicted first chunk on a batch of different decode steps (bench_decode --spread).
 #   run(command="bash benchmarks/device_pending.sh s27g")  (~1 minute)
 #  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
 #   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
@@ -1876,6 +1878,25 @@ if [ "$PART" = s39a ]; then
   timeout 300 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,stages,rank,speculate,topk --out "$OUT/g39" 2>&1 \
       | tee "$OUT/g39.log" | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g39.log"
+  exit 0
+fi
+if [ "$PART" = s41a ]; then
+  # Prepared in the forty-first session: s39a's rows on a batch of different decode steps (bench_decode --spread:
+  # request r replays the r-th latest captured step of layer 17). s39a timed copies of one query (the step at 32767),
+  # where every plan took one to four iterations and the predicted chunk ended every group (26.3% read, error 0.0219
+  # against the plain loop's 0.012-0.020: psa_ref gives the same blocks and error, results_cpu_real_gemma3_batches_s41.md).
+  # On the spread batch psa_ref says: B = 8 plain step 320 reads 44.9% (largest 62.5%), its slowest group 4
+  # iterations, error 0.0106; predicted then 320: 43.0%, 3 iterations, 0.0126; predicted then 128 (the plan's): 35.2%,
+  # 2, 0.0170. B = 32 plain 144: 37.6%, 9 iterations, 0.0147; predicted then 144: 38.6%, **4**, 0.0140; then 48: 34.4%,
+  # 5, 0.0176. Predicted on the H200: the "plain step" predicted rows at the same error as the plain loop, B = 32
+  # -15 to -20 µs (5 fewer decisions of the slowest group, ~3-4 µs each on the grid), B = 8 -3 to -5 µs; the plan's
+  # residual-step rows faster still, at a larger error. If so, first_chunk="predicted" at the plain step is the
+  # batches' default candidate (then the model row). ~2 minutes with a cold start; carry the layer.
+  cd benchmarks
+  mkdir -p "$OUT/g41s"
+  timeout 300 python3 bench_decode.py --profile real --spread --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 \
+      --sizes 32768 --batches 8,32,1 --reps 30 --skip tau0.9,remaining,stages,rank,speculate,topk --out "$OUT/g41s" \
+      2>&1 | tee "$OUT/g41s.log" | grep "^|" | cut -d'|' -f4-9,12-13,15 | grep . || tail -n 5 "$OUT/g41s.log"
   exit 0
 fi
 if [ "$PART" = s40a ]; then

@@ -123,6 +123,7 @@ def test_output_names_and_printing():
     assert bd.out_stem("per-head", LLAMA) == "bench_decode_per_head"
     assert bd.out_stem("sparsity", GEMMA) == "bench_decode_sparsity_gemma3"
     assert bd.out_stem("pooled", bd.SHAPES["smollm2"]) == "bench_decode_pooled_smollm2"
+    assert bd.out_stem("real", GEMMA, spread=True) == "bench_decode_real_gemma3_spread"
     r = dict(T=32768, B=8, shape="gemma3", profile="sparsity", share=0.05, method="PSA τ=0.95", us=50.0,
              floor_bytes=84_560_000, floor_us=20.0, step_floor=2.5, gbs=1691.2, pct=0.4, speedup=1.86, err=0.0123,
              frac=0.081, ideal=0.049, launches=5, note="stop ema")
@@ -318,11 +319,14 @@ def test_real_fill_spread_replays_a_different_step_per_request():
     assert len({int(trace.positions[latest[r]]) for r in range(3)}) == 3
 
 
-def test_real_profile_needs_its_trace():
+def test_real_profile_needs_its_trace(capsys):
     assert bd.parse_args(["--profile", "real", "--kv", "x.npz", "--shape", "gemma3"]).kv == "x.npz"
-    for argv in (["--profile", "real"], ["--kv", "x.npz"]):
+    assert bd.parse_args(["--profile", "real", "--kv", "x.npz", "--spread"]).spread
+    assert not bd.parse_args(["--profile", "real", "--kv", "x.npz"]).spread
+    for argv in (["--profile", "real"], ["--kv", "x.npz"], ["--spread"]):
         with pytest.raises(SystemExit):
             bd.parse_args(argv)
+    assert "--spread replays captured decode steps" in capsys.readouterr().err
 
 
 def test_slice_trace_cuts_layers_and_last_queries(tmp_path, capsys):
