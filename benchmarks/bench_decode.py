@@ -36,7 +36,9 @@ profile and shape), a table to ``.md`` and to stdout last.
 
 ``--profile real`` replays captured decode steps (``real_fill``; several traces: requests of different texts):
 one global layer of Gemma 3 at 32K is 25 MiB, cut from a capture by ``benchmarks/slice_trace.py``, small
-enough to carry to the device in one call.
+enough to carry to the device in one call. Every request replays the same step (the query at ``T - 1``) unless
+``--spread`` gives request r the r-th latest captured step: a batch of different queries, as a model's, whose
+slowest request sets a PSA step's time (copies of one step stop together and flatter the batch rows).
 """
 
 from __future__ import annotations
