@@ -128,6 +128,8 @@
 #  as run in 6dd4720; s38g's premise went with the lane verifier)
 #   run(command="bash benchmarks/device_pending.sh s41a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
 #  the real Gemma layer's predicted first chunk on a batch of different decode steps (bench_decode --spread).
+#   run(command="bash benchmarks/device_pending.sh s42a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
+#  the loop clock of the spread batch with and without the predicted first chunk (why s41a's B = 32 gained 47 µs).
 #   run(command="bash benchmarks/device_pending.sh s27g")  (~1 minute)
 #  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
 #   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
@@ -1897,6 +1899,24 @@ if [ "$PART" = s41a ]; then
   timeout 300 python3 bench_decode.py --profile real --spread --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 \
       --sizes 32768 --batches 8,32,1 --reps 30 --skip tau0.9,remaining,stages,rank,speculate,topk --out "$OUT/g41s" \
       2>&1 | tee "$OUT/g41s.log" | grep "^|" | cut -d'|' -f4-9,12-13,15 | grep . || tail -n 5 "$OUT/g41s.log"
+  exit 0
+fi
+if [ "$PART" = s42a ]; then
+  # Prepared in the forty-first session: where s41a's -47 µs at B = 32 came from. On the spread batch of the real
+  # layer 17 the default rule's plain loop at step 144 took 282.6 µs and, with the predicted first chunk, 235.4 (psa_ref:
+  # the slowest request 9 -> 4 decisions, mean 5.3 -> 2.0), so ~9 µs a decision by difference where one request's loop
+  # clock gives ~3-4. The loop clock (PSA_LOOP_CLOCK) of the plain loop, without and with the prediction, B = 32 at
+  # step 144 and B = 8 at 320: predicted, iterations max 9 -> 4 and 4 -> 3; if ~9 µs a decision holds, the largest
+  # group's barrier time is most of it (the grid waits for its slowest CTA) and "µs an iteration" at B = 32 is ~2x
+  # B = 8's. ~2 minutes with a cold start; carry the layer.
+  cd benchmarks
+  for cfg in "32 144" "8 320"; do
+    set -- $cfg
+    for first in "" "--first-chunk predicted"; do
+      timeout 100 python3 exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches $1 --spread \
+          --loop --speculate 0 --step $2 $first 2>&1 | grep -v Warn | grep "^T=\|^|" | tee -a "$OUT/s42a.md"
+    done
+  done
   exit 0
 fi
 if [ "$PART" = s40a ]; then

@@ -10,7 +10,8 @@ The fifteenth session's v2 (one gathering round) changed nothing; this says whic
 
 ``--loop`` times the loop instead (``_kernels.LOOP_CLOCK``, the ``PSA_LOOP_CLOCK`` builds): the resumed loop after the
 verifier, or with ``--speculate 0`` the plain loop; per group that ran, its start, the chunks' attention, the
-barriers after them and the decisions (summed over its iterations), the finish, and the iterations.
+barriers after them and the decisions (summed over its iterations), the finish, and the iterations;
+``--first-chunk predicted`` with the plain loop starts each group with the chunk its estimates predict.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def main() -> None:
     ap.add_argument("--speculate", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=5, help="steps run before the clocks are read (the last counts)")
     ap.add_argument("--loop", action="store_true", help="time the loop (resumed, or plain with --speculate 0)")
+    ap.add_argument("--first-chunk", default=None, choices=("predicted",),
+                    help="the plan's first ranked chunk (DecodePlan(first_chunk=...); with --loop --speculate 0)")
     args = ap.parse_args()
     if (args.kv is None) == (args.share is None):
         ap.error("give the data: --kv TRACES or --share S")
@@ -118,12 +121,14 @@ def main() -> None:
                                           metadata="quant3" if args.stop == "auto" else "cuboid_mean")
             q = fill(cache, 0)
             p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
-                              stop=args.stop, step=args.step or _kernels.spec_step(cache.nmax), speculate=speculate)
+                              stop=args.stop, step=args.step or _kernels.spec_step(cache.nmax), speculate=speculate,
+                              first_chunk=args.first_chunk)
             for _ in range(args.steps):
                 p.run(q, 0)
             cupy.cuda.Device().synchronize()
             what = "the loop" if args.loop else "psa_spec_verify"
             print(f"\nT={args.size} B={b} {shape.name} {args.stop} step {p.step} speculate {speculate}"
+                  f"{'' if args.first_chunk is None else ', first chunk ' + args.first_chunk}"
                   f"{' spread' if args.spread else ''}, {what}, cluster {p.cluster}, grid {p.grid_ctas}, "
                   f"SM clock {khz / 1e3:.0f} MHz (its maximum)")
             print("| phase | mean µs | largest µs |\n|---|---|---|")
