@@ -130,6 +130,8 @@
 #  the real Gemma layer's predicted first chunk on a batch of different decode steps (bench_decode --spread).
 #   run(command="bash benchmarks/device_pending.sh s42a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
 #  the loop clock of the spread batch with and without the predicted first chunk (why s41a's B = 32 gained 47 µs).
+#   run(command="bash benchmarks/device_pending.sh s42b")  (~2 minutes)
+#  ncu of psa_order_suffix at Llama 128K, B = 1 (17.5 µs that batching its loads did not move).
 #   run(command="bash benchmarks/device_pending.sh s27g")  (~1 minute)
 #  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
 #   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
@@ -1917,6 +1919,26 @@ if [ "$PART" = s42a ]; then
           --loop --speculate 0 --step $2 $first 2>&1 | grep -v Warn | grep "^T=\|^|" | tee -a "$OUT/s42a.md"
     done
   done
+  exit 0
+fi
+if [ "$PART" = s42b ]; then
+  # Prepared in the forty-first session: what bounds psa_order_suffix (17.5 µs of one Llama request at 128K under the
+  # default rule, 46 at B = 8). s38h batched each thread's dependent loads (predicted 17.6 -> ~2-3 µs) and nothing
+  # moved, so the loads were not it. Candidates: 32 CTAs (one a query head) on 132 SMs, each walking 8,192 positions
+  # twice with a __logf and two __expf per position, and the warp and CTA suffix scans between the walks. ncu of the
+  # kernel (the default rule's 4th step): speed of light, warp states, the SASS source page with stall samples, for
+  # sass_mix.py here. ~2 minutes with a cold start.
+  cd benchmarks
+  timeout 150 ncu --clock-control none -k regex:psa_order_suffix --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section SourceCounters --print-details all -o "$OUT/suffix_128k" \
+      python3 profile_decode_step.py --share 0.05 --shape llama8b --size 131072 --batches 1 --variants default \
+      --no-profiler --steps 2 --out /tmp > "$OUT/ncu_suffix_128k.log" 2>&1
+  echo "ncu rc=$?"
+  ncu --import "$OUT/suffix_128k.ncu-rep" --print-details all > "$OUT/ncu_suffix_128k.txt" 2>&1
+  ncu --import "$OUT/suffix_128k.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_src_suffix_128k.csv" 2>&1
+  grep -E "Duration|Grid Size|Block Size|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Stall|DRAM Throughput" \
+      "$OUT/ncu_suffix_128k.txt" | head -30
   exit 0
 fi
 if [ "$PART" = s40a ]; then
