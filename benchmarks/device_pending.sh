@@ -132,6 +132,8 @@
 #  the loop clock of the spread batch with and without the predicted first chunk (why s41a's B = 32 gained 47 µs).
 #   run(command="bash benchmarks/device_pending.sh s42b")  (~2 minutes)
 #  ncu of psa_order_suffix at Llama 128K, B = 1 (17.5 µs that batching its loads did not move).
+#   run(command="bash benchmarks/device_pending.sh s42c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
+#  the default rule's step swept on the real layer's spread batch (is pick_step's decision cost right for batches?).
 #   run(command="bash benchmarks/device_pending.sh s27g")  (~1 minute)
 #  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
 #   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
@@ -1939,6 +1941,20 @@ if [ "$PART" = s42b ]; then
   ncu --import "$OUT/suffix_128k.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_src_suffix_128k.csv" 2>&1
   grep -E "Duration|Grid Size|Block Size|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Stall|DRAM Throughput" \
       "$OUT/ncu_suffix_128k.txt" | head -30
+  exit 0
+fi
+if [ "$PART" = s42c ]; then
+  # Prepared in the forty-first session: is pick_step's step right for a real batch? pick_step's model prices a
+  # decision at LOOP_ITERATION_US (2.6 µs, fitted on one request's loop clock); s41a's spread batch of the real
+  # layer 17 saved ~47 µs at B = 32 for ~5 fewer decisions of its slowest request, ~9 µs each. If a batch's decision
+  # costs that, the plain loop's step 144 at B = 32 (320 at B = 8) is too small there. exp_step (new --kv / --spread /
+  # --stop auto) sweeps the default rule's step on the spread batch, without and with the predicted first chunk.
+  # Predicted: at B = 32 the plain loop fastest near 256-384 (fewer decisions for a few more blocks), ~-10% against
+  # 144; with the prediction the step matters less (4 decisions at most). ~3 minutes with a cold start; carry the layer.
+  cd benchmarks
+  timeout 400 python3 exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --stop auto --shape gemma3 \
+      --sizes 32768:32,32768:8 --steps 96,144,256,384,576,auto --modes loop,first --layers 1 2>&1 | grep -v Warn \
+      | tee "$OUT/s42c.md" | grep "^#\||"
   exit 0
 fi
 if [ "$PART" = s40a ]; then

@@ -5,6 +5,12 @@ request the GPU is mostly idle, so reading more may cost less than iterating. Me
 CUDA graph, several layers in turn), blocks read, iterations, relative error against psa_fast dense.
 
     python benchmarks/exp_step.py --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps 64,128,256
+
+``--kv`` replays captured decode steps instead (bench_decode's ``--profile real``; ``--spread``: a different step in
+each request, as a model's batch), and ``--stop auto`` runs the default rule on ``quant3`` metadata:
+
+    python benchmarks/exp_step.py --kv .gl/gemma3_xml_l17_32k.npz --spread --stop auto --shape gemma3 \
+        --sizes 32768:32,32768:8 --steps 144,256,384,auto --modes loop,first
 """
 
 import argparse
@@ -27,21 +33,35 @@ def main() -> None:
     ap.add_argument("--stages", default="auto",
                     help="cp.async stages a warp (DecodePlan(stages=...)), comma-separated; auto: the plan's pick "
                          "(decode_config fits warps x stages into shared memory, so the column shows what ran)")
+    ap.add_argument("--kv", default=None, help="captured trace .npz files, comma-separated (bench_decode --kv): "
+                                             "real K/V and queries instead of --share's drawn ones")
+    ap.add_argument("--spread", action="store_true", help="with --kv: a different captured step in each request")
+    ap.add_argument("--stop", default="ema", choices=("ema", "auto"),
+                    help="ema on cuboid_mean (default), or auto: the default rule (sketch_avg on quant3)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
+    if args.spread and args.kv is None:
+        ap.error("--spread replays captured decode steps: it needs --kv")
 
     import cupy
     import numpy as np
 
     import psa_fast
     from psa_fast import _kernels
-    from bench_decode import SHAPES, per_call_us, rel_err, sparsity_fill
+    from bench_decode import SHAPES, per_call_us, real_fill, rel_err, sparsity_fill
+    from psa_ref.trace import load_trace
 
     shape = SHAPES[args.shape]
     stream = cupy.cuda.Stream(non_blocking=True)
-    fill = sparsity_fill(shape, args.share, recent_blocks=2)
-    print(f"# {args.shape}, ideal share {args.share}, stop 'ema' (cuboid_mean), threshold 0.95")
+    metadata = "quant3" if args.stop == "auto" else "cuboid_mean"
+    if args.kv:
+        fill = real_fill(shape, [load_trace(path) for path in args.kv.split(",")], spread=args.spread)
+        data = f"captured K/V {args.kv}" + (" (a different step a request)" if args.spread else "")
+    else:
+        fill = sparsity_fill(shape, args.share, recent_blocks=2)
+        data = f"ideal share {args.share}"
+    print(f"# {args.shape}, {data}, stop {args.stop!r} ({metadata}), threshold 0.95")
     print("| T | B | mode | cluster | warps | stages | step | µs | vs dense | blocks read | iterations (mean / max) | "
           "rel. error |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -49,7 +69,7 @@ def main() -> None:
         t, b = (int(x) for x in size.split(":"))
         with stream:
             cache = psa_fast.PagedKVCache(num_layers=args.layers, batch=b, num_kv_heads=shape.hkv,
-                                          head_dim=shape.d, max_tokens=t, block_size=shape.s)
+                                          head_dim=shape.d, max_tokens=t, block_size=shape.s, metadata=metadata)
             qs = [fill(cache, layer) for layer in range(args.layers)]
             n = cache.nmax
 
@@ -69,7 +89,7 @@ def main() -> None:
                                                                         args.stages.split(","), steps):
                 spec = None if mode in ("loop", "first") else float(mode[1:])
                 try:
-                    p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, stop="ema",
+                    p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, stop=args.stop,
                                       step=step, speculate=spec, scale=shape.scale,
                                       cluster=None if cluster == "auto" or spec else int(cluster),
                                       warps=None if warps == "auto" else int(warps),

@@ -402,6 +402,15 @@ def test_profile_decode_step_rejects_no_layers(monkeypatch, capsys):
     assert exc.value.code == 2 and "--layers must be >= 1, got 0" in capsys.readouterr().err
 
 
+def test_exp_step_spread_needs_captured_kv(monkeypatch, capsys):
+    import exp_step
+
+    monkeypatch.setattr("sys.argv", ["exp_step.py", "--spread", "--stop", "auto"])
+    with pytest.raises(SystemExit) as exc:
+        exp_step.main()
+    assert exc.value.code == 2 and "--spread replays captured decode steps: it needs --kv" in capsys.readouterr().err
+
+
 # --- exp_kernel_defines.py: extra defines on one kernel file's builds --------------------------------
 
 def test_kernel_defines_reach_one_file_only_and_yield_to_the_caller():
