@@ -97,24 +97,32 @@ def residual_shares(trace, cases, *, metadata: str, stop: str, tau: float, sink:
     return np.asarray(shares)
 
 
+def residual_table(shares) -> list[str]:
+    """The markdown rows of a residual distribution (``residual_shares``, or any shares of the blocks needed past a
+    predicted chunk): its mean, percentiles, largest and share of groups needing none, ``PREDICTED_SHARE`` beside."""
+    from psa_fast._kernels import PREDICTED_SHARE
+
+    shares = np.asarray(shares, dtype=np.float64)
+    p = np.percentile(shares, [50, 90, 99])
+    return ["| groups | past the prediction: mean | p50 | p90 | p99 | max | none needed | PREDICTED_SHARE |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {shares.size} | {shares.mean():.2%} | {p[0]:.2%} | {p[1]:.2%} | {p[2]:.2%} | {shares.max():.2%} | "
+            f"{np.mean(shares == 0):.0%} | {PREDICTED_SHARE:.2%} |"]
+
+
 def residual(args) -> None:
     """Percentiles of ``residual_shares`` over the whole trace, and ``PREDICTED_SHARE`` beside them."""
     from psa_ref.trace import load_trace
-    from psa_fast._kernels import PREDICTED_SHARE
 
     trace = load_trace(args.kv)
     cases = [(li, pi) for li in range(len(trace.layers)) for pi in range(trace.q.shape[1])]
     shares = residual_shares(trace, cases, metadata=args.metadata, stop=args.stop, tau=args.tau, sink=args.sink,
                              recent=args.recent)
-    p = np.percentile(shares, [50, 90, 99])
     blocks = -(-trace.case(*cases[-1])[1].shape[-2] // 16)  # the last case's keys: the trace's longest prefix
     print(f"trace: {len(trace.layers)} layers x {trace.q.shape[1]} positions, tau {args.tau}, stop {args.stop} on "
           f"{args.metadata}, sink {args.sink}, recent {args.recent}; up to {blocks} blocks a group "
-          f"(p90 = {p[1] * blocks:.0f} blocks there)")
-    print("| groups | past the prediction: mean | p50 | p90 | p99 | max | none needed | PREDICTED_SHARE |")
-    print("|---|---|---|---|---|---|---|---|")
-    print(f"| {len(shares)} | {np.mean(shares):.2%} | {p[0]:.2%} | {p[1]:.2%} | {p[2]:.2%} | {np.max(shares):.2%} | "
-          f"{np.mean(shares == 0):.0%} | {PREDICTED_SHARE:.2%} |")
+          f"(p90 = {np.percentile(shares, 90) * blocks:.0f} blocks there)")
+    print("\n".join(residual_table(shares)))
 
 
 if __name__ == "__main__":

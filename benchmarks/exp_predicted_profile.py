@@ -90,14 +90,9 @@ def main(argv=None) -> None:
     print(f"per-head profile, Llama-3.1-8B shape, {args.tokens} tokens, B = {args.batch}, {stop} on {metadata}, "
           f"gqa {args.gqa}, tau {args.tau}")
     if args.residual:  # no forced blocks: each decision past the predicted chunk adds one block
-        from psa_fast._kernels import PREDICTED_SHARE
+        from exp_first_chunk import residual_table
 
-        past = (np.asarray(rows[1, "predicted"]["it"]) - 1) / cache.nmax
-        p = np.percentile(past, [50, 90, 99])
-        print("| groups | past the prediction: mean | p50 | p90 | p99 | max | none needed | PREDICTED_SHARE |")
-        print("|---|---|---|---|---|---|---|---|")
-        print(f"| {past.size} | {past.mean():.2%} | {p[0]:.2%} | {p[1]:.2%} | {p[2]:.2%} | {past.max():.2%} | "
-              f"{np.mean(past == 0):.0%} | {PREDICTED_SHARE:.2%} |")
+        print("\n".join(residual_table((np.asarray(rows[1, "predicted"]["it"]) - 1) / cache.nmax)))
         return
     print("| step | first chunk | decisions mean | busiest group's | read mean | largest read | error mean |")
     print("|---|---|---|---|---|---|---|")

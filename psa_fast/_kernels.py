@@ -212,9 +212,12 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
 
     With ``predicted`` (``first_chunk="predicted"`` under a sketch rule) the first ranked chunk holds the blocks the
     estimates predict, and the step sizes only what a group needs past it, ``need = PREDICTED_SHARE * nmax``
-    (modelled from psa_ref on real layers, not yet timed on the GPU: benchmarks/NOTES.md, fortieth session). The
-    sketch rules stop on the same per-head estimates the prediction sums, so little is left; ``ema`` reads far past
-    the prediction (Gemma 3's layer 17: 56% of the blocks where the prediction holds ~17%) and keeps ``STEP_SHARE``.
+    (from psa_ref on real layers: benchmarks/NOTES.md, fortieth session). The sketch rules stop on the same per-head
+    estimates the prediction sums, so little is left; ``ema`` reads far past the prediction (Gemma 3's layer 17: 56%
+    of the blocks where the prediction holds ~17%) and keeps ``STEP_SHARE``. On the H200 (forty-first session, a
+    batch of different decode steps of that layer) this smaller step reads fewer blocks at a larger error than the
+    plain step after the prediction: 79.5 µs, 35% of the blocks, error 0.017 at B = 8, against 95.5 µs, 43%, 0.013
+    (the plain loop: 99.3 µs, 45%, 0.011); pass the plain step explicitly to keep the plain loop's error.
     With ``speculate`` the step is one speculative CTA's chunk, ``spec_step(nmax)``."""
     if speculate:
         return spec_step(nmax)

@@ -88,7 +88,7 @@ class DecodePlan:
             shape: 384 blocks at 32K, 768 at 128K; a whole number of blocks, or of pairs, for every warp;
             benchmarks/NOTES.md; after a ``first_chunk="predicted"`` under a sketch rule, a step for what the
             prediction leaves: 128 blocks on Gemma 3's real layer at 32K, B = 8, where the plain loop takes
-            320). The step decides which
+            320, fewer blocks at a larger error; give the plain step to keep its error). The step decides which
             blocks are attended past the stop, so ``"auto"`` makes them depend on the batch and the GPU; give an
             integer for results that do not, and ``plan.step`` to [`psa_ref.attention`][psa_ref.attention] to
             check a run. On the GPU an iteration's blocks are spread over ``cluster * warps`` warps, so a step
