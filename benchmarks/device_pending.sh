@@ -134,6 +134,11 @@
 #  ncu of psa_order_suffix at Llama 128K, B = 1 (17.5 µs that batching its loads did not move).
 #   run(command="bash benchmarks/device_pending.sh s42c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
 #  the default rule's step swept on the real layer's spread batch (is pick_step's decision cost right for batches?).
+#   run(command="bash benchmarks/device_pending.sh s42d", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
+#  the plain loop's step swept on the drawn Gemma profiles and at B = 16 of the spread batch (the grid build's ~8 µs an
+#  iteration against pick_step's 2.6).
+#   run(command="bash benchmarks/device_pending.sh s42e")  (~4 minutes)
+#  psa_order_suffix tiled (PSA_SUFFIX_TILED): its float64 test, the kernel table off and on, the sketch rules' tests.
 #   run(command="bash benchmarks/device_pending.sh s27g")  (~1 minute)
 #  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
 #   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
@@ -1955,6 +1960,51 @@ if [ "$PART" = s42c ]; then
   timeout 400 python3 exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --stop auto --shape gemma3 \
       --sizes 32768:32,32768:8 --steps 96,144,256,384,576,auto --modes loop,first --layers 1 2>&1 | grep -v Warn \
       | tee "$OUT/s42c.md" | grep "^#\||"
+  exit 0
+fi
+if [ "$PART" = s42d ]; then
+  # Prepared in the forty-second session, after s42a / s42c (H100): the grid build's iteration costs ~8 µs beyond its
+  # blocks (loop clock of the real layer's spread batch: barrier + decision 41.7 µs over 5.3 iterations at B = 32,
+  # 23.4 over 2.9 at B = 8), not pick_step's 2.6 (fitted on Llama's cluster build), and the sweep found the plain
+  # loop faster at a larger step (B = 32: 256 306.6 µs against the pick 144's 327.7). With 8 µs pick_step would take
+  # 256 / 352 / 512 at B = 32 / 16 / 8. Does that hold off the real layer? The default rule's plain loop swept on the
+  # drawn Gemma profiles (ideal 5% and 20%) at B = 1 / 8 / 32 and on the spread batch at B = 16, and the loop clock of
+  # the 5% profile at B = 8 (is ~8 µs an iteration the grid build's, or the real layer's?). Predicted: the best step
+  # 1.5-2x the pick at B >= 8, -5 to -10% there; B = 1 (cluster build) unchanged. ~3 minutes with a cold start; carry
+  # the layer.
+  cd benchmarks
+  for share in 0.05 0.2; do
+    timeout 200 python3 exp_step.py --share $share --stop auto --shape gemma3 --sizes 32768:1,32768:8,32768:32 \
+        --steps 144,256,384,512,auto --modes loop --layers 2 2>&1 | grep -v Warn | tee -a "$OUT/s42d.md" | grep "^#\||"
+  done
+  timeout 120 python3 exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread --stop auto --shape gemma3 \
+      --sizes 32768:16 --steps 160,224,256,352,512,auto --modes loop --layers 1 2>&1 | grep -v Warn \
+      | tee -a "$OUT/s42d.md" | grep "^#\||"
+  timeout 100 python3 exp_verify_clock.py --share 0.05 --shape gemma3 --batches 8,32 --loop --speculate 0 --step 256 \
+      2>&1 | grep -v Warn | grep "^T=\|^|" | tee -a "$OUT/s42d.md" | grep "^T=\|kernel\|barrier\|decide\|iteration"
+  exit 0
+fi
+if [ "$PART" = s42e ]; then
+  # Prepared in the forty-second session after s42b's ncu of psa_order_suffix (H100, Llama 128K B = 1: 20.7 µs, 32
+  # CTAs of 1,024 threads, 38.7 cycles an issued instruction: long scoreboard 13.2, LG throttle 12.4; DRAM 1.9%):
+  # suffix.cu's PSA_SUFFIX_TILED (off) gathers a tile's terms with coalesced loads into shared memory (each term once,
+  # where the plain build computes it on both walks), walks 8 entries a thread from there and stores the suffix
+  # coalesced. Predicted: psa_order_suffix 128K B = 1 ~20 -> ~5 µs, B = 8 ~3x less, 32K B = 1 ~5 -> ~2; the default
+  # rule's step as much less. The new float64 test (both builds), the kernel table off / on / on / off, then the
+  # GPU conformance tests (every stop rule, hypothesis draws) with the tiled build everywhere. ~4 minutes with a cold start.
+  gpu_tests t_s42e.log 120 tests/test_fast.py -k "order_suffix_matches"
+  cd benchmarks
+  for v in 0 1 1 0; do
+    echo "## suffix_tiled=$v"
+    kernel_rows "llama8b:32768:1 llama8b:131072:1 llama8b:131072:8" default '^T=\|psa_order_suffix\|psa_decode ' \
+        exp_kernel_defines.py suffix suffix_tiled=$v --
+  done
+  cd ..
+  PYTEST_MAIN=$(python3 -c "import os, pytest; print(os.path.join(os.path.dirname(pytest.__file__), '__main__.py'))")
+  timeout 200 python3 benchmarks/exp_kernel_defines.py suffix suffix_tiled=1 -- "$PYTEST_MAIN" -q -p no:cacheprovider \
+      -W ignore -rf --tb=short tests/test_fast.py -k "psa_conforms or first_chunk_conforms or agrees_with_reference \
+      or batched_ragged or previous_stop_conforms" > "$OUT/t_s42e_tiled.log" 2>&1
+  echo "tiled GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s42e_tiled.log" | tail -8
   exit 0
 fi
 if [ "$PART" = s40a ]; then

@@ -482,10 +482,19 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
     if want_suffix:
-        threads = min(SUFFIX_THREADS, max(32, -(-nmax // 32) * 32))
-        kernel("suffix", d=16, s=s, g=g, entry="order_suffix")((hq, b), (threads,), (
-            out_order, seq_lens, bounds, log_suffix, np.int32(hq), np.int32(nmax),
-            np.uint64(0) if ordered is None else ordered))
+        suffix(out_order, seq_lens, bounds, log_suffix, s=s, g=g, hq=hq, nmax=nmax, ordered=ordered)
+
+
+def suffix(order_arr, seq_lens, vals, log_suffix, *, s, g, hq, nmax, ordered=None) -> None:
+    """``psa_order_suffix``: for every (request, query head) the suffix log-sum-exp along the group's processing order
+    ``order_arr [B, Hq / g, Nmax]`` of ``x_i = vals[b, h, j] + log n_j`` (``j = order[i]``, ``n_j`` the block's tokens
+    of ``seq_lens [B]``): ``log_suffix [B, Hq, Nmax + 1]`` float32, ``-inf`` from each request's block count on; with
+    ``ordered`` (``[B, Hq, Nmax]``) the terms ``x_i`` themselves by position."""
+    b = seq_lens.shape[0]
+    threads = min(SUFFIX_THREADS, max(32, -(-nmax // 32) * 32))
+    kernel("suffix", d=16, s=s, g=g, entry="order_suffix")((hq, b), (threads,), (
+        order_arr, seq_lens, vals, log_suffix, np.int32(hq), np.int32(nmax),
+        np.uint64(0) if ordered is None else ordered))
 
 
 SELECT_THREADS = 1024  # psa_order_head's CTA
