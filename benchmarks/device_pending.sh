@@ -139,6 +139,11 @@
 #  iteration against pick_step's 2.6).
 #   run(command="bash benchmarks/device_pending.sh s42e")  (~4 minutes)
 #  psa_order_suffix tiled (PSA_SUFFIX_TILED): its float64 test, the kernel table off and on, the sketch rules' tests.
+#  (ran once; the library sets the define since: s42f and s42g replace it)
+#   run(command="bash benchmarks/device_pending.sh s42f")  (~3 minutes)
+#  psa_order_suffix tiled, second version, picked by _kernels.SUFFIX_TILED_MIN_BLOCKS: tests, the kernel table A/B.
+#   run(command="bash benchmarks/device_pending.sh s42g")  (~9 minutes)
+#  every kernel suite with the tiled suffix at every size (before SUFFIX_TILED_MIN_BLOCKS is set).
 #   run(command="bash benchmarks/device_pending.sh s27g")  (~1 minute)
 #  the two-kernel sort's slice size, the estimate's blocks a warp at 1-3 waves.
 #   run(command="bash benchmarks/device_pending.sh s27h", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
@@ -1992,6 +1997,8 @@ if [ "$PART" = s42e ]; then
   # coalesced. Predicted: psa_order_suffix 128K B = 1 ~20 -> ~5 µs, B = 8 ~3x less, 32K B = 1 ~5 -> ~2; the default
   # rule's step as much less. The new float64 test (both builds), the kernel table off / on / on / off, then the
   # GPU conformance tests (every stop rule, hypothesis draws) with the tiled build everywhere. ~4 minutes with a cold start.
+  # Ran once (H100, 42nd session) as written here, at the commit that added it: the define is since set by the
+  # library (_kernels.SUFFIX_TILED_MIN_BLOCKS), so exp_kernel_defines no longer switches it: s42f does.
   gpu_tests t_s42e.log 120 tests/test_fast.py -k "order_suffix_matches"
   cd benchmarks
   for v in 0 1 1 0; do
@@ -2005,6 +2012,33 @@ if [ "$PART" = s42e ]; then
       -W ignore -rf --tb=short tests/test_fast.py -k "psa_conforms or first_chunk_conforms or agrees_with_reference \
       or batched_ragged or previous_stop_conforms" > "$OUT/t_s42e_tiled.log" 2>&1
   echo "tiled GPU tests rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s42e_tiled.log" | tail -8
+  exit 0
+fi
+if [ "$PART" = s42f ]; then
+  # Prepared in the forty-second session after s42e (H100: psa_order_suffix tiled 19.7 -> 9.5 µs at Llama 128K B = 1,
+  # 53 -> 19.5 at B = 8, but 4.4 -> 5.6 at 32K, where 1,024 threads held 2,048 blocks). Second version: every block
+  # of a tile loaded before any value (two round trips, not eight), and the launch gives a thread 8 blocks (256
+  # threads at 32K). The library picks the build (_kernels.SUFFIX_TILED_MIN_BLOCKS, 0 = off). Predicted: 32K B = 1
+  # 4.4 -> ~3 µs, 128K B = 1 9.5 -> ~6, B = 8 19.5 -> ~15. The float64 tests (both builds, two sizes), the kernel
+  # table off / on / on / off; then s42g runs the whole GPU suite tiled, and if both hold, SUFFIX_TILED_MIN_BLOCKS
+  # becomes 1 (or the size from which it wins). ~3 minutes with a cold start.
+  gpu_tests t_s42f.log 120 tests/test_fast.py -k "order_suffix_matches"
+  cd benchmarks
+  for v in 0 1 1 0; do
+    kernel_rows "llama8b:32768:1 llama8b:131072:1 llama8b:131072:8 gemma3:32768:8" default \
+        '^#\|^T=\|psa_order_suffix\|psa_decode ' exp_kernels_attr.py SUFFIX_TILED_MIN_BLOCKS=$v --
+  done
+  exit 0
+fi
+if [ "$PART" = s42g ]; then
+  # Prepared in the forty-second session: every kernel suite with psa_order_suffix's tiled build at every size
+  # (SUFFIX_TILED_MIN_BLOCKS = 1; tests that set it themselves keep theirs). ~9 minutes on the H100.
+  PYTEST_MAIN=$(python3 -c "import os, pytest; print(os.path.join(os.path.dirname(pytest.__file__), '__main__.py'))")
+  timeout 580 python3 benchmarks/exp_kernels_attr.py SUFFIX_TILED_MIN_BLOCKS=1 -- "$PYTEST_MAIN" -q -p no:cacheprovider \
+      -W ignore -rf --tb=short tests/test_fast.py tests/test_fast_bf16.py tests/test_stop_rules.py \
+      tests/test_first_chunk.py tests/test_fast_hf.py tests/test_fast_offload.py tests/test_fast_distributed.py \
+      > "$OUT/t_s42g.log" 2>&1
+  echo "GPU tests (tiled suffix) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s42g.log" | tail -8
   exit 0
 fi
 if [ "$PART" = s40a ]; then

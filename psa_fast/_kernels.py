@@ -34,6 +34,12 @@ ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on ps
 QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
 ORDER_THREADS = 1024
 SUFFIX_THREADS = 1024  # at most (psa_order_suffix's launch bound)
+# psa_order_suffix's tiled build (suffix.cu's PSA_SUFFIX_TILED: coalesced tiles of SUFFIX_RUN blocks a thread) from
+# this many blocks a group up; 0: the plain build everywhere. First version on the H100 (forty-second session,
+# Llama's shape, default rule): 128K B = 1 19.7 -> 9.5 µs, B = 8 53 -> 19.5, 32K B = 1 4.4 -> 5.6; off until the
+# whole GPU suite has run with it (benchmarks/NOTES.md)
+SUFFIX_TILED_MIN_BLOCKS = 0
+SUFFIX_RUN = 8  # suffix.cu's PSA_SUFFIX_RUN
 MAX_SMEM_SORT = 16384  # largest padded block count sorted in shared memory (128 KiB of keys)
 
 
@@ -491,8 +497,10 @@ def suffix(order_arr, seq_lens, vals, log_suffix, *, s, g, hq, nmax, ordered=Non
     of ``seq_lens [B]``): ``log_suffix [B, Hq, Nmax + 1]`` float32, ``-inf`` from each request's block count on; with
     ``ordered`` (``[B, Hq, Nmax]``) the terms ``x_i`` themselves by position."""
     b = seq_lens.shape[0]
-    threads = min(SUFFIX_THREADS, max(32, -(-nmax // 32) * 32))
-    kernel("suffix", d=16, s=s, g=g, entry="order_suffix")((hq, b), (threads,), (
+    tiled = 0 < SUFFIX_TILED_MIN_BLOCKS <= nmax
+    per = SUFFIX_RUN if tiled else 1  # blocks a thread (of a tile, tiled)
+    threads = min(SUFFIX_THREADS, max(32, -(-nmax // (32 * per)) * 32))
+    kernel("suffix", d=16, s=s, g=g, entry="order_suffix", suffix_tiled=int(tiled))((hq, b), (threads,), (
         order_arr, seq_lens, vals, log_suffix, np.int32(hq), np.int32(nmax),
         np.uint64(0) if ordered is None else ordered))
 

@@ -1221,34 +1221,34 @@ def test_order_kernels_match_reference_rank(nmax, lens, method):
             assert (got[r, g, n:] == -1).all()
 
 
-@pytest.mark.parametrize("tiled", [0, 1])
-def test_order_suffix_matches_float64(kernel_switch, tiled):
-    """psa_order_suffix (and its tiled build, ``PSA_SUFFIX_TILED``): along each group's order, the suffix log-sum-exp
-    of ``vals + log n_j`` matches float64 within 1e-4 (absolute, in the log domain: each value is a few dozen float32
-    roundings and ``__expf`` / ``__logf`` errors of ~2^-21 relative deep, the thread's run, the warp and CTA scans and,
-    tiled, one merge a tile), ``-inf`` from each request's block count on, and the terms by position within 1e-5.
-    Requests of one block (full and partial), of 700 blocks, and where the tiled build takes one tile exactly, one
-    entry more, and three tiles (1,024 threads x 8 entries a tile)."""
+@pytest.mark.parametrize("nmax, lens", [(20000, [20000 * 16, 8192 * 16, 8193 * 16 - 5, 700 * 16 + 3, 16, 5]),
+                                         (300, [300 * 16, 299 * 16 - 5, 33 * 16, 5])])
+@pytest.mark.parametrize("tiled_from", [0, 1])
+def test_order_suffix_matches_float64(monkeypatch, nmax, lens, tiled_from):
+    """psa_order_suffix (and its tiled build from ``_kernels.SUFFIX_TILED_MIN_BLOCKS`` blocks, here 1: every size;
+    0: the plain build): along each group's order, the suffix log-sum-exp of ``vals + log n_j`` matches float64
+    within 1e-4 (absolute, in the log domain: each value is a few dozen float32 roundings and ``__expf`` / ``__logf``
+    errors of ~2^-21 relative deep, the thread's run, the warp and CTA scans and, tiled, one merge a tile), ``-inf``
+    from each request's block count on, and the terms by position within 1e-5. Requests of one block (full and
+    partial) and of a few hundred; at 20,000 blocks the tiled build's 1,024 threads take 8,192 entries a tile: one
+    tile exactly, one entry more, three tiles; at 300, 64 threads, one tile of 512."""
     from psa_fast import _kernels
 
-    b_lens = [20000 * 16, 8192 * 16, 8193 * 16 - 5, 700 * 16 + 3, 16, 5]
-    b, g, hq, nmax = len(b_lens), 4, 8, 20000
-    rng = np.random.default_rng(42 + tiled)
+    monkeypatch.setattr(_kernels, "SUFFIX_TILED_MIN_BLOCKS", tiled_from)
+    b, g, hq = len(lens), 4, 8
+    rng = np.random.default_rng(nmax + tiled_from)
     order = np.full((b, hq // g, nmax), -1, np.int32)
-    for r, t in enumerate(b_lens):
+    for r, t in enumerate(lens):
         n = -(-t // 16)
         for grp in range(hq // g):
             order[r, grp, :n] = rng.permutation(n)
     vals = (4 * rng.standard_normal((b, hq, nmax))).astype(np.float32)
     log_suffix = cupy.full((b, hq, nmax + 1), np.nan, cupy.float32)
     ordered = cupy.full((b, hq, nmax), np.nan, cupy.float32)
-    reached = kernel_switch("suffix", suffix_tiled=tiled)
-    _kernels.suffix(cupy.asarray(order), cupy.asarray(np.array(b_lens, np.int32)), cupy.asarray(vals), log_suffix,
+    _kernels.suffix(cupy.asarray(order), cupy.asarray(np.array(lens, np.int32)), cupy.asarray(vals), log_suffix,
                     s=16, g=g, hq=hq, nmax=nmax, ordered=ordered)
-    kernel_switch(None)
-    assert reached
     got, got_x = cupy.asnumpy(log_suffix), cupy.asnumpy(ordered)
-    for r, t in enumerate(b_lens):
+    for r, t in enumerate(lens):
         n = -(-t // 16)
         for h in range(hq):
             j = order[r, h // g, :n].astype(np.int64)

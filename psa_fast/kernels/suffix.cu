@@ -7,13 +7,16 @@
 // the order took at 32K, B = 1). Each thread owns a contiguous run of the order; the runs' totals
 // are combined by a suffix scan of warp shuffles, then every thread rewalks its run.
 //
-// PSA_SUFFIX_TILED (forty-second session, off): the order is taken in tiles of PSA_SUFFIX_RUN entries a
-// thread, last tile first. A tile's x_i are gathered with coalesced loads of the order (each x computed
+// PSA_SUFFIX_TILED (forty-second session; _kernels.SUFFIX_TILED_MIN_BLOCKS picks it, off by default): the
+// order is taken in tiles of PSA_SUFFIX_RUN entries a thread, last tile first. A tile's x_i are gathered with coalesced loads of the order (each x computed
 // once, where the plain build computes it on both walks) into shared memory, written to `ordered` and,
 // after the walks, to `log_suffix` from there, coalesced; a running total carries the later tiles' mass.
 // The plain build's loads and stores stride a thread's run (8 entries at 128K, so a warp's access
 // touches 32 sectors): ncu on the H100 at Llama 128K, B = 1 (20.7 µs, 32 CTAs of 1024 threads) found
 // 38.7 cycles an issued instruction, long-scoreboard 13.2 and LG-throttle 12.4 of them, DRAM 1.9%.
+// The tiled build's first version (terms gathered one entry after another, 1,024 threads at any size) took
+// 19.7 -> 9.5 µs there, 53 -> 19.5 at B = 8, but 4.4 -> 5.6 at 32K (2,048 blocks: 3/4 of its threads idle);
+// now every block is loaded before any value, and the launch gives a thread PSA_SUFFIX_RUN blocks.
 //
 //   order      [B, Hq / PSA_G, Nmax] int (psa_order)
 //   vals       [B, Hq, Nmax] float: per-head value of every block
@@ -70,14 +73,23 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
     const int tile = PSA_SUFFIX_RUN * blockDim.x;
     float2 carry = make_float2(-PSA_INF, 0.f);  // the mass of the tiles after this one
     for (int base = (n - 1) / tile * tile; base >= 0; base -= tile) {
+        // entry base + k * blockDim.x + tid: its block (coalesced), then every block's value at once
+        int jk[PSA_SUFFIX_RUN];
+        float vk[PSA_SUFFIX_RUN];
 #pragma unroll
-        for (int k = 0; k < PSA_SUFFIX_RUN; ++k) {  // coalesced: entry base + k * blockDim.x + tid
-            const int li = k * blockDim.x + tid, i = base + li;
+        for (int k = 0; k < PSA_SUFFIX_RUN; ++k) {
+            const int i = base + k * blockDim.x + tid;
+            jk[k] = i < n ? __ldg(orow + i) : -1;
+        }
+#pragma unroll
+        for (int k = 0; k < PSA_SUFFIX_RUN; ++k) vk[k] = jk[k] >= 0 ? __ldg(v + jk[k]) : 0.f;
+#pragma unroll
+        for (int k = 0; k < PSA_SUFFIX_RUN; ++k) {
+            const int li = k * blockDim.x + tid;
             float x = -PSA_INF;
-            if (i < n) {
-                const int j = __ldg(orow + i);
-                x = __ldg(v + j) + __logf((float)min(PSA_S, len - j * PSA_S));
-                if (xs) xs[i] = x;
+            if (jk[k] >= 0) {
+                x = vk[k] + __logf((float)min(PSA_S, len - jk[k] * PSA_S));
+                if (xs) xs[base + li] = x;
             }
             sx[li] = x;
         }
