@@ -53,6 +53,27 @@ __device__ __forceinline__ float2 warp_suffix(float2 v, int lane) {
     return v;
 }
 
+// Given `incl` (this lane's inclusive warp_suffix), everything after this thread in the CTA: the later lanes of its
+// warp, then the later warps (two CTA barriers; `warp_total` holds a float2 a warp). `total`, if not null, gets the
+// CTA's whole merge, in every thread.
+__device__ __forceinline__ float2 cta_after(float2 incl, int lane, int warp, int nwarps, float2* warp_total,
+                                            float2* total) {
+    if (lane == 0) warp_total[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        float2 w = lane < nwarps ? warp_total[lane] : make_float2(-PSA_INF, 0.f);
+        w = warp_suffix(w, lane);
+        __syncwarp();
+        if (lane < nwarps) warp_total[lane] = w;  // now: merge of warps lane .. nwarps - 1
+    }
+    __syncthreads();
+    float2 after = shfl_down2(incl, 1);
+    if (lane == 31) after = make_float2(-PSA_INF, 0.f);
+    if (warp + 1 < nwarps) after = lse_merge(after, warp_total[warp + 1]);
+    if (total) *total = warp_total[0];
+    return after;
+}
+
 extern "C" __global__ void __launch_bounds__(PSA_SUFFIX_THREADS)
 psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens, const float* __restrict__ vals,
                  float* __restrict__ log_suffix, int Hq, int Nmax, float* __restrict__ ordered) {
@@ -68,7 +89,6 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
 
 #if PSA_SUFFIX_TILED
     __shared__ float4 tile_x[PSA_SUFFIX_THREADS * PSA_SUFFIX_RUN / 4];  // x, then the suffix, by position
-    __shared__ float2 tile_total;
     float* sx = reinterpret_cast<float*>(tile_x);
     const int tile = PSA_SUFFIX_RUN * blockDim.x;
     float2 carry = make_float2(-PSA_INF, 0.f);  // the mass of the tiles after this one
@@ -105,20 +125,8 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
 #pragma unroll
         for (int k = PSA_SUFFIX_RUN - 1; k >= 0; --k)
             if (k < own) run = lse_merge(run, make_float2(r[k], 1.f));
-        const float2 incl = warp_suffix(run, lane);
-        if (lane == 0) warp_total[warp] = incl;
-        __syncthreads();
-        if (warp == 0) {
-            float2 w = lane < nwarps ? warp_total[lane] : make_float2(-PSA_INF, 0.f);
-            w = warp_suffix(w, lane);
-            __syncwarp();
-            if (lane < nwarps) warp_total[lane] = w;
-            if (lane == 0) tile_total = w;
-        }
-        __syncthreads();
-        float2 after = shfl_down2(incl, 1);
-        if (lane == 31) after = make_float2(-PSA_INF, 0.f);
-        if (warp + 1 < nwarps) after = lse_merge(after, warp_total[warp + 1]);
+        float2 tile_total;
+        float2 after = cta_after(warp_suffix(run, lane), lane, warp, nwarps, warp_total, &tile_total);
         after = lse_merge(after, carry);
 #pragma unroll
         for (int k = PSA_SUFFIX_RUN - 1; k >= 0; --k) {
@@ -137,7 +145,7 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
             const int li = k * blockDim.x + tid, i = base + li;
             if (i < n) ls[i] = sx[li];
         }
-        __syncthreads();  // (the next tile overwrites the shared x, the warp totals and the tile's total)
+        __syncthreads();  // (the next tile overwrites the shared x and the warp totals)
     }
 #else
     const int per = (n + blockDim.x - 1) / blockDim.x;
@@ -148,19 +156,7 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
         run = lse_merge(run, make_float2(__ldg(v + j) + __logf((float)min(PSA_S, len - j * PSA_S)), 1.f));
     }
     // everything after this run: later lanes of the warp, then later warps
-    const float2 incl = warp_suffix(run, lane);
-    if (lane == 0) warp_total[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        float2 w = lane < nwarps ? warp_total[lane] : make_float2(-PSA_INF, 0.f);
-        w = warp_suffix(w, lane);
-        __syncwarp();
-        if (lane < nwarps) warp_total[lane] = w;  // now: merge of warps lane .. nwarps - 1
-    }
-    __syncthreads();
-    float2 after = shfl_down2(incl, 1);
-    if (lane == 31) after = make_float2(-PSA_INF, 0.f);
-    if (warp + 1 < nwarps) after = lse_merge(after, warp_total[warp + 1]);
+    float2 after = cta_after(warp_suffix(run, lane), lane, warp, nwarps, warp_total, nullptr);
     for (int i = hi - 1; i >= lo; --i) {
         const int j = __ldg(orow + i);
         const float x = __ldg(v + j) + __logf((float)min(PSA_S, len - j * PSA_S));
