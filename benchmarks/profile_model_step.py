@@ -23,12 +23,11 @@ def main() -> None:
     ap.add_argument("--weights", default="random", help="'random' or a GGUF path (as bench_model.py)")
     ap.add_argument("--text", default=None, help="held-out text for real weights (as bench_model.py)")
     ap.add_argument("--speculate", type=float, default=None, help="psa mode: DecodePlan(speculate=M)")
-    ap.add_argument("--step", default="16",
+    ap.add_argument("--step", default=16, type=lambda text: text if text == "auto" else int(text),
                     help="psa mode: blocks an iteration (PSAConfig(step=...)), or auto (the plan's pick)")
     ap.add_argument("--first-chunk", default=None, choices=("predicted",),
                     help="psa mode: PSAConfig(first_chunk=...), the first ranked chunk from the estimates")
     args = ap.parse_args()
-    step = args.step if args.step == "auto" else int(args.step)
     import bench_model
 
     import psa_fast.hf
@@ -37,7 +36,7 @@ def main() -> None:
     ns = argparse.Namespace(model=args.model, weights=args.weights, contexts=[args.context], steps=args.steps,
                             text=args.text)
     model, tok = bench_model.load_model(ns)
-    psa_fast.hf.enable(model, PSAConfig(threshold=0.95, step=step, first_chunk=args.first_chunk, record=False))
+    psa_fast.hf.enable(model, PSAConfig(threshold=0.95, step=args.step, first_chunk=args.first_chunk, record=False))
     spec = {"speculate": args.speculate} if args.speculate else None
     cache = psa_fast.hf.PagedCache(model, batch=args.batch, max_tokens=args.context + 64, static=True,
                                    mode={"sdpa": "sdpa", "dense": "dense"}.get(args.mode), plan_options=spec)
