@@ -437,19 +437,27 @@ def smollm2():
 def test_the_layer_table_gives_each_psa_layer_s_share():
     """format_layer_table: one row per sparse PSA run, a column per layer any of them recorded (keys as a session
     gives them, ints, or as the JSON has them, strings), "—" where a run lacks a layer, then the mean of the run's
-    layers; dense, τ = 1 and top-k rows are left out, and with no sparse run there is no table."""
+    layers; before them the ideal rule's share at each of their taus from the dense PSA run of the same context
+    (its needed blocks over its blocks a head); dense, τ = 1 and top-k rows are left out, and with no sparse run
+    there is no table."""
     from psa_ref.tools.evaluate import Run, format_layer_table
 
     a = Run("psa sketch_avg τ=0.95", "psa", 32768, stop="sketch_avg", tau=0.95,
             layers={5: {"share_of_blocks": 0.84}, 17: {"share_of_blocks": 0.35}})
     b = Run("psa ema τ=0.9", "psa", 32768, stop="ema", tau=0.9, layers={"11": {"share_of_blocks": 0.5}})
-    others = [Run("dense (psa τ=1)", "psa", 32768, tau=1.0, layers={5: {"share_of_blocks": 1.0}}),
-              Run("top-512", "topk", 32768, k=512, layers={5: {"share_of_blocks": 0.25}})]
+    whole = {"share_of_blocks": 1.0, "blocks_per_head": 2000.0}
+    dense = Run("dense (psa τ=1)", "psa", 32768, tau=1.0,
+                layers={"5": whole | {"ideal": {"0.9": 200.0, "0.95": 360.0}},
+                        "17": whole | {"ideal": {"0.95": 320.0}}})
+    others = [dense, Run("top-512", "topk", 32768, k=512, layers={5: {"share_of_blocks": 0.25}})]
     lines = format_layer_table(others + [a, b]).splitlines()
     assert lines[0] == "| context | attention | layer 5 | layer 11 | layer 17 | mean |"
-    assert lines[2] == "| 32768 | psa sketch_avg τ=0.95 | 84.0% | — | 35.0% | 59.5% |"
-    assert lines[3] == "| 32768 | psa ema τ=0.9 | — | 50.0% | — | 50.0% |"
-    assert len(lines) == 4
+    assert lines[2] == "| 32768 | ideal τ=0.9 | 10.0% | — | — | 10.0% |"
+    assert lines[3] == "| 32768 | ideal τ=0.95 | 18.0% | — | 16.0% | 17.0% |"
+    assert lines[4] == "| 32768 | psa sketch_avg τ=0.95 | 84.0% | — | 35.0% | 59.5% |"
+    assert lines[5] == "| 32768 | psa ema τ=0.9 | — | 50.0% | — | 50.0% |"
+    assert len(lines) == 6
+    assert len(format_layer_table([a, b]).splitlines()) == 4  # no dense run: no ideal rows
     assert format_layer_table(others) == ""
 
 
