@@ -302,6 +302,20 @@ def test_session_summary_counts_bytes(model):
     assert s["dense_kv_bytes_per_token"] == pytest.approx(2 * 2 * 2 * 8 * 2 * np.mean(np.arange(33, 41) + 1))
 
 
+def test_session_summary_gives_each_group_s_busiest_head_s_ideal_budget():
+    """summary()'s "ideal_busiest": per step the largest ideal budget among each KV group's query heads (heads h of
+    group h // g, as transformers' GQA repeats KV heads), averaged over groups, then over steps; "ideal" averages
+    every head."""
+    session = hf.PSASession(hf.PSAConfig(), _head_dim=8)
+    for ideal in ([10, 40, 5, 7], [20, 20, 1, 9]):  # 4 query heads over 2 KV heads: groups (0, 1) and (2, 3)
+        session.records.append(hf.StepRecord(layer=3, num_tokens=160, num_blocks=10, head_blocks=np.full(4, 5.0),
+                                             kv_tokens=np.array([80, 80]), kv_blocks=np.array([5, 5]),
+                                             ideal={0.95: np.array(ideal, float)}))
+    layer = session.summary()["layers"][3]
+    assert layer["ideal"][0.95] == pytest.approx(np.mean([10, 40, 5, 7, 20, 20, 1, 9]))
+    assert layer["ideal_busiest"][0.95] == pytest.approx(np.mean([(40 + 7) / 2, (20 + 9) / 2]))
+
+
 def test_eval_passes_the_first_chunk_to_every_psa_configuration(monkeypatch):
     """psa eval --first-chunk: every PSA configuration (the τ = 1 ideal run and top-k aside) gets it; the caption
     says so."""
@@ -438,8 +452,8 @@ def test_the_layer_table_gives_each_psa_layer_s_share():
     """format_layer_table: one row per sparse PSA run, a column per layer any of them recorded (keys as a session
     gives them, ints, or as the JSON has them, strings), "—" where a run lacks a layer, then the mean of the run's
     layers; before them the ideal rule's share at each of their taus from the dense PSA run of the same context
-    (its needed blocks over its blocks a head); dense, τ = 1 and top-k rows are left out, and with no sparse run
-    there is no table."""
+    (its needed blocks over its blocks a head: a head's, then the busiest head of a group's where recorded); dense,
+    τ = 1 and top-k rows are left out, and with no sparse run there is no table."""
     from psa_ref.tools.evaluate import Run, format_layer_table
 
     a = Run("psa sketch_avg τ=0.95", "psa", 32768, stop="sketch_avg", tau=0.95,
@@ -447,16 +461,17 @@ def test_the_layer_table_gives_each_psa_layer_s_share():
     b = Run("psa ema τ=0.9", "psa", 32768, stop="ema", tau=0.9, layers={"11": {"share_of_blocks": 0.5}})
     whole = {"share_of_blocks": 1.0, "blocks_per_head": 2000.0}
     dense = Run("dense (psa τ=1)", "psa", 32768, tau=1.0,
-                layers={"5": whole | {"ideal": {"0.9": 200.0, "0.95": 360.0}},
+                layers={"5": whole | {"ideal": {"0.9": 200.0, "0.95": 360.0}, "ideal_busiest": {"0.95": 860.0}},
                         "17": whole | {"ideal": {"0.95": 320.0}}})
     others = [dense, Run("top-512", "topk", 32768, k=512, layers={5: {"share_of_blocks": 0.25}})]
     lines = format_layer_table(others + [a, b]).splitlines()
     assert lines[0] == "| context | attention | layer 5 | layer 11 | layer 17 | mean |"
-    assert lines[2] == "| 32768 | ideal τ=0.9 | 10.0% | — | — | 10.0% |"
-    assert lines[3] == "| 32768 | ideal τ=0.95 | 18.0% | — | 16.0% | 17.0% |"
-    assert lines[4] == "| 32768 | psa sketch_avg τ=0.95 | 84.0% | — | 35.0% | 59.5% |"
-    assert lines[5] == "| 32768 | psa ema τ=0.9 | — | 50.0% | — | 50.0% |"
-    assert len(lines) == 6
+    assert lines[2] == "| 32768 | ideal τ=0.9, a head | 10.0% | — | — | 10.0% |"
+    assert lines[3] == "| 32768 | ideal τ=0.95, a head | 18.0% | — | 16.0% | 17.0% |"
+    assert lines[4] == "| 32768 | ideal τ=0.95, a group's busiest head | 43.0% | — | — | 43.0% |"
+    assert lines[5] == "| 32768 | psa sketch_avg τ=0.95 | 84.0% | — | 35.0% | 59.5% |"
+    assert lines[6] == "| 32768 | psa ema τ=0.9 | — | 50.0% | — | 50.0% |"
+    assert len(lines) == 7
     assert len(format_layer_table([a, b]).splitlines()) == 4  # no dense run: no ideal rows
     assert format_layer_table(others) == ""
 

@@ -716,11 +716,12 @@ def format_table(runs: list[Run]) -> str:
 def format_layer_table(runs: list[Run]) -> str:
     """The share of each PSA layer's blocks that every sparse PSA run (``tau < 1``) read, as Markdown (one row per
     run, one column per layer that runs PSA, then the mean over them), after the ideal rule's share at each of those
-    runs' ``tau`` where the context's dense PSA run (``tau = 1``) recorded it (the fewest blocks holding ``tau`` of
-    each head's mass); ``""`` where no run recorded its layers. Layers differ: on Gemma 3 270M at 32K the default rule
-    reads 84% / 74% / 35% of layers 5 / 11 / 17 where the ideal needs 18% / 26% / 16%, and on a GPU PSA pays only
-    where its layer's share is small (docs/gpu.md), so the table says which layers to give it
-    (``PSAConfig(layers=...)``) and where the ranking, not the attention, is what is dense."""
+    runs' ``tau`` where the context's dense PSA run (``tau = 1``) recorded it: the fewest blocks holding ``tau`` of
+    a query head's mass, and of the busiest query head of each KV group (a shared selection reads at least that);
+    ``""`` where no run recorded its layers. Layers differ: on Gemma 3 270M at 32K the default rule reads 84% / 74% /
+    35% of layers 5 / 11 / 17, where a head needs 18% / 26% / 16% but the busiest of a group's four 43% / 53% / 24%;
+    on a GPU PSA pays only where its layer's share is small (docs/gpu.md), so the table says which layers to give it
+    (``PSAConfig(layers=...)``)."""
     sparse = [r for r in runs if r.method == "psa" and r.tau is not None and r.tau < 1 and r.layers]
     if not sparse:
         return ""
@@ -736,13 +737,15 @@ def format_layer_table(runs: list[Run]) -> str:
     for ctx in dict.fromkeys(r.context for r in sparse):
         dense = next((r for r in runs if r.context == ctx and r.method == "psa" and r.tau == 1.0 and r.layers), None)
         for tau in sorted({r.tau for r in sparse if r.context == ctx}):
-            ideal = {}
-            for layer, stats in (dense.layers.items() if dense else ()):
-                needed = {float(t): v for t, v in stats.get("ideal", {}).items()}
-                if tau in needed and stats.get("blocks_per_head"):
-                    ideal[int(layer)] = needed[tau] / stats["blocks_per_head"]
-            if ideal:
-                lines.append(row(ctx, f"ideal τ={tau:g}", ideal))
+            for key, label in (("ideal", f"ideal τ={tau:g}, a head"),
+                               ("ideal_busiest", f"ideal τ={tau:g}, a group's busiest head")):
+                ideal = {}
+                for layer, stats in (dense.layers.items() if dense else ()):
+                    needed = {float(t): v for t, v in stats.get(key, {}).items()}
+                    if tau in needed and stats.get("blocks_per_head"):
+                        ideal[int(layer)] = needed[tau] / stats["blocks_per_head"]
+                if ideal:
+                    lines.append(row(ctx, label, ideal))
         for r in sparse:
             if r.context == ctx:
                 lines.append(row(ctx, r.label, {int(layer): v["share_of_blocks"] for layer, v in r.layers.items()}))

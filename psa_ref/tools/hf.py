@@ -274,7 +274,9 @@ class PSASession:
         ``bytes_per_element`` is the KV cache's element size (2 for float16). Returns
         ``{"layers": {layer: {...}}, "kv_bytes_per_token", "dense_kv_bytes_per_token",
         "blocks_per_head", "kv_blocks_per_token", "steps"}``; bytes count keys and values, and a
-        KV block read by several query heads of a group counts once.
+        KV block read by several query heads of a group counts once. With ``record_ideal`` a layer's
+        ``"ideal"`` is ``tau ->`` the mean ideal budget of a query head, and ``"ideal_busiest"`` that of the
+        busiest query head of each KV group (what a shared selection must read at least).
         """
         if not self.records:
             return {"layers": {}, "kv_bytes_per_token": 0.0, "dense_kv_bytes_per_token": 0.0, "blocks_per_head": 0.0,
@@ -293,6 +295,9 @@ class PSASession:
                 "kv_tokens": float(np.mean([r.kv_tokens.sum() for r in recs])),
                 "kv_blocks": float(np.mean([r.kv_blocks.sum() for r in recs])),
                 "ideal": {t: float(np.mean([r.ideal[t].mean() for r in recs])) for t in recs[0].ideal},
+                # the busiest query head of each KV group: a shared selection reads at least its ideal set
+                "ideal_busiest": {t: float(np.mean([np.asarray(r.ideal[t]).reshape(r.kv_tokens.size, -1).max(1).mean()
+                                                    for r in recs])) for t in recs[0].ideal},
             }
         per_step = 2 * d * bytes_per_element
         return {
