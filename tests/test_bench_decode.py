@@ -1243,3 +1243,17 @@ def test_predicted_profile_experiment_runs_its_schedules(capsys, monkeypatch):
     epp.main(["--tokens", "2048", "--batch", "2", "--residual"])
     out = capsys.readouterr().out
     assert f"| {_kernels.PREDICTED_SHARE:.2%} |" in out and "| 64 |" in out  # 2 requests x 32 query heads
+
+
+def test_shared_budgets_bound_a_shared_selection():
+    """exp_shared_ideal.shared_budgets on three blocks and two heads that want different blocks: each head alone
+    needs its one heavy block, the busiest head one, the union of their sets two, and the shortest prefix of the
+    max-share order that gives both heads 0.9 the same two; a third head equal to the first changes nothing but the
+    mean."""
+    import exp_shared_ideal
+
+    mass = np.array([[0.95, 0.01], [0.01, 0.95], [0.04, 0.04]])
+    assert exp_shared_ideal.shared_budgets(mass, 0.9) == (1.0, 1.0, 2.0, 2.0)
+    assert exp_shared_ideal.shared_budgets(np.c_[mass, mass[:, :1]], 0.9) == (1.0, 1.0, 2.0, 2.0)
+    uneven = np.array([[0.5, 0.9], [0.3, 0.05], [0.2, 0.05]])  # for 0.95 head 0 needs all three blocks, head 1 two
+    assert exp_shared_ideal.shared_budgets(uneven, 0.95) == (2.5, 3.0, 3.0, 3.0)
