@@ -1257,3 +1257,20 @@ def test_shared_budgets_bound_a_shared_selection():
     assert exp_shared_ideal.shared_budgets(np.c_[mass, mass[:, :1]], 0.9) == (1.0, 1.0, 2.0, 2.0)
     uneven = np.array([[0.5, 0.9], [0.3, 0.05], [0.2, 0.05]])  # for 0.95 head 0 needs all three blocks, head 1 two
     assert exp_shared_ideal.shared_budgets(uneven, 0.95) == (2.5, 3.0, 3.0, 3.0)
+
+
+def test_the_oracle_stop_on_the_metadata_s_shared_order():
+    """exp_shared_ideal: prefix_holding is the fewest leading blocks of an order that give every head tau;
+    estimate_orders puts the sink and recent blocks first, then ranks the rest, for every rank of psa_ref's."""
+    import exp_shared_ideal
+    from psa_ref.scoring import RANKS
+
+    mass = np.array([[0.1, 0.0], [0.8, 0.1], [0.1, 0.9]])
+    assert exp_shared_ideal.prefix_holding(mass, np.array([1, 2, 0]), 0.9) == 2
+    assert exp_shared_ideal.prefix_holding(mass, np.array([0, 1, 2]), 0.9) == 3
+    rng = np.random.default_rng(4)
+    keys, values = rng.standard_normal((2, 100, 8))
+    orders = exp_shared_ideal.estimate_orders(rng.standard_normal((2, 8)), keys, values, 8 ** -0.5, 16, "quant3", 1, 1)
+    assert set(orders) == set(RANKS)
+    for order in orders.values():  # 7 blocks: block 0 (sink) and 6 (recent) first, then the other five
+        assert order[:2].tolist() == [0, 6] and sorted(order.tolist()) == list(range(7))
