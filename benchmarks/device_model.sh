@@ -40,9 +40,9 @@ if [ "${1:-}" = profile ]; then
   B="${2:-32}"; shift; [ $# -gt 0 ] && shift
   PSA_OPTS="${*:---speculate 1.0}"  # PSA's options (profile_model_step.py: --step, --first-chunk, --speculate)
   for mode in psa dense; do
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 270 python3 benchmarks/profile_model_step.py --model gemma3 \
-        --weights /tmp/g/gemma.gguf --text /tmp/g/held.txt --context 32768 --batch "$B" --mode $mode --compile --steps 5 \
-        $([ $mode = psa ] && echo "$PSA_OPTS") > "$OUT/profile_gemma3_32k_$mode.txt" 2>&1
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 270 python3 benchmarks/profile_model_step.py \
+        --model gemma3 --weights /tmp/g/gemma.gguf --text /tmp/g/held.txt --context 32768 --batch "$B" --mode $mode \
+        --compile --steps 5 $([ $mode = psa ] && echo "$PSA_OPTS") > "$OUT/profile_gemma3_32k_$mode.txt" 2>&1
     echo "profile $mode rc=$?"; grep -v Warn "$OUT/profile_gemma3_32k_$mode.txt" | tail -42
   done
   exit 0

@@ -1996,7 +1996,8 @@ if [ "$PART" = s42e ]; then
   # where the plain build computes it on both walks), walks 8 entries a thread from there and stores the suffix
   # coalesced. Predicted: psa_order_suffix 128K B = 1 ~20 -> ~5 µs, B = 8 ~3x less, 32K B = 1 ~5 -> ~2; the default
   # rule's step as much less. The new float64 test (both builds), the kernel table off / on / on / off, then the
-  # GPU conformance tests (every stop rule, hypothesis draws) with the tiled build everywhere. ~4 minutes with a cold start.
+  # GPU conformance tests (every stop rule, hypothesis draws) with the tiled build everywhere. ~4 minutes with a cold
+  # start.
   # Ran once (H100, 42nd session) as written here, at the commit that added it: the define is since set by the
   # library (_kernels.SUFFIX_TILED_MIN_BLOCKS), so exp_kernel_defines no longer switches it: s42f does.
   gpu_tests t_s42e.log 120 tests/test_fast.py -k "order_suffix_matches"

@@ -26,7 +26,13 @@ import numpy as np
 
 from psa_ref import METADATA_KINDS, KVBlocks
 from psa_ref.analysis import block_sums, blocks_for_mass
-from psa_ref.scoring import RANKS, estimate, forced_blocks, group_rank_key, processing_order
+from psa_ref.scoring import RANKS, estimate, forced_blocks, group_rank_key, processing_order, rank
+
+
+def prefix_holding(mass: np.ndarray, order: np.ndarray, tau: float) -> int:
+    """The fewest leading blocks of ``order`` that hold ``tau`` of every head's mass (``mass [N, G]``)."""
+    share = np.cumsum(mass[order] / mass.sum(axis=0), axis=0)
+    return int((share.min(axis=1) < tau - 1e-12).sum()) + 1
 
 
 def shared_budgets(mass: np.ndarray, tau: float) -> tuple[float, float, float, float]:
@@ -35,17 +41,9 @@ def shared_budgets(mass: np.ndarray, tau: float) -> tuple[float, float, float, f
     per = blocks_for_mass(mass, tau)
     union = set()
     for h in range(mass.shape[1]):
-        union.update(np.argsort(-mass[:, h], kind="stable")[: per[h]].tolist())
-    share = mass / mass.sum(axis=0)
-    order = np.argsort(-share.max(axis=1), kind="stable")
-    prefix = int((np.cumsum(share[order], axis=0).min(axis=1) < tau - 1e-12).sum()) + 1
-    return float(per.mean()), float(per.max()), float(len(union)), float(prefix)
-
-
-def prefix_holding(mass: np.ndarray, order: np.ndarray, tau: float) -> int:
-    """The fewest leading blocks of ``order`` that hold ``tau`` of every head's mass (``mass [N, G]``)."""
-    share = np.cumsum(mass[order] / mass.sum(axis=0), axis=0)
-    return int((share.min(axis=1) < tau - 1e-12).sum()) + 1
+        union.update(rank(mass[:, h])[: per[h]].tolist())
+    max_share = (mass / mass.sum(axis=0)).max(axis=1)
+    return float(per.mean()), float(per.max()), float(len(union)), float(prefix_holding(mass, rank(max_share), tau))
 
 
 def estimate_orders(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, block_size: int,

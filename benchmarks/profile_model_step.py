@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+import bench_model
 import torch
-
-
-def step_or_auto(text: str) -> int | str:
-    """``--step``: a block count or ``auto``."""
-    return text if text == "auto" else int(text)
 
 
 @torch.no_grad()
@@ -28,12 +24,11 @@ def main() -> None:
     ap.add_argument("--weights", default="random", help="'random' or a GGUF path (as bench_model.py)")
     ap.add_argument("--text", default=None, help="held-out text for real weights (as bench_model.py)")
     ap.add_argument("--speculate", type=float, default=None, help="psa mode: DecodePlan(speculate=M)")
-    ap.add_argument("--step", default=16, type=step_or_auto,
+    ap.add_argument("--step", default=16, type=bench_model.step_arg,
                     help="psa mode: blocks an iteration (PSAConfig(step=...)), or auto (the plan's pick)")
     ap.add_argument("--first-chunk", default=None, choices=("predicted",),
                     help="psa mode: PSAConfig(first_chunk=...), the first ranked chunk from the estimates")
     args = ap.parse_args()
-    import bench_model
 
     import psa_fast.hf
     from psa_ref.tools.hf import PSAConfig

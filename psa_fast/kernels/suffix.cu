@@ -8,9 +8,10 @@
 // are combined by a suffix scan of warp shuffles, then every thread rewalks its run.
 //
 // PSA_SUFFIX_TILED (forty-second session; _kernels.SUFFIX_TILED_MIN_BLOCKS picks it, off by default): the
-// order is taken in tiles of PSA_SUFFIX_RUN entries a thread, last tile first. A tile's x_i are gathered with coalesced loads of the order (each x computed
-// once, where the plain build computes it on both walks) into shared memory, written to `ordered` and,
-// after the walks, to `log_suffix` from there, coalesced; a running total carries the later tiles' mass.
+// order is taken in tiles of PSA_SUFFIX_RUN entries a thread, last tile first. A tile's x_i are gathered
+// with coalesced loads of the order (each x computed once, where the plain build computes it on both
+// walks) into shared memory, written to `ordered` and, after the walks, to `log_suffix` from there,
+// coalesced; a running total carries the later tiles' mass.
 // The plain build's loads and stores stride a thread's run (8 entries at 128K, so a warp's access
 // touches 32 sectors): ncu on the H100 at Llama 128K, B = 1 (20.7 µs, 32 CTAs of 1024 threads) found
 // 38.7 cycles an issued instruction, long-scoreboard 13.2 and LG-throttle 12.4 of them, DRAM 1.9%.
