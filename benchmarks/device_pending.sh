@@ -140,6 +140,10 @@
 #   run(command="bash benchmarks/device_pending.sh s42e")  (~4 minutes)
 #  psa_order_suffix tiled (PSA_SUFFIX_TILED): its float64 test, the kernel table off and on, the sketch rules' tests.
 #  (ran once; the library sets the define since: s42f and s42g replace it)
+#   run(command="bash benchmarks/device_pending.sh s43a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
+#  the decision's loads (PSA_DECIDE_PREFETCH / PSA_DECIDE_OVERLAP): their bit tests, the loop clock A/B.
+#   run(command="bash benchmarks/device_pending.sh s43b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
+#  the same switches timed in graphs (exp_step): the real layer's spread batch, the drawn 5% / 20% profiles.
 #   run(command="bash benchmarks/device_pending.sh s42f")  (~3 minutes)
 #  psa_order_suffix tiled, second version, picked by _kernels.SUFFIX_TILED_MIN_BLOCKS: tests, the kernel table A/B.
 #   run(command="bash benchmarks/device_pending.sh s42g")  (~9 minutes)
@@ -2040,6 +2044,64 @@ if [ "$PART" = s42g ]; then
       tests/test_first_chunk.py tests/test_fast_hf.py tests/test_fast_offload.py tests/test_fast_distributed.py \
       > "$OUT/t_s42g.log" 2>&1
   echo "GPU tests (tiled suffix) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s42g.log" | tail -8
+  exit 0
+fi
+if [ "$PART" = s43a ]; then
+  # Prepared in the forty-third session (no device then). s42a's loop clock of the real layer's spread batch (H100,
+  # grid build, default rule) put each iteration's decision at ~5 µs beside its ~3 µs barrier: the sketch window sums
+  # 3.1 µs and the rest 2.0 an iteration at B = 8 (9.1 and 5.8 of the kernel's 68.4 µs), though they are a few loads
+  # and a few hundred instructions: the loads of `ordered` (the window's and the next block's sketch masses) and of
+  # `log_suffix` (each head's tail at the chunk's end) go to HBM behind the chunk's streaming, after the barrier, one
+  # group after another. Two switches of decode.cu, off by default (every default build byte-identical,
+  # `sass_size.py decode --builds`):
+  #  decide_prefetch: once a warp has attended its part of a chunk, the CTA's last warp asks L2 for those lines
+  #   (prefetch.global.L2), so they arrive during the barrier's wait. Static: Llama loop 4,712 -> 4,768
+  #   instructions, Gemma 3 grid spill 92 -> 136 bytes.
+  #  decide_overlap: the decision's loads (the window's true and sketch masses, the next block's, the tails) go out
+  #   right after the barrier beside the statistics' combine, reduced after it. Static: +~1,050 instructions (the
+  #   decision unrolled per head), Gemma 3 grid spill 92 -> 260 bytes (why the prefetch may be the one for D 256).
+  # Predicted (loop clock, B = 8 at 320): sketch sums 3.1 -> ~1.0 µs an iteration and the rest 2.0 -> ~0.8 with the
+  # prefetch; the kernel 68.4 -> ~60 µs (-12%); overlap alone less (one HBM round trip left), both ~-13%. The bit
+  # tests first (every output and diagnostic the same, sketch / certified / ema, clusters and grid, D 64 and 256).
+  # ~3 minutes with a cold start; carry the layer. Then s43b.
+  gpu_tests t_s43a.log 200 tests/test_fast.py -k "decide_switches"
+  cd benchmarks
+  for v in "decide_prefetch=0 decide_overlap=0" "decide_prefetch=1 decide_overlap=0" \
+           "decide_prefetch=0 decide_overlap=1" "decide_prefetch=1 decide_overlap=1" "decide_prefetch=0 decide_overlap=0"; do
+    echo "## $v" | tee -a "$OUT/s43a.md"
+    for cfg in "8 320" "32 144"; do
+      set -- $cfg
+      timeout 60 python3 exp_kernel_defines.py decode $v -- exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+          --shape gemma3 --batches $1 --spread --loop --speculate 0 --step $2 2>&1 | grep -v Warn | grep "^T=\|^|" \
+          | tee -a "$OUT/s43a.md" | grep "^T=\|kernel\|barrier\|decide\|iterations"
+    done
+  done
+  exit 0
+fi
+if [ "$PART" = s43b ]; then
+  # Prepared in the forty-third session: s43a's switches timed as a step is (exp_step's graphs, the default rule at the
+  # plan's step): the real layer's spread batch at B = 8 and 32 (grid build), the drawn Gemma 3 profiles at 5% and 20%
+  # (B = 1 on clusters, 8 and 32 on the grid) and Llama's 5% profile at 32K B = 1 and 128K B = 8 (clusters; sketch
+  # rule on quant3). Order off / prefetch / overlap / both / off (the first and last rows give the drift). Predicted:
+  # -5 to -10% at B >= 8 on Gemma 3 (two to five decisions a step, ~3 µs each), -1 to -3 µs at one request. If a
+  # switch gains in both orders with no loss elsewhere, it becomes the default (for D 256 with the prefetch only, if
+  # the overlap's spills cost). ~5 minutes with a cold start; carry the layer.
+  cd benchmarks
+  for v in "decide_prefetch=0 decide_overlap=0" "decide_prefetch=1 decide_overlap=0" \
+           "decide_prefetch=0 decide_overlap=1" "decide_prefetch=1 decide_overlap=1" "decide_prefetch=0 decide_overlap=0"; do
+    echo "## $v" | tee -a "$OUT/s43b.md"
+    timeout 80 python3 exp_kernel_defines.py decode $v -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread \
+        --stop auto --shape gemma3 --sizes 32768:8,32768:32 --steps auto --modes loop --layers 1 2>&1 | grep -v Warn \
+        | tee -a "$OUT/s43b.md" | grep "|"
+    for share in 0.05 0.2; do
+      timeout 80 python3 exp_kernel_defines.py decode $v -- exp_step.py --share $share --stop auto --shape gemma3 \
+          --sizes 32768:1,32768:8,32768:32 --steps auto --modes loop --layers 2 2>&1 | grep -v Warn \
+          | tee -a "$OUT/s43b.md" | grep "|"
+    done
+    timeout 80 python3 exp_kernel_defines.py decode $v -- exp_step.py --share 0.05 --stop auto --shape llama8b \
+        --sizes 32768:1,131072:8 --steps auto --modes loop --layers 2 2>&1 | grep -v Warn | tee -a "$OUT/s43b.md" \
+        | grep "|"
+  done
   exit 0
 fi
 if [ "$PART" = s40a ]; then

@@ -10,7 +10,12 @@ saves, checked on the CPU before a device call (the dynamic count needs ncu on t
 
 Prints each kernel's instructions, registers and spill bytes (ptxas -v), and the md5 of its code: a switch compiled
 out must leave the default build's digests unchanged (byte-identical code), which is checked here before any device
-time is spent on it.
+time is spent on it. ``--builds`` does that for the decode kernel's builds that the library makes (``BUILDS``: the
+loop on clusters and on the grid, split, speculative, resumed, offload, bfloat16, first chunk from the previous call;
+Llama-3.1-8B's, SmolLM2's and Gemma 3's head dims), each with the given defines added:
+
+    python benchmarks/sass_size.py decode --builds                      # one row per build and kernel
+    python benchmarks/sass_size.py decode --builds -D MY_SWITCH=0       # the same, the switch explicitly off
 """
 
 from __future__ import annotations
@@ -29,6 +34,27 @@ PRESETS = {
     # windowed stream), and the dense split build of the same shape
     "llama_loop": dict(D=128, S=16, G=4, CLUSTER=8, WARPS=8, STAGES=3, QPARTS=2, PAIR=1, STREAM_WINDOW=1),
     "llama_split": dict(D=128, S=16, G=4, CLUSTER=1, WARPS=8, STAGES=3, QPARTS=2, PAIR=1, STREAM_WINDOW=1, SPLIT=1),
+}
+
+# Builds of decode.cu as psa_fast._kernels.decode makes them (warps and stages from decode_config: Gemma 3's D 256
+# takes 4 warps of 2 stages, dense at D 64 4 warps; the windowed stream at D <= 128, _kernels.DECODE_STREAM_WINDOW).
+_LLAMA = dict(D=128, S=16, G=4, WARPS=8, STAGES=3, QPARTS=2, PAIR=1, STREAM_WINDOW=1)
+_SMOL = dict(D=64, S=16, G=3, WARPS=8, STAGES=3, QPARTS=2, PAIR=1, STREAM_WINDOW=1)
+_GEMMA = dict(D=256, S=16, G=4, WARPS=4, STAGES=2, QPARTS=2, PAIR=1, STREAM_WINDOW=0)
+BUILDS = {
+    "llama_loop": dict(_LLAMA, CLUSTER=8),
+    "llama_split": dict(_LLAMA, CLUSTER=1, SPLIT=1),
+    "llama_grid": dict(_LLAMA, CLUSTER=1, GRID=16),
+    "llama_spec": dict(_LLAMA, CLUSTER=1, SPEC=1),
+    "llama_resume": dict(_LLAMA, CLUSTER=2, RESUME=1),
+    "llama_offload": dict(_LLAMA, CLUSTER=1, OFFLOAD=1),
+    "llama_bf16": dict(_LLAMA, CLUSTER=8, BF16=1, QPARTS=3),
+    "llama_first_prev": dict(_LLAMA, CLUSTER=8, FIRST_PREV=1),
+    "smollm2_loop": dict(_SMOL, CLUSTER=8),
+    "smollm2_split": dict(_SMOL, CLUSTER=1, SPLIT=1, WARPS=4),
+    "gemma3_loop": dict(_GEMMA, CLUSTER=8),
+    "gemma3_grid": dict(_GEMMA, CLUSTER=1, GRID=16),
+    "gemma3_split": dict(_GEMMA, CLUSTER=1, SPLIT=1),
 }
 
 
@@ -92,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("source", help="kernel source under psa_fast/kernels, without .cu (e.g. decode)")
     ap.add_argument("-D", "--define", nargs="*", default=[], help="NAME=value, as -DPSA_NAME=value")
+    ap.add_argument("--builds", action="store_true", help="every build of BUILDS (decode.cu), with the -D defines added")
     for preset in PRESETS:
         ap.add_argument(f"--{preset.replace('_', '-')}", action="store_true", help=f"the preset {PRESETS[preset]}")
     args = ap.parse_args(argv)
@@ -104,6 +131,18 @@ def main(argv: list[str] | None = None) -> None:
         if not sep or not name:
             raise SystemExit(f"-D: expected NAME=value, got {text!r}")
         defines[name] = value
+    if args.builds:
+        print(f"# {args.source}.cu, every build of BUILDS with " + (" ".join(f"{k}={v}" for k, v in defines.items())
+                                                                  or "no define added"))
+        print("| build | kernel | SASS instructions | registers | spill stores (bytes) | md5 of the code |")
+        print("|---|---|---|---|---|---|")
+        for label, values in BUILDS.items():
+            sizes, report, digests = build(args.source, {**{k: str(v) for k, v in values.items()}, **defines})
+            usage = ptxas_usage(report)
+            for name, size in sorted(sizes.items()):
+                regs, spill = usage.get(name, (None, None))
+                print(f"| {label} | {name} | {size // 16} | {regs} | {spill} | {digests[name][:12]} |", flush=True)
+        return
     sizes, report, digests = build(args.source, defines)
     usage = ptxas_usage(report)
     print(f"# {args.source}.cu, " + " ".join(f"{k}={v}" for k, v in defines.items()))

@@ -1045,6 +1045,24 @@ ptxas info    : Used 255 registers, used 1 barriers, 3072 bytes smem"""
     assert sass_size.ptxas_usage(report) == {"psa_merge_splits": (33, 0), "psa_decode": (255, 84)}
 
 
+def test_sass_size_builds_are_the_librarys():
+    """sass_size.py's BUILDS (the decode builds whose digests a switch must leave unchanged) launch as
+    psa_fast._kernels.decode would build them: warps and stages from decode_config for the warps the plan asks
+    (default_warps: dense at D 64 takes 4), the windowed stream where the head dim allows it, pairs as the library
+    sets them; every build named once, at each of the three head dims."""
+    import sass_size
+    from psa_fast import _kernels
+
+    assert {b["D"] for b in sass_size.BUILDS.values()} == {64, 128, 256}
+    for name, b in sass_size.BUILDS.items():
+        mode = "dense" if b.get("SPLIT") else "psa"
+        want = _kernels.default_warps(b["D"], mode)
+        _, warps, stages, _ = _kernels.decode_config(d=b["D"], s=b["S"], g=b["G"], version=3, warps=want)
+        assert (b["WARPS"], b["STAGES"]) == (warps, stages), name
+        assert b["STREAM_WINDOW"] == int(b["D"] <= _kernels.DECODE_STREAM_WINDOW), name
+        assert b["PAIR"] == _kernels.DECODE_PAIR and b["QPARTS"] == (3 if b.get("BF16") else 2), name
+
+
 def test_sass_mix_groups_the_source_page_by_opcode_and_by_times_run(tmp_path):
     """benchmarks/sass_mix.py: an ncu source-page CSV (comment lines skipped) gives the dynamic mix by opcode (the
     predicate and modifiers dropped) and the lines grouped by execution count, the largest share first; a CSV of

@@ -1023,6 +1023,34 @@ def test_early_window_keeps_every_bit(monkeypatch, kernel_switch, case):
     assert int(base["num_used"].min()) < int(base["num_used"].max())  # (the requests' ends differ)
 
 
+@pytest.mark.parametrize("define", ["decide_prefetch", "decide_overlap"])
+@pytest.mark.parametrize("case", ["sketch_avg", "sketch_avg_grid", "sketch_avg_d256_grid", "certified", "ema"])
+def test_decide_switches_keep_every_bit(monkeypatch, kernel_switch, define, case):
+    """decode.cu's ``PSA_DECIDE_PREFETCH`` (the decision's inputs that no CTA writes asked into L2 once a warp has
+    attended its part of a chunk) and ``PSA_DECIDE_OVERLAP`` (the decision's loads issued right after the barrier,
+    beside the statistics' combine, and reduced after it): both move only when bytes arrive, so every output,
+    block, iteration, reason and mass estimate is the same with the switch off and on, bit for bit, on a ragged
+    batch over several iterations: the sketch rule on clusters and on the grid (D 64 and Gemma 3's D 256), the
+    certified rule (its log-suffixes without a sketch), and ema (which reads neither array)."""
+    from psa_fast import _kernels
+
+    stop = {"certified": "certified", "ema": "ema"}.get(case, "sketch_avg")
+    metadata = {"sketch_avg": "quant3", "certified": "minmax", "ema": "cuboid_mean"}[stop]
+    d, hq, hkv = (256, 4, 1) if "d256" in case else (64, 6, 2)
+    lens = [16, 40, 700, 3000]
+    cache, data = ragged_cache(np.random.default_rng(43), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
+    grid = case.endswith("grid")
+    if grid:
+        lift_grid_thresholds(monkeypatch)
+        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
+    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, stop=stop, sink_blocks=1, recent_blocks=2, step=16)
+    assert (plan.grid_ctas == 8) == grid
+    q = cupy.asarray(np.stack([q for q, _, _ in data]))
+    base = assert_define_keeps_every_bit(kernel_switch, define, plan, q,
+                                         names=("out", "num_used", "iterations", "reason", "mass_estimate"))
+    assert int(base["iterations"].max()) > 1  # (decisions between chunks were made, not only the last one)
+
+
 @pytest.mark.parametrize("mode,d,hq,hkv", [("dense", 128, 8, 2), ("dense", 64, 9, 3), ("dense", 256, 4, 1),
                                          ("topk", 128, 8, 2), ("topk", 64, 9, 3)])
 def test_split_leave_keeps_every_bit(kernel_switch, mode, d, hq, hkv):

@@ -156,6 +156,25 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // 74.3 -> 82.1, as in s18), so Gemma's build keeps the verifier's tail.
 #define PSA_SPLIT_LEAVE (PSA_D <= 128)
 #endif
+#ifndef PSA_DECIDE_PREFETCH
+// 1: once a warp has attended its part of a chunk, the last warp of each CTA asks L2 for the decision's inputs that no
+// CTA writes during the loop (stop = sketch / sketch_avg: the calibration window's and the next block's sketch masses
+// in `ordered`; with them and stop = certified: each head's log-suffix at the chunk's end), so that they arrive
+// while the group waits at its barrier, not after it. A hint only: no value or decision changes (s43, prepared; the
+// loop clock of s42a put the sketch sums at ~3 µs and the rest of the decision at ~2 µs an iteration on the grid
+// build, about two loads' latency each under the chunk's streaming).
+#define PSA_DECIDE_PREFETCH 0
+#endif
+#ifndef PSA_DECIDE_OVERLAP
+// 1: the decision's loads (the window's true and sketch masses, the next block's sketch mass, the log-suffixes) are
+// issued as soon as the barrier after a chunk has passed, beside the combine of the chunk's statistics, instead of
+// after it, one group after another; the values and their reductions are the same (s43, prepared).
+#define PSA_DECIDE_OVERLAP 0
+#endif
+// (both in the builds that decide: not the speculative one, which leaves after its chunk, nor the split build, whose
+// stop rules read neither array)
+#define PSA_DECIDE_PREFETCH_ON (PSA_DECIDE_PREFETCH && !PSA_SPEC && !PSA_SPLIT)
+#define PSA_DECIDE_OVERLAP_ON (PSA_DECIDE_OVERLAP && !PSA_SPEC && !PSA_SPLIT)
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
 #define PSA_LOOP_CLOCK 0
@@ -441,6 +460,47 @@ __device__ __forceinline__ void block_output(const kv_t* stv, float (&sacc)[PSA_
 
 // A stage's V tile follows its K tile.
 __device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PSA_SP * PSA_D; }
+
+#if PSA_DECIDE_OVERLAP_ON
+// PSA_DECIDE_OVERLAP, by a whole warp right after the barrier that follows a chunk: the loads of the decision's inputs
+// that the sums and verify_step read later (sketch_window_load's, -inf where the rule is not a sketch rule; each
+// head's log-suffix at `end` where `tail`, else 0), all in flight together with the combine of the statistics.
+__device__ __forceinline__ void decide_load(const float* __restrict__ lmass, const float* __restrict__ ordered,
+                                            const float* __restrict__ log_suffix, long row0, int Nmax, int first,
+                                            int end, int n, int window, bool sketchy, bool tail,
+                                            float (&x)[2 * PSA_G], float (&next_sketch)[PSA_G],
+                                            float (&log_tail)[PSA_G]) {
+#pragma unroll
+    for (int i = 0; i < 2 * PSA_G; ++i) x[i] = -PSA_INF;
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) next_sketch[h] = -PSA_INF;
+    if (sketchy) sketch_window_load(lmass, ordered, row0, Nmax, first, end, n, window, x, next_sketch);
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) log_tail[h] = tail ? __ldg(log_suffix + (row0 + h) * (Nmax + 1) + end) : 0.f;
+}
+#endif
+
+#if PSA_DECIDE_PREFETCH_ON
+// PSA_DECIDE_PREFETCH, called by one warp after its part of the chunk ending at `end`: lanes 3 h, 3 h + 1 and 3 h + 2
+// ask L2 for the lines of head h (row row0 + h) that the decision reads and no CTA writes in the loop: in `ordered`
+// the window's first position and the next block's (the window and the next block, at most 33 floats, lie on those
+// two lines), and in `log_suffix` the entry at `end`. Positions are clamped into the group's n blocks, as
+// sketch_window_load clamps its loads.
+__device__ __forceinline__ void decide_prefetch(const float* __restrict__ ordered, const float* __restrict__ log_suffix,
+                                                long row0, int Nmax, int first, int end, int n, int window,
+                                                bool sketchy, bool tail) {
+    const int lane = threadIdx.x & 31, h = lane / 3, part = lane % 3;
+    if (h >= PSA_G || n <= 0) return;
+    const float* line = nullptr;
+    if (part < 2 && sketchy) {
+        const int at = part == 0 ? max(first, end - window) : end;
+        line = ordered + (row0 + h) * Nmax + max(0, min(at, n - 1));
+    } else if (part == 2 && tail) {
+        line = log_suffix + (row0 + h) * (Nmax + 1) + end;
+    }
+    if (line) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+}
+#endif
 
 // Each build has its own name, so that a profile tells the speculative and resumed launches apart.
 #if PSA_SPEC
@@ -901,6 +961,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         pos = end;
         break;
 #endif
+#if PSA_DECIDE_PREFETCH_ON
+        if (warp == PSA_WARPS - 1)
+            decide_prefetch(ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
+                            stop == PSA_STOP_CERTIFIED || sketchy);
+#endif
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
 #if PSA_GRID
         // This warp's output terms as they stand (its unnormalised output, max logit and mass relative to it), as if
@@ -947,8 +1012,15 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             cta_stats[it & 1][lane] = t;
 #endif
         }
+#if PSA_DECIDE_OVERLAP_ON
+        float dec_x[2 * PSA_G], dec_next[PSA_G], dec_tail[PSA_G];  // the decision's inputs, loaded after the barrier
+#endif
 #if PSA_GRID
         group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
+#if PSA_DECIDE_OVERLAP_ON
+        decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
+                    stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced after the combine)
+#endif
         // Warp h (warps take the heads round-robin) combines head h's C totals: lane l those of ranks l, l + 32, ...
         // in order, then the lanes pairwise by halves; lane 0's total goes to shared memory for every warp.
         for (int h = warp; h < PSA_G; h += PSA_WARPS) {
@@ -966,6 +1038,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         __syncthreads();
 #else
         cluster_sync();
+#if PSA_DECIDE_OVERLAP_ON
+        decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
+                    stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced after the combine)
+#endif
 #endif
 #if PSA_SPEC
         why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
@@ -1009,16 +1085,26 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         PSA_LMARK(2);
         // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
         float w_true[PSA_G], w_sketch[PSA_G], next_sketch[PSA_G];
+#if PSA_DECIDE_OVERLAP_ON
+        sketch_window_reduce(dec_x, w_true, w_sketch);  // (all -inf unless sketchy: no branch for the compiler to split on)
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) next_sketch[h] = dec_next[h];
+#else
         if (sketchy)
             sketch_window_sums(lmass, ordered, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, w_true, w_sketch,
                                next_sketch);
+#endif
         PSA_LADD(6, 2);
         PSA_LMARK(2);
         bool all_hold = true;
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {
+#if PSA_DECIDE_OVERLAP_ON
+            const float log_tail = dec_tail[h];
+#else
             const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
             const float log_tail = tail ? __ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end) : 0.f;
+#endif
             const bool hold = verify_step(ver[h], tm[h], ts[h], tmin[h], te[h], end - pos, end, first, n, stop,
                                           threshold, log_keep, log_tail, sketchy ? w_true[h] : 0.f,
                                           sketchy ? w_sketch[h] : 0.f, sketchy ? next_sketch[h] : 0.f, next_share);

@@ -83,17 +83,17 @@ __device__ __forceinline__ bool verify_step(Verifier& v, float tm, float ts, flo
 // `end`, one per lane; window <= 32) of the attended blocks' true masses and of their sketch masses
 // n_j exp(s_j), and the log sketch mass of the block at position `end` (the next one). Both arrays are by
 // position of the order: `lmass` as the attend wrote it, `ordered` as psa_order_suffix did (log n_j + s_j,
-// j = order[i]). Called by a whole warp; every lane gets the same bits.
-__device__ __forceinline__ void sketch_window_sums(const float* __restrict__ lmass, const float* __restrict__ ordered,
+// j = order[i]). Called by a whole warp; every lane gets the same bits. In two parts, so that a caller can issue
+// the loads early and reduce later (decode.cu's PSA_DECIDE_OVERLAP): sketch_window_load, then sketch_window_reduce.
+__device__ __forceinline__ void sketch_window_load(const float* __restrict__ lmass, const float* __restrict__ ordered,
                                                    long row0, int Nmax, int first, int end, int n, int window,
-                                                   float (&w_true)[PSA_G], float (&w_sketch)[PSA_G],
-                                                   float (&next_sketch)[PSA_G]) {
+                                                   float (&x)[2 * PSA_G], float (&next_sketch)[PSA_G]) {
     // Every load is made (at positions clamped into the row) and masked after, so that none waits on a branch:
-    // the lanes' loads of all heads go out together, none behind another.
+    // the lanes' loads of all heads go out together, none behind another. x: the lane's true masses of the heads,
+    // then their sketch masses (-inf outside the window).
     const int p = max(first, end - window) + (int)(threadIdx.x & 31);
     const bool in_w = p < end, has_next = end < n;
     const int pc = in_w ? p : max(0, end - 1), ec = has_next ? end : max(0, n - 1);
-    float x[2 * PSA_G], sums[2 * PSA_G];  // heads' true masses, then their sketch masses: one interleaved reduction
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
         const long row = (row0 + h) * Nmax;
@@ -102,10 +102,24 @@ __device__ __forceinline__ void sketch_window_sums(const float* __restrict__ lma
         x[PSA_G + h] = in_w ? es : -PSA_INF;
         next_sketch[h] = has_next ? en : -PSA_INF;
     }
+}
+
+__device__ __forceinline__ void sketch_window_reduce(const float (&x)[2 * PSA_G], float (&w_true)[PSA_G],
+                                                     float (&w_sketch)[PSA_G]) {
+    float sums[2 * PSA_G];  // heads' true masses, then their sketch masses: one interleaved reduction
     warp_logsumexp(x, sums);
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
         w_true[h] = sums[h];
         w_sketch[h] = sums[PSA_G + h];
     }
+}
+
+__device__ __forceinline__ void sketch_window_sums(const float* __restrict__ lmass, const float* __restrict__ ordered,
+                                                   long row0, int Nmax, int first, int end, int n, int window,
+                                                   float (&w_true)[PSA_G], float (&w_sketch)[PSA_G],
+                                                   float (&next_sketch)[PSA_G]) {
+    float x[2 * PSA_G];
+    sketch_window_load(lmass, ordered, row0, Nmax, first, end, n, window, x, next_sketch);
+    sketch_window_reduce(x, w_true, w_sketch);
 }
