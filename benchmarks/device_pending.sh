@@ -144,6 +144,8 @@
 #  the decision's loads (PSA_DECIDE_PREFETCH / PSA_DECIDE_OVERLAP): their bit tests, the loop clock A/B.
 #   run(command="bash benchmarks/device_pending.sh s43b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  the same switches timed in graphs (exp_step): the real layer's spread batch, the drawn 5% / 20% profiles.
+#   run(command="bash benchmarks/device_pending.sh s43c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
+#  the grid build deciding each chunk one chunk late (_kernels.LOOP_LOOKAHEAD): its tests, then the step swept with it.
 #   run(command="bash benchmarks/device_pending.sh s42f")  (~3 minutes)
 #  psa_order_suffix tiled, second version, picked by _kernels.SUFFIX_TILED_MIN_BLOCKS: tests, the kernel table A/B.
 #   run(command="bash benchmarks/device_pending.sh s42g")  (~9 minutes)
@@ -2102,6 +2104,37 @@ if [ "$PART" = s43b ]; then
         --sizes 32768:1,131072:8 --steps auto --modes loop --layers 2 2>&1 | grep -v Warn | tee -a "$OUT/s43b.md" \
         | grep "|"
   done
+  exit 0
+fi
+if [ "$PART" = s43c ]; then
+  # Prepared in the forty-third session (no device then): _kernels.LOOP_LOOKAHEAD = 1 (decode.cu's PSA_LOOKAHEAD, the
+  # grid build only) decides each chunk one chunk late. A pass attends the next chunk, publishes it (arrives), then
+  # waits for and decides the chunk before it, whose statistics every CTA published a chunk ago; the decision's inputs
+  # were asked into L2 (evict-last) as the pass began. A stop drops the chunk attended past it (the finish combines
+  # the warps' terms of the decided chunk: xpart keeps two iterations', xstats four), so blocks, outputs and
+  # diagnostics are the plain grid build's, bit for bit, for one more chunk read. Static: Llama grid 4,904 -> 5,024
+  # instructions (252 -> 254 registers), Gemma 3 grid spill 92 -> 152 bytes; default builds byte-identical.
+  # Predicted (s42a's clock, H100: an iteration ~8 µs beyond its blocks, ~3 of them the barrier's wait): at the
+  # plan's step about even (B = 8 spread: -3 iterations x ~6 µs against one more chunk of 320 blocks, ~14 µs); with a
+  # smaller step it pays: B = 8 at 144-160 ~59 µs against the plain loop's best ~68 (-10 to -15%), B = 32 at 96 -10%;
+  # Llama 128K B = 1 (5%) at 256-512 against 1024: loop ~40 -> ~25 µs (it reads ~9% instead of 17%). If so, pick_step
+  # gets the look-ahead's costs (an iteration ~2 µs, one step more read) and the flag goes on for the grid build.
+  # First the tests (the bit test against the plain grid build, the grid conformance tests with it), then exp_step
+  # with the flag 0 / 1 / 0 over steps, then the loop clock of the spread batch with it. ~8 minutes with a cold start.
+  gpu_tests t_s43c.log 300 tests/test_fast.py -k "lookahead or spread_over_the_grid"
+  cd benchmarks
+  timeout 150 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --spread --stop auto --shape gemma3 --sizes 32768:8,32768:32 --steps 64,96,144,224,320,auto --modes loop \
+      --layers 1 2>&1 | grep -v Warn | tee -a "$OUT/s43c.md" | grep "^#\||"
+  timeout 150 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1,0 -- exp_step.py --share 0.05 --stop auto --shape llama8b \
+      --sizes 131072:1,131072:8 --steps 256,512,1024,auto --modes loop --layers 2 2>&1 | grep -v Warn \
+      | tee -a "$OUT/s43c.md" | grep "^#\||"
+  timeout 100 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1 -- exp_step.py --share 0.2 --stop auto --shape gemma3 \
+      --sizes 32768:1,32768:8,131072:1 --steps 64,128,256,auto --modes loop --layers 2 2>&1 | grep -v Warn \
+      | tee -a "$OUT/s43c.md" | grep "^#\||"
+  timeout 60 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1 -- exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --batches 8 --spread --loop --speculate 0 --step 160 2>&1 | grep -v Warn | grep "^#\|^T=\|^|" \
+      | tee -a "$OUT/s43c.md" | grep "^#\|^T=\|kernel\|barrier\|decide\|iterations"
   exit 0
 fi
 if [ "$PART" = s40a ]; then

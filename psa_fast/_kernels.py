@@ -146,6 +146,22 @@ GRID_MIN_GROUP_MIB = 32  # ... or a group's K and V fill this many MiB (Llama at
 # 15 of 8 on the H200, so 32 groups on clusters of 4 or 16 on clusters of 8 run their last clusters in a second wave,
 # e.g. Gemma 3 32K B = 32, Llama B = 2 and 4): SMs // groups CTAs a group, every one resident
 GRID_WHERE_CLUSTERS_WAIT = 1
+# 1: the grid build decides each chunk one chunk late (decode.cu's PSA_LOOKAHEAD): a group's CTAs attend the next chunk
+# while the last one's statistics arrive, so its barrier no longer waits for the slowest CTA and the decision's inputs
+# are in L2; a stop drops the chunk attended past it (the same blocks, outputs and diagnostics, bit for bit, for one
+# more chunk read). Prepared in the forty-third session, not yet measured (benchmarks/NOTES.md): the grid build's
+# iteration cost ~8 µs on the H100 (s42a), of them ~3 the barrier's wait.
+LOOP_LOOKAHEAD = 0
+
+
+def grid_exchange_shapes(batch: int, groups: int, ctas: int, warps: int, g: int, head_dim: int) -> tuple:
+    """Shapes of the grid build's exchange buffers for ``batch`` x ``groups`` groups of ``ctas`` CTAs of ``warps``
+    warps (``g`` query heads, padded head dim ``head_dim``): each iteration's CTA statistics ``xstats`` (float32 x 4:
+    two iterations' buffers, four with LOOP_LOOKAHEAD), the barrier's counters ``xcount`` (uint32, zero between
+    launches) and every warp's output terms ``xpart`` (float32: one iteration's, two with LOOP_LOOKAHEAD)."""
+    look = bool(LOOP_LOOKAHEAD)
+    return ((batch, groups, 4 if look else 2, ctas, g, 4), (batch, groups, 2),
+            (batch, groups, (2 if look else 1) * ctas * warps, g, head_dim + 4))
 
 
 def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_bytes: int) -> int:
@@ -771,11 +787,15 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         if version != 3 or offload is not None or split is not None or cluster != 1 or stop in ("none", "budget"):
             raise ValueError("the grid build runs PSA's plain loop on decode version 3, cluster 1")
         ctas, xstats, xcount, xpart = grid_group
-        if tuple(xpart.shape[2:]) != (ctas * warps, g, d + 4):
-            raise ValueError(f"grid_group's xpart: expected [B, Gn, {ctas * warps}, {g}, {d + 4}] (ctas x the "
-                             f"build's {warps} warps), got {list(xpart.shape)}")
+        want = grid_exchange_shapes(b, hq // g, ctas, warps, g, d)
+        for name, buf, shape in zip(("xstats", "xcount", "xpart"), (xstats, xcount, xpart), want):
+            if tuple(buf.shape) != shape:
+                raise ValueError(f"grid_group's {name}: expected {list(shape)} (grid_exchange_shapes for {ctas} CTAs "
+                                 f"of the build's {warps} warps), got {list(buf.shape)}")
         args = args + (xstats, xcount, xpart)
         defines["grid"] = ctas
+        if LOOP_LOOKAHEAD:
+            defines["lookahead"] = 1
         grid = (ctas, hq // g, b)
         launch = {"cooperative": True} if GRID_COOPERATIVE else {}
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None

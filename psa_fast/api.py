@@ -264,9 +264,8 @@ class DecodePlan:
         self._grid_group = None  # the grid build's exchange buffers (its counters zero between launches)
         if self.grid_ctas:
             c = self.grid_ctas
-            self._grid_group = (c, cupy.empty((b, self.gn, 2, c, self.g, 4), f32),
-                                cupy.zeros((b, self.gn, 2), cupy.uint32),
-                                cupy.empty((b, self.gn, c * loop_warps, self.g, dp + 4), f32))
+            xstats, xcount, xpart = _kernels.grid_exchange_shapes(b, self.gn, c, loop_warps, self.g, dp)
+            self._grid_group = (c, cupy.empty(xstats, f32), cupy.zeros(xcount, cupy.uint32), cupy.empty(xpart, f32))
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)

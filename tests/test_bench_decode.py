@@ -803,6 +803,21 @@ def test_pick_grid_takes_the_grid_build_where_it_was_measured_faster(monkeypatch
     assert [_kernels.pick_grid(n, 16, 8192, 256, gemma) for n in (1, 2)] == [0, 0]
 
 
+def test_grid_exchange_buffers_hold_the_iterations_the_build_keeps(monkeypatch):
+    """The grid build's exchange buffers (psa_fast._kernels.grid_exchange_shapes): every CTA's statistics of two
+    iterations, the two counters, and every warp's output terms of one iteration; with LOOP_LOOKAHEAD (each chunk
+    decided one chunk late) four iterations' statistics and two of output terms, as decode.cu's PSA_XSTATS and the
+    look-ahead's finish index them."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 0)
+    xstats, xcount, xpart = _kernels.grid_exchange_shapes(3, 2, 16, 4, 4, 256)
+    assert (xstats, xcount, xpart) == ((3, 2, 2, 16, 4, 4), (3, 2, 2), (3, 2, 64, 4, 260))
+    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
+    xstats, xcount, xpart = _kernels.grid_exchange_shapes(3, 2, 16, 4, 4, 256)
+    assert (xstats, xcount, xpart) == ((3, 2, 4, 16, 4, 4), (3, 2, 2), (3, 2, 128, 4, 260))
+
+
 def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatch):
     """Where the GPU cannot hold every group's cluster at once (the H200 holds 30 clusters of 4 and 15 of 8, one CTA
     an SM), the last clusters would run in a second wave: there the grid build gives every group 132 // groups CTAs,

@@ -105,7 +105,9 @@
 // 0), waits for all C (group_sync), and warp h combines head h's C totals for every warp; before that barrier each
 // warp also writes its output terms so far to `xpart [B, Gn, C * warps, PSA_G, PSA_D + 4]`, so that when the group
 // stops every CTA combines its share of the output channels from them at once, with no barrier after the loop's;
-// the last CTA to leave (entry 1) resets both counters for the next launch.
+// the last CTA to leave (entry 1) resets both counters for the next launch. With PSA_LOOKAHEAD (below) a CTA arrives
+// after each chunk and waits a chunk later, and the buffers hold more iterations (xstats 4, xpart 2: PSA_XSTATS,
+// _kernels.grid_exchange_shapes).
 // Every CTA of the grid must be resident at once: the host gives a group at most SMs / groups CTAs and launches the
 // build cooperatively (the driver refuses a grid that cannot be), and a wait longer than a second traps.
 #include "common.cuh"
@@ -171,6 +173,21 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // after it, one group after another; the values and their reductions are the same (s43, prepared).
 #define PSA_DECIDE_OVERLAP 0
 #endif
+#ifndef PSA_LOOKAHEAD
+// 1 (grid build only; _kernels.LOOP_LOOKAHEAD): the loop decides each chunk one chunk late. A pass attends the next
+// chunk, then decides the one before it (whose statistics every CTA published a chunk ago, so the group's barrier no
+// longer waits for its slowest CTA and the decision's inputs were asked into L2 as the pass began), then publishes the
+// chunk it attended. When the group stops, the chunk attended past the stop is dropped: the output is combined from
+// every warp's terms as they stood after the decided chunk (`xpart` holds two iterations' terms), so the blocks,
+// outputs and diagnostics are those of the plain loop, bit for bit, for one more chunk read. (s43, prepared: the grid
+// build's iteration cost ~8 µs on the H100, s42a, of which the barrier's wait ~3.)
+#define PSA_LOOKAHEAD 0
+#endif
+#define PSA_LOOKAHEAD_ON (PSA_LOOKAHEAD && PSA_GRID && !PSA_SPEC && !PSA_SPLIT && !PSA_STATEFUL)
+// Iterations' statistics the grid build keeps (xstats [B, Gn, PSA_XSTATS, C, PSA_G]): two, or four with the look-ahead,
+// whose CTAs publish a chunk before they read the group's totals of the one before it: a CTA may then publish chunk
+// k + 3 only after every CTA has published k + 1, which each does after reading chunk k - 1's (the buffer it reuses).
+#define PSA_XSTATS (PSA_LOOKAHEAD_ON ? 4 : 2)
 // (both in the builds that decide: not the speculative one, which leaves after its chunk, nor the split build, whose
 // stop rules read neither array)
 #define PSA_DECIDE_PREFETCH_ON (PSA_DECIDE_PREFETCH && !PSA_SPEC && !PSA_SPLIT)
@@ -304,10 +321,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned int addr, unsigned in
 // later reads after the other CTAs' arrivals once the second CTA barrier has passed (cooperative groups' grid sync,
 // without its two full fences); readers use L2 loads (__ldcg). A group whose CTAs are not all resident would wait
 // forever: after a second the kernel traps (a launch error) instead.
-__device__ __forceinline__ void group_sync(unsigned int* count, unsigned int target) {
+__device__ __forceinline__ void group_arrive(unsigned int* count) {
     __syncthreads();
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+}
+
+__device__ __forceinline__ void group_wait(unsigned int* count, unsigned int target) {
     if (threadIdx.x == 0) {
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
         unsigned int seen;
         unsigned long long t0, t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -321,6 +341,12 @@ __device__ __forceinline__ void group_sync(unsigned int* count, unsigned int tar
         }
     }
     __syncthreads();
+}
+
+// (the grid build's barrier: arrive, then wait; PSA_LOOKAHEAD arrives after a chunk and waits a chunk later)
+__device__ __forceinline__ void group_sync(unsigned int* count, unsigned int target) {
+    group_arrive(count);
+    group_wait(count, target);
 }
 
 // Threads that add one piece's entries in the grid build's finish (a piece: the 1 or 4 output channels a thread
@@ -480,12 +506,13 @@ __device__ __forceinline__ void decide_load(const float* __restrict__ lmass, con
 }
 #endif
 
-#if PSA_DECIDE_PREFETCH_ON
-// PSA_DECIDE_PREFETCH, called by one warp after its part of the chunk ending at `end`: lanes 3 h, 3 h + 1 and 3 h + 2
+#if PSA_DECIDE_PREFETCH_ON || PSA_LOOKAHEAD_ON
+// PSA_DECIDE_PREFETCH (and PSA_LOOKAHEAD, a chunk ahead), called by one warp after its part of the chunk ending at `end`: lanes 3 h, 3 h + 1 and 3 h + 2
 // ask L2 for the lines of head h (row row0 + h) that the decision reads and no CTA writes in the loop: in `ordered`
 // the window's first position and the next block's (the window and the next block, at most 33 floats, lie on those
 // two lines), and in `log_suffix` the entry at `end`. Positions are clamped into the group's n blocks, as
-// sketch_window_load clamps its loads.
+// sketch_window_load clamps its loads. Marked evict-last, so that the chunk streaming through L2 meanwhile does not
+// push them out.
 __device__ __forceinline__ void decide_prefetch(const float* __restrict__ ordered, const float* __restrict__ log_suffix,
                                                 long row0, int Nmax, int first, int end, int n, int window,
                                                 bool sketchy, bool tail) {
@@ -498,7 +525,7 @@ __device__ __forceinline__ void decide_prefetch(const float* __restrict__ ordere
     } else if (part == 2 && tail) {
         line = log_suffix + (row0 + h) * (Nmax + 1) + end;
     }
-    if (line) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    if (line) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(line));
 }
 #endif
 
@@ -883,23 +910,36 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #define PSA_ADVANCE(next, after, e) cur = next_position(after, e, gw, NW, first, first2, step, lim)
 #endif
     PSA_LMARK(1);
+    // Each pass attends chunk c_it = [c_pos, c_end), publishes its statistics and decides: the chunk it attended, or
+    // with PSA_LOOKAHEAD the one before it (`it` = [pos, c_pos); the chunk attended past a stop is dropped).
+#if PSA_LOOKAHEAD_ON
+    int c_pos = pos, c_it = it, published = 0;  // (chunks whose statistics this CTA published: the group's count too)
+#endif
     while (why < 0) {
         PSA_LMARK(2);
-        const int end = boundary_end(pos, first, first2, step, n);  // (pos: a chunk boundary)
+#if PSA_LOOKAHEAD_ON
+        const int c_end = boundary_end(c_pos, first, first2, step, n);  // (c_pos == n: nothing left to attend)
+        if (c_it > it && warp == PSA_WARPS - 1)
+            decide_prefetch(ordered, log_suffix, (long)b * Hq + h0, Nmax, first, c_pos, n, sketch_window, sketchy,
+                            stop == PSA_STOP_CERTIFIED || sketchy);
+#else
+        const int c_pos = pos, c_it = it;
+        const int c_end = boundary_end(pos, first, first2, step, n);  // (pos: a chunk boundary)
+#endif
         // This warp's share of the chunk for heads 2 quad + e (e = 0, 1): max logit, mass relative to it, min
         // log block mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
         float cm[2] = {-PSA_INF, -PSA_INF}, cs[2] = {0.f, 0.f}, cmin[2] = {PSA_INF, PSA_INF}, ce[2] = {0.f, 0.f};
-        const int clen = end - pos;
+        const int clen = c_end - c_pos;
 
-        for (; cur < end; ++consumed) {
+        for (; cur < c_end; ++consumed) {
             const int j = PSA_BLOCK_AT(consumed, cur);
             __syncwarp();  // every lane is done reading the stages that issue() refills
             issue(false);  // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
 #if PSA_PAIR_ON
             if (issued < consumed + PSA_STAGES) issue(false);  // after a pair: its second stage refilled as well
-            int e2 = min(end, lim);  // the end of the chunk of cur (and of cur2, if in it)
+            int e2 = min(c_end, lim);  // the end of the chunk of cur (and of cur2, if in it)
             const int cur2 = PSA_POSITION_AT(consumed + 1, e2, cur);
-            if (cur2 < end) {
+            if (cur2 < c_end) {
                 // Two blocks of the chunk at once (twice the independent work a warp; the ring's third stage
                 // loads meanwhile). The chunk's statistics take the blocks one by one in order, as the single
                 // path does, so every decision is the same; the output moves to the pair's max once.
@@ -911,9 +951,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 float sacc[PSA_SP / 16][4], sacc2[PSA_SP / 16][4], bm[2], bs[2], bm2[2], bs2[2];
                 block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
                 block_logits(stk2, qa, q_has_lo, min(PSA_S, len - j2 * PSA_S), qk_scale, lane, sacc2, bm2, bs2);
-                fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
+                fold_block(cur, c_pos, clen, c_it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
                            (long)b * Hq + h0, Nmax, base, lane);
-                fold_block(cur2, pos, clen, it, log_keep, ema_w, bm2, bs2, cm, cs, cmin, ce, sketchy, lmass,
+                fold_block(cur2, c_pos, clen, c_it, log_keep, ema_w, bm2, bs2, cm, cs, cmin, ce, sketchy, lmass,
                            (long)b * Hq + h0, Nmax, base, lane);
                 float top[2], c_new[2], c_new2[2];
 #pragma unroll
@@ -927,7 +967,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 }
                 block_output(ring_v(stk), sacc, c_new, lane, oacc);
                 block_output(ring_v(stk2), sacc2, c_new2, lane, oacc);
-                e2 = min(end, lim);
+                e2 = min(c_end, lim);
                 PSA_ADVANCE(consumed + 2, cur2, e2);
                 ++consumed;  // the loop's increment adds the second
                 continue;
@@ -938,7 +978,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             const kv_t* stk = stage(consumed);
             float sacc[PSA_SP / 16][4], bm[2], bs[2];
             block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
-            fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
+            fold_block(cur, c_pos, clen, c_it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
                        (long)b * Hq + h0, Nmax, base, lane);
             move_max(bm, wm, wl, oacc);
             float c_new[2];
@@ -948,7 +988,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 wl[e] += bs[e] * c_new[e];
             }
             block_output(ring_v(stk), sacc, c_new, lane, oacc);
-            int e1 = min(end, lim);
+            int e1 = min(c_end, lim);
             PSA_ADVANCE(consumed + 1, cur, e1);
         }
 
@@ -958,22 +998,32 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         // in the eighteenth session for every head dim: Llama's dense at 32K B = 1 42.7 against 44.3 µs, but Gemma 3's
         // D 256 slower at every batch, cause not found; that was before the rings were aligned, s32.)
         why = PSA_REASON_EXHAUSTED;
-        pos = end;
+        pos = c_end;
         break;
 #endif
 #if PSA_DECIDE_PREFETCH_ON
         if (warp == PSA_WARPS - 1)
-            decide_prefetch(ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
+            decide_prefetch(ordered, log_suffix, (long)b * Hq + h0, Nmax, first, c_end, n, sketch_window, sketchy,
                             stop == PSA_STOP_CERTIFIED || sketchy);
 #endif
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
+        // First chunk c_it's statistics (and, grid build, every warp's output terms as they stand) are published where
+        // the group reads them; then the group's totals of chunk `it` = [pos, end) are read and the rule decides.
+#if PSA_LOOKAHEAD_ON
+        if (c_pos < n || c_it == 0)  // (no chunk is left once the order is used up; the first is published even empty)
+#endif
+        {
 #if PSA_GRID
         // This warp's output terms as they stand (its unnormalised output, max logit and mass relative to it), as if
         // the loop stopped here: the group's barrier below publishes them with the chunk's statistics, so a CTA
         // that leaves the loop combines every warp's entry at once with no barrier of its own (the finish, below).
         // An iteration that goes on overwrites them before its barrier; nobody reads them unless the group stops.
         {
+#if PSA_LOOKAHEAD_ON
+            float* part = xpart + ((gid * 2 + (c_it & 1)) * NW + gw) * (PSA_G * (PSA_D + 4));  // (two iterations')
+#else
             float* part = xpart + (gid * NW + gw) * (PSA_G * (PSA_D + 4));
+#endif
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int h = 2 * quad + e;
@@ -1007,16 +1057,35 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
             for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
 #if PSA_GRID
-            xstats[((2 * gid + (it & 1)) * PSA_GRID + rank) * PSA_G + lane] = t;
+            xstats[((PSA_XSTATS * gid + (c_it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
 #else
-            cta_stats[it & 1][lane] = t;
+            cta_stats[c_it & 1][lane] = t;
 #endif
         }
+#if PSA_LOOKAHEAD_ON
+        group_arrive(xcount + 2 * gid);  // (waited for a chunk later, by the decision)
+        ++published;
+#endif
+        }
+#if PSA_LOOKAHEAD_ON
+        const int end = c_pos;          // the decided chunk `it` = [pos, c_pos), one behind the one just attended
+        const bool deciding = c_it > it;  // (none before the first chunk's pass)
+        c_pos = c_end;
+        ++c_it;
+        if (deciding)
+#else
+        const int end = c_end;
+#endif
+        {
 #if PSA_DECIDE_OVERLAP_ON
         float dec_x[2 * PSA_G], dec_next[PSA_G], dec_tail[PSA_G];  // the decision's inputs, loaded after the barrier
 #endif
 #if PSA_GRID
+#if PSA_LOOKAHEAD_ON
+        group_wait(xcount + 2 * gid, PSA_GRID * (it + 1));
+#else
         group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
+#endif
 #if PSA_DECIDE_OVERLAP_ON
         decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
                     stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced after the combine)
@@ -1026,7 +1095,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         for (int h = warp; h < PSA_G; h += PSA_WARPS) {
             float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
             for (int r = lane; r < PSA_GRID; r += 32)
-                t = combine_stats(t, __ldcg(xstats + ((2 * gid + (it & 1)) * PSA_GRID + r) * PSA_G + h));
+                t = combine_stats(t, __ldcg(xstats + ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + r) * PSA_G + h));
 #pragma unroll
             for (int m = 16; m > 0; m >>= 1) {
                 const float4 o = make_float4(__shfl_down_sync(0xffffffffu, t.x, m), __shfl_down_sync(0xffffffffu, t.y, m),
@@ -1119,6 +1188,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_LOOP_CLOCK
         if (rank == 0 && threadIdx.x == 0) lclk[9] += 1;
 #endif
+        }
 #if PSA_OFFLOAD
         break;  // one iteration per launch
 #endif
@@ -1142,7 +1212,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         constexpr int T = PSA_WARPS * 32, FS = grid_finish_threads(T, per_cta / FV), EPT = (NW + FS - 1) / FS;
         constexpr int ROUNDS = (per_cta / FV + T / FS - 1) / (T / FS);
         static_assert(EPT <= 64, "a thread's entries in registers");
+#if PSA_LOOKAHEAD_ON
+        const float* part0 = xpart + (gid * 2 + ((it - 1) & 1)) * NW * STRIDE;  // (the last decided chunk's)
+#else
         const float* part0 = xpart + gid * NW * STRIDE;
+#endif
         const int out_lo = min(PSA_G * PSA_D, (int)rank * per_cta), out_hi = min(PSA_G * PSA_D, out_lo + per_cta);
         const int sub = threadIdx.x % FS;
         PSA_LMARK(13);
@@ -1309,6 +1383,12 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
 #endif
 #if PSA_GRID
+#if PSA_LOOKAHEAD_ON
+    // The chunk attended past the stop was published but no decision waited for it: before this CTA counts itself
+    // out, its thread 0 sees every CTA's arrival for it (its own included), so that no arrival can land after the
+    // last CTA out has reset the counter.
+    group_wait(xcount + 2 * gid, PSA_GRID * published);
+#endif
     if (threadIdx.x == 0) {  // the group's last CTA out resets both counters (every CTA has left the barriers)
         unsigned int before;
         asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(xcount + 2 * gid + 1) : "memory");
