@@ -1014,57 +1014,59 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
         {
 #if PSA_GRID
-        // This warp's output terms as they stand (its unnormalised output, max logit and mass relative to it), as if
-        // the loop stopped here: the group's barrier below publishes them with the chunk's statistics, so a CTA
-        // that leaves the loop combines every warp's entry at once with no barrier of its own (the finish, below).
-        // An iteration that goes on overwrites them before its barrier; nobody reads them unless the group stops.
-        {
+            // This warp's output terms as they stand (its unnormalised output, max logit and mass relative to it), as
+            // if the loop stopped here: the group's barrier below publishes them with the chunk's statistics, so a CTA
+            // that leaves the loop combines every warp's entry at once with no barrier of its own (the finish, below).
+            // An iteration that goes on overwrites them before its barrier; nobody reads them unless the group stops.
+            {
 #if PSA_LOOKAHEAD_ON
-            float* part = xpart + ((gid * 2 + (c_it & 1)) * NW + gw) * (PSA_G * (PSA_D + 4));  // (two iterations')
+                // (two iterations' terms)
+                float* part = xpart + ((gid * 2 + (c_it & 1)) * NW + gw) * (PSA_G * (PSA_D + 4));
 #else
-            float* part = xpart + (gid * NW + gw) * (PSA_G * (PSA_D + 4));
+                float* part = xpart + (gid * NW + gw) * (PSA_G * (PSA_D + 4));
 #endif
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int h = 2 * quad + e;
-                if (h < PSA_G) {
-                    float* ph = part + h * (PSA_D + 4);
+                for (int e = 0; e < 2; ++e) {
+                    const int h = 2 * quad + e;
+                    if (h < PSA_G) {
+                        float* ph = part + h * (PSA_D + 4);
 #pragma unroll
-                    for (int ct = 0; ct < PSA_D / 16; ++ct) {
-                        __stcg(ph + 16 * ct + hh, oacc[ct][e]);
-                        __stcg(ph + 16 * ct + hh + 8, oacc[ct][e + 2]);
-                    }
-                    if (hh == 0) {
-                        __stcg(ph + PSA_D, wm[e]);
-                        __stcg(ph + PSA_D + 1, wl[e]);
+                        for (int ct = 0; ct < PSA_D / 16; ++ct) {
+                            __stcg(ph + 16 * ct + hh, oacc[ct][e]);
+                            __stcg(ph + 16 * ct + hh + 8, oacc[ct][e + 2]);
+                        }
+                        if (hh == 0) {
+                            __stcg(ph + PSA_D, wm[e]);
+                            __stcg(ph + PSA_D + 1, wl[e]);
+                        }
                     }
                 }
             }
-        }
 #endif
-        if (hh == 0)
+            if (hh == 0)
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-                if (2 * quad + e < PSA_G) warp_stats[warp][2 * quad + e] = make_float4(cm[e], cs[e], cmin[e], ce[e]);
-        PSA_LADD(3, 2);
-        PSA_LMARK(2);
-        __syncthreads();
-        if (warp == 0 && lane < PSA_G) {
-            float4 w[PSA_WARPS];
+                for (int e = 0; e < 2; ++e)
+                    if (2 * quad + e < PSA_G)
+                        warp_stats[warp][2 * quad + e] = make_float4(cm[e], cs[e], cmin[e], ce[e]);
+            PSA_LADD(3, 2);
+            PSA_LMARK(2);
+            __syncthreads();
+            if (warp == 0 && lane < PSA_G) {
+                float4 w[PSA_WARPS];
 #pragma unroll
-            for (int i = 0; i < PSA_WARPS; ++i) w[i] = warp_stats[i][lane];
-            float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
+                for (int i = 0; i < PSA_WARPS; ++i) w[i] = warp_stats[i][lane];
+                float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
 #pragma unroll
-            for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
+                for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
 #if PSA_GRID
-            xstats[((PSA_XSTATS * gid + (c_it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
+                xstats[((PSA_XSTATS * gid + (c_it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
 #else
-            cta_stats[c_it & 1][lane] = t;
+                cta_stats[c_it & 1][lane] = t;
 #endif
-        }
+            }
 #if PSA_LOOKAHEAD_ON
-        group_arrive(xcount + 2 * gid);  // (waited for a chunk later, by the decision)
-        ++published;
+            group_arrive(xcount + 2 * gid);  // (waited for a chunk later, by the decision)
+            ++published;
 #endif
         }
 #if PSA_LOOKAHEAD_ON
@@ -1078,115 +1080,119 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
         {
 #if PSA_DECIDE_OVERLAP_ON
-        float dec_x[2 * PSA_G], dec_next[PSA_G], dec_tail[PSA_G];  // the decision's inputs, loaded after the barrier
+            float dec_x[2 * PSA_G], dec_next[PSA_G], dec_tail[PSA_G];  // the decision's inputs, loaded early
 #endif
 #if PSA_GRID
 #if PSA_LOOKAHEAD_ON
-        group_wait(xcount + 2 * gid, PSA_GRID * (it + 1));
+            group_wait(xcount + 2 * gid, PSA_GRID * (it + 1));
 #else
-        group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
+            group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
 #endif
 #if PSA_DECIDE_OVERLAP_ON
-        decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
-                    stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced after the combine)
+            decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
+                        stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced later)
 #endif
-        // Warp h (warps take the heads round-robin) combines head h's C totals: lane l those of ranks l, l + 32, ...
-        // in order, then the lanes pairwise by halves; lane 0's total goes to shared memory for every warp.
-        for (int h = warp; h < PSA_G; h += PSA_WARPS) {
-            float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
-            for (int r = lane; r < PSA_GRID; r += 32)
-                t = combine_stats(t, __ldcg(xstats + ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + r) * PSA_G + h));
+            // Warp h (warps take the heads round-robin) combines head h's C totals: lane l those of ranks l, l + 32,
+            // ... in order, then the lanes pairwise by halves; lane 0's total goes to shared memory for every warp.
+            for (int h = warp; h < PSA_G; h += PSA_WARPS) {
+                float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
+                for (int r = lane; r < PSA_GRID; r += 32)
+                    t = combine_stats(t, __ldcg(xstats + ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + r)
+                                                                 * PSA_G + h));
 #pragma unroll
-            for (int m = 16; m > 0; m >>= 1) {
-                const float4 o = make_float4(__shfl_down_sync(0xffffffffu, t.x, m), __shfl_down_sync(0xffffffffu, t.y, m),
-                                             __shfl_down_sync(0xffffffffu, t.z, m), __shfl_down_sync(0xffffffffu, t.w, m));
-                t = combine_stats(t, o);  // (lanes >= 32 - m combine a stale copy: only lane 0's chain is used)
+                for (int m = 16; m > 0; m >>= 1) {
+                    const float4 o = make_float4(__shfl_down_sync(0xffffffffu, t.x, m),
+                                                 __shfl_down_sync(0xffffffffu, t.y, m),
+                                                 __shfl_down_sync(0xffffffffu, t.z, m),
+                                                 __shfl_down_sync(0xffffffffu, t.w, m));
+                    t = combine_stats(t, o);  // (lanes >= 32 - m combine a stale copy: only lane 0's chain is used)
+                }
+                if (lane == 0) grid_tot[h] = t;
             }
-            if (lane == 0) grid_tot[h] = t;
-        }
-        __syncthreads();
+            __syncthreads();
 #else
-        cluster_sync();
+            cluster_sync();
 #if PSA_DECIDE_OVERLAP_ON
-        decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
-                    stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced after the combine)
+            decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
+                        stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced later)
 #endif
 #endif
 #if PSA_SPEC
-        why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
-        break;
+            why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
+            break;
 #endif
-        PSA_LADD(4, 2);
-        PSA_LMARK(2);
-        // Every warp reads the cluster's CTA totals (lane h, all ranks at once: one round trip) and
-        // combines them in rank order, so every warp reaches the same decision without another barrier.
-        // Lane h (< PSA_G) makes head h's totals `lt`: the cluster's CTA totals combined in rank order, or the grid's.
-        float4 lt = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
+            PSA_LADD(4, 2);
+            PSA_LMARK(2);
+            // Every warp reads the cluster's CTA totals (lane h, all ranks at once: one round trip) and
+            // combines them in rank order, so every warp reaches the same decision without another barrier.
+            // Lane h (< PSA_G) makes head h's totals `lt`: the cluster's CTA totals combined in rank order, or the
+            // grid's.
+            float4 lt = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
 #if PSA_GRID
-        lt = grid_tot[lane < PSA_G ? lane : 0];
+            lt = grid_tot[lane < PSA_G ? lane : 0];
 #else
-        if (lane < PSA_G) {
-            float4 c[PSA_CLUSTER];
+            if (lane < PSA_G) {
+                float4 c[PSA_CLUSTER];
 #pragma unroll
-            for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[it & 1][lane], r);
+                for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[it & 1][lane], r);
 #pragma unroll
-            for (int r = 0; r < PSA_CLUSTER; ++r) lt = combine_stats(lt, c[r]);
-        }
+                for (int r = 0; r < PSA_CLUSTER; ++r) lt = combine_stats(lt, c[r]);
+            }
 #endif
-        // (every lane decides every head: the heads' totals from shared memory (grid) or from their lanes)
-        float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
+            // (every lane decides every head: the heads' totals from shared memory (grid) or from their lanes)
+            float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
 #pragma unroll
-        for (int h = 0; h < PSA_G; ++h) {
+            for (int h = 0; h < PSA_G; ++h) {
 #if PSA_GRID
-            const float4 t = grid_tot[h];
-            tm[h] = t.x;
-            ts[h] = t.y;
-            tmin[h] = t.z;
-            te[h] = t.w;
+                const float4 t = grid_tot[h];
+                tm[h] = t.x;
+                ts[h] = t.y;
+                tmin[h] = t.z;
+                te[h] = t.w;
 #else
-            tm[h] = __shfl_sync(0xffffffffu, lt.x, h);
-            ts[h] = __shfl_sync(0xffffffffu, lt.y, h);
-            tmin[h] = __shfl_sync(0xffffffffu, lt.z, h);
-            te[h] = __shfl_sync(0xffffffffu, lt.w, h);
+                tm[h] = __shfl_sync(0xffffffffu, lt.x, h);
+                ts[h] = __shfl_sync(0xffffffffu, lt.y, h);
+                tmin[h] = __shfl_sync(0xffffffffu, lt.z, h);
+                te[h] = __shfl_sync(0xffffffffu, lt.w, h);
 #endif
-        }
-        PSA_LADD(5, 2);
-        PSA_LMARK(2);
-        // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
-        float w_true[PSA_G], w_sketch[PSA_G], next_sketch[PSA_G];
+            }
+            PSA_LADD(5, 2);
+            PSA_LMARK(2);
+            // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
+            float w_true[PSA_G], w_sketch[PSA_G], next_sketch[PSA_G];
 #if PSA_DECIDE_OVERLAP_ON
-        sketch_window_reduce(dec_x, w_true, w_sketch);  // (all -inf unless sketchy: no branch for the compiler to split on)
+            sketch_window_reduce(dec_x, w_true, w_sketch);  // (all -inf unless sketchy: no branch to split on)
 #pragma unroll
-        for (int h = 0; h < PSA_G; ++h) next_sketch[h] = dec_next[h];
+            for (int h = 0; h < PSA_G; ++h) next_sketch[h] = dec_next[h];
 #else
-        if (sketchy)
-            sketch_window_sums(lmass, ordered, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, w_true, w_sketch,
-                               next_sketch);
+            if (sketchy)
+                sketch_window_sums(lmass, ordered, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, w_true,
+                                   w_sketch, next_sketch);
 #endif
-        PSA_LADD(6, 2);
-        PSA_LMARK(2);
-        bool all_hold = true;
+            PSA_LADD(6, 2);
+            PSA_LMARK(2);
+            bool all_hold = true;
 #pragma unroll
-        for (int h = 0; h < PSA_G; ++h) {
+            for (int h = 0; h < PSA_G; ++h) {
 #if PSA_DECIDE_OVERLAP_ON
-            const float log_tail = dec_tail[h];
+                const float log_tail = dec_tail[h];
 #else
-            const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
-            const float log_tail = tail ? __ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end) : 0.f;
+                const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
+                const float log_tail = tail ? __ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end) : 0.f;
 #endif
-            const bool hold = verify_step(ver[h], tm[h], ts[h], tmin[h], te[h], end - pos, end, first, n, stop,
-                                          threshold, log_keep, log_tail, sketchy ? w_true[h] : 0.f,
-                                          sketchy ? w_sketch[h] : 0.f, sketchy ? next_sketch[h] : 0.f, next_share);
-            all_hold = all_hold && hold;
-        }
-        if (stop == PSA_STOP_BUDGET) why = PSA_REASON_BUDGET;
-        else if (end >= n) why = PSA_REASON_EXHAUSTED;
-        else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
-        pos = end;
-        ++it;
-        PSA_LADD(7, 2);
+                const bool hold = verify_step(ver[h], tm[h], ts[h], tmin[h], te[h], end - pos, end, first, n, stop,
+                                              threshold, log_keep, log_tail, sketchy ? w_true[h] : 0.f,
+                                              sketchy ? w_sketch[h] : 0.f, sketchy ? next_sketch[h] : 0.f, next_share);
+                all_hold = all_hold && hold;
+            }
+            if (stop == PSA_STOP_BUDGET) why = PSA_REASON_BUDGET;
+            else if (end >= n) why = PSA_REASON_EXHAUSTED;
+            else if (stop != PSA_STOP_NONE && all_hold) why = PSA_REASON_THRESHOLD;
+            pos = end;
+            ++it;
+            PSA_LADD(7, 2);
 #if PSA_LOOP_CLOCK
-        if (rank == 0 && threadIdx.x == 0) lclk[9] += 1;
+            if (rank == 0 && threadIdx.x == 0) lclk[9] += 1;
 #endif
         }
 #if PSA_OFFLOAD
