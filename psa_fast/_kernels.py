@@ -191,6 +191,9 @@ def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_byt
 # on Llama-3.1-8B's shape, ideal 5%, one request (benchmarks/NOTES.md, nineteenth and twenty-fourth sessions; H200)
 LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks (the cluster barrier, the decision, the refill) ...
 LOOP_ITERATION_US_PAIRS = 3.5  # ... and with two blocks a warp, where the chunk's last pair is its tail
+# ... and the grid build deciding one chunk late (LOOP_LOOKAHEAD): what is left of an iteration once the barrier no
+# longer waits (reading the group's totals and deciding); a guess from s42a's loop clock, to be fitted on s43c
+LOOP_ITERATION_US_LOOKAHEAD = 1.5
 LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
 COPY_CEILING_GBS = 4300.0  # the H200's device-to-device copy ceiling (bench_decode measures it in every run)
 STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
@@ -216,7 +219,7 @@ def loop_launch(*, d: int, s: int, g: int, version: int, warps: int, stages: int
 
 
 def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, block_bytes: int,
-              speculate: bool = False, pairs: bool = False, predicted: bool = False) -> int:
+              speculate: bool = False, pairs: bool = False, predicted: bool = False, lookahead: bool = False) -> int:
     """Blocks an iteration for ``DecodePlan(step="auto")``. The loop's step decides on the slowest group: each
     iteration costs ``LOOP_ITERATION_US`` beyond its blocks, and the last one reads up to a step past the stop,
     each block at the group's share of the bandwidth (its cluster's SMs for one request, the copy ceiling
@@ -240,18 +243,24 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
     batch of different decode steps of that layer) this smaller step reads fewer blocks at a larger error than the
     plain step after the prediction: 79.5 µs, 35% of the blocks, error 0.017 at B = 8, against 95.5 µs, 43%, 0.013
     (the plain loop: 99.3 µs, 45%, 0.011); pass the plain step explicitly to keep the plain loop's error.
+    With ``lookahead`` (the grid build deciding one chunk late, LOOP_LOOKAHEAD) an iteration costs
+    ``LOOP_ITERATION_US_LOOKAHEAD`` and a stop reads one more whole chunk (the one attended while deciding), so the
+    cost is ``need / step * iteration + 1.5 step * block`` and the step ``sqrt(need * iteration / (1.5 block))``.
     With ``speculate`` the step is one speculative CTA's chunk, ``spec_step(nmax)``."""
     if speculate:
         return spec_step(nmax)
     unit = cluster * warps * (2 if pairs else 1)
-    iteration_us = LOOP_ITERATION_US_PAIRS if pairs else LOOP_ITERATION_US
+    iteration_us = (LOOP_ITERATION_US_LOOKAHEAD if lookahead else LOOP_ITERATION_US_PAIRS if pairs
+                    else LOOP_ITERATION_US)
+    past = 1.5 if lookahead else 0.5  # chunks read past the stop: half of one on average (and the one attended ahead)
     per_group_gbs = min(cluster * LOOP_SM_GBS, COPY_CEILING_GBS / max(1, batch * groups))
     block_us = block_bytes / per_group_gbs / 1e3
     need = max(1.0, (PREDICTED_SHARE if predicted else STEP_SHARE) * nmax)
-    best = math.sqrt(2.0 * need * iteration_us / block_us)
+    best = math.sqrt(need * iteration_us / (past * block_us)) if lookahead else math.sqrt(2.0 * need * iteration_us
+                                                                                          / block_us)
 
     def cost(step: int) -> float:
-        return need / step * iteration_us + step / 2 * block_us
+        return need / step * iteration_us + past * step * block_us
 
     below = max(1, math.floor(best / unit)) * unit
     step = min((below, below + unit), key=cost)

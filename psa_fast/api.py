@@ -217,7 +217,8 @@ class DecodePlan:
             step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.grid_ctas or self.cluster,
                                       warps=loop_warps, block_bytes=block_bytes,
                                       speculate=self.speculate is not None, pairs=pairs,
-                                      predicted=self.first_chunk == "predicted" and self.stop in SKETCH_RULES)
+                                      predicted=self.first_chunk == "predicted" and self.stop in SKETCH_RULES,
+                                      lookahead=bool(self.grid_ctas and _kernels.LOOP_LOOKAHEAD))
         self.step = step
         if speculate_extra is not None and self.speculate is None:
             raise ValueError("speculate_extra needs speculate (a margin)")

@@ -896,6 +896,29 @@ def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
     assert [_kernels.spec_step(n) for n in (1, 2048, 4096, 8192, 32768)] == [16, 16, 16, 32, 128]  # the benches'
 
 
+def test_pick_step_with_the_lookahead_prices_one_more_chunk_and_a_cheaper_iteration():
+    """pick_step(lookahead=True) (the grid build deciding one chunk late, LOOP_LOOKAHEAD): an iteration costs
+    LOOP_ITERATION_US_LOOKAHEAD and a stop reads a whole chunk more, so the step is the unit multiple nearest
+    ``sqrt(need * iteration / (1.5 block))`` by the model's cost, a whole number of blocks a warp, and smaller than the
+    plain loop's where the iteration is cheaper than ``3 LOOP_ITERATION_US``; never more than the blocks."""
+    import math
+
+    from psa_fast import _kernels
+
+    for b, groups, nmax, ctas, warps, block_bytes in ((8, 1, 2048, 16, 4, 16384), (1, 8, 8192, 16, 8, 8192),
+                                                     (32, 1, 2048, 4, 4, 16384)):
+        shape = dict(cluster=ctas, warps=warps, block_bytes=block_bytes)
+        ahead = _kernels.pick_step(b, groups, nmax, **shape, lookahead=True)
+        plain = _kernels.pick_step(b, groups, nmax, **shape)
+        unit = ctas * warps
+        assert ahead % unit == 0 and unit <= ahead < plain, (b, nmax, ahead, plain)
+        block_us = block_bytes / min(ctas * _kernels.LOOP_SM_GBS, _kernels.COPY_CEILING_GBS / (b * groups)) / 1e3
+        need = _kernels.STEP_SHARE * nmax
+        best = math.sqrt(need * _kernels.LOOP_ITERATION_US_LOOKAHEAD / (1.5 * block_us))
+        assert abs(ahead - best) <= unit, (ahead, best)
+    assert _kernels.pick_step(1, 1, 3, cluster=16, warps=4, block_bytes=16384, lookahead=True) == 64
+
+
 def test_the_loop_pairs_where_decode_cu_does(monkeypatch):
     """loop_launch mirrors decode.cu's PSA_PAIR_ON (version 3, DECODE_PAIR, three stages or more) after
     decode_config fits the ring: Llama's D 128 at 8 warps pairs, Gemma 3's D 256 runs 4 warps of 2 stages unpaired,
