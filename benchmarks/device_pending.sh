@@ -2107,13 +2107,15 @@ if [ "$PART" = s43b ]; then
   exit 0
 fi
 if [ "$PART" = s43c ]; then
-  # Prepared in the forty-third session (no device then): _kernels.LOOP_LOOKAHEAD = 1 (decode.cu's PSA_LOOKAHEAD, the
-  # grid build only) decides each chunk one chunk late. A pass attends the next chunk, publishes it (arrives), then
+  # Prepared in the forty-third session (no device then): _kernels.LOOP_LOOKAHEAD = 1 (decode.cu's PSA_LOOKAHEAD: the
+  # grid build and clusters of 2 or more) decides each chunk one chunk late. A pass attends the next chunk, publishes it (arrives), then
   # waits for and decides the chunk before it, whose statistics every CTA published a chunk ago; the decision's inputs
   # were asked into L2 (evict-last) as the pass began. A stop drops the chunk attended past it (the finish combines
   # the warps' terms of the decided chunk: xpart keeps two iterations', xstats four), so blocks, outputs and
-  # diagnostics are the plain grid build's, bit for bit, for one more chunk read. Static: Llama grid 4,904 -> 5,024
-  # instructions (252 -> 254 registers), Gemma 3 grid spill 92 -> 152 bytes; default builds byte-identical.
+  # diagnostics are the plain loop's, bit for bit, for one more chunk read (a cluster's warps load their terms back
+  # from `loop_part`; its barrier split in arrive / wait). Static: Llama grid 4,904 -> 5,024 instructions (252 -> 254
+  # registers), Llama clusters 4,712 -> 4,984 (248 -> 254), Gemma 3 grid spill 92 -> 152 bytes, clusters 68 -> 148;
+  # default builds byte-identical.
   # Predicted (s42a's clock, H100: an iteration ~8 µs beyond its blocks, ~3 of them the barrier's wait): at the
   # plan's step about even (B = 8 spread: -3 iterations x ~6 µs against one more chunk of 320 blocks, ~14 µs); with a
   # smaller step it pays: B = 8 at 144-160 ~59 µs against the plain loop's best ~68 (-10 to -15%), B = 32 at 96 -10%;
@@ -2127,7 +2129,7 @@ if [ "$PART" = s43c ]; then
       --spread --stop auto --shape gemma3 --sizes 32768:8,32768:32 --steps 64,96,144,224,320,auto --modes loop \
       --layers 1 2>&1 | grep -v Warn | tee -a "$OUT/s43c.md" | grep "^#\||"
   timeout 150 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1,0 -- exp_step.py --share 0.05 --stop auto --shape llama8b \
-      --sizes 131072:1,131072:8 --steps 256,512,1024,auto --modes loop --layers 2 2>&1 | grep -v Warn \
+      --sizes 32768:1,131072:1,131072:8 --steps 128,256,512,1024,auto --modes loop --layers 2 2>&1 | grep -v Warn \
       | tee -a "$OUT/s43c.md" | grep "^#\||"
   timeout 100 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1 -- exp_step.py --share 0.2 --stop auto --shape gemma3 \
       --sizes 32768:1,32768:8,131072:1 --steps 64,128,256,auto --modes loop --layers 2 2>&1 | grep -v Warn \

@@ -146,12 +146,19 @@ GRID_MIN_GROUP_MIB = 32  # ... or a group's K and V fill this many MiB (Llama at
 # 15 of 8 on the H200, so 32 groups on clusters of 4 or 16 on clusters of 8 run their last clusters in a second wave,
 # e.g. Gemma 3 32K B = 32, Llama B = 2 and 4): SMs // groups CTAs a group, every one resident
 GRID_WHERE_CLUSTERS_WAIT = 1
-# 1: the grid build decides each chunk one chunk late (decode.cu's PSA_LOOKAHEAD): a group's CTAs attend the next chunk
-# while the last one's statistics arrive, so its barrier no longer waits for the slowest CTA and the decision's inputs
-# are in L2; a stop drops the chunk attended past it (the same blocks, outputs and diagnostics, bit for bit, for one
-# more chunk read). Prepared in the forty-third session, not yet measured (benchmarks/NOTES.md): the grid build's
-# iteration cost ~8 µs on the H100 (s42a), of them ~3 the barrier's wait.
+# 1: the plain loop (on the grid, or on clusters of 2 or more) decides each chunk one chunk late (decode.cu's
+# PSA_LOOKAHEAD): a group's CTAs attend the next chunk while the last one's statistics arrive, so its barrier no longer
+# waits for the slowest CTA and the decision's inputs are in L2; a stop drops the chunk attended past it (the same
+# blocks, outputs and diagnostics, bit for bit, for one more chunk read). Prepared in the forty-third session, not yet
+# measured (benchmarks/NOTES.md): the grid build's iteration cost ~8 µs on the H100 (s42a), of them ~3 the barrier's
+# wait; the clusters' ~2.6 on the H200.
 LOOP_LOOKAHEAD = 0
+
+
+def lookahead_part_shape(batch: int, groups: int, ctas: int, warps: int, g: int, head_dim: int) -> tuple:
+    """Shape of the float32 buffer where every warp of a cluster build's group writes its output terms after each chunk
+    under LOOP_LOOKAHEAD (two iterations' of them; the grid build has its own, ``grid_exchange_shapes``)."""
+    return (batch, groups, 2 * ctas * warps, g, head_dim + 4)
 
 
 def grid_exchange_shapes(batch: int, groups: int, ctas: int, warps: int, g: int, head_dim: int) -> tuple:
@@ -662,7 +669,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
            q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None,
-           first_prev: bool = False) -> None:
+           first_prev: bool = False, loop_part=None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -805,6 +812,15 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         defines["grid"] = ctas
         if LOOP_LOOKAHEAD:
             defines["lookahead"] = 1
+    elif (LOOP_LOOKAHEAD and version == 3 and cluster > 1 and offload is None and split is None
+          and stop not in ("none", "budget")):
+        # the clusters' look-ahead: every warp's output terms of the last two chunks, loaded back at a stop
+        want = lookahead_part_shape(b, hq // g, cluster, warps, g, d)
+        if loop_part is None or tuple(loop_part.shape) != want:
+            raise ValueError(f"LOOP_LOOKAHEAD's cluster build needs loop_part of shape {list(want)} "
+                             f"(lookahead_part_shape), got {None if loop_part is None else list(loop_part.shape)}")
+        args = args + (loop_part,)
+        defines["lookahead"] = 1
         grid = (ctas, hq // g, b)
         launch = {"cooperative": True} if GRID_COOPERATIVE else {}
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None

@@ -218,7 +218,9 @@ class DecodePlan:
                                       warps=loop_warps, block_bytes=block_bytes,
                                       speculate=self.speculate is not None, pairs=pairs,
                                       predicted=self.first_chunk == "predicted" and self.stop in SKETCH_RULES,
-                                      lookahead=bool(self.grid_ctas and _kernels.LOOP_LOOKAHEAD))
+                                      lookahead=bool(_kernels.LOOP_LOOKAHEAD and self.mode == "psa"
+                                                     and (self.grid_ctas or self.cluster > 1)
+                                                     and self.speculate is None))
         self.step = step
         if speculate_extra is not None and self.speculate is None:
             raise ValueError("speculate_extra needs speculate (a margin)")
@@ -267,6 +269,11 @@ class DecodePlan:
             c = self.grid_ctas
             xstats, xcount, xpart = _kernels.grid_exchange_shapes(b, self.gn, c, loop_warps, self.g, dp)
             self._grid_group = (c, cupy.empty(xstats, f32), cupy.zeros(xcount, cupy.uint32), cupy.empty(xpart, f32))
+        # the clusters' look-ahead (_kernels.LOOP_LOOKAHEAD): every warp's output terms after each chunk
+        self._loop_part = (cupy.empty(_kernels.lookahead_part_shape(b, self.gn, self.cluster, loop_warps, self.g, dp),
+                                      f32)
+                           if _kernels.LOOP_LOOKAHEAD and not self.grid_ctas and self.cluster > 1 and self.mode == "psa"
+                           and self.version == 3 and self.speculate is None else None)
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)
@@ -444,6 +451,7 @@ class DecodePlan:
                         q_mma=self.q_mma, qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
                         first_len=first_len, first_prev=previous, q_exact=self._q_exact, grid_group=self._grid_group,
+                        loop_part=self._loop_part,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,
                                                                   self.spec_warps, self.spec_items),

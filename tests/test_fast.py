@@ -1028,14 +1028,17 @@ def test_early_window_keeps_every_bit(monkeypatch, kernel_switch, case):
     assert int(base["num_used"].min()) < int(base["num_used"].max())  # (the requests' ends differ)
 
 
+@pytest.mark.parametrize("build", ["grid", "cluster"])
 @pytest.mark.parametrize("case", ["sketch_avg", "sketch_avg_d256", "certified", "ema", "ema_predicted"])
-def test_lookahead_keeps_every_bit(monkeypatch, case):
-    """_kernels.LOOP_LOOKAHEAD (decode.cu's PSA_LOOKAHEAD, grid build): each chunk is decided one chunk late, while
-    the group attends the next, and a stop drops the chunk attended past it. On a ragged batch (a request shorter
-    than its forced blocks, one of a single chunk, two of many) the outputs, blocks, iterations, reasons and mass
-    estimates are those of the plain grid build, bit for bit, for the sketch rule (D 64 and Gemma 3's D 256), the
-    certified rule and ema, with a predicted first chunk too; a second call and a replayed CUDA graph give the same
-    bits (the extra chunk's arrivals leave the barrier's counters at zero after each launch)."""
+def test_lookahead_keeps_every_bit(monkeypatch, case, build):
+    """_kernels.LOOP_LOOKAHEAD (decode.cu's PSA_LOOKAHEAD; the grid build and clusters of 2 or more): each chunk is
+    decided one chunk late, while the group attends the next, and a stop drops the chunk attended past it. On a ragged
+    batch (a request shorter than its forced blocks, one of a single chunk, two of many) the outputs, blocks,
+    iterations, reasons and mass estimates are those of the plain loop of the same build, bit for bit, for the sketch
+    rule (D 64 and Gemma 3's D 256), the certified rule and ema, with a predicted first chunk too; a second call and a
+    replayed CUDA graph give the same bits (the grid's extra arrivals leave its counters at zero after each launch, a
+    cluster's barrier phases stay paired). A cluster plan made without the look-ahead's buffer refuses to launch the
+    look-ahead build (ValueError naming loop_part)."""
     from psa_fast import _kernels
 
     stop = "ema" if case.startswith("ema") else case.removesuffix("_d256")
@@ -1043,8 +1046,11 @@ def test_lookahead_keeps_every_bit(monkeypatch, case):
     d, hq, hkv = (256, 4, 1) if case.endswith("d256") else (64, 6, 2)
     lens = [16, 40, 700, 3000]
     cache, data = ragged_cache(np.random.default_rng(44), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
-    lift_grid_thresholds(monkeypatch)
-    monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
+    if build == "grid":
+        lift_grid_thresholds(monkeypatch)
+        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
+    else:
+        monkeypatch.setattr(_kernels, "LOOP_GRID", 0)
     q = cupy.asarray(np.stack([q for q, _, _ in data]))
     names = ("out", "num_used", "iterations", "reason", "mass_estimate")
     runs = []
@@ -1052,7 +1058,8 @@ def test_lookahead_keeps_every_bit(monkeypatch, case):
         monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", lookahead)
         plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, stop=stop, sink_blocks=1, recent_blocks=2,
                              step=16, **({"first_chunk": "predicted"} if case == "ema_predicted" else {}))
-        assert plan.grid_ctas == 8
+        assert (plan.grid_ctas == 8) if build == "grid" else (plan.grid_ctas == 0 and plan.cluster > 1)
+        assert (plan._loop_part is not None) == (build == "cluster" and lookahead == 1)
         calls = []
         for _ in range(2):
             plan.out.fill(np.nan)
@@ -1075,6 +1082,12 @@ def test_lookahead_keeps_every_bit(monkeypatch, case):
     assert int(runs[0]["iterations"].max()) > 2  # (decisions one chunk late over several chunks)
     for name in names:
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
+    if build == "cluster":
+        monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 0)
+        plain = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, stop=stop, sink_blocks=1, recent_blocks=2, step=16)
+        monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
+        with pytest.raises(ValueError, match="loop_part"):
+            plain.run(q)
 
 
 @pytest.mark.parametrize("define", ["decide_prefetch", "decide_overlap"])

@@ -174,16 +174,21 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_DECIDE_OVERLAP 0
 #endif
 #ifndef PSA_LOOKAHEAD
-// 1 (grid build only; _kernels.LOOP_LOOKAHEAD): the loop decides each chunk one chunk late. A pass attends the next
-// chunk, then decides the one before it (whose statistics every CTA published a chunk ago, so the group's barrier no
-// longer waits for its slowest CTA and the decision's inputs were asked into L2 as the pass began), then publishes the
-// chunk it attended. When the group stops, the chunk attended past the stop is dropped: the output is combined from
-// every warp's terms as they stood after the decided chunk (`xpart` holds two iterations' terms), so the blocks,
-// outputs and diagnostics are those of the plain loop, bit for bit, for one more chunk read. (s43, prepared: the grid
-// build's iteration cost ~8 µs on the H100, s42a, of which the barrier's wait ~3.)
+// 1 (_kernels.LOOP_LOOKAHEAD; the plain loop on the grid or on clusters of 2 or more): the loop decides each chunk one
+// chunk late. A pass attends the next chunk, publishes its statistics, then decides the one before it, whose
+// statistics every CTA published a chunk ago, so the group's barrier no longer waits for its slowest CTA (and the
+// decision's inputs were asked into L2 as the pass began). Every warp also writes its output terms after each chunk to
+// `xpart` (two iterations' of them); when the group stops, the chunk attended past the stop is dropped: the grid
+// build combines the terms of the decided chunk, a cluster's warps load theirs back, so the blocks, outputs and
+// diagnostics are those of the plain loop, bit for bit, for one more chunk read. (s43, prepared: the grid build's
+// iteration cost ~8 µs on the H100, s42a, of which the barrier's wait ~3; the clusters' ~2.6 on the H200.)
 #define PSA_LOOKAHEAD 0
 #endif
-#define PSA_LOOKAHEAD_ON (PSA_LOOKAHEAD && PSA_GRID && !PSA_SPEC && !PSA_SPLIT && !PSA_STATEFUL)
+#define PSA_LOOKAHEAD_ON (PSA_LOOKAHEAD && (PSA_GRID || PSA_CLUSTER > 1) && !PSA_SPEC && !PSA_SPLIT && !PSA_STATEFUL)
+// Iterations' CTA statistics a cluster keeps (cta_stats): two, or three with the look-ahead, whose CTAs write a chunk's
+// before they wait for the one before it (the buffer they reuse was read before the barrier they waited for last).
+#define PSA_CTA_STATS (PSA_LOOKAHEAD_ON ? 3 : 2)
+#define PSA_CTA_SLOT(i) (PSA_LOOKAHEAD_ON ? (i) % 3 : (i) & 1)
 // Iterations' statistics the grid build keeps (xstats [B, Gn, PSA_XSTATS, C, PSA_G]): two, or four with the look-ahead,
 // whose CTAs publish a chunk before they read the group's totals of the one before it: a CTA may then publish chunk
 // k + 3 only after every CTA has published k + 1, which each does after reading chunk k - 1's (the buffer it reuses).
@@ -563,6 +568,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #if PSA_GRID
            , float4* __restrict__ xstats, unsigned int* __restrict__ xcount, float* __restrict__ xpart
+#elif PSA_LOOKAHEAD_ON
+           , float* __restrict__ xpart  // [B, Gn, 2 * CLUSTER * warps, PSA_G, PSA_D + 4]: the warps' terms
 #endif
 #if PSA_LOOP_CLOCK
            , long long* __restrict__ loop_clocks
@@ -870,12 +877,23 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 
     // Chunk statistics per head, as float4 (max logit, mass relative to it, min log block mass, -):
     // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
+#if PSA_LOOKAHEAD_ON && !PSA_GRID
+    // (two chunks' with the clusters' look-ahead: no barrier keeps a warp that has decided and gone on to the next chunk
+    // from writing its statistics while warp 0 may still read the last chunk's; the grid's arrival is one)
+    __shared__ float4 warp_stats_ab[2][PSA_WARPS][PSA_G];
+#define PSA_WARP_STATS warp_stats_ab[c_it & 1]
+#else
     __shared__ float4 warp_stats[PSA_WARPS][PSA_G];
+#define PSA_WARP_STATS warp_stats
+#endif
 #if PSA_GRID
     __shared__ float4 grid_tot[PSA_G];  // the group's totals of an iteration (warp h's combine of head h)
     const long gid = (long)b * Gn + g;
 #else
-    __shared__ float4 cta_stats[2][PSA_G];
+    __shared__ float4 cta_stats[PSA_CTA_STATS][PSA_G];
+#if PSA_LOOKAHEAD_ON
+    const long gid = (long)b * Gn + g;
+#endif
 #endif
     // Verifier state per head (verifier.cuh), kept identically by every lane of every warp.
     Verifier ver[PSA_G];
@@ -1013,7 +1031,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         if (c_pos < n || c_it == 0)  // (no chunk is left once the order is used up; the first is published even empty)
 #endif
         {
-#if PSA_GRID
+#if PSA_GRID || PSA_LOOKAHEAD_ON
             // This warp's output terms as they stand (its unnormalised output, max logit and mass relative to it), as
             // if the loop stopped here: the group's barrier below publishes them with the chunk's statistics, so a CTA
             // that leaves the loop combines every warp's entry at once with no barrier of its own (the finish, below).
@@ -1047,24 +1065,24 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
                     if (2 * quad + e < PSA_G)
-                        warp_stats[warp][2 * quad + e] = make_float4(cm[e], cs[e], cmin[e], ce[e]);
+                        PSA_WARP_STATS[warp][2 * quad + e] = make_float4(cm[e], cs[e], cmin[e], ce[e]);
             PSA_LADD(3, 2);
             PSA_LMARK(2);
             __syncthreads();
             if (warp == 0 && lane < PSA_G) {
                 float4 w[PSA_WARPS];
 #pragma unroll
-                for (int i = 0; i < PSA_WARPS; ++i) w[i] = warp_stats[i][lane];
+                for (int i = 0; i < PSA_WARPS; ++i) w[i] = PSA_WARP_STATS[i][lane];
                 float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
 #pragma unroll
                 for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
 #if PSA_GRID
                 xstats[((PSA_XSTATS * gid + (c_it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
 #else
-                cta_stats[c_it & 1][lane] = t;
+                cta_stats[PSA_CTA_SLOT(c_it)][lane] = t;
 #endif
             }
-#if PSA_LOOKAHEAD_ON
+#if PSA_LOOKAHEAD_ON && PSA_GRID
             group_arrive(xcount + 2 * gid);  // (waited for a chunk later, by the decision)
             ++published;
 #endif
@@ -1110,12 +1128,14 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 if (lane == 0) grid_tot[h] = t;
             }
             __syncthreads();
+#elif PSA_LOOKAHEAD_ON
+            cluster_wait();  // (for the arrivals after the chunk decided now: the last pass's)
 #else
             cluster_sync();
-#if PSA_DECIDE_OVERLAP_ON
+#endif
+#if !PSA_GRID && PSA_DECIDE_OVERLAP_ON
             decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
                         stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced later)
-#endif
 #endif
 #if PSA_SPEC
             why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
@@ -1134,7 +1154,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             if (lane < PSA_G) {
                 float4 c[PSA_CLUSTER];
 #pragma unroll
-                for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[it & 1][lane], r);
+                for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[PSA_CTA_SLOT(it)][lane], r);
 #pragma unroll
                 for (int r = 0; r < PSA_CLUSTER; ++r) lt = combine_stats(lt, c[r]);
             }
@@ -1195,6 +1215,29 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             if (rank == 0 && threadIdx.x == 0) lclk[9] += 1;
 #endif
         }
+#if PSA_LOOKAHEAD_ON && !PSA_GRID
+        if (why < 0) {
+            cluster_arrive();  // (this pass's chunk statistics, for the next pass's decision)
+        } else if (deciding) {
+            // The stop came a chunk late: each lane loads back its terms as they stood after the decided chunk (this
+            // warp wrote them a pass ago), and the finish below combines those.
+            const float* part = xpart + ((gid * 2 + ((it - 1) & 1)) * NW + gw) * (PSA_G * (PSA_D + 4));
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int h = 2 * quad + e;
+                if (h < PSA_G) {
+                    const float* ph = part + h * (PSA_D + 4);
+#pragma unroll
+                    for (int ct = 0; ct < PSA_D / 16; ++ct) {
+                        oacc[ct][e] = __ldcg(ph + 16 * ct + hh);
+                        oacc[ct][e + 2] = __ldcg(ph + 16 * ct + hh + 8);
+                    }
+                    wm[e] = __ldcg(ph + PSA_D);  // (written by the lanes of row 0, the ones the finish reads)
+                    wl[e] = __ldcg(ph + PSA_D + 1);
+                }
+            }
+        }
+#endif
 #if PSA_OFFLOAD
         break;  // one iteration per launch
 #endif
