@@ -812,6 +812,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         defines["grid"] = ctas
         if LOOP_LOOKAHEAD:
             defines["lookahead"] = 1
+        grid = (ctas, hq // g, b)
+        launch = {"cooperative": True} if GRID_COOPERATIVE else {}
     elif (LOOP_LOOKAHEAD and version == 3 and cluster > 1 and offload is None and split is None
           and stop not in ("none", "budget")):
         # the clusters' look-ahead: every warp's output terms of the last two chunks, loaded back at a stop
@@ -821,8 +823,6 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
                              f"(lookahead_part_shape), got {None if loop_part is None else list(loop_part.shape)}")
         args = args + (loop_part,)
         defines["lookahead"] = 1
-        grid = (ctas, hq // g, b)
-        launch = {"cooperative": True} if GRID_COOPERATIVE else {}
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None
     if clocked:
         defines["loop_clock"] = 1

@@ -818,6 +818,61 @@ def test_grid_exchange_buffers_hold_the_iterations_the_build_keeps(monkeypatch):
     assert (xstats, xcount, xpart) == ((3, 2, 4, 16, 4, 4), (3, 2, 2), (3, 2, 128, 4, 260))
 
 
+def _launches(monkeypatch, **kwargs):
+    """psa_fast._kernels.decode's launches for a PSA loop of Llama-3.1-8B's shape (B = 2, 8 query heads, groups of 4,
+    D 128, 64 blocks), recorded by a stand-in for the kernel build (no GPU): a list of ``(build options, grid, block,
+    arguments, launch keywords)``."""
+    from psa_fast import _kernels
+
+    launches = []
+
+    def build(*, entry, cluster, smem, name="decode", **options):
+        def launch(grid, block, args, **kw):
+            launches.append((dict(options, cluster=cluster, entry=entry), grid, block, args, kw))
+        return launch
+
+    monkeypatch.setattr(_kernels, "_decode_build", build)
+    b, hq, g, d, nmax = 2, 8, 4, 128, 64
+    q = np.zeros((b, hq, d), np.float32)
+    pool = np.zeros((4 * nmax, 16, d), np.float16)
+    ints = np.zeros((b, hq // g, nmax), np.int32)
+    _kernels.decode(q, pool, pool, ints, np.zeros(b, np.int32), ints, None, q, ints, ints, ints, q,
+                    d=d, s=16, g=g, hq=hq, hkv=hq // g, nmax=nmax, stop="ema", threshold=0.95, step=64, forced=2,
+                    warps=8, **kwargs)
+    return launches
+
+
+def test_decode_launches_the_grid_and_the_lookahead_builds_as_their_buffers_say(monkeypatch):
+    """_kernels.decode (CPU, the build replaced): the grid build launches ``ctas`` CTAs a group, cooperatively, with its
+    three exchange buffers as the last arguments; with LOOP_LOOKAHEAD its build gets the look-ahead define and buffers
+    of grid_exchange_shapes' look-ahead shapes (a buffer of the plain shape is a ValueError naming it); a cluster build
+    under LOOP_LOOKAHEAD takes ``loop_part`` as its last argument (lookahead_part_shape) and refuses to launch without
+    it; without LOOP_LOOKAHEAD neither build has the define."""
+    from psa_fast import _kernels
+
+    warps = _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8)[0]
+    for look in (0, 1):
+        monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", look)
+        shapes = _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128)
+        bufs = tuple(np.zeros(sh, np.float32) for sh in shapes)
+        (options, grid, block, args, kw), = _launches(monkeypatch, cluster=1, grid_group=(16,) + bufs)
+        assert grid == (16, 2, 2) and block == (warps * 32,) and options["grid"] == 16
+        assert options.get("cooperative", False) == bool(_kernels.GRID_COOPERATIVE) and "cooperative" not in kw
+        assert args[-3:] == bufs and options.get("lookahead", 0) == look
+        (options, grid, _, args, _), = _launches(monkeypatch, cluster=8, **(
+            {"loop_part": np.zeros(_kernels.lookahead_part_shape(2, 2, 8, warps, 4, 128), np.float32)} if look else {}))
+        assert grid == (8, 2, 2) and "grid" not in options and options.get("lookahead", 0) == look
+        assert (args[-1].shape == _kernels.lookahead_part_shape(2, 2, 8, warps, 4, 128)) if look else True
+    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
+    with pytest.raises(ValueError, match="loop_part"):
+        _launches(monkeypatch, cluster=8)
+    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 0)
+    plain = tuple(np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128))
+    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
+    with pytest.raises(ValueError, match="xstats"):
+        _launches(monkeypatch, cluster=1, grid_group=(16,) + plain)
+
+
 def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatch):
     """Where the GPU cannot hold every group's cluster at once (the H200 holds 30 clusters of 4 and 15 of 8, one CTA
     an SM), the last clusters would run in a second wave: there the grid build gives every group 132 // groups CTAs,
