@@ -3,6 +3,7 @@ blocks-read count, the sparsity data path and the plots (the timing itself needs
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -871,6 +872,32 @@ def test_decode_launches_the_grid_and_the_lookahead_builds_as_their_buffers_say(
     monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
     with pytest.raises(ValueError, match="xstats"):
         _launches(monkeypatch, cluster=1, grid_group=(16,) + plain)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
+def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp_path):
+    """Each build of decode.cu that _kernels.decode launches takes as many arguments as the host passes: the plain
+    loop on clusters and on the grid, each with and without LOOP_LOOKAHEAD (whose builds add parameters: a
+    cluster's loop_part), compiled to PTX with the launch's own defines (nvcc, no GPU); a missing or extra argument
+    would otherwise be found only on the device."""
+    from psa_fast import _kernels
+
+    warps = _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8)[0]
+    src = tmp_path / "decode.cu"
+    src.write_text(_kernels._source("decode.cu"))
+    for look in (0, 1):
+        monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", look)
+        grid_bufs = tuple(np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128))
+        part = np.zeros(_kernels.lookahead_part_shape(2, 2, 8, warps, 4, 128), np.float32)
+        for kwargs in ({"cluster": 1, "grid_group": (16,) + grid_bufs}, {"cluster": 8, "loop_part": part}):
+            (options, _, _, args, _), = _launches(monkeypatch, **kwargs)
+            flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in options.items() if k not in ("entry", "cooperative")]
+            ptx = tmp_path / "k.ptx"
+            subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
+            text = ptx.read_text()
+            head = text[text.index(".entry psa_decode("):]
+            params = head[:head.index(")")].count(".param")
+            assert params == len(args), (look, kwargs.keys(), params, len(args))
 
 
 def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatch):
