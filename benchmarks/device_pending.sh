@@ -2069,7 +2069,8 @@ if [ "$PART" = s43a ]; then
   gpu_tests t_s43a.log 200 tests/test_fast.py -k "decide_switches"
   cd benchmarks
   for v in "decide_prefetch=0 decide_overlap=0" "decide_prefetch=1 decide_overlap=0" \
-           "decide_prefetch=0 decide_overlap=1" "decide_prefetch=1 decide_overlap=1" "decide_prefetch=0 decide_overlap=0"; do
+           "decide_prefetch=0 decide_overlap=1" "decide_prefetch=1 decide_overlap=1" \
+           "decide_prefetch=0 decide_overlap=0"; do
     echo "## $v" | tee -a "$OUT/s43a.md"
     for cfg in "8 320" "32 144"; do
       set -- $cfg
@@ -2090,7 +2091,8 @@ if [ "$PART" = s43b ]; then
   # the overlap's spills cost). ~5 minutes with a cold start; carry the layer.
   cd benchmarks
   for v in "decide_prefetch=0 decide_overlap=0" "decide_prefetch=1 decide_overlap=0" \
-           "decide_prefetch=0 decide_overlap=1" "decide_prefetch=1 decide_overlap=1" "decide_prefetch=0 decide_overlap=0"; do
+           "decide_prefetch=0 decide_overlap=1" "decide_prefetch=1 decide_overlap=1" \
+           "decide_prefetch=0 decide_overlap=0"; do
     echo "## $v" | tee -a "$OUT/s43b.md"
     timeout 80 python3 exp_kernel_defines.py decode $v -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --spread \
         --stop auto --shape gemma3 --sizes 32768:8,32768:32 --steps auto --modes loop --layers 1 2>&1 | grep -v Warn \

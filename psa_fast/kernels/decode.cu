@@ -512,8 +512,9 @@ __device__ __forceinline__ void decide_load(const float* __restrict__ lmass, con
 #endif
 
 #if PSA_DECIDE_PREFETCH_ON || PSA_LOOKAHEAD_ON
-// PSA_DECIDE_PREFETCH (and PSA_LOOKAHEAD, a chunk ahead), called by one warp after its part of the chunk ending at `end`: lanes 3 h, 3 h + 1 and 3 h + 2
-// ask L2 for the lines of head h (row row0 + h) that the decision reads and no CTA writes in the loop: in `ordered`
+// PSA_DECIDE_PREFETCH, called by one warp after its part of the chunk ending at `end` (PSA_LOOKAHEAD: as the pass
+// that decides that chunk begins): lanes 3 h, 3 h + 1 and 3 h + 2 ask L2 for the lines of head h (row row0 + h) that
+// the decision reads and no CTA writes in the loop: in `ordered`
 // the window's first position and the next block's (the window and the next block, at most 33 floats, lie on those
 // two lines), and in `log_suffix` the entry at `end`. Positions are clamped into the group's n blocks, as
 // sketch_window_load clamps its loads. Marked evict-last, so that the chunk streaming through L2 meanwhile does not
