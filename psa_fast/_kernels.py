@@ -165,9 +165,10 @@ def grid_exchange_shapes(batch: int, groups: int, ctas: int, warps: int, g: int,
     """Shapes of the grid build's exchange buffers for ``batch`` x ``groups`` groups of ``ctas`` CTAs of ``warps``
     warps (``g`` query heads, padded head dim ``head_dim``): each iteration's CTA statistics ``xstats`` (float32 x 4:
     two iterations' buffers, four with LOOP_LOOKAHEAD), the barrier's counters ``xcount`` (uint32, zero between
-    launches) and every warp's output terms ``xpart`` (float32: one iteration's, two with LOOP_LOOKAHEAD)."""
+    launches: the arrivals and the CTAs out; with LOOP_LOOKAHEAD the arrivals by the chunk's parity, and a fourth
+    entry unused) and every warp's output terms ``xpart`` (float32: one iteration's, two with LOOP_LOOKAHEAD)."""
     look = bool(LOOP_LOOKAHEAD)
-    return ((batch, groups, 4 if look else 2, ctas, g, 4), (batch, groups, 2),
+    return ((batch, groups, 4 if look else 2, ctas, g, 4), (batch, groups, 4 if look else 2),
             (batch, groups, (2 if look else 1) * ctas * warps, g, head_dim + 4))
 
 

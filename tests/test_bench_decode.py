@@ -807,8 +807,9 @@ def test_pick_grid_takes_the_grid_build_where_it_was_measured_faster(monkeypatch
 def test_grid_exchange_buffers_hold_the_iterations_the_build_keeps(monkeypatch):
     """The grid build's exchange buffers (psa_fast._kernels.grid_exchange_shapes): every CTA's statistics of two
     iterations, the two counters, and every warp's output terms of one iteration; with LOOP_LOOKAHEAD (each chunk
-    decided one chunk late) four iterations' statistics and two of output terms, as decode.cu's PSA_XSTATS and the
-    look-ahead's finish index them."""
+    decided one chunk late) four iterations' statistics, two arrival counters by the chunk's parity beside the CTAs
+    out (four entries) and two iterations' output terms, as decode.cu's PSA_XSTATS, PSA_XCOUNT and the look-ahead's
+    finish index them."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 0)
@@ -816,7 +817,7 @@ def test_grid_exchange_buffers_hold_the_iterations_the_build_keeps(monkeypatch):
     assert (xstats, xcount, xpart) == ((3, 2, 2, 16, 4, 4), (3, 2, 2), (3, 2, 64, 4, 260))
     monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
     xstats, xcount, xpart = _kernels.grid_exchange_shapes(3, 2, 16, 4, 4, 256)
-    assert (xstats, xcount, xpart) == ((3, 2, 4, 16, 4, 4), (3, 2, 2), (3, 2, 128, 4, 260))
+    assert (xstats, xcount, xpart) == ((3, 2, 4, 16, 4, 4), (3, 2, 4), (3, 2, 128, 4, 260))
 
 
 def _launches(monkeypatch, **kwargs):
@@ -898,6 +899,30 @@ def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp
             head = text[text.index(".entry psa_decode("):]
             params = head[:head.index(")")].count(".param")
             assert params == len(args), (look, kwargs.keys(), params, len(args))
+
+
+def test_the_lookahead_protocol_holds_with_the_kernels_buffers_and_counters():
+    """benchmarks/lookahead_protocol.py models the look-ahead's exchange between a group's CTAs under random
+    interleavings. With the buffers decode.cu gives the look-ahead (PSA_XSTATS on the grid, PSA_CTA_STATS on
+    clusters) and the grid's arrivals counted by the chunk's parity, no run reads another chunk's statistics or terms,
+    leaves a counter set or stops elsewhere than the plain loop; one buffer fewer, or one counter, fails some runs (so
+    the model can tell)."""
+    import re
+
+    import lookahead_protocol as lp
+
+    src = (Path(__file__).resolve().parents[1] / "psa_fast" / "kernels" / "decode.cu").read_text()
+
+    def with_lookahead(name: str) -> int:
+        return int(re.search(rf"#define {name} \(PSA_LOOKAHEAD_ON \? (\d+) : \d+\)", src).group(1))
+
+    xstats, cta_stats = with_lookahead("PSA_XSTATS"), with_lookahead("PSA_CTA_STATS")
+    assert "group_arrive(xcount + PSA_XCOUNT * gid + (c_it & 1))" in src  # (the arrivals by the chunk's parity)
+    assert lp.failures(lp.grid_run, 1500, 1, buffers=xstats, parity_counters=True) == 0
+    assert lp.failures(lp.cluster_run, 1500, 1, buffers=cta_stats) == 0
+    assert lp.failures(lp.grid_run, 1500, 1, buffers=xstats - 1, parity_counters=True) > 0
+    assert lp.failures(lp.grid_run, 1500, 1, buffers=xstats, parity_counters=False) > 0
+    assert lp.failures(lp.cluster_run, 1500, 1, buffers=cta_stats - 1) > 0
 
 
 def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatch):

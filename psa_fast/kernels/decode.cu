@@ -192,7 +192,13 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // Iterations' statistics the grid build keeps (xstats [B, Gn, PSA_XSTATS, C, PSA_G]): two, or four with the look-ahead,
 // whose CTAs publish a chunk before they read the group's totals of the one before it: a CTA may then publish chunk
 // k + 3 only after every CTA has published k + 1, which each does after reading chunk k - 1's (the buffer it reuses).
+// Its barrier counters (xcount [B, Gn, PSA_XCOUNT]): the arrivals, then the CTAs out. With the look-ahead a CTA arrives
+// after chunk c before it waits for chunk c - 1, so one counter could reach C c while a CTA has not arrived at c - 1
+// (others counting c): arrivals go to two counters by the chunk's parity (a CTA arrives at c + 2 only after every CTA
+// arrived at c), entry 2 counts the CTAs out. (Both checked in a model of C CTAs under random interleavings: four
+// statistics buffers and the parity counters hold, two or three buffers or one counter do not; NOTES.md, s43.)
 #define PSA_XSTATS (PSA_LOOKAHEAD_ON ? 4 : 2)
+#define PSA_XCOUNT (PSA_LOOKAHEAD_ON ? 4 : 2)
 // (both in the builds that decide: not the speculative one, which leaves after its chunk, nor the split build, whose
 // stop rules read neither array)
 #define PSA_DECIDE_PREFETCH_ON (PSA_DECIDE_PREFETCH && !PSA_SPEC && !PSA_SPLIT)
@@ -879,8 +885,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // Chunk statistics per head, as float4 (max logit, mass relative to it, min log block mass, -):
     // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
 #if PSA_LOOKAHEAD_ON && !PSA_GRID
-    // (two chunks' with the clusters' look-ahead: no barrier keeps a warp that has decided and gone on to the next chunk
-    // from writing its statistics while warp 0 may still read the last chunk's; the grid's arrival is one)
+    // (two chunks' with the clusters' look-ahead: no barrier keeps a warp that has decided and gone on to the next
+    // chunk from writing its statistics while warp 0 may still read the last chunk's; the grid's arrival is one)
     __shared__ float4 warp_stats_ab[2][PSA_WARPS][PSA_G];
 #define PSA_WARP_STATS warp_stats_ab[c_it & 1]
 #else
@@ -1084,7 +1090,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
             }
 #if PSA_LOOKAHEAD_ON && PSA_GRID
-            group_arrive(xcount + 2 * gid);  // (waited for a chunk later, by the decision)
+            group_arrive(xcount + PSA_XCOUNT * gid + (c_it & 1));  // (waited for a chunk later, by the decision)
             ++published;
 #endif
         }
@@ -1103,7 +1109,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #if PSA_GRID
 #if PSA_LOOKAHEAD_ON
-            group_wait(xcount + 2 * gid, PSA_GRID * (it + 1));
+            group_wait(xcount + PSA_XCOUNT * gid + (it & 1), PSA_GRID * (it / 2 + 1));
 #else
             group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
 #endif
@@ -1436,14 +1442,22 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_LOOKAHEAD_ON
     // The chunk attended past the stop was published but no decision waited for it: before this CTA counts itself
     // out, its thread 0 sees every CTA's arrival for it (its own included), so that no arrival can land after the
-    // last CTA out has reset the counter.
-    group_wait(xcount + 2 * gid, PSA_GRID * published);
-#endif
+    // last CTA out has reset the counters.
+    group_wait(xcount + PSA_XCOUNT * gid, PSA_GRID * ((published + 1) / 2));
+    group_wait(xcount + PSA_XCOUNT * gid + 1, PSA_GRID * (published / 2));
+    if (threadIdx.x == 0) {  // the group's last CTA out resets the counters (every CTA has left the barriers)
+        unsigned int before;
+        asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
+                     : "=r"(before) : "l"(xcount + 4 * gid + 2) : "memory");
+        if (before == PSA_GRID - 1) xcount[4 * gid] = xcount[4 * gid + 1] = xcount[4 * gid + 2] = 0;
+    }
+#else
     if (threadIdx.x == 0) {  // the group's last CTA out resets both counters (every CTA has left the barriers)
         unsigned int before;
         asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(xcount + 2 * gid + 1) : "memory");
         if (before == PSA_GRID - 1) xcount[2 * gid] = xcount[2 * gid + 1] = 0;
     }
+#endif
 #endif
 #if PSA_LOOP_CLOCK
     if (rank == 0 && threadIdx.x == 0) {
