@@ -140,6 +140,8 @@
 #   run(command="bash benchmarks/device_pending.sh s42e")  (~4 minutes)
 #  psa_order_suffix tiled (PSA_SUFFIX_TILED): its float64 test, the kernel table off and on, the sketch rules' tests.
 #  (ran once; the library sets the define since: s42f and s42g replace it)
+#   run(command="bash benchmarks/device_pending.sh s43t")  (~4 minutes)
+#  every GPU test of the forty-third session's switches first (decision loads, look-ahead, grid conformance with it).
 #   run(command="bash benchmarks/device_pending.sh s43a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
 #  the decision's loads (PSA_DECIDE_PREFETCH / PSA_DECIDE_OVERLAP): their bit tests, the loop clock A/B.
 #   run(command="bash benchmarks/device_pending.sh s43b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
@@ -2046,6 +2048,15 @@ if [ "$PART" = s42g ]; then
       tests/test_first_chunk.py tests/test_fast_hf.py tests/test_fast_offload.py tests/test_fast_distributed.py \
       > "$OUT/t_s42g.log" 2>&1
   echo "GPU tests (tiled suffix) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s42g.log" | tail -8
+  exit 0
+fi
+if [ "$PART" = s43t ]; then
+  # Prepared in the forty-third session (no device then): the GPU tests of its three switches, all off by default,
+  # before any timing: the decision's loads (test_decide_switches_keep_every_bit, 10 cases), the look-ahead on the grid
+  # and on clusters (test_lookahead_keeps_every_bit, 10 cases, two calls and a replayed graph each), the grid
+  # conformance test with and without it (8 cases). If a look-ahead case fails, its bit test names the output; the
+  # protocol's model (benchmarks/lookahead_protocol.py) checked the CTAs' exchange, not the kernel's code.
+  gpu_tests t_s43t.log 400 tests/test_fast.py -k "decide_switches or lookahead or spread_over_the_grid"
   exit 0
 fi
 if [ "$PART" = s43a ]; then
