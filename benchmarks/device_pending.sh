@@ -2070,9 +2070,9 @@ if [ "$PART" = s43a ]; then
   #  decide_prefetch: once a warp has attended its part of a chunk, the CTA's last warp asks L2 for those lines
   #   (prefetch.global.L2), so they arrive during the barrier's wait. Static: Llama loop 4,712 -> 4,768
   #   instructions, Gemma 3 grid spill 92 -> 136 bytes.
-  #  decide_overlap: the decision's loads (the window's true and sketch masses, the next block's, the tails) go out
-  #   right after the barrier beside the statistics' combine, reduced after it. Static: +~1,050 instructions (the
-  #   decision unrolled per head), Gemma 3 grid spill 92 -> 260 bytes (why the prefetch may be the one for D 256).
+  #  decide_overlap: the sketch window's loads (the window's true and sketch masses, the next block's) go out right
+  #   after the barrier beside the statistics' combine, reduced after it. Static: +16-24 instructions, Gemma 3 spills
+  #   less (grid 92 -> 44 bytes, clusters 68 -> 12; with the prefetch 80 / 8).
   # Predicted (loop clock, B = 8 at 320): sketch sums 3.1 -> ~1.0 µs an iteration and the rest 2.0 -> ~0.8 with the
   # prefetch; the kernel 68.4 -> ~60 µs (-12%); overlap alone less (one HBM round trip left), both ~-13%. The bit
   # tests first (every output and diagnostic the same, sketch / certified / ema, clusters and grid, D 64 and 256).

@@ -1094,8 +1094,8 @@ def test_lookahead_keeps_every_bit(monkeypatch, case, build):
 @pytest.mark.parametrize("case", ["sketch_avg", "sketch_avg_grid", "sketch_avg_d256_grid", "certified", "ema"])
 def test_decide_switches_keep_every_bit(monkeypatch, kernel_switch, define, case):
     """decode.cu's ``PSA_DECIDE_PREFETCH`` (the decision's inputs that no CTA writes asked into L2 once a warp has
-    attended its part of a chunk) and ``PSA_DECIDE_OVERLAP`` (the decision's loads issued right after the barrier,
-    beside the statistics' combine, and reduced after it): both move only when bytes arrive, so every output,
+    attended its part of a chunk) and ``PSA_DECIDE_OVERLAP`` (the sketch window's loads issued right after the
+    barrier, beside the statistics' combine, and reduced after it): both move only when bytes arrive, so every output,
     block, iteration, reason and mass estimate is the same with the switch off and on, bit for bit, on a ragged
     batch over several iterations: the sketch rule on clusters and on the grid (D 64 and Gemma 3's D 256), the
     certified rule (its log-suffixes without a sketch), and ema (which reads neither array)."""

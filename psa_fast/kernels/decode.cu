@@ -168,9 +168,11 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_DECIDE_PREFETCH 0
 #endif
 #ifndef PSA_DECIDE_OVERLAP
-// 1: the decision's loads (the window's true and sketch masses, the next block's sketch mass, the log-suffixes) are
-// issued as soon as the barrier after a chunk has passed, beside the combine of the chunk's statistics, instead of
-// after it, one group after another; the values and their reductions are the same (s43, prepared).
+// 1: the sketch rules' window loads (the window's true and sketch masses, the next block's sketch mass) are issued as
+// soon as the barrier after a chunk has passed, beside the combine of the chunk's statistics, instead of after it; the
+// values and their reductions are the same (s43, prepared). The log-suffixes stay where they were: loading them early
+// too made NVVM unroll the decision per head (+~1,050 instructions, Gemma 3's grid build spilling 260 bytes against
+// 92); without them the Gemma 3 builds spill less than the default (grid 44 bytes, clusters 12).
 #define PSA_DECIDE_OVERLAP 0
 #endif
 #ifndef PSA_LOOKAHEAD
@@ -499,21 +501,16 @@ __device__ __forceinline__ void block_output(const kv_t* stv, float (&sacc)[PSA_
 __device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PSA_SP * PSA_D; }
 
 #if PSA_DECIDE_OVERLAP_ON
-// PSA_DECIDE_OVERLAP, by a whole warp right after the barrier that follows a chunk: the loads of the decision's inputs
-// that the sums and verify_step read later (sketch_window_load's, -inf where the rule is not a sketch rule; each
-// head's log-suffix at `end` where `tail`, else 0), all in flight together with the combine of the statistics.
+// PSA_DECIDE_OVERLAP, by a whole warp right after the barrier that follows a chunk: sketch_window_load's loads (-inf
+// where the rule is not a sketch rule), in flight together with the combine of the statistics; reduced after it.
 __device__ __forceinline__ void decide_load(const float* __restrict__ lmass, const float* __restrict__ ordered,
-                                            const float* __restrict__ log_suffix, long row0, int Nmax, int first,
-                                            int end, int n, int window, bool sketchy, bool tail,
-                                            float (&x)[2 * PSA_G], float (&next_sketch)[PSA_G],
-                                            float (&log_tail)[PSA_G]) {
+                                            long row0, int Nmax, int first, int end, int n, int window, bool sketchy,
+                                            float (&x)[2 * PSA_G], float (&next_sketch)[PSA_G]) {
 #pragma unroll
     for (int i = 0; i < 2 * PSA_G; ++i) x[i] = -PSA_INF;
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) next_sketch[h] = -PSA_INF;
     if (sketchy) sketch_window_load(lmass, ordered, row0, Nmax, first, end, n, window, x, next_sketch);
-#pragma unroll
-    for (int h = 0; h < PSA_G; ++h) log_tail[h] = tail ? __ldg(log_suffix + (row0 + h) * (Nmax + 1) + end) : 0.f;
 }
 #endif
 
@@ -1105,7 +1102,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
         {
 #if PSA_DECIDE_OVERLAP_ON
-            float dec_x[2 * PSA_G], dec_next[PSA_G], dec_tail[PSA_G];  // the decision's inputs, loaded early
+            float dec_x[2 * PSA_G], dec_next[PSA_G];  // the sketch window's inputs, loaded early
 #endif
 #if PSA_GRID
 #if PSA_LOOKAHEAD_ON
@@ -1114,8 +1111,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
 #endif
 #if PSA_DECIDE_OVERLAP_ON
-            decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
-                        stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced later)
+            decide_load(lmass, ordered, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy, dec_x,
+                        dec_next);  // (reduced later)
 #endif
             // Warp h (warps take the heads round-robin) combines head h's C totals: lane l those of ranks l, l + 32,
             // ... in order, then the lanes pairwise by halves; lane 0's total goes to shared memory for every warp.
@@ -1141,8 +1138,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             cluster_sync();
 #endif
 #if !PSA_GRID && PSA_DECIDE_OVERLAP_ON
-            decide_load(lmass, ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
-                        stop == PSA_STOP_CERTIFIED || sketchy, dec_x, dec_next, dec_tail);  // (reduced later)
+            decide_load(lmass, ordered, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy, dec_x,
+                        dec_next);  // (reduced later)
 #endif
 #if PSA_SPEC
             why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
@@ -1201,12 +1198,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             bool all_hold = true;
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) {
-#if PSA_DECIDE_OVERLAP_ON
-                const float log_tail = dec_tail[h];
-#else
                 const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
                 const float log_tail = tail ? __ldg(log_suffix + ((long)b * Hq + h0 + h) * (Nmax + 1) + end) : 0.f;
-#endif
                 const bool hold = verify_step(ver[h], tm[h], ts[h], tmin[h], te[h], end - pos, end, first, n, stop,
                                               threshold, log_keep, log_tail, sketchy ? w_true[h] : 0.f,
                                               sketchy ? w_sketch[h] : 0.f, sketchy ? next_sketch[h] : 0.f, next_share);
