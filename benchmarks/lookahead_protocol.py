@@ -49,6 +49,14 @@ def _schedule(gens: list, rng: random.Random) -> None:
             live.remove(r)
 
 
+def _read_stats(stats: list, it: int, r: int):
+    """CTA ``r`` reads every CTA's statistics of chunk ``it`` (one step each), checking they are that chunk's."""
+    slot = stats[it % len(stats)]
+    for q in range(len(slot)):
+        assert slot[q] == it, f"CTA {r} read chunk {slot[q]} for {it}"
+        yield
+
+
 def grid_run(ctas: int, n: int, first: int, first2: int, step: int, stop_after: int, rng: random.Random, *,
              buffers: int = 4, parity_counters: bool = True) -> tuple[int, int]:
     """One launch of a group of ``ctas`` CTAs on the grid build's look-ahead; returns the common (position,
@@ -85,9 +93,7 @@ def grid_run(ctas: int, n: int, first: int, first2: int, step: int, stop_after: 
             if deciding:
                 while counters[counter(it)] < arrived(it):
                     yield
-                for q in range(ctas):
-                    assert stats[it % buffers][q] == it, f"CTA {r} read chunk {stats[it % buffers][q]} for {it}"
-                    yield
+                yield from _read_stats(stats, it, r)
                 why = 1 if end >= n else 0 if it >= stop_after else -1
                 pos, it = end, it + 1
         for q in range(ctas):  # the finish: every warp's terms of the decided chunk
@@ -133,9 +139,7 @@ def cluster_run(ctas: int, n: int, first: int, first2: int, step: int, stop_afte
             if deciding:
                 while min(arrivals) < arrivals[r]:
                     yield
-                for q in range(ctas):
-                    assert stats[it % buffers][q] == it, f"CTA {r} read chunk {stats[it % buffers][q]} for {it}"
-                    yield
+                yield from _read_stats(stats, it, r)
                 why = 1 if end >= n else 0 if it >= stop_after else -1
                 pos, it = end, it + 1
             if why < 0:
