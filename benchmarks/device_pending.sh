@@ -148,6 +148,8 @@
 #  the same switches timed in graphs (exp_step): the real layer's spread batch, the drawn 5% / 20% profiles.
 #   run(command="bash benchmarks/device_pending.sh s43c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
 #  the grid build deciding each chunk one chunk late (_kernels.LOOP_LOOKAHEAD): its tests, then the step swept with it.
+#   run(command="bash benchmarks/device_pending.sh s43d")  (~5 minutes)
+#  issue 14's per-head target (PSA against top-k at equal error, 32K B = 1 / 8 / 32) with the look-ahead off and on.
 #   run(command="bash benchmarks/device_pending.sh s42f")  (~3 minutes)
 #  psa_order_suffix tiled, second version, picked by _kernels.SUFFIX_TILED_MIN_BLOCKS: tests, the kernel table A/B.
 #   run(command="bash benchmarks/device_pending.sh s42g")  (~9 minutes)
@@ -2152,6 +2154,20 @@ if [ "$PART" = s43c ]; then
   timeout 60 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1 -- exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz \
       --shape gemma3 --batches 8 --spread --loop --speculate 0 --step 160 2>&1 | grep -v Warn | grep "^#\|^T=\|^|" \
       | tee -a "$OUT/s43c.md" | grep "^#\|^T=\|kernel\|barrier\|decide\|iterations"
+  exit 0
+fi
+if [ "$PART" = s43d ]; then
+  # Prepared in the forty-third session: issue 14's per-head target (PSA faster than top-k at equal error from 32K up,
+  # B = 1, 8, 32) was missed at B = 8 by 1-5% (s41, H200: the busiest group's iterations set the step). The
+  # look-ahead takes the barrier's wait and most of the decision out of each iteration; run s40a's per-head rows with
+  # LOOP_LOOKAHEAD 0 and 1 (the plan's step, pick_step pricing the look-ahead). Predicted: B = 8 -5 to -10% for PSA's
+  # rows, top-k unchanged, so PSA at or below top-k there; B = 1 within the spread. Only after s43t passed.
+  cd benchmarks
+  mkdir -p "$OUT/ph43"
+  timeout 560 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1 -- bench_decode.py --profile per-head --shape llama8b \
+      --sizes 32768:1,32768:8,32768:32 --reps 20 --per-head --skip tau0.9,remaining,stages,rank,speculate \
+      --out "$OUT/ph43" 2>&1 | tee "$OUT/ph43.log" | grep "^#\|^|" | cut -d'|' -f1-9,12-13 | grep . \
+      || tail -n 5 "$OUT/ph43.log"
   exit 0
 fi
 if [ "$PART" = s40a ]; then
