@@ -2128,8 +2128,8 @@ if [ "$PART" = s43c ]; then
   # were asked into L2 (evict-last) as the pass began. A stop drops the chunk attended past it (the finish combines
   # the warps' terms of the decided chunk: xpart keeps two iterations', xstats four), so blocks, outputs and
   # diagnostics are the plain loop's, bit for bit, for one more chunk read (a cluster's warps load their terms back
-  # from `loop_part`; its barrier split in arrive / wait). Static: Llama grid 4,904 -> 5,024 instructions (252 -> 254
-  # registers), Llama clusters 4,712 -> 4,984 (248 -> 254), Gemma 3 grid spill 92 -> 152 bytes, clusters 68 -> 148;
+  # from `loop_part`; its barrier split in arrive / wait). Static: Llama grid 4,904 -> 5,072 instructions (252 -> 254
+  # registers), Llama clusters 4,712 -> 4,984 (248 -> 254), Gemma 3 grid spill 92 -> 160 bytes, clusters 68 -> 148;
   # default builds byte-identical.
   # Predicted (s42a's clock, H100: an iteration ~8 µs beyond its blocks, ~3 of them the barrier's wait): at the
   # plan's step about even (B = 8 spread: -3 iterations x ~6 µs against one more chunk of 320 blocks, ~14 µs); with a
