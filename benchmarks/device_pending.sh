@@ -2138,8 +2138,8 @@ if [ "$PART" = s43c ]; then
   # gets the look-ahead's costs (an iteration ~2 µs, one step more read) and the flag goes on for the grid build.
   # First the tests (the bit test against the plain grid build, the grid conformance tests with it), then exp_step
   # with the flag 0 / 1 / 0 over steps, then the loop clock of the spread batch with it. ~8 minutes with a cold start.
-  # (exp_step's blocks and floor count the attended blocks, num_used: the chunk read past the stop is not in them, so
-  # compare the look-ahead's rows by time only.)
+  # (exp_step's blocks read count the chunk read past the stop: the look-ahead build writes where its reading ended,
+  # DecodeOutput.num_read takes it.)
   gpu_tests t_s43c.log 300 tests/test_fast.py -k "lookahead or spread_over_the_grid"
   cd benchmarks
   timeout 150 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \

@@ -155,6 +155,15 @@ GRID_WHERE_CLUSTERS_WAIT = 1
 LOOP_LOOKAHEAD = 0
 
 
+def _lookahead_read_end(read_end, batch: int, groups: int):
+    """The look-ahead build's ``read_end [B, Gn]`` int32 (where each group's reading ended: the end of the chunk
+    attended past the stop), checked."""
+    if read_end is None or tuple(read_end.shape) != (batch, groups) or read_end.dtype != np.int32:
+        raise ValueError(f"LOOP_LOOKAHEAD's build needs read_end, int32 [{batch}, {groups}], got "
+                         f"{None if read_end is None else (read_end.dtype, list(read_end.shape))}")
+    return read_end
+
+
 def lookahead_part_shape(batch: int, groups: int, ctas: int, warps: int, g: int, head_dim: int) -> tuple:
     """Shape of the float32 buffer where every warp of a cluster build's group writes its output terms after each chunk
     under LOOP_LOOKAHEAD (two iterations' of them; the grid build has its own, ``grid_exchange_shapes``)."""
@@ -670,7 +679,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
            q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None,
-           first_prev: bool = False, loop_part=None) -> None:
+           first_prev: bool = False, loop_part=None, read_end=None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -812,6 +821,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         args = args + (xstats, xcount, xpart)
         defines["grid"] = ctas
         if LOOP_LOOKAHEAD:
+            args = args + (_lookahead_read_end(read_end, b, hq // g),)
             defines["lookahead"] = 1
         grid = (ctas, hq // g, b)
         launch = {"cooperative": True} if GRID_COOPERATIVE else {}
@@ -822,7 +832,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         if loop_part is None or tuple(loop_part.shape) != want:
             raise ValueError(f"LOOP_LOOKAHEAD's cluster build needs loop_part of shape {list(want)} "
                              f"(lookahead_part_shape), got {None if loop_part is None else list(loop_part.shape)}")
-        args = args + (loop_part,)
+        args = args + (loop_part, _lookahead_read_end(read_end, b, hq // g))
         defines["lookahead"] = 1
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None
     if clocked:

@@ -47,7 +47,8 @@ class DecodeOutput:
         mass_estimate: ``[B, Hq]`` float32: the stop rule's estimate of the attended mass fraction.
         num_speculated: ``[B, Gn]`` int32 (``speculate`` plans, else None): the first ``num_speculated`` entries of
             ``order`` were read in parallel before the verifier ran; the blocks read are the first
-            ``max(num_used, num_speculated)``.
+            ``max(num_used, num_speculated)``. Under ``_kernels.LOOP_LOOKAHEAD`` the loop's reading ends one chunk
+            past the stop (the chunk attended while the stop was decided): that end, so that ``num_read`` counts it.
     """
 
     out: Any
@@ -269,11 +270,13 @@ class DecodePlan:
             c = self.grid_ctas
             xstats, xcount, xpart = _kernels.grid_exchange_shapes(b, self.gn, c, loop_warps, self.g, dp)
             self._grid_group = (c, cupy.empty(xstats, f32), cupy.zeros(xcount, cupy.uint32), cupy.empty(xpart, f32))
-        # the clusters' look-ahead (_kernels.LOOP_LOOKAHEAD): every warp's output terms after each chunk
+        # the look-ahead (_kernels.LOOP_LOOKAHEAD): where each group's reading ended, and on clusters every warp's
+        # output terms after each chunk
+        lookahead = (_kernels.LOOP_LOOKAHEAD and self.mode == "psa" and self.version == 3 and self.speculate is None
+                     and (self.grid_ctas or self.cluster > 1))
+        self._read_end = cupy.zeros((b, self.gn), i32) if lookahead else None
         self._loop_part = (cupy.empty(_kernels.lookahead_part_shape(b, self.gn, self.cluster, loop_warps, self.g, dp),
-                                      f32)
-                           if _kernels.LOOP_LOOKAHEAD and not self.grid_ctas and self.cluster > 1 and self.mode == "psa"
-                           and self.version == 3 and self.speculate is None else None)
+                                      f32) if lookahead and not self.grid_ctas else None)
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)
@@ -451,13 +454,15 @@ class DecodePlan:
                         q_mma=self.q_mma, qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
                         first_len=first_len, first_prev=previous, q_exact=self._q_exact, grid_group=self._grid_group,
-                        loop_part=self._loop_part,
+                        loop_part=self._loop_part, read_end=self._read_end,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,
                                                                   self.spec_warps, self.spec_items),
                         **self._shape())
+        read_ahead = (self._read_end if self._read_end is not None
+                      else None if self.istate is None else self.istate[..., 3])
         return DecodeOutput(self.out[..., : c.head_dim], order, num_used, self.iterations, self.reason,
-                            self.mass_estimate, None if self.istate is None else self.istate[..., 3])
+                            self.mass_estimate, read_ahead)
 
 
 @requires_gpu

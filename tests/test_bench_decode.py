@@ -846,28 +846,36 @@ def _launches(monkeypatch, **kwargs):
 
 def test_decode_launches_the_grid_and_the_lookahead_builds_as_their_buffers_say(monkeypatch):
     """_kernels.decode (CPU, the build replaced): the grid build launches ``ctas`` CTAs a group, cooperatively, with its
-    three exchange buffers as the last arguments; with LOOP_LOOKAHEAD its build gets the look-ahead define and buffers
-    of grid_exchange_shapes' look-ahead shapes (a buffer of the plain shape is a ValueError naming it); a cluster build
-    under LOOP_LOOKAHEAD takes ``loop_part`` as its last argument (lookahead_part_shape) and refuses to launch without
-    it; without LOOP_LOOKAHEAD neither build has the define."""
+    three exchange buffers as the last arguments; with LOOP_LOOKAHEAD its build gets the look-ahead define, buffers of
+    grid_exchange_shapes' look-ahead shapes (a buffer of the plain shape is a ValueError naming it) and ``read_end``
+    last; a cluster build under LOOP_LOOKAHEAD takes ``loop_part`` (lookahead_part_shape) and ``read_end`` last and
+    refuses to launch without either; without LOOP_LOOKAHEAD neither build has the define."""
     from psa_fast import _kernels
 
     warps = _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8)[0]
+    read_end = np.zeros((2, 2), np.int32)
     for look in (0, 1):
         monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", look)
         shapes = _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128)
         bufs = tuple(np.zeros(sh, np.float32) for sh in shapes)
-        (options, grid, block, args, kw), = _launches(monkeypatch, cluster=1, grid_group=(16,) + bufs)
+        (options, grid, block, args, kw), = _launches(monkeypatch, cluster=1, grid_group=(16,) + bufs,
+                                                      read_end=read_end)
         assert grid == (16, 2, 2) and block == (warps * 32,) and options["grid"] == 16
         assert options.get("cooperative", False) == bool(_kernels.GRID_COOPERATIVE) and "cooperative" not in kw
-        assert args[-3:] == bufs and options.get("lookahead", 0) == look
-        (options, grid, _, args, _), = _launches(monkeypatch, cluster=8, **(
-            {"loop_part": np.zeros(_kernels.lookahead_part_shape(2, 2, 8, warps, 4, 128), np.float32)} if look else {}))
+        assert (args[-4:] == bufs + (read_end,)) if look else (args[-3:] == bufs)
+        assert options.get("lookahead", 0) == look
+        part = np.zeros(_kernels.lookahead_part_shape(2, 2, 8, warps, 4, 128), np.float32)
+        (options, grid, _, args, _), = _launches(monkeypatch, cluster=8, loop_part=part, read_end=read_end)
         assert grid == (8, 2, 2) and "grid" not in options and options.get("lookahead", 0) == look
-        assert (args[-1].shape == _kernels.lookahead_part_shape(2, 2, 8, warps, 4, 128)) if look else True
+        assert (args[-2] is part and args[-1] is read_end) if look else all(a is not part for a in args)
     monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
     with pytest.raises(ValueError, match="loop_part"):
-        _launches(monkeypatch, cluster=8)
+        _launches(monkeypatch, cluster=8, read_end=read_end)
+    with pytest.raises(ValueError, match="read_end"):
+        _launches(monkeypatch, cluster=8, loop_part=part)
+    with pytest.raises(ValueError, match="read_end"):
+        _launches(monkeypatch, cluster=1, grid_group=(16,) + tuple(
+            np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128)))
     monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 0)
     plain = tuple(np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128))
     monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
@@ -890,7 +898,9 @@ def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp
         monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", look)
         grid_bufs = tuple(np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128))
         part = np.zeros(_kernels.lookahead_part_shape(2, 2, 8, warps, 4, 128), np.float32)
-        for kwargs in ({"cluster": 1, "grid_group": (16,) + grid_bufs}, {"cluster": 8, "loop_part": part}):
+        read_end = np.zeros((2, 2), np.int32)
+        for kwargs in ({"cluster": 1, "grid_group": (16,) + grid_bufs, "read_end": read_end},
+                       {"cluster": 8, "loop_part": part, "read_end": read_end}):
             (options, _, _, args, _), = _launches(monkeypatch, **kwargs)
             flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in options.items() if k not in ("entry", "cooperative")]
             ptx = tmp_path / "k.ptx"

@@ -1038,7 +1038,8 @@ def test_lookahead_keeps_every_bit(monkeypatch, case, build):
     rule (D 64 and Gemma 3's D 256), the certified rule and ema, with a predicted first chunk too; a second call and a
     replayed CUDA graph give the same bits (the grid's extra arrivals leave its counters at zero after each launch, a
     cluster's barrier phases stay paired). A cluster plan made without the look-ahead's buffer refuses to launch the
-    look-ahead build (ValueError naming loop_part)."""
+    look-ahead build (ValueError naming loop_part). Its blocks read (``num_read``) end one chunk past the stop, where
+    the chunk after ``num_used`` ends; the plain loop's are ``num_used``."""
     from psa_fast import _kernels
 
     stop = "ema" if case.startswith("ema") else case.removesuffix("_d256")
@@ -1065,6 +1066,17 @@ def test_lookahead_keeps_every_bit(monkeypatch, case, build):
             plan.out.fill(np.nan)
             dec = plan.run(q)
             calls.append({name: cupy.asnumpy(getattr(dec, name)) for name in names})
+        used, read = cupy.asnumpy(dec.num_used), cupy.asnumpy(dec.num_read)
+        if lookahead:  # the end of the chunk that starts at num_used (the loop's chunk boundaries)
+            n = np.array([-(-t // 16) for t in lens])[:, None]
+            first = np.minimum(n, plan.sink_blocks + plan.recent_blocks)
+            ranked = cupy.asnumpy(plan.first_len) if plan.first_len is not None else 0
+            first2 = np.minimum(n, first + ranked)
+            after = np.where(used < first, first, np.where(used < first2, first2, used + plan.step))
+            np.testing.assert_array_equal(read, np.minimum(n, np.where(used >= n, n, after)))
+            assert (read > used).any()  # (some group stopped before the end and read a chunk past it)
+        else:
+            np.testing.assert_array_equal(read, used)
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             stream.begin_capture()

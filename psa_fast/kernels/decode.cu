@@ -572,8 +572,12 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #if PSA_GRID
            , float4* __restrict__ xstats, unsigned int* __restrict__ xcount, float* __restrict__ xpart
+#if PSA_LOOKAHEAD_ON
+           , int* __restrict__ read_end  // [B, Gn]: the end of the last chunk read (one past the stop's)
+#endif
 #elif PSA_LOOKAHEAD_ON
            , float* __restrict__ xpart  // [B, Gn, 2 * CLUSTER * warps, PSA_G, PSA_D + 4]: the warps' terms
+           , int* __restrict__ read_end  // [B, Gn]: the end of the last chunk read (one past the stop's)
 #endif
 #if PSA_LOOP_CLOCK
            , long long* __restrict__ loop_clocks
@@ -1325,6 +1329,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         if (threadIdx.x == 0 && rank == 0) {  // (the grid build's loop ends only with a reason)
             const long gi = (long)b * Gn + g;
             num_used[gi] = pos;
+#if PSA_LOOKAHEAD_ON
+            read_end[gi] = c_pos;  // (the chunk attended past the stop was read: its end)
+#endif
             iterations[gi] = it;
             reason[gi] = why;
 #pragma unroll
@@ -1417,6 +1424,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         if (threadIdx.x == 0 && why >= 0) {
             const long gi = (long)b * Gn + g;
             num_used[gi] = pos;
+#if PSA_LOOKAHEAD_ON
+            read_end[gi] = c_pos;  // (the chunk attended past the stop was read: its end)
+#endif
             iterations[gi] = it;
             reason[gi] = why;
         }
