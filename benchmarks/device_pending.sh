@@ -272,6 +272,16 @@ kernel_rows() {
         --variants "$variant" --steps 10 --out /tmp 2>&1 | grep -v Warn | grep "$pattern"
   done
 }
+# psa_order_suffix's kernel table (default rule, Llama 32K B = 1, 128K B = 1 and 8) for each value in $2 of suffix.cu's
+# define $1 (exp_kernel_defines.py), each under a "## name=value" line. Run from benchmarks/.
+suffix_rows() {
+  local name="$1" v
+  for v in $2; do
+    echo "## $name=$v"
+    kernel_rows "llama8b:32768:1 llama8b:131072:1 llama8b:131072:8" default '^T=\|psa_order_suffix\|psa_decode ' \
+        exp_kernel_defines.py suffix "$name=$v" --
+  done
+}
 kernel_suites() {
   local log="$1"
   shift
@@ -1790,11 +1800,7 @@ if [ "$PART" = s38h ]; then
   # rule, Llama 5%) off and on, both orders. ~5 minutes with a cold start.
   gpu_tests t_s38h.log 200 tests/test_fast.py -k "suffix_batch"
   cd benchmarks
-  for v in 0 8 8 0; do
-    echo "## suffix_batch=$v"
-    kernel_rows "llama8b:32768:1 llama8b:131072:1 llama8b:131072:8" default '^T=\|psa_order_suffix\|psa_decode ' \
-        exp_kernel_defines.py suffix suffix_batch=$v --
-  done
+  suffix_rows suffix_batch "0 8 8 0"
   exit 0
 fi
 if [ "$PART" = s38i ]; then
@@ -2012,11 +2018,7 @@ if [ "$PART" = s42e ]; then
   # library (_kernels.SUFFIX_TILED_MIN_BLOCKS), so exp_kernel_defines no longer switches it: s42f does.
   gpu_tests t_s42e.log 120 tests/test_fast.py -k "order_suffix_matches"
   cd benchmarks
-  for v in 0 1 1 0; do
-    echo "## suffix_tiled=$v"
-    kernel_rows "llama8b:32768:1 llama8b:131072:1 llama8b:131072:8" default '^T=\|psa_order_suffix\|psa_decode ' \
-        exp_kernel_defines.py suffix suffix_tiled=$v --
-  done
+  suffix_rows suffix_tiled "0 1 1 0"
   cd ..
   PYTEST_MAIN=$(python3 -c "import os, pytest; print(os.path.join(os.path.dirname(pytest.__file__), '__main__.py'))")
   timeout 200 python3 benchmarks/exp_kernel_defines.py suffix suffix_tiled=1 -- "$PYTEST_MAIN" -q -p no:cacheprovider \

@@ -500,20 +500,6 @@ __device__ __forceinline__ void block_output(const kv_t* stv, float (&sacc)[PSA_
 // A stage's V tile follows its K tile.
 __device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PSA_SP * PSA_D; }
 
-#if PSA_DECIDE_OVERLAP_ON
-// PSA_DECIDE_OVERLAP, by a whole warp right after the barrier that follows a chunk: sketch_window_load's loads (-inf
-// where the rule is not a sketch rule), in flight together with the combine of the statistics; reduced after it.
-__device__ __forceinline__ void decide_load(const float* __restrict__ lmass, const float* __restrict__ ordered,
-                                            long row0, int Nmax, int first, int end, int n, int window, bool sketchy,
-                                            float (&x)[2 * PSA_G], float (&next_sketch)[PSA_G]) {
-#pragma unroll
-    for (int i = 0; i < 2 * PSA_G; ++i) x[i] = -PSA_INF;
-#pragma unroll
-    for (int h = 0; h < PSA_G; ++h) next_sketch[h] = -PSA_INF;
-    if (sketchy) sketch_window_load(lmass, ordered, row0, Nmax, first, end, n, window, x, next_sketch);
-}
-#endif
-
 #if PSA_DECIDE_PREFETCH_ON || PSA_LOOKAHEAD_ON
 // PSA_DECIDE_PREFETCH, called by one warp after its part of the chunk ending at `end` (PSA_LOOKAHEAD: as the pass
 // that decides that chunk begins): lanes 3 h, 3 h + 1 and 3 h + 2 ask L2 for the lines of head h (row row0 + h) that
@@ -1106,18 +1092,27 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
         {
 #if PSA_DECIDE_OVERLAP_ON
-            float dec_x[2 * PSA_G], dec_next[PSA_G];  // the sketch window's inputs, loaded early
+            float dec_x[2 * PSA_G], dec_next[PSA_G];  // the sketch window's inputs, loaded early (-inf unless sketchy)
+#pragma unroll
+            for (int i = 0; i < 2 * PSA_G; ++i) dec_x[i] = -PSA_INF;
+#pragma unroll
+            for (int h = 0; h < PSA_G; ++h) dec_next[h] = -PSA_INF;
 #endif
-#if PSA_GRID
-#if PSA_LOOKAHEAD_ON
+#if PSA_GRID && PSA_LOOKAHEAD_ON
             group_wait(xcount + PSA_XCOUNT * gid + (it & 1), PSA_GRID * (it / 2 + 1));
-#else
+#elif PSA_GRID
             group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
+#elif PSA_LOOKAHEAD_ON
+            cluster_wait();  // (for the arrivals after the chunk decided now: the last pass's)
+#else
+            cluster_sync();
 #endif
 #if PSA_DECIDE_OVERLAP_ON
-            decide_load(lmass, ordered, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy, dec_x,
-                        dec_next);  // (reduced later)
+            if (sketchy)  // (reduced after the statistics' combine)
+                sketch_window_load(lmass, ordered, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, dec_x,
+                                   dec_next);
 #endif
+#if PSA_GRID
             // Warp h (warps take the heads round-robin) combines head h's C totals: lane l those of ranks l, l + 32,
             // ... in order, then the lanes pairwise by halves; lane 0's total goes to shared memory for every warp.
             for (int h = warp; h < PSA_G; h += PSA_WARPS) {
@@ -1136,14 +1131,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 if (lane == 0) grid_tot[h] = t;
             }
             __syncthreads();
-#elif PSA_LOOKAHEAD_ON
-            cluster_wait();  // (for the arrivals after the chunk decided now: the last pass's)
-#else
-            cluster_sync();
-#endif
-#if !PSA_GRID && PSA_DECIDE_OVERLAP_ON
-            decide_load(lmass, ordered, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy, dec_x,
-                        dec_next);  // (reduced later)
 #endif
 #if PSA_SPEC
             why = PSA_REASON_EXHAUSTED;  // one chunk, no decision: psa_spec_verify decides over the chunks
@@ -1189,7 +1176,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             // stop = sketch / sketch_avg: the calibration window's sums and the next block's sketch mass.
             float w_true[PSA_G], w_sketch[PSA_G], next_sketch[PSA_G];
 #if PSA_DECIDE_OVERLAP_ON
-            sketch_window_reduce(dec_x, w_true, w_sketch);  // (all -inf unless sketchy: no branch to split on)
+            // (unconditional, on -inf where the rule is not a sketch rule: under `if (sketchy)` Gemma 3's builds spill
+            // 84-140 bytes instead of 12-44)
+            sketch_window_reduce(dec_x, w_true, w_sketch);
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) next_sketch[h] = dec_next[h];
 #else
@@ -1448,19 +1437,16 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // last CTA out has reset the counters.
     group_wait(xcount + PSA_XCOUNT * gid, PSA_GRID * ((published + 1) / 2));
     group_wait(xcount + PSA_XCOUNT * gid + 1, PSA_GRID * (published / 2));
-    if (threadIdx.x == 0) {  // the group's last CTA out resets the counters (every CTA has left the barriers)
-        unsigned int before;
-        asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
-                     : "=r"(before) : "l"(xcount + 4 * gid + 2) : "memory");
-        if (before == PSA_GRID - 1) xcount[4 * gid] = xcount[4 * gid + 1] = xcount[4 * gid + 2] = 0;
-    }
-#else
-    if (threadIdx.x == 0) {  // the group's last CTA out resets both counters (every CTA has left the barriers)
-        unsigned int before;
-        asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(xcount + 2 * gid + 1) : "memory");
-        if (before == PSA_GRID - 1) xcount[2 * gid] = xcount[2 * gid + 1] = 0;
-    }
 #endif
+    if (threadIdx.x == 0) {  // the group's last CTA out resets the counters (every CTA has left the barriers)
+        constexpr int OUT = PSA_LOOKAHEAD_ON ? 2 : 1;  // (the entry that counts the CTAs out; the arrivals' before it)
+        unsigned int* counters = xcount + PSA_XCOUNT * gid;
+        unsigned int before;
+        asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + OUT) : "memory");
+        if (before == PSA_GRID - 1)
+#pragma unroll
+            for (int i = OUT; i >= 0; --i) counters[i] = 0;
+    }
 #endif
 #if PSA_LOOP_CLOCK
     if (rank == 0 && threadIdx.x == 0) {
