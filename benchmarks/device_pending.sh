@@ -140,6 +140,8 @@
 #   run(command="bash benchmarks/device_pending.sh s42e")  (~4 minutes)
 #  psa_order_suffix tiled (PSA_SUFFIX_TILED): its float64 test, the kernel table off and on, the sketch rules' tests.
 #  (ran once; the library sets the define since: s42f and s42g replace it)
+#   run(command="bash benchmarks/device_pending.sh s44a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~7 minutes)
+#  the share rank on the real layer 5 (spread, B = 1 / 8 / 32), then s43t's tests in the same call.
 #   run(command="bash benchmarks/device_pending.sh s43t")  (~4 minutes)
 #  every GPU test of the forty-third session's switches first (decision loads, look-ahead, grid conformance with it).
 #   run(command="bash benchmarks/device_pending.sh s43a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
@@ -2052,6 +2054,20 @@ if [ "$PART" = s42g ]; then
       tests/test_first_chunk.py tests/test_fast_hf.py tests/test_fast_offload.py tests/test_fast_distributed.py \
       > "$OUT/t_s42g.log" 2>&1
   echo "GPU tests (tiled suffix) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s42g.log" | tail -8
+  exit 0
+fi
+if [ "$PART" = s44a ]; then
+  # Forty-fourth session (device scarce: one call). The share rank on the real layer where it reads least in the model
+  # (CPU, psa eval at 32K step 320: layer 5 87.6% -> 55.3% of its blocks): Gemma 3 layer 5's captured K/V, a batch of
+  # different decode steps (--spread), B = 1, 8, 32, the default rule with rank estimate and rank share, top-k at the
+  # same error, dense. Predicted: the share row reads ~35-45% fewer blocks than the default row at B = 8 / 32 and its
+  # step is ~25% shorter (the key costs ~7 µs at B = 1, s11). Then s43t's GPU tests in what is left of the call.
+  # Carry .gl/gemma3_xml_l5_32k.npz.
+  (cd benchmarks && mkdir -p "$OUT/l5" && timeout 200 python3 bench_decode.py --profile real --spread \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
+      --skip tau0.9,remaining,predicted,stages,speculate --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
+      | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
+  gpu_tests t_s43t.log 330 tests/test_fast.py -k "decide_switches or lookahead or spread_over_the_grid"
   exit 0
 fi
 if [ "$PART" = s43t ]; then
