@@ -2070,6 +2070,14 @@ if [ "$PART" = s44a ]; then
   gpu_tests t_s43t.log 330 tests/test_fast.py -k "decide_switches or lookahead or spread_over_the_grid"
   exit 0
 fi
+if [ "$PART" = s44b ]; then
+  # s44a's bench alone (a call of ~4 minutes where the budget is short): the share rank on the real layer 5, spread.
+  (cd benchmarks && mkdir -p "$OUT/l5" && timeout 220 python3 bench_decode.py --profile real --spread \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
+      --skip tau0.9,remaining,predicted,stages,speculate --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
+      | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
+  exit 0
+fi
 if [ "$PART" = s43t ]; then
   # Prepared in the forty-third session (no device then): the GPU tests of its three switches, all off by default,
   # before any timing: the decision's loads (test_decide_switches_keep_every_bit, 10 cases), the look-ahead on the grid
