@@ -2056,6 +2056,14 @@ if [ "$PART" = s42g ]; then
   echo "GPU tests (tiled suffix) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s42g.log" | tail -8
   exit 0
 fi
+# The share rank on the real Gemma 3 layer 5 (s44a, s44b): its captured K/V, a batch of different decode steps
+# (--spread), B = 1, 8, 32, the default rule with rank estimate and share, top-k at the same error, dense.
+share_l5_bench() {
+  (cd benchmarks && mkdir -p "$OUT/l5" && timeout 220 python3 bench_decode.py --profile real --spread \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
+      --skip tau0.9,remaining,predicted,stages,speculate --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
+      | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
+}
 if [ "$PART" = s44a ]; then
   # Forty-fourth session (device scarce: one call). The share rank on the real layer where it reads least in the model
   # (CPU, psa eval at 32K step 320: layer 5 87.6% -> 55.3% of its blocks): Gemma 3 layer 5's captured K/V, a batch of
@@ -2063,19 +2071,13 @@ if [ "$PART" = s44a ]; then
   # same error, dense. Predicted: the share row reads ~35-45% fewer blocks than the default row at B = 8 / 32 and its
   # step is ~25% shorter (the key costs ~7 µs at B = 1, s11). Then s43t's GPU tests in what is left of the call.
   # Carry .gl/gemma3_xml_l5_32k.npz.
-  (cd benchmarks && mkdir -p "$OUT/l5" && timeout 200 python3 bench_decode.py --profile real --spread \
-      --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
-      --skip tau0.9,remaining,predicted,stages,speculate --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
-      | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
+  share_l5_bench
   gpu_tests t_s43t.log 330 tests/test_fast.py -k "decide_switches or lookahead or spread_over_the_grid"
   exit 0
 fi
 if [ "$PART" = s44b ]; then
   # s44a's bench alone (a call of ~4 minutes where the budget is short): the share rank on the real layer 5, spread.
-  (cd benchmarks && mkdir -p "$OUT/l5" && timeout 220 python3 bench_decode.py --profile real --spread \
-      --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
-      --skip tau0.9,remaining,predicted,stages,speculate --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
-      | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
+  share_l5_bench
   exit 0
 fi
 if [ "$PART" = s43t ]; then
