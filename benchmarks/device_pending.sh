@@ -142,6 +142,8 @@
 #  (ran once; the library sets the define since: s42f and s42g replace it)
 #   run(command="bash benchmarks/device_pending.sh s44a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~7 minutes)
 #  the share rank on the real layer 5 (spread, B = 1 / 8 / 32), then s43t's tests in the same call.
+#   run(command="bash benchmarks/device_pending.sh s44b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
+#  s44a's bench alone.
 #   run(command="bash benchmarks/device_pending.sh s43t")  (~4 minutes)
 #  every GPU test of the forty-third session's switches first (decision loads, look-ahead, grid conformance with it).
 #   run(command="bash benchmarks/device_pending.sh s43a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes)
