@@ -211,6 +211,10 @@ class DecodePlan:
                           else 0)
         if self.grid_ctas:
             self.cluster = 1
+        # the look-ahead build (_kernels.LOOP_LOOKAHEAD: each chunk decided one chunk late) where the plain loop runs
+        # on the grid or on clusters of 2 or more: its step (pick_step) and its buffers (below) follow this one test
+        self._lookahead = bool(_kernels.LOOP_LOOKAHEAD and self.mode == "psa" and self.version == 3
+                               and self.speculate is None and (self.grid_ctas or self.cluster > 1))
         # the loop's warps a CTA as its build fits them (the step's unit; the grid build's entries, one a warp)
         loop_warps, pairs = _kernels.loop_launch(d=cache.dp, s=cache.block_size, g=self.g, version=self.version,
                                                  warps=self.warps, stages=self.stages)
@@ -219,9 +223,7 @@ class DecodePlan:
                                       warps=loop_warps, block_bytes=block_bytes,
                                       speculate=self.speculate is not None, pairs=pairs,
                                       predicted=self.first_chunk == "predicted" and self.stop in SKETCH_RULES,
-                                      lookahead=bool(_kernels.LOOP_LOOKAHEAD and self.mode == "psa"
-                                                     and (self.grid_ctas or self.cluster > 1)
-                                                     and self.speculate is None))
+                                      lookahead=self._lookahead)
         self.step = step
         if speculate_extra is not None and self.speculate is None:
             raise ValueError("speculate_extra needs speculate (a margin)")
@@ -272,11 +274,9 @@ class DecodePlan:
             self._grid_group = (c, cupy.empty(xstats, f32), cupy.zeros(xcount, cupy.uint32), cupy.empty(xpart, f32))
         # the look-ahead (_kernels.LOOP_LOOKAHEAD): where each group's reading ended, and on clusters every warp's
         # output terms after each chunk
-        lookahead = (_kernels.LOOP_LOOKAHEAD and self.mode == "psa" and self.version == 3 and self.speculate is None
-                     and (self.grid_ctas or self.cluster > 1))
-        self._read_end = cupy.zeros((b, self.gn), i32) if lookahead else None
+        self._read_end = cupy.zeros((b, self.gn), i32) if self._lookahead else None
         self._loop_part = (cupy.empty(_kernels.lookahead_part_shape(b, self.gn, self.cluster, loop_warps, self.g, dp),
-                                      f32) if lookahead and not self.grid_ctas else None)
+                                      f32) if self._lookahead and not self.grid_ctas else None)
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)
