@@ -584,15 +584,21 @@ def test_every_output_element_is_written(metadata, stop):
         assert bool((dec.num_used > 0).all()) and bool((dec.iterations > 0).all()) and bool((dec.reason >= 0).all())
 
 
-def ragged_cache(rng, lens, *, hq, hkv, d, s, layer=0, metadata="cuboid_mean"):
+def ragged_cache(rng, lens, *, hq, hkv, d, s, layer=0, metadata="cuboid_mean", skewed=()):
     """A cache whose requests hold ``lens`` tokens in layer ``layer`` (of ``layer + 1``), and each request's
-    host problem ``(q [Hq, D], k, v [Hkv, T, D])`` float16."""
+    host problem ``(q [Hq, D], k, v [Hkv, T, D])`` float16. The requests whose index is in ``skewed`` are drawn like
+    real attention (a sink, a recent window, hot blocks: ``skewed_like_trace``), where every stop rule stops early;
+    the others have flat random logits (``logit_scale`` 2), where the sketch and certified rules read to the end."""
     cache = psa_fast.PagedKVCache(num_layers=layer + 1, batch=len(lens), num_kv_heads=hkv, head_dim=d,
                                   max_tokens=max(lens), block_size=s, metadata=metadata)
     data = []
     for b, t in enumerate(lens):
-        q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
-                                                 logit_scale=2.0, dtype=np.float16)
+        if b in skewed:
+            q, k, v = psa_ref.testing.skewed_like_trace(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
+                                                        block_size=s, hot_fraction=0.15)
+        else:
+            q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
+                                                     logit_scale=2.0, dtype=np.float16)
         cache.prefill(layer, b, cupy.asarray(k), cupy.asarray(v))
         data.append((q, k, v))
     return cache, data
@@ -1046,7 +1052,10 @@ def test_lookahead_keeps_every_bit(monkeypatch, case, build):
     metadata = {"sketch_avg": "quant3", "certified": "minmax", "ema": "cuboid_mean"}[stop]
     d, hq, hkv = (256, 4, 1) if case.endswith("d256") else (64, 6, 2)
     lens = [16, 40, 700, 3000]
-    cache, data = ragged_cache(np.random.default_rng(44), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
+    # (the last request drawn like real attention: every rule stops in it before the end, at s44's first run the
+    # flat random data had the sketch and certified rules read every block, and no look-ahead chunk was dropped)
+    cache, data = ragged_cache(np.random.default_rng(44), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata,
+                               skewed=(3,))
     if build == "grid":
         lift_grid_thresholds(monkeypatch)
         monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
