@@ -140,6 +140,8 @@
 #   run(command="bash benchmarks/device_pending.sh s42e")  (~4 minutes)
 #  psa_order_suffix tiled (PSA_SUFFIX_TILED): its float64 test, the kernel table off and on, the sketch rules' tests.
 #  (ran once; the library sets the define since: s42f and s42g replace it)
+#   run(command="bash benchmarks/device_pending.sh s45a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~5 minutes)
+#  psa_share_key in one online pass: the share rank's and the look-ahead's tests, the kernel table A/B on layer 5.
 #   run(command="bash benchmarks/device_pending.sh s44a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~7 minutes)
 #  the share rank on the real layer 5 (spread, B = 1 / 8 / 32), then s43t's tests in the same call.
 #   run(command="bash benchmarks/device_pending.sh s44b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
@@ -2067,6 +2069,20 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s45a ]; then
+  # Forty-fifth session: psa_share_key in one online pass (share.cu, _kernels.SHARE_ONLINE; the first version made
+  # G + 1 passes over the estimates with 2G CTA reductions at 256 threads). The share rank's and the look-ahead's GPU
+  # tests (the look-ahead test's last request now skewed, so every rule stops early), then the kernel table of the
+  # real layer 5 (spread) for the default rule and the share rank, the first version against the online one.
+  # Predicted: psa_share_key ~7 -> ~2-3 µs a launch at B = 1, the share variant's step shorter by as much.
+  # Carry .gl/gemma3_xml_l5_32k.npz.
+  gpu_tests t_s45a.log 200 tests/test_fast.py -k "share_rank or lookahead"
+  (cd benchmarks && timeout 240 python3 exp_kernels_attr.py SHARE_ONLINE=0,1 -- profile_decode_step.py \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches 1,8,32 \
+      --variants default,share --steps 10 > "$OUT/s45a_profile.txt" 2>&1
+   echo "profile rc=$?"; grep -E "^# _kernels|^T=|share_key|psa_decode|estimate|order" "$OUT/s45a_profile.txt" | head -80)
+  exit 0
+fi
 if [ "$PART" = s44a ]; then
   # Forty-fourth session (device scarce: one call). The share rank on the real layer where it reads least in the model
   # (CPU, psa eval at 32K step 320: layer 5 87.6% -> 55.3% of its blocks): Gemma 3 layer 5's captured K/V, a batch of

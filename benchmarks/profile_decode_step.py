@@ -7,7 +7,7 @@ variant, each kernel's launches per step, µs per launch and share of the step.
     python benchmarks/profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 --variants dense
 
 Variants (``--variants``, comma-separated): ``dense``; ``topk`` (``k = --topk`` blocks a group); ``NAME`` or ``NAME:sM`` with NAME ``default`` (the
-library's default rule on ``metadata="quant3"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``.
+library's default rule on ``metadata="quant3"``), ``share`` (the same with ``rank="share"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``.
 Steps as in bench_decode: the loop's the plan's ``step="auto"``, speculating ``_kernels.spec_step`` (``max(16,
 blocks / 256)``). The steps rotate over ``--layers`` layers of the same data (default: bench_decode's
 ``rotating_layers``, enough that K/V and metadata come from HBM, as in a decoder's step and the bench's rows; one
@@ -23,7 +23,7 @@ import os
 
 from bench_decode import SHAPES, real_fill, rotating_layers, scatter_slots, sparsity_fill
 
-VARIANT_RULES = ("default", "ema")
+VARIANT_RULES = ("default", "share", "ema")
 
 
 def parse_variants(text: str) -> list[tuple[str, float | None]]:
@@ -107,7 +107,7 @@ def main() -> None:
         for b in (int(x) for x in args.batches.split(",")):
             layers = args.layers or rotating_layers(shape, args.size, b)
             caches, qs = {}, {}
-            for metadata in sorted({"quant3" if v == "default" else "cuboid_mean" for v, _ in variants}):
+            for metadata in sorted({"quant3" if v in ("default", "share") else "cuboid_mean" for v, _ in variants}):
                 caches[metadata] = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv,
                                                          head_dim=shape.d, max_tokens=args.size, block_size=shape.s,
                                                          metadata=metadata)
@@ -118,7 +118,7 @@ def main() -> None:
             step = "auto"  # the loop: the plan's pick (until 2026-12-02: max(8 x cluster, blocks / 64))
             spec_step = _kernels.spec_step(n)  # speculating: chunks of a few blocks a warp, one CTA each
             for name, spec in variants:
-                metadata = "quant3" if name == "default" else "cuboid_mean"
+                metadata = "quant3" if name in ("default", "share") else "cuboid_mean"
                 cache, q = caches[metadata], qs[metadata]
                 if name == "dense":
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="dense", scale=shape.scale)
@@ -126,7 +126,8 @@ def main() -> None:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="topk", k=args.topk, scale=shape.scale)
                 else:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
-                                      stop="auto" if name == "default" else "ema",
+                                      stop="ema" if name == "ema" else "auto",
+                                      rank="share" if name == "share" else "estimate",
                                       step=spec_step if spec else step, speculate=spec,
                                       speculate_extra=(None if spec is None or args.extra_chunks is None
                                                        else args.extra_chunks * spec_step))

@@ -369,8 +369,8 @@ def test_long_rule_search_share_order_is_the_librarys():
 def test_profile_decode_step_variants():
     import profile_decode_step as pds
 
-    assert pds.parse_variants("dense, default:s1.0,ema,default:s2,topk") == [
-        ("dense", None), ("default", 1.0), ("ema", None), ("default", 2.0), ("topk", None)]
+    assert pds.parse_variants("dense, default:s1.0,ema,default:s2,topk,share") == [
+        ("dense", None), ("default", 1.0), ("ema", None), ("default", 2.0), ("topk", None), ("share", None)]
     for bad, says in (("loop", "not dense"), ("default:2.0", "sM"), ("dense:s1", "not dense"), ("topk:s1", "topk"),
                       (" , ", "no variant")):
         with pytest.raises(ValueError, match=says):

@@ -4,24 +4,31 @@
 //   key_j = max_h (e_hj - log sum_i n_i exp(e_hi)),
 //
 // from each head's block estimates e (the estimate kernel's per-head output) and the blocks' token
-// counts n_i. One CTA per (group, request): the group's heads' log-sum-exp over the blocks, then the
-// keys, written where the order kernel reads the group scores; blocks past the request's end keep
-// the estimate kernel's -inf.
+// counts n_i. One CTA per (group, request), two passes over the group's estimates: the first keeps
+// each head's log-sum-exp online (a running max and a sum scaled to it, per thread, then one CTA
+// reduction of the G pairs), the second writes the keys where the order kernel reads the group
+// scores; blocks past the request's end keep the estimate kernel's -inf.
 //
 //   ests   [B, Hq, Nmax]        float: each head's block estimates (log mean token mass)
 //   scores [B, Hq/PSA_G, Nmax]  float out: the rank keys
 #include "common.cuh"
 
-#define PSA_SHARE_THREADS 256
+#ifndef PSA_SHARE_THREADS
+#define PSA_SHARE_THREADS 512
+#endif
+#define PSA_SHARE_WARPS (PSA_SHARE_THREADS / 32)
 
-// The CTA's max / sum, returned to every thread: each warp reduces the warps' partials itself (reading
-// them by lane, so no warp is left with a partial of its own).
+#ifndef PSA_SHARE_ONLINE
+#define PSA_SHARE_ONLINE 1
+#endif
+
+// The CTA's max / sum, returned to every thread (the first version's reductions).
 __device__ __forceinline__ float cta_max(float x, float* red) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
     __syncthreads();
-    x = threadIdx.x % 32 < PSA_SHARE_THREADS / 32 ? red[threadIdx.x % 32] : -PSA_INF;  // every warp: all
+    x = threadIdx.x % 32 < PSA_SHARE_WARPS ? red[threadIdx.x % 32] : -PSA_INF;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     __syncthreads();
@@ -32,32 +39,73 @@ __device__ __forceinline__ float cta_sum(float x, float* red) {
     x = warp_sum(x);
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
     __syncthreads();
-    x = warp_sum(threadIdx.x % 32 < PSA_SHARE_THREADS / 32 ? red[threadIdx.x % 32] : 0.f);
+    x = warp_sum(threadIdx.x % 32 < PSA_SHARE_WARPS ? red[threadIdx.x % 32] : 0.f);
     __syncthreads();
     return x;
+}
+
+// (m, s) <- the log-sum-exp pair of (m, s) and (mo, so): sum = s e^m + so e^mo, kept as m' = max and
+// s' = sum / e^m'. An empty pair is (-inf, 0).
+__device__ __forceinline__ void lse_merge(float& m, float& s, float mo, float so) {
+    const float mn = fmaxf(m, mo);
+    if (mn == -PSA_INF) return;
+    s = s * __expf(m - mn) + so * __expf(mo - mn);
+    m = mn;
 }
 
 extern "C" __global__ void __launch_bounds__(PSA_SHARE_THREADS)
 psa_share_key(const float* __restrict__ ests, const int* __restrict__ seq_lens, float* __restrict__ scores,
               int Hq, int Nmax) {
-    __shared__ float red[PSA_SHARE_THREADS / 32];
+    __shared__ float red_m[PSA_G][PSA_SHARE_WARPS], red_s[PSA_G][PSA_SHARE_WARPS];
     __shared__ float total[PSA_G];
     const int grp = blockIdx.x, b = blockIdx.y;
     const int len = seq_lens[b];
     const int n = (len + PSA_S - 1) / PSA_S;
     const float* e0 = ests + ((long)b * Hq + grp * PSA_G) * Nmax;
-    for (int r = 0; r < PSA_G; ++r) {  // each head's estimated total: log sum_j n_j exp(e_j)
+#if !PSA_SHARE_ONLINE  // (the first version, for an A/B: 2G CTA reductions, G + 1 passes; _kernels.SHARE_ONLINE)
+    for (int r = 0; r < PSA_G; ++r) {
         const float* e = e0 + (long)r * Nmax;
-        float m = -PSA_INF;
+        float mx = -PSA_INF;
         for (int j = threadIdx.x; j < n; j += PSA_SHARE_THREADS)
-            m = fmaxf(m, e[j] + __logf((float)min(PSA_S, len - j * PSA_S)));
-        m = cta_max(m, red);
-        float s = 0.f;
+            mx = fmaxf(mx, e[j] + __logf((float)min(PSA_S, len - j * PSA_S)));
+        mx = cta_max(mx, red_m[0]);
+        float sx = 0.f;
         for (int j = threadIdx.x; j < n; j += PSA_SHARE_THREADS)
-            s += __expf(e[j] + __logf((float)min(PSA_S, len - j * PSA_S)) - m);
-        s = cta_sum(s, red);
-        if (threadIdx.x == 0) total[r] = m + __logf(s);
+            sx += __expf(e[j] + __logf((float)min(PSA_S, len - j * PSA_S)) - mx);
+        sx = cta_sum(sx, red_m[0]);
+        if (threadIdx.x == 0) total[r] = mx + __logf(sx);
     }
+#else
+    float m[PSA_G], s[PSA_G];  // each head's estimated total log sum_j n_j exp(e_j), online
+#pragma unroll
+    for (int r = 0; r < PSA_G; ++r) m[r] = -PSA_INF, s[r] = 0.f;
+    for (int j = threadIdx.x; j < n; j += PSA_SHARE_THREADS) {
+        const float log_n = __logf((float)min(PSA_S, len - j * PSA_S));
+#pragma unroll
+        for (int r = 0; r < PSA_G; ++r) lse_merge(m[r], s[r], e0[(long)r * Nmax + j] + log_n, 1.f);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < PSA_G; ++r) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m[r], o), so = __shfl_xor_sync(0xffffffffu, s[r], o);
+            lse_merge(m[r], s[r], mo, so);
+        }
+        if (lane == 0) red_m[r][warp] = m[r], red_s[r][warp] = s[r];
+    }
+    __syncthreads();
+    for (int r = warp; r < PSA_G; r += PSA_SHARE_WARPS) {  // warp r reduces head r's pairs over the warps
+        float mr = lane < PSA_SHARE_WARPS ? red_m[r][lane] : -PSA_INF;
+        float sr = lane < PSA_SHARE_WARPS ? red_s[r][lane] : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float mo = __shfl_xor_sync(0xffffffffu, mr, o), so = __shfl_xor_sync(0xffffffffu, sr, o);
+            lse_merge(mr, sr, mo, so);
+        }
+        if (lane == 0) total[r] = mr + __logf(sr);
+    }
+#endif
     __syncthreads();
     float* out = scores + ((long)b * (Hq / PSA_G) + grp) * Nmax;
     for (int j = threadIdx.x; j < n; j += PSA_SHARE_THREADS) {
