@@ -2076,7 +2076,7 @@ if [ "$PART" = s45a ]; then
   # real layer 5 (spread) for the default rule and the share rank, the first version against the online one.
   # Predicted: psa_share_key ~7 -> ~2-3 µs a launch at B = 1, the share variant's step shorter by as much.
   # Carry .gl/gemma3_xml_l5_32k.npz.
-  gpu_tests t_s45a.log 200 tests/test_fast.py -k "share_rank or lookahead"
+  gpu_tests t_s45a.log 200 tests/test_fast.py tests/test_fast_offload.py -k "share_rank or lookahead or looks_ahead"
   (cd benchmarks && timeout 240 python3 exp_kernels_attr.py SHARE_ONLINE=0,1 -- profile_decode_step.py \
       --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches 1,8,32 \
       --variants default,share --steps 10 > "$OUT/s45a_profile.txt" 2>&1

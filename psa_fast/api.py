@@ -145,7 +145,9 @@ class DecodePlan:
             the estimate and the order). Not with ``stop="certified"``.
     """
 
-    _grid_loop = True  # whether the plain loop may take the grid build (_kernels.pick_grid); not the offload decoder's
+    # whether the plain loop runs whole in one launch, so it may take the grid build (_kernels.pick_grid) and the
+    # look-ahead (_kernels.LOOP_LOOKAHEAD); the offload decoder's runs an iteration a launch
+    _whole_loop = True
 
     @requires_gpu
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, mode: str = "psa", threshold: float = 0.95,
@@ -207,14 +209,15 @@ class DecodePlan:
         block_bytes = 2 * cache.block_size * cache.dp * 2  # a block's K and V
         self.grid_ctas = (_kernels.pick_grid(cache.batch * self.gn, self.cluster, cache.nmax, cache.dp, block_bytes)
                           if self.mode == "psa"
-                          and self.version == 3 and self.speculate is None and cluster is None and self._grid_loop
+                          and self.version == 3 and self.speculate is None and cluster is None and self._whole_loop
                           else 0)
         if self.grid_ctas:
             self.cluster = 1
         # the look-ahead build (_kernels.LOOP_LOOKAHEAD: each chunk decided one chunk late) where the plain loop runs
         # on the grid or on clusters of 2 or more: its step (pick_step) and its buffers (below) follow this one test
         self._lookahead = bool(_kernels.LOOP_LOOKAHEAD and self.mode == "psa" and self.version == 3
-                               and self.speculate is None and (self.grid_ctas or self.cluster > 1))
+                               and self.speculate is None and (self.grid_ctas or self.cluster > 1)
+                               and self._whole_loop)
         # the loop's warps a CTA as its build fits them (the step's unit; the grid build's entries, one a warp)
         loop_warps, pairs = _kernels.loop_launch(d=cache.dp, s=cache.block_size, g=self.g, version=self.version,
                                                  warps=self.warps, stages=self.stages)
