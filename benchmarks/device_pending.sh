@@ -2078,7 +2078,7 @@ if [ "$PART" = s45a ]; then
   # Carry .gl/gemma3_xml_l5_32k.npz.
   gpu_tests t_s45a.log 200 tests/test_fast.py tests/test_fast_offload.py -k "share_rank or lookahead or looks_ahead"
   (cd benchmarks && timeout 240 python3 exp_kernels_attr.py SHARE_ONLINE=0,1 -- profile_decode_step.py \
-      --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches 1,8,32 \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches "${S45A_BATCHES:-8,1,32}" \
       --variants default,share --steps 10 > "$OUT/s45a_profile.txt" 2>&1
    echo "profile rc=$?"; grep -E "^# _kernels|^T=|share_key|psa_decode|estimate|order" "$OUT/s45a_profile.txt" | head -80)
   exit 0
