@@ -141,7 +141,7 @@
 #  psa_order_suffix tiled (PSA_SUFFIX_TILED): its float64 test, the kernel table off and on, the sketch rules' tests.
 #  (ran once; the library sets the define since: s42f and s42g replace it)
 #   run(command="bash benchmarks/device_pending.sh s45a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~5 minutes)
-#  psa_share_key in one online pass: the share rank's and the look-ahead's tests, the kernel table A/B on layer 5.
+#  the share rank's and the look-ahead's tests, the kernel table of dense / default / share on layer 5.
 #   run(command="bash benchmarks/device_pending.sh s44a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~7 minutes)
 #  the share rank on the real layer 5 (spread, B = 1 / 8 / 32), then s43t's tests in the same call.
 #   run(command="bash benchmarks/device_pending.sh s44b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
@@ -2070,17 +2070,15 @@ share_l5_bench() {
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
 if [ "$PART" = s45a ]; then
-  # Forty-fifth session: psa_share_key in one online pass (share.cu, _kernels.SHARE_ONLINE; the first version made
-  # G + 1 passes over the estimates with 2G CTA reductions at 256 threads). The share rank's and the look-ahead's GPU
-  # tests (the look-ahead test's last request now skewed, so every rule stops early), then the kernel table of the
-  # real layer 5 (spread) for the default rule and the share rank, the first version against the online one.
-  # Predicted: psa_share_key ~7 -> ~2-3 µs a launch at B = 1, the share variant's step shorter by as much.
-  # Carry .gl/gemma3_xml_l5_32k.npz.
+  # Forty-fifth session (ran on the H100: 14 tests passed; psa_share_key 6.6 / 9.3 / 12.7 -> 3.7 / 4.1 / 4.8 µs at
+  # B = 1 / 8 / 32 with the online pass, whose first version was then removed; benchmarks/NOTES.md). Now: the share
+  # rank's and the look-ahead's GPU tests, then the kernel table of the real layer 5 (spread) for dense, the default
+  # rule and the share rank. Carry .gl/gemma3_xml_l5_32k.npz.
   gpu_tests t_s45a.log 200 tests/test_fast.py tests/test_fast_offload.py -k "share_rank or lookahead or looks_ahead"
-  (cd benchmarks && timeout 240 python3 exp_kernels_attr.py SHARE_ONLINE=0,1 -- profile_decode_step.py \
+  (cd benchmarks && timeout 240 python3 profile_decode_step.py \
       --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches "${S45A_BATCHES:-8,1,32}" \
-      --variants default,share --steps 10 > "$OUT/s45a_profile.txt" 2>&1
-   echo "profile rc=$?"; grep -E "^# _kernels|^T=|share_key|psa_decode|estimate|order" "$OUT/s45a_profile.txt" | head -80)
+      --variants dense,default,share --steps 10 > "$OUT/s45a_profile.txt" 2>&1
+   echo "profile rc=$?"; grep -E "^T=|share_key|psa_decode|estimate|order" "$OUT/s45a_profile.txt" | head -80)
   exit 0
 fi
 if [ "$PART" = s44a ]; then

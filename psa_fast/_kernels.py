@@ -378,10 +378,8 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         np.int32(nmax)))
 
 
-# psa_share_key: threads a CTA (one CTA per group and request), and the online log-sum-exp (two passes over the
-# estimates, one CTA reduction) against the first version (G + 1 passes, 2G reductions, 256 threads), for an A/B
+# psa_share_key: threads a CTA (one CTA per group and request)
 SHARE_THREADS = 512
-SHARE_ONLINE = 1
 
 
 def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
@@ -389,9 +387,8 @@ def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
     head's mass (``psa_share_key``, one CTA per group and request) from each head's estimates ``ests
     [B, Hq, Nmax]`` (psa_ref.scoring.group_rank_key)."""
     b = ests.shape[0]
-    threads = SHARE_THREADS if SHARE_ONLINE else 256
-    fn = kernel("share", d=16, s=s, g=g, entry="share_key", share_threads=threads, share_online=SHARE_ONLINE)
-    fn((hq // g, b), (threads,), (ests, seq_lens, scores, np.int32(hq), np.int32(nmax)))
+    fn = kernel("share", d=16, s=s, g=g, entry="share_key", share_threads=SHARE_THREADS)
+    fn((hq // g, b), (SHARE_THREADS,), (ests, seq_lens, scores, np.int32(hq), np.int32(nmax)))
 
 
 def _pow2(x: int, least: int) -> int:

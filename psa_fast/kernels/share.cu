@@ -7,7 +7,9 @@
 // counts n_i. One CTA per (group, request), two passes over the group's estimates: the first keeps
 // each head's log-sum-exp online (a running max and a sum scaled to it, per thread, then one CTA
 // reduction of the G pairs), the second writes the keys where the order kernel reads the group
-// scores; blocks past the request's end keep the estimate kernel's -inf.
+// scores; blocks past the request's end keep the estimate kernel's -inf. (The first version made G + 1
+// passes with 2G CTA reductions at 256 threads: 6.6 / 9.3 / 12.7 µs at B = 1 / 8 / 32 on Gemma 3's
+// layer 5 at 32K, H100, against 3.7 / 4.1 / 4.8; benchmarks/NOTES.md, forty-fifth session.)
 //
 //   ests   [B, Hq, Nmax]        float: each head's block estimates (log mean token mass)
 //   scores [B, Hq/PSA_G, Nmax]  float out: the rank keys
@@ -17,32 +19,6 @@
 #define PSA_SHARE_THREADS 512
 #endif
 #define PSA_SHARE_WARPS (PSA_SHARE_THREADS / 32)
-
-#ifndef PSA_SHARE_ONLINE
-#define PSA_SHARE_ONLINE 1
-#endif
-
-// The CTA's max / sum, returned to every thread (the first version's reductions).
-__device__ __forceinline__ float cta_max(float x, float* red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
-    __syncthreads();
-    x = threadIdx.x % 32 < PSA_SHARE_WARPS ? red[threadIdx.x % 32] : -PSA_INF;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    __syncthreads();
-    return x;
-}
-
-__device__ __forceinline__ float cta_sum(float x, float* red) {
-    x = warp_sum(x);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
-    __syncthreads();
-    x = warp_sum(threadIdx.x % 32 < PSA_SHARE_WARPS ? red[threadIdx.x % 32] : 0.f);
-    __syncthreads();
-    return x;
-}
 
 // (m, s) <- the log-sum-exp pair of (m, s) and (mo, so): sum = s e^m + so e^mo, kept as m' = max and
 // s' = sum / e^m'. An empty pair is (-inf, 0).
@@ -62,20 +38,6 @@ psa_share_key(const float* __restrict__ ests, const int* __restrict__ seq_lens, 
     const int len = seq_lens[b];
     const int n = (len + PSA_S - 1) / PSA_S;
     const float* e0 = ests + ((long)b * Hq + grp * PSA_G) * Nmax;
-#if !PSA_SHARE_ONLINE  // (the first version, for an A/B: 2G CTA reductions, G + 1 passes; _kernels.SHARE_ONLINE)
-    for (int r = 0; r < PSA_G; ++r) {
-        const float* e = e0 + (long)r * Nmax;
-        float mx = -PSA_INF;
-        for (int j = threadIdx.x; j < n; j += PSA_SHARE_THREADS)
-            mx = fmaxf(mx, e[j] + __logf((float)min(PSA_S, len - j * PSA_S)));
-        mx = cta_max(mx, red_m[0]);
-        float sx = 0.f;
-        for (int j = threadIdx.x; j < n; j += PSA_SHARE_THREADS)
-            sx += __expf(e[j] + __logf((float)min(PSA_S, len - j * PSA_S)) - mx);
-        sx = cta_sum(sx, red_m[0]);
-        if (threadIdx.x == 0) total[r] = mx + __logf(sx);
-    }
-#else
     float m[PSA_G], s[PSA_G];  // each head's estimated total log sum_j n_j exp(e_j), online
 #pragma unroll
     for (int r = 0; r < PSA_G; ++r) m[r] = -PSA_INF, s[r] = 0.f;
@@ -105,7 +67,6 @@ psa_share_key(const float* __restrict__ ests, const int* __restrict__ seq_lens, 
         }
         if (lane == 0) total[r] = mr + __logf(sr);
     }
-#endif
     __syncthreads();
     float* out = scores + ((long)b * (Hq / PSA_G) + grp) * Nmax;
     for (int j = threadIdx.x; j < n; j += PSA_SHARE_THREADS) {
