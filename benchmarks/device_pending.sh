@@ -2074,7 +2074,7 @@ if [ "$PART" = s45a ]; then
   # B = 1 / 8 / 32 with the online pass, whose first version was then removed; benchmarks/NOTES.md). Now: the share
   # rank's and the look-ahead's GPU tests, then the kernel table of the real layer 5 (spread) for dense, the default
   # rule and the share rank. Carry .gl/gemma3_xml_l5_32k.npz.
-  gpu_tests t_s45a.log 200 tests/test_fast.py tests/test_fast_offload.py -k "share_rank or lookahead or looks_ahead"
+  gpu_tests t_s45a.log 200 tests/test_fast.py tests/test_fast_offload.py -k "share_rank or share_key or lookahead or looks_ahead"
   (cd benchmarks && timeout 240 python3 profile_decode_step.py \
       --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches "${S45A_BATCHES:-8,1,32}" \
       --variants dense,default,share --steps 10 > "$OUT/s45a_profile.txt" 2>&1

@@ -495,6 +495,33 @@ def test_share_rank_is_checked():
         psa_fast.plan(b.cache, num_q_heads=4, stop="certified", rank="share")
 
 
+@pytest.mark.parametrize("g", [4, 24])  # (24 heads: more than the CTA's 16 warps, each warp reduces several)
+def test_share_key_equals_float64_at_many_blocks(g):
+    """psa_share_key (one online pass, 512 threads) on more blocks than threads and ragged last blocks: each key
+    ``max_h (e_hj - log sum_i n_i exp(e_hi))`` within 5e-5 of float64 (budget: __expf / __logf and a float32 sum of
+    up to 8 terms a thread then a 9-level tree, a few 1e-6 on estimates of magnitude <= ~80), past each request's
+    end the scores untouched; one head's estimates shifted by +60 (the online max must rescale)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(g)
+    s, nmax, hkv = 16, 3000, 2
+    hq = g * hkv
+    lens = np.array([1, 700 * s - 5, nmax * s], np.int32)
+    ests = (rng.standard_normal((len(lens), hq, nmax)) * 4).astype(np.float32)
+    ests[:, 1] += 60.0
+    scores = cupy.full((len(lens), hkv, nmax), 7.0, cupy.float32)
+    _kernels.share_key(cupy.asarray(ests), cupy.asarray(lens), scores, s=s, g=g, hq=hq, nmax=nmax)
+    got = cupy.asnumpy(scores)
+    for b, t in enumerate(lens.tolist()):
+        n = -(-t // s)
+        log_n = np.log(np.minimum(s, t - np.arange(n) * s).astype(np.float64))
+        e = ests[b, :, :n].astype(np.float64).reshape(hkv, g, n)
+        total = np.logaddexp.reduce(e + log_n, axis=-1, keepdims=True)
+        want = (e - total).max(axis=1)
+        np.testing.assert_allclose(got[b, :, :n], want, rtol=0, atol=5e-5, err_msg=f"request {b}")
+        assert (got[b, :, n:] == 7.0).all(), f"request {b}: a score past the end was written"
+
+
 def test_psa_agrees_with_reference_on_most_draws():
     if AGREEMENT["runs"] < 50:
         pytest.skip("runs after test_psa_conforms")
