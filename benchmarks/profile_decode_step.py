@@ -24,6 +24,7 @@ import os
 from bench_decode import SHAPES, real_fill, rotating_layers, scatter_slots, sparsity_fill
 
 VARIANT_RULES = ("default", "share", "ema")
+QUANT3_VARIANTS = ("default", "share")  # the variants on metadata="quant3"; the others on "cuboid_mean"
 
 
 def parse_variants(text: str) -> list[tuple[str, float | None]]:
@@ -107,7 +108,7 @@ def main() -> None:
         for b in (int(x) for x in args.batches.split(",")):
             layers = args.layers or rotating_layers(shape, args.size, b)
             caches, qs = {}, {}
-            for metadata in sorted({"quant3" if v in ("default", "share") else "cuboid_mean" for v, _ in variants}):
+            for metadata in sorted({"quant3" if v in QUANT3_VARIANTS else "cuboid_mean" for v, _ in variants}):
                 caches[metadata] = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv,
                                                          head_dim=shape.d, max_tokens=args.size, block_size=shape.s,
                                                          metadata=metadata)
@@ -118,7 +119,7 @@ def main() -> None:
             step = "auto"  # the loop: the plan's pick (until 2026-12-02: max(8 x cluster, blocks / 64))
             spec_step = _kernels.spec_step(n)  # speculating: chunks of a few blocks a warp, one CTA each
             for name, spec in variants:
-                metadata = "quant3" if name in ("default", "share") else "cuboid_mean"
+                metadata = "quant3" if name in QUANT3_VARIANTS else "cuboid_mean"
                 cache, q = caches[metadata], qs[metadata]
                 if name == "dense":
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="dense", scale=shape.scale)
