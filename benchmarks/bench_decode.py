@@ -695,6 +695,8 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     # psa_ref cuts the busiest group's iterations most there, NOTES' fortieth session)
                     variants += [("shared", None, "estimate", first) for first in ("plan", FIRST_STEP, "plain")]
                     variants += [("per_head", None, "estimate", first) for first in ("plan", "plain")]
+                    if "rank" not in skip and hq > hkv:  # ... and with the share rank
+                        variants += [("shared", None, "share", first) for first in ("plan", "plain")]
                 plain_step = {}  # gqa -> the plan's step without a predicted chunk (the variants' first rows)
                 targets = []  # (name, error, blocks read) of the rows top-k is matched against below
                 for gqa, spec, rank, first in variants:

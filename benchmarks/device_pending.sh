@@ -140,6 +140,8 @@
 #   run(command="bash benchmarks/device_pending.sh s42e")  (~4 minutes)
 #  psa_order_suffix tiled (PSA_SUFFIX_TILED): its float64 test, the kernel table off and on, the sketch rules' tests.
 #  (ran once; the library sets the define since: s42f and s42g replace it)
+#   run(command="bash benchmarks/device_pending.sh s46a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~8 minutes)
+#  the balanced grid build (LOOP_BALANCE): its test and the share key's, then bench_decode on layer 5 with it off / on.
 #   run(command="bash benchmarks/device_pending.sh s45a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~5 minutes)
 #  the share rank's and the look-ahead's tests, the kernel table of dense / default / share on layer 5.
 #   run(command="bash benchmarks/device_pending.sh s44a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~7 minutes)
@@ -2069,6 +2071,22 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s46a ]; then
+  # Forty-sixth session: the balanced grid build (_kernels.LOOP_BALANCE, decode.cu's PSA_BALANCE): with a predicted
+  # first chunk the grid's CTAs go to the groups in proportion to their predicted blocks. psa_ref on layer 5's spread
+  # batch, share rank: the predicted blocks overshoot the exact need by 0-9% in every request, and the largest group
+  # holds 1.35x the mean at B = 8 (1,309 / 967), 1.5x at B = 32 (1,460 / ~970). First its GPU test and the pending
+  # share-key test, then bench_decode on layer 5 with LOOP_BALANCE 0 / 2 (the share rank with the predicted chunk is a
+  # row now). Predicted (H100; share rank at the plan's step 143.8 / 392.5 µs at B = 8 / 32, s44a): the share rank
+  # with the predicted chunk, unbalanced, ~120 / ~300 (the busiest group's blocks and ~2 iterations); balanced ~105 /
+  # ~270 (the mean group's). Carry .gl/gemma3_xml_l5_32k.npz.
+  gpu_tests t_s46a.log 240 tests/test_fast.py -k "balanced_grid or spread_over_the_grid or share_key"
+  (cd benchmarks && timeout "${S46A_LIMIT:-330}" python3 exp_kernels_attr.py LOOP_BALANCE=0,2 -- bench_decode.py \
+      --profile real --spread --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 \
+      --batches "${S46A_BATCHES:-8,32}" --reps 20 --skip "tau0.9,remaining,stages,speculate,topk" --out "$OUT/l5" \
+      2>&1 | tee "$OUT/s46a.log" | grep "^# _kernels\|^|" | cut -d'|' -f1-9,12 | grep .)
+  exit 0
+fi
 if [ "$PART" = s45a ]; then
   # Forty-fifth session (ran on the H100: 14 tests passed; psa_share_key 6.6 / 9.3 / 12.7 -> 3.7 / 4.1 / 4.8 µs at
   # B = 1 / 8 / 32 with the online pass, whose first version was then removed; benchmarks/NOTES.md). Now: the share

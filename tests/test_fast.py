@@ -1138,6 +1138,72 @@ def test_lookahead_keeps_every_bit(monkeypatch, case, build):
             plain.run(q)
 
 
+@pytest.mark.parametrize("case", ["sketch_avg_d256", "sketch_avg", "ema"])
+def test_balanced_grid_gives_the_blocks_of_the_plain_grid(monkeypatch, case):
+    """_kernels.LOOP_BALANCE (decode.cu's PSA_BALANCE): with a predicted first chunk the grid build shares its CTAs
+    among the groups by their predicted blocks (here 8 CTAs a group on average, from 1 to 16), so a group's warps and
+    barrier differ from the plain grid's. On a ragged batch (a request shorter than its forced blocks, short and long
+    ones, two drawn like real attention) every group attends the plain grid build's blocks, over the same iterations,
+    stopping for the same reason; the outputs agree within float32 rounding and each request conforms to psa_ref
+    (Gemma 3's D 256 and D 64 with the sketch rule, ema). A second call and a replayed CUDA graph give the same bits,
+    and every group's barrier counters are back at zero after each launch (a group that counted another number of CTAs
+    would leave them set, and the next launch would trap)."""
+    from psa_fast import _kernels
+
+    stop = "ema" if case == "ema" else "sketch_avg"
+    metadata = "cuboid_mean" if stop == "ema" else "quant3"
+    d, hq, hkv = (256, 4, 1) if case.endswith("d256") else (64, 6, 2)
+    lens = [16, 3000, 40, 700, 3000, 1500]
+    cache, data = ragged_cache(np.random.default_rng(46), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata,
+                               skewed=(1, 5))
+    lift_grid_thresholds(monkeypatch)
+    monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
+    q = cupy.asarray(np.stack([q for q, _, _ in data]))
+    names = ("out", "num_used", "iterations", "reason", "mass_estimate", "order")
+    opts = dict(num_q_heads=hq, threshold=0.95, stop=stop, sink_blocks=1, recent_blocks=2, step=16,
+                first_chunk="predicted")
+    runs = []
+    for balance in (0, 2):
+        monkeypatch.setattr(_kernels, "LOOP_BALANCE", balance)
+        plan = psa_fast.plan(cache, **opts)
+        groups = len(lens) * hkv
+        assert plan.grid_ctas == 8 and _kernels.balance_cap(8, groups) == (16 if balance else 0)
+        calls = []
+        for _ in range(2):
+            plan.out.fill(np.nan)
+            dec = plan.run(q)
+            calls.append({name: cupy.asnumpy(getattr(dec, name)) for name in names})
+            assert not cupy.asnumpy(plan._grid_group[2]).any()  # (xcount: every group's counters reset)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            captured = plan.run(q)
+            graph = stream.end_capture()
+            captured.out.fill(np.nan)
+            graph.launch(stream)
+            stream.synchronize()
+        calls.append({name: cupy.asnumpy(getattr(captured, name)) for name in names})
+        for again in calls[1:]:
+            for name in names:
+                np.testing.assert_array_equal(again[name], calls[0][name], err_msg=f"balance {balance}: {name}")
+        runs.append(calls[0])
+    plain, balanced = runs
+    assert not np.isnan(balanced["out"]).any()
+    assert int(plain["iterations"].max()) > 1  # (groups that go on after the predicted chunk: several barriers)
+    for name in ("num_used", "iterations", "reason", "order"):
+        np.testing.assert_array_equal(balanced[name], plain[name], err_msg=name)
+    np.testing.assert_allclose(balanced["out"], plain["out"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(balanced["mass_estimate"], plain["mass_estimate"], rtol=1e-5)
+    first = cupy.asnumpy(plan.first_len)
+    for b, (qb, k, v) in enumerate(data):
+        used = [balanced["order"][b, g, : int(balanced["num_used"][b, g])].astype(np.int64) for g in range(hkv)]
+        res = psa_ref.AttentionResult(balanced["out"][b], used, balanced["iterations"][b],
+                                      [psa_fast.REASONS[r] for r in balanced["reason"][b]], None, None,
+                                      -(-lens[b] // 16))
+        check_result(res, qb, k, v, threshold=0.95, stop=stop, step=16, block_size=16, metadata=metadata,
+                     sink_blocks=1, recent_blocks=2, first_chunk=[int(x) for x in first[b]])
+
+
 @pytest.mark.parametrize("define", ["decide_prefetch", "decide_overlap"])
 @pytest.mark.parametrize("case", ["sketch_avg", "sketch_avg_grid", "sketch_avg_d256_grid", "certified", "ema"])
 def test_decide_switches_keep_every_bit(monkeypatch, kernel_switch, define, case):
