@@ -94,6 +94,10 @@ def main() -> None:
     ap.add_argument("--loop", action="store_true", help="time the loop (resumed, or plain with --speculate 0)")
     ap.add_argument("--first-chunk", default=None, choices=("predicted",),
                     help="the plan's first ranked chunk (DecodePlan(first_chunk=...); with --loop --speculate 0)")
+    ap.add_argument("--rank", default="estimate", choices=("estimate", "share"),
+                    help="how shared groups rank their blocks (DecodePlan(rank=...))")
+    ap.add_argument("--per-group", action="store_true",
+                    help="with --loop: also each group's µs of the kernel and of its attention, and its blocks used")
     args = ap.parse_args()
     if (args.kv is None) == (args.share is None):
         ap.error("give the data: --kv TRACES or --share S")
@@ -122,18 +126,24 @@ def main() -> None:
             q = fill(cache, 0)
             p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
                               stop=args.stop, step=args.step or _kernels.spec_step(cache.nmax), speculate=speculate,
-                              first_chunk=args.first_chunk)
+                              first_chunk=args.first_chunk, rank=args.rank)
             for _ in range(args.steps):
                 p.run(q, 0)
             cupy.cuda.Device().synchronize()
             what = "the loop" if args.loop else "psa_spec_verify"
-            print(f"\nT={args.size} B={b} {shape.name} {args.stop} step {p.step} speculate {speculate}"
+            print(f"\nT={args.size} B={b} {shape.name} {args.stop} rank {args.rank} step {p.step} speculate {speculate}"
                   f"{'' if args.first_chunk is None else ', first chunk ' + args.first_chunk}"
                   f"{' spread' if args.spread else ''}, {what}, cluster {p.cluster}, grid {p.grid_ctas}, "
                   f"SM clock {khz / 1e3:.0f} MHz (its maximum)")
             print("| phase | mean µs | largest µs |\n|---|---|---|")
             if args.loop:
                 print("\n".join(loop_table(cupy.asnumpy(_kernels.loop_clocks), khz, grid=p.grid_ctas > 0)))
+                if args.per_group:
+                    c = cupy.asnumpy(_kernels.loop_clocks).reshape(-1, 16) / (khz * 1e-3)
+                    used = cupy.asnumpy(p.num_used).reshape(-1)
+                    print("per group: kernel µs " + " ".join(f"{x:.1f}" for x in c[:, 0]))
+                    print("per group: attend µs " + " ".join(f"{x:.1f}" for x in c[:, 2]))
+                    print("per group: blocks used " + " ".join(str(int(x)) for x in used))
             else:
                 print("\n".join(phase_table(cupy.asnumpy(_kernels.verify_clocks), khz)))
     finally:

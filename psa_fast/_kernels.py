@@ -779,6 +779,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         args = args + rule_args + (np.float32(qk_scale), null if first_len is None else first_len)
     if first_prev:
         defines["first_prev"] = 1
+    if version == 3 and stop in ("sketch", "sketch_avg") and offload is None and spec is None and split is None:
+        defines["sketch_rule"] = 1  # (decode.cu: the decision's loads early, PSA_DECIDE_PREFETCH / PSA_DECIDE_OVERLAP)
     if offload is not None:
         slot_map, istate, vstate, groups_left, done_ptr, token = offload
         args = args + (slot_map, istate, vstate, groups_left, np.uint64(done_ptr), token)

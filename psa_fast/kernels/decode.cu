@@ -171,6 +171,13 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // 74.3 -> 82.1, as in s18), so Gemma's build keeps the verifier's tail.
 #define PSA_SPLIT_LEAVE (PSA_D <= 128)
 #endif
+#ifndef PSA_SKETCH_RULE
+// 1 (_kernels.decode, the plain loop and the grid build of a plan whose stop is sketch or sketch_avg): the decision's
+// loads below default on. s46 (H100, graph µs, off / on / off): real Gemma 3 layer 5 spread, sketch_avg, B = 8 170.7 /
+// 164.4 / 169.9, B = 32 467.8 / 455.9 / 466.0, with the share rank 134.4 / 130.6 / 138.5 and 388.9 / 379.5 / 388.6;
+// Llama 5% B = 8 207.0 -> 202.3; but ema, which reads neither input, 131.2 -> 134.6 at B = 8: off for the other rules.
+#define PSA_SKETCH_RULE 0
+#endif
 #ifndef PSA_DECIDE_PREFETCH
 // 1: once a warp has attended its part of a chunk, the last warp of each CTA asks L2 for the decision's inputs that no
 // CTA writes during the loop (stop = sketch / sketch_avg: the calibration window's and the next block's sketch masses
@@ -178,7 +185,7 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // while the group waits at its barrier, not after it. A hint only: no value or decision changes (s43, prepared; the
 // loop clock of s42a put the sketch sums at ~3 µs and the rest of the decision at ~2 µs an iteration on the grid
 // build, about two loads' latency each under the chunk's streaming).
-#define PSA_DECIDE_PREFETCH 0
+#define PSA_DECIDE_PREFETCH PSA_SKETCH_RULE
 #endif
 #ifndef PSA_DECIDE_OVERLAP
 // 1: the sketch rules' window loads (the window's true and sketch masses, the next block's sketch mass) are issued as
@@ -186,7 +193,7 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // values and their reductions are the same (s43, prepared). The log-suffixes stay where they were: loading them early
 // too made NVVM unroll the decision per head (+~1,050 instructions, Gemma 3's grid build spilling 260 bytes against
 // 92); without them the Gemma 3 builds spill less than the default (grid 44 bytes, clusters 12).
-#define PSA_DECIDE_OVERLAP 0
+#define PSA_DECIDE_OVERLAP PSA_SKETCH_RULE
 #endif
 #ifndef PSA_LOOKAHEAD
 // 1 (_kernels.LOOP_LOOKAHEAD; the plain loop on the grid or on clusters of 2 or more): the loop decides each chunk one
