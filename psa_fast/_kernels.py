@@ -153,18 +153,6 @@ GRID_WHERE_CLUSTERS_WAIT = 1
 # measured (benchmarks/NOTES.md): the grid build's iteration cost ~8 µs on the H100 (s42a), of them ~3 the barrier's
 # wait; the clusters' ~2.6 on the H200.
 LOOP_LOOKAHEAD = 0
-# n > 0: the grid build with a predicted first chunk (first_chunk="predicted") shares the grid's CTAs among the groups
-# in proportion to their predicted blocks, at most n times the grid's CTAs a group (decode.cu's PSA_BALANCE): the
-# busiest group no longer sets the step alone. 0: C CTAs every group. Prepared in the forty-sixth session, not yet
-# measured (benchmarks/NOTES.md): on the real Gemma 3 layer 5 at 32K with the share rank the largest group reads
-# 1.35x the mean of the predicted blocks at B = 8 (1.43x at the plain step).
-LOOP_BALANCE = 0
-
-
-def balance_cap(ctas: int, groups: int) -> int:
-    """The most CTAs a group of the balanced grid build takes (``LOOP_BALANCE`` times the grid's ``ctas`` a group, at
-    most every CTA but one for each other group); 0 where the build is not balanced."""
-    return min(LOOP_BALANCE * ctas, ctas * groups - (groups - 1)) if LOOP_BALANCE > 0 and groups > 1 else 0
 
 
 def _lookahead_read_end(read_end, batch: int, groups: int):
@@ -838,18 +826,10 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
                                  f"of the build's {warps} warps), got {list(buf.shape)}")
         args = args + (xstats, xcount, xpart)
         defines["grid"] = ctas
-        grid = (ctas, hq // g, b)
         if LOOP_LOOKAHEAD:
             args = args + (_lookahead_read_end(read_end, b, hq // g),)
             defines["lookahead"] = 1
-        elif first_len is not None and not first_prev and balance_cap(ctas, b * (hq // g)) > ctas:
-            # (the balanced build: one row of ctas x groups CTAs, each group's share from first_len on the device;
-            # every group must have a thread of a CTA to weigh it)
-            if b * (hq // g) > warps * 32:
-                raise ValueError(f"LOOP_BALANCE weighs a group a thread: {b * (hq // g)} groups exceed the build's "
-                                 f"{warps * 32} threads")
-            defines["balance"] = balance_cap(ctas, b * (hq // g))
-            grid = (ctas * b * (hq // g), 1, 1)
+        grid = (ctas, hq // g, b)
         launch = {"cooperative": True} if GRID_COOPERATIVE else {}
     elif (LOOP_LOOKAHEAD and version == 3 and cluster > 1 and offload is None and split is None
           and stop not in ("none", "budget")):

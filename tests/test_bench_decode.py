@@ -935,17 +935,6 @@ def test_the_lookahead_protocol_holds_with_the_kernels_buffers_and_counters():
     assert lp.failures(lp.cluster_run, 1500, 1, buffers=cta_stats - 1) > 0
 
 
-def test_balance_cap_bounds_a_group_of_the_balanced_grid(monkeypatch):
-    """LOOP_BALANCE n > 0 lets a group of the balanced grid build take up to n times the grid's CTAs a group, leaving at
-    least one CTA to every other group; off (0), or with one group (nothing to share), the build is the plain grid."""
-    from psa_fast import _kernels
-
-    assert _kernels.LOOP_BALANCE == 0 and _kernels.balance_cap(16, 8) == 0
-    monkeypatch.setattr(_kernels, "LOOP_BALANCE", 2)
-    assert [_kernels.balance_cap(16, n) for n in (1, 2, 8)] == [0, 31, 32]
-    assert _kernels.balance_cap(4, 32) == 8 and _kernels.balance_cap(2, 3) == 4
-
-
 def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatch):
     """Where the GPU cannot hold every group's cluster at once (the H200 holds 30 clusters of 4 and 15 of 8, one CTA
     an SM), the last clusters would run in a second wave: there the grid build gives every group 132 // groups CTAs,

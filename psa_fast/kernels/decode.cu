@@ -110,16 +110,6 @@
 // _kernels.grid_exchange_shapes).
 // Every CTA of the grid must be resident at once: the host gives a group at most SMs / groups CTAs and launches the
 // build cooperatively (the driver refuses a grid that cannot be), and a wait longer than a second traps.
-//
-// Balanced grid build (PSA_BALANCE = most CTAs a group > 0, with PSA_GRID = C; _kernels.LOOP_BALANCE): the same loop,
-// but the grid's T = C x groups CTAs are not C a group. A group's work is its chunks, and the busiest group sets the
-// step (on the real Gemma 3 layer 5 at 32K, B = 8, the share rank: the largest group reads 1.43x the mean, NOTES.md
-// s46). With a predicted first chunk (first_len) every CTA shares the grid among the groups in proportion to their
-// predicted blocks (forced + first_len, at least 1 CTA and at most PSA_BALANCE a group; grid_share below, the same
-// integer arithmetic in every CTA, so all agree), and a group's CTAs are consecutive CTAs of a one-dimensional grid
-// (T, 1, 1). Its C_g CTAs then run the grid build's loop with NW = C_g x warps; `xstats` and `xpart` are indexed by
-// the CTA's and the warp's place in the grid (the same buffers: T x their entries), the barrier counts C_g.
-// Which blocks a group attends does not change; the float sums do (another warp attends a block), within rounding.
 #include "common.cuh"
 #include "mma.cuh"
 #include "verifier.cuh"
@@ -141,9 +131,6 @@
 #endif
 #ifndef PSA_GRID
 #define PSA_GRID 0  // _kernels.LOOP_GRID: a group's CTAs spread over the grid, not a cluster (below); 0: a cluster
-#endif
-#ifndef PSA_BALANCE
-#define PSA_BALANCE 0  // _kernels.LOOP_BALANCE: the grid build's CTAs shared by predicted need, at most this many a group
 #endif
 #define PSA_STATEFUL (PSA_OFFLOAD || PSA_RESUME)  // the loop starts from (and the offload build saves) istate/vstate
 #define PSA_GROUP_CTAS (PSA_GRID ? PSA_GRID : PSA_CLUSTER)  // CTAs of one group
@@ -207,8 +194,6 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_LOOKAHEAD 0
 #endif
 #define PSA_LOOKAHEAD_ON (PSA_LOOKAHEAD && (PSA_GRID || PSA_CLUSTER > 1) && !PSA_SPEC && !PSA_SPLIT && !PSA_STATEFUL)
-static_assert(!PSA_BALANCE || (PSA_GRID && PSA_BALANCE >= PSA_GRID && !PSA_LOOKAHEAD_ON && !PSA_FIRST_PREV),
-              "the balanced grid build is the grid build's plain loop with a predicted first chunk, no look-ahead");
 // Iterations' CTA statistics a cluster keeps (cta_stats): two, or three with the look-ahead, whose CTAs write a chunk's
 // before they wait for the one before it (the buffer they reuse was read before the barrier they waited for last).
 #define PSA_CTA_STATS (PSA_LOOKAHEAD_ON ? 3 : 2)
@@ -223,18 +208,6 @@ static_assert(!PSA_BALANCE || (PSA_GRID && PSA_BALANCE >= PSA_GRID && !PSA_LOOKA
 // statistics buffers and the parity counters hold, two or three buffers or one counter do not; NOTES.md, s43.)
 #define PSA_XSTATS (PSA_LOOKAHEAD_ON ? 4 : 2)
 #define PSA_XCOUNT (PSA_LOOKAHEAD_ON ? 4 : 2)
-// Where the grid build's group finds its CTAs' statistics of iteration buffer `slot` (xstats, in float4s: rank r's of
-// head 0) and its first warp's output terms (xpart, in entries), and how many CTAs it has now: by group (B, Gn, ...),
-// or in the balanced build by the CTA's or warp's place in the grid (gbase: the group's first CTA; gctas its CTAs).
-#if PSA_BALANCE
-#define PSA_XSTAT_AT(slot, r) (((long)(slot) * gridDim.x + gbase + (r)) * PSA_G)
-#define PSA_XPART_WARP0 ((long)gbase * PSA_WARPS)
-#define PSA_GROUP_CTAS_NOW gctas
-#else
-#define PSA_XSTAT_AT(slot, r) (((PSA_XSTATS * gid + (slot)) * PSA_GRID + (r)) * PSA_G)
-#define PSA_XPART_WARP0 (gid * NW)
-#define PSA_GROUP_CTAS_NOW PSA_GRID
-#endif
 // (both in the builds that decide: not the speculative one, which leaves after its chunk, nor the split build, whose
 // stop rules read neither array)
 #define PSA_DECIDE_PREFETCH_ON (PSA_DECIDE_PREFETCH && !PSA_SPEC && !PSA_SPLIT)
@@ -403,55 +376,6 @@ __host__ __device__ constexpr int grid_finish_threads(int threads, int pieces) {
     while (2 * f <= 32 && 2 * f * pieces <= threads) f *= 2;
     return f;
 }
-
-#if PSA_BALANCE
-// The exclusive prefix sum of v over the CTA's threads (in thread order) and, in `total`, their sum.
-__device__ __forceinline__ int cta_exclusive_scan(int v, int& total) {
-    __shared__ int warp_sums[PSA_WARPS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    int before = 0;
-    total = 0;
-#pragma unroll
-    for (int i = 0; i < PSA_WARPS; ++i) {
-        const int w = warp_sums[i];
-        before += i < warp ? w : 0;
-        total += w;
-    }
-    __syncthreads();  // (warp_sums is reused by the next scan)
-    return before + x - v;
-}
-
-// The balanced grid build's share of the grid: (group, rank within it, the group's CTAs, its first CTA) of CTA
-// blockIdx.x, or group -1 for a CTA that no group takes. Thread t weighs group t (t < groups <= the CTA's threads) by
-// its predicted blocks w_t = forced + first_len[t] (at least 1) and gives it c_t = min(PSA_BALANCE, 1 + (T - groups)
-// w_t / W) CTAs (integer division; W = the sum of the weights), then one more CTA to each group t < T - sum c while
-// below PSA_BALANCE; the groups' CTAs follow each other in group order. Every CTA computes the same integers.
-__device__ __forceinline__ int4 grid_share(const int* __restrict__ first_len, int groups, int forced) {
-    __shared__ int4 share;
-    const int t = threadIdx.x, ctas = (int)gridDim.x;
-    const int w = t < groups ? max(1, forced + __ldg(first_len + t)) : 0;
-    int total_w, total_c, total;
-    cta_exclusive_scan(w, total_w);
-    int c = t < groups ? min(PSA_BALANCE, 1 + (int)((long long)(ctas - groups) * w / total_w)) : 0;
-    cta_exclusive_scan(c, total_c);
-    if (t < groups && t < ctas - total_c && c < PSA_BALANCE) ++c;
-    const int start = cta_exclusive_scan(c, total);
-    if (t == 0) share = make_int4(-1, 0, 0, 0);
-    __syncthreads();
-    if (t < groups && (int)blockIdx.x >= start && (int)blockIdx.x < start + c)
-        share = make_int4(t, (int)blockIdx.x - start, c, start);
-    __syncthreads();
-    return share;
-}
-#endif
 #endif
 
 // Merge two shares of a chunk's statistics (max logit, mass and EMA terms relative to it, min log
@@ -652,9 +576,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
            , long long* __restrict__ loop_clocks
 #endif
            ) {
-#if !PSA_BALANCE
     constexpr int NW = PSA_GROUP_CTAS * PSA_WARPS;
-#endif
     // The rings start on a 128-byte line. After the static shared memory (not a multiple of 128 bytes in most builds)
     // a 16-byte alignment started them off one, and every build was slower for it: one Gemma 3 request's grid build
     // by up to 4 µs, Llama's clusters at 128K B = 8 by 12 (NOTES.md, thirty-second session, s32d-g; why, not profiled:
@@ -674,21 +596,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     } else if ((spec_count >= one_warp_from) != (PSA_WARPS == 1)) {
         return;
     }
-#elif PSA_BALANCE
-    // (the grid's share of this CTA's group: its CTAs gctas from grid CTA gbase on, by the groups' predicted blocks)
-    const int Gn = Hq / PSA_G;
-    const int4 share = grid_share(first_len, (int)gridDim.x / PSA_GRID, forced);
-    if (share.x < 0) return;  // (no group takes this CTA: the groups with most blocks are at PSA_BALANCE)
-    const int b = share.x / Gn, g = share.x % Gn, gctas = share.z, gbase = share.w;
-    const int NW = gctas * PSA_WARPS;
 #else
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
 #endif
-#if PSA_BALANCE
-    const unsigned int rank = share.y;  // this CTA's index within the group
-#else
     const unsigned int rank = PSA_GRID ? blockIdx.x : cluster_rank();  // this CTA's index within the group
-#endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if PSA_LOOP_CLOCK
     __shared__ long long lclk_store[16];
@@ -1131,7 +1042,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 // (two iterations' terms)
                 float* part = xpart + ((gid * 2 + (c_it & 1)) * NW + gw) * (PSA_G * (PSA_D + 4));
 #else
-                float* part = xpart + (PSA_XPART_WARP0 + gw) * (PSA_G * (PSA_D + 4));
+                float* part = xpart + (gid * NW + gw) * (PSA_G * (PSA_D + 4));
 #endif
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
@@ -1167,7 +1078,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
                 for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
 #if PSA_GRID
-                xstats[PSA_XSTAT_AT(c_it & (PSA_XSTATS - 1), rank) + lane] = t;
+                xstats[((PSA_XSTATS * gid + (c_it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
 #else
                 cta_stats[PSA_CTA_SLOT(c_it)][lane] = t;
 #endif
@@ -1197,7 +1108,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_GRID && PSA_LOOKAHEAD_ON
             group_wait(xcount + PSA_XCOUNT * gid + (it & 1), PSA_GRID * (it / 2 + 1));
 #elif PSA_GRID
-            group_sync(xcount + 2 * gid, PSA_GROUP_CTAS_NOW * (it + 1));
+            group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
 #elif PSA_LOOKAHEAD_ON
             cluster_wait();  // (for the arrivals after the chunk decided now: the last pass's)
 #else
@@ -1213,8 +1124,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             // ... in order, then the lanes pairwise by halves; lane 0's total goes to shared memory for every warp.
             for (int h = warp; h < PSA_G; h += PSA_WARPS) {
                 float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
-                for (int r = lane; r < PSA_GROUP_CTAS_NOW; r += 32)
-                    t = combine_stats(t, __ldcg(xstats + PSA_XSTAT_AT(it & (PSA_XSTATS - 1), r) + h));
+                for (int r = lane; r < PSA_GRID; r += 32)
+                    t = combine_stats(t, __ldcg(xstats + ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + r)
+                                                                 * PSA_G + h));
 #pragma unroll
                 for (int m = 16; m > 0; m >>= 1) {
                     const float4 o = make_float4(__shfl_down_sync(0xffffffffu, t.x, m),
@@ -1344,25 +1256,15 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // (5.8 µs of one Gemma 3 request's 17.4 µs loop, NOTES.md s31e).
     {
         constexpr int HS = PSA_D + 4, STRIDE = PSA_G * HS;  // floats a head (D outputs, max, mass, 2 unused), an entry
-#if PSA_BALANCE
-        // (the group's CTAs known at run time: shares of whole float4s, the threads a piece as for C CTAs, entries for
-        // up to PSA_BALANCE CTAs a thread)
-        const int per_cta = ((PSA_G * PSA_D + gctas - 1) / gctas + 3) / 4 * 4;  // output channels a CTA
-        constexpr int FV = 4;                                                     // channels a thread
-        constexpr int T = PSA_WARPS * 32, FS = grid_finish_threads(T, (PSA_G * PSA_D / PSA_GRID + 3) / 4);
-        constexpr int EPT = (PSA_BALANCE * PSA_WARPS + FS - 1) / FS;
-        const int ROUNDS = (per_cta / FV + T / FS - 1) / (T / FS);
-#else
         constexpr int per_cta = (PSA_G * PSA_D + PSA_GRID - 1) / PSA_GRID;  // output channels a CTA
         constexpr int FV = per_cta % 4 == 0 ? 4 : 1;                          // channels a thread
         constexpr int T = PSA_WARPS * 32, FS = grid_finish_threads(T, per_cta / FV), EPT = (NW + FS - 1) / FS;
         constexpr int ROUNDS = (per_cta / FV + T / FS - 1) / (T / FS);
-#endif
         static_assert(EPT <= 64, "a thread's entries in registers");
 #if PSA_LOOKAHEAD_ON
         const float* part0 = xpart + (gid * 2 + ((it - 1) & 1)) * NW * STRIDE;  // (the last decided chunk's)
 #else
-        const float* part0 = xpart + PSA_XPART_WARP0 * STRIDE;
+        const float* part0 = xpart + gid * NW * STRIDE;
 #endif
         const int out_lo = min(PSA_G * PSA_D, (int)rank * per_cta), out_hi = min(PSA_G * PSA_D, out_lo + per_cta);
         const int sub = threadIdx.x % FS;
@@ -1548,7 +1450,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         unsigned int* counters = xcount + PSA_XCOUNT * gid;
         unsigned int before;
         asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + OUT) : "memory");
-        if (before == PSA_GROUP_CTAS_NOW - 1)
+        if (before == PSA_GRID - 1)
 #pragma unroll
             for (int i = OUT; i >= 0; --i) counters[i] = 0;
     }
