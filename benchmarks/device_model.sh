@@ -49,7 +49,7 @@ if [ "${1:-}" = profile ]; then
 fi
 [ $# -gt 0 ] || set -- --compile --contexts 32768 --batches 32,8 --steps 16 --methods paged,psa0.95s1.0,psa0.95s1.0x4,psa0.95s1.0x8
 # MODEL_RUN: what runs bench_model.py (default python3), e.g. MODEL_RUN="python3 benchmarks/exp_kernels_attr.py
-# LOOP_LOOKAHEAD=0,1 --" for an A/B of a launch constant in one call (each value runs the bench once)
+# LOOP_GRID=0,64 --" for an A/B of a launch constant in one call (each value runs the bench once)
 timeout 540 ${MODEL_RUN:-python3} benchmarks/bench_model.py --model gemma3 --weights /tmp/g/gemma.gguf \
     --text /tmp/g/held.txt --out "$OUT/model_gemma3.jsonl" "$@" 2>&1 | grep -v Warn | tail -40
 echo "bench_model rc=${PIPESTATUS[0]}"

@@ -156,6 +156,7 @@
 #  the same switches timed in graphs (exp_step): the real layer's spread batch, the drawn 5% / 20% profiles.
 #   run(command="bash benchmarks/device_pending.sh s43c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
 #  the grid build deciding each chunk one chunk late (_kernels.LOOP_LOOKAHEAD): its tests, then the step swept with it.
+#  (Ran in s46: slower everywhere; LOOP_LOOKAHEAD and its tests were removed, so s43c, s43d and s43t no longer run.)
 #   run(command="bash benchmarks/device_pending.sh s43d")  (~5 minutes)
 #  issue 14's per-head target (PSA against top-k at equal error, 32K B = 1 / 8 / 32) with the look-ahead off and on.
 #   run(command="bash benchmarks/device_pending.sh s42f")  (~3 minutes)

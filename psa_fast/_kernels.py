@@ -146,39 +146,12 @@ GRID_MIN_GROUP_MIB = 32  # ... or a group's K and V fill this many MiB (Llama at
 # 15 of 8 on the H200, so 32 groups on clusters of 4 or 16 on clusters of 8 run their last clusters in a second wave,
 # e.g. Gemma 3 32K B = 32, Llama B = 2 and 4): SMs // groups CTAs a group, every one resident
 GRID_WHERE_CLUSTERS_WAIT = 1
-# 1: the plain loop (on the grid, or on clusters of 2 or more) decides each chunk one chunk late (decode.cu's
-# PSA_LOOKAHEAD): a group's CTAs attend the next chunk while the last one's statistics arrive, so its barrier no longer
-# waits for the slowest CTA and the decision's inputs are in L2; a stop drops the chunk attended past it (the same
-# blocks, outputs and diagnostics, bit for bit, for one more chunk read). Prepared in the forty-third session, not yet
-# measured (benchmarks/NOTES.md): the grid build's iteration cost ~8 µs on the H100 (s42a), of them ~3 the barrier's
-# wait; the clusters' ~2.6 on the H200.
-LOOP_LOOKAHEAD = 0
-
-
-def _lookahead_read_end(read_end, batch: int, groups: int):
-    """The look-ahead build's ``read_end [B, Gn]`` int32 (where each group's reading ended: the end of the chunk
-    attended past the stop), checked."""
-    if read_end is None or tuple(read_end.shape) != (batch, groups) or read_end.dtype != np.int32:
-        raise ValueError(f"LOOP_LOOKAHEAD's build needs read_end, int32 [{batch}, {groups}], got "
-                         f"{None if read_end is None else (read_end.dtype, list(read_end.shape))}")
-    return read_end
-
-
-def lookahead_part_shape(batch: int, groups: int, ctas: int, warps: int, g: int, head_dim: int) -> tuple:
-    """Shape of the float32 buffer where every warp of a cluster build's group writes its output terms after each chunk
-    under LOOP_LOOKAHEAD (two iterations' of them; the grid build has its own, ``grid_exchange_shapes``)."""
-    return (batch, groups, 2 * ctas * warps, g, head_dim + 4)
-
-
 def grid_exchange_shapes(batch: int, groups: int, ctas: int, warps: int, g: int, head_dim: int) -> tuple:
     """Shapes of the grid build's exchange buffers for ``batch`` x ``groups`` groups of ``ctas`` CTAs of ``warps``
-    warps (``g`` query heads, padded head dim ``head_dim``): each iteration's CTA statistics ``xstats`` (float32 x 4:
-    two iterations' buffers, four with LOOP_LOOKAHEAD), the barrier's counters ``xcount`` (uint32, zero between
-    launches: the arrivals and the CTAs out; with LOOP_LOOKAHEAD the arrivals by the chunk's parity, and a fourth
-    entry unused) and every warp's output terms ``xpart`` (float32: one iteration's, two with LOOP_LOOKAHEAD)."""
-    look = bool(LOOP_LOOKAHEAD)
-    return ((batch, groups, 4 if look else 2, ctas, g, 4), (batch, groups, 4 if look else 2),
-            (batch, groups, (2 if look else 1) * ctas * warps, g, head_dim + 4))
+    warps (``g`` query heads, padded head dim ``head_dim``): each iteration's CTA statistics ``xstats`` (float32 x 4,
+    two iterations' buffers), the barrier's counters ``xcount`` (uint32, zero between launches: the arrivals and the
+    CTAs out) and every warp's output terms ``xpart`` (float32)."""
+    return ((batch, groups, 2, ctas, g, 4), (batch, groups, 2), (batch, groups, ctas * warps, g, head_dim + 4))
 
 
 def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_bytes: int) -> int:
@@ -208,9 +181,6 @@ def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_byt
 # on Llama-3.1-8B's shape, ideal 5%, one request (benchmarks/NOTES.md, nineteenth and twenty-fourth sessions; H200)
 LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks (the cluster barrier, the decision, the refill) ...
 LOOP_ITERATION_US_PAIRS = 3.5  # ... and with two blocks a warp, where the chunk's last pair is its tail
-# ... and the grid build deciding one chunk late (LOOP_LOOKAHEAD): what is left of an iteration once the barrier no
-# longer waits (reading the group's totals and deciding); a guess from s42a's loop clock, to be fitted on s43c
-LOOP_ITERATION_US_LOOKAHEAD = 1.5
 LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
 COPY_CEILING_GBS = 4300.0  # the H200's device-to-device copy ceiling (bench_decode measures it in every run)
 STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
@@ -236,7 +206,7 @@ def loop_launch(*, d: int, s: int, g: int, version: int, warps: int, stages: int
 
 
 def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, block_bytes: int,
-              speculate: bool = False, pairs: bool = False, predicted: bool = False, lookahead: bool = False) -> int:
+              speculate: bool = False, pairs: bool = False, predicted: bool = False) -> int:
     """Blocks an iteration for ``DecodePlan(step="auto")``. The loop's step decides on the slowest group: each
     iteration costs ``LOOP_ITERATION_US`` beyond its blocks, and the last one reads up to a step past the stop,
     each block at the group's share of the bandwidth (its cluster's SMs for one request, the copy ceiling
@@ -260,24 +230,18 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
     batch of different decode steps of that layer) this smaller step reads fewer blocks at a larger error than the
     plain step after the prediction: 79.5 µs, 35% of the blocks, error 0.017 at B = 8, against 95.5 µs, 43%, 0.013
     (the plain loop: 99.3 µs, 45%, 0.011); pass the plain step explicitly to keep the plain loop's error.
-    With ``lookahead`` (the grid build deciding one chunk late, LOOP_LOOKAHEAD) an iteration costs
-    ``LOOP_ITERATION_US_LOOKAHEAD`` and a stop reads one more whole chunk (the one attended while deciding), so the
-    cost is ``need / step * iteration + 1.5 step * block`` and the step ``sqrt(need * iteration / (1.5 block))``.
     With ``speculate`` the step is one speculative CTA's chunk, ``spec_step(nmax)``."""
     if speculate:
         return spec_step(nmax)
     unit = cluster * warps * (2 if pairs else 1)
-    iteration_us = (LOOP_ITERATION_US_LOOKAHEAD if lookahead else LOOP_ITERATION_US_PAIRS if pairs
-                    else LOOP_ITERATION_US)
-    past = 1.5 if lookahead else 0.5  # chunks read past the stop: half of one on average (and the one attended ahead)
+    iteration_us = LOOP_ITERATION_US_PAIRS if pairs else LOOP_ITERATION_US
     per_group_gbs = min(cluster * LOOP_SM_GBS, COPY_CEILING_GBS / max(1, batch * groups))
     block_us = block_bytes / per_group_gbs / 1e3
     need = max(1.0, (PREDICTED_SHARE if predicted else STEP_SHARE) * nmax)
-    best = math.sqrt(need * iteration_us / (past * block_us)) if lookahead else math.sqrt(2.0 * need * iteration_us
-                                                                                          / block_us)
+    best = math.sqrt(2.0 * need * iteration_us / block_us)
 
     def cost(step: int) -> float:
-        return need / step * iteration_us + past * step * block_us
+        return need / step * iteration_us + step / 2 * block_us
 
     below = max(1, math.floor(best / unit)) * unit
     step = min((below, below + unit), key=cost)
@@ -683,7 +647,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
            q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None,
-           first_prev: bool = False, loop_part=None, read_end=None) -> None:
+           first_prev: bool = False) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -826,20 +790,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
                                  f"of the build's {warps} warps), got {list(buf.shape)}")
         args = args + (xstats, xcount, xpart)
         defines["grid"] = ctas
-        if LOOP_LOOKAHEAD:
-            args = args + (_lookahead_read_end(read_end, b, hq // g),)
-            defines["lookahead"] = 1
         grid = (ctas, hq // g, b)
         launch = {"cooperative": True} if GRID_COOPERATIVE else {}
-    elif (LOOP_LOOKAHEAD and version == 3 and cluster > 1 and offload is None and split is None
-          and stop not in ("none", "budget")):
-        # the clusters' look-ahead: every warp's output terms of the last two chunks, loaded back at a stop
-        want = lookahead_part_shape(b, hq // g, cluster, warps, g, d)
-        if loop_part is None or tuple(loop_part.shape) != want:
-            raise ValueError(f"LOOP_LOOKAHEAD's cluster build needs loop_part of shape {list(want)} "
-                             f"(lookahead_part_shape), got {None if loop_part is None else list(loop_part.shape)}")
-        args = args + (loop_part, _lookahead_read_end(read_end, b, hq // g))
-        defines["lookahead"] = 1
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None
     if clocked:
         defines["loop_clock"] = 1

@@ -47,8 +47,7 @@ class DecodeOutput:
         mass_estimate: ``[B, Hq]`` float32: the stop rule's estimate of the attended mass fraction.
         num_speculated: ``[B, Gn]`` int32 (``speculate`` plans, else None): the first ``num_speculated`` entries of
             ``order`` were read in parallel before the verifier ran; the blocks read are the first
-            ``max(num_used, num_speculated)``. Under ``_kernels.LOOP_LOOKAHEAD`` the loop's reading ends one chunk
-            past the stop (the chunk attended while the stop was decided): that end, so that ``num_read`` counts it.
+            ``max(num_used, num_speculated)``.
     """
 
     out: Any
@@ -145,8 +144,8 @@ class DecodePlan:
             the estimate and the order). Not with ``stop="certified"``.
     """
 
-    # whether the plain loop runs whole in one launch, so it may take the grid build (_kernels.pick_grid) and the
-    # look-ahead (_kernels.LOOP_LOOKAHEAD); the offload decoder's runs an iteration a launch
+    # whether the plain loop runs whole in one launch, so it may take the grid build (_kernels.pick_grid); the
+    # offload decoder's runs an iteration a launch
     _whole_loop = True
 
     @requires_gpu
@@ -213,11 +212,6 @@ class DecodePlan:
                           else 0)
         if self.grid_ctas:
             self.cluster = 1
-        # the look-ahead build (_kernels.LOOP_LOOKAHEAD: each chunk decided one chunk late) where the plain loop runs
-        # on the grid or on clusters of 2 or more: its step (pick_step) and its buffers (below) follow this one test
-        self._lookahead = bool(_kernels.LOOP_LOOKAHEAD and self.mode == "psa" and self.version == 3
-                               and self.speculate is None and (self.grid_ctas or self.cluster > 1)
-                               and self._whole_loop)
         # the loop's warps a CTA as its build fits them (the step's unit; the grid build's entries, one a warp)
         loop_warps, pairs = _kernels.loop_launch(d=cache.dp, s=cache.block_size, g=self.g, version=self.version,
                                                  warps=self.warps, stages=self.stages)
@@ -225,8 +219,7 @@ class DecodePlan:
             step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.grid_ctas or self.cluster,
                                       warps=loop_warps, block_bytes=block_bytes,
                                       speculate=self.speculate is not None, pairs=pairs,
-                                      predicted=self.first_chunk == "predicted" and self.stop in SKETCH_RULES,
-                                      lookahead=self._lookahead)
+                                      predicted=self.first_chunk == "predicted" and self.stop in SKETCH_RULES)
         self.step = step
         if speculate_extra is not None and self.speculate is None:
             raise ValueError("speculate_extra needs speculate (a margin)")
@@ -275,11 +268,6 @@ class DecodePlan:
             c = self.grid_ctas
             xstats, xcount, xpart = _kernels.grid_exchange_shapes(b, self.gn, c, loop_warps, self.g, dp)
             self._grid_group = (c, cupy.empty(xstats, f32), cupy.zeros(xcount, cupy.uint32), cupy.empty(xpart, f32))
-        # the look-ahead (_kernels.LOOP_LOOKAHEAD): where each group's reading ended, and on clusters every warp's
-        # output terms after each chunk
-        self._read_end = cupy.zeros((b, self.gn), i32) if self._lookahead else None
-        self._loop_part = (cupy.empty(_kernels.lookahead_part_shape(b, self.gn, self.cluster, loop_warps, self.g, dp),
-                                      f32) if self._lookahead and not self.grid_ctas else None)
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)
@@ -457,15 +445,12 @@ class DecodePlan:
                         q_mma=self.q_mma, qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
                         first_len=first_len, first_prev=previous, q_exact=self._q_exact, grid_group=self._grid_group,
-                        loop_part=self._loop_part, read_end=self._read_end,
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,
                                                                   self.spec_warps, self.spec_items),
                         **self._shape())
-        read_ahead = (self._read_end if self._read_end is not None
-                      else None if self.istate is None else self.istate[..., 3])
         return DecodeOutput(self.out[..., : c.head_dim], order, num_used, self.iterations, self.reason,
-                            self.mass_estimate, read_ahead)
+                            self.mass_estimate, None if self.istate is None else self.istate[..., 3])
 
 
 @requires_gpu

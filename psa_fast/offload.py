@@ -340,7 +340,7 @@ class OffloadDecoder(DecodePlan):
             loading); make ``step`` or the batch smaller, or the pool larger.
     """
 
-    _whole_loop = False  # its loop runs an iteration a launch (the offload build), on clusters, never looking ahead
+    _whole_loop = False  # its loop runs an iteration a launch (the offload build), on clusters
 
     def __init__(self, cache: OffloadKVCache, *, lookahead: int = 1, graphs: bool = True, unroll: int = 4,
                  loader_thread: bool = False, timeout: float = 60.0,

@@ -804,25 +804,19 @@ def test_pick_grid_takes_the_grid_build_where_it_was_measured_faster(monkeypatch
     assert [_kernels.pick_grid(n, 16, 8192, 256, gemma) for n in (1, 2)] == [0, 0]
 
 
-def test_grid_exchange_buffers_hold_the_iterations_the_build_keeps(monkeypatch):
+def test_grid_exchange_buffers_hold_the_iterations_the_build_keeps():
     """The grid build's exchange buffers (psa_fast._kernels.grid_exchange_shapes): every CTA's statistics of two
-    iterations, the two counters, and every warp's output terms of one iteration; with LOOP_LOOKAHEAD (each chunk
-    decided one chunk late) four iterations' statistics, two arrival counters by the chunk's parity beside the CTAs
-    out (four entries) and two iterations' output terms, as decode.cu's PSA_XSTATS, PSA_XCOUNT and the look-ahead's
-    finish index them."""
+    iterations, the two counters, and every warp's output terms of one iteration, as decode.cu's PSA_XSTATS and
+    PSA_XCOUNT and the finish index them."""
     from psa_fast import _kernels
 
-    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 0)
     xstats, xcount, xpart = _kernels.grid_exchange_shapes(3, 2, 16, 4, 4, 256)
     assert (xstats, xcount, xpart) == ((3, 2, 2, 16, 4, 4), (3, 2, 2), (3, 2, 64, 4, 260))
-    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
-    xstats, xcount, xpart = _kernels.grid_exchange_shapes(3, 2, 16, 4, 4, 256)
-    assert (xstats, xcount, xpart) == ((3, 2, 4, 16, 4, 4), (3, 2, 4), (3, 2, 128, 4, 260))
 
 
 def _launches(monkeypatch, **kwargs):
     """psa_fast._kernels.decode's launches for a PSA loop of Llama-3.1-8B's shape (B = 2, 8 query heads, groups of 4,
-    D 128, 64 blocks), recorded by a stand-in for the kernel build (no GPU): a list of ``(build options, grid, block,
+    D 128, 64 blocks; stop ema unless ``stop`` is given), recorded by a stand-in for the kernel build (no GPU): a list of ``(build options, grid, block,
     arguments, launch keywords)``."""
     from psa_fast import _kernels
 
@@ -838,101 +832,58 @@ def _launches(monkeypatch, **kwargs):
     q = np.zeros((b, hq, d), np.float32)
     pool = np.zeros((4 * nmax, 16, d), np.float16)
     ints = np.zeros((b, hq // g, nmax), np.int32)
+    kwargs.setdefault("stop", "ema")
     _kernels.decode(q, pool, pool, ints, np.zeros(b, np.int32), ints, None, q, ints, ints, ints, q,
-                    d=d, s=16, g=g, hq=hq, hkv=hq // g, nmax=nmax, stop="ema", threshold=0.95, step=64, forced=2,
+                    d=d, s=16, g=g, hq=hq, hkv=hq // g, nmax=nmax, threshold=0.95, step=64, forced=2,
                     warps=8, **kwargs)
     return launches
 
 
-def test_decode_launches_the_grid_and_the_lookahead_builds_as_their_buffers_say(monkeypatch):
+def test_decode_launches_the_grid_build_as_its_buffers_say(monkeypatch):
     """_kernels.decode (CPU, the build replaced): the grid build launches ``ctas`` CTAs a group, cooperatively, with its
-    three exchange buffers as the last arguments; with LOOP_LOOKAHEAD its build gets the look-ahead define, buffers of
-    grid_exchange_shapes' look-ahead shapes (a buffer of the plain shape is a ValueError naming it) and ``read_end``
-    last; a cluster build under LOOP_LOOKAHEAD takes ``loop_part`` (lookahead_part_shape) and ``read_end`` last and
-    refuses to launch without either; without LOOP_LOOKAHEAD neither build has the define."""
+    three exchange buffers as the last arguments; a buffer of another shape is a ValueError naming it; a cluster build
+    has no grid define."""
     from psa_fast import _kernels
 
     warps = _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8)[0]
-    read_end = np.zeros((2, 2), np.int32)
-    for look in (0, 1):
-        monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", look)
-        shapes = _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128)
-        bufs = tuple(np.zeros(sh, np.float32) for sh in shapes)
-        (options, grid, block, args, kw), = _launches(monkeypatch, cluster=1, grid_group=(16,) + bufs,
-                                                      read_end=read_end)
-        assert grid == (16, 2, 2) and block == (warps * 32,) and options["grid"] == 16
-        assert options.get("cooperative", False) == bool(_kernels.GRID_COOPERATIVE) and "cooperative" not in kw
-        assert (args[-4:] == bufs + (read_end,)) if look else (args[-3:] == bufs)
-        assert options.get("lookahead", 0) == look
-        part = np.zeros(_kernels.lookahead_part_shape(2, 2, 8, warps, 4, 128), np.float32)
-        (options, grid, _, args, _), = _launches(monkeypatch, cluster=8, loop_part=part, read_end=read_end)
-        assert grid == (8, 2, 2) and "grid" not in options and options.get("lookahead", 0) == look
-        assert (args[-2] is part and args[-1] is read_end) if look else all(a is not part for a in args)
-    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
-    with pytest.raises(ValueError, match="loop_part"):
-        _launches(monkeypatch, cluster=8, read_end=read_end)
-    with pytest.raises(ValueError, match="read_end"):
-        _launches(monkeypatch, cluster=8, loop_part=part)
-    with pytest.raises(ValueError, match="read_end"):
-        _launches(monkeypatch, cluster=1, grid_group=(16,) + tuple(
-            np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128)))
-    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 0)
-    plain = tuple(np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128))
-    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
-    with pytest.raises(ValueError, match="xstats"):
-        _launches(monkeypatch, cluster=1, grid_group=(16,) + plain)
+    shapes = _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128)
+    bufs = tuple(np.zeros(sh, np.float32) for sh in shapes)
+    (options, grid, block, args, kw), = _launches(monkeypatch, cluster=1, grid_group=(16,) + bufs)
+    assert grid == (16, 2, 2) and block == (warps * 32,) and options["grid"] == 16
+    assert options.get("cooperative", False) == bool(_kernels.GRID_COOPERATIVE) and "cooperative" not in kw
+    assert args[-3:] == bufs
+    (options, grid, _, args, _), = _launches(monkeypatch, cluster=8)
+    assert grid == (8, 2, 2) and "grid" not in options
+    wrong = bufs[:2] + (np.zeros(shapes[2][:2] + (shapes[2][2] + 1,) + shapes[2][3:], np.float32),)
+    with pytest.raises(ValueError, match="xpart"):
+        _launches(monkeypatch, cluster=1, grid_group=(16,) + wrong)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
 def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp_path):
     """Each build of decode.cu that _kernels.decode launches takes as many arguments as the host passes: the plain
-    loop on clusters and on the grid, each with and without LOOP_LOOKAHEAD (whose builds add parameters: a
-    cluster's loop_part), compiled to PTX with the launch's own defines (nvcc, no GPU); a missing or extra argument
-    would otherwise be found only on the device."""
+    loop on clusters and on the grid, each for ema and for the sketch rule (whose plain loop and grid builds take the
+    decision's loads early, PSA_SKETCH_RULE), compiled to PTX with the launch's own defines (nvcc, no GPU); a missing
+    or extra argument would otherwise be found only on the device."""
     from psa_fast import _kernels
 
     warps = _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8)[0]
     src = tmp_path / "decode.cu"
     src.write_text(_kernels._source("decode.cu"))
-    for look in (0, 1):
-        monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", look)
-        grid_bufs = tuple(np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128))
-        part = np.zeros(_kernels.lookahead_part_shape(2, 2, 8, warps, 4, 128), np.float32)
-        read_end = np.zeros((2, 2), np.int32)
-        for kwargs in ({"cluster": 1, "grid_group": (16,) + grid_bufs, "read_end": read_end},
-                       {"cluster": 8, "loop_part": part, "read_end": read_end}):
-            (options, _, _, args, _), = _launches(monkeypatch, **kwargs)
-            flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in options.items() if k not in ("entry", "cooperative")]
-            ptx = tmp_path / "k.ptx"
-            subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
-            text = ptx.read_text()
-            head = text[text.index(".entry psa_decode("):]
-            params = head[:head.index(")")].count(".param")
-            assert params == len(args), (look, kwargs.keys(), params, len(args))
-
-
-def test_the_lookahead_protocol_holds_with_the_kernels_buffers_and_counters():
-    """benchmarks/lookahead_protocol.py models the look-ahead's exchange between a group's CTAs under random
-    interleavings. With the buffers decode.cu gives the look-ahead (PSA_XSTATS on the grid, PSA_CTA_STATS on
-    clusters) and the grid's arrivals counted by the chunk's parity, no run reads another chunk's statistics or terms,
-    leaves a counter set or stops elsewhere than the plain loop; one buffer fewer, or one counter, fails some runs (so
-    the model can tell)."""
-    import re
-
-    import lookahead_protocol as lp
-
-    src = (Path(__file__).resolve().parents[1] / "psa_fast" / "kernels" / "decode.cu").read_text()
-
-    def with_lookahead(name: str) -> int:
-        return int(re.search(rf"#define {name} \(PSA_LOOKAHEAD_ON \? (\d+) : \d+\)", src).group(1))
-
-    xstats, cta_stats = with_lookahead("PSA_XSTATS"), with_lookahead("PSA_CTA_STATS")
-    assert "group_arrive(xcount + PSA_XCOUNT * gid + (c_it & 1))" in src  # (the arrivals by the chunk's parity)
-    assert lp.failures(lp.grid_run, 1500, 1, buffers=xstats, parity_counters=True) == 0
-    assert lp.failures(lp.cluster_run, 1500, 1, buffers=cta_stats) == 0
-    assert lp.failures(lp.grid_run, 1500, 1, buffers=xstats - 1, parity_counters=True) > 0
-    assert lp.failures(lp.grid_run, 1500, 1, buffers=xstats, parity_counters=False) > 0
-    assert lp.failures(lp.cluster_run, 1500, 1, buffers=cta_stats - 1) > 0
+    grid_bufs = tuple(np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128))
+    sketch = (np.zeros((2, 8, 64), np.float32),) * 2
+    for kwargs in ({"cluster": 1, "grid_group": (16,) + grid_bufs}, {"cluster": 8},
+                   {"cluster": 1, "grid_group": (16,) + grid_bufs, "stop": "sketch_avg", "sketch": sketch},
+                   {"cluster": 8, "stop": "sketch_avg", "sketch": sketch}):
+        (options, _, _, args, _), = _launches(monkeypatch, **kwargs)
+        assert options.get("sketch_rule", 0) == (kwargs.get("stop") == "sketch_avg")
+        flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in options.items() if k not in ("entry", "cooperative")]
+        ptx = tmp_path / "k.ptx"
+        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
+        text = ptx.read_text()
+        head = text[text.index(".entry psa_decode("):]
+        params = head[:head.index(")")].count(".param")
+        assert params == len(args), (kwargs.keys(), params, len(args))
 
 
 def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatch):
@@ -1011,29 +962,6 @@ def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
         assert unit <= predicted < plain and predicted % unit == 0, (b, nmax, plain, predicted)
     assert _kernels.pick_step(1, 1, 3, cluster=8, warps=4, block_bytes=16384, predicted=True) == 32  # a block a warp
     assert [_kernels.spec_step(n) for n in (1, 2048, 4096, 8192, 32768)] == [16, 16, 16, 32, 128]  # the benches'
-
-
-def test_pick_step_with_the_lookahead_prices_one_more_chunk_and_a_cheaper_iteration():
-    """pick_step(lookahead=True) (the grid build deciding one chunk late, LOOP_LOOKAHEAD): an iteration costs
-    LOOP_ITERATION_US_LOOKAHEAD and a stop reads a whole chunk more, so the step is the unit multiple nearest
-    ``sqrt(need * iteration / (1.5 block))`` by the model's cost, a whole number of blocks a warp, and smaller than the
-    plain loop's where the iteration is cheaper than ``3 LOOP_ITERATION_US``; never more than the blocks."""
-    import math
-
-    from psa_fast import _kernels
-
-    for b, groups, nmax, ctas, warps, block_bytes in ((8, 1, 2048, 16, 4, 16384), (1, 8, 8192, 16, 8, 8192),
-                                                     (32, 1, 2048, 4, 4, 16384)):
-        shape = dict(cluster=ctas, warps=warps, block_bytes=block_bytes)
-        ahead = _kernels.pick_step(b, groups, nmax, **shape, lookahead=True)
-        plain = _kernels.pick_step(b, groups, nmax, **shape)
-        unit = ctas * warps
-        assert ahead % unit == 0 and unit <= ahead < plain, (b, nmax, ahead, plain)
-        block_us = block_bytes / min(ctas * _kernels.LOOP_SM_GBS, _kernels.COPY_CEILING_GBS / (b * groups)) / 1e3
-        need = _kernels.STEP_SHARE * nmax
-        best = math.sqrt(need * _kernels.LOOP_ITERATION_US_LOOKAHEAD / (1.5 * block_us))
-        assert abs(ahead - best) <= unit, (ahead, best)
-    assert _kernels.pick_step(1, 1, 3, cluster=16, warps=4, block_bytes=16384, lookahead=True) == 64
 
 
 def test_the_loop_pairs_where_decode_cu_does(monkeypatch):

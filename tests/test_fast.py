@@ -611,21 +611,15 @@ def test_every_output_element_is_written(metadata, stop):
         assert bool((dec.num_used > 0).all()) and bool((dec.iterations > 0).all()) and bool((dec.reason >= 0).all())
 
 
-def ragged_cache(rng, lens, *, hq, hkv, d, s, layer=0, metadata="cuboid_mean", skewed=()):
+def ragged_cache(rng, lens, *, hq, hkv, d, s, layer=0, metadata="cuboid_mean"):
     """A cache whose requests hold ``lens`` tokens in layer ``layer`` (of ``layer + 1``), and each request's
-    host problem ``(q [Hq, D], k, v [Hkv, T, D])`` float16. The requests whose index is in ``skewed`` are drawn like
-    real attention (a sink, a recent window, hot blocks: ``skewed_like_trace``), where every stop rule stops early;
-    the others have flat random logits (``logit_scale`` 2), where the sketch and certified rules read to the end."""
+    host problem ``(q [Hq, D], k, v [Hkv, T, D])`` float16, drawn with flat random logits (``logit_scale`` 2)."""
     cache = psa_fast.PagedKVCache(num_layers=layer + 1, batch=len(lens), num_kv_heads=hkv, head_dim=d,
                                   max_tokens=max(lens), block_size=s, metadata=metadata)
     data = []
     for b, t in enumerate(lens):
-        if b in skewed:
-            q, k, v = psa_ref.testing.skewed_like_trace(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
-                                                        block_size=s, hot_fraction=0.15)
-        else:
-            q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
-                                                     logit_scale=2.0, dtype=np.float16)
+        q, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
+                                                 logit_scale=2.0, dtype=np.float16)
         cache.prefill(layer, b, cupy.asarray(k), cupy.asarray(v))
         data.append((q, k, v))
     return cache, data
@@ -932,22 +926,17 @@ def lift_grid_thresholds(monkeypatch):
         monkeypatch.setattr(_kernels, name, 0)
 
 
-@pytest.mark.parametrize("lookahead", [0, 1])
 @pytest.mark.parametrize("stop,metadata,d,hq,hkv", [("ema", "cuboid_mean", 128, 8, 2), ("sketch_avg", "quant3", 64, 6, 2),
                                                      ("certified", "minmax", 128, 8, 2), ("ema", "cuboid_mean", 256, 4, 1)])
-def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypatch, stop, metadata, d, hq, hkv,
-                                                                       lookahead):
+def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypatch, stop, metadata, d, hq, hkv):
     """The loop's grid build (_kernels.LOOP_GRID, decode.cu's PSA_GRID): a group's 24 CTAs are CTAs of the grid, not a
     cluster, and exchange each iteration's statistics, the barrier and the outputs through global memory. Over several
     iterations it gives psa_ref's blocks, iterations, stop and output for every head (rules reading one scalar a head,
     the sketch window's block masses, the certified bounds; Llama's, SmolLM2's and Gemma 3's head dims), the cluster
     build's blocks, iterations and reasons bit for bit, and a second run and a replayed CUDA graph of it the same bits
     (each launch leaves its counters at zero; launched cooperatively where _kernels.GRID_COOPERATIVE). Its exchange
-    buffer holds an entry for every warp of the group (two iterations' with _kernels.LOOP_LOOKAHEAD, which decides each
-    chunk one chunk late and must conform the same); one of another shape is a ValueError, not a launch."""
+    buffer holds an entry for every warp of the group; one of another shape is a ValueError, not a launch."""
     from psa_fast import _kernels
-
-    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", lookahead)
 
     rng = np.random.default_rng(d + hq)
     t = 1200 * 16 + 9
@@ -978,8 +967,8 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
         stream.synchronize()
     (cl, _), (first, again) = runs[0], runs[24]
     ctas, xstats, xcount, xpart = plan._grid_group  # every warp of the group writes its output terms
-    assert xpart.shape[2:] == ((1 + lookahead) * 24 * _kernels.loop_launch(d=d, s=16, g=plan.g, version=3,
-                                                                           warps=plan.warps)[0], plan.g, b.cache.dp + 4)
+    assert xpart.shape[2:] == (24 * _kernels.loop_launch(d=d, s=16, g=plan.g, version=3, warps=plan.warps)[0], plan.g,
+                               b.cache.dp + 4)
     plan._grid_group = (ctas, xstats, xcount, xpart[:, :, :-1])
     with pytest.raises(ValueError, match="xpart"):
         plan.run(q32)
@@ -1059,83 +1048,6 @@ def test_early_window_keeps_every_bit(monkeypatch, kernel_switch, case):
     base = assert_define_keeps_every_bit(kernel_switch, "early_window", plan, q, calls=2 if previous else 1,
                                          before=plan.forget_previous if previous else None)
     assert int(base["num_used"].min()) < int(base["num_used"].max())  # (the requests' ends differ)
-
-
-@pytest.mark.parametrize("build", ["grid", "cluster"])
-@pytest.mark.parametrize("case", ["sketch_avg", "sketch_avg_d256", "certified", "ema", "ema_predicted"])
-def test_lookahead_keeps_every_bit(monkeypatch, case, build):
-    """_kernels.LOOP_LOOKAHEAD (decode.cu's PSA_LOOKAHEAD; the grid build and clusters of 2 or more): each chunk is
-    decided one chunk late, while the group attends the next, and a stop drops the chunk attended past it. On a ragged
-    batch (a request shorter than its forced blocks, one of a single chunk, two of many) the outputs, blocks,
-    iterations, reasons and mass estimates are those of the plain loop of the same build, bit for bit, for the sketch
-    rule (D 64 and Gemma 3's D 256), the certified rule and ema, with a predicted first chunk too; a second call and a
-    replayed CUDA graph give the same bits (the grid's extra arrivals leave its counters at zero after each launch, a
-    cluster's barrier phases stay paired). A cluster plan made without the look-ahead's buffer refuses to launch the
-    look-ahead build (ValueError naming loop_part). Its blocks read (``num_read``) end one chunk past the stop, where
-    the chunk after ``num_used`` ends; the plain loop's are ``num_used``."""
-    from psa_fast import _kernels
-
-    stop = "ema" if case.startswith("ema") else case.removesuffix("_d256")
-    metadata = {"sketch_avg": "quant3", "certified": "minmax", "ema": "cuboid_mean"}[stop]
-    d, hq, hkv = (256, 4, 1) if case.endswith("d256") else (64, 6, 2)
-    lens = [16, 40, 700, 3000]
-    # (the last request drawn like real attention: every rule stops in it before the end, at s44's first run the
-    # flat random data had the sketch and certified rules read every block, and no look-ahead chunk was dropped)
-    cache, data = ragged_cache(np.random.default_rng(44), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata,
-                               skewed=(3,))
-    if build == "grid":
-        lift_grid_thresholds(monkeypatch)
-        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
-    else:
-        monkeypatch.setattr(_kernels, "LOOP_GRID", 0)
-    q = cupy.asarray(np.stack([q for q, _, _ in data]))
-    names = ("out", "num_used", "iterations", "reason", "mass_estimate")
-    runs = []
-    for lookahead in (0, 1):
-        monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", lookahead)
-        plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, stop=stop, sink_blocks=1, recent_blocks=2,
-                             step=16, **({"first_chunk": "predicted"} if case == "ema_predicted" else {}))
-        assert (plan.grid_ctas == 8) if build == "grid" else (plan.grid_ctas == 0 and plan.cluster > 1)
-        assert (plan._loop_part is not None) == (build == "cluster" and lookahead == 1)
-        calls = []
-        for _ in range(2):
-            plan.out.fill(np.nan)
-            dec = plan.run(q)
-            calls.append({name: cupy.asnumpy(getattr(dec, name)) for name in names})
-        used, read = cupy.asnumpy(dec.num_used), cupy.asnumpy(dec.num_read)
-        if lookahead:  # the end of the chunk that starts at num_used (the loop's chunk boundaries)
-            n = np.array([-(-t // 16) for t in lens])[:, None]
-            first = np.minimum(n, plan.sink_blocks + plan.recent_blocks)
-            ranked = cupy.asnumpy(plan.first_len) if plan.first_len is not None else 0
-            first2 = np.minimum(n, first + ranked)
-            after = np.where(used < first, first, np.where(used < first2, first2, used + plan.step))
-            np.testing.assert_array_equal(read, np.minimum(n, np.where(used >= n, n, after)))
-            assert (read > used).any()  # (some group stopped before the end and read a chunk past it)
-        else:
-            np.testing.assert_array_equal(read, used)
-        stream = cupy.cuda.Stream(non_blocking=True)
-        with stream:
-            stream.begin_capture()
-            captured = plan.run(q)
-            graph = stream.end_capture()
-            captured.out.fill(np.nan)
-            graph.launch(stream)
-            stream.synchronize()
-        calls.append({name: cupy.asnumpy(getattr(captured, name)) for name in names})
-        for again in calls[1:]:
-            for name in names:
-                np.testing.assert_array_equal(again[name], calls[0][name], err_msg=f"lookahead {lookahead}: {name}")
-        runs.append(calls[0])
-    assert not np.isnan(runs[0]["out"]).any()
-    assert int(runs[0]["iterations"].max()) > 2  # (decisions one chunk late over several chunks)
-    for name in names:
-        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
-    if build == "cluster":
-        monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 0)
-        plain = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, stop=stop, sink_blocks=1, recent_blocks=2, step=16)
-        monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
-        with pytest.raises(ValueError, match="loop_part"):
-            plain.run(q)
 
 
 @pytest.mark.parametrize("define", ["decide_prefetch", "decide_overlap"])

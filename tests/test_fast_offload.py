@@ -124,18 +124,21 @@ def test_topk_offload_equals_resident():
     same_decode(a, b, "topk")
 
 
-def test_offload_decoder_never_looks_ahead(monkeypatch):
-    """The look-ahead build (_kernels.LOOP_LOOKAHEAD) decides a chunk while the next is attended inside one launch;
-    the offload decoder runs an iteration a launch, so it takes neither that build nor its buffers, and decodes
-    what the resident plan (which may look ahead) decodes."""
+def test_offload_decoder_never_takes_the_grid_build(monkeypatch):
+    """The grid build (_kernels.pick_grid) runs a group's whole loop in one launch; the offload decoder runs an
+    iteration a launch, so it stays on clusters where the resident plan goes to the grid, and decodes what that plan
+    decodes."""
     from psa_fast import _kernels
 
-    monkeypatch.setattr(_kernels, "LOOP_LOOKAHEAD", 1)
+    for name in ("GRID_MIN_GROUP_MIB", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
+        monkeypatch.setattr(_kernels, name, 0)
+    monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
     res, off, qs = build(np.random.default_rng(5), lens=[300, 77], hq=8, hkv=2, d=128, s=16, num_slots=64)
     opts = dict(num_q_heads=8, threshold=0.9, step=4, sink_blocks=1, recent_blocks=1)
+    resident = psa_fast.plan(res, **opts)
     dec = OffloadDecoder(off, **opts)
-    assert not dec._lookahead and dec._read_end is None and dec._loop_part is None
-    same_decode(frozen(psa_fast.plan(res, **opts).run(qs[0])), dec.run(qs[0]), "look-ahead on")
+    assert resident.grid_ctas == 8 and dec.grid_ctas == 0
+    same_decode(frozen(resident.run(qs[0])), dec.run(qs[0]), "grid build")
 
 
 def test_appends_write_through_and_pool_never_stale():

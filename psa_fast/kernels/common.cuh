@@ -163,13 +163,6 @@ __device__ __forceinline__ void cluster_sync() {
 }
 
 #if PSA_CLUSTER > 1
-// The same barrier in its two halves (decode.cu's PSA_LOOKAHEAD): arrive after writing, wait before reading what the
-// others wrote before they arrived; a thread arrives again only after it has waited.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-#endif
-
-#if PSA_CLUSTER > 1
 // The address in CTA `rank`'s shared memory of what sits at `local_ptr` in this CTA's.
 __device__ __forceinline__ unsigned int dsmem_addr(const void* local_ptr, unsigned int rank) {
     const unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(local_ptr));

@@ -105,9 +105,7 @@
 // 0), waits for all C (group_sync), and warp h combines head h's C totals for every warp; before that barrier each
 // warp also writes its output terms so far to `xpart [B, Gn, C * warps, PSA_G, PSA_D + 4]`, so that when the group
 // stops every CTA combines its share of the output channels from them at once, with no barrier after the loop's;
-// the last CTA to leave (entry 1) resets both counters for the next launch. With PSA_LOOKAHEAD (below) a CTA arrives
-// after each chunk and waits a chunk later, and the buffers hold more iterations (xstats 4, xpart 2: PSA_XSTATS,
-// _kernels.grid_exchange_shapes).
+// the last CTA to leave (entry 1) resets both counters for the next launch (_kernels.grid_exchange_shapes).
 // Every CTA of the grid must be resident at once: the host gives a group at most SMs / groups CTAs and launches the
 // build cooperatively (the driver refuses a grid that cannot be), and a wait longer than a second traps.
 #include "common.cuh"
@@ -182,32 +180,13 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // 92); without them the Gemma 3 builds spill less than the default (grid 44 bytes, clusters 12).
 #define PSA_DECIDE_OVERLAP PSA_SKETCH_RULE
 #endif
-#ifndef PSA_LOOKAHEAD
-// 1 (_kernels.LOOP_LOOKAHEAD; the plain loop on the grid or on clusters of 2 or more): the loop decides each chunk one
-// chunk late. A pass attends the next chunk, publishes its statistics, then decides the one before it, whose
-// statistics every CTA published a chunk ago, so the group's barrier no longer waits for its slowest CTA (and the
-// decision's inputs were asked into L2 as the pass began). Every warp also writes its output terms after each chunk to
-// `xpart` (two iterations' of them); when the group stops, the chunk attended past the stop is dropped: the grid
-// build combines the terms of the decided chunk, a cluster's warps load theirs back, so the blocks, outputs and
-// diagnostics are those of the plain loop, bit for bit, for one more chunk read. (s43, prepared: the grid build's
-// iteration cost ~8 µs on the H100, s42a, of which the barrier's wait ~3; the clusters' ~2.6 on the H200.)
-#define PSA_LOOKAHEAD 0
-#endif
-#define PSA_LOOKAHEAD_ON (PSA_LOOKAHEAD && (PSA_GRID || PSA_CLUSTER > 1) && !PSA_SPEC && !PSA_SPLIT && !PSA_STATEFUL)
-// Iterations' CTA statistics a cluster keeps (cta_stats): two, or three with the look-ahead, whose CTAs write a chunk's
-// before they wait for the one before it (the buffer they reuse was read before the barrier they waited for last).
-#define PSA_CTA_STATS (PSA_LOOKAHEAD_ON ? 3 : 2)
-#define PSA_CTA_SLOT(i) (PSA_LOOKAHEAD_ON ? (i) % 3 : (i) & 1)
-// Iterations' statistics the grid build keeps (xstats [B, Gn, PSA_XSTATS, C, PSA_G]): two, or four with the look-ahead,
-// whose CTAs publish a chunk before they read the group's totals of the one before it: a CTA may then publish chunk
-// k + 3 only after every CTA has published k + 1, which each does after reading chunk k - 1's (the buffer it reuses).
-// Its barrier counters (xcount [B, Gn, PSA_XCOUNT]): the arrivals, then the CTAs out. With the look-ahead a CTA arrives
-// after chunk c before it waits for chunk c - 1, so one counter could reach C c while a CTA has not arrived at c - 1
-// (others counting c): arrivals go to two counters by the chunk's parity (a CTA arrives at c + 2 only after every CTA
-// arrived at c), entry 2 counts the CTAs out. (Both checked in a model of C CTAs under random interleavings: four
-// statistics buffers and the parity counters hold, two or three buffers or one counter do not; NOTES.md, s43.)
-#define PSA_XSTATS (PSA_LOOKAHEAD_ON ? 4 : 2)
-#define PSA_XCOUNT (PSA_LOOKAHEAD_ON ? 4 : 2)
+// Iterations' statistics kept, double-buffered by the iteration's parity: a cluster's CTA totals (cta_stats), the grid
+// build's (xstats [B, Gn, 2, C, PSA_G]); the grid build's barrier counters (xcount [B, Gn, 2]): the arrivals, then the
+// CTAs out. (Until the forty-sixth session a look-ahead build, PSA_LOOKAHEAD, kept three and four; NOTES.md, s46.)
+#define PSA_CTA_STATS 2
+#define PSA_CTA_SLOT(i) ((i) & 1)
+#define PSA_XSTATS 2
+#define PSA_XCOUNT 2
 // (both in the builds that decide: not the speculative one, which leaves after its chunk, nor the split build, whose
 // stop rules read neither array)
 #define PSA_DECIDE_PREFETCH_ON (PSA_DECIDE_PREFETCH && !PSA_SPEC && !PSA_SPLIT)
@@ -363,7 +342,7 @@ __device__ __forceinline__ void group_wait(unsigned int* count, unsigned int tar
     __syncthreads();
 }
 
-// (the grid build's barrier: arrive, then wait; PSA_LOOKAHEAD arrives after a chunk and waits a chunk later)
+// (the grid build's barrier: arrive, then wait)
 __device__ __forceinline__ void group_sync(unsigned int* count, unsigned int target) {
     group_arrive(count);
     group_wait(count, target);
@@ -507,12 +486,11 @@ __device__ __forceinline__ void block_output(const kv_t* stv, float (&sacc)[PSA_
 // A stage's V tile follows its K tile.
 __device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PSA_SP * PSA_D; }
 
-#if PSA_DECIDE_PREFETCH_ON || PSA_LOOKAHEAD_ON
-// PSA_DECIDE_PREFETCH, called by one warp after its part of the chunk ending at `end` (PSA_LOOKAHEAD: as the pass
-// that decides that chunk begins): lanes 3 h, 3 h + 1 and 3 h + 2 ask L2 for the lines of head h (row row0 + h) that
-// the decision reads and no CTA writes in the loop: in `ordered`
-// the window's first position and the next block's (the window and the next block, at most 33 floats, lie on those
-// two lines), and in `log_suffix` the entry at `end`. Positions are clamped into the group's n blocks, as
+#if PSA_DECIDE_PREFETCH_ON
+// PSA_DECIDE_PREFETCH, called by one warp after its part of the chunk ending at `end`: lanes 3 h, 3 h + 1 and 3 h + 2
+// ask L2 for the lines of head h (row row0 + h) that the decision reads and no CTA writes in the loop: in `ordered` the
+// window's first position and the next block's (the window and the next block, at most 33 floats, lie on those two
+// lines), and in `log_suffix` the entry at `end`. Positions are clamped into the group's n blocks, as
 // sketch_window_load clamps its loads. Marked evict-last, so that the chunk streaming through L2 meanwhile does not
 // push them out.
 __device__ __forceinline__ void decide_prefetch(const float* __restrict__ ordered, const float* __restrict__ log_suffix,
@@ -565,12 +543,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #if PSA_GRID
            , float4* __restrict__ xstats, unsigned int* __restrict__ xcount, float* __restrict__ xpart
-#if PSA_LOOKAHEAD_ON
-           , int* __restrict__ read_end  // [B, Gn]: the end of the last chunk read (one past the stop's)
-#endif
-#elif PSA_LOOKAHEAD_ON
-           , float* __restrict__ xpart  // [B, Gn, 2 * CLUSTER * warps, PSA_G, PSA_D + 4]: the warps' terms
-           , int* __restrict__ read_end  // [B, Gn]: the end of the last chunk read (one past the stop's)
 #endif
 #if PSA_LOOP_CLOCK
            , long long* __restrict__ loop_clocks
@@ -878,23 +850,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 
     // Chunk statistics per head, as float4 (max logit, mass relative to it, min log block mass, -):
     // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
-#if PSA_LOOKAHEAD_ON && !PSA_GRID
-    // (two chunks' with the clusters' look-ahead: no barrier keeps a warp that has decided and gone on to the next
-    // chunk from writing its statistics while warp 0 may still read the last chunk's; the grid's arrival is one)
-    __shared__ float4 warp_stats_ab[2][PSA_WARPS][PSA_G];
-#define PSA_WARP_STATS warp_stats_ab[c_it & 1]
-#else
     __shared__ float4 warp_stats[PSA_WARPS][PSA_G];
 #define PSA_WARP_STATS warp_stats
-#endif
 #if PSA_GRID
     __shared__ float4 grid_tot[PSA_G];  // the group's totals of an iteration (warp h's combine of head h)
     const long gid = (long)b * Gn + g;
 #else
     __shared__ float4 cta_stats[PSA_CTA_STATS][PSA_G];
-#if PSA_LOOKAHEAD_ON
-    const long gid = (long)b * Gn + g;
-#endif
 #endif
     // Verifier state per head (verifier.cuh), kept identically by every lane of every warp.
     Verifier ver[PSA_G];
@@ -929,36 +891,24 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #define PSA_ADVANCE(next, after, e) cur = next_position(after, e, gw, NW, first, first2, step, lim)
 #endif
     PSA_LMARK(1);
-    // Each pass attends chunk c_it = [c_pos, c_end), publishes its statistics and decides: the chunk it attended, or
-    // with PSA_LOOKAHEAD the one before it (`it` = [pos, c_pos); the chunk attended past a stop is dropped).
-#if PSA_LOOKAHEAD_ON
-    int c_pos = pos, c_it = it, published = 0;  // (chunks whose statistics this CTA published: the group's count too)
-#endif
+    // Each pass attends chunk `it` = [pos, end), publishes its statistics and decides.
     while (why < 0) {
         PSA_LMARK(2);
-#if PSA_LOOKAHEAD_ON
-        const int c_end = boundary_end(c_pos, first, first2, step, n);  // (c_pos == n: nothing left to attend)
-        if (c_it > it && warp == PSA_WARPS - 1)
-            decide_prefetch(ordered, log_suffix, (long)b * Hq + h0, Nmax, first, c_pos, n, sketch_window, sketchy,
-                            stop == PSA_STOP_CERTIFIED || sketchy);
-#else
-        const int c_pos = pos, c_it = it;
-        const int c_end = boundary_end(pos, first, first2, step, n);  // (pos: a chunk boundary)
-#endif
+        const int end = boundary_end(pos, first, first2, step, n);  // (pos: a chunk boundary)
         // This warp's share of the chunk for heads 2 quad + e (e = 0, 1): max logit, mass relative to it, min
         // log block mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
         float cm[2] = {-PSA_INF, -PSA_INF}, cs[2] = {0.f, 0.f}, cmin[2] = {PSA_INF, PSA_INF}, ce[2] = {0.f, 0.f};
-        const int clen = c_end - c_pos;
+        const int clen = end - pos;
 
-        for (; cur < c_end; ++consumed) {
+        for (; cur < end; ++consumed) {
             const int j = PSA_BLOCK_AT(consumed, cur);
             __syncwarp();  // every lane is done reading the stages that issue() refills
             issue(false);  // blocks up to consumed + PSA_STAGES - 1 issued (the rule before every block or pair)
 #if PSA_PAIR_ON
             if (issued < consumed + PSA_STAGES) issue(false);  // after a pair: its second stage refilled as well
-            int e2 = min(c_end, lim);  // the end of the chunk of cur (and of cur2, if in it)
+            int e2 = min(end, lim);  // the end of the chunk of cur (and of cur2, if in it)
             const int cur2 = PSA_POSITION_AT(consumed + 1, e2, cur);
-            if (cur2 < c_end) {
+            if (cur2 < end) {
                 // Two blocks of the chunk at once (twice the independent work a warp; the ring's third stage
                 // loads meanwhile). The chunk's statistics take the blocks one by one in order, as the single
                 // path does, so every decision is the same; the output moves to the pair's max once.
@@ -970,9 +920,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 float sacc[PSA_SP / 16][4], sacc2[PSA_SP / 16][4], bm[2], bs[2], bm2[2], bs2[2];
                 block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
                 block_logits(stk2, qa, q_has_lo, min(PSA_S, len - j2 * PSA_S), qk_scale, lane, sacc2, bm2, bs2);
-                fold_block(cur, c_pos, clen, c_it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
+                fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
                            (long)b * Hq + h0, Nmax, base, lane);
-                fold_block(cur2, c_pos, clen, c_it, log_keep, ema_w, bm2, bs2, cm, cs, cmin, ce, sketchy, lmass,
+                fold_block(cur2, pos, clen, it, log_keep, ema_w, bm2, bs2, cm, cs, cmin, ce, sketchy, lmass,
                            (long)b * Hq + h0, Nmax, base, lane);
                 float top[2], c_new[2], c_new2[2];
 #pragma unroll
@@ -986,7 +936,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 }
                 block_output(ring_v(stk), sacc, c_new, lane, oacc);
                 block_output(ring_v(stk2), sacc2, c_new2, lane, oacc);
-                e2 = min(c_end, lim);
+                e2 = min(end, lim);
                 PSA_ADVANCE(consumed + 2, cur2, e2);
                 ++consumed;  // the loop's increment adds the second
                 continue;
@@ -997,7 +947,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             const kv_t* stk = stage(consumed);
             float sacc[PSA_SP / 16][4], bm[2], bs[2];
             block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
-            fold_block(cur, c_pos, clen, c_it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
+            fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
                        (long)b * Hq + h0, Nmax, base, lane);
             move_max(bm, wm, wl, oacc);
             float c_new[2];
@@ -1007,7 +957,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 wl[e] += bs[e] * c_new[e];
             }
             block_output(ring_v(stk), sacc, c_new, lane, oacc);
-            int e1 = min(c_end, lim);
+            int e1 = min(end, lim);
             PSA_ADVANCE(consumed + 1, cur, e1);
         }
 
@@ -1017,33 +967,25 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         // in the eighteenth session for every head dim: Llama's dense at 32K B = 1 42.7 against 44.3 µs, but Gemma 3's
         // D 256 slower at every batch, cause not found; that was before the rings were aligned, s32.)
         why = PSA_REASON_EXHAUSTED;
-        pos = c_end;
+        pos = end;
         break;
 #endif
 #if PSA_DECIDE_PREFETCH_ON
         if (warp == PSA_WARPS - 1)
-            decide_prefetch(ordered, log_suffix, (long)b * Hq + h0, Nmax, first, c_end, n, sketch_window, sketchy,
+            decide_prefetch(ordered, log_suffix, (long)b * Hq + h0, Nmax, first, end, n, sketch_window, sketchy,
                             stop == PSA_STOP_CERTIFIED || sketchy);
 #endif
         // ---- verifier: combine the chunk's statistics over warps, then over the cluster ----
-        // First chunk c_it's statistics (and, grid build, every warp's output terms as they stand) are published where
+        // First the chunk's statistics (and, grid build, every warp's output terms as they stand) are published where
         // the group reads them; then the group's totals of chunk `it` = [pos, end) are read and the rule decides.
-#if PSA_LOOKAHEAD_ON
-        if (c_pos < n || c_it == 0)  // (no chunk is left once the order is used up; the first is published even empty)
-#endif
         {
-#if PSA_GRID || PSA_LOOKAHEAD_ON
+#if PSA_GRID
             // This warp's output terms as they stand (its unnormalised output, max logit and mass relative to it), as
             // if the loop stopped here: the group's barrier below publishes them with the chunk's statistics, so a CTA
             // that leaves the loop combines every warp's entry at once with no barrier of its own (the finish, below).
             // An iteration that goes on overwrites them before its barrier; nobody reads them unless the group stops.
             {
-#if PSA_LOOKAHEAD_ON
-                // (two iterations' terms)
-                float* part = xpart + ((gid * 2 + (c_it & 1)) * NW + gw) * (PSA_G * (PSA_D + 4));
-#else
                 float* part = xpart + (gid * NW + gw) * (PSA_G * (PSA_D + 4));
-#endif
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int h = 2 * quad + e;
@@ -1078,25 +1020,12 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
                 for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
 #if PSA_GRID
-                xstats[((PSA_XSTATS * gid + (c_it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
+                xstats[((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
 #else
-                cta_stats[PSA_CTA_SLOT(c_it)][lane] = t;
+                cta_stats[PSA_CTA_SLOT(it)][lane] = t;
 #endif
             }
-#if PSA_LOOKAHEAD_ON && PSA_GRID
-            group_arrive(xcount + PSA_XCOUNT * gid + (c_it & 1));  // (waited for a chunk later, by the decision)
-            ++published;
-#endif
         }
-#if PSA_LOOKAHEAD_ON
-        const int end = c_pos;          // the decided chunk `it` = [pos, c_pos), one behind the one just attended
-        const bool deciding = c_it > it;  // (none before the first chunk's pass)
-        c_pos = c_end;
-        ++c_it;
-        if (deciding)
-#else
-        const int end = c_end;
-#endif
         {
 #if PSA_DECIDE_OVERLAP_ON
             float dec_x[2 * PSA_G], dec_next[PSA_G];  // the sketch window's inputs, loaded early (-inf unless sketchy)
@@ -1105,12 +1034,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) dec_next[h] = -PSA_INF;
 #endif
-#if PSA_GRID && PSA_LOOKAHEAD_ON
-            group_wait(xcount + PSA_XCOUNT * gid + (it & 1), PSA_GRID * (it / 2 + 1));
-#elif PSA_GRID
+#if PSA_GRID
             group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
-#elif PSA_LOOKAHEAD_ON
-            cluster_wait();  // (for the arrivals after the chunk decided now: the last pass's)
 #else
             cluster_sync();
 #endif
@@ -1215,29 +1140,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             if (rank == 0 && threadIdx.x == 0) lclk[9] += 1;
 #endif
         }
-#if PSA_LOOKAHEAD_ON && !PSA_GRID
-        if (why < 0) {
-            cluster_arrive();  // (this pass's chunk statistics, for the next pass's decision)
-        } else if (deciding) {
-            // The stop came a chunk late: each lane loads back its terms as they stood after the decided chunk (this
-            // warp wrote them a pass ago), and the finish below combines those.
-            const float* part = xpart + ((gid * 2 + ((it - 1) & 1)) * NW + gw) * (PSA_G * (PSA_D + 4));
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int h = 2 * quad + e;
-                if (h < PSA_G) {
-                    const float* ph = part + h * (PSA_D + 4);
-#pragma unroll
-                    for (int ct = 0; ct < PSA_D / 16; ++ct) {
-                        oacc[ct][e] = __ldcg(ph + 16 * ct + hh);
-                        oacc[ct][e + 2] = __ldcg(ph + 16 * ct + hh + 8);
-                    }
-                    wm[e] = __ldcg(ph + PSA_D);  // (written by the lanes of row 0, the ones the finish reads)
-                    wl[e] = __ldcg(ph + PSA_D + 1);
-                }
-            }
-        }
-#endif
 #if PSA_OFFLOAD
         break;  // one iteration per launch
 #endif
@@ -1261,11 +1163,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         constexpr int T = PSA_WARPS * 32, FS = grid_finish_threads(T, per_cta / FV), EPT = (NW + FS - 1) / FS;
         constexpr int ROUNDS = (per_cta / FV + T / FS - 1) / (T / FS);
         static_assert(EPT <= 64, "a thread's entries in registers");
-#if PSA_LOOKAHEAD_ON
-        const float* part0 = xpart + (gid * 2 + ((it - 1) & 1)) * NW * STRIDE;  // (the last decided chunk's)
-#else
         const float* part0 = xpart + gid * NW * STRIDE;
-#endif
         const int out_lo = min(PSA_G * PSA_D, (int)rank * per_cta), out_hi = min(PSA_G * PSA_D, out_lo + per_cta);
         const int sub = threadIdx.x % FS;
         PSA_LMARK(13);
@@ -1325,9 +1223,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         if (threadIdx.x == 0 && rank == 0) {  // (the grid build's loop ends only with a reason)
             const long gi = (long)b * Gn + g;
             num_used[gi] = pos;
-#if PSA_LOOKAHEAD_ON
-            read_end[gi] = c_pos;  // (the chunk attended past the stop was read: its end)
-#endif
             iterations[gi] = it;
             reason[gi] = why;
 #pragma unroll
@@ -1420,9 +1315,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         if (threadIdx.x == 0 && why >= 0) {
             const long gi = (long)b * Gn + g;
             num_used[gi] = pos;
-#if PSA_LOOKAHEAD_ON
-            read_end[gi] = c_pos;  // (the chunk attended past the stop was read: its end)
-#endif
             iterations[gi] = it;
             reason[gi] = why;
         }
@@ -1438,15 +1330,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
 #endif
 #if PSA_GRID
-#if PSA_LOOKAHEAD_ON
-    // The chunk attended past the stop was published but no decision waited for it: before this CTA counts itself
-    // out, its thread 0 sees every CTA's arrival for it (its own included), so that no arrival can land after the
-    // last CTA out has reset the counters.
-    group_wait(xcount + PSA_XCOUNT * gid, PSA_GRID * ((published + 1) / 2));
-    group_wait(xcount + PSA_XCOUNT * gid + 1, PSA_GRID * (published / 2));
-#endif
     if (threadIdx.x == 0) {  // the group's last CTA out resets the counters (every CTA has left the barriers)
-        constexpr int OUT = PSA_LOOKAHEAD_ON ? 2 : 1;  // (the entry that counts the CTAs out; the arrivals' before it)
+        constexpr int OUT = 1;  // (the entry that counts the CTAs out; the arrivals' before it)
         unsigned int* counters = xcount + PSA_XCOUNT * gid;
         unsigned int before;
         asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + OUT) : "memory");
