@@ -369,8 +369,10 @@ def test_long_rule_search_share_order_is_the_librarys():
 def test_profile_decode_step_variants():
     import profile_decode_step as pds
 
-    assert pds.parse_variants("dense, default:s1.0,ema,default:s2,topk,share") == [
-        ("dense", None), ("default", 1.0), ("ema", None), ("default", 2.0), ("topk", None), ("share", None)]
+    assert pds.parse_variants("dense, default:s1.0,ema,default:s2,topk,share,share+first") == [
+        ("dense", None), ("default", 1.0), ("ema", None), ("default", 2.0), ("topk", None), ("share", None),
+        ("share+first", None)]
+    assert "share+first" in pds.QUANT3_VARIANTS and "default+first" in pds.QUANT3_VARIANTS
     for bad, says in (("loop", "not dense"), ("default:2.0", "sM"), ("dense:s1", "not dense"), ("topk:s1", "topk"),
                       (" , ", "no variant")):
         with pytest.raises(ValueError, match=says):
