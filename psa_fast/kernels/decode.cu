@@ -180,11 +180,9 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // 92); without them the Gemma 3 builds spill less than the default (grid 44 bytes, clusters 12).
 #define PSA_DECIDE_OVERLAP PSA_SKETCH_RULE
 #endif
-// Iterations' statistics kept, double-buffered by the iteration's parity: a cluster's CTA totals (cta_stats), the grid
-// build's (xstats [B, Gn, 2, C, PSA_G]); the grid build's barrier counters (xcount [B, Gn, 2]): the arrivals, then the
-// CTAs out. (Until the forty-sixth session a look-ahead build, PSA_LOOKAHEAD, kept three and four; NOTES.md, s46.)
-#define PSA_CTA_STATS 2
-#define PSA_CTA_SLOT(i) ((i) & 1)
+// Iterations' statistics the grid build keeps, double-buffered by the iteration's parity (xstats [B, Gn, 2, C, PSA_G]),
+// and its barrier counters (xcount [B, Gn, 2]: the arrivals, then the CTAs out); a cluster's CTA totals (cta_stats) are
+// double-buffered likewise. (Until the forty-sixth session a look-ahead build, PSA_LOOKAHEAD, kept more; NOTES.md, s46.)
 #define PSA_XSTATS 2
 #define PSA_XCOUNT 2
 // (both in the builds that decide: not the speculative one, which leaves after its chunk, nor the split build, whose
@@ -851,12 +849,11 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // Chunk statistics per head, as float4 (max logit, mass relative to it, min log block mass, -):
     // each warp's, then each CTA's (read by the whole cluster, double-buffered by iteration parity).
     __shared__ float4 warp_stats[PSA_WARPS][PSA_G];
-#define PSA_WARP_STATS warp_stats
 #if PSA_GRID
     __shared__ float4 grid_tot[PSA_G];  // the group's totals of an iteration (warp h's combine of head h)
     const long gid = (long)b * Gn + g;
 #else
-    __shared__ float4 cta_stats[PSA_CTA_STATS][PSA_G];
+    __shared__ float4 cta_stats[2][PSA_G];
 #endif
     // Verifier state per head (verifier.cuh), kept identically by every lane of every warp.
     Verifier ver[PSA_G];
@@ -1008,21 +1005,21 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
                     if (2 * quad + e < PSA_G)
-                        PSA_WARP_STATS[warp][2 * quad + e] = make_float4(cm[e], cs[e], cmin[e], ce[e]);
+                        warp_stats[warp][2 * quad + e] = make_float4(cm[e], cs[e], cmin[e], ce[e]);
             PSA_LADD(3, 2);
             PSA_LMARK(2);
             __syncthreads();
             if (warp == 0 && lane < PSA_G) {
                 float4 w[PSA_WARPS];
 #pragma unroll
-                for (int i = 0; i < PSA_WARPS; ++i) w[i] = PSA_WARP_STATS[i][lane];
+                for (int i = 0; i < PSA_WARPS; ++i) w[i] = warp_stats[i][lane];
                 float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
 #pragma unroll
                 for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
 #if PSA_GRID
                 xstats[((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
 #else
-                cta_stats[PSA_CTA_SLOT(it)][lane] = t;
+                cta_stats[it & 1][lane] = t;
 #endif
             }
         }
@@ -1081,7 +1078,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             if (lane < PSA_G) {
                 float4 c[PSA_CLUSTER];
 #pragma unroll
-                for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[PSA_CTA_SLOT(it)][lane], r);
+                for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[it & 1][lane], r);
 #pragma unroll
                 for (int r = 0; r < PSA_CLUSTER; ++r) lt = combine_stats(lt, c[r]);
             }
