@@ -91,6 +91,14 @@ __device__ __forceinline__ float column_sum(float x) {
     return x;
 }
 
+// Two shares of a sum of exponentials, each as (max, sum relative to it), merged into one; (-inf, 0) is the
+// identity. (psa_order_suffix's scans, psa_spec_verify's running sums, psa_share_key's totals.)
+__device__ __forceinline__ float2 lse_merge(float2 a, float2 b) {
+    const float m = fmaxf(a.x, b.x);
+    if (m == -PSA_INF) return make_float2(m, 0.f);
+    return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
+}
+
 // out[i] = log sum_lanes exp(x[i]), the same bits in every lane; -inf when every lane's x[i] is -inf.
 template <int N>
 __device__ __forceinline__ void warp_logsumexp(const float (&x)[N], float (&out)[N]) {

@@ -26,13 +26,6 @@
 #include "common.cuh"
 #include "verifier.cuh"
 
-// Two shares of a sum of exponentials, each as (max, mass relative to it), combined; (-inf, 0) is the identity.
-__device__ __forceinline__ float2 lse_combine(float2 a, float2 b) {
-    const float m = fmaxf(a.x, b.x);
-    if (m == -PSA_INF) return make_float2(m, 0.f);
-    return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
-}
-
 #ifndef PSA_VERIFY_CLOCK
 #define PSA_VERIFY_CLOCK 0
 #endif
@@ -145,15 +138,15 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 const float pmn = __shfl_up_sync(0xffffffffu, mn, o), pld = __shfl_up_sync(0xffffffffu, ld, o);
                 const float ptm = __shfl_up_sync(0xffffffffu, tm, o), pts = __shfl_up_sync(0xffffffffu, ts, o);
                 if (k >= o) {
-                    const float2 s1 = lse_combine(make_float2(pm, pa), make_float2(m, a));
-                    const float2 s2 = lse_combine(make_float2(ptm + ld, pts), make_float2(tm, ts));
+                    const float2 s1 = lse_merge(make_float2(pm, pa), make_float2(m, a));
+                    const float2 s2 = lse_merge(make_float2(ptm + ld, pts), make_float2(tm, ts));
                     m = s1.x; a = s1.y; tm = s2.x; ts = s2.y;
                     mn = fminf(pmn, mn);
                     ld += pld;
                 }
             }
-            const float2 run = lse_combine(make_float2(ver.M, ver.acc), make_float2(m, a));
-            const float2 ema = lse_combine(make_float2(ver.M + ld, ver.ema), make_float2(tm, ts));
+            const float2 run = lse_merge(make_float2(ver.M, ver.acc), make_float2(m, a));
+            const float2 ema = lse_merge(make_float2(ver.M + ld, ver.ema), make_float2(tm, ts));
             vk.M = run.x;
             vk.acc = run.y;
             vk.min = fminf(ver.min, mn);

@@ -33,13 +33,6 @@
 #endif
 #define PSA_SUFFIX_RUN 8  // the tiled build's entries a thread a tile (two float4 of shared memory)
 
-// (max, sum relative to it) of two log-sum-exp shares.
-__device__ __forceinline__ float2 lse_merge(float2 a, float2 b) {
-    const float nm = fmaxf(a.x, b.x);
-    if (nm == -PSA_INF) return make_float2(nm, 0.f);
-    return make_float2(nm, a.y * __expf(a.x - nm) + b.y * __expf(b.x - nm));
-}
-
 __device__ __forceinline__ float2 shfl_down2(float2 v, int off) {
     return make_float2(__shfl_down_sync(0xffffffffu, v.x, off), __shfl_down_sync(0xffffffffu, v.y, off));
 }
