@@ -42,6 +42,21 @@ def sweep_rank_calls(monkeypatch):
 
 
 @pytest.fixture
+def lift_grid_thresholds(monkeypatch):
+    """A function that sets pick_grid's thresholds to 0 for the test, so that _kernels.LOOP_GRID alone decides
+    whether a plan takes the grid build: any cache, head dim and cluster."""
+
+    def lift():
+        from psa_fast import _kernels
+
+        for name in ("GRID_MIN_GROUP_MIB", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS",
+                     "GRID_MIN_GAIN"):
+            monkeypatch.setattr(_kernels, name, 0)
+
+    return lift
+
+
+@pytest.fixture
 def kernel_switch(monkeypatch):
     """Kernel builds with extra defines, as ``benchmarks/exp_kernel_defines.py`` makes them: ``kernel_switch(file,
     NAME=value, ...)`` adds ``-DPSA_NAME=value`` to every later build of ``psa_fast/kernels/<file>.cu`` (where the

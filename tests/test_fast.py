@@ -918,17 +918,10 @@ def test_a_batch_whose_clusters_would_wait_runs_on_the_grid_and_conforms(monkeyp
         check_result(res, q[b], k, v, threshold=0.9, stop="ema", step=32, block_size=16, metadata=cache.metadata)
 
 
-def lift_grid_thresholds(monkeypatch):
-    """pick_grid's thresholds set to 0, so that _kernels.LOOP_GRID alone decides: any cache, head dim and cluster."""
-    from psa_fast import _kernels
-
-    for name in ("GRID_MIN_GROUP_MIB", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
-        monkeypatch.setattr(_kernels, name, 0)
-
-
 @pytest.mark.parametrize("stop,metadata,d,hq,hkv", [("ema", "cuboid_mean", 128, 8, 2), ("sketch_avg", "quant3", 64, 6, 2),
                                                      ("certified", "minmax", 128, 8, 2), ("ema", "cuboid_mean", 256, 4, 1)])
-def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypatch, stop, metadata, d, hq, hkv):
+def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypatch, lift_grid_thresholds, stop,
+                                                                       metadata, d, hq, hkv):
     """The loop's grid build (_kernels.LOOP_GRID, decode.cu's PSA_GRID): a group's 24 CTAs are CTAs of the grid, not a
     cluster, and exchange each iteration's statistics, the barrier and the outputs through global memory. Over several
     iterations it gives psa_ref's blocks, iterations, stop and output for every head (rules reading one scalar a head,
@@ -951,7 +944,7 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
         return {name: cupy.asnumpy(getattr(dec, name)) for name in names}
 
     runs = {}
-    lift_grid_thresholds(monkeypatch)
+    lift_grid_thresholds()
     for grid in (0, 24):
         monkeypatch.setattr(_kernels, "LOOP_GRID", grid)
         plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop=stop, step=64)
@@ -1015,7 +1008,7 @@ def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, be
 
 @pytest.mark.parametrize("case", ["ema", "sketch_avg", "topk", "topk_loop", "dense", "grid", "predicted", "previous",
                                   "speculate"])
-def test_early_window_keeps_every_bit(monkeypatch, kernel_switch, case):
+def test_early_window_keeps_every_bit(monkeypatch, lift_grid_thresholds, kernel_switch, case):
     """decode.cu's ``PSA_EARLY_WINDOW`` (thirty-eighth session; on by default in the split build at D <= 128 since the
     forty-first, off elsewhere): the stream's first two windows loaded as if each request held the table's ``Nmax``
     blocks, before its length is read, then cut at its true end, or loaded again where the guess moves a chunk
@@ -1031,7 +1024,7 @@ def test_early_window_keeps_every_bit(monkeypatch, kernel_switch, case):
     lens = [16, 40, 700, 3000]
     cache, data = ragged_cache(np.random.default_rng(38), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
     if case == "grid":
-        lift_grid_thresholds(monkeypatch)
+        lift_grid_thresholds()
         monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
     loop = dict(sink_blocks=1, recent_blocks=2, step=16)
     opts = {"ema": dict(stop="ema", **loop), "sketch_avg": dict(stop="sketch_avg", **loop),
@@ -1052,7 +1045,7 @@ def test_early_window_keeps_every_bit(monkeypatch, kernel_switch, case):
 
 @pytest.mark.parametrize("define", ["decide_prefetch", "decide_overlap"])
 @pytest.mark.parametrize("case", ["sketch_avg", "sketch_avg_grid", "sketch_avg_d256_grid", "certified", "ema"])
-def test_decide_switches_keep_every_bit(monkeypatch, kernel_switch, define, case):
+def test_decide_switches_keep_every_bit(monkeypatch, lift_grid_thresholds, kernel_switch, define, case):
     """decode.cu's ``PSA_DECIDE_PREFETCH`` (the decision's inputs that no CTA writes asked into L2 once a warp has
     attended its part of a chunk) and ``PSA_DECIDE_OVERLAP`` (the sketch window's loads issued right after the
     barrier, beside the statistics' combine, and reduced after it): both move only when bytes arrive, so every output,
@@ -1068,7 +1061,7 @@ def test_decide_switches_keep_every_bit(monkeypatch, kernel_switch, define, case
     cache, data = ragged_cache(np.random.default_rng(43), lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
     grid = case.endswith("grid")
     if grid:
-        lift_grid_thresholds(monkeypatch)
+        lift_grid_thresholds()
         monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
     plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, stop=stop, sink_blocks=1, recent_blocks=2, step=16)
     assert (plan.grid_ctas == 8) == grid
@@ -1096,7 +1089,7 @@ def test_split_leave_keeps_every_bit(kernel_switch, mode, d, hq, hkv):
 
 
 @pytest.mark.parametrize("case", ["grid", "cluster", "dense", "speculate"])
-def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, case):
+def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, lift_grid_thresholds, case):
     """_kernels.DECODE_STREAM_WINDOW raised to 256 (Gemma 3's head dim loads its stream a window at a time, as D <= 128
     does; measured again in device_pending.sh s38g): only how the positions and block-table entries reach the copies
     changes, so the grid and cluster loops, dense (split) and the speculative schedule give the default D 256 build's
@@ -1106,7 +1099,7 @@ def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, case):
     lens = [16, 40, 700, 3000]
     cache, data = ragged_cache(np.random.default_rng(256), lens, hq=4, hkv=1, d=256, s=16)
     if case == "grid":
-        lift_grid_thresholds(monkeypatch)
+        lift_grid_thresholds()
         monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
     opts = dict(mode="dense", splits=7) if case == "dense" else dict(
         stop="ema", sink_blocks=1, recent_blocks=2, step=16, **({"speculate": 1.0} if case == "speculate" else {}))

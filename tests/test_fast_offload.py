@@ -124,14 +124,13 @@ def test_topk_offload_equals_resident():
     same_decode(a, b, "topk")
 
 
-def test_offload_decoder_never_takes_the_grid_build(monkeypatch):
+def test_offload_decoder_never_takes_the_grid_build(monkeypatch, lift_grid_thresholds):
     """The grid build (_kernels.pick_grid) runs a group's whole loop in one launch; the offload decoder runs an
     iteration a launch, so it stays on clusters where a resident plan goes to the grid, and decodes what the resident
     plan on clusters decodes (bit for bit; the grid build combines its CTAs in another order)."""
     from psa_fast import _kernels
 
-    for name in ("GRID_MIN_GROUP_MIB", "GRID_MIN_BLOCKS_IDLE", "GRID_MIN_HEAD_DIM", "GRID_MIN_CTAS", "GRID_MIN_GAIN"):
-        monkeypatch.setattr(_kernels, name, 0)
+    lift_grid_thresholds()
     monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
     res, off, qs = build(np.random.default_rng(5), lens=[300, 77], hq=8, hkv=2, d=128, s=16, num_slots=64)
     opts = dict(num_q_heads=8, threshold=0.9, step=4, sink_blocks=1, recent_blocks=1)
