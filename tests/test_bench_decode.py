@@ -818,8 +818,8 @@ def test_grid_exchange_buffers_hold_the_iterations_the_build_keeps():
 
 def _launches(monkeypatch, **kwargs):
     """psa_fast._kernels.decode's launches for a PSA loop of Llama-3.1-8B's shape (B = 2, 8 query heads, groups of 4,
-    D 128, 64 blocks; stop ema unless ``stop`` is given), recorded by a stand-in for the kernel build (no GPU): a list of ``(build options, grid, block,
-    arguments, launch keywords)``."""
+    D 128, 64 blocks; stop ema unless ``stop`` is given), recorded by a stand-in for the kernel build (no GPU): a list
+    of ``(build options, grid, block, arguments, launch keywords)``."""
     from psa_fast import _kernels
 
     launches = []
