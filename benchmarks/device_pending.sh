@@ -141,6 +141,8 @@
 #  psa_order_suffix tiled (PSA_SUFFIX_TILED): its float64 test, the kernel table off and on, the sketch rules' tests.
 #  (ran once; the library sets the define since: s42f and s42g replace it)
 #   run(command="bash benchmarks/device_pending.sh s47a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
+#   run(command="bash benchmarks/device_pending.sh s47b")  (~2 minutes)
+#  the share key's and the rewritten grid tests (after lse_merge moved to common.cuh, the look-ahead's removal).
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
 #   run(command="bash benchmarks/device_pending.sh s46a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (ran in s46 on branch wip/balance)
 #  the balanced grid build (LOOP_BALANCE): its test and the share key's, then bench_decode on layer 5 with it off / on.
@@ -2074,6 +2076,13 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s47b ]; then
+  # Forty-seventh session: the GPU tests not yet run after the forty-sixth session's review (the share key on
+  # common.cuh's lse_merge, +32 SASS; the grid tests rewritten after the look-ahead's removal). ~2 minutes.
+  gpu_tests s47b.log 300 tests/test_fast.py tests/test_fast_offload.py \
+      -k "spread_over_the_grid or share_key or share_rank or grid_build"
+  exit 0
+fi
 if [ "$PART" = s47a ]; then
   # Prepared in the forty-sixth session. The fastest PSA row on the real Gemma 3 layer 5 (spread, H100) is the share
   # rank with the predicted first chunk: 116.1 / 337.3 µs at B = 8 / 32 (floor 61.6 / 241.2), the decision's loads now
