@@ -9,6 +9,8 @@
 #   run(command="bash benchmarks/device_model.sh 1", carry=[".gl/part01"])      ... 2 to 6 likewise
 #   run(command="bash benchmarks/device_model.sh 7 [bench_model.py options]", carry=[".gl/part07"])
 #   run(command="bash benchmarks/device_model.sh 7 profile [B [PSA options]]", carry=[".gl/part07"])
+# Two pieces fit one call's carry (60 MiB of 64): `device_model.sh 0+1` with carry [".gl/pylib", ".gl/part00",
+# ".gl/part01"], then 2+3, 4+5, and `6+7 [options]` last (five calls, four of them carrying).
 # Default options: the compiled 32K step at B = 32 and 8, the paged dense kernel and PSA speculating 1.0 with
 # one, four and eight chunks past the margin.
 # `profile`: where the compiled 32K step's GPU time goes, kernel by kernel (profile_model_step.py), PSA then the
@@ -26,9 +28,9 @@ if [ "$N" = again ]; then
 else
   if [ "$N" = lib ]; then cp -r .gl/pylib /tmp/g/ && echo "on the device: $(ls /tmp/g | tr '\n' ' ')"; exit $?; fi
   [ -d .gl/pylib ] && cp -r .gl/pylib /tmp/g/  # carried with piece 0 to save a call
-  cp ".gl/part0$N" /tmp/g/ || exit 1
+  for n in ${N//+/ }; do cp ".gl/part0$n" /tmp/g/ || exit 1; done  # "0+1": two pieces in one call (60 MiB)
   echo "on the device: $(ls /tmp/g | tr '\n' ' ')"
-  [ "$N" = $LAST ] || exit 0
+  [ "${N##*+}" = $LAST ] || exit 0
   (cd /tmp/g && cat part0? > gemma.gguf && rm part0?)
 fi
 SUM=$(sha256sum /tmp/g/gemma.gguf | cut -c1-16)
