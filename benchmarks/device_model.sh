@@ -2,15 +2,13 @@
 # Gemma 3 270M with its real weights on the device, in nine warm calls back to back (the machine is given back 30 s
 # after a call and keeps nothing): the 253 MB GGUF travels in eight 32 MB pieces from .gl/ (left out by .gitignore;
 # made with `split -n 8 -d -a 2 gemma.gguf part`: the working tree, ~28 MB, travels with every call and a call
-# carries 64 MiB at most), the `gguf` package in .gl/pylib (benchmarks/NOTES.md, "Gemma 3 270M with its real
+# carries 64 MiB at most, the working tree included: two pieces a call do not fit, s47), the `gguf` package in .gl/pylib (benchmarks/NOTES.md, "Gemma 3 270M with its real
 # weights on the GPU"). The last piece's call joins and checks the pieces, writes held-out text from the device's own
 # stdlib, and runs bench_model.py.
 #   run(command="bash benchmarks/device_model.sh 0", carry=[".gl/pylib", ".gl/part00"])  (or `lib` alone first)
 #   run(command="bash benchmarks/device_model.sh 1", carry=[".gl/part01"])      ... 2 to 6 likewise
 #   run(command="bash benchmarks/device_model.sh 7 [bench_model.py options]", carry=[".gl/part07"])
 #   run(command="bash benchmarks/device_model.sh 7 profile [B [PSA options]]", carry=[".gl/part07"])
-# Two pieces fit one call's carry (60 MiB of 64): `device_model.sh 0+1` with carry [".gl/pylib", ".gl/part00",
-# ".gl/part01"], then 2+3, 4+5, and `6+7 [options]` last (five calls, four of them carrying).
 # Default options: the compiled 32K step at B = 32 and 8, the paged dense kernel and PSA speculating 1.0 with
 # one, four and eight chunks past the margin.
 # `profile`: where the compiled 32K step's GPU time goes, kernel by kernel (profile_model_step.py), PSA then the
@@ -28,9 +26,9 @@ if [ "$N" = again ]; then
 else
   if [ "$N" = lib ]; then cp -r .gl/pylib /tmp/g/ && echo "on the device: $(ls /tmp/g | tr '\n' ' ')"; exit $?; fi
   [ -d .gl/pylib ] && cp -r .gl/pylib /tmp/g/  # carried with piece 0 to save a call
-  for n in ${N//+/ }; do cp ".gl/part0$n" /tmp/g/ || exit 1; done  # "0+1": two pieces in one call (60 MiB)
+  cp ".gl/part0$N" /tmp/g/ || exit 1
   echo "on the device: $(ls /tmp/g | tr '\n' ' ')"
-  [ "${N##*+}" = $LAST ] || exit 0
+  [ "$N" = $LAST ] || exit 0
   (cd /tmp/g && cat part0? > gemma.gguf && rm part0?)
 fi
 SUM=$(sha256sum /tmp/g/gemma.gguf | cut -c1-16)
@@ -40,7 +38,7 @@ open('/tmp/g/held.txt', 'w').write(''.join(f.read_text() for m in (xml, multipro
                                              for f in sorted(p.Path(m.__file__).parent.rglob('*.py'))))"
 if [ "${1:-}" = profile ]; then
   B="${2:-32}"; shift; [ $# -gt 0 ] && shift
-  PSA_OPTS="${*:---speculate 1.0}"  # PSA's options (profile_model_step.py: --step, --first-chunk, --speculate)
+  PSA_OPTS="${*:---speculate 1.0}"  # PSA's options (profile_model_step.py: --step, --first-chunk, --rank, --speculate)
   for mode in psa dense; do
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 270 python3 benchmarks/profile_model_step.py \
         --model gemma3 --weights /tmp/g/gemma.gguf --text /tmp/g/held.txt --context 32768 --batch "$B" --mode $mode \

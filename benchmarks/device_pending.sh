@@ -145,6 +145,8 @@
 #  the share key's and the rewritten grid tests (after lse_merge moved to common.cuh, the look-ahead's removal).
 #   run(command="bash benchmarks/device_pending.sh s47c 32")  (~3 minutes)
 #  issue 14's per-head target with the decision's loads on and the share-rank rows (s40a skipped them).
+#   run(command="bash benchmarks/device_pending.sh s48a", carry=[".gl/share_s45.cu", ".gl/gemma3_xml_l5_32k.npz"])
+#  psa_share_key with s45's own merge against common.cuh's lse_merge (5.2 / 7.1 µs in s47a against 4.1 / 4.8 in s45a).
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
 #   run(command="bash benchmarks/device_pending.sh s46a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (ran in s46 on branch wip/balance)
 #  the balanced grid build (LOOP_BALANCE): its test and the share key's, then bench_decode on layer 5 with it off / on.
@@ -2078,6 +2080,23 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s48a ]; then
+  # Prepared in the forty-seventh session. psa_share_key measured 5.2 / 7.1 µs a launch at B = 8 / 32 on layer 5
+  # (s47a, H100) against 4.1 / 4.8 in s45a (H100), while every other kernel of the same table moved by <= 0.3 µs.
+  # Between the two, share.cu's own log-sum-exp merge gave way to common.cuh's lse_merge (ec3e7ba: the same PTX
+  # structure, +32 SASS instructions). The kernel table of the share rank with the s45 file (carry
+  # .gl/share_s45.cu, `git show ec3e7ba^:psa_fast/kernels/share.cu`) and with today's, new / old / new, one
+  # process each. Predicted if the merge is the cause: old 4.1 / 4.8, new 5.2 / 7.1; else both alike (then s45's
+  # figures were the outlier). ~2 minutes; carry .gl/gemma3_xml_l5_32k.npz too.
+  cd benchmarks
+  for side in new old new; do
+    run="python3"; [ $side = old ] && run="python3 exp_kernel_source.py share ../.gl/share_s45.cu --"
+    echo "## share.cu $side"
+    timeout 100 $run profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 \
+        --batches 8,32 --variants share --steps 10 --out /tmp 2>&1 | grep -E "^T=|psa_share_key|psa_estimate"
+  done
+  exit 0
+fi
 if [ "$PART" = s47c ]; then
   # Forty-seventh session: issue 14's per-head target (PSA faster than top-k at equal error; B = 8 was 1.01-1.05x
   # top-k in s40a) now that the decision's loads are on for the sketch rules (-3..-4% on the real layers) and with the

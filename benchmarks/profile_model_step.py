@@ -28,6 +28,8 @@ def main() -> None:
                     help="psa mode: blocks an iteration (PSAConfig(step=...)), or auto (the plan's pick)")
     ap.add_argument("--first-chunk", default=None, choices=("predicted",),
                     help="psa mode: PSAConfig(first_chunk=...), the first ranked chunk from the estimates")
+    ap.add_argument("--rank", default="estimate", choices=("estimate", "share"),
+                    help="psa mode: PSAConfig(rank=...), how a shared group's blocks are ranked")
     args = ap.parse_args()
 
     import psa_fast.hf
@@ -36,7 +38,8 @@ def main() -> None:
     ns = argparse.Namespace(model=args.model, weights=args.weights, contexts=[args.context], steps=args.steps,
                             text=args.text)
     model, tok = bench_model.load_model(ns)
-    psa_fast.hf.enable(model, PSAConfig(threshold=0.95, step=args.step, first_chunk=args.first_chunk, record=False))
+    psa_fast.hf.enable(model, PSAConfig(threshold=0.95, step=args.step, first_chunk=args.first_chunk, rank=args.rank,
+                                                 record=False))
     spec = {"speculate": args.speculate} if args.speculate else None
     cache = psa_fast.hf.PagedCache(model, batch=args.batch, max_tokens=args.context + 64, static=True,
                                    mode={"sdpa": "sdpa", "dense": "dense"}.get(args.mode), plan_options=spec)
