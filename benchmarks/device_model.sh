@@ -3,8 +3,8 @@
 # after a call and keeps nothing): the 253 MB GGUF travels in eight 32 MB pieces from .gl/ (left out by .gitignore;
 # made with `split -n 8 -d -a 2 gemma.gguf part`: the working tree, ~28 MB, travels with every call and a call
 # carries 64 MiB at most, the working tree included, so two pieces do not fit one call: s47), the `gguf` package in
-# .gl/pylib (benchmarks/NOTES.md, "Gemma 3 270M with its real weights on the GPU"). The last piece's call joins and checks the pieces, writes held-out text from the device's own
-# stdlib, and runs bench_model.py.
+# .gl/pylib (benchmarks/NOTES.md, "Gemma 3 270M with its real weights on the GPU"). The last piece's call joins
+# and checks the pieces, writes held-out text from the device's own stdlib, and runs bench_model.py.
 #   run(command="bash benchmarks/device_model.sh 0", carry=[".gl/pylib", ".gl/part00"])  (or `lib` alone first)
 #   run(command="bash benchmarks/device_model.sh 1", carry=[".gl/part01"])      ... 2 to 6 likewise
 #   run(command="bash benchmarks/device_model.sh 7 [bench_model.py options]", carry=[".gl/part07"])
