@@ -147,6 +147,8 @@
 #  issue 14's per-head target with the decision's loads on and the share-rank rows (s40a skipped them).
 #   run(command="bash benchmarks/device_pending.sh s48a", carry=[".gl/share_s45.cu", ".gl/gemma3_xml_l5_32k.npz"])
 #  psa_share_key with s45's own merge against common.cuh's lse_merge (5.2 / 7.1 µs in s47a against 4.1 / 4.8 in s45a).
+#   run(command="bash benchmarks/device_pending.sh s48b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~5 minutes)
+#  the predicted first chunk inside psa_order_suffix (_kernels.FIRST_IN_SUFFIX): its tests, then off / on.
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
 #   run(command="bash benchmarks/device_pending.sh s46a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (ran in s46 on branch wip/balance)
 #  the balanced grid build (LOOP_BALANCE): its test and the share key's, then bench_decode on layer 5 with it off / on.
@@ -2080,6 +2082,27 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s48b ]; then
+  # Prepared in the forty-seventh session: first_chunk="predicted" inside psa_order_suffix's launch
+  # (_kernels.FIRST_IN_SUFFIX; suffix.cu's predict_first_chunk: each CTA's first prefix by a min over its threads,
+  # the group's max by two self-resetting counters), in place of psa_first_chunk's launch (3.7 µs a step on layer 5,
+  # B = 8 and 32, s47a). Tests first, then the kernel table and bench rows with it off / on. Predicted: the
+  # suffix +0.3-0.8 µs (one more barrier, a strided reread of its sums, one atomic round trip), psa_first_chunk's
+  # 3.7 gone: the share + first step ~-3 µs at B = 1, 8 and 32 (115.9 -> ~113 at B = 8), the same blocks.
+  # ~5 minutes; carry .gl/gemma3_xml_l5_32k.npz.
+  gpu_tests s48b.log 200 tests/test_fast.py -k "predicts_the_first_chunk or prediction_in_the_suffix or \
+      first_chunk_conforms or suffix_matches"
+  cd benchmarks
+  timeout 150 python3 exp_kernels_attr.py FIRST_IN_SUFFIX=0,1 -- profile_decode_step.py \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches 1,8,32 --variants share+first \
+      --steps 10 --out /tmp 2>&1 | grep -E "^#|^T=|psa_order_suffix|psa_first_chunk"
+  mkdir -p "$OUT/l5"
+  timeout 200 python3 exp_kernels_attr.py FIRST_IN_SUFFIX=0,1 -- bench_decode.py --profile real --spread \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
+      --skip "tau0.9,remaining,stages,speculate,topk" --out "$OUT/l5" 2>&1 | tee "$OUT/s48b.log" \
+      | grep -E "^#|predicted \|" | cut -d'|' -f1-9
+  exit 0
+fi
 if [ "$PART" = s48a ]; then
   # Prepared in the forty-seventh session. psa_share_key measured 5.2 / 7.1 µs a launch at B = 8 / 32 on layer 5
   # (s47a, H100) against 4.1 / 4.8 in s45a (H100), while every other kernel of the same table moved by <= 0.3 µs.

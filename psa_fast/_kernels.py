@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
@@ -40,6 +41,10 @@ SUFFIX_THREADS = 1024  # at most (psa_order_suffix's launch bound)
 # whole GPU suite has run with it (benchmarks/NOTES.md)
 SUFFIX_TILED_MIN_BLOCKS = 0
 SUFFIX_RUN = 8  # suffix.cu's PSA_SUFFIX_RUN
+# first_chunk="predicted" inside psa_order_suffix (each CTA's head, then the group's max by two counters) instead of
+# psa_first_chunk's launch after it (forty-seventh session: that launch is 3.7 µs of Gemma 3's layer 5 at B = 8 and
+# 32, H100); off until measured on a GPU (benchmarks/device_pending.sh s48b)
+FIRST_IN_SUFFIX = False
 MAX_SMEM_SORT = 16384  # largest padded block count sorted in shared memory (128 KiB of keys)
 
 
@@ -436,11 +441,11 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
 
 
 def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
-          want_suffix, workspace=None, ordered=None, method=None) -> None:
+          want_suffix, workspace=None, ordered=None, method=None, first=None) -> None:
     """The processing order ``[B, Gn, Nmax]`` and, if ``want_suffix``, the suffix log-sum-exp of the
     per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``), and with ``ordered``
     (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
-    sums read them).
+    sums read them); with ``first`` the predicted first chunk in the same launch (``suffix``).
 
     Four kernels give the same order (``order_method`` picks the fastest when ``method`` is None): short
     orders count each block's position (``psa_order_rank``); one CTA a group sorts its keys by radix passes
@@ -498,21 +503,49 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
     if want_suffix:
-        suffix(out_order, seq_lens, bounds, log_suffix, s=s, g=g, hq=hq, nmax=nmax, ordered=ordered)
+        suffix(out_order, seq_lens, bounds, log_suffix, s=s, g=g, hq=hq, nmax=nmax, ordered=ordered, first=first)
+    elif first is not None:
+        raise ValueError("first needs want_suffix: the predicted first chunk is read off the suffix sums")
 
 
-def suffix(order_arr, seq_lens, vals, log_suffix, *, s, g, hq, nmax, ordered=None) -> None:
+def suffix(order_arr, seq_lens, vals, log_suffix, *, s, g, hq, nmax, ordered=None, first=None) -> None:
     """``psa_order_suffix``: for every (request, query head) the suffix log-sum-exp along the group's processing order
     ``order_arr [B, Hq / g, Nmax]`` of ``x_i = vals[b, h, j] + log n_j`` (``j = order[i]``, ``n_j`` the block's tokens
     of ``seq_lens [B]``): ``log_suffix [B, Hq, Nmax + 1]`` float32, ``-inf`` from each request's block count on; with
-    ``ordered`` (``[B, Hq, Nmax]``) the terms ``x_i`` themselves by position."""
+    ``ordered`` (``[B, Hq, Nmax]``) the terms ``x_i`` themselves by position.
+
+    ``first``, a ``FirstChunkBuffers``: also ``first_chunk="predicted"`` (what ``first_chunk`` computes from
+    ``log_suffix`` in a launch of its own) into ``first.first_len [B, Hq / g]``, its two counters back at 0 after."""
     b = seq_lens.shape[0]
     tiled = 0 < SUFFIX_TILED_MIN_BLOCKS <= nmax
     per = SUFFIX_RUN if tiled else 1  # blocks a thread (of a tile, tiled)
     threads = min(SUFFIX_THREADS, max(32, -(-nmax // (32 * per)) * 32))
-    kernel("suffix", d=16, s=s, g=g, entry="order_suffix", suffix_tiled=int(tiled))((hq, b), (threads,), (
-        order_arr, seq_lens, vals, log_suffix, np.int32(hq), np.int32(nmax),
-        np.uint64(0) if ordered is None else ordered))
+    null = np.uint64(0)
+    fl, fm, fc = (null,) * 3 if first is None else (first.first_len, first.first_max, first.first_count)
+    forced, log_rest = (0, 0.0) if first is None else (first.forced, np.log1p(-first.threshold))
+    kernel("suffix", d=16, s=s, g=g, entry="order_suffix", suffix_tiled=int(tiled),
+           suffix_first=int(first is not None))((hq, b), (threads,), (
+        order_arr, seq_lens, vals, log_suffix, np.int32(hq), np.int32(nmax), null if ordered is None else ordered,
+        fl, fm, fc, np.int32(forced), np.float32(log_rest)))
+
+
+@dataclass(frozen=True)
+class FirstChunkBuffers:
+    """``first_chunk="predicted"`` computed by ``psa_order_suffix`` (``FIRST_IN_SUFFIX``): the output ``first_len
+    [B, Gn]`` int32, two int32 / uint32 counters of the same shape that must be 0 before a launch (``zeros``; the
+    kernel leaves them 0), the forced blocks before the ranked ones and ``threshold`` (tau < 1)."""
+    first_len: object
+    first_max: object
+    first_count: object
+    forced: int
+    threshold: float
+
+    @classmethod
+    def zeros(cls, first_len, *, forced: int, threshold: float) -> "FirstChunkBuffers":
+        import cupy
+
+        return cls(first_len, cupy.zeros(first_len.shape, cupy.int32), cupy.zeros(first_len.shape, cupy.uint32),
+                   forced, threshold)
 
 
 SELECT_THREADS = 1024  # psa_order_head's CTA

@@ -1307,6 +1307,102 @@ def test_order_suffix_matches_float64(monkeypatch, nmax, lens, tiled_from):
             assert np.isneginf(got[r, h, n:]).all()
 
 
+@pytest.mark.parametrize("nmax, lens", [(20000, [20000 * 16, 8193 * 16 - 5, 16, 5]), (300, [300 * 16, 33 * 16, 5])])
+@pytest.mark.parametrize("tiled_from", [0, 1])
+@pytest.mark.parametrize("forced", [0, 3])
+def test_the_suffix_launch_predicts_the_first_chunk(monkeypatch, nmax, lens, tiled_from, forced):
+    """first_chunk="predicted" inside psa_order_suffix (``first``, ``_kernels.FIRST_IN_SUFFIX``): each group's
+    first_len is, on the launch's own log_suffix, the first prefix L >= 1 whose suffix lies within log(1 - tau) of
+    the total, the largest over the group's heads, less the forced blocks (at least 0); where every head's suffix
+    stays within the target from L on (float32 scans can break monotonicity by an ulp between two threads' runs,
+    which a binary search only notices across the target) it equals psa_first_chunk's binary search on the same
+    sums. Its two counters are 0 after each launch, so a second launch (another tau) gives its own answer. Plain
+    and tiled builds; requests of one block, partial and full."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "SUFFIX_TILED_MIN_BLOCKS", tiled_from)
+    b, g, hq = len(lens), 4, 8
+    rng = np.random.default_rng(nmax + forced)
+    order = np.full((b, hq // g, nmax), -1, np.int32)
+    for r, t in enumerate(lens):
+        for grp in range(hq // g):
+            order[r, grp, : -(-t // 16)] = rng.permutation(-(-t // 16))
+    vals = cupy.asarray((4 * rng.standard_normal((b, hq, nmax))).astype(np.float32))
+    seq = cupy.asarray(np.array(lens, np.int32))
+    log_suffix = cupy.empty((b, hq, nmax + 1), cupy.float32)
+    first_len = cupy.full((b, hq // g), -7, cupy.int32)
+    shape = dict(s=16, g=g, hq=hq, nmax=nmax)
+    counters = None
+    for tau in (0.9, 0.5):
+        first = _kernels.FirstChunkBuffers.zeros(first_len, forced=forced, threshold=tau)
+        if counters is not None:  # the same counters as the launch before: it left them at 0
+            first = _kernels.FirstChunkBuffers(first_len, *counters, forced, tau)
+        counters = (first.first_max, first.first_count)
+        _kernels.suffix(cupy.asarray(order), seq, vals, log_suffix, first=first, **shape)
+        got = cupy.asnumpy(first_len).copy()
+        assert int(cupy.asnumpy(first.first_max).max()) == 0 and int(cupy.asnumpy(first.first_count).max()) == 0
+        ls = cupy.asnumpy(log_suffix).astype(np.float64)
+        want = np.zeros_like(got)
+        same = np.ones(got.shape, bool)  # groups where the binary search must find the same prefix
+        for r, t in enumerate(lens):
+            n = -(-t // 16)
+            for grp in range(hq // g):
+                need = []
+                for h in range(grp * g, (grp + 1) * g):
+                    target = np.float32(np.float32(ls[r, h, 0]) + np.float32(np.log1p(-tau)))
+                    hit = np.flatnonzero(ls[r, h, 1 : n + 1] <= target)
+                    need.append(1 + int(hit[0]))  # (ls[n] = -inf: there is a hit)
+                    same[r, grp] &= bool(np.all(ls[r, h, need[-1] : n + 1] <= target))
+                want[r, grp] = max(0, max(need) - min(n, forced))
+        np.testing.assert_array_equal(got, want, err_msg=f"tau {tau}")
+        by_search = cupy.full((b, hq // g), -7, cupy.int32)
+        _kernels.first_chunk(log_suffix, seq, by_search, forced=forced, threshold=tau, **shape)
+        assert same.any()
+        np.testing.assert_array_equal(got[same], cupy.asnumpy(by_search)[same], err_msg=f"tau {tau}")
+
+
+@pytest.mark.parametrize("stop, gqa", [("sketch_avg", "shared"), ("ema", "shared"), ("sketch_avg", "per_head")])
+def test_the_prediction_in_the_suffix_launch_attends_the_same_blocks(monkeypatch, stop, gqa):
+    """A plan with first_chunk="predicted" and ``_kernels.FIRST_IN_SUFFIX`` (the prediction in psa_order_suffix's
+    launch, no psa_first_chunk) gives what the same plan without it gives, bit for bit, eagerly and replayed from
+    a CUDA graph several times (its counters are back at 0 after every replay)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(11)
+    hkv, hq, d, t = 2, 8, 64, 900 * 16 + 5
+    keys = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    values = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    q = cupy.asarray((rng.standard_normal((1, hq, d)) * 3).astype(np.float32))
+    b = psa_fast.KVBlocks.from_dense(cupy.asarray(keys), cupy.asarray(values), block_size=16, metadata="quant3")
+    names = ("num_used", "iterations", "reason", "out", "order")
+    runs = {}
+    for fused in (False, True):
+        monkeypatch.setattr(_kernels, "FIRST_IN_SUFFIX", fused)
+        plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop=stop, gqa=gqa, sink_blocks=1,
+                             recent_blocks=2, first_chunk="predicted")
+        assert (plan._first_in_suffix is not None) == fused
+        dec = plan.run(q)
+        runs[fused] = {name: cupy.asnumpy(getattr(dec, name)) for name in names}
+        runs[fused]["first_len"] = cupy.asnumpy(plan.first_len)
+    assert int(runs[False]["first_len"].max()) > 0
+    for name in runs[False]:
+        np.testing.assert_array_equal(runs[True][name], runs[False][name], err_msg=name)
+    plan.first_len.fill(-1)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        captured = plan.run(q)
+        graph = stream.end_capture()
+        for _ in range(3):
+            plan.first_len.fill(-1)
+            captured.out.fill(0)
+            graph.launch(stream)
+            stream.synchronize()
+            np.testing.assert_array_equal(cupy.asnumpy(plan.first_len), runs[False]["first_len"])
+            np.testing.assert_array_equal(cupy.asnumpy(captured.out), runs[False]["out"])
+    assert int(cupy.asnumpy(plan._first_in_suffix.first_count).max()) == 0
+
+
 @pytest.mark.parametrize("nmax, lens", [(3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]), (8192, [8192 * 16, 40 * 16]),
                                          (16384, [16384 * 16, 9000 * 16 + 3])])
 @pytest.mark.parametrize("one_wave", [0, 512])
