@@ -149,6 +149,8 @@
 #  psa_share_key with s45's own merge against common.cuh's lse_merge (5.2 / 7.1 µs in s47a against 4.1 / 4.8 in s45a).
 #   run(command="bash benchmarks/device_pending.sh s48b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~5 minutes)
 #  the predicted first chunk inside psa_order_suffix (_kernels.FIRST_IN_SUFFIX): its tests, then off / on.
+#   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
+#  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
 #   run(command="bash benchmarks/device_pending.sh s46a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (ran in s46 on branch wip/balance)
 #  the balanced grid build (LOOP_BALANCE): its test and the share key's, then bench_decode on layer 5 with it off / on.
@@ -2082,6 +2084,22 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s48c ]; then
+  # Prepared in the forty-seventh session: psa_estimate_quant3's blocks a warp swept (_kernels.QUANT3_WARP_BLOCKS; 0
+  # = the rule). On layer 5 (H100, s47a) the kernel reads its 50 MB at B = 8 in 23.8 µs (~70% of HBM; the rule's 8
+  # blocks a warp, 512 CTAs of 4 warps, one wave at 4 CTAs an SM) and 201 MB at B = 32 in 80.8 (~83%; 16 a warp,
+  # two waves). Predicted: if one wave is what holds B = 8 back, 4 a warp (1,024 CTAs) ~21 µs and 16 (256 CTAs) ~27;
+  # if the per-block work is, all within ~1 µs. ~3 minutes; carry .gl/gemma3_xml_l5_32k.npz.
+  gpu_tests s48c.log 120 tests/test_fast.py -k "quant3_estimate_gives_the_same_bits"
+  cd benchmarks
+  timeout 250 python3 exp_kernels_attr.py QUANT3_WARP_BLOCKS=0,2,4,8,16 -- profile_decode_step.py \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches 8,32 --variants share \
+      --steps 10 --out /tmp 2>&1 | grep -E "^#|^T=|psa_estimate_quant3"
+  timeout 120 python3 exp_kernels_attr.py QUANT3_WARP_BLOCKS=0,2,4 -- profile_decode_step.py --share 0.05 \
+      --shape gemma3 --size 131072 --batches 1 --variants default --steps 10 --out /tmp 2>&1 \
+      | grep -E "^#|^T=|psa_estimate_quant3"
+  exit 0
+fi
 if [ "$PART" = s48b ]; then
   # Prepared in the forty-seventh session: first_chunk="predicted" inside psa_order_suffix's launch
   # (_kernels.FIRST_IN_SUFFIX; suffix.cu's predict_first_chunk: each CTA's first prefix by a min over its threads,

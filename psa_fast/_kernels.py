@@ -33,6 +33,10 @@ ESTIMATE_MMA_WARP_BLOCKS = 0
 ESTIMATE_MMA_CHUNK_GROUP = 16
 ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
 QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
+# psa_estimate_quant3's blocks a warp forced (1-16; 0: the rule in `estimate`, which halves 16 until the launch
+# has two CTAs an SM). A switch for sweeps: at Gemma 3's 32K B = 8 the rule takes 8 (one wave of 512 CTAs) and the
+# kernel streams at ~70% of HBM, at B = 32 16 (two waves) and ~83% (H100, s47a); device_pending.sh s48c
+QUANT3_WARP_BLOCKS = 0
 ORDER_THREADS = 1024
 SUFFIX_THREADS = 1024  # at most (psa_order_suffix's launch bound)
 # psa_order_suffix's tiled build (suffix.cu's PSA_SUFFIX_TILED: coalesced tiles of SUFFIX_RUN blocks a thread) from
@@ -308,6 +312,10 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     launch_g = kv_group if fused else g
     if kind == "quant3":
         warps, per_warp, least = QUANT3_WARPS, 16, 1
+        if QUANT3_WARP_BLOCKS:  # forced: the rule below keeps it
+            if QUANT3_WARP_BLOCKS not in (1, 2, 4, 8, 16):
+                raise ValueError(f"_kernels.QUANT3_WARP_BLOCKS must be 0, 1, 2, 4, 8 or 16, got {QUANT3_WARP_BLOCKS!r}")
+            per_warp = least = QUANT3_WARP_BLOCKS
         make = functools.partial(kernel, "sketch", entry="estimate_quant3")
         summary = codes
     elif (ESTIMATE_ON_TENSOR_CORES and kind in ("cuboid_mean", "mean") and per_head != "bounds" and launch_g <= 4

@@ -704,6 +704,34 @@ def test_the_tensor_core_estimate_gives_the_same_bits_at_any_blocks_a_warp(monke
             assert cupy.array_equal(bounds, plan.bounds), (name, value)
 
 
+@pytest.mark.parametrize("hq, hkv, d, rank", [(4, 1, 256, "share"), (8, 2, 128, "estimate")])
+def test_the_quant3_estimate_gives_the_same_bits_at_any_blocks_a_warp(monkeypatch, hq, hkv, d, rank):
+    """psa_estimate_quant3 with 1 to 16 blocks a warp (_kernels.QUANT3_WARP_BLOCKS) in place of the launch rule: each
+    block's estimate is computed alone, so the group scores and each head's estimates are the default's bit for bit,
+    on ragged lengths (a warp's blocks partly past n), Gemma 3's one KV head of D 256 and Llama's D 128. Any other
+    count is a ValueError."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(d + hq)
+    lens = [700 * 16 + 7, 333]
+    cache, data = ragged_cache(rng, lens, hq=hq, hkv=hkv, d=d, s=16, metadata="quant3")
+    plan = psa_fast.plan(cache, num_q_heads=hq, stop="sketch_avg", step=8, rank=rank)
+    plan.run(cupy.asarray(np.stack([q for q, _, _ in data])))
+    assert _kernels.QUANT3_WARP_BLOCKS == 0 and plan.bounds is not None
+    monkeypatch.setattr(_kernels, "QUANT3_WARP_BLOCKS", 3)
+    with pytest.raises(ValueError, match="QUANT3_WARP_BLOCKS"):
+        plan.estimate(0)
+    for blocks in (1, 2, 4, 8, 16):
+        monkeypatch.setattr(_kernels, "QUANT3_WARP_BLOCKS", blocks)
+        scores, bounds = cupy.empty_like(plan.scores), cupy.empty_like(plan.bounds)
+        _kernels.estimate(plan.q, cache.meta[0], cache.lohi[0], cache.seq_lens[0], scores, bounds, d=cache.dp,
+                          hkv=hkv, kind="quant3", per_head=plan._per_head, codes=cache.codes[0],
+                          group_scores=plan._group_scores, **plan._shape())
+        assert cupy.array_equal(bounds, plan.bounds), blocks
+        if rank == "estimate":  # (the share rank's keys are psa_share_key's, written over the group maxima)
+            assert cupy.array_equal(scores, plan.scores), blocks
+
+
 def test_every_rule_of_the_reference_runs_on_the_gpu_and_auto_follows_the_metadata():
     assert set(psa_fast.STOP_RULES) == set(psa_ref.STOP_RULES)
     for metadata, rule in (("quant3", "sketch_avg"), ("cuboid_mean", "ema"), ("minmax", "ema")):
