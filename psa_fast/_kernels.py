@@ -550,6 +550,8 @@ class FirstChunkBuffers:
 
     @classmethod
     def zeros(cls, first_len, *, forced: int, threshold: float) -> "FirstChunkBuffers":
+        if not 0 < threshold < 1:
+            raise ValueError(f"threshold must lie in (0, 1) for a predicted first chunk, got {threshold!r}")
         import cupy
 
         return cls(first_len, cupy.zeros(first_len.shape, cupy.int32), cupy.zeros(first_len.shape, cupy.uint32),

@@ -1361,10 +1361,9 @@ def test_the_suffix_launch_predicts_the_first_chunk(monkeypatch, nmax, lens, til
     first_len = cupy.full((b, hq // g), -7, cupy.int32)
     shape = dict(s=16, g=g, hq=hq, nmax=nmax)
     counters = None
-    for tau in (0.9, 0.5):
-        first = _kernels.FirstChunkBuffers.zeros(first_len, forced=forced, threshold=tau)
-        if counters is not None:  # the same counters as the launch before: it left them at 0
-            first = _kernels.FirstChunkBuffers(first_len, *counters, forced, tau)
+    for tau in (0.9, 0.5):  # the second launch on the first one's counters (which it left at 0)
+        first = (_kernels.FirstChunkBuffers.zeros(first_len, forced=forced, threshold=tau) if counters is None
+                 else _kernels.FirstChunkBuffers(first_len, *counters, forced, tau))
         counters = (first.first_max, first.first_count)
         _kernels.suffix(cupy.asarray(order), seq, vals, log_suffix, first=first, **shape)
         got = cupy.asnumpy(first_len).copy()
