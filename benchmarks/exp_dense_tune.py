@@ -14,8 +14,6 @@ import argparse
 import itertools
 import json
 
-import numpy as np
-
 from bench_decode import (SHAPES, copy_ceiling_gbs, floor_us, kv_layer_bytes, per_call_us, read_ceiling_gbs,
                           rotating_layers)
 
