@@ -460,6 +460,8 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     (``psa_order_radix``) or by bitonic merges (``psa_order``); or a group is split: ``psa_order_slice`` sorts
     slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``[B, Gn, npad]`` uint64) and
     ``psa_order_merge`` places every key at its rank."""
+    if first is not None and not want_suffix:
+        raise ValueError("first needs want_suffix: the predicted first chunk is read off the suffix sums")
     b, gn, _ = scores.shape
     npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
@@ -512,8 +514,6 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
                                  np.int32(recent_blocks)), shared_mem=smem)
     if want_suffix:
         suffix(out_order, seq_lens, bounds, log_suffix, s=s, g=g, hq=hq, nmax=nmax, ordered=ordered, first=first)
-    elif first is not None:
-        raise ValueError("first needs want_suffix: the predicted first chunk is read off the suffix sums")
 
 
 def suffix(order_arr, seq_lens, vals, log_suffix, *, s, g, hq, nmax, ordered=None, first=None) -> None:

@@ -1026,6 +1026,14 @@ def test_order_names_a_bad_method_before_touching_the_gpu():
         _kernels.order(scores, seq, out, None, None, method="rank", **kw)
     with pytest.raises(ValueError, match="needs a workspace"):
         _kernels.order(scores, seq, out, None, None, method="slices", **kw)
+    # the predicted first chunk in the suffix launch, where no suffix is asked for; a tau it cannot predict for
+    first = _kernels.FirstChunkBuffers(np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32),
+                                       np.zeros((1, 1), np.uint32), 0, 0.9)
+    with pytest.raises(ValueError, match="first needs want_suffix"):
+        _kernels.order(scores, seq, out, None, None, first=first, **kw)
+    for tau in (1.0, 0.0):
+        with pytest.raises(ValueError, match="threshold must lie in"):
+            _kernels.FirstChunkBuffers.zeros(np.zeros((1, 1), np.int32), forced=0, threshold=tau)
 
 
 def test_kv_layer_bytes_counts_whole_blocks_of_float16_k_and_v():
