@@ -151,6 +151,8 @@
 #  the predicted first chunk inside psa_order_suffix (_kernels.FIRST_IN_SUFFIX): its tests, then off / on.
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
+#   run(command="bash benchmarks/device_pending.sh s48d", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
+#  a margin on the predicted first chunk (_kernels.FIRST_MARGIN 1.0 / 1.05 / 1.1) on layer 5's share-rank rows.
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
 #   run(command="bash benchmarks/device_pending.sh s46a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (ran in s46 on branch wip/balance)
 #  the balanced grid build (LOOP_BALANCE): its test and the share key's, then bench_decode on layer 5 with it off / on.
@@ -2084,6 +2086,23 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s48d ]; then
+  # Prepared in the forty-seventh session: a margin on the predicted first chunk (_kernels.FIRST_MARGIN; 1.0 = the
+  # prediction, as psa_ref computes it). psa_ref on the real layers, share rank, step 128: 5% more blocks in the
+  # predicted chunk end most groups at the first decision (layer 5: 2.56 -> 2.09 iterations, the slowest of 8 3.50 ->
+  # 2.75, reads 47.3 -> 46.5%; layer 11: 2.16 -> 2.03, 2.75 -> 2.25, reads 53.4 -> 55.2%). On the GPU a decision of
+  # the grid build is ~5 µs of the largest group (s46 loop clock: barrier + decide). Predicted at B = 8 on layer 5:
+  # 115.9 -> ~112 µs at 1.05, level or worse at 1.1 (more blocks). The rows of the share rank with the predicted chunk,
+  # their blocks read and errors, at margins 1.0 / 1.05 / 1.1. ~4 minutes; carry .gl/gemma3_xml_l5_32k.npz.
+  gpu_tests s48d.log 120 tests/test_fast.py -k "predicts_the_first_chunk"
+  cd benchmarks
+  mkdir -p "$OUT/l5m"
+  timeout 300 python3 exp_kernels_attr.py FIRST_MARGIN=1.0,1.05,1.1 -- bench_decode.py --profile real --spread \
+      --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
+      --skip "tau0.9,remaining,stages,speculate,topk" --out "$OUT/l5m" 2>&1 | tee "$OUT/s48d.log" \
+      | grep -E "^#|rank share first chunk predicted \|" | cut -d'|' -f1-9,12-14
+  exit 0
+fi
 if [ "$PART" = s48c ]; then
   # Prepared in the forty-seventh session: psa_estimate_quant3's blocks a warp swept (_kernels.QUANT3_WARP_BLOCKS; 0
   # = the rule). On layer 5 (H100, s47a) the kernel reads its 50 MB at B = 8 in 23.8 µs (~70% of HBM; the rule's 8

@@ -49,6 +49,11 @@ SUFFIX_RUN = 8  # suffix.cu's PSA_SUFFIX_RUN
 # psa_first_chunk's launch after it (forty-seventh session: that launch is 3.7 µs of Gemma 3's layer 5 at B = 8 and
 # 32, H100); off until measured on a GPU (benchmarks/device_pending.sh s48b)
 FIRST_IN_SUFFIX = False
+# first_chunk="predicted": the predicted ranked blocks times this margin, rounded up (an experiment, 1.0 = the
+# prediction, which psa_ref computes; other values leave the reference's schedule). psa_ref on Gemma 3's real layers,
+# share rank, step 128 (forty-seventh session): a 5% margin ends most groups at the first decision (layer 5: 2.56 ->
+# 2.09 iterations, reads 47.3 -> 46.5%; layer 11 2.16 -> 2.03, reads 53.4 -> 55.2%); device_pending.sh s48b
+FIRST_MARGIN = 1.0
 MAX_SMEM_SORT = 16384  # largest padded block count sorted in shared memory (128 KiB of keys)
 
 
@@ -534,7 +539,7 @@ def suffix(order_arr, seq_lens, vals, log_suffix, *, s, g, hq, nmax, ordered=Non
     kernel("suffix", d=16, s=s, g=g, entry="order_suffix", suffix_tiled=int(tiled),
            suffix_first=int(first is not None))((hq, b), (threads,), (
         order_arr, seq_lens, vals, log_suffix, np.int32(hq), np.int32(nmax), null if ordered is None else ordered,
-        fl, fm, fc, np.int32(forced), np.float32(log_rest)))
+        fl, fm, fc, np.int32(forced), np.float32(log_rest), np.float32(FIRST_MARGIN)))
 
 
 @dataclass(frozen=True)
@@ -884,7 +889,7 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
     b, gn = first_len.shape
     fn = kernel("first_chunk", d=16, s=s, g=g)
     fn((gn, b), (32,), (log_suffix, seq_lens, first_len, np.int32(hq), np.int32(nmax), np.int32(forced),
-                        np.float32(np.log1p(-threshold))))
+                        np.float32(np.log1p(-threshold)), np.float32(FIRST_MARGIN)))
 
 
 def default_warps(d: int, mode: str) -> int:

@@ -1344,8 +1344,9 @@ def test_the_suffix_launch_predicts_the_first_chunk(monkeypatch, nmax, lens, til
     the total, the largest over the group's heads, less the forced blocks (at least 0); where every head's suffix
     stays within the target from L on (float32 scans can break monotonicity by an ulp between two threads' runs,
     which a binary search only notices across the target) it equals psa_first_chunk's binary search on the same
-    sums. Its two counters are 0 after each launch, so a second launch (another tau) gives its own answer. Plain
-    and tiled builds; requests of one block, partial and full."""
+    sums. Its two counters are 0 after each launch, so a second launch (another tau) gives its own answer; with
+    ``_kernels.FIRST_MARGIN`` both paths take that many times the prediction. Plain and tiled builds; requests of one
+    block, partial and full."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "SUFFIX_TILED_MIN_BLOCKS", tiled_from)
@@ -1386,6 +1387,16 @@ def test_the_suffix_launch_predicts_the_first_chunk(monkeypatch, nmax, lens, til
         _kernels.first_chunk(log_suffix, seq, by_search, forced=forced, threshold=tau, **shape)
         assert same.any()
         np.testing.assert_array_equal(got[same], cupy.asnumpy(by_search)[same], err_msg=f"tau {tau}")
+    # _kernels.FIRST_MARGIN: either path takes the prediction times the margin, rounded up (in float32), at most the
+    # ranked blocks there are
+    monkeypatch.setattr(_kernels, "FIRST_MARGIN", 1.1)
+    ranked = np.array([[-(-t // 16) - min(-(-t // 16), forced)] * (hq // g) for t in lens])
+    want = np.minimum(ranked, np.ceil(np.float32(1.1) * got.astype(np.float32)).astype(np.int64))
+    assert (want > got).any()
+    _kernels.suffix(cupy.asarray(order), seq, vals, log_suffix, first=first, **shape)
+    np.testing.assert_array_equal(cupy.asnumpy(first_len), want)
+    _kernels.first_chunk(log_suffix, seq, by_search, forced=forced, threshold=0.5, **shape)
+    np.testing.assert_array_equal(cupy.asnumpy(by_search)[same], want[same])
 
 
 @pytest.mark.parametrize("stop, gqa", [("sketch_avg", "shared"), ("ema", "shared"), ("sketch_avg", "per_head")])

@@ -83,7 +83,7 @@ __device__ __forceinline__ float2 cta_after(float2 incl, int lane, int warp, int
 
 // first_chunk = "predicted" from this CTA's finished suffix (see the head of the file); every thread calls it.
 __device__ __forceinline__ void predict_first_chunk(const float* ls, int n, int h, int b, int Hq, int forced,
-                                                    float log_rest, int* __restrict__ first_len,
+                                                    float log_rest, float margin, int* __restrict__ first_len,
                                                     int* __restrict__ first_max,
                                                     unsigned int* __restrict__ first_count) {
     __shared__ int first_at;
@@ -99,7 +99,7 @@ __device__ __forceinline__ void predict_first_chunk(const float* ls, int n, int 
     __syncthreads();
     if (tid == 0) {
         const int gi = b * (Hq / PSA_G) + h / PSA_G;
-        atomicMax(first_max + gi, max(0, first_at - min(n, forced)));
+        atomicMax(first_max + gi, with_margin(max(0, first_at - min(n, forced)), n - min(n, forced), margin));
         __threadfence();
         if (atomicAdd(first_count + gi, 1u) == PSA_G - 1) {  // the group's last head: every max is in
             __threadfence();
@@ -113,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(PSA_SUFFIX_THREADS)
 psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens, const float* __restrict__ vals,
                  float* __restrict__ log_suffix, int Hq, int Nmax, float* __restrict__ ordered,
                  int* __restrict__ first_len, int* __restrict__ first_max, unsigned int* __restrict__ first_count,
-                 int forced, float log_rest) {
+                 int forced, float log_rest, float margin) {
     __shared__ float2 warp_total[32];
     const int h = blockIdx.x, b = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
@@ -204,6 +204,6 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
 #endif
     for (int i = n + tid; i <= Nmax; i += blockDim.x) ls[i] = -PSA_INF;
 #if PSA_SUFFIX_FIRST
-    predict_first_chunk(ls, n, h, b, Hq, forced, log_rest, first_len, first_max, first_count);
+    predict_first_chunk(ls, n, h, b, Hq, forced, log_rest, margin, first_len, first_max, first_count);
 #endif
 }
