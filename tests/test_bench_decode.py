@@ -1277,6 +1277,43 @@ def test_step_growth_rows_on_the_shipped_trace():
     assert rows[1]["iterations"] == pytest.approx(np.mean(its))
 
 
+def test_first_margin_rows_on_a_one_head_layer():
+    """exp_first_margin.margin_rows (CPU, psa_ref) on a drawn layer of one KV head: margin 1 is psa_ref's
+    first_chunk="predicted" (its iterations, reads and error against dense); a margin past every block reads them all
+    in the first ranked chunk (two iterations: the forced chunk, then that one); psa_ref's first_chunk_size is
+    restored after. A trace of several KV heads is a ValueError."""
+    from types import SimpleNamespace
+
+    import exp_first_margin as efm
+    import psa_ref
+    from psa_ref import progressive
+
+    rng = np.random.default_rng(5)
+    t, d = 40 * 16 + 3, 32
+    k = rng.standard_normal((1, 1, t, d)).astype(np.float32)
+    k[0, 0, 100:140] += 1.5  # a few heavy blocks, so the prediction is short of every block
+    v = rng.standard_normal((1, 1, t, d)).astype(np.float32)
+    q = (rng.standard_normal((1, 8, 4, d)) * 2).astype(np.float32)
+    q[0, :, :] += k[0, 0, 100:140].mean(0)
+    trace = SimpleNamespace(k=k, v=v, q=q, scale=1 / np.sqrt(d))
+    original = progressive.first_chunk_size
+    rows = efm.margin_rows(trace, margins=[1.0, 100.0], step=4, batch=4)
+    assert progressive.first_chunk_size is original
+    blocks = psa_ref.KVBlocks.from_dense(k[0], v[0], block_size=16, metadata="quant3")
+    res = [psa_ref.attention(q[0, i], blocks, 0.95, scale=trace.scale, step=4, sink_blocks=1, recent_blocks=2,
+                             first_chunk="predicted", rank="share") for i in range(8)]
+    assert rows[0]["iterations"] == pytest.approx(np.mean([int(r.iterations[0]) for r in res]))
+    assert rows[0]["read"] == pytest.approx(np.mean([len(r.blocks_used[0]) / blocks.num_blocks for r in res]))
+    errs = [np.linalg.norm(r.output - psa_ref.dense_attention(q[0, i], k[0], v[0], scale=trace.scale))
+            / np.linalg.norm(psa_ref.dense_attention(q[0, i], k[0], v[0], scale=trace.scale)) for i, r in enumerate(res)]
+    assert rows[0]["error"] == pytest.approx(np.mean(errs))
+    assert rows[0]["read"] < 1 and rows[1]["read"] == 1.0 and rows[1]["iterations"] == 2
+    assert rows[0]["batch_iterations"] >= rows[0]["iterations"] and rows[0]["batches"] == 2
+    with pytest.raises(ValueError, match="one KV head"):
+        efm.margin_rows(SimpleNamespace(k=np.zeros((1, 2, t, d)), v=np.zeros((1, 2, t, d)), q=q, scale=1.0),
+                        margins=[1.0], step=4, batch=4)
+
+
 def test_first_chunk_experiment_prints_accuracy_md_s_rows(capsys):
     """exp_first_chunk.py (CPU, psa_ref) at step 8 on the shipped trace prints the rows docs/accuracy.md quotes."""
     import exp_first_chunk
