@@ -102,6 +102,32 @@ def test_append_token_by_token_equals_building_once(kind):
         assert not to_host(codes)[0, :, -1, t % s :].any()
 
 
+@pytest.mark.parametrize("s, t", [(metadata.CODE_ROWS + 8, 95), (2 * metadata.CODE_ROWS, 70)])
+def test_quant3_codes_of_blocks_longer_than_the_shared_tile(s, t):
+    """quant3's code words are assembled in shared memory CODE_ROWS rows at a time: blocks of more rows (the last
+    tile partial, or two whole tiles; a partial last block whose tokens end inside a tile) build and append the
+    reference's codes, the rows past a block's last token cleared."""
+    rng = np.random.default_rng(s + t)
+    hkv, d = 1, 24
+    keys = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    pool, table = pool_from_dense(keys, s)
+    n = table.shape[2]
+    meta = xp.asarray(np.zeros((1, hkv, n, 2, d), np.float16))
+    lohi = xp.zeros_like(meta)
+    codes = xp.asarray(codes_buffer(hkv, n, s, d))
+    metadata.build_metadata(xp.asarray(pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta, lohi,
+                            kind="quant3", block_size=s, codes=codes)
+    check_meta(to_host(meta), to_host(lohi), keys, s, "quant3", to_host(codes))
+    assert not to_host(codes)[0, :, -1, t % s :].any()
+    # one more token appended into the last block's next row
+    k_pool = xp.asarray(pool)
+    new = rng.standard_normal((1, hkv, d)).astype(np.float16)
+    metadata.append_token(k_pool, xp.zeros_like(k_pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)),
+                          xp.asarray(new), xp.asarray(new), meta, lohi, kind="quant3", block_size=s, codes=codes)
+    keys2 = np.concatenate([keys, new[0][:, None]], axis=1)
+    check_meta(to_host(meta), to_host(lohi), keys2, s, "quant3", to_host(codes))
+
+
 @pytest.mark.parametrize("kind", psa_ref.METADATA_KINDS)
 def test_bfloat16_keys_build_and_append_like_float32(kind):
     """A bfloat16 pool (int16 bits) gives the metadata of the same values in float32 (the kernels decode
@@ -136,3 +162,33 @@ def test_bfloat16_keys_build_and_append_like_float32(kind):
         lens += 1
     np.testing.assert_array_equal(to_host(k_pool), bits)
     check_meta(to_host(meta2), to_host(lohi2), keys, s, kind, None if codes2 is None else to_host(codes2))
+
+
+def test_exp_append_loads_another_version_of_this_module():
+    """benchmarks/exp_append.py times another version of psa_fast/metadata.py beside the package's: loaded from a
+    path as a module of the package, it runs (here the package's own file, one append, the reference's codes)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import exp_append
+    finally:
+        sys.path.pop(0)
+    other = exp_append.load_version(metadata.__file__)
+    assert other is not metadata and other.__name__ == "psa_fast._metadata_timed"
+    rng = np.random.default_rng(3)
+    s, d, t = 4, 8, 6
+    keys = rng.standard_normal((1, t, d)).astype(np.float16)
+    pool, table = pool_from_dense(keys, s)
+    k_pool = xp.asarray(pool)
+    k_pool[1, 1:] = 0  # the token at position 5 (block 1, row 1) comes from the append
+    meta = xp.zeros((1, 1, 2, 2, d), np.float16)
+    lohi = xp.zeros_like(meta)
+    codes = xp.asarray(codes_buffer(1, 2, s, d))
+    metadata.build_metadata(k_pool, xp.asarray(table), xp.asarray(np.array([t - 1], np.int32)), meta, lohi,
+                            kind="quant3", block_size=s, codes=codes)
+    other.append_token(k_pool, xp.zeros_like(k_pool), xp.asarray(table), xp.asarray(np.array([t - 1], np.int32)),
+                       xp.asarray(keys[None, :, t - 1]), xp.asarray(keys[None, :, t - 1]), meta, lohi, kind="quant3",
+                       block_size=s, codes=codes)
+    check_meta(to_host(meta), to_host(lohi), keys, s, "quant3", to_host(codes))
