@@ -153,8 +153,8 @@
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   run(command="bash benchmarks/device_pending.sh s48d", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
 #  a margin on the predicted first chunk (_kernels.FIRST_MARGIN 1.0 / 1.05 / 1.1) on layer 5's share-rank rows.
-#   run(command="bash benchmarks/device_pending.sh s48e", carry=[".gl/metadata_s46.py"])  (~2 minutes)
-#  the metadata append with quant3's code words in shared memory against the global atomics before; its suites.
+#   run(command="bash benchmarks/device_pending.sh s48e")  (~2 minutes)
+#  the metadata append with quant3's code words in shared memory (metadata.CODES_IN_SHARED) against global atomics.
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
 #   run(command="bash benchmarks/device_pending.sh s46a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (ran in s46 on branch wip/balance)
 #  the balanced grid build (LOOP_BALANCE): its test and the share key's, then bench_decode on layer 5 with it off / on.
@@ -2091,15 +2091,14 @@ share_l5_bench() {
 if [ "$PART" = s48e ]; then
   # Prepared in the forty-seventh session: the metadata append (psa_fast.metadata's Numba kernel, 9.1 µs a global
   # layer in Gemma 3's compiled step at B = 8 on the H100, in PSA's step and the paged dense step alike) with quant3's
-  # code words assembled in shared memory instead of by global atomics (eight threads on each word). Carry
-  # .gl/metadata_s46.py (`git show 7664655:psa_fast/metadata.py`, the version before). Predicted: quant3 at D 256,
-  # B = 8 ~9 -> ~2-3 µs; cuboid_mean unchanged (no codes). Then the metadata suites on the GPU. ~2 minutes.
+  # code words assembled in shared memory instead of by global atomics, eight threads on each word
+  # (metadata.CODES_IN_SHARED; exp_append.py times both in one process). Predicted: quant3 at D 256, B = 8 ~9 -> ~2-3
+  # µs; cuboid_mean the same either way (no codes). Then the metadata tests on the GPU, both paths. ~2 minutes.
   cd benchmarks
-  timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3,cuboid_mean \
-      --old ../.gl/metadata_s46.py 2>&1 | grep -v Warn | tee "$OUT/exp_append.md"
+  timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3,cuboid_mean 2>&1 \
+      | grep -v Warn | tee "$OUT/exp_append.md"
   cd ..
-  gpu_tests s48e.log 300 tests/test_fast_metadata.py tests/test_fast.py tests/test_fast_pool.py -k \
-      "metadata or append or quant3 or pool"
+  gpu_tests s48e.log 300 tests/test_fast_metadata.py
   exit 0
 fi
 if [ "$PART" = s48d ]; then
