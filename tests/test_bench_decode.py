@@ -888,6 +888,43 @@ def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp
         assert params == len(args), (kwargs.keys(), params, len(args))
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
+def test_suffix_and_first_chunk_launches_pass_every_parameter(monkeypatch, tmp_path):
+    """psa_order_suffix (without and with the predicted first chunk in its launch, plain and tiled) and
+    psa_first_chunk take as many arguments as _kernels.suffix and _kernels.first_chunk pass, compiled to PTX with each
+    launch's own defines (nvcc, no GPU): a missing or extra argument would otherwise be found only on the device."""
+    from psa_fast import _kernels
+
+    launches = []
+
+    def build(name, *, d, s, g, entry=None, **defines):
+        def launch(grid, block, args, **kw):
+            launches.append((name, entry or name, dict(defines, d=d, s=s, g=g), args))
+        return launch
+
+    monkeypatch.setattr(_kernels, "kernel", build)
+    b, hq, g, nmax = 2, 8, 4, 64
+    seq, order = np.zeros(b, np.int32), np.zeros((b, hq // g, nmax), np.int32)
+    vals, log_suffix = np.zeros((b, hq, nmax), np.float32), np.zeros((b, hq, nmax + 1), np.float32)
+    first_len = np.zeros((b, hq // g), np.int32)
+    first = _kernels.FirstChunkBuffers(first_len, first_len.copy(), first_len.astype(np.uint32), 1, 0.9)
+    for tiled_from in (0, 1):
+        monkeypatch.setattr(_kernels, "SUFFIX_TILED_MIN_BLOCKS", tiled_from)
+        for f in (None, first):
+            _kernels.suffix(order, seq, vals, log_suffix, s=16, g=g, hq=hq, nmax=nmax, ordered=vals, first=f)
+    _kernels.first_chunk(log_suffix, seq, first_len, s=16, g=g, hq=hq, nmax=nmax, forced=1, threshold=0.9)
+    assert len(launches) == 5 and launches[1][2]["suffix_first"] == 1 and launches[2][2]["suffix_tiled"] == 1
+    for name, entry, defines, args in launches:
+        src = tmp_path / f"{name}.cu"
+        src.write_text(_kernels._source(f"{name}.cu"))
+        flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in defines.items()]
+        ptx = tmp_path / "k.ptx"
+        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
+        text = ptx.read_text()
+        head = text[text.index(f".entry psa_{entry}("):]
+        assert head[:head.index(")")].count(".param") == len(args), (entry, defines)
+
+
 def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatch):
     """Where the GPU cannot hold every group's cluster at once (the H200 holds 30 clusters of 4 and 15 of 8, one CTA
     an SM), the last clusters would run in a second wave: there the grid build gives every group 132 // groups CTAs,
