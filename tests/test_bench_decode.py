@@ -1317,7 +1317,8 @@ def test_step_growth_rows_on_the_shipped_trace():
 def test_first_margin_rows_on_a_one_head_layer():
     """exp_first_margin.margin_rows (CPU, psa_ref) on a drawn layer of one KV head: margin 1 is psa_ref's
     first_chunk="predicted" (its iterations, reads and error against dense); a margin past every block reads them all
-    in the first ranked chunk (two iterations: the forced chunk, then that one); psa_ref's first_chunk_size is
+    in the first ranked chunk (two iterations: the forced chunk, then that one); ``predict_at`` is psa_ref's loop with
+    an integer first chunk, the prefix that holds that tau of the estimated mass; psa_ref's first_chunk_size is
     restored after. A trace of several KV heads is a ValueError."""
     from types import SimpleNamespace
 
@@ -1330,8 +1331,8 @@ def test_first_margin_rows_on_a_one_head_layer():
     k = rng.standard_normal((1, 1, t, d)).astype(np.float32)
     k[0, 0, 100:140] += 1.5  # a few heavy blocks, so the prediction is short of every block
     v = rng.standard_normal((1, 1, t, d)).astype(np.float32)
-    q = (rng.standard_normal((1, 8, 4, d)) * 2).astype(np.float32)
-    q[0, :, :] += k[0, 0, 100:140].mean(0)
+    q = rng.standard_normal((1, 8, 4, d)).astype(np.float32)
+    q[0, :, :] += 0.5 * k[0, 0, 100:140].mean(0)  # (heavy, not all the mass: the first chunks vary with tau)
     trace = SimpleNamespace(k=k, v=v, q=q, scale=1 / np.sqrt(d))
     original = progressive.first_chunk_size
     rows = efm.margin_rows(trace, margins=[1.0, 100.0], step=4, batch=4)
@@ -1346,6 +1347,25 @@ def test_first_margin_rows_on_a_one_head_layer():
     assert rows[0]["error"] == pytest.approx(np.mean(errs))
     assert rows[0]["read"] < 1 and rows[1]["read"] == 1.0 and rows[1]["iterations"] == 2
     assert rows[0]["batch_iterations"] >= rows[0]["iterations"] and rows[0]["batches"] == 2
+    # predicting for a higher tau (margin 1): psa_ref's loop with the first chunk that holds 0.99 of each query's
+    # estimated mass along the share rank's order, as an integer first_chunk
+    from psa_ref._problem import prepare
+    from psa_ref.scoring import group_rank_key, processing_order
+
+    more = efm.margin_rows(trace, margins=[1.0], step=4, batch=4, predict_at=[0.99])
+    assert [(r["margin"], r["predict_at"]) for r in more] == [(1.0, 0.95), (1.0, 0.99)]
+    assert more[0]["read"] == rows[0]["read"]
+    used, grew = [], 0
+    for i in range(8):
+        p = prepare(q[0, i], blocks, scale=trace.scale, gqa="shared", sink_blocks=1, recent_blocks=2, exact_mass=False)
+        order = processing_order(group_rank_key(p.scores, blocks.block_lengths, "share"), p.forced)
+        size = progressive.predicted_first_chunk(p.scores, order, p.forced.size, blocks.block_lengths, 0.99)
+        grew += size > progressive.predicted_first_chunk(p.scores, order, p.forced.size, blocks.block_lengths, 0.95)
+        r = psa_ref.attention(q[0, i], blocks, 0.95, scale=trace.scale, step=4, sink_blocks=1, recent_blocks=2,
+                              first_chunk=size or None, rank="share")
+        used.append(len(r.blocks_used[0]) / blocks.num_blocks)
+    assert grew > 0  # (the higher tau moves some query's first chunk)
+    assert more[1]["read"] == pytest.approx(np.mean(used))
     with pytest.raises(ValueError, match="one KV head"):
         efm.margin_rows(SimpleNamespace(k=np.zeros((1, 2, t, d)), v=np.zeros((1, 2, t, d)), q=q, scale=1.0),
                         margins=[1.0], step=4, batch=4)
