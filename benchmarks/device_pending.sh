@@ -2081,6 +2081,15 @@ if [ "$PART" = s42g ]; then
 fi
 # The share rank on the real Gemma 3 layer 5 (s44a, s44b): its captured K/V, a batch of different decode steps
 # (--spread), B = 1, 8, 32, the default rule with rank estimate and share, top-k at the same error, dense.
+# Issue 14's per-head profile (Llama's shape, B = 1 / 8 / 32, --per-head top-k rows) at $2 = 32 or 128 K tokens, the rows
+# of --skip $3 left out, logged under $OUT/$1 (run from the repository root).
+per_head_rows() {
+  local tag="$1" sizes="32768:1,32768:8,32768:32"
+  [ "$2" = 128 ] && sizes="131072:1,131072:8,131072:32"
+  (cd benchmarks && mkdir -p "$OUT/$tag" && timeout 560 python3 bench_decode.py --profile per-head --shape llama8b \
+      --sizes $sizes --reps 20 --per-head --skip "$3" --out "$OUT/$tag" 2>&1 | tee "$OUT/$tag.log" \
+      | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/$tag.log")
+}
 # Optional: $1 the batches (default 1,8,32), $2 more rows to skip (e.g. ",topk"), $3 the time limit (default 220 s).
 share_l5_bench() {
   (cd benchmarks && mkdir -p "$OUT/l5" && timeout "${3:-220}" python3 bench_decode.py --profile real --spread \
@@ -2181,12 +2190,7 @@ if [ "$PART" = s47c ]; then
   # share-rank rows, which s40a skipped. Predicted: the default rule's rows -3..-4%; the share rank's rows with the
   # predicted chunk read fewer blocks at a lower error (as on the real layers), so their top-k at equal error is
   # dearer; if one is below its top-k at B = 8 the target line passes at 32K there. $2 = 32 or 128 (~3 / ~5 minutes).
-  cd benchmarks
-  mkdir -p "$OUT/ph47_$2"
-  sizes="32768:1,32768:8,32768:32"; [ "${2:-32}" = 128 ] && sizes="131072:1,131072:8,131072:32"
-  timeout 560 python3 bench_decode.py --profile per-head --shape llama8b --sizes $sizes --reps 20 --per-head \
-      --skip tau0.9,remaining,stages,speculate --out "$OUT/ph47_$2" 2>&1 | tee "$OUT/ph47_$2.log" \
-      | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph47_$2.log"
+  per_head_rows "ph47_${2:-32}" "${2:-32}" tau0.9,remaining,stages,speculate
   exit 0
 fi
 if [ "$PART" = s47b ]; then
@@ -2394,12 +2398,7 @@ if [ "$PART" = s40a ]; then
   # (quant3) with the prediction at the plain step -5 to -15 µs at B = 8 and 32, and now matched against top-k on the
   # same quant3 cache at each row's error ("top-k (quant3) k=.. (error ≤ ...)"). $2 = 32 or 128 (K tokens).
   # ~2 minutes each at 32K, ~4 at 128K.
-  cd benchmarks
-  mkdir -p "$OUT/ph40_$2"
-  sizes="32768:1,32768:8,32768:32"; [ "${2:-32}" = 128 ] && sizes="131072:1,131072:8,131072:32"
-  timeout 560 python3 bench_decode.py --profile per-head --shape llama8b --sizes $sizes --reps 20 --per-head \
-      --skip tau0.9,remaining,stages,rank,speculate --out "$OUT/ph40_$2" 2>&1 | tee "$OUT/ph40_$2.log" \
-      | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph40_$2.log"
+  per_head_rows "ph40_${2:-32}" "${2:-32}" tau0.9,remaining,stages,rank,speculate
   exit 0
 fi
 if [ "$PART" = s38g ]; then
