@@ -2,8 +2,7 @@
 writes each request's new key and value and recomputes its block's metadata), per call, from a CUDA graph of appends.
 
 In Gemma 3 270M's compiled 32K step at B = 8 (H100, forty-seventh session) the append was 9.1 µs of GPU time a global
-layer, for PSA and for the paged dense step alike. Each row times the package's module and a copy of it with
-``CODES_IN_SHARED`` flipped (quant3's code words by global atomics or in shared memory); ``--old PATH`` adds another
+layer, for PSA and for the paged dense step alike. Each row times the package's module; ``--old PATH`` adds another
 version of ``psa_fast/metadata.py`` (e.g. ``git show HEAD~1:psa_fast/metadata.py > .gl/metadata_old.py``), each loaded
 as a module of the package, in the same process.
 
@@ -83,10 +82,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     from psa_fast import metadata
 
-    flipped = load_version(metadata.__file__)
-    flipped.CODES_IN_SHARED = not metadata.CODES_IN_SHARED  # (read when its kernels compile, at their first launch)
-    versions = [(f"CODES_IN_SHARED={metadata.CODES_IN_SHARED}", metadata),
-                (f"CODES_IN_SHARED={flipped.CODES_IN_SHARED}", flipped)]
+    versions = [("this", metadata)]
     versions += [("old", load_version(args.old))] if args.old else []
     print("| kind | B | D | " + " | ".join(f"{name} µs" for name, _ in versions) + " |")
     print("|---|---|---|" + "---|" * len(versions))

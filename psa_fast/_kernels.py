@@ -33,17 +33,19 @@ ESTIMATE_MMA_WARP_BLOCKS = 0
 ESTIMATE_MMA_CHUNK_GROUP = 16
 ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
 QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
-# psa_estimate_quant3's blocks a warp forced (1-16; 0: the rule in `estimate`, which halves 16 until the launch
-# has two CTAs an SM). A switch for sweeps: at Gemma 3's 32K B = 8 the rule takes 8 (one wave of 512 CTAs) and the
-# kernel streams at ~70% of HBM, at B = 32 16 (two waves) and ~83% (H100, s47a); device_pending.sh s48c
+# psa_estimate_quant3's blocks a warp forced (1-16; 0: the rule in `estimate`, which halves QUANT3_MAX_WARP_BLOCKS
+# until the launch has two CTAs an SM). A switch for sweeps (device_pending.sh s48c).
 QUANT3_WARP_BLOCKS = 0
+# the rule's most blocks a warp: at Gemma 3's 32K, H100 (s48c), 4 against the earlier 16: B = 32 81.1 -> 76.5 µs (the
+# rule took 16, two waves, ~83% of HBM), B = 8 24.1 -> 23.6 (it took 8, one wave), 128K B = 1 12.9 either way
+QUANT3_MAX_WARP_BLOCKS = 4
 ORDER_THREADS = 1024
 SUFFIX_THREADS = 1024  # at most (psa_order_suffix's launch bound)
 # psa_order_suffix's tiled build (suffix.cu's PSA_SUFFIX_TILED: coalesced tiles of SUFFIX_RUN blocks a thread) from
-# this many blocks a group up; 0: the plain build everywhere. First version on the H100 (forty-second session,
-# Llama's shape, default rule): 128K B = 1 19.7 -> 9.5 µs, B = 8 53 -> 19.5, 32K B = 1 4.4 -> 5.6; off until the
-# whole GPU suite has run with it (benchmarks/NOTES.md)
-SUFFIX_TILED_MIN_BLOCKS = 0
+# this many blocks a group up (0: the plain build everywhere). Llama's shape on the H100, default rule, plain ->
+# tiled (forty-eighth session, s42f): 128K B = 1 19.6 -> 8.4 µs, B = 8 52.7 -> 17.9; 32K (2,048 blocks) B = 1 and 8
+# 4.4 -> 4.7, so it starts above 32K's blocks (between 2,048 and 8,192 unmeasured)
+SUFFIX_TILED_MIN_BLOCKS = 4096
 SUFFIX_RUN = 8  # suffix.cu's PSA_SUFFIX_RUN
 # first_chunk="predicted" inside psa_order_suffix (each CTA's head, then the group's max by two counters) instead of
 # psa_first_chunk's launch after it (forty-seventh session: that launch is 3.7 µs of Gemma 3's layer 5 at B = 8 and
@@ -309,14 +311,14 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     ``cuboid_mean`` and ``mean`` groups of at most 4 heads run on the tensor cores (``psa_estimate_mma``),
     larger groups, ``minmax`` and the certified bounds on the CUDA cores (``psa_estimate``).
 
-    Each warp scores up to 32 (quant3: 16) consecutive blocks (fewer when that would leave SMs idle; the tensor
-    cores' version whole tiles of 16)."""
+    Each warp scores up to 32 (quant3: ``QUANT3_MAX_WARP_BLOCKS``) consecutive blocks (fewer when that would leave
+    SMs idle; the tensor cores' version whole tiles of 16)."""
     b = q.shape[0]
     kv_group = hq // hkv
     fused = g == 1 and 1 < kv_group <= 8 and per_head != "bounds" and group_scores is not None
     launch_g = kv_group if fused else g
     if kind == "quant3":
-        warps, per_warp, least = QUANT3_WARPS, 16, 1
+        warps, per_warp, least = QUANT3_WARPS, QUANT3_MAX_WARP_BLOCKS, 1
         if QUANT3_WARP_BLOCKS:  # forced: the rule below keeps it
             if QUANT3_WARP_BLOCKS not in (1, 2, 4, 8, 16):
                 raise ValueError(f"_kernels.QUANT3_WARP_BLOCKS must be 0, 1, 2, 4, 8 or 16, got {QUANT3_WARP_BLOCKS!r}")

@@ -33,14 +33,6 @@ from psa_ref.blocks import QUANT_LEVELS  # noqa: E402
 
 KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2, "quant3": 3}
 NIBBLES = 8  # quant3 codes per uint32 word
-# quant3's code words assembled in shared memory (a tile of CODE_ROWS rows at a time) instead of OR-ed into global
-# memory by atomics, eight threads on each word: the append kernel was 9.1 µs of GPU time a global layer in Gemma 3's
-# compiled decode step at B = 8 (H100, forty-seventh session). Read when the kernels compile; off until timed and
-# tested on a GPU (benchmarks/exp_append.py, device_pending.sh s48e); both paths give the reference's codes (the
-# CUDA simulator's tests run both).
-CODES_IN_SHARED = False
-CODE_ROWS = 32  # quant3: rows of code words a CTA assembles in shared memory at once
-MAX_CODE_WORDS = 256 // NIBBLES  # code words a row at the largest padded head dimension
 
 
 @cuda.jit(device=True)
@@ -102,7 +94,7 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
     elif kind == 2:  # mean key
         meta[b, kv, j, 0, d] = total / ntok
         meta[b, kv, j, 1, d] = float32(0.0)
-    elif kind == 3 and not CODES_IN_SHARED:  # 3-bit codes, OR-ed into words another thread cleared
+    elif kind == 3:  # 3-bit codes, OR-ed into words another thread cleared
         if d < codes.shape[4]:
             for t in range(codes.shape[3]):
                 codes[b, kv, j, t, d] = uint32(0)
@@ -112,24 +104,6 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
             c = _code(_key(k_pool, slot, t, d, bf16), lo, span)
             if c:
                 cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
-    elif kind == 3:  # the same codes OR-ed into the block's words in shared memory, then stored: a tile of CODE_ROWS
-        # rows at a time, rows past the block's last token left 0
-        words = cuda.shared.array((CODE_ROWS, MAX_CODE_WORDS), uint32)
-        span = float64(hi) - float64(lo)
-        nw, nthreads = codes.shape[4], cuda.blockDim.x
-        for t0 in range(0, codes.shape[3], CODE_ROWS):
-            rows = min(CODE_ROWS, codes.shape[3] - t0)
-            for i in range(d, rows * nw, nthreads):
-                words[i // nw, i % nw] = uint32(0)
-            cuda.syncthreads()
-            for t in range(t0, min(t0 + rows, ntok)):
-                c = _code(_key(k_pool, slot, t, d, bf16), lo, span)
-                if c:
-                    cuda.atomic.or_(words, (t - t0, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
-            cuda.syncthreads()
-            for i in range(d, rows * nw, nthreads):
-                codes[b, kv, j, t0 + i // nw, i % nw] = words[i // nw, i % nw]
-            cuda.syncthreads()  # (the next tile clears the words)
 
 
 @cuda.jit

@@ -1470,19 +1470,16 @@ def test_the_merge_gives_the_reference_order(monkeypatch, nmax, lens, one_wave):
             assert (got[r, g, n:] == -1).all()
 
 
-@pytest.mark.parametrize("method,nmax,define", [("sort", 1000, "early_scores"), ("radix", 1000, "early_scores"),
-                                                ("slices", 8192, "early_scores"), ("radix", 8192, "early_scores"),
-                                                ("rank", 1000, "rank_batch"), ("rank", 8192, "rank_batch")])
-def test_order_load_switches_keep_every_order(kernel_switch, method, nmax, define):
-    """Two switches of the order kernels' loads (thirty-eighth session, off by default): ``PSA_EARLY_SCORES`` (sort.cuh's
-    ``load_keys``, psa_order_radix: every score below Nmax requested before the request's length decides which
-    are keys) and ``PSA_RANK_BATCH`` (psa_order_rank: a thread's scores loaded eight at a time before their words are
-    stored). The orders are the default builds' bit for bit on scores with infinities, NaNs and ties, on requests that
-    fill the table, fall short of it, and hold fewer blocks than their forced ones; and the switch reached the
-    method's kernel."""
+@pytest.mark.parametrize("method,nmax", [("radix", 1000), ("slices", 8192), ("radix", 8192), ("rank", 1000),
+                                         ("rank", 8192)])
+def test_order_kernels_agree_on_special_scores(kernel_switch, method, nmax):
+    """Every order kernel gives the plain sort's order (psa_order) bit for bit on scores with infinities, NaNs and
+    ties, on requests that fill the table, fall short of it, and hold fewer blocks than their forced ones: their
+    scores are requested before the request's length decides which are keys (sort.cuh's ``load_keys``,
+    psa_order_radix). psa_order_rank's batched loads (``PSA_RANK_BATCH`` 8, the default) give the order of one load
+    at a time (1), and the define reached its kernel."""
     from psa_fast import _kernels
 
-    files = {"sort": "order", "radix": "order_radix", "slices": "order_slice", "rank": "order_rank"}
     rng = np.random.default_rng(nmax)
     b, gn = 3, 2
     pool = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0, -1.0, 2.5, 3e38], np.float32)
@@ -1490,19 +1487,21 @@ def test_order_load_switches_keep_every_order(kernel_switch, method, nmax, defin
                                    rng.standard_normal((b, gn, nmax))).astype(np.float32))
     seq = cupy.asarray(np.array([nmax * 16, (nmax // 3) * 16 - 5, 40], np.int32))
     ws = _kernels.order_workspace_shape(b, gn, nmax)
-    outs = []
-    for on in (0, 1):
-        switched = (kernel_switch(files[method], **{define: 8 if define == "rank_batch" else 1}) if on
-                    else kernel_switch(None))
+
+    def order(how):
         out = cupy.full((b, gn, nmax), -7, cupy.int32)
         _kernels.order(scores, seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=1, recent_blocks=3,
-                       want_suffix=False, workspace=None if ws is None else cupy.empty(ws, cupy.uint64),
-                       method=method)
-        outs.append(cupy.asnumpy(out))
-    kernel_switch(None)
-    assert switched
-    np.testing.assert_array_equal(outs[1], outs[0])
-    assert sorted(outs[0][2, 0, :3].tolist()) == [0, 1, 2] and (outs[0][2, 0, 3:] == -1).all()
+                       want_suffix=False, workspace=None if ws is None else cupy.empty(ws, cupy.uint64), method=how)
+        return cupy.asnumpy(out)
+
+    want = order("sort")
+    np.testing.assert_array_equal(order(method), want)
+    if method == "rank":
+        switched = kernel_switch("order_rank", rank_batch=1)
+        np.testing.assert_array_equal(order("rank"), want)
+        kernel_switch(None)
+        assert switched
+    assert sorted(want[2, 0, :3].tolist()) == [0, 1, 2] and (want[2, 0, 3:] == -1).all()
 
 
 @pytest.mark.parametrize("values", ["special", "equal", "distinct"])

@@ -92,7 +92,7 @@ __device__ __forceinline__ float column_sum(float x) {
 }
 
 // Two shares of a sum of exponentials, each as (max, sum relative to it), merged into one; (-inf, 0) is the
-// identity. (psa_order_suffix's scans, psa_spec_verify's running sums, psa_share_key's totals.)
+// identity. (psa_order_suffix's scans, psa_spec_verify's running sums; psa_share_key keeps its own in-place form.)
 __device__ __forceinline__ float2 lse_merge(float2 a, float2 b) {
     const float m = fmaxf(a.x, b.x);
     if (m == -PSA_INF) return make_float2(m, 0.f);

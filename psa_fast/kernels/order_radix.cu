@@ -37,9 +37,6 @@ static_assert(PSA_RN % PSA_RT == 0, "PSA_NPAD is a power of two");
 static_assert(256 * PSA_RW == 8 * PSA_RT, "the scan gives every thread 8 counts");
 
 typedef unsigned long long u64;
-#ifndef PSA_EARLY_SCORES
-#define PSA_EARLY_SCORES 0  // 1: scores requested before the request's length is known (below; s38)
-#endif
 
 // Exclusive prefix sum of v over the CTA (threads in order); `warp_sums` holds PSA_RW words.
 __device__ __forceinline__ unsigned int block_exclusive_scan(unsigned int v, unsigned int* warp_sums) {
@@ -86,13 +83,9 @@ psa_order_radix(const float* __restrict__ scores, const int* __restrict__ seq_le
     for (int j = 0; j < PSA_RK; ++j) {
         const int i = warp * PSA_RSPAN + j * 32 + lane;
         unsigned int w = 0u;
-#if PSA_EARLY_SCORES
         // (the score requested before the length arrives: the same key; see sort.cuh's load_keys)
         const float x = i < Nmax ? __ldg(srow + i) : 0.f;
         if (i < n) w = (i < sink_blocks || i >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(x);
-#else
-        if (i < n) w = (i < sink_blocks || i >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(__ldg(srow + i));
-#endif
         k[j] = ((u64)w << 32) | (unsigned int)i;
     }
 

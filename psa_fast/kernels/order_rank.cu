@@ -74,8 +74,9 @@ __device__ __forceinline__ void count_tile(const unsigned int* __restrict__ tile
 }
 
 #ifndef PSA_RANK_BATCH
-#define PSA_RANK_BATCH 0  // > 0: a thread's scores loaded this many at a time before their words are stored (s38)
+#define PSA_RANK_BATCH 8  // a thread's scores loaded this many at a time before their words are stored (below)
 #endif
+static_assert(PSA_RANK_BATCH > 0, "PSA_RANK_BATCH: scores loaded at a time");
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
@@ -96,10 +97,10 @@ psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_len
     }
     const float* srow = scores + ((long)b * Gn + g) * Nmax;
     const int tiles = (n + 31) >> 5;
-#if PSA_RANK_BATCH
-    // A thread's scores requested PSA_RANK_BATCH at a time before any of their words is stored: the loop below had
-    // each store wait for its own load before the next load was issued (the loads sit in branches between stores),
-    // up to 8 round trips a thread at 2,048 blocks. The same words.
+    // A thread's scores requested PSA_RANK_BATCH at a time before any of their words is stored: a loop storing each
+    // word right after its load had each store wait for its own load before the next load was issued (the loads sit
+    // in branches between stores), up to 8 round trips a thread at 2,048 blocks (4.7 -> 3.6 µs at Gemma 3's 32K, one
+    // request, H100; benchmarks/NOTES.md, s38i).
     constexpr int RB = PSA_RANK_BATCH, STRIDE = PSA_WARPS * 32;
     for (int j0 = threadIdx.x; j0 < tiles * 32; j0 += RB * STRIDE) {
         float x[RB];
@@ -115,13 +116,6 @@ psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_len
             }
         }
     }
-#else
-    for (int j = threadIdx.x; j < tiles * 32; j += PSA_WARPS * 32) {
-        unsigned int w = 0u;
-        if (j < n) w = (j < sink_blocks || j >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(srow[j]);
-        words[j] = w;
-    }
-#endif
     __syncthreads();
 
     unsigned int w[PSA_RO];

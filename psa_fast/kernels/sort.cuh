@@ -33,32 +33,22 @@ __device__ __forceinline__ u64 shfl_xor64(u64 x, int lane_mask) {
     return ((u64)hi << 32) | lo;
 }
 
-#ifndef PSA_EARLY_SCORES
-#define PSA_EARLY_SCORES 0  // 1: scores requested before the request's length is known (below; s38)
-#endif
-
-// This thread's KPT keys for blocks first + tid * KPT + r of a group with n blocks. With PSA_EARLY_SCORES every score
-// below `nmax` is requested before `n` (which waits on the request's length) decides which are keys, so the length's
-// round trip is not before the scores'; the same keys.
+// This thread's KPT keys for blocks first + tid * KPT + r of a group with n blocks. Every score below `nmax` is
+// requested before `n` (which waits on the request's length) decides which are keys, so the length's round trip is
+// not before the scores' (psa_order_slice 4.0 -> 3.7 µs at Llama's 32K, one request, H100; benchmarks/NOTES.md, s38i).
 __device__ __forceinline__ void load_keys(u64 (&k)[PSA_KPT], const float* __restrict__ srow, int n, int nmax,
                                           int first, int sink_blocks, int recent_blocks) {
 #pragma unroll
     for (int r = 0; r < PSA_KPT; ++r) {
         const int i = first + threadIdx.x * PSA_KPT + r;
-#if PSA_EARLY_SCORES
         const float x = i < nmax ? __ldg(srow + i) : 0.f;
-#define PSA_KEY_SCORE x
-#else
-#define PSA_KEY_SCORE srow[i]
-#endif
         u64 key = 0ull;
         if (i < n) {
             const bool forced = i < sink_blocks || i >= n - recent_blocks;
-            const unsigned int hi = forced ? 0xFFFFFFFFu : orderable(PSA_KEY_SCORE);
+            const unsigned int hi = forced ? 0xFFFFFFFFu : orderable(x);
             key = ((u64)hi << 32) | (0xFFFFFFFFu - (unsigned int)i);
         }
         k[r] = key;
-#undef PSA_KEY_SCORE
     }
 }
 
