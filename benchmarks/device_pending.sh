@@ -145,16 +145,13 @@
 #  the share key's and the rewritten grid tests (after lse_merge moved to common.cuh, the look-ahead's removal).
 #   run(command="bash benchmarks/device_pending.sh s47c 32")  (~3 minutes)
 #  issue 14's per-head target with the decision's loads on and the share-rank rows (s40a skipped them).
-#   run(command="bash benchmarks/device_pending.sh s48a", carry=[".gl/share_s45.cu", ".gl/gemma3_xml_l5_32k.npz"])
-#  psa_share_key with s45's own merge against common.cuh's lse_merge (5.2 / 7.1 µs in s47a against 4.1 / 4.8 in s45a).
-#   run(command="bash benchmarks/device_pending.sh s48b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~5 minutes)
-#  the predicted first chunk inside psa_order_suffix (_kernels.FIRST_IN_SUFFIX): its tests, then off / on.
+#   s48a (ran in s48, H100): psa_share_key's in-place merge against common.cuh's lse_merge; the in-place form kept.
+#   s48b (ran in s48, H100): the predicted first chunk inside psa_order_suffix; no gain, on branch wip/first-in-suffix.
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
-#   run(command="bash benchmarks/device_pending.sh s48d", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
-#  a margin on the predicted first chunk (_kernels.FIRST_MARGIN 1.0 / 1.05 / 1.1) on layer 5's share-rank rows.
-#   run(command="bash benchmarks/device_pending.sh s48e")  (~2 minutes)
-#  the metadata append with quant3's code words in shared memory (metadata.CODES_IN_SHARED) against global atomics.
+#   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   run(command="bash benchmarks/device_pending.sh s48e")  (~2 minutes; ran in s48: CODES_IN_SHARED lost, removed)
+#  the metadata append's GPU time (exp_append.py), then the metadata tests.
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
 #   run(command="bash benchmarks/device_pending.sh s46a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (ran in s46 on branch wip/balance)
 #  the balanced grid build (LOOP_BALANCE): its test and the share key's, then bench_decode on layer 5 with it off / on.
@@ -1829,22 +1826,9 @@ if [ "$PART" = s38h ]; then
   exit 0
 fi
 if [ "$PART" = s38i ]; then
-  # Prepared in the thirty-eighth session: two switches of the order kernels' loads (off; default builds
-  # byte-identical). PSA_EARLY_SCORES: psa_order, psa_order_slice and psa_order_radix read their scores only below n,
-  # so each launch's start waited on the request's length before its scores; now every score below Nmax is requested
-  # first. PSA_RANK_BATCH=8: psa_order_rank's load loop stored each word right after its load, so (the loads in
-  # branches between the stores) a thread's 8 loads at 2,048 blocks went one round trip at a time; now 8 at once.
-  # Predicted at one request: psa_order_slice ~-0.3 to -0.6 µs (Llama 32K, Gemma 3 128K), psa_order_rank 7.7 -> ~5
-  # (Gemma 3 32K, where s18 found ~3.5 µs of it fixed); batches (radix) within the spread. The tests, then
-  # profile_decode_step's kernel table (ema) off and on, both orders. ~5 minutes with a cold start.
-  gpu_tests t_s38i.log 150 tests/test_fast.py -k "order_load_switches"
-  cd benchmarks
-  for v in 0 1 1 0; do
-    echo "## early_scores=$v rank_batch=$((8 * v))"
-    kernel_rows "llama8b:32768:1 gemma3:32768:1 gemma3:131072:1 llama8b:131072:8" ema '^T=\|psa_order' \
-        exp_kernel_defines.py order_slice early_scores=$v -- exp_kernel_defines.py order_radix early_scores=$v -- \
-        exp_kernel_defines.py order early_scores=$v -- exp_kernel_defines.py order_rank rank_batch=$((8 * v)) --
-  done
+  # Ran in the forty-eighth session (H100): PSA_EARLY_SCORES and PSA_RANK_BATCH paid and are the only path now
+  # (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)
+  echo "s38i: Ran in the forty-eighth session (H100): PSA_EARLY_SCORES and PSA_RANK_BATCH paid and are the only path now"
   exit 0
 fi
 if [ "$PART" = s38d ]; then
@@ -2098,36 +2082,22 @@ share_l5_bench() {
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
 if [ "$PART" = s48e ]; then
-  # Prepared in the forty-seventh session: the metadata append (psa_fast.metadata's Numba kernel, 9.1 µs a global
-  # layer in Gemma 3's compiled step at B = 8 on the H100, in PSA's step and the paged dense step alike) with quant3's
-  # code words assembled in shared memory instead of by global atomics, eight threads on each word
-  # (metadata.CODES_IN_SHARED; exp_append.py times both in one process). Predicted: quant3 at D 256, B = 8 ~9 -> ~2-3
-  # µs; cuboid_mean the same either way (no codes). Then the metadata tests on the GPU, both paths. ~2 minutes.
+  # The metadata append (psa_fast.metadata's Numba kernel, 9.1 µs a global layer in Gemma 3's compiled step at B = 8
+  # on the H100, in PSA's step and the paged dense step alike): its GPU time a call (exp_append.py; with a second
+  # version of metadata.py given as `s48e PATH`, both in one process), then the metadata tests. Ran in the
+  # forty-eighth session with CODES_IN_SHARED (quant3's codes in shared memory), which lost and was removed. ~2 min.
   cd benchmarks
-  timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3,cuboid_mean 2>&1 \
+  timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3,cuboid_mean \
+      ${2:+--old "../$2"} 2>&1 \
       | grep -v Warn | tee "$OUT/exp_append.md"
   cd ..
   gpu_tests s48e.log 300 tests/test_fast_metadata.py
   exit 0
 fi
 if [ "$PART" = s48d ]; then
-  # Prepared in the forty-seventh session: a margin on the predicted first chunk (_kernels.FIRST_MARGIN; 1.0 = the
-  # prediction, as psa_ref computes it). psa_ref on the real layers, share rank, step 128: 5% more blocks in the
-  # predicted chunk end most groups at the first decision (layer 5: 2.56 -> 2.09 iterations, the slowest of 8 3.50 ->
-  # 2.75, reads 47.3 -> 46.5%; layer 11: 2.16 -> 2.03, 2.75 -> 2.25, reads 53.4 -> 55.2%). On the GPU a decision of
-  # the grid build is ~5 µs of the largest group (s46 loop clock: barrier + decide). Predicted at B = 8 on layer 5:
-  # 115.9 -> ~112 µs at 1.05, level or worse at 1.1 (more blocks). The rows of the share rank with the predicted chunk,
-  # their blocks read and errors, at margins 1.0 / 1.05 / 1.1 / 1.2. Layer 17 (`s48d l17`, carry its file instead):
-  # its predictions fall shorter (psa_ref, step 48: 4.78 -> 2.62 iterations at 1.2, the slowest of 8 6.0 -> 4.0,
-  # reads 33.6 -> 33.9%), so a larger margin should pay there. ~5 minutes; carry .gl/gemma3_xml_${2:-l5}_32k.npz.
-  layer="${2:-l5}"
-  gpu_tests s48d.log 120 tests/test_fast.py -k "predicts_the_first_chunk"
-  cd benchmarks
-  mkdir -p "$OUT/${layer}m"
-  timeout 360 python3 exp_kernels_attr.py FIRST_MARGIN=1.0,1.05,1.1,1.2 -- bench_decode.py --profile real --spread \
-      --kv "../.gl/gemma3_xml_${layer}_32k.npz" --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
-      --skip "tau0.9,remaining,stages,speculate,topk" --out "$OUT/${layer}m" 2>&1 | tee "$OUT/s48d_${layer}.log" \
-      | grep -E "^#|rank share first chunk predicted \|" | cut -d'|' -f4-9,12,13,15
+  # Ran in the forty-eighth session (H100): FIRST_MARGIN did not pay; its code is on branch wip/first-in-suffix
+  # (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)
+  echo "s48d: Ran in the forty-eighth session (H100): FIRST_MARGIN did not pay; its code is on branch wip/first-in-suffix"
   exit 0
 fi
 if [ "$PART" = s48c ]; then
@@ -2147,41 +2117,15 @@ if [ "$PART" = s48c ]; then
   exit 0
 fi
 if [ "$PART" = s48b ]; then
-  # Prepared in the forty-seventh session: first_chunk="predicted" inside psa_order_suffix's launch
-  # (_kernels.FIRST_IN_SUFFIX; suffix.cu's predict_first_chunk: each CTA's first prefix by a min over its threads,
-  # the group's max by two self-resetting counters), in place of psa_first_chunk's launch (3.7 µs a step on layer 5,
-  # B = 8 and 32, s47a). Tests first, then the kernel table and bench rows with it off / on. Predicted: the
-  # suffix +0.3-0.8 µs (one more barrier, a strided reread of its sums, one atomic round trip), psa_first_chunk's
-  # 3.7 gone: the share + first step ~-3 µs at B = 1, 8 and 32 (115.9 -> ~113 at B = 8), the same blocks.
-  # ~5 minutes; carry .gl/gemma3_xml_l5_32k.npz.
-  gpu_tests s48b.log 200 tests/test_fast.py -k "predicts_the_first_chunk or prediction_in_the_suffix or \
-      first_chunk_conforms or suffix_matches"
-  cd benchmarks
-  timeout 150 python3 exp_kernels_attr.py FIRST_IN_SUFFIX=0,1 -- profile_decode_step.py \
-      --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches 1,8,32 --variants share+first \
-      --steps 10 --out /tmp 2>&1 | grep -E "^#|^T=|psa_order_suffix|psa_first_chunk"
-  mkdir -p "$OUT/l5"
-  timeout 200 python3 exp_kernels_attr.py FIRST_IN_SUFFIX=0,1 -- bench_decode.py --profile real --spread \
-      --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
-      --skip "tau0.9,remaining,stages,speculate,topk" --out "$OUT/l5" 2>&1 | tee "$OUT/s48b.log" \
-      | grep -E "^#|predicted \|" | cut -d'|' -f1-9
+  # Ran in the forty-eighth session (H100): FIRST_IN_SUFFIX did not pay; its code is on branch wip/first-in-suffix
+  # (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)
+  echo "s48b: Ran in the forty-eighth session (H100): FIRST_IN_SUFFIX did not pay; its code is on branch wip/first-in-suffix"
   exit 0
 fi
 if [ "$PART" = s48a ]; then
-  # Prepared in the forty-seventh session. psa_share_key measured 5.2 / 7.1 µs a launch at B = 8 / 32 on layer 5
-  # (s47a, H100) against 4.1 / 4.8 in s45a (H100), while every other kernel of the same table moved by <= 0.3 µs.
-  # Between the two, share.cu's own log-sum-exp merge gave way to common.cuh's lse_merge (ec3e7ba: the same PTX
-  # structure, +32 SASS instructions). The kernel table of the share rank with the s45 file (carry
-  # .gl/share_s45.cu, `git show ec3e7ba^:psa_fast/kernels/share.cu`) and with today's, new / old / new, one
-  # process each. Predicted if the merge is the cause: old 4.1 / 4.8, new 5.2 / 7.1; else both alike (then s45's
-  # figures were the outlier). ~2 minutes; carry .gl/gemma3_xml_l5_32k.npz too.
-  cd benchmarks
-  for side in new old new; do
-    run="python3"; [ $side = old ] && run="python3 exp_kernel_source.py share ../.gl/share_s45.cu --"
-    echo "## share.cu $side"
-    timeout 100 $run profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 \
-        --batches 8,32 --variants share --steps 10 --out /tmp 2>&1 | grep -E "^T=|psa_share_key|psa_estimate"
-  done
+  # Ran in the forty-eighth session (H100): the in-place merge paid and is psa_share_key's again
+  # (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)
+  echo "s48a: Ran in the forty-eighth session (H100): the in-place merge paid and is psa_share_key's again"
   exit 0
 fi
 if [ "$PART" = s47c ]; then

@@ -5,10 +5,10 @@ reaches tau); the verifier then decides, and where it does not stop the loop rea
 decides again. On the GPU every such decision is a barrier of the group (~5 µs of the largest group at Gemma 3's
 32K, B = 8, benchmarks/NOTES.md, s46), and the slowest group of a batch sets the step's time. This runs psa_ref over
 a captured layer's decode queries with the predicted chunk times each margin (rounded up, at most the ranked blocks
-there are; ``psa_fast._kernels.FIRST_MARGIN`` does the same on the GPU) and prints per margin: the mean iterations
-(the forced blocks' chunk counts as one), the mean blocks read, over batches of ``--batch`` consecutive queries (as
-bench_decode ``--spread`` replays them) the slowest group's iterations and the largest group's reads, and the mean
-relative error of the output against dense attention.
+there are; the GPU's switch for it, measured without a gain in s48, is on branch wip/first-in-suffix) and prints per
+margin: the mean iterations (the forced blocks' chunk counts as one), the mean blocks read, over batches of
+``--batch`` consecutive queries (as bench_decode ``--spread`` replays them) the slowest group's iterations and the
+largest group's reads, and the mean relative error of the output against dense attention.
 
     python benchmarks/exp_first_margin.py --kv .gl/gemma3_xml_l5_32k.npz --step 128 --margins 1,1.05,1.1,1.2
     python benchmarks/exp_first_margin.py --kv .gl/gemma3_xml_l5_32k.npz --step 128 --margins 1 --predict-at 0.96,0.97

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
@@ -47,15 +46,6 @@ SUFFIX_THREADS = 1024  # at most (psa_order_suffix's launch bound)
 # 4.4 -> 4.7, so it starts above 32K's blocks (between 2,048 and 8,192 unmeasured)
 SUFFIX_TILED_MIN_BLOCKS = 4096
 SUFFIX_RUN = 8  # suffix.cu's PSA_SUFFIX_RUN
-# first_chunk="predicted" inside psa_order_suffix (each CTA's head, then the group's max by two counters) instead of
-# psa_first_chunk's launch after it (forty-seventh session: that launch is 3.7 µs of Gemma 3's layer 5 at B = 8 and
-# 32, H100); off until measured on a GPU (benchmarks/device_pending.sh s48b)
-FIRST_IN_SUFFIX = False
-# first_chunk="predicted": the predicted ranked blocks times this margin, rounded up (an experiment, 1.0 = the
-# prediction, which psa_ref computes; other values leave the reference's schedule). psa_ref on Gemma 3's real layers,
-# share rank, step 128 (forty-seventh session): a 5% margin ends most groups at the first decision (layer 5: 2.56 ->
-# 2.09 iterations, reads 47.3 -> 46.5%; layer 11 2.16 -> 2.03, reads 53.4 -> 55.2%); device_pending.sh s48b
-FIRST_MARGIN = 1.0
 MAX_SMEM_SORT = 16384  # largest padded block count sorted in shared memory (128 KiB of keys)
 
 
@@ -456,19 +446,17 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
 
 
 def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
-          want_suffix, workspace=None, ordered=None, method=None, first=None) -> None:
+          want_suffix, workspace=None, ordered=None, method=None) -> None:
     """The processing order ``[B, Gn, Nmax]`` and, if ``want_suffix``, the suffix log-sum-exp of the
     per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``), and with ``ordered``
     (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
-    sums read them); with ``first`` the predicted first chunk in the same launch (``suffix``).
+    sums read them).
 
     Four kernels give the same order (``order_method`` picks the fastest when ``method`` is None): short
     orders count each block's position (``psa_order_rank``); one CTA a group sorts its keys by radix passes
     (``psa_order_radix``) or by bitonic merges (``psa_order``); or a group is split: ``psa_order_slice`` sorts
     slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``[B, Gn, npad]`` uint64) and
     ``psa_order_merge`` places every key at its rank."""
-    if first is not None and not want_suffix:
-        raise ValueError("first needs want_suffix: the predicted first chunk is read off the suffix sums")
     b, gn, _ = scores.shape
     npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
@@ -520,49 +508,21 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         fn((gn, b), (threads,), (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks),
                                  np.int32(recent_blocks)), shared_mem=smem)
     if want_suffix:
-        suffix(out_order, seq_lens, bounds, log_suffix, s=s, g=g, hq=hq, nmax=nmax, ordered=ordered, first=first)
+        suffix(out_order, seq_lens, bounds, log_suffix, s=s, g=g, hq=hq, nmax=nmax, ordered=ordered)
 
 
-def suffix(order_arr, seq_lens, vals, log_suffix, *, s, g, hq, nmax, ordered=None, first=None) -> None:
+def suffix(order_arr, seq_lens, vals, log_suffix, *, s, g, hq, nmax, ordered=None) -> None:
     """``psa_order_suffix``: for every (request, query head) the suffix log-sum-exp along the group's processing order
     ``order_arr [B, Hq / g, Nmax]`` of ``x_i = vals[b, h, j] + log n_j`` (``j = order[i]``, ``n_j`` the block's tokens
     of ``seq_lens [B]``): ``log_suffix [B, Hq, Nmax + 1]`` float32, ``-inf`` from each request's block count on; with
-    ``ordered`` (``[B, Hq, Nmax]``) the terms ``x_i`` themselves by position.
-
-    ``first``, a ``FirstChunkBuffers``: also ``first_chunk="predicted"`` (what ``first_chunk`` computes from
-    ``log_suffix`` in a launch of its own) into ``first.first_len [B, Hq / g]``, its two counters back at 0 after."""
+    ``ordered`` (``[B, Hq, Nmax]``) the terms ``x_i`` themselves by position."""
     b = seq_lens.shape[0]
     tiled = 0 < SUFFIX_TILED_MIN_BLOCKS <= nmax
     per = SUFFIX_RUN if tiled else 1  # blocks a thread (of a tile, tiled)
     threads = min(SUFFIX_THREADS, max(32, -(-nmax // (32 * per)) * 32))
-    null = np.uint64(0)
-    fl, fm, fc = (null,) * 3 if first is None else (first.first_len, first.first_max, first.first_count)
-    forced, log_rest = (0, 0.0) if first is None else (first.forced, np.log1p(-first.threshold))
-    kernel("suffix", d=16, s=s, g=g, entry="order_suffix", suffix_tiled=int(tiled),
-           suffix_first=int(first is not None))((hq, b), (threads,), (
-        order_arr, seq_lens, vals, log_suffix, np.int32(hq), np.int32(nmax), null if ordered is None else ordered,
-        fl, fm, fc, np.int32(forced), np.float32(log_rest), np.float32(FIRST_MARGIN)))
-
-
-@dataclass(frozen=True)
-class FirstChunkBuffers:
-    """``first_chunk="predicted"`` computed by ``psa_order_suffix`` (``FIRST_IN_SUFFIX``): the output ``first_len
-    [B, Gn]`` int32, two int32 / uint32 counters of the same shape that must be 0 before a launch (``zeros``; the
-    kernel leaves them 0), the forced blocks before the ranked ones and ``threshold`` (tau < 1)."""
-    first_len: object
-    first_max: object
-    first_count: object
-    forced: int
-    threshold: float
-
-    @classmethod
-    def zeros(cls, first_len, *, forced: int, threshold: float) -> "FirstChunkBuffers":
-        if not 0 < threshold < 1:
-            raise ValueError(f"threshold must lie in (0, 1) for a predicted first chunk, got {threshold!r}")
-        import cupy
-
-        return cls(first_len, cupy.zeros(first_len.shape, cupy.int32), cupy.zeros(first_len.shape, cupy.uint32),
-                   forced, threshold)
+    kernel("suffix", d=16, s=s, g=g, entry="order_suffix", suffix_tiled=int(tiled))((hq, b), (threads,), (
+        order_arr, seq_lens, vals, log_suffix, np.int32(hq), np.int32(nmax),
+        np.uint64(0) if ordered is None else ordered))
 
 
 SELECT_THREADS = 1024  # psa_order_head's CTA
@@ -891,7 +851,7 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
     b, gn = first_len.shape
     fn = kernel("first_chunk", d=16, s=s, g=g)
     fn((gn, b), (32,), (log_suffix, seq_lens, first_len, np.int32(hq), np.int32(nmax), np.int32(forced),
-                        np.float32(np.log1p(-threshold)), np.float32(FIRST_MARGIN)))
+                        np.float32(np.log1p(-threshold))))
 
 
 def default_warps(d: int, mode: str) -> int:

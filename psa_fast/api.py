@@ -281,13 +281,8 @@ class DecodePlan:
         elif self.first_chunk is not None:
             fixed = 0 if self.first_chunk == "predicted" else self.first_chunk
             self.first_len = cupy.full((b, self.gn), fixed, i32)
-        # first_chunk="predicted" each step (below tau 1: at tau 1 every block is read anyway), by psa_first_chunk or
-        # in the suffix kernel's launch (_kernels.FIRST_IN_SUFFIX), whose counters are kept here
+        # first_chunk="predicted" each step by psa_first_chunk (below tau 1: at tau 1 every block is read anyway)
         self._predicts_first = self.first_chunk == "predicted" and self.threshold < 1
-        self._first_in_suffix = None
-        if self._predicts_first and _kernels.FIRST_IN_SUFFIX:
-            self._first_in_suffix = _kernels.FirstChunkBuffers.zeros(
-                self.first_len, forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold)
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
         # the loop's state after the speculated chunks (for the resumed loop)
         self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = self.spec_items = None
@@ -418,8 +413,8 @@ class DecodePlan:
         _kernels.order(self.scores, self.cache.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
                        sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
                        want_suffix=self.bounds is not None, workspace=self.sort_workspace,
-                       ordered=self.sketch_ordered, first=self._first_in_suffix, **self._shape())
-        if self._predicts_first and self._first_in_suffix is None:
+                       ordered=self.sketch_ordered, **self._shape())
+        if self._predicts_first:
             _kernels.first_chunk(self.log_suffix, self.cache.seq_lens[layer], self.first_len, s=self.cache.block_size,
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
                                  forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold)

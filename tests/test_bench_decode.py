@@ -890,8 +890,7 @@ def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
 def test_suffix_and_first_chunk_launches_pass_every_parameter(monkeypatch, tmp_path):
-    """psa_order_suffix (without and with the predicted first chunk in its launch, plain and tiled) and
-    psa_first_chunk take as many arguments as _kernels.suffix and _kernels.first_chunk pass, compiled to PTX with each
+    """psa_order_suffix (plain and tiled) and psa_first_chunk take as many arguments as _kernels.suffix and _kernels.first_chunk pass, compiled to PTX with each
     launch's own defines (nvcc, no GPU): a missing or extra argument would otherwise be found only on the device."""
     from psa_fast import _kernels
 
@@ -907,13 +906,11 @@ def test_suffix_and_first_chunk_launches_pass_every_parameter(monkeypatch, tmp_p
     seq, order = np.zeros(b, np.int32), np.zeros((b, hq // g, nmax), np.int32)
     vals, log_suffix = np.zeros((b, hq, nmax), np.float32), np.zeros((b, hq, nmax + 1), np.float32)
     first_len = np.zeros((b, hq // g), np.int32)
-    first = _kernels.FirstChunkBuffers(first_len, first_len.copy(), first_len.astype(np.uint32), 1, 0.9)
     for tiled_from in (0, 1):
         monkeypatch.setattr(_kernels, "SUFFIX_TILED_MIN_BLOCKS", tiled_from)
-        for f in (None, first):
-            _kernels.suffix(order, seq, vals, log_suffix, s=16, g=g, hq=hq, nmax=nmax, ordered=vals, first=f)
+        _kernels.suffix(order, seq, vals, log_suffix, s=16, g=g, hq=hq, nmax=nmax, ordered=vals)
     _kernels.first_chunk(log_suffix, seq, first_len, s=16, g=g, hq=hq, nmax=nmax, forced=1, threshold=0.9)
-    assert len(launches) == 5 and launches[1][2]["suffix_first"] == 1 and launches[2][2]["suffix_tiled"] == 1
+    assert len(launches) == 3 and launches[0][2]["suffix_tiled"] == 0 and launches[1][2]["suffix_tiled"] == 1
     for name, entry, defines, args in launches:
         src = tmp_path / f"{name}.cu"
         src.write_text(_kernels._source(f"{name}.cu"))
@@ -1063,14 +1060,6 @@ def test_order_names_a_bad_method_before_touching_the_gpu():
         _kernels.order(scores, seq, out, None, None, method="rank", **kw)
     with pytest.raises(ValueError, match="needs a workspace"):
         _kernels.order(scores, seq, out, None, None, method="slices", **kw)
-    # the predicted first chunk in the suffix launch, where no suffix is asked for; a tau it cannot predict for
-    first = _kernels.FirstChunkBuffers(np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32),
-                                       np.zeros((1, 1), np.uint32), 0, 0.9)
-    with pytest.raises(ValueError, match="first needs want_suffix"):
-        _kernels.order(scores, seq, out, None, None, first=first, **kw)
-    for tau in (1.0, 0.0):
-        with pytest.raises(ValueError, match="threshold must lie in"):
-            _kernels.FirstChunkBuffers.zeros(np.zeros((1, 1), np.int32), forced=0, threshold=tau)
 
 
 def test_kv_layer_bytes_counts_whole_blocks_of_float16_k_and_v():

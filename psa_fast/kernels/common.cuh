@@ -99,12 +99,6 @@ __device__ __forceinline__ float2 lse_merge(float2 a, float2 b) {
     return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
 }
 
-// first_chunk = "predicted": the predicted ranked blocks r times `margin` (_kernels.FIRST_MARGIN, an experiment; 1
-// is the prediction itself), rounded up, at most the `ranked` blocks there are (psa_first_chunk, psa_order_suffix).
-__device__ __forceinline__ int with_margin(int r, int ranked, float margin) {
-    return margin == 1.f ? r : min(ranked, (int)ceilf(margin * (float)r));
-}
-
 // out[i] = log sum_lanes exp(x[i]), the same bits in every lane; -inf when every lane's x[i] is -inf.
 template <int N>
 __device__ __forceinline__ void warp_logsumexp(const float (&x)[N], float (&out)[N]) {

@@ -48,12 +48,11 @@ __device__ __forceinline__ int predicted_prefix(const float* __restrict__ log_su
 
 extern "C" __global__ void __launch_bounds__(32)
 psa_first_chunk(const float* __restrict__ log_suffix, const int* __restrict__ seq_lens, int* __restrict__ first_len,
-                int Hq, int Nmax, int forced, float log_rest, float margin) {
+                int Hq, int Nmax, int forced, float log_rest) {
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x;
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
     const int need = predicted_prefix(log_suffix, b, g, Hq, Nmax, n, log_rest);
-    if (threadIdx.x == 0) first_len[(long)b * Gn + g] = with_margin(max(0, need - min(n, forced)), n - min(n, forced),
-                                                                    margin);
+    if (threadIdx.x == 0) first_len[(long)b * Gn + g] = max(0, need - min(n, forced));
 }
 
 extern "C" __global__ void __launch_bounds__(32)

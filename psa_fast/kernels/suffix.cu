@@ -25,16 +25,6 @@
 //              -inf from i = N_b on
 //   ordered    [B, Hq, Nmax] float out or null: x_i itself at i < N_b (the sketch rules' window sums read it
 //              by position, psa_decode / psa_spec_verify, instead of order[i] then vals[j])
-//
-// first_chunk = "predicted" in the same launch (_kernels.FIRST_IN_SUFFIX; otherwise psa_first_chunk, a launch of
-// its own, reads log_suffix after this one): once its suffix is written, each CTA finds its head's first prefix
-// that holds tau of the estimated total, the smallest L in [1, N_b] with log_suffix[L] <= log_suffix[0] + log(1 -
-// tau) (the first such L, as psa_ref.progressive.predicted_first_chunk takes it; psa_first_chunk's binary search
-// finds the same L wherever log_suffix does not increase), by a min over the CTA's threads. The group's heads
-// meet in two counters: each CTA raises first_max to its ranked blocks, and the group's last CTA (first_count)
-// moves the max to first_len and sets both counters back to 0 for the next launch.
-//   first_len   [B, Hq / PSA_G] int out (PSA_SUFFIX_FIRST 1; else unread): the first ranked chunk's ranked blocks
-//   first_max   [B, Hq / PSA_G] int, first_count [B, Hq / PSA_G] unsigned: 0 before and after every launch
 #include "common.cuh"
 
 #define PSA_SUFFIX_THREADS 1024
@@ -42,9 +32,6 @@
 #define PSA_SUFFIX_TILED 0
 #endif
 #define PSA_SUFFIX_RUN 8  // the tiled build's entries a thread a tile (two float4 of shared memory)
-#ifndef PSA_SUFFIX_FIRST
-#define PSA_SUFFIX_FIRST 0  // 1: first_chunk = "predicted" in this launch (first_len and its counters not null)
-#endif
 
 __device__ __forceinline__ float2 shfl_down2(float2 v, int off) {
     return make_float2(__shfl_down_sync(0xffffffffu, v.x, off), __shfl_down_sync(0xffffffffu, v.y, off));
@@ -81,39 +68,9 @@ __device__ __forceinline__ float2 cta_after(float2 incl, int lane, int warp, int
     return after;
 }
 
-// first_chunk = "predicted" from this CTA's finished suffix (see the head of the file); every thread calls it.
-__device__ __forceinline__ void predict_first_chunk(const float* ls, int n, int h, int b, int Hq, int forced,
-                                                    float log_rest, float margin, int* __restrict__ first_len,
-                                                    int* __restrict__ first_max,
-                                                    unsigned int* __restrict__ first_count) {
-    __shared__ int first_at;
-    const int tid = threadIdx.x;
-    if (tid == 0) first_at = max(n, 1);  // log_suffix[n] = -inf: L = n when no earlier prefix suffices
-    __syncthreads();  // (also: every thread's log_suffix stores are visible to the CTA from here on)
-    const float target = ls[0] + log_rest;
-    int at = 0x7fffffff;
-    for (int i = 1 + tid; i < n; i += blockDim.x)
-        if (ls[i] <= target) { at = i; break; }
-    at = __reduce_min_sync(0xffffffffu, at);
-    if ((tid & 31) == 0 && at < n) atomicMin(&first_at, at);
-    __syncthreads();
-    if (tid == 0) {
-        const int gi = b * (Hq / PSA_G) + h / PSA_G;
-        atomicMax(first_max + gi, with_margin(max(0, first_at - min(n, forced)), n - min(n, forced), margin));
-        __threadfence();
-        if (atomicAdd(first_count + gi, 1u) == PSA_G - 1) {  // the group's last head: every max is in
-            __threadfence();
-            first_len[gi] = atomicExch(first_max + gi, 0);
-            atomicExch(first_count + gi, 0u);
-        }
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(PSA_SUFFIX_THREADS)
 psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens, const float* __restrict__ vals,
-                 float* __restrict__ log_suffix, int Hq, int Nmax, float* __restrict__ ordered,
-                 int* __restrict__ first_len, int* __restrict__ first_max, unsigned int* __restrict__ first_count,
-                 int forced, float log_rest, float margin) {
+                 float* __restrict__ log_suffix, int Hq, int Nmax, float* __restrict__ ordered) {
     __shared__ float2 warp_total[32];
     const int h = blockIdx.x, b = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
@@ -203,7 +160,4 @@ psa_order_suffix(const int* __restrict__ order, const int* __restrict__ seq_lens
     }
 #endif
     for (int i = n + tid; i <= Nmax; i += blockDim.x) ls[i] = -PSA_INF;
-#if PSA_SUFFIX_FIRST
-    predict_first_chunk(ls, n, h, b, Hq, forced, log_rest, margin, first_len, first_max, first_count);
-#endif
 }
