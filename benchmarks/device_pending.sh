@@ -150,6 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   run(command="bash benchmarks/device_pending.sh s49a")  (~3 minutes)
+#  why the metadata append costs ~9-10 µs whatever B and D: its PTX / SASS and ncu's stalls (before any change).
 #   run(command="bash benchmarks/device_pending.sh s48e")  (~2 minutes; ran in s48: CODES_IN_SHARED lost, removed)
 #  the metadata append's GPU time (exp_append.py), then the metadata tests.
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
@@ -2081,6 +2083,28 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s49a ]; then
+  # Forty-eighth session: why the metadata append takes ~9-10 µs (quant3) and ~4 (cuboid_mean) whatever B and D
+  # (s48e: the shared-memory codes did not help, so the atomics are not its cost). Hypothesis: each thread walks its
+  # channel's <= 16 tokens one dependent load at a time (a loop with a runtime trip count, not unrolled), so the kernel
+  # is a chain of ~16 global round trips, three passes for quant3. This part checks that before any change: the
+  # kernel's PTX and SASS (is the token loop unrolled; how many loads are in flight), then ncu's warp stalls and
+  # source counters at B = 8, D 256 for both kinds. If the hypothesis holds the stalls are long-scoreboard on the
+  # token loop's loads and the SASS shows one LDG in flight a thread. ~3 minutes, no carry.
+  mkdir -p "$OUT/append"
+  cd benchmarks
+  timeout 120 python3 exp_append.py --batches 8 --dims 256 --kinds quant3,cuboid_mean --dump "$OUT/append" 2>&1 \
+      | grep -v Warn
+  grep -c "ld.global" "$OUT"/append/*.ptx; grep -c "LDG" "$OUT"/append/*.sass 2>/dev/null
+  for kind in quant3 cuboid_mean; do
+    timeout 150 ncu --clock-control none -k regex:append_kernel --launch-count 1 --section SpeedOfLight \
+        --section WarpStateStats --section SourceCounters --section LaunchStats --print-details all \
+        python3 exp_append.py --batches 8 --dims 256 --kinds $kind --calls 1 --reps 1 > "$OUT/ncu_append_$kind.txt" 2>&1
+    echo "ncu $kind rc=$?"; grep -E "Duration|Stall (Long|Short|Barrier|Wait|LG|Math|MIO)|Registers Per|Block Size" \
+        "$OUT/ncu_append_$kind.txt" | head -20
+  done
+  exit 0
+fi
 if [ "$PART" = s48e ]; then
   # The metadata append (psa_fast.metadata's Numba kernel, 9.1 µs a global layer in Gemma 3's compiled step at B = 8
   # on the H100, in PSA's step and the paged dense step alike): its GPU time a call (exp_append.py; with a second

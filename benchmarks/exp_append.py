@@ -8,6 +8,7 @@ as a module of the package, in the same process.
 
     python benchmarks/exp_append.py --batches 1,8,32 --dims 256,128 --kinds quant3,cuboid_mean
     python benchmarks/exp_append.py --batches 8 --dims 256 --kinds quant3 --old .gl/metadata_old.py
+    python benchmarks/exp_append.py --batches 8 --dims 256 --kinds quant3 --dump /tmp/append   # + its PTX and SASS
 
 Prints a table: µs per append (median of ``--reps`` graph replays of ``--calls`` appends each, CUDA events).
 """
@@ -79,6 +80,7 @@ def main(argv=None) -> None:
     ap.add_argument("--old", default=None, help="another version of psa_fast/metadata.py, timed beside it")
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--dump", default=None, help="a folder for the package's append kernel's PTX and SASS, as compiled")
     args = ap.parse_args(argv)
     from psa_fast import metadata
 
@@ -91,6 +93,25 @@ def main(argv=None) -> None:
             for b in (int(x) for x in args.batches.split(",")):
                 us = [time_append(m, kind=kind, batch=b, d=d, calls=args.calls, reps=args.reps) for _, m in versions]
                 print(f"| {kind} | {b} | {d} | " + " | ".join(f"{u:.2f}" for u in us) + " |", flush=True)
+    if args.dump:
+        dump_code(metadata._append_kernel, args.dump)
+
+
+def dump_code(dispatcher, folder: str) -> None:
+    """Write each compiled signature's PTX (and SASS, where nvdisasm is found) of a Numba kernel to ``folder``."""
+    from pathlib import Path
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    for i, ptx in enumerate(dispatcher.inspect_asm().values()):
+        (out / f"append_{i}.ptx").write_text(ptx)
+    try:
+        sass = dispatcher.inspect_sass()
+    except (OSError, RuntimeError) as e:  # (no nvdisasm on the machine)
+        print(f"no SASS: {e}")
+        return
+    for i, text in enumerate(sass.values()):
+        (out / f"append_{i}.sass").write_text(text)
 
 
 if __name__ == "__main__":

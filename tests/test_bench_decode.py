@@ -1468,3 +1468,29 @@ def test_the_oracle_stop_on_the_metadata_s_shared_order():
     assert set(orders) == set(RANKS)
     for order in orders.values():  # 7 blocks: block 0 (sink) and 6 (recent) first, then the other five
         assert order[:2].tolist() == [0, 6] and sorted(order.tolist()) == list(range(7))
+
+
+def test_exp_append_dumps_each_signature_and_goes_on_without_a_disassembler(tmp_path, capsys):
+    """exp_append.py --dump writes a Numba kernel's PTX for each compiled signature and its SASS where nvdisasm runs;
+    without nvdisasm it says so and keeps the PTX."""
+    import exp_append
+
+    class Kernel:
+        def __init__(self, sass_error=None):
+            self.sass_error = sass_error
+
+        def inspect_asm(self):
+            return {"sig a": "// ptx a", "sig b": "// ptx b"}
+
+        def inspect_sass(self):
+            if self.sass_error:
+                raise self.sass_error
+            return {"sig a": "LDG a", "sig b": "LDG b"}
+
+    exp_append.dump_code(Kernel(), str(tmp_path / "with"))
+    assert sorted(p.name for p in (tmp_path / "with").iterdir()) == ["append_0.ptx", "append_0.sass", "append_1.ptx",
+                                                                      "append_1.sass"]
+    assert (tmp_path / "with" / "append_1.sass").read_text() == "LDG b"
+    exp_append.dump_code(Kernel(FileNotFoundError("nvdisasm")), str(tmp_path / "without"))
+    assert sorted(p.name for p in (tmp_path / "without").iterdir()) == ["append_0.ptx", "append_1.ptx"]
+    assert "no SASS: nvdisasm" in capsys.readouterr().out
