@@ -150,8 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
-#   run(command="bash benchmarks/device_pending.sh s49a")  (~3 minutes)
-#  why the metadata append costs ~9-10 µs whatever B and D: its PTX / SASS and ncu's stalls (before any change).
+#   run(command="bash benchmarks/device_pending.sh s49a", carry=[".gl/metadata_s48.py"])  (~4 minutes)
+#  why the metadata append costs ~9-10 µs whatever B and D (PTX / SASS, ncu's stalls), then KEY_TILE 16 against 1.
 #   run(command="bash benchmarks/device_pending.sh s48e")  (~2 minutes; ran in s48: CODES_IN_SHARED lost, removed)
 #  the metadata append's GPU time (exp_append.py), then the metadata tests.
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
@@ -2086,23 +2086,35 @@ share_l5_bench() {
 if [ "$PART" = s49a ]; then
   # Forty-eighth session: why the metadata append takes ~9-10 µs (quant3) and ~4 (cuboid_mean) whatever B and D
   # (s48e: the shared-memory codes did not help, so the atomics are not its cost). Hypothesis: each thread walks its
-  # channel's <= 16 tokens one dependent load at a time (a loop with a runtime trip count, not unrolled), so the kernel
-  # is a chain of ~16 global round trips, three passes for quant3. This part checks that before any change: the
-  # kernel's PTX and SASS (is the token loop unrolled; how many loads are in flight), then ncu's warp stalls and
+  # channel's <= 16 tokens one dependent load at a time (a loop with a runtime trip count), so the kernel is a chain
+  # of ~16 global round trips a pass, three passes for quant3. This part checks that first: the kernel's PTX and SASS
+  # (`KEY_TILE` 1, the default: is the token loop unrolled, how many loads are in flight), then ncu's warp stalls and
   # source counters at B = 8, D 256 for both kinds. If the hypothesis holds the stalls are long-scoreboard on the
-  # token loop's loads and the SASS shows one LDG in flight a thread. ~3 minutes, no carry.
-  mkdir -p "$OUT/append"
+  # token loop's loads. Then the lever: `metadata.KEY_TILE` 16 (a thread's keys loaded 16 at a time into registers,
+  # the same arithmetic in the same order) against 1 and against the s48 file (carry .gl/metadata_s48.py = `git show
+  # 51c4460:psa_fast/metadata.py`: KEY_TILE 1 restructured the loops, it should time the same). Predicted: 16 takes
+  # quant3 ~9.8 -> ~3-4 µs and cuboid_mean ~4.5 -> ~3 (a one-CTA-a-request launch's floor ~2); ncu at 16 shows the
+  # loads in flight together. Then the metadata GPU tests (every tile against psa_ref). ~4 minutes.
+  mkdir -p "$OUT/append" "$OUT/append16"
   cd benchmarks
   timeout 120 python3 exp_append.py --batches 8 --dims 256 --kinds quant3,cuboid_mean --dump "$OUT/append" 2>&1 \
       | grep -v Warn
-  grep -c "ld.global" "$OUT"/append/*.ptx; grep -c "LDG" "$OUT"/append/*.sass 2>/dev/null
-  for kind in quant3 cuboid_mean; do
+  timeout 60 python3 exp_append.py --batches 8 --dims 256 --kinds quant3 --key-tiles 16 --dump "$OUT/append16" \
+      2>&1 | grep -v Warn
+  grep -c "ld.global" "$OUT"/append*/*.ptx; grep -c "LDG" "$OUT"/append*/*.sass 2>/dev/null
+  for cfg in quant3:1 cuboid_mean:1 quant3:16; do
+    IFS=: read -r kind tile <<< "$cfg"
     timeout 150 ncu --clock-control none -k regex:append_kernel --launch-count 1 --section SpeedOfLight \
         --section WarpStateStats --section SourceCounters --section LaunchStats --print-details all \
-        python3 exp_append.py --batches 8 --dims 256 --kinds $kind --calls 1 --reps 1 > "$OUT/ncu_append_$kind.txt" 2>&1
-    echo "ncu $kind rc=$?"; grep -E "Duration|Stall (Long|Short|Barrier|Wait|LG|Math|MIO)|Registers Per|Block Size" \
-        "$OUT/ncu_append_$kind.txt" | head -20
+        python3 exp_append.py --batches 8 --dims 256 --kinds $kind --key-tiles $tile --calls 1 --reps 1 \
+        > "$OUT/ncu_append_${kind}_$tile.txt" 2>&1
+    echo "ncu $kind tile $tile rc=$?"; grep -E "Duration|Stall (Long|Short|Barrier|Wait|LG|Math|MIO)|Registers Per" \
+        "$OUT/ncu_append_${kind}_$tile.txt" | head -12
   done
+  timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3,cuboid_mean --key-tiles 1,16 \
+      --old ../.gl/metadata_s48.py 2>&1 | grep -v Warn | tee "$OUT/exp_append_tiles.md"
+  cd ..
+  gpu_tests s49a.log 300 tests/test_fast_metadata.py
   exit 0
 fi
 if [ "$PART" = s48e ]; then

@@ -2,12 +2,14 @@
 writes each request's new key and value and recomputes its block's metadata), per call, from a CUDA graph of appends.
 
 In Gemma 3 270M's compiled 32K step at B = 8 (H100, forty-seventh session) the append was 9.1 µs of GPU time a global
-layer, for PSA and for the paged dense step alike. Each row times the package's module; ``--old PATH`` adds another
-version of ``psa_fast/metadata.py`` (e.g. ``git show HEAD~1:psa_fast/metadata.py > .gl/metadata_old.py``), each loaded
+layer, for PSA and for the paged dense step alike. Each row times the package's module (``--key-tiles 1,16``: copies of
+it with those ``KEY_TILE`` values instead, the keys a thread loads at once); ``--old PATH`` adds another version of
+``psa_fast/metadata.py`` (e.g. ``git show HEAD~1:psa_fast/metadata.py > .gl/metadata_old.py``), each loaded
 as a module of the package, in the same process.
 
     python benchmarks/exp_append.py --batches 1,8,32 --dims 256,128 --kinds quant3,cuboid_mean
     python benchmarks/exp_append.py --batches 8 --dims 256 --kinds quant3 --old .gl/metadata_old.py
+    python benchmarks/exp_append.py --batches 1,8,32 --dims 256,128 --key-tiles 1,16
     python benchmarks/exp_append.py --batches 8 --dims 256 --kinds quant3 --dump /tmp/append   # + its PTX and SASS
 
 Prints a table: µs per append (median of ``--reps`` graph replays of ``--calls`` appends each, CUDA events).
@@ -27,6 +29,16 @@ def load_version(path: str):
     spec = importlib.util.spec_from_file_location("psa_fast._metadata_timed", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def with_key_tile(metadata, tile: int):
+    """``metadata`` itself when it has ``KEY_TILE = tile``, else a copy of it with that tile (set before its kernels
+    compile)."""
+    if tile == metadata.KEY_TILE:
+        return metadata
+    module = load_version(metadata.__file__)
+    module.KEY_TILE = tile
     return module
 
 
@@ -80,11 +92,14 @@ def main(argv=None) -> None:
     ap.add_argument("--old", default=None, help="another version of psa_fast/metadata.py, timed beside it")
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--key-tiles", default=None, help="KEY_TILE values, each timed as a copy of the package's module")
     ap.add_argument("--dump", default=None, help="a folder for the package's append kernel's PTX and SASS, as compiled")
     args = ap.parse_args(argv)
     from psa_fast import metadata
 
     versions = [("this", metadata)]
+    if args.key_tiles:
+        versions = [(f"KEY_TILE={tile}", with_key_tile(metadata, int(tile))) for tile in args.key_tiles.split(",")]
     versions += [("old", load_version(args.old))] if args.old else []
     print("| kind | B | D | " + " | ".join(f"{name} µs" for name, _ in versions) + " |")
     print("|---|---|---|" + "---|" * len(versions))
@@ -94,7 +109,7 @@ def main(argv=None) -> None:
                 us = [time_append(m, kind=kind, batch=b, d=d, calls=args.calls, reps=args.reps) for _, m in versions]
                 print(f"| {kind} | {b} | {d} | " + " | ".join(f"{u:.2f}" for u in us) + " |", flush=True)
     if args.dump:
-        dump_code(metadata._append_kernel, args.dump)
+        dump_code(versions[0][1]._append_kernel, args.dump)
 
 
 def dump_code(dispatcher, folder: str) -> None:

@@ -69,28 +69,54 @@ def _code(x, lo, span):
     return min(max(c, 0), QUANT_LEVELS - 1)
 
 
+# Keys a thread loads at once into registers (a tile of its channel's tokens, every load issued before the first
+# use), then used in the same order as one at a time. 1: one load in flight a thread, a round trip a token and pass
+# (the s48 append: ~9-10 µs for quant3, ~4 for cuboid_mean, whatever B and D; H100). 16 is the lever to measure
+# (device_pending.sh s49a). Read when the kernels compile; every value gives the same bits.
+KEY_TILE = 1
+
+
+@cuda.jit(device=True)
+def _load_tile(k_pool, slot, t0, ntok, d, bf16, xs):
+    """``xs[r]`` = channel ``d`` of token ``t0 + r`` of block ``slot`` for the block's tokens in the tile."""
+    for r in range(KEY_TILE):
+        if t0 + r < ntok:
+            xs[r] = _key(k_pool, slot, t0 + r, d, bf16)
+
+
 @cuda.jit(device=True)
 def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
-    """Metadata of channel ``d`` of one block from its ``ntok`` keys (float32 arithmetic; quant3's
-    codes in float64, the reference's formula, so that they are bit-identical to it). Every thread
-    of the CTA calls it (quant3 has a barrier)."""
-    lo = _key(k_pool, slot, 0, d, bf16)
+    """Metadata of channel ``d`` of one block from its ``ntok`` keys (float32 arithmetic in token order; quant3's
+    codes in float64, the reference's formula, so that they are bit-identical to it), its keys read ``KEY_TILE`` at
+    a time (a pass after the first reloads them when the block is longer than a tile). Every thread of the CTA calls
+    it (quant3 has a barrier)."""
+    xs = cuda.local.array(KEY_TILE, float32)
+    _load_tile(k_pool, slot, 0, ntok, d, bf16, xs)
+    lo = xs[0]
     hi = lo
     total = lo
-    for t in range(1, ntok):
-        x = _key(k_pool, slot, t, d, bf16)
-        lo = min(lo, x)
-        hi = max(hi, x)
-        total += x
+    for t0 in range(0, ntok, KEY_TILE):
+        if t0:
+            _load_tile(k_pool, slot, t0, ntok, d, bf16, xs)
+        for r in range(KEY_TILE):
+            if 0 < t0 + r < ntok:
+                lo = min(lo, xs[r])
+                hi = max(hi, xs[r])
+                total += xs[r]
     lohi[b, kv, j, 0, d] = lo
     lohi[b, kv, j, 1, d] = hi
+    again = ntok > KEY_TILE  # the tile in registers is not the first one
     if kind == 0:  # cuboid_mean: centre and mean distance to it
         c = (lo + hi) * float32(0.5)
-        r = float32(0.0)
-        for t in range(ntok):
-            r += abs(_key(k_pool, slot, t, d, bf16) - c)
+        dist = float32(0.0)
+        for t0 in range(0, ntok, KEY_TILE):
+            if again:
+                _load_tile(k_pool, slot, t0, ntok, d, bf16, xs)
+            for r in range(KEY_TILE):
+                if t0 + r < ntok:
+                    dist += abs(xs[r] - c)
         meta[b, kv, j, 0, d] = c
-        meta[b, kv, j, 1, d] = r / ntok
+        meta[b, kv, j, 1, d] = dist / ntok
     elif kind == 2:  # mean key
         meta[b, kv, j, 0, d] = total / ntok
         meta[b, kv, j, 1, d] = float32(0.0)
@@ -100,10 +126,14 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
                 codes[b, kv, j, t, d] = uint32(0)
         cuda.syncthreads()
         span = float64(hi) - float64(lo)
-        for t in range(ntok):
-            c = _code(_key(k_pool, slot, t, d, bf16), lo, span)
-            if c:
-                cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
+        for t0 in range(0, ntok, KEY_TILE):
+            if again:
+                _load_tile(k_pool, slot, t0, ntok, d, bf16, xs)
+            for r in range(KEY_TILE):
+                if t0 + r < ntok:
+                    c = _code(xs[r], lo, span)
+                    if c:
+                        cuda.atomic.or_(codes, (b, kv, j, t0 + r, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
 
 
 @cuda.jit

@@ -1,5 +1,7 @@
 """psa_fast's Numba metadata kernels against psa_ref (on the GPU, or under Numba's CUDA simulator in CI)."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -32,6 +34,19 @@ def exp_append():
     finally:
         sys.path.pop(0)
     return module
+
+
+@functools.lru_cache(maxsize=None)
+def _with_key_tile(tile: int):
+    return exp_append().with_key_tile(metadata, tile)
+
+
+@pytest.fixture(params=[1, 4, 16], ids=["tile1", "tile4", "tile16"])
+def md(request):
+    """psa_fast.metadata reading each thread's keys ``KEY_TILE`` (1, 4, 16) at a time (the package's module for its
+    setting, a copy for the others): every tile gives the reference's metadata, on blocks shorter and longer than
+    a tile."""
+    return _with_key_tile(request.param)
 
 
 def pool_from_dense(keys, s):
@@ -70,7 +85,7 @@ def check_meta(meta, lohi, keys, s, kind, codes=None):
 
 @pytest.mark.parametrize("kind", psa_ref.METADATA_KINDS)
 @pytest.mark.parametrize("t, s, d", [(1, 4, 8), (11, 4, 8), (16, 16, 8), (37, 16, 16), (9, 3, 8)])
-def test_build_metadata_matches_reference(kind, t, s, d):
+def test_build_metadata_matches_reference(kind, t, s, d, md):
     rng = np.random.default_rng(t * 100 + s)
     keys = rng.standard_normal((2, t, d)).astype(np.float16)
     if t > 1:  # a flat channel (hi == lo: code 0) and a key on a grid point
@@ -82,13 +97,13 @@ def test_build_metadata_matches_reference(kind, t, s, d):
     lohi = np.full_like(meta, np.nan)
     meta_d, lohi_d = xp.asarray(meta), xp.asarray(lohi)
     codes_d = xp.asarray(codes_buffer(2, n, s, d)) if kind == "quant3" else None
-    metadata.build_metadata(xp.asarray(pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta_d,
+    md.build_metadata(xp.asarray(pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta_d,
                             lohi_d, kind=kind, block_size=s, codes=codes_d)
     check_meta(to_host(meta_d), to_host(lohi_d), keys, s, kind, None if codes_d is None else to_host(codes_d))
 
 
 @pytest.mark.parametrize("kind", ["cuboid_mean", "mean", "quant3"])
-def test_append_token_by_token_equals_building_once(kind):
+def test_append_token_by_token_equals_building_once(kind, md):
     rng = np.random.default_rng(7)
     hkv, t, s, d = 2, 13, 4, 8
     keys = rng.standard_normal((hkv, t, d)).astype(np.float16)
@@ -102,7 +117,7 @@ def test_append_token_by_token_equals_building_once(kind):
     lohi = xp.zeros_like(meta)
     codes = xp.asarray(codes_buffer(hkv, n, s, d)) if kind == "quant3" else None
     for i in range(t):
-        metadata.append_token(k_pool, v_pool, table, lens, xp.asarray(np.ascontiguousarray(keys[None, :, i])),
+        md.append_token(k_pool, v_pool, table, lens, xp.asarray(np.ascontiguousarray(keys[None, :, i])),
                               xp.asarray(np.ascontiguousarray(values[None, :, i])),
                               meta, lohi, kind=kind, block_size=s, codes=codes)
         lens += 1
@@ -116,7 +131,7 @@ def test_append_token_by_token_equals_building_once(kind):
 
 
 @pytest.mark.parametrize("s, t", [(40, 95), (64, 70)])
-def test_quant3_codes_of_long_blocks(s, t):
+def test_quant3_codes_of_long_blocks(s, t, md):
     """Blocks of 40 and 64 rows (a partial last block whose tokens end inside it) build and append the reference's
     quant3 codes, the rows past a block's last token cleared."""
     rng = np.random.default_rng(s + t)
@@ -127,21 +142,21 @@ def test_quant3_codes_of_long_blocks(s, t):
     meta = xp.asarray(np.zeros((1, hkv, n, 2, d), np.float16))
     lohi = xp.zeros_like(meta)
     codes = xp.asarray(codes_buffer(hkv, n, s, d))
-    metadata.build_metadata(xp.asarray(pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta, lohi,
+    md.build_metadata(xp.asarray(pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta, lohi,
                             kind="quant3", block_size=s, codes=codes)
     check_meta(to_host(meta), to_host(lohi), keys, s, "quant3", to_host(codes))
     assert not to_host(codes)[0, :, -1, t % s :].any()
     # one more token appended into the last block's next row
     k_pool = xp.asarray(pool)
     new = rng.standard_normal((1, hkv, d)).astype(np.float16)
-    metadata.append_token(k_pool, xp.zeros_like(k_pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)),
+    md.append_token(k_pool, xp.zeros_like(k_pool), xp.asarray(table), xp.asarray(np.array([t], np.int32)),
                           xp.asarray(new), xp.asarray(new), meta, lohi, kind="quant3", block_size=s, codes=codes)
     keys2 = np.concatenate([keys, new[0][:, None]], axis=1)
     check_meta(to_host(meta), to_host(lohi), keys2, s, "quant3", to_host(codes))
 
 
 @pytest.mark.parametrize("kind", psa_ref.METADATA_KINDS)
-def test_bfloat16_keys_build_and_append_like_float32(kind):
+def test_bfloat16_keys_build_and_append_like_float32(kind, md):
     """A bfloat16 pool (int16 bits) gives the metadata of the same values in float32 (the kernels decode
     the bits exactly; every value here is a normal float16 too, so lo/hi are exact)."""
     from psa_ref.testing import bfloat16_bits, to_bfloat16
@@ -159,7 +174,7 @@ def test_bfloat16_keys_build_and_append_like_float32(kind):
     meta = xp.asarray(np.full((1, hkv, n, 2, d), np.nan, np.float16))
     lohi = xp.asarray(np.full((1, hkv, n, 2, d), np.nan, np.float16))
     codes = xp.asarray(codes_buffer(hkv, n, s, d)) if kind == "quant3" else None
-    metadata.build_metadata(xp.asarray(bits), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta, lohi,
+    md.build_metadata(xp.asarray(bits), xp.asarray(table), xp.asarray(np.array([t], np.int32)), meta, lohi,
                             kind=kind, block_size=s, codes=codes)
     check_meta(to_host(meta), to_host(lohi), keys, s, kind, None if codes is None else to_host(codes))
     # the append path writes the bits through and summarises the same values
@@ -169,7 +184,7 @@ def test_bfloat16_keys_build_and_append_like_float32(kind):
     codes2 = xp.asarray(codes_buffer(hkv, n, s, d)) if kind == "quant3" else None
     for i in range(t):
         tok = xp.asarray(np.ascontiguousarray(bfloat16_bits(keys[None, :, i])))
-        metadata.append_token(k_pool, v_pool, xp.asarray(table), lens, tok, tok, meta2, lohi2, kind=kind,
+        md.append_token(k_pool, v_pool, xp.asarray(table), lens, tok, tok, meta2, lohi2, kind=kind,
                               block_size=s, codes=codes2)
         lens += 1
     np.testing.assert_array_equal(to_host(k_pool), bits)
