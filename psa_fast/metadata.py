@@ -70,9 +70,10 @@ def _code(x, lo, span):
 
 
 # Keys a thread loads at once into registers (a tile of its channel's tokens, every load issued before the first
-# use), then used in the same order as one at a time. 1: one load in flight a thread, a round trip a token and pass
-# (the s48 append: ~9-10 µs for quant3, ~4 for cuboid_mean, whatever B and D; H100). 16 is the lever to measure
-# (device_pending.sh s49a). Read when the kernels compile; every value gives the same bits.
+# use; `_summarise_tiled`), then used in the same order as one at a time. 1: `_summarise`'s loops, which LLVM
+# unrolls by four (PTX, benchmarks/numba_ptx.py; the s48 append: ~9-10 µs for quant3, ~4 for cuboid_mean, whatever B
+# and D; H100). 16 is the lever to measure (device_pending.sh s49a). Read when the kernels compile; every value gives
+# the same bits.
 KEY_TILE = 1
 
 
@@ -85,11 +86,9 @@ def _load_tile(k_pool, slot, t0, ntok, d, bf16, xs):
 
 
 @cuda.jit(device=True)
-def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
-    """Metadata of channel ``d`` of one block from its ``ntok`` keys (float32 arithmetic in token order; quant3's
-    codes in float64, the reference's formula, so that they are bit-identical to it), its keys read ``KEY_TILE`` at
-    a time (a pass after the first reloads them when the block is longer than a tile). Every thread of the CTA calls
-    it (quant3 has a barrier)."""
+def _summarise_tiled(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
+    """``_summarise`` with the keys read ``KEY_TILE`` at a time (``KEY_TILE > 1``; a pass after the first reloads
+    them when the block is longer than a tile): the same arithmetic in the same token order, so the same bits."""
     xs = cuda.local.array(KEY_TILE, float32)
     _load_tile(k_pool, slot, 0, ntok, d, bf16, xs)
     lo = xs[0]
@@ -136,6 +135,43 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
                         cuda.atomic.or_(codes, (b, kv, j, t0 + r, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
 
 
+@cuda.jit(device=True)
+def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
+    """Metadata of channel ``d`` of one block from its ``ntok`` keys (float32 arithmetic; quant3's
+    codes in float64, the reference's formula, so that they are bit-identical to it). Every thread
+    of the CTA calls it (quant3 has a barrier)."""
+    lo = _key(k_pool, slot, 0, d, bf16)
+    hi = lo
+    total = lo
+    for t in range(1, ntok):
+        x = _key(k_pool, slot, t, d, bf16)
+        lo = min(lo, x)
+        hi = max(hi, x)
+        total += x
+    lohi[b, kv, j, 0, d] = lo
+    lohi[b, kv, j, 1, d] = hi
+    if kind == 0:  # cuboid_mean: centre and mean distance to it
+        c = (lo + hi) * float32(0.5)
+        r = float32(0.0)
+        for t in range(ntok):
+            r += abs(_key(k_pool, slot, t, d, bf16) - c)
+        meta[b, kv, j, 0, d] = c
+        meta[b, kv, j, 1, d] = r / ntok
+    elif kind == 2:  # mean key
+        meta[b, kv, j, 0, d] = total / ntok
+        meta[b, kv, j, 1, d] = float32(0.0)
+    elif kind == 3:  # 3-bit codes, OR-ed into words another thread cleared
+        if d < codes.shape[4]:
+            for t in range(codes.shape[3]):
+                codes[b, kv, j, t, d] = uint32(0)
+        cuda.syncthreads()
+        span = float64(hi) - float64(lo)
+        for t in range(ntok):
+            c = _code(_key(k_pool, slot, t, d, bf16), lo, span)
+            if c:
+                cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
+
+
 @cuda.jit
 def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_size, bf16):
     # grid (Nmax, Hkv, B), one thread per channel
@@ -144,8 +180,12 @@ def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_
     length = seq_lens[b]
     if d >= k_pool.shape[2] or j * block_size >= length:
         return
-    _summarise(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi,
-               codes, kind, bf16)
+    if KEY_TILE > 1:
+        _summarise_tiled(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta,
+                         lohi, codes, kind, bf16)
+    else:
+        _summarise(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi,
+                   codes, kind, bf16)
 
 
 @cuda.jit
@@ -162,7 +202,10 @@ def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lo
     k_pool[slot, t - j * block_size, d] = k_new[b, kv, d]
     v_pool[slot, t - j * block_size, d] = v_new[b, kv, d]
     # each thread reads back only the channel it wrote: no barrier needed
-    _summarise(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
+    if KEY_TILE > 1:
+        _summarise_tiled(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
+    else:
+        _summarise(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
 
 
 def _stream():

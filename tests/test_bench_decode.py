@@ -3,6 +3,8 @@ blocks-read count, the sparsity data path and the plots (the timing itself needs
 
 import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1494,3 +1496,20 @@ def test_exp_append_dumps_each_signature_and_goes_on_without_a_disassembler(tmp_
     exp_append.dump_code(Kernel(FileNotFoundError("nvdisasm")), str(tmp_path / "without"))
     assert sorted(p.name for p in (tmp_path / "without").iterdir()) == ["append_0.ptx", "append_1.ptx"]
     assert "no SASS: nvdisasm" in capsys.readouterr().out
+
+
+def test_the_append_kernel_compiles_for_sm90_at_each_key_tile():
+    """benchmarks/numba_ptx.py compiles psa_fast.metadata's append kernel to sm_90 PTX without a GPU (where NVVM and
+    NVRTC are found: CUDA_HOME and LD_LIBRARY_PATH as its docstring says; otherwise skipped): the default build and
+    KEY_TILE 4 and 16 compile, and a larger tile issues more loads (its constant loops unrolled)."""
+    counts = {}
+    for tile in (1, 4, 16):
+        run = subprocess.run([sys.executable, str(BENCH / "numba_ptx.py"), "--key-tile", str(tile)],
+                             capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"})
+        if run.returncode and re.search(r"Failure finding|CudaSupportError|NvvmSupportError|libnvvm", run.stderr):
+            pytest.skip("needs NVVM and NVRTC (benchmarks/numba_ptx.py's docstring)")
+        assert run.returncode == 0, run.stderr[-2000:]
+        counts[tile] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert counts[1]["ld.global"] < counts[4]["ld.global"] < counts[16]["ld.global"]
+    assert counts[16]["atom"] == 16  # quant3's 16 codes of a tile, one atomic each, unrolled

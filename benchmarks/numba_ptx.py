@@ -1,0 +1,76 @@
+"""PTX of psa_fast.metadata's Numba kernels on a machine without a GPU: what a change to the append does to its loads,
+checked before a device call (as ``sass_size.py`` does for the CUDA C kernels).
+
+Numba needs NVVM (the CUDA toolkit's ``libnvvm.so``, found through ``CUDA_HOME``) and NVRTC (``libnvrtc.so.13``: ``pip
+install --target /tmp/nvrtc nvidia-cuda-nvrtc``, then put its ``nvidia/cu13/lib`` on ``LD_LIBRARY_PATH``); the
+compute capability it would read from the device is given here (sm_90).
+
+    CUDA_HOME=/usr/local/cuda-13.0 LD_LIBRARY_PATH=/tmp/nvrtc/nvidia/cu13/lib \\
+        python benchmarks/numba_ptx.py --key-tile 16 --out /tmp/append16.ptx
+    python benchmarks/numba_ptx.py --module .gl/metadata_s48.py --out /tmp/append48.ptx   # another version
+
+Prints the PTX's line count, its global loads and atomics; ``ptxas -arch=sm_90 -v FILE.ptx`` then gives registers and
+spills. That the kernel compiles for sm_90 at all is the first check: the CUDA simulator runs the Python, not Numba's
+typing and lowering for the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import types as pytypes
+
+import numpy as np
+
+
+def append_ptx(module_path: str, key_tile: int | None = None) -> str:
+    """The append kernel's PTX (float16 pool, int64 scalars) from the metadata module at ``module_path``, with
+    ``KEY_TILE`` set to ``key_tile`` when given."""
+    np.row_stack = getattr(np, "row_stack", np.vstack)  # (numba-cuda 0.30 with numpy 2.5; see psa_fast._compat)
+    import numba.cuda.dispatcher as dispatcher
+    from numba import cuda, types
+
+    # device functions ask the current device for its compute capability: there is none here
+    dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(9, 0))
+    spec = importlib.util.spec_from_file_location("psa_fast._metadata_ptx", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if key_tile is not None:
+        module.KEY_TILE = key_tile
+
+    def arr(dtype, ndim):
+        return types.Array(dtype, ndim, "C")
+
+    f16, i32 = types.float16, types.int32
+    signature = (arr(f16, 3), arr(f16, 3), arr(i32, 3), arr(i32, 1), arr(f16, 3), arr(f16, 3), arr(f16, 5),
+                 arr(f16, 5), arr(types.uint32, 5), types.int64, types.int64, types.int64)
+    ptx, _ = cuda.compile_ptx(module._append_kernel.py_func, signature, cc=(9, 0))
+    return ptx
+
+
+def summary(ptx: str) -> dict:
+    """Counts of a kernel's PTX: lines, global loads, atomics. (Whether loads in guarded branches are in flight
+    together is ptxas's if-conversion: the SASS on the device says, ``exp_append.py --dump``.)"""
+    return {"lines": len(ptx.splitlines()), "ld.global": ptx.count("ld.global"), "atom": ptx.count("atom.")}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--module", default=None, help="a version of psa_fast/metadata.py (default: the package's)")
+    ap.add_argument("--key-tile", type=int, default=None, help="KEY_TILE for the module (default: its own)")
+    ap.add_argument("--out", default=None, help="write the PTX here")
+    args = ap.parse_args(argv)
+    if args.module is None:
+        from pathlib import Path
+
+        args.module = str(Path(__file__).resolve().parents[1] / "psa_fast" / "metadata.py")
+    ptx = append_ptx(args.module, args.key_tile)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(ptx)
+    print(json.dumps(summary(ptx)))
+
+
+if __name__ == "__main__":
+    main()
