@@ -2085,16 +2085,14 @@ share_l5_bench() {
 }
 if [ "$PART" = s49a ]; then
   # Forty-eighth session: why the metadata append takes ~9-10 µs (quant3) and ~4 (cuboid_mean) whatever B and D
-  # (s48e: the shared-memory codes did not help, so the atomics are not its cost). Hypothesis: each thread walks its
-  # channel's <= 16 tokens one dependent load at a time (a loop with a runtime trip count), so the kernel is a chain
-  # of ~16 global round trips a pass, three passes for quant3. This part checks that first: the kernel's PTX and SASS
-  # (`KEY_TILE` 1, the default: is the token loop unrolled, how many loads are in flight), then ncu's warp stalls and
-  # source counters at B = 8, D 256 for both kinds. If the hypothesis holds the stalls are long-scoreboard on the
-  # token loop's loads. Then the lever: `metadata.KEY_TILE` 16 (a thread's keys loaded 16 at a time into registers,
-  # the same arithmetic in the same order) against 1 and against the s48 file (carry .gl/metadata_s48.py = `git show
-  # 51c4460:psa_fast/metadata.py`: KEY_TILE 1 restructured the loops, it should time the same). Predicted: 16 takes
-  # quant3 ~9.8 -> ~3-4 µs and cuboid_mean ~4.5 -> ~3 (a one-CTA-a-request launch's floor ~2); ncu at 16 shows the
-  # loads in flight together. Then the metadata GPU tests (every tile against psa_ref). ~4 minutes.
+  # (s48e: the shared-memory codes did not help, so the atomics are not its cost). The PTX (benchmarks/numba_ptx.py,
+  # on the CPU) shows each thread's token loop unrolled by four: ~4 rounds of 4 key loads a pass, three passes for
+  # quant3 (the third after a barrier, with float64 divisions). This part checks it on the device: the SASS (are the
+  # loads in flight together), ncu's warp stalls and source counters at B = 8, D 256 for both kinds, then the lever
+  # `metadata.KEY_TILE` 16 (a thread's 16 keys loaded at once into registers, the same arithmetic in the same order)
+  # against 1 and against the s48 file (carry .gl/metadata_s48.py = `git show 51c4460:psa_fast/metadata.py`; KEY_TILE
+  # 1's PTX is s48's, so they should time the same). Predicted: quant3 ~9.8 -> ~6-7 µs, cuboid_mean ~4.5 -> ~3.5; ncu
+  # at 16 with fewer long-scoreboard stalls. Then the metadata GPU tests (every tile against psa_ref). ~4 minutes.
   mkdir -p "$OUT/append" "$OUT/append16"
   cd benchmarks
   timeout 120 python3 exp_append.py --batches 8 --dims 256 --kinds quant3,cuboid_mean --dump "$OUT/append" 2>&1 \
