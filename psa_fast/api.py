@@ -162,6 +162,9 @@ class DecodePlan:
         self.cache = cache
         self.mode = _validate.choice(mode, "mode", MODES)
         self.threshold = _validate.threshold(threshold)
+        if cache.metadata is None and self.mode != "dense":
+            raise ValueError(f"mode={self.mode!r} ranks blocks by their metadata, and this cache keeps none "
+                             "(PagedKVCache(metadata=None)); use mode='dense' or a cache with metadata")
         self.stop = resolve_stop(stop, cache.metadata)  # every rule of the reference runs on the GPU
         if self.mode == "psa":
             warn_sketch_metadata(self.stop, cache.metadata)  # at the caller of DecodePlan()

@@ -55,7 +55,9 @@ class PagedKVCache:
         head_dim: ``D`` (padded internally to ``Dp``).
         max_tokens: capacity per request; ``Nmax = ceil(max_tokens / S)`` blocks.
         block_size: ``S``.
-        metadata: ranking metadata, one of ``psa_ref.METADATA_KINDS``.
+        metadata: ranking metadata, one of ``psa_ref.METADATA_KINDS``, or None for a dense-only cache: no block
+            summaries are built or kept up to date (``meta``, ``lohi``, ``codes`` are None), so an append only writes
+            the token; only ``DecodePlan(mode="dense")`` runs on it.
         dtype: the KV dtype, ``"float16"`` or ``"bfloat16"`` (the model's).
 
     Every block gets its own slot (the resident layout); the offload system replaces
@@ -63,7 +65,7 @@ class PagedKVCache:
     """
 
     def __init__(self, *, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, max_tokens: int,
-                 block_size: int = 16, metadata: str = "cuboid_mean", dtype: str = "float16"):
+                 block_size: int = 16, metadata: str | None = "cuboid_mean", dtype: str = "float16"):
         require_gpu()
         import cupy
 
@@ -72,7 +74,7 @@ class PagedKVCache:
         self.num_kv_heads = _validate.integer(num_kv_heads, "num_kv_heads", minimum=1)
         self.head_dim = _validate.integer(head_dim, "head_dim", minimum=1)
         self.block_size = _validate.integer(block_size, "block_size", minimum=1)
-        self.metadata = _validate.choice(metadata, "metadata", METADATA_KINDS)
+        self.metadata = None if metadata is None else _validate.choice(metadata, "metadata", METADATA_KINDS)
         self.dtype = _validate.choice(str(dtype).replace("torch.", ""), "dtype", KV_DTYPES)
         max_tokens = _validate.integer(max_tokens, "max_tokens", minimum=1)
         self.dp = padded_dim(self.head_dim)
@@ -82,8 +84,9 @@ class PagedKVCache:
         self.k_pool, self.v_pool = self._allocate_blocks(int(np.prod(shape)))
         self.seq_lens = cupy.zeros((self.num_layers, self.batch), dtype=cupy.int32)
         self.host_lens = np.zeros((self.num_layers, self.batch), dtype=np.int64)  # mirror: capacity checks
-        self.meta = cupy.zeros(shape + (2, self.dp), dtype=cupy.float16)
-        self.lohi = cupy.zeros_like(self.meta)
+        summaries = self.metadata is not None
+        self.meta = cupy.zeros(shape + (2, self.dp), dtype=cupy.float16) if summaries else None
+        self.lohi = cupy.zeros_like(self.meta) if summaries else None
         self.codes = (cupy.zeros(shape + (self.block_size, self.dp // 8), dtype=cupy.uint32)
                       if self.metadata == "quant3" else None)
 
@@ -148,6 +151,8 @@ class PagedKVCache:
         vd[:, :t, : self.head_dim] = v
         self.seq_lens[layer, request] = t
         self.host_lens[layer, request] = t
+        if self.metadata is None:
+            return
         _metadata.build_metadata(self.k_pool, self.block_table[layer, request : request + 1],
                                  self.seq_lens[layer, request : request + 1], self.meta[layer, request : request + 1],
                                  self.lohi[layer, request : request + 1], kind=self.metadata,
@@ -185,9 +190,13 @@ class PagedKVCache:
 
     def _append_token(self, layer: int, k, v) -> None:
         """Write token ``seq_lens[layer]`` (``k``, ``v``: ``[B, Hkv, Dp]``, checked) and update its
-        block's metadata, on the current stream."""
+        block's metadata (if the cache keeps any), on the current stream."""
         from . import metadata as _metadata
 
+        if self.metadata is None:
+            _metadata.write_token(self.k_pool, self.v_pool, self.block_table[layer], self.seq_lens[layer], k, v,
+                                  block_size=self.block_size)
+            return
         _metadata.append_token(self.k_pool, self.v_pool, self.block_table[layer], self.seq_lens[layer], k, v,
                                self.meta[layer], self.lohi[layer], kind=self.metadata, block_size=self.block_size,
                                codes=self._codes(layer))

@@ -270,9 +270,9 @@ class PagedCache(Cache):
             mask sizes, as a CUDA graph needs ([`CapturedDecoder`][psa_fast.hf.CapturedDecoder]);
             default dynamic layers.
         mode: ``"psa"`` (default; ``"topk"`` when the config sets ``topk``), ``"dense"`` (every
-            block through the same paged kernels: the paged baseline) or ``"sdpa"`` (``static`` only:
-            the PSA layers too keep K and V in static buffers and run stock SDPA, the dense baseline
-            measured the same way).
+            block through the same paged kernels: the paged baseline; its cache keeps no block metadata) or
+            ``"sdpa"`` (``static`` only: the PSA layers too keep K and V in static buffers and run stock SDPA, the
+            dense baseline measured the same way).
         plan_options: further [`DecodePlan`][psa_fast.DecodePlan] options for the PSA layers, those
             ``PSAConfig`` does not hold (GPU-only), e.g. ``{"speculate": 1.25}`` or ``{"cluster": 4}``.
 
@@ -323,9 +323,11 @@ class PagedCache(Cache):
                                      ("psa", "topk", "dense", "sdpa"))
         if self.mode == "sdpa" and not self.static:
             raise ValueError("mode='sdpa' is the captured dense baseline: it needs static=True")
+        # (mode="dense" reads no metadata: its cache keeps none, so an append only writes the token)
         self.kv = None if self.mode == "sdpa" else psa_fast.PagedKVCache(
             num_layers=len(self.psa_layers), batch=self.batch, num_kv_heads=hkv, head_dim=head_dim,
-            max_tokens=self.max_tokens, block_size=cfg.block_size, metadata=cfg.metadata, dtype=dtype)
+            max_tokens=self.max_tokens, block_size=cfg.block_size,
+            metadata=None if self.mode == "dense" else cfg.metadata, dtype=dtype)
         self.num_q_heads, self.num_kv_heads = hq, hkv
         self.config = cfg
         self._plans: dict = {}

@@ -208,6 +208,20 @@ def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lo
         _summarise(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
 
 
+@cuda.jit
+def _write_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size):
+    # grid (Hkv, B), one thread per channel: token t = seq_lens[b] to row t % S of block t // S, no metadata
+    kv, b = cuda.blockIdx.x, cuda.blockIdx.y
+    d = cuda.threadIdx.x
+    if d >= k_pool.shape[2]:
+        return
+    t = seq_lens[b]
+    j = t // block_size
+    slot = block_table[b, kv, j]
+    k_pool[slot, t - j * block_size, d] = k_new[b, kv, d]
+    v_pool[slot, t - j * block_size, d] = v_new[b, kv, d]
+
+
 def _stream():
     """Numba's view of CuPy's current stream, so both libraries' kernels run in order."""
     if _simulating():
@@ -271,3 +285,13 @@ def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi
     _append_kernel[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta,
                                                          lohi, _codes_arg(codes, meta), KIND_CODES[kind], block_size,
                                                          _is_bf16(k_pool))
+
+
+def write_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, *, block_size: int) -> None:
+    """``append_token`` for a cache without metadata (``PagedKVCache(metadata=None)``, dense decoding only): the
+    token's key and value (``[B, Hkv, Dp]``) at position ``seq_lens[b]``, nothing else. The caller then increments
+    ``seq_lens``."""
+    _no_sync()
+    b, hkv, _ = block_table.shape
+    _write_kernel[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new,
+                                                        block_size)

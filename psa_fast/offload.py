@@ -152,6 +152,9 @@ class OffloadKVCache(PagedKVCache):
 
         self.num_slots = _validate.integer(num_slots, "num_slots", minimum=2)
         self.pool_kind = _validate.choice(pool, "pool", ("unified", "per_layer"))
+        if "metadata" in cache_args and cache_args["metadata"] is None:
+            raise ValueError("metadata=None (a dense-only cache) is not offered with host offload: the offload "
+                             "decoder picks blocks by their metadata; use cuboid_mean, minmax or mean")
         if cache_args.get("metadata") == "quant3":
             raise NotImplementedError("metadata='quant3' is not offered with host offload: its per-token codes are "
                                       "not kept in the host store (psa_ref.kvcache.store has the same limit); use "

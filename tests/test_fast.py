@@ -834,6 +834,37 @@ def test_append_then_attend_equals_prefill():
     check_result(res, q, k, v, threshold=0.95, step=2, block_size=8)
 
 
+def test_a_cache_without_metadata_decodes_dense_like_one_with_it():
+    """PagedKVCache(metadata=None) keeps no block summaries (an append only writes the token): after the same prefill
+    and appends (across a block boundary, two layers, ragged requests) its pools and lengths equal a cuboid_mean
+    cache's and mode="dense" gives the same bits; modes that rank blocks and host offload refuse it by name."""
+    rng = np.random.default_rng(21)
+    hq, hkv, d, s, lens = 4, 2, 64, 8, [37, 20]
+    caches = [psa_fast.PagedKVCache(num_layers=2, batch=2, num_kv_heads=hkv, head_dim=d, max_tokens=64, block_size=s,
+                                    metadata=m) for m in (None, "cuboid_mean")]
+    assert caches[0].meta is None and caches[0].lohi is None and caches[0].codes is None
+    for b, t in enumerate(lens):
+        _, k, v = psa_ref.testing.random_problem(rng, num_q_heads=hq, num_kv_heads=hkv, num_tokens=t, head_dim=d,
+                                                 dtype=np.float16)
+        for c in caches:
+            c.prefill(1, b, cupy.asarray(k), cupy.asarray(v))
+    for _ in range(5):
+        k_new, v_new = (cupy.asarray(rng.standard_normal((2, hkv, d)).astype(np.float16)) for _ in range(2))
+        for c in caches:
+            c.append(1, k_new, v_new)
+    for name in ("k_pool", "v_pool", "seq_lens"):
+        assert cupy.array_equal(getattr(caches[0], name), getattr(caches[1], name)), name
+    q = cupy.asarray(rng.standard_normal((2, hq, d)).astype(np.float16))
+    outs = [psa_fast.plan(c, num_q_heads=hq, mode="dense").run(q, layer=1).out for c in caches]
+    assert cupy.array_equal(outs[0], outs[1])
+    for mode in ("psa", "topk"):
+        with pytest.raises(ValueError, match="keeps none"):
+            psa_fast.plan(caches[0], num_q_heads=hq, mode=mode)
+    with pytest.raises(ValueError, match="metadata=None"):
+        psa_fast.OffloadKVCache(num_slots=8, num_layers=1, batch=1, num_kv_heads=1, head_dim=d, max_tokens=64,
+                                metadata=None)
+
+
 @pytest.mark.parametrize("hq, version", [(8, 2), (32, 3)])
 def test_cuda_core_decode_kernel_conforms(hq, version):
     """Version 2 (CUDA cores) is the kernel for groups of more than 8 query heads: asked for directly

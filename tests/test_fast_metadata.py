@@ -191,6 +191,38 @@ def test_bfloat16_keys_build_and_append_like_float32(kind, md):
     check_meta(to_host(meta2), to_host(lohi2), keys, s, kind, None if codes2 is None else to_host(codes2))
 
 
+def test_write_token_writes_what_the_append_writes_and_nothing_else():
+    """write_token (a cache without metadata) puts each request's token where append_token does, at its own length
+    (a block's first row, a middle row, the last row), and leaves every other row of the pools as it was."""
+    rng = np.random.default_rng(5)
+    b, hkv, s, d, n = 3, 2, 4, 8, 3
+    table = np.arange(b * hkv * n, dtype=np.int32).reshape(b, hkv, n)
+    pool = rng.standard_normal((b * hkv * n, s, d)).astype(np.float16)
+    lens = np.array([4, 6, 11], np.int32)
+    k_new, v_new = (rng.standard_normal((b, hkv, d)).astype(np.float16) for _ in range(2))
+    pools = []
+    for write in (True, False):
+        k_pool, v_pool = xp.array(pool), xp.array(pool[::-1])  # (copies: numpy.asarray would not copy)
+        if write:
+            metadata.write_token(k_pool, v_pool, xp.asarray(table), xp.asarray(lens), xp.asarray(k_new),
+                                 xp.asarray(v_new), block_size=s)
+        else:
+            meta = xp.zeros((b, hkv, n, 2, d), np.float16)
+            metadata.append_token(k_pool, v_pool, xp.asarray(table), xp.asarray(lens), xp.asarray(k_new),
+                                  xp.asarray(v_new), meta, xp.zeros_like(meta), kind="cuboid_mean", block_size=s)
+        pools.append((to_host(k_pool), to_host(v_pool)))
+    for got, want in zip(pools[0], pools[1]):
+        np.testing.assert_array_equal(got, want)
+    k_pool, v_pool = pools[0]
+    want_k, want_v = pool.copy(), pool[::-1].copy()
+    for r, t in enumerate(lens):
+        for kv in range(hkv):
+            want_k[table[r, kv, t // s], t % s] = k_new[r, kv]
+            want_v[table[r, kv, t // s], t % s] = v_new[r, kv]
+    np.testing.assert_array_equal(k_pool, want_k)
+    np.testing.assert_array_equal(v_pool, want_v)
+
+
 def test_exp_append_loads_another_version_of_this_module():
     """benchmarks/exp_append.py times another version of psa_fast/metadata.py beside the package's: loaded from a
     path as a module of the package, it runs (here the package's own file, one append, the reference's codes)."""
