@@ -213,7 +213,7 @@ def run_method(model, method, ids, args, k=None):
     if cache.kv is not None:
         kv = cache.kv
         kv_bytes = int(kv.k_pool.nbytes + kv.v_pool.nbytes)
-        meta_bytes = int(kv.meta.nbytes + kv.lohi.nbytes)
+        meta_bytes = sum(int(a.nbytes) for a in (kv.meta, kv.lohi) if a is not None)  # (none for mode="dense")
     else:
         meta_bytes = 0
     model.set_attn_implementation("sdpa")
