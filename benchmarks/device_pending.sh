@@ -150,6 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   run(command="bash benchmarks/device_pending.sh s49b")  (~3 minutes)
+#  the dense-only cache (PagedKVCache(metadata=None), hf PagedCache(mode="dense")): its GPU tests.
 #   run(command="bash benchmarks/device_pending.sh s49a", carry=[".gl/metadata_s48.py"])  (~4 minutes)
 #  why the metadata append costs ~9-10 µs whatever B and D (PTX / SASS, ncu's stalls), then KEY_TILE 16 against 1.
 #   run(command="bash benchmarks/device_pending.sh s48e")  (~2 minutes; ran in s48: CODES_IN_SHARED lost, removed)
@@ -2083,6 +2085,18 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s49b ]; then
+  # Forty-eighth session, not yet run on a GPU: PagedKVCache(metadata=None), the dense-only cache that
+  # psa_fast.hf.PagedCache(mode="dense") now makes (an append writes the token with metadata.write_token, no block
+  # summaries). Its GPU test (pools, lengths and dense output equal to a cuboid_mean cache's; psa / topk / offload
+  # refuse it), the hf suite's dense and paged tests, then the append's time alone against the metadata append
+  # (exp_append rows: predicted ~2 µs against ~4-10). ~3 minutes, no carry.
+  gpu_tests s49b.log 400 tests/test_fast.py tests/test_fast_hf.py tests/test_fast_offload.py \
+      -k "without_metadata or dense or paged or bad_cache"
+  (cd benchmarks && timeout 120 python3 exp_append.py --batches 1,8,32 --dims 256,128 \
+      --kinds none,cuboid_mean,quant3 2>&1 | grep -v Warn | tee "$OUT/exp_append_none.md")
+  exit 0
+fi
 if [ "$PART" = s49a ]; then
   # Forty-eighth session: why the metadata append takes ~9-10 µs (quant3) and ~4 (cuboid_mean) whatever B and D
   # (s48e: the shared-memory codes did not help, so the atomics are not its cost). The PTX (benchmarks/numba_ptx.py,

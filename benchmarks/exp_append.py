@@ -7,7 +7,7 @@ it with those ``KEY_TILE`` values instead, the keys a thread loads at once); ``-
 ``psa_fast/metadata.py`` (e.g. ``git show HEAD~1:psa_fast/metadata.py > .gl/metadata_old.py``), each loaded
 as a module of the package, in the same process.
 
-    python benchmarks/exp_append.py --batches 1,8,32 --dims 256,128 --kinds quant3,cuboid_mean
+    python benchmarks/exp_append.py --batches 1,8,32 --dims 256,128 --kinds quant3,cuboid_mean,none
     python benchmarks/exp_append.py --batches 8 --dims 256 --kinds quant3 --old .gl/metadata_old.py
     python benchmarks/exp_append.py --batches 1,8,32 --dims 256,128 --key-tiles 1,16
     python benchmarks/exp_append.py --batches 8 --dims 256 --kinds quant3 --dump /tmp/append   # + its PTX and SASS
@@ -61,8 +61,11 @@ def time_append(module, *, kind: str, batch: int, d: int, s: int = 16, hkv: int 
     k_new = cupy.asarray(rng.standard_normal((batch, hkv, d)).astype(np.float16))
 
     def append():
-        module.append_token(k_pool, v_pool, table, lens, k_new, k_new, meta, lohi, kind=kind, block_size=s,
-                            codes=codes)
+        if kind == "none":  # a cache without metadata (PagedKVCache(metadata=None)): the token written, nothing else
+            module.write_token(k_pool, v_pool, table, lens, k_new, k_new, block_size=s)
+        else:
+            module.append_token(k_pool, v_pool, table, lens, k_new, k_new, meta, lohi, kind=kind, block_size=s,
+                                codes=codes)
 
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
@@ -88,7 +91,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--dims", default="256,128,64", help="padded head dimensions")
-    ap.add_argument("--kinds", default="quant3,cuboid_mean")
+    ap.add_argument("--kinds", default="quant3,cuboid_mean", help="metadata kinds; none: the write alone")
     ap.add_argument("--old", default=None, help="another version of psa_fast/metadata.py, timed beside it")
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--reps", type=int, default=20)
