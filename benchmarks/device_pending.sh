@@ -556,8 +556,22 @@ fi
 if [ "$PART" = all ]; then
   # every GPU suite of the package's kernels, the pool's and the metadata's included (step="auto", radix order);
   # further arguments go to pytest (419 tests at the thirty-ninth session against 369 in 423 s before the switch tests:
-  # `all -k "not keeps_every_bit and not keep_every_order"` leaves out the switch A/Bs that their own parts ran)
+  # `all -k "not keeps_every_bit and not keep_every_order"` leaves out the switch A/Bs that their own parts ran).
+  # On a fresh H100 (every kernel compiled first) it ran out of its 560 s at ~70% in the forty-eighth session: there
+  # run `all1` and `all2` as two calls instead (the same tests).
   kernel_suites t_all.log tests/test_fast_metadata.py tests/test_fast_pool.py "${@:2}"
+  exit 0
+fi
+if [ "$PART" = all1 ]; then
+  # `all`'s first half: tests/test_fast.py (267 tests at the forty-eighth session)
+  gpu_tests t_all1.log 560 tests/test_fast.py "${@:2}"
+  exit 0
+fi
+if [ "$PART" = all2 ]; then
+  # `all`'s second half: every other GPU suite of kernel_suites, the metadata's and the pool's
+  gpu_tests t_all2.log 560 tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py \
+      tests/test_fast_hf.py tests/test_fast_offload.py tests/test_fast_distributed.py tests/test_fast_metadata.py \
+      tests/test_fast_pool.py "${@:2}"
   exit 0
 fi
 if [ "$PART" = allbench ]; then
