@@ -188,6 +188,18 @@ def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_
                    codes, kind, bf16)
 
 
+@cuda.jit(device=True)
+def _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d):
+    """Channel ``d`` of request ``b``'s new key and value to row ``t % S`` of block ``t // S`` (``t = seq_lens[b]``);
+    returns ``(slot, t - (t // S) * S, t // S)``."""
+    t = seq_lens[b]
+    j = t // block_size
+    slot = block_table[b, kv, j]
+    k_pool[slot, t - j * block_size, d] = k_new[b, kv, d]
+    v_pool[slot, t - j * block_size, d] = v_new[b, kv, d]
+    return slot, t - j * block_size, j
+
+
 @cuda.jit
 def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, codes, kind, block_size, bf16):
     # grid (Hkv, B), one thread per channel. Token t = seq_lens[b] goes to row t % S of block t // S;
@@ -196,30 +208,21 @@ def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lo
     d = cuda.threadIdx.x
     if d >= k_pool.shape[2]:
         return
-    t = seq_lens[b]
-    j = t // block_size
-    slot = block_table[b, kv, j]
-    k_pool[slot, t - j * block_size, d] = k_new[b, kv, d]
-    v_pool[slot, t - j * block_size, d] = v_new[b, kv, d]
+    slot, row, j = _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
     # each thread reads back only the channel it wrote: no barrier needed
     if KEY_TILE > 1:
-        _summarise_tiled(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
+        _summarise_tiled(k_pool, slot, row + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
     else:
-        _summarise(k_pool, slot, t - j * block_size + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
+        _summarise(k_pool, slot, row + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
 
 
 @cuda.jit
 def _write_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size):
-    # grid (Hkv, B), one thread per channel: token t = seq_lens[b] to row t % S of block t // S, no metadata
+    # grid (Hkv, B), one thread per channel: the token only, no metadata (PagedKVCache(metadata=None))
     kv, b = cuda.blockIdx.x, cuda.blockIdx.y
     d = cuda.threadIdx.x
-    if d >= k_pool.shape[2]:
-        return
-    t = seq_lens[b]
-    j = t // block_size
-    slot = block_table[b, kv, j]
-    k_pool[slot, t - j * block_size, d] = k_new[b, kv, d]
-    v_pool[slot, t - j * block_size, d] = v_new[b, kv, d]
+    if d < k_pool.shape[2]:
+        _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
 
 
 def _stream():
