@@ -892,8 +892,9 @@ def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
 def test_suffix_and_first_chunk_launches_pass_every_parameter(monkeypatch, tmp_path):
-    """psa_order_suffix (plain and tiled) and psa_first_chunk take as many arguments as _kernels.suffix and _kernels.first_chunk pass, compiled to PTX with each
-    launch's own defines (nvcc, no GPU): a missing or extra argument would otherwise be found only on the device."""
+    """psa_order_suffix (plain and tiled) and psa_first_chunk take as many arguments as _kernels.suffix and
+    _kernels.first_chunk pass, compiled to PTX with each launch's own defines (nvcc, no GPU): a missing or extra
+    argument would otherwise be found only on the device."""
     from psa_fast import _kernels
 
     launches = []

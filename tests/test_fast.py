@@ -823,10 +823,13 @@ def test_append_then_attend_equals_prefill():
                                              dtype=np.float16)
     cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=hkv, head_dim=d, max_tokens=t, block_size=8)
     cache.prefill(0, 0, cupy.asarray(k[:, :20]), cupy.asarray(v[:, :20]))
+    def token(i):
+        return (cupy.asarray(np.ascontiguousarray(k[None, :, i])), cupy.asarray(np.ascontiguousarray(v[None, :, i])))
+
     for i in range(20, t):
-        cache.append(0, cupy.asarray(np.ascontiguousarray(k[None, :, i])), cupy.asarray(np.ascontiguousarray(v[None, :, i])))
+        cache.append(0, *token(i))
     with pytest.raises(ValueError, match="full"):
-        cache.append(0, cupy.asarray(np.ascontiguousarray(k[None, :, 0])), cupy.asarray(np.ascontiguousarray(v[None, :, 0])))
+        cache.append(0, *token(0))
     dec = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, step=2).run(cupy.asarray(q[None]))
     g = [cupy.asnumpy(dec.order[0, 0, : int(dec.num_used[0, 0])])]
     res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), g, cupy.asnumpy(dec.iterations[0]),
