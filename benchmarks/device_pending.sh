@@ -150,6 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   run(command="bash benchmarks/device_pending.sh s49c")  (~2 minutes)
+#  the order methods after s48's load changes, against the cost model's picks.
 #   run(command="bash benchmarks/device_pending.sh s49b")  (~3 minutes)
 #  the dense-only cache (PagedKVCache(metadata=None), hf PagedCache(mode="dense")): its GPU tests.
 #   run(command="bash benchmarks/device_pending.sh s49a", carry=[".gl/metadata_s48.py"])  (~4 minutes)
@@ -2099,6 +2101,15 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s49c ]; then
+  # Forty-eighth session: order_method's cost model (order_cost_us) was fitted on the H200 before psa_order_rank's
+  # batched loads (4.7 -> 3.6 µs at one request, H100) and the early score loads (radix 28.7 -> 27.1 at Llama 128K B = 8).
+  # Every method at the usual shapes, with the method the model picks marked (*): where a faster method is not the one
+  # picked, refit. Gemma 3's 32K B = 8 (8 x 1 x 2,048: slices + merge 7.3 µs in s48 with the share rank) is the row to
+  # watch: rank there was ~7.5 by the model. ~2 minutes, no carry.
+  (cd benchmarks && timeout 300 python3 exp_order_rank.py 2>&1 | grep -v Warn | tee "$OUT/exp_order_rank_s49c.md")
+  exit 0
+fi
 if [ "$PART" = s49b ]; then
   # Forty-eighth session, not yet run on a GPU: PagedKVCache(metadata=None), the dense-only cache that
   # psa_fast.hf.PagedCache(mode="dense") now makes (an append writes the token with metadata.write_token, no block
