@@ -7,7 +7,7 @@
 // the order took at 32K, B = 1). Each thread owns a contiguous run of the order; the runs' totals
 // are combined by a suffix scan of warp shuffles, then every thread rewalks its run.
 //
-// PSA_SUFFIX_TILED (forty-second session; _kernels.SUFFIX_TILED_MIN_BLOCKS picks it, off by default): the
+// PSA_SUFFIX_TILED (forty-second session; _kernels.SUFFIX_TILED_MIN_BLOCKS picks it, from 4,096 blocks): the
 // order is taken in tiles of PSA_SUFFIX_RUN entries a thread, last tile first. A tile's x_i are gathered
 // with coalesced loads of the order (each x computed once, where the plain build computes it on both
 // walks) into shared memory, written to `ordered` and, after the walks, to `log_suffix` from there,
