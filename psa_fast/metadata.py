@@ -69,6 +69,23 @@ def _code(x, lo, span):
     return min(max(c, 0), QUANT_LEVELS - 1)
 
 
+@cuda.jit(device=True)
+def _clear_codes(codes, b, kv, j, d):
+    """quant3: thread ``d`` zeroes word ``d`` of each row of the block's codes, then the CTA waits (the codes are then
+    OR-ed in by every thread)."""
+    if d < codes.shape[4]:
+        for t in range(codes.shape[3]):
+            codes[b, kv, j, t, d] = uint32(0)
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _store_summary(meta, b, kv, j, d, centre, spread):
+    """Channel ``d`` of the block's two metadata rows."""
+    meta[b, kv, j, 0, d] = centre
+    meta[b, kv, j, 1, d] = spread
+
+
 # Keys a thread loads at once into registers (a tile of its channel's tokens, every load issued before the first
 # use; `_summarise_tiled`), then used in the same order as one at a time. 1: `_summarise`'s loops, which LLVM
 # unrolls by four (PTX, benchmarks/numba_ptx.py; the s48 append: ~9-10 µs for quant3, ~4 for cuboid_mean, whatever B
@@ -114,16 +131,11 @@ def _summarise_tiled(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, b
             for r in range(KEY_TILE):
                 if t0 + r < ntok:
                     dist += abs(xs[r] - c)
-        meta[b, kv, j, 0, d] = c
-        meta[b, kv, j, 1, d] = dist / ntok
+        _store_summary(meta, b, kv, j, d, c, dist / ntok)
     elif kind == 2:  # mean key
-        meta[b, kv, j, 0, d] = total / ntok
-        meta[b, kv, j, 1, d] = float32(0.0)
+        _store_summary(meta, b, kv, j, d, total / ntok, float32(0.0))
     elif kind == 3:  # 3-bit codes, OR-ed into words another thread cleared
-        if d < codes.shape[4]:
-            for t in range(codes.shape[3]):
-                codes[b, kv, j, t, d] = uint32(0)
-        cuda.syncthreads()
+        _clear_codes(codes, b, kv, j, d)
         span = float64(hi) - float64(lo)
         for t0 in range(0, ntok, KEY_TILE):
             if again:
@@ -155,16 +167,11 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
         r = float32(0.0)
         for t in range(ntok):
             r += abs(_key(k_pool, slot, t, d, bf16) - c)
-        meta[b, kv, j, 0, d] = c
-        meta[b, kv, j, 1, d] = r / ntok
+        _store_summary(meta, b, kv, j, d, c, r / ntok)
     elif kind == 2:  # mean key
-        meta[b, kv, j, 0, d] = total / ntok
-        meta[b, kv, j, 1, d] = float32(0.0)
+        _store_summary(meta, b, kv, j, d, total / ntok, float32(0.0))
     elif kind == 3:  # 3-bit codes, OR-ed into words another thread cleared
-        if d < codes.shape[4]:
-            for t in range(codes.shape[3]):
-                codes[b, kv, j, t, d] = uint32(0)
-        cuda.syncthreads()
+        _clear_codes(codes, b, kv, j, d)
         span = float64(hi) - float64(lo)
         for t in range(ntok):
             c = _code(_key(k_pool, slot, t, d, bf16), lo, span)
