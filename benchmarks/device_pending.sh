@@ -583,7 +583,7 @@ if [ "$PART" = allbench ]; then
   timeout 200 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
       --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/l" \
       2>&1 | grep "^|" | cut -d'|' -f4-8,12
-  timeout 200 $run bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
+  timeout 200 python3 bench_decode.py --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 \
       --batches 1,8,32 --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/g" 2>&1 | grep "^|" \
       | cut -d'|' -f4-9,12
   timeout 100 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 131072 --batches 8 \
