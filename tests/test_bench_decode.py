@@ -1514,3 +1514,63 @@ def test_the_append_kernel_compiles_for_sm90_at_each_key_tile():
         counts[tile] = json.loads(run.stdout.strip().splitlines()[-1])
     assert counts[1]["ld.global"] < counts[4]["ld.global"] < counts[16]["ld.global"]
     assert counts[16]["atom"] == 16  # quant3's 16 codes of a tile, one atomic each, unrolled
+
+
+def test_queue_model_times_by_hand():
+    """exp_queue_model.simulate on cases worked by hand (t = one block at an even share of the ceiling): one group's
+    chunk over every CTA streams at the ceiling under either schedule; a light and a heavy group on the grid leave
+    the heavy group's CTAs alone at the end, slower where a CTA cannot speed up (cap 1) and as fast as the queue
+    where it can (cap 2); a decision waits between a group's chunks; bad names are refused."""
+    import exp_queue_model as eq
+
+    gpu = eq.Gpu(ctas=132, ceiling=3.0e6, cta_cap=1.0, block_bytes=16384, start=1.0, finish=1.0, dt=0.01)
+    t = gpu.block_bytes / (gpu.ceiling / gpu.ctas)
+    for schedule in ("grid", "queue"):
+        got = eq.simulate([[264]], gpu, schedule=schedule, decide=0.0, piece=2, claim=0.0)
+        assert got == pytest.approx(2.0 + 2 * t, abs=0.05), schedule
+    light_heavy = [[132], [1320]]
+    assert eq.simulate(light_heavy, gpu, schedule="grid", decide=0.0) == pytest.approx(2.0 + 20 * t, abs=0.1)
+    # (a CTA takes its next piece at the step after one ends: up to dt lost a piece, 11 pieces a CTA here)
+    assert eq.simulate(light_heavy, gpu, schedule="queue", decide=0.0, piece=1, claim=0.0) == pytest.approx(
+        2.0 + 11 * t, abs=11 * gpu.dt + 0.05)
+    fast = eq.Gpu(**{**gpu.__dict__, "cta_cap": 2.0})
+    assert eq.simulate(light_heavy, fast, schedule="grid", decide=0.0) == pytest.approx(2.0 + 11 * t, abs=0.1)
+    assert eq.simulate([[132, 132]], gpu, schedule="grid", decide=3.0) == pytest.approx(2.0 + 2 * t + 3.0, abs=0.05)
+    with pytest.raises(ValueError, match="schedule"):
+        eq.simulate([[1]], gpu, schedule="balanced", decide=0.0)
+    with pytest.raises(ValueError, match="policy"):
+        eq.simulate([[1]], gpu, schedule="queue", decide=0.0, policy="lifo")
+
+
+def test_queue_model_chunks_are_psa_refs_loop():
+    """exp_queue_model.group_chunks on a drawn one-head layer: per query, the chunks sum to the blocks psa_ref's loop
+    attends with the same options; the first is the forced blocks and the predicted first chunk together (one chunk
+    fewer than psa_ref's iterations, which count the forced chunk apart), the middle ones ``step`` blocks, the last at
+    most ``step``; psa_ref's first_chunk_size is restored after."""
+    from types import SimpleNamespace
+
+    import exp_queue_model as eq
+    import psa_ref
+    from psa_ref import progressive
+
+    rng = np.random.default_rng(6)
+    t, d = 40 * 16 + 3, 32
+    k = rng.standard_normal((1, 1, t, d)).astype(np.float32)
+    k[0, 0, 100:140] += 1.5
+    v = rng.standard_normal((1, 1, t, d)).astype(np.float32)
+    q = rng.standard_normal((1, 6, 4, d)).astype(np.float32)
+    q[0, :, :] += 0.5 * k[0, 0, 100:140].mean(0)
+    trace = SimpleNamespace(k=k, v=v, q=q, scale=1 / np.sqrt(d))
+    original = progressive.first_chunk_size
+    chunks = eq.group_chunks(trace, step=4)
+    assert progressive.first_chunk_size is original and len(chunks) == 6
+    blocks = psa_ref.KVBlocks.from_dense(k[0], v[0], block_size=16, metadata="quant3")
+    several = 0
+    for i, sizes in enumerate(chunks):
+        res = psa_ref.attention(q[0, i], blocks, 0.95, scale=trace.scale, step=4, sink_blocks=1, recent_blocks=2,
+                                first_chunk="predicted", rank="share")
+        assert sum(sizes) == len(res.blocks_used[0])
+        assert len(sizes) == int(res.iterations[0]) - 1
+        assert sizes[0] > 3 and all(s == 4 for s in sizes[1:-1]) and 0 < sizes[-1] <= (4 if len(sizes) > 1 else t)
+        several += len(sizes) > 1
+    assert several  # (some query needs chunks after the predicted one)
