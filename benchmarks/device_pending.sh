@@ -150,6 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   run(command="bash benchmarks/device_pending.sh s49d", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
+#  ncu of psa_decode (share rank + predicted chunk) against the dense build at B = 8 on layer 5.
 #   run(command="bash benchmarks/device_pending.sh s49c")  (~2 minutes)
 #  the order methods after s48's load changes, against the cost model's picks.
 #   run(command="bash benchmarks/device_pending.sh s49b")  (~3 minutes)
@@ -2101,6 +2103,27 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s49d ]; then
+  # Forty-eighth session: exp_queue_model.py (CPU) says a work queue would take only 2-8 µs of the ~72 µs decode
+  # kernel at B = 8 on layer 5 (share rank + predicted chunk), the rest being the rate at which the grid build
+  # attends (~2.4 of 3.0 TB/s while every group streams) and each group's decisions. This part asks ncu where the
+  # psa_decode launch goes against the dense split build on the same batch: duration, DRAM throughput, issue slots,
+  # warp stalls (barrier / long scoreboard / membar), instructions. Predicted: PSA ~70 µs at ~1.9 TB/s average with
+  # more barrier and membar stalls than dense (~95 µs at ~2.8 TB/s); if PSA's long-scoreboard share equals dense's,
+  # its excess is the decisions, else the attend itself. Carry .gl/gemma3_xml_l5_32k.npz; ~4 minutes.
+  cd benchmarks
+  for v in share+first dense; do
+    timeout 200 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
+        python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 \
+        --batches 8 --variants "$v" --no-profiler --steps 2 --out /tmp > "$OUT/ncu_decode_l5_b8_$v.txt" 2>&1
+    echo "ncu $v rc=$?"
+    grep -E "Duration|DRAM Throughput|Grid Size|Block Size|Registers Per|Achieved Occupancy|Issue Slots\
+|Instructions Executed|Stall (Long|Barrier|Short|Wait|MIO|LG|Not|Membar)" "$OUT/ncu_decode_l5_b8_$v.txt" | head -24
+  done
+  exit 0
+fi
 if [ "$PART" = s49c ]; then
   # Forty-eighth session: order_method's cost model (order_cost_us) was fitted on the H200 before psa_order_rank's
   # batched loads (4.7 -> 3.6 µs at one request, H100) and the early score loads (radix 28.7 -> 27.1 at Llama 128K B = 8).
