@@ -12,12 +12,13 @@ replays them) is then scheduled on ``--ctas`` CTAs two ways, in one fluid model 
   still to read first), each claim costing ``--claim`` µs; a group's next chunk enters the queue ``--decide-queue`` µs
   after its last piece is done (the last CTA's hand-over and decision), so other groups' pieces fill the wait.
 
-Every CTA streams its blocks (``--block-kib`` each) at ``min(cap, ceiling / active CTAs)``, ``cap`` being
-``--cta-cap`` times its even share of the copy ceiling: the GPU is at its ceiling while enough CTAs stream (s46's loop
-clock saw 2.4-3.0 TB/s with every group streaming) and a lone CTA cannot take it all. Both schedules pay
-``--start`` before and ``--finish`` after. Calibrate ``--decide`` (and the rest) so that ``grid`` meets a measured
-decode kernel first (Gemma 3 layer 5, share rank + predicted chunk, B = 8, step 128: 71.6 µs on the H100, s47a), then
-read ``queue`` as the prediction for the same shape.
+Every CTA streams its blocks (``Gpu.block_bytes``, 16 KiB: Gemma 3's K and V of a block) at ``min(cap, ceiling /
+streaming CTAs)``, ``cap`` being ``--cta-cap`` times its even share of the copy ceiling: the GPU is at its ceiling
+while enough CTAs stream (s46's loop clock saw 2.4-3.0 TB/s with every group streaming) and a lone CTA cannot take it
+all. Both schedules pay ``Gpu.start`` before and ``Gpu.finish`` after (2.5 µs each). Calibrate ``--ceiling``,
+``--cta-cap`` and ``--decide`` so that ``grid`` meets a measured decode kernel first (Gemma 3 layer 5, share rank +
+predicted chunk, B = 8, step 128: 71.6 µs on the H100, s47a), then read ``queue`` as the prediction for the same
+shape.
 
     python benchmarks/exp_queue_model.py --kv .gl/gemma3_xml_l5_32k.npz --batch 8 --step 128
 
