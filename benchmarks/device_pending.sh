@@ -284,6 +284,11 @@ fi
 # The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones, which can be
 # added as further arguments), log to $OUT/$1.
 # GPU tests: `gpu_tests LOG SECONDS PYTEST-ARGS...`, the log to $OUT/LOG, its verdict lines printed.
+# A part that ran and whose switches are gone: says what became of it and stops (the figures: the results file named).
+retired() {
+  echo "$PART: $1 (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)"
+  exit 0
+}
 gpu_tests() {
   local log="$1" limit="$2"
   shift 2
@@ -1848,10 +1853,7 @@ if [ "$PART" = s38h ]; then
   exit 0
 fi
 if [ "$PART" = s38i ]; then
-  # Ran in the forty-eighth session (H100): PSA_EARLY_SCORES and PSA_RANK_BATCH paid and are the only path now
-  # (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)
-  echo "s38i: Ran in the forty-eighth session (H100): PSA_EARLY_SCORES and PSA_RANK_BATCH paid and are the only path now"
-  exit 0
+  retired "Ran in the forty-eighth session (H100): PSA_EARLY_SCORES and PSA_RANK_BATCH paid and are the only path now"
 fi
 if [ "$PART" = s38d ]; then
   # Prepared in the thirty-eighth session (no device then): the dense step's two start/tail levers, both off by
@@ -2191,10 +2193,7 @@ if [ "$PART" = s48e ]; then
   exit 0
 fi
 if [ "$PART" = s48d ]; then
-  # Ran in the forty-eighth session (H100): FIRST_MARGIN did not pay; its code is on branch wip/first-in-suffix
-  # (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)
-  echo "s48d: Ran in the forty-eighth session (H100): FIRST_MARGIN did not pay; its code is on branch wip/first-in-suffix"
-  exit 0
+  retired "Ran in the forty-eighth session (H100): FIRST_MARGIN did not pay; its code is on branch wip/first-in-suffix"
 fi
 if [ "$PART" = s48c ]; then
   # Prepared in the forty-seventh session: psa_estimate_quant3's blocks a warp swept (_kernels.QUANT3_WARP_BLOCKS; 0
@@ -2213,16 +2212,10 @@ if [ "$PART" = s48c ]; then
   exit 0
 fi
 if [ "$PART" = s48b ]; then
-  # Ran in the forty-eighth session (H100): FIRST_IN_SUFFIX did not pay; its code is on branch wip/first-in-suffix
-  # (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)
-  echo "s48b: Ran in the forty-eighth session (H100): FIRST_IN_SUFFIX did not pay; its code is on branch wip/first-in-suffix"
-  exit 0
+  retired "Ran in the forty-eighth session (H100): FIRST_IN_SUFFIX gained at most ~1 µs; removed, its code on branch wip/first-in-suffix"
 fi
 if [ "$PART" = s48a ]; then
-  # Ran in the forty-eighth session (H100): the in-place merge paid and is psa_share_key's again
-  # (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)
-  echo "s48a: Ran in the forty-eighth session (H100): the in-place merge paid and is psa_share_key's again"
-  exit 0
+  retired "Ran in the forty-eighth session (H100): the in-place merge paid and is psa_share_key's again"
 fi
 if [ "$PART" = s47c ]; then
   # Forty-seventh session: issue 14's per-head target (PSA faster than top-k at equal error; B = 8 was 1.01-1.05x
