@@ -2212,7 +2212,7 @@ if [ "$PART" = s48c ]; then
   exit 0
 fi
 if [ "$PART" = s48b ]; then
-  retired "Ran in the forty-eighth session (H100): FIRST_IN_SUFFIX gained at most ~1 µs; removed, its code on branch wip/first-in-suffix"
+  retired "ran in s48 (H100): FIRST_IN_SUFFIX gained at most ~1 µs; removed (branch wip/first-in-suffix)"
 fi
 if [ "$PART" = s48a ]; then
   retired "Ran in the forty-eighth session (H100): the in-place merge paid and is psa_share_key's again"
