@@ -86,12 +86,12 @@ def _store_summary(meta, b, kv, j, d, centre, spread):
     meta[b, kv, j, 1, d] = spread
 
 
-# Keys a thread loads at once into registers (a tile of its channel's tokens, every load issued before the first
-# use; `_summarise_tiled`), then used in the same order as one at a time. 1: `_summarise`'s loops, which LLVM
-# unrolls by four (PTX, benchmarks/numba_ptx.py; the s48 append: ~9-10 µs for quant3, ~4 for cuboid_mean, whatever B
-# and D; H100). 16 is the lever to measure (device_pending.sh s49a). Read when the kernels compile; every value gives
-# the same bits.
-KEY_TILE = 1
+# Keys a thread loads at once into registers: a tile of its channel's tokens, every load issued before the first use,
+# then used in the same order as one at a time (so every value gives the same bits). 16 against 1 (s49a, H100, the
+# append a call): cuboid_mean 4.5 -> 3.9 µs at every B and D; quant3 level (~10 µs: its float64 code pass and
+# Numba's index arithmetic, ~2,000 instructions a warp on 8 CTAs, are its cost, not the loads). Read when the kernels
+# compile; tests load copies of this module with other values (1, 4) to cover a block longer than a tile.
+KEY_TILE = 16
 
 
 @cuda.jit(device=True)
@@ -103,9 +103,11 @@ def _load_tile(k_pool, slot, t0, ntok, d, bf16, xs):
 
 
 @cuda.jit(device=True)
-def _summarise_tiled(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
-    """``_summarise`` with the keys read ``KEY_TILE`` at a time (``KEY_TILE > 1``; a pass after the first reloads
-    them when the block is longer than a tile): the same arithmetic in the same token order, so the same bits."""
+def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
+    """Metadata of channel ``d`` of one block from its ``ntok`` keys, read ``KEY_TILE`` at a time (a pass after the
+    first reloads them when the block is longer than a tile). float32 arithmetic; quant3's codes in float64, the
+    reference's formula, so that they are bit-identical to it. Every thread of the CTA calls it (quant3 has a
+    barrier)."""
     xs = cuda.local.array(KEY_TILE, float32)
     _load_tile(k_pool, slot, 0, ntok, d, bf16, xs)
     lo = xs[0]
@@ -147,38 +149,6 @@ def _summarise_tiled(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, b
                         cuda.atomic.or_(codes, (b, kv, j, t0 + r, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
 
 
-@cuda.jit(device=True)
-def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
-    """Metadata of channel ``d`` of one block from its ``ntok`` keys (float32 arithmetic; quant3's
-    codes in float64, the reference's formula, so that they are bit-identical to it). Every thread
-    of the CTA calls it (quant3 has a barrier)."""
-    lo = _key(k_pool, slot, 0, d, bf16)
-    hi = lo
-    total = lo
-    for t in range(1, ntok):
-        x = _key(k_pool, slot, t, d, bf16)
-        lo = min(lo, x)
-        hi = max(hi, x)
-        total += x
-    lohi[b, kv, j, 0, d] = lo
-    lohi[b, kv, j, 1, d] = hi
-    if kind == 0:  # cuboid_mean: centre and mean distance to it
-        c = (lo + hi) * float32(0.5)
-        r = float32(0.0)
-        for t in range(ntok):
-            r += abs(_key(k_pool, slot, t, d, bf16) - c)
-        _store_summary(meta, b, kv, j, d, c, r / ntok)
-    elif kind == 2:  # mean key
-        _store_summary(meta, b, kv, j, d, total / ntok, float32(0.0))
-    elif kind == 3:  # 3-bit codes, OR-ed into words another thread cleared
-        _clear_codes(codes, b, kv, j, d)
-        span = float64(hi) - float64(lo)
-        for t in range(ntok):
-            c = _code(_key(k_pool, slot, t, d, bf16), lo, span)
-            if c:
-                cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
-
-
 @cuda.jit
 def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_size, bf16):
     # grid (Nmax, Hkv, B), one thread per channel
@@ -187,12 +157,8 @@ def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_
     length = seq_lens[b]
     if d >= k_pool.shape[2] or j * block_size >= length:
         return
-    if KEY_TILE > 1:
-        _summarise_tiled(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta,
-                         lohi, codes, kind, bf16)
-    else:
-        _summarise(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi,
-                   codes, kind, bf16)
+    _summarise(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi, codes,
+               kind, bf16)
 
 
 @cuda.jit(device=True)
@@ -217,10 +183,7 @@ def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lo
         return
     slot, row, j = _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
     # each thread reads back only the channel it wrote: no barrier needed
-    if KEY_TILE > 1:
-        _summarise_tiled(k_pool, slot, row + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
-    else:
-        _summarise(k_pool, slot, row + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
+    _summarise(k_pool, slot, row + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
 
 
 @cuda.jit

@@ -863,8 +863,10 @@ def test_a_cache_without_metadata_decodes_dense_like_one_with_it():
     for mode in ("psa", "topk"):
         with pytest.raises(ValueError, match="keeps none"):
             psa_fast.plan(caches[0], num_q_heads=hq, mode=mode)
+    from psa_fast.offload import OffloadKVCache
+
     with pytest.raises(ValueError, match="metadata=None"):
-        psa_fast.OffloadKVCache(num_slots=8, num_layers=1, batch=1, num_kv_heads=1, head_dim=d, max_tokens=64,
+        OffloadKVCache(num_slots=8, num_layers=1, batch=1, num_kv_heads=1, head_dim=d, max_tokens=64,
                                 metadata=None)
 
 
