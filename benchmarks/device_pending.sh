@@ -150,6 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   run(command="bash benchmarks/device_pending.sh s49e")  (~2 minutes)
+#  the metadata tests with KEY_TILE 16, the dense-only cache's test after its import was fixed.
 #   run(command="bash benchmarks/device_pending.sh s49d", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
 #  ncu of psa_decode (share rank + predicted chunk) against the dense build at B = 8 on layer 5.
 #   run(command="bash benchmarks/device_pending.sh s49c")  (~2 minutes)
@@ -2105,6 +2107,14 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s49e ]; then
+  # Forty-ninth session: what s49a / s49b changed, on the GPU: the metadata tests with KEY_TILE 16 the only loop
+  # (s49a ran them at 1), the dense-only cache's test (s49b: it failed only on its import of OffloadKVCache) and the
+  # offload / hf tests that append. ~2 minutes, no carry.
+  gpu_tests s49e.log 300 tests/test_fast_metadata.py tests/test_fast.py tests/test_fast_offload.py \
+      -k "metadata or without_metadata or append"
+  exit 0
+fi
 if [ "$PART" = s49d ]; then
   # Forty-eighth session: exp_queue_model.py (CPU) says a work queue would take only 2-8 µs of the ~72 µs decode
   # kernel at B = 8 on layer 5 (share rank + predicted chunk), the rest being the rate at which the grid build
