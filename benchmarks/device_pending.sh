@@ -150,6 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   run(command="bash benchmarks/device_pending.sh s49f")  (~2 minutes)
+#  dense at D <= 64 with CTAs of 8 warps for few groups (DENSE_WIDE_MAX_GROUPS) off / on / on / off, SmolLM2.
 #   run(command="bash benchmarks/device_pending.sh s49e")  (~2 minutes)
 #  the metadata tests with KEY_TILE 16, the dense-only cache's test after its import was fixed.
 #   run(command="bash benchmarks/device_pending.sh s49d", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
@@ -2107,6 +2109,17 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s49f ]; then
+  # Forty-ninth session: the s49 sweep (exp_dense_tune, H100) put SmolLM2's dense step at one request 16.7 -> 15.8 µs
+  # at 32K and 42.1 -> 40.7 at 128K with CTAs of 8 warps (3 stages, 44 splits) instead of 4 (132 splits), but 85 against
+  # 74 µs at B = 8. _kernels.DENSE_WIDE_MAX_GROUPS (8 warps at D <= 64 up to that many groups) off / on / on / off, the
+  # plan's own shape at B = 1 / 2 / 4 / 8 (3 / 6 / 12 / 24 groups), 32K and 128K. Predicted: -0.9 / -1.4 µs at B = 1,
+  # B = 2 and 4 unknown, B = 8 unchanged (24 groups > 12). ~2 minutes, no carry.
+  (cd benchmarks && timeout 400 python3 exp_kernels_attr.py DENSE_WIDE_MAX_GROUPS=0,12,12,0 -- exp_dense_tune.py \
+      --shape smollm2 --sizes 32768,131072 --batches 1,2,4,8 --default-only --reps 30 --out /dev/null 2>&1 \
+      | grep -v Warn | tee "$OUT/s49f.txt")
+  exit 0
+fi
 if [ "$PART" = s49e ]; then
   # Forty-ninth session: what s49a / s49b changed, on the GPU: the metadata tests with KEY_TILE 16 the only loop
   # (s49a ran them at 1), the dense-only cache's test (s49b: it failed only on its import of OffloadKVCache) and the

@@ -18,13 +18,15 @@ from bench_decode import (SHAPES, copy_ceiling_gbs, floor_us, kv_layer_bytes, pe
                           rotating_layers)
 
 
-def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False):
+def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False, groups: int | None = None):
     """(warps, stages, splits) to try, each launch shape once after ``decode_config`` fits it to shared memory;
-    splits None is the plan's default (about one wave over the SMs). ``default_only``: the plan's own shape."""
+    splits None is the plan's default (about one wave over the SMs). ``default_only``: the plan's own shape for
+    ``groups`` (B x Hkv) groups."""
     from psa_fast import _kernels
 
     if default_only:
-        yield (*_kernels.decode_config(d=d, s=s, g=g, version=3, warps=_kernels.default_warps(d, "dense"))[1:3], None)
+        warps = _kernels.default_warps(d, "dense", groups)
+        yield (*_kernels.decode_config(d=d, s=s, g=g, version=3, warps=warps)[1:3], None)
         return
     split_options = [None] + sorted({max(1, default_splits // 2), default_splits * 2, default_splits * 4})
     seen = set()
@@ -89,13 +91,13 @@ def main() -> None:
             ref = [cupy.array(base.run(qs[i], i).out) for i in range(layers)]
             groups = b * shape.hkv
             fitted = _kernels.decode_config(d=cache.dp, s=shape.s, g=shape.hq // shape.hkv, version=3,
-                                            warps=_kernels.default_warps(cache.dp, "dense"))
+                                            warps=_kernels.default_warps(cache.dp, "dense", groups))
             default_splits = _kernels.pick_splits(groups, n, fitted[1], fitted[3])
             print(f"T={t} B={b}: SDPA {sdpa:.1f} µs, floor {floor:.1f} µs (read-only {read_floor:.1f}), default splits "
                   f"{default_splits}", flush=True)
             rows = []
             for warps, stages, splits in variants(cache.dp, shape.s, shape.hq // shape.hkv, default_splits,
-                                                  args.default_only):
+                                                  args.default_only, groups):
                 try:
                     p = psa_fast.DecodePlan(cache, num_q_heads=shape.hq, mode="dense", warps=warps, stages=stages,
                                             splits=splits)

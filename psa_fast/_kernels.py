@@ -854,9 +854,19 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
                         np.float32(np.log1p(-threshold))))
 
 
-def default_warps(d: int, mode: str) -> int:
+# Dense decoding at head dim <= 64 takes CTAs of 8 warps (not 4) when the batch has at most this many groups
+# (B x Hkv): one request's few groups then fill the GPU with splits either way and fewer, wider CTAs leave fewer
+# partials to merge (s49 sweep, H100, SmolLM2 32K B = 1: 16.7 -> 15.8 µs; at B = 8, 24 groups, 8 warps lose). 0:
+# never. To be A/B-ed (device_pending.sh s49f) before it is turned on.
+DENSE_WIDE_MAX_GROUPS = 0
+
+
+def default_warps(d: int, mode: str, groups: int | None = None) -> int:
     """Warps per decode CTA when the caller gives none: 4 for dense and top-k at head dim <= 64 (small CTAs, several
-    an SM: SmolLM2's shape 331 -> 198 µs at 32K, B = 32, benchmarks/NOTES.md), else 8."""
+    an SM: SmolLM2's shape 331 -> 198 µs at 32K, B = 32, benchmarks/NOTES.md), else 8; dense at D <= 64 with at
+    most ``DENSE_WIDE_MAX_GROUPS`` groups (``groups`` = B x Hkv, when given) 8 again."""
+    if mode == "dense" and d <= 64 and groups is not None and groups <= DENSE_WIDE_MAX_GROUPS:
+        return 8
     return 4 if mode != "psa" and d <= 64 else 8
 
 

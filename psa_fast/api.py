@@ -188,7 +188,7 @@ class DecodePlan:
         self.gn = self.hq // self.g
         self.cluster = (_kernels.pick_cluster(cache.batch * self.gn) if cluster is None
                         else _validate.integer(cluster, "cluster", minimum=1))
-        self.warps = (_kernels.default_warps(cache.dp, self.mode) if warps is None
+        self.warps = (_kernels.default_warps(cache.dp, self.mode, cache.batch * cache.num_kv_heads) if warps is None
                       else _validate.integer(warps, "warps", minimum=1))
         self._auto_warps = warps is None  # speculate: the speculative attend's CTAs sized by _kernels.spec_shapes
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
