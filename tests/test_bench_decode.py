@@ -534,6 +534,19 @@ def test_default_launch_shape_of_the_split_build(monkeypatch):
     assert _kernels.pick_splits(1000, 2048, 8, 1) == 1
 
 
+def test_dense_at_small_head_dims_widens_its_ctas_for_few_groups(monkeypatch):
+    """DENSE_WIDE_MAX_GROUPS: dense at D <= 64 takes CTAs of 8 warps when B x Hkv is at most the threshold (given),
+    4 above it or when the groups are not given; top-k, PSA and larger head dims keep their rule; 0 turns it off."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", 12)
+    assert [_kernels.default_warps(64, "dense", g) for g in (3, 12, 13, 96)] == [8, 8, 4, 4]
+    assert _kernels.default_warps(64, "dense") == 4 and _kernels.default_warps(32, "dense", 3) == 8
+    assert [_kernels.default_warps(d, m, 3) for d, m in ((64, "topk"), (64, "psa"), (128, "dense"))] == [4, 8, 8]
+    monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", 0)
+    assert _kernels.default_warps(64, "dense", 3) == 4
+
+
 def test_scatter_slots_moves_blocks_and_keeps_every_block_readable():
     """After scattering, each (layer, request, head, block) still reads the same K and V through the table,
     and the table is no longer the identity (so a kernel walking blocks in order no longer streams)."""
