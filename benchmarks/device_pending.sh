@@ -150,6 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   run(command="bash benchmarks/device_pending.sh s50a")  (~5 minutes)
+#  the split build's CTAs within one wave (SPLITS_WITHIN_WAVE) off / on / on / off at batch sizes whose splits spill.
 #   run(command="bash benchmarks/device_pending.sh s49f")  (~2 minutes)
 #  dense at D <= 64 with CTAs of 8 warps for few groups (DENSE_WIDE_MAX_GROUPS) off / on / on / off, SmolLM2.
 #   run(command="bash benchmarks/device_pending.sh s49e")  (~2 minutes)
@@ -2109,6 +2111,21 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s50a ]; then
+  # Forty-ninth session (CPU): pick_splits rounds a batch's splits to the nearest count, which at some batch sizes puts
+  # a few CTAs of one an SM in a second wave (Llama B = 3: 24 groups x 6 = 144 CTAs on 132 SMs; B = 6, 9-11 too;
+  # Gemma 3 B = 7: 133, B = 9: 135, B = 20 / 24: 140 / 144). _kernels.SPLITS_WITHIN_WAVE (round down) off / on / on /
+  # off, the dense plan's own shape; B = 8 is the control (the same splits either way). Predicted: Llama B = 3 ~-8-10%
+  # (12 CTAs of 2.8 MB streaming alone after the rest), Gemma B = 7 ~-8% (one CTA of 1.8 MB alone), B = 8 unchanged;
+  # SmolLM2 (3 CTAs an SM by the rule, 4 fit) little change. ~5 minutes, no carry.
+  for cfg in llama8b:3,6,8,9,11 gemma3:7,8,9,20,24 smollm2:7,8,9; do
+    IFS=: read -r sh bs <<< "$cfg"
+    (cd benchmarks && timeout 200 python3 exp_kernels_attr.py SPLITS_WITHIN_WAVE=0,1,1,0 -- exp_dense_tune.py \
+        --shape "$sh" --sizes 32768 --batches "$bs" --default-only --reps 20 --out /dev/null 2>&1 | grep -v Warn \
+        | tee -a "$OUT/s50a.txt")
+  done
+  exit 0
+fi
 if [ "$PART" = s49f ]; then
   # Forty-ninth session: the s49 sweep (exp_dense_tune, H100) put SmolLM2's dense step at one request 16.7 -> 15.8 µs
   # at 32K and 42.1 -> 40.7 at 128K with CTAs of 8 warps (3 stages, 44 splits) instead of 4 (132 splits), but 85 against

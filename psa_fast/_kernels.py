@@ -870,12 +870,20 @@ def default_warps(d: int, mode: str, groups: int | None = None) -> int:
     return 4 if mode != "psa" and d <= 64 else 8
 
 
+# 1: pick_splits rounds the splits down, so that a batch's CTAs never exceed one wave; 0 (today): to the nearest,
+# which at some batch sizes puts a few CTAs in a second wave (Llama B = 3, 6, 9-11: 144-176 CTAs of one an SM on 132
+# SMs; Gemma 3 B = 7: 133), streaming their splits alone after the rest. B = 1, 8 and 32 of every shape measured
+# so far split the same either way. To be A/B-ed (device_pending.sh s50a) before it is turned on.
+SPLITS_WITHIN_WAVE = 0
+
+
 def pick_splits(groups: int, positions: int, warps: int, smem: int = SMEM_LIMIT) -> int:
-    """CTAs per group for the split build (dense, top-k): about one wave over the SMs, each split at least two
-    positions (blocks) per warp, since every split adds a partial output to merge; 1 when the groups alone fill
-    the GPU. A wave counts as many CTAs an SM as fit in two thirds of its shared memory at ``smem`` bytes a CTA
-    (the cp.async data in flight) and in its 64 warps: one at head dims 128 and 256, three for D 64's CTAs of 4
-    warps (swept in benchmarks/exp_dense_tune.py, benchmarks/NOTES.md)."""
+    """CTAs per group for the split build (dense, top-k): about one wave over the SMs (at most one with
+    ``SPLITS_WITHIN_WAVE``), each split at least two positions (blocks) per warp, since every split adds a partial
+    output to merge; 1 when the groups alone fill the GPU. A wave counts as many CTAs an SM as fit in two thirds of
+    its shared memory at ``smem`` bytes a CTA (the cp.async data in flight) and in its 64 warps: one at head dims 128
+    and 256, three for D 64's CTAs of 4 warps (swept in benchmarks/exp_dense_tune.py, benchmarks/NOTES.md)."""
     per_sm = max(1, min(64 // max(1, warps), (2 * SMEM_LIMIT // 3) // max(1, smem)))
-    splits = max(1, round(per_sm * num_sms() / groups))
+    wave = per_sm * num_sms()
+    splits = max(1, wave // groups if SPLITS_WITHIN_WAVE else round(wave / groups))
     return max(1, min(splits, positions // max(1, 2 * warps)))

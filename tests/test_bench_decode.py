@@ -534,6 +534,29 @@ def test_default_launch_shape_of_the_split_build(monkeypatch):
     assert _kernels.pick_splits(1000, 2048, 8, 1) == 1
 
 
+def test_splits_within_one_wave(monkeypatch):
+    """SPLITS_WITHIN_WAVE: the splits of a batch whose groups do not divide the wave are rounded down, so its CTAs fit
+    one wave (Llama B = 3: 24 groups x 5 = 120 CTAs of one an SM, not 6 = 144; Gemma 3 B = 7: 18 x 7, not 19 x 7 =
+    133); where the wave divides evenly (B = 1, 8, 32) nothing changes; off, the nearest count as before."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+
+    def splits(d, g, groups):
+        _, warps, _, smem = _kernels.decode_config(d=d, s=16, g=g, version=3, warps=_kernels.default_warps(d, "dense"))
+        return _kernels.pick_splits(groups, 2048, warps, smem)
+
+    cases = [(128, 4, 24), (256, 4, 7), (64, 3, 21), (128, 4, 8), (128, 4, 64), (256, 4, 1), (256, 4, 8), (64, 3, 24)]
+    monkeypatch.setattr(_kernels, "SPLITS_WITHIN_WAVE", 0)
+    assert [splits(*c) for c in cases] == [6, 19, 19, 16, 2, 132, 16, 16]
+    monkeypatch.setattr(_kernels, "SPLITS_WITHIN_WAVE", 1)
+    assert [splits(*c) for c in cases] == [5, 18, 18, 16, 2, 132, 16, 16]
+    for d, g, groups in cases:
+        _, warps, _, smem = _kernels.decode_config(d=d, s=16, g=g, version=3, warps=_kernels.default_warps(d, "dense"))
+        per_sm = max(1, min(64 // warps, (2 * _kernels.SMEM_LIMIT // 3) // smem))
+        assert groups * splits(d, g, groups) <= per_sm * 132
+
+
 def test_dense_at_small_head_dims_widens_its_ctas_for_few_groups(monkeypatch):
     """DENSE_WIDE_MAX_GROUPS: dense at D <= 64 takes CTAs of 8 warps when B x Hkv is at most the threshold (given),
     4 above it or when the groups are not given; top-k, PSA and larger head dims keep their rule; 0 turns it off."""
