@@ -150,6 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   run(command="bash benchmarks/device_pending.sh s50b", carry=[".gl/metadata_s49.py"])  (~3 minutes)
+#  quant3's append with a channel's codes over 4 threads (metadata.APPEND_SPLIT) 1 / 4 / 4 / 1, ncu, metadata tests.
 #   run(command="bash benchmarks/device_pending.sh s50a")  (~5 minutes)
 #  the split build's CTAs within one wave (SPLITS_WITHIN_WAVE) off / on / on / off at batch sizes whose splits spill.
 #   run(command="bash benchmarks/device_pending.sh s49f")  (~2 minutes)
@@ -2111,6 +2113,28 @@ share_l5_bench() {
       --skip "tau0.9,remaining,predicted,stages,speculate${2:-}" --out "$OUT/l5" 2>&1 | tee "$OUT/l5.log" \
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
+if [ "$PART" = s50b ]; then
+  # Forty-ninth session (CPU): the metadata append is latency-bound on one thread's chain (~2,000 instructions a warp
+  # on 8 SMs, s49a), most of it quant3's 16 codes a channel. metadata.APPEND_SPLIT spreads a channel's codes over
+  # that many threads (a CTA of Dp x 4 at D <= 256; each thread computes lo / hi itself, then codes every 4th token;
+  # the same bits: simulator tests at splits 3 and 4). Timed 1 / 4 / 4 / 1 beside s49's file (carry
+  # .gl/metadata_s49.py = `git show 4cc062d:psa_fast/metadata.py`; split 1 should time as it does, the nq branch
+  # aside). Predicted: quant3 ~10.4 -> ~5 µs at every B and D (a thread's codes 16 -> 4, 4x the warps an SM); ncu at
+  # split 4 with ~4x fewer instructions a warp. Then the metadata GPU tests (splits 3 and 4 against psa_ref on the
+  # device). ~3 minutes.
+  cd benchmarks
+  timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3 --splits 1,4,4,1 \
+      --old ../.gl/metadata_s49.py 2>&1 | grep -v Warn | tee "$OUT/exp_append_splits.md"
+  timeout 150 ncu --clock-control none -k regex:append_kernel --launch-count 1 --section SpeedOfLight \
+      --section WarpStateStats --section LaunchStats --section InstructionStats --print-details all \
+      python3 exp_append.py --batches 8 --dims 256 --kinds quant3 --splits 4 --calls 1 --reps 1 \
+      > "$OUT/ncu_append_quant3_split4.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "Duration|Instructions|Stall (Long|Wait|Barrier)|Block Size|Registers Per" \
+      "$OUT/ncu_append_quant3_split4.txt" | head -12
+  cd ..
+  gpu_tests s50b.log 300 tests/test_fast_metadata.py
+  exit 0
+fi
 if [ "$PART" = s50a ]; then
   # Forty-ninth session (CPU): pick_splits rounds a batch's splits to the nearest count, which at some batch sizes puts
   # a few CTAs of one an SM in a second wave (Llama B = 3: 24 groups x 6 = 144 CTAs on 132 SMs; B = 6, 9-11 too;

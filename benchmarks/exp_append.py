@@ -3,13 +3,15 @@ writes each request's new key and value and recomputes its block's metadata), pe
 
 In Gemma 3 270M's compiled 32K step at B = 8 (H100, forty-seventh session) the append was 9.1 µs of GPU time a global
 layer, for PSA and for the paged dense step alike. Each row times the package's module (``--key-tiles 1,16``: copies of
-it with those ``KEY_TILE`` values instead, the keys a thread loads at once); ``--old PATH`` adds another version of
+it with those ``KEY_TILE`` values instead, the keys a thread loads at once; ``--splits 1,4`` likewise for
+``APPEND_SPLIT``, the threads a channel in quant3's code pass); ``--old PATH`` adds another version of
 ``psa_fast/metadata.py`` (e.g. ``git show HEAD~1:psa_fast/metadata.py > .gl/metadata_old.py``), each loaded
 as a module of the package, in the same process.
 
     python benchmarks/exp_append.py --batches 1,8,32 --dims 256,128 --kinds quant3,cuboid_mean,none
     python benchmarks/exp_append.py --batches 8 --dims 256 --kinds quant3 --old .gl/metadata_old.py
     python benchmarks/exp_append.py --batches 1,8,32 --dims 256,128 --key-tiles 1,16
+    python benchmarks/exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3 --splits 1,4,1
     python benchmarks/exp_append.py --batches 8 --dims 256 --kinds quant3 --dump /tmp/append   # + its PTX and SASS
 
 Prints a table: µs per append (median of ``--reps`` graph replays of ``--calls`` appends each, CUDA events).
@@ -32,13 +34,15 @@ def load_version(path: str):
     return module
 
 
-def with_key_tile(metadata, tile: int):
-    """``metadata`` itself when it has ``KEY_TILE = tile``, else a copy of it with that tile (set before its kernels
-    compile)."""
-    if tile == metadata.KEY_TILE:
+def with_constants(metadata, **values: int):
+    """``metadata`` itself when its constants already have these ``values`` (e.g. ``KEY_TILE=4``,
+    ``APPEND_SPLIT=4``), else a copy of it with them (set before its kernels compile)."""
+    if all(getattr(metadata, name) == value for name, value in values.items()):
         return metadata
     module = load_version(metadata.__file__)
-    module.KEY_TILE = tile
+    for name, value in values.items():
+        getattr(module, name)  # an unknown name raises here, not silently
+        setattr(module, name, value)
     return module
 
 
@@ -96,13 +100,18 @@ def main(argv=None) -> None:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--key-tiles", default=None, help="KEY_TILE values, each timed as a copy of the package's module")
+    ap.add_argument("--splits", default=None, help="APPEND_SPLIT values (threads a channel in quant3's code pass), "
+                    "each timed as a copy of the package's module")
     ap.add_argument("--dump", default=None, help="a folder for the package's append kernel's PTX and SASS, as compiled")
     args = ap.parse_args(argv)
     from psa_fast import metadata
 
     versions = [("this", metadata)]
     if args.key_tiles:
-        versions = [(f"KEY_TILE={tile}", with_key_tile(metadata, int(tile))) for tile in args.key_tiles.split(",")]
+        versions = [(f"KEY_TILE={tile}", with_constants(metadata, KEY_TILE=int(tile)))
+                    for tile in args.key_tiles.split(",")]
+    if args.splits:
+        versions = [(f"APPEND_SPLIT={n}", with_constants(metadata, APPEND_SPLIT=int(n))) for n in args.splits.split(",")]
     versions += [("old", load_version(args.old))] if args.old else []
     print("| kind | B | D | " + " | ".join(f"{name} µs" for name, _ in versions) + " |")
     print("|---|---|---|" + "---|" * len(versions))

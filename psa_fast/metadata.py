@@ -70,10 +70,10 @@ def _code(x, lo, span):
 
 
 @cuda.jit(device=True)
-def _clear_codes(codes, b, kv, j, d):
-    """quant3: thread ``d`` zeroes word ``d`` of each row of the block's codes, then the CTA waits (the codes are then
-    OR-ed in by every thread)."""
-    if d < codes.shape[4]:
+def _clear_codes(codes, b, kv, j, d, q):
+    """quant3: thread ``(d, 0)`` zeroes word ``d`` of each row of the block's codes, then the CTA waits (the codes are
+    then OR-ed in by every thread)."""
+    if q == 0 and d < codes.shape[4]:
         for t in range(codes.shape[3]):
             codes[b, kv, j, t, d] = uint32(0)
     cuda.syncthreads()
@@ -93,6 +93,13 @@ def _store_summary(meta, b, kv, j, d, centre, spread):
 # compile; tests load copies of this module with other values (1, 4) to cover a block longer than a tile.
 KEY_TILE = 16
 
+# Threads a channel in the append's quant3 code pass (a CTA of Dp x APPEND_SPLIT threads, at most 1,024): each
+# computes the block's lo / hi itself, then codes the tokens t = q, q + APPEND_SPLIT, ... (thread row q). The
+# append is latency-bound on one thread's chain of ~2,000 instructions a warp on 8 SMs (s49a), most of them the 16
+# codes' float64 arithmetic and index math; 4 rows cut a thread's codes to 4 and give each SM 4x the warps to
+# interleave. 1: one thread a channel. Prepared in s49, A/B device_pending.sh s50b; every value gives the same bits.
+APPEND_SPLIT = 1
+
 
 @cuda.jit(device=True)
 def _load_tile(k_pool, slot, t0, ntok, d, bf16, xs):
@@ -103,11 +110,12 @@ def _load_tile(k_pool, slot, t0, ntok, d, bf16, xs):
 
 
 @cuda.jit(device=True)
-def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
+def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16, q, nq):
     """Metadata of channel ``d`` of one block from its ``ntok`` keys, read ``KEY_TILE`` at a time (a pass after the
     first reloads them when the block is longer than a tile). float32 arithmetic; quant3's codes in float64, the
     reference's formula, so that they are bit-identical to it. Every thread of the CTA calls it (quant3 has a
-    barrier)."""
+    barrier). ``nq`` threads a channel (rows ``q`` = 0 .. nq - 1): row 0 stores the summaries, and with ``nq`` > 1
+    (quant3 only) row ``q`` codes tokens ``q, q + nq, ...``."""
     xs = cuda.local.array(KEY_TILE, float32)
     _load_tile(k_pool, slot, 0, ntok, d, bf16, xs)
     lo = xs[0]
@@ -121,9 +129,12 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
                 lo = min(lo, xs[r])
                 hi = max(hi, xs[r])
                 total += xs[r]
-    lohi[b, kv, j, 0, d] = lo
-    lohi[b, kv, j, 1, d] = hi
+    if q == 0:
+        lohi[b, kv, j, 0, d] = lo
+        lohi[b, kv, j, 1, d] = hi
     again = ntok > KEY_TILE  # the tile in registers is not the first one
+    if q != 0 and kind != 3:
+        return
     if kind == 0:  # cuboid_mean: centre and mean distance to it
         c = (lo + hi) * float32(0.5)
         dist = float32(0.0)
@@ -137,8 +148,14 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16):
     elif kind == 2:  # mean key
         _store_summary(meta, b, kv, j, d, total / ntok, float32(0.0))
     elif kind == 3:  # 3-bit codes, OR-ed into words another thread cleared
-        _clear_codes(codes, b, kv, j, d)
+        _clear_codes(codes, b, kv, j, d, q)
         span = float64(hi) - float64(lo)
+        if nq > 1:  # this row's tokens, reloaded (from L1: the first pass read them)
+            for t in range(q, ntok, nq):
+                c = _code(_key(k_pool, slot, t, d, bf16), lo, span)
+                if c:
+                    cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
+            return
         for t0 in range(0, ntok, KEY_TILE):
             if again:
                 _load_tile(k_pool, slot, t0, ntok, d, bf16, xs)
@@ -158,32 +175,44 @@ def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_
     if d >= k_pool.shape[2] or j * block_size >= length:
         return
     _summarise(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi, codes,
-               kind, bf16)
+               kind, bf16, 0, 1)
+
+
+@cuda.jit(device=True)
+def _position(block_table, seq_lens, block_size, kv, b):
+    """Where request ``b``'s next token goes: ``(slot, row, block)``, row ``t % S`` of block ``t // S`` for ``t =
+    seq_lens[b]``."""
+    t = seq_lens[b]
+    j = t // block_size
+    return block_table[b, kv, j], t - j * block_size, j
 
 
 @cuda.jit(device=True)
 def _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d):
-    """Channel ``d`` of request ``b``'s new key and value to row ``t % S`` of block ``t // S`` (``t = seq_lens[b]``);
-    returns ``(slot, t - (t // S) * S, t // S)``."""
-    t = seq_lens[b]
-    j = t // block_size
-    slot = block_table[b, kv, j]
-    k_pool[slot, t - j * block_size, d] = k_new[b, kv, d]
-    v_pool[slot, t - j * block_size, d] = v_new[b, kv, d]
-    return slot, t - j * block_size, j
+    """Channel ``d`` of request ``b``'s new key and value to its place (``_position``); returns that place."""
+    slot, row, j = _position(block_table, seq_lens, block_size, kv, b)
+    k_pool[slot, row, d] = k_new[b, kv, d]
+    v_pool[slot, row, d] = v_new[b, kv, d]
+    return slot, row, j
 
 
 @cuda.jit
 def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, codes, kind, block_size, bf16):
-    # grid (Hkv, B), one thread per channel. Token t = seq_lens[b] goes to row t % S of block t // S;
-    # then that block's metadata is recomputed from its <= S tokens (the cache is never rescanned).
+    # grid (Hkv, B), a CTA of Dp x nq threads (nq = APPEND_SPLIT for quant3, else 1). Token t = seq_lens[b] goes to
+    # row t % S of block t // S; then that block's metadata is recomputed from its <= S tokens (the cache is never
+    # rescanned).
     kv, b = cuda.blockIdx.x, cuda.blockIdx.y
-    d = cuda.threadIdx.x
+    d, q, nq = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.y
     if d >= k_pool.shape[2]:
         return
-    slot, row, j = _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
-    # each thread reads back only the channel it wrote: no barrier needed
-    _summarise(k_pool, slot, row + 1, d, b, kv, j, meta, lohi, codes, kind, bf16)
+    if nq == 1:  # each thread reads back only the channel it wrote: no barrier needed
+        slot, row, j = _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
+    else:  # row 0 writes the token, which every row of the channel then reads
+        if q == 0:
+            _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
+        slot, row, j = _position(block_table, seq_lens, block_size, kv, b)
+        cuda.syncthreads()
+    _summarise(k_pool, slot, row + 1, d, b, kv, j, meta, lohi, codes, kind, bf16, q, nq)
 
 
 @cuda.jit
@@ -255,9 +284,11 @@ def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi
     then increments ``seq_lens``."""
     _no_sync()
     b, hkv, _ = block_table.shape
-    _append_kernel[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta,
-                                                         lohi, _codes_arg(codes, meta), KIND_CODES[kind], block_size,
-                                                         _is_bf16(k_pool))
+    dp = k_pool.shape[2]
+    nq = max(1, min(APPEND_SPLIT, 1024 // dp, block_size)) if kind == "quant3" else 1
+    _append_kernel[(hkv, b), (dp, nq), _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi,
+                                                  _codes_arg(codes, meta), KIND_CODES[kind], block_size,
+                                                  _is_bf16(k_pool))
 
 
 def write_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, *, block_size: int) -> None:

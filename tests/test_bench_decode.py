@@ -1549,7 +1549,8 @@ def test_the_append_kernel_compiles_for_sm90_at_each_key_tile():
         assert run.returncode == 0, run.stderr[-2000:]
         counts[tile] = json.loads(run.stdout.strip().splitlines()[-1])
     assert counts[1]["ld.global"] < counts[4]["ld.global"] < counts[16]["ld.global"]
-    assert counts[16]["atom"] == 16  # quant3's 16 codes of a tile, one atomic each, unrolled
+    # quant3's codes of a tile, one atomic each, unrolled (the APPEND_SPLIT loop's atomics the same at every tile)
+    assert [counts[t]["atom"] - counts[1]["atom"] for t in (4, 16)] == [3, 15]
 
 
 def test_queue_model_times_by_hand():

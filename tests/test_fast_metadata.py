@@ -37,16 +37,18 @@ def exp_append():
 
 
 @functools.lru_cache(maxsize=None)
-def _with_key_tile(tile: int):
-    return exp_append().with_key_tile(metadata, tile)
+def _with_constants(tile: int, split: int):
+    return exp_append().with_constants(metadata, KEY_TILE=tile, APPEND_SPLIT=split)
 
 
-@pytest.fixture(params=[1, 4, 16], ids=["tile1", "tile4", "tile16"])
+@pytest.fixture(params=[(1, 1), (4, 1), (16, 1), (16, 4), (4, 3)],
+                ids=["tile1", "tile4", "tile16", "tile16-split4", "tile4-split3"])
 def md(request):
-    """psa_fast.metadata reading each thread's keys ``KEY_TILE`` (1, 4, 16) at a time (the package's module for its
-    setting, a copy for the others): every tile gives the reference's metadata, on blocks shorter and longer than
-    a tile."""
-    return _with_key_tile(request.param)
+    """psa_fast.metadata reading each thread's keys ``KEY_TILE`` (1, 4, 16) at a time, and with quant3's codes of a
+    channel spread over ``APPEND_SPLIT`` (1, 3, 4) threads in the append (the package's module for its settings, a
+    copy for the others): every setting gives the reference's metadata, on blocks shorter and longer than a tile and
+    than the split."""
+    return _with_constants(*request.param)
 
 
 def pool_from_dense(keys, s):
