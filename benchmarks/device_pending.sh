@@ -2179,14 +2179,15 @@ if [ "$PART" = s49d ]; then
   # its excess is the decisions, else the attend itself. Carry .gl/gemma3_xml_l5_32k.npz; ~4 minutes.
   cd benchmarks
   for v in share+first dense; do
+    f="$OUT/ncu_decode_l5_b8_${v//+/_}.txt"  # no '+' in a file name: the device does not send such a file back
     timeout 200 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 \
         --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
         --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
         python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 \
-        --batches 8 --variants "$v" --no-profiler --steps 2 --out /tmp > "$OUT/ncu_decode_l5_b8_$v.txt" 2>&1
+        --batches 8 --variants "$v" --no-profiler --steps 2 --out /tmp > "$f" 2>&1
     echo "ncu $v rc=$?"
     grep -E "Duration|DRAM Throughput|Grid Size|Block Size|Registers Per|Achieved Occupancy|Issue Slots\
-|Instructions Executed|Stall (Long|Barrier|Short|Wait|MIO|LG|Not|Membar)" "$OUT/ncu_decode_l5_b8_$v.txt" | head -24
+|Instructions Executed|Stall (Long|Barrier|Short|Wait|MIO|LG|Not|Membar)" "$f" | head -24
   done
   exit 0
 fi
