@@ -2159,6 +2159,12 @@ if [ "$PART" = s49f ]; then
   (cd benchmarks && timeout 400 python3 exp_kernels_attr.py DENSE_WIDE_MAX_GROUPS=0,12,12,0 -- exp_dense_tune.py \
       --shape smollm2 --sizes 32768,131072 --batches 1,2,4,8 --default-only --reps 30 --out /dev/null 2>&1 \
       | grep -v Warn | tee "$OUT/s49f.txt")
+  # B = 8 (24 groups) with 8-warp CTAs too, whose 5.5 splits a group round to 6 (144 CTAs, a second wave: 85 µs in
+  # the sweep) unless SPLITS_WITHIN_WAVE rounds them down to 5 (120 CTAs). Predicted: 8 warps within the wave ~72 µs
+  # (the sweep's 8 x 2 with 11 splits), 4 warps 73.8.
+  (cd benchmarks && timeout 200 python3 exp_kernels_attr.py SPLITS_WITHIN_WAVE=1 DENSE_WIDE_MAX_GROUPS=0,24,24,0 -- \
+      exp_dense_tune.py --shape smollm2 --sizes 32768 --batches 8 --default-only --reps 30 --out /dev/null 2>&1 \
+      | grep -v Warn | tee -a "$OUT/s49f.txt")
   exit 0
 fi
 if [ "$PART" = s49e ]; then
