@@ -2308,14 +2308,15 @@ if [ "$PART" = s47a ]; then
   # Prepared in the forty-sixth session. The fastest PSA row on the real Gemma 3 layer 5 (spread, H100) is the share
   # rank with the predicted first chunk: 116.1 / 337.3 µs at B = 8 / 32 (floor 61.6 / 241.2), the decision's loads now
   # on for the sketch rules. Where its step goes, kernel by kernel (profile_decode_step's share+first variant), beside
-  # dense and the share rank alone (B = 1 too since s49); then bench_decode's rows on this card (B = 1, 8, 32; the predicted rows included).
+  # dense and the share rank alone (at B = 1 too since s49); then bench_decode's rows on this card (B = 1, 8, 32; the
+  # predicted rows included).
   # Predicted from s45's kernel sums: at B = 8 decode ~70, estimate ~24, order ~12, share key ~4, first chunk ~3 µs;
   # the loop clock of s46 put the decode kernel's largest group at 67 µs. Carry .gl/gemma3_xml_l5_32k.npz.
   mkdir -p "$OUT/l5"
   (cd benchmarks && timeout 200 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --spread \
       --shape gemma3 --size 32768 --batches 1,8,32 --variants dense,share,share+first --steps 10 \
       > "$OUT/s47a_profile.txt" 2>&1
-   echo "profile rc=$?"; grep -E "^T=|psa_|share" "$OUT/s47a_profile.txt" | head -60
+   echo "profile rc=$?"; grep -E "^T=|psa_|share" "$OUT/s47a_profile.txt" | head -90
    timeout 300 python3 bench_decode.py --profile real --spread --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 \
       --sizes 32768 --batches 1,8,32 --reps 20 --skip "tau0.9,remaining,stages,speculate,topk" --out "$OUT/l5" 2>&1 \
       | tee "$OUT/s47a.log" | grep "^|" | cut -d'|' -f4-9,12)
