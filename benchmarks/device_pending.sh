@@ -2125,6 +2125,10 @@ if [ "$PART" = s50b ]; then
   cd benchmarks
   timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3 --splits 1,4,4,1 \
       --old ../.gl/metadata_s49.py 2>&1 | grep -v Warn | tee "$OUT/exp_append_splits.md"
+  # KEY_TILE 16 made the kernel 9,463 static SASS instructions (s48's: 2,667; sm_90, ptxas on the CPU), and ncu's top
+  # stall sample at 16 was "no instruction": tile 4 (3,591 for quant3 alone) against 16, both kinds.
+  timeout 150 python3 exp_append.py --batches 1,8,32 --dims 256,64 --kinds quant3,cuboid_mean --key-tiles 16,4,4,16 \
+      2>&1 | grep -v Warn | tee "$OUT/exp_append_tiles_s50b.md"
   timeout 150 ncu --clock-control none -k regex:append_kernel --launch-count 1 --section SpeedOfLight \
       --section WarpStateStats --section LaunchStats --section InstructionStats --print-details all \
       python3 exp_append.py --batches 8 --dims 256 --kinds quant3 --splits 4 --calls 1 --reps 1 \
