@@ -2120,8 +2120,10 @@ if [ "$PART" = s50b ]; then
   # the same bits: simulator tests at splits 3 and 4). Timed 1 / 4 / 4 / 1 beside s49's file (carry
   # .gl/metadata_s49.py = `git show 4cc062d:psa_fast/metadata.py`; split 1 should time as it does, the nq branch
   # aside). Predicted: quant3 ~10.4 -> ~5 µs at every B and D (a thread's codes 16 -> 4, 4x the warps an SM); ncu at
-  # split 4 with ~4x fewer instructions a warp. Then the metadata GPU tests (splits 3 and 4 against psa_ref on the
-  # device). ~3 minutes.
+  # split 4 with ~4x fewer instructions a warp. The metadata GPU tests (splits 3 and 4 against psa_ref on the device)
+  # run first: the default path (one row) was refactored with it and has not run on a GPU. ~4 minutes.
+  gpu_tests s50b.log 300 tests/test_fast_metadata.py tests/test_fast.py tests/test_fast_offload.py \
+      -k "metadata or without_metadata or append"
   cd benchmarks
   timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3 --splits 1,4,4,1 \
       --old ../.gl/metadata_s49.py 2>&1 | grep -v Warn | tee "$OUT/exp_append_splits.md"
@@ -2135,8 +2137,6 @@ if [ "$PART" = s50b ]; then
       > "$OUT/ncu_append_quant3_split4.txt" 2>&1
   echo "ncu rc=$?"; grep -E "Duration|Instructions|Stall (Long|Wait|Barrier)|Block Size|Registers Per" \
       "$OUT/ncu_append_quant3_split4.txt" | head -12
-  cd ..
-  gpu_tests s50b.log 300 tests/test_fast_metadata.py
   exit 0
 fi
 if [ "$PART" = s50a ]; then
