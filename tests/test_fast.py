@@ -866,8 +866,7 @@ def test_a_cache_without_metadata_decodes_dense_like_one_with_it():
     from psa_fast.offload import OffloadKVCache
 
     with pytest.raises(ValueError, match="metadata=None"):
-        OffloadKVCache(num_slots=8, num_layers=1, batch=1, num_kv_heads=1, head_dim=d, max_tokens=64,
-                                metadata=None)
+        OffloadKVCache(num_slots=8, num_layers=1, batch=1, num_kv_heads=1, head_dim=d, max_tokens=64, metadata=None)
 
 
 @pytest.mark.parametrize("hq, version", [(8, 2), (32, 3)])
