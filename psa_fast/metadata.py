@@ -70,6 +70,14 @@ def _code(x, lo, span):
 
 
 @cuda.jit(device=True)
+def _or_code(codes, b, kv, j, t, d, x, lo, span):
+    """quant3: OR key ``x``'s code (token ``t``, channel ``d``) into its row's word; a 0 code leaves the word."""
+    c = _code(x, lo, span)
+    if c:
+        cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
+
+
+@cuda.jit(device=True)
 def _clear_codes(codes, b, kv, j, d, q):
     """quant3: thread ``(d, 0)`` zeroes word ``d`` of each row of the block's codes, then the CTA waits (the codes are
     then OR-ed in by every thread)."""
@@ -114,8 +122,8 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16, q
     """Metadata of channel ``d`` of one block from its ``ntok`` keys, read ``KEY_TILE`` at a time (a pass after the
     first reloads them when the block is longer than a tile). float32 arithmetic; quant3's codes in float64, the
     reference's formula, so that they are bit-identical to it. Every thread of the CTA calls it (quant3 has a
-    barrier). ``nq`` threads a channel (rows ``q`` = 0 .. nq - 1): row 0 stores the summaries, and with ``nq`` > 1
-    (quant3 only) row ``q`` codes tokens ``q, q + nq, ...``."""
+    barrier). ``nq`` threads a channel (rows ``q`` = 0 .. nq - 1; more than one for quant3 only): row 0 stores lo /
+    hi, and row ``q`` codes tokens ``q, q + nq, ...``."""
     xs = cuda.local.array(KEY_TILE, float32)
     _load_tile(k_pool, slot, 0, ntok, d, bf16, xs)
     lo = xs[0]
@@ -133,8 +141,6 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16, q
         lohi[b, kv, j, 0, d] = lo
         lohi[b, kv, j, 1, d] = hi
     again = ntok > KEY_TILE  # the tile in registers is not the first one
-    if q != 0 and kind != 3:
-        return
     if kind == 0:  # cuboid_mean: centre and mean distance to it
         c = (lo + hi) * float32(0.5)
         dist = float32(0.0)
@@ -152,18 +158,14 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16, q
         span = float64(hi) - float64(lo)
         if nq > 1:  # this row's tokens, reloaded (from L1: the first pass read them)
             for t in range(q, ntok, nq):
-                c = _code(_key(k_pool, slot, t, d, bf16), lo, span)
-                if c:
-                    cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
+                _or_code(codes, b, kv, j, t, d, _key(k_pool, slot, t, d, bf16), lo, span)
             return
         for t0 in range(0, ntok, KEY_TILE):
             if again:
                 _load_tile(k_pool, slot, t0, ntok, d, bf16, xs)
             for r in range(KEY_TILE):
                 if t0 + r < ntok:
-                    c = _code(xs[r], lo, span)
-                    if c:
-                        cuda.atomic.or_(codes, (b, kv, j, t0 + r, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
+                    _or_code(codes, b, kv, j, t0 + r, d, xs[r], lo, span)
 
 
 @cuda.jit
