@@ -150,8 +150,9 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
-#   run(command="bash benchmarks/device_pending.sh s50b", carry=[".gl/metadata_s49.py"])  (~3 minutes)
-#  quant3's append with a channel's codes over 4 threads (metadata.APPEND_SPLIT) 1 / 4 / 4 / 1, ncu, metadata tests.
+#   run(command="bash benchmarks/device_pending.sh s50b", carry=[".gl/metadata_s49.py"])  (~6 minutes)
+#  the append's kernel a kind (s50) against s49's file; quant3's codes over 4 threads (metadata.APPEND_SPLIT) 1 / 4 /
+#  4 / 1; tiles 16 / 4; ncu; the metadata GPU tests first.
 #   run(command="bash benchmarks/device_pending.sh s50a")  (~5 minutes)
 #  the split build's CTAs within one wave (SPLITS_WITHIN_WAVE) off / on / on / off at batch sizes whose splits spill.
 #   run(command="bash benchmarks/device_pending.sh s49f")  (~2 minutes)
@@ -2114,29 +2115,37 @@ share_l5_bench() {
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
 if [ "$PART" = s50b ]; then
-  # Forty-ninth session (CPU): the metadata append is latency-bound on one thread's chain (~2,000 instructions a warp
-  # on 8 SMs, s49a), most of it quant3's 16 codes a channel. metadata.APPEND_SPLIT spreads a channel's codes over
-  # that many threads (a CTA of Dp x 4 at D <= 256; each thread computes lo / hi itself, then codes every 4th token;
-  # the same bits: simulator tests at splits 3 and 4). Timed 1 / 4 / 4 / 1 beside s49's file (carry
-  # .gl/metadata_s49.py = `git show 4cc062d:psa_fast/metadata.py`; split 1 should time as it does, the nq branch
-  # aside). Predicted: quant3 ~10.4 -> ~5 µs at every B and D (a thread's codes 16 -> 4, 4x the warps an SM); ncu at
-  # split 4 with ~4x fewer instructions a warp. The metadata GPU tests (splits 3 and 4 against psa_ref on the device)
-  # run first: the default path (one row) was refactored with it and has not run on a GPU. ~4 minutes.
-  gpu_tests s50b.log 300 tests/test_fast_metadata.py tests/test_fast.py tests/test_fast_offload.py \
-      -k "metadata or without_metadata or append"
+  # Forty-ninth and fiftieth sessions (CPU): the metadata append is latency-bound on one thread's chain (~2,000
+  # instructions a warp on 8 SMs, s49a). s50: a kernel for each kind, key type and block size (the three constants of
+  # its compile: 9,472 static SASS instructions for one kernel of every kind -> 3,528 for quant3's, 1,512 for
+  # cuboid_mean's; sm_90, ptxas on the CPU), unsigned subscripts (no negative-index wrap), and quant3's code a multiply
+  # (the reference's division only within 2^-40 of a grid line: bit-identical, tested on every float16 value of
+  # several grids and on float32 values one ulp around grid lines): ~65 -> ~55 instructions a code, the division's
+  # chain of dependent DFMAs off the common path. s49: metadata.APPEND_SPLIT spreads a channel's codes over that many
+  # threads (a CTA of Dp x 4 at D <= 256; each thread computes lo / hi itself, then codes every 4th token).
+  # Predicted, against s49's file (carry .gl/metadata_s49.py = `git show 4cc062d:psa_fast/metadata.py`), µs a call:
+  # quant3 ~10.4 -> ~6-7 at split 1 and ~4-5 at split 4, cuboid_mean ~3.9 -> ~3; every B and D alike. The GPU tests
+  # run first: the append's default path changed (s49, s50) and has run only in the simulator; they compile a kernel
+  # for each kind, key type and block size of each module copy (~1 s each), hence the longer limit. ~6 minutes.
+  gpu_tests s50b.log 420 tests/test_fast_metadata.py tests/test_fast.py tests/test_fast_offload.py \
+      -k "metadata or without_metadata or append or quant3_code"
   cd benchmarks
   timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3 --splits 1,4,4,1 \
       --old ../.gl/metadata_s49.py 2>&1 | grep -v Warn | tee "$OUT/exp_append_splits.md"
-  # KEY_TILE 16 made the kernel 9,463 static SASS instructions (s48's: 2,667; sm_90, ptxas on the CPU), and ncu's top
-  # stall sample at 16 was "no instruction": tile 4 (3,591 for quant3 alone) against 16, both kinds.
+  timeout 120 python3 exp_append.py --batches 1,8,32 --dims 256,64 --kinds cuboid_mean,none \
+      --old ../.gl/metadata_s49.py --dump "$OUT/append_sass" 2>&1 | grep -v Warn | tee "$OUT/exp_append_cuboid.md"
+  # s49's KEY_TILE 16 and ncu's top stall sample at 16 ("no instruction", with the one kernel of every kind): tile 4
+  # against 16, both kinds, now that each kind has its own kernel.
   timeout 150 python3 exp_append.py --batches 1,8,32 --dims 256,64 --kinds quant3,cuboid_mean --key-tiles 16,4,4,16 \
       2>&1 | grep -v Warn | tee "$OUT/exp_append_tiles_s50b.md"
-  timeout 150 ncu --clock-control none -k regex:append_kernel --launch-count 1 --section SpeedOfLight \
-      --section WarpStateStats --section LaunchStats --section InstructionStats --print-details all \
-      python3 exp_append.py --batches 8 --dims 256 --kinds quant3 --splits 4 --calls 1 --reps 1 \
-      > "$OUT/ncu_append_quant3_split4.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "Duration|Instructions|Stall (Long|Wait|Barrier)|Block Size|Registers Per" \
-      "$OUT/ncu_append_quant3_split4.txt" | head -12
+  for split in 1 4; do
+    timeout 150 ncu --clock-control none -k regex:append --launch-count 1 --section SpeedOfLight \
+        --section WarpStateStats --section LaunchStats --section InstructionStats --print-details all \
+        python3 exp_append.py --batches 8 --dims 256 --kinds quant3 --splits $split --calls 1 --reps 1 \
+        > "$OUT/ncu_append_quant3_split$split.txt" 2>&1
+    echo "ncu split $split rc=$?"; grep -E "Duration|Executed Instructions |Stall (Long|Wait|Barrier|No Inst)|Block Size|Registers Per" \
+        "$OUT/ncu_append_quant3_split$split.txt" | head -12
+  done
   exit 0
 fi
 if [ "$PART" = s50a ]; then

@@ -24,9 +24,10 @@ import types as pytypes
 import numpy as np
 
 
-def append_ptx(module_path: str, key_tile: int | None = None) -> str:
-    """The append kernel's PTX (float16 pool, int64 scalars) from the metadata module at ``module_path``, with
-    ``KEY_TILE`` set to ``key_tile`` when given."""
+def append_ptx(module_path: str, key_tile: int | None = None, kind: str = "quant3") -> str:
+    """The append kernel's PTX (float16 pool, int64 scalars) for metadata ``kind`` from the metadata module at
+    ``module_path``, with ``KEY_TILE`` set to ``key_tile`` when given. Versions before the fiftieth session compiled
+    one kernel for every kind (the kind a run-time argument): theirs is that kernel, whatever ``kind``."""
     np.row_stack = getattr(np, "row_stack", np.vstack)  # (numba-cuda 0.30 with numpy 2.5; see psa_fast._compat)
     import numba.cuda.dispatcher as dispatcher
     from numba import cuda, types
@@ -44,8 +45,12 @@ def append_ptx(module_path: str, key_tile: int | None = None) -> str:
 
     f16, i32 = types.float16, types.int32
     signature = (arr(f16, 3), arr(f16, 3), arr(i32, 3), arr(i32, 1), arr(f16, 3), arr(f16, 3), arr(f16, 5),
-                 arr(f16, 5), arr(types.uint32, 5), types.int64, types.int64, types.int64)
-    ptx, _ = cuda.compile_ptx(module._append_kernel.py_func, signature, cc=(9, 0))
+                 arr(f16, 5), arr(types.uint32, 5))
+    if hasattr(module._append_kernel, "py_func"):  # one kernel, the kind, block size and key type its arguments
+        kernel, signature = module._append_kernel, signature + (types.int64,) * 3
+    else:  # a kernel for each kind, key type (float16 here) and block size (16 here)
+        kernel = module._append_kernel(module.KIND_CODES[kind], 0, 16)
+    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
     return ptx
 
 
@@ -59,13 +64,14 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--module", default=None, help="a version of psa_fast/metadata.py (default: the package's)")
     ap.add_argument("--key-tile", type=int, default=None, help="KEY_TILE for the module (default: its own)")
+    ap.add_argument("--kind", default="quant3", help="metadata kind (psa_fast.metadata.KIND_CODES)")
     ap.add_argument("--out", default=None, help="write the PTX here")
     args = ap.parse_args(argv)
     if args.module is None:
         from pathlib import Path
 
         args.module = str(Path(__file__).resolve().parents[1] / "psa_fast" / "metadata.py")
-    ptx = append_ptx(args.module, args.key_tile)
+    ptx = append_ptx(args.module, args.key_tile, args.kind)
     if args.out:
         with open(args.out, "w") as f:
             f.write(ptx)

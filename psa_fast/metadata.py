@@ -27,7 +27,7 @@ import functools  # noqa: E402
 import math  # noqa: E402
 
 import numpy as np  # noqa: E402
-from numba import cuda, float32, float64, int32, uint32  # noqa: E402
+from numba import cuda, float32, float64, int32, uint32, uint64  # noqa: E402
 
 from psa_ref.blocks import QUANT_LEVELS  # noqa: E402
 
@@ -50,31 +50,60 @@ def _bf16_to_f32(u):
     return -v if u >> 15 else v
 
 
+# Subscripts as unsigned integers: Numba wraps a signed index that may be negative (a compare and a select for each
+# dimension, on 64-bit values), which with the kind and block size known only at run time made up most of the
+# append's ~2,000 instructions a warp (s49a). Every index here is >= 0.
+@cuda.jit(device=True)
+def _at3(i, j, k):
+    return uint64(i), uint64(j), uint64(k)
+
+
+@cuda.jit(device=True)
+def _at5(i, j, k, m, n):
+    return uint64(i), uint64(j), uint64(k), uint64(m), uint64(n)
+
+
 @cuda.jit(device=True)
 def _key(k_pool, slot, t, d, bf16):
     """Channel ``d`` of token ``t`` of block ``slot`` as float32 (exact for float16 and bfloat16)."""
-    x = k_pool[slot, t, d]
+    x = k_pool[_at3(slot, t, d)]
     if bf16:
         return _bf16_to_f32(int32(x) & 0xFFFF)
     return float32(x)
 
 
+# How far from an integer ``(x - lo) * (QUANT_LEVELS / span)`` must be for its floor to be the reference's
+# ``floor((x - lo) / span * QUANT_LEVELS)`` (``_code``). Both are float64 with 0 <= x - lo <= span, so the product
+# (two roundings, the factor's and its own) and the reference's value (one rounding, the quotient's; the scaling by 8
+# is exact) each lie within 2 ulps of 8 (x - lo) / span <= 8, i.e. within 2^-49 of it, and within 2^-48 of each other:
+# an integer closer than that to the product could sit between them. 2^-40 leaves a margin; values closer than it
+# (x at a grid boundary, which includes lo and hi themselves) take the reference's division.
+CODE_MARGIN = 2.0 ** -40
+
+
 @cuda.jit(device=True)
-def _code(x, lo, span):
-    """quant3's 3-bit code of key value ``x`` on its block's grid ``lo + [0, span]`` (``span = hi - lo``), in float64
-    as [`psa_ref.blocks.quantize`][psa_ref.blocks.quantize] computes it; 0 for a flat channel."""
+def _code(x, lo, span, scale):
+    """quant3's 3-bit code of key value ``x`` on its block's grid ``lo + [0, span]`` (``span = hi - lo``,
+    ``scale = QUANT_LEVELS / span``, both float64), bit-identical to
+    [`psa_ref.blocks.quantize`][psa_ref.blocks.quantize]'s float64 formula; 0 for a flat channel. A multiply does
+    what the reference's division does unless the value is within ``CODE_MARGIN`` of a grid line, where the division
+    is done as the reference does it."""
     if span == 0.0:
         return 0
-    c = int(math.floor((float64(x) - float64(lo)) / span * QUANT_LEVELS))
-    return min(max(c, 0), QUANT_LEVELS - 1)
+    a = float64(x) - float64(lo)
+    y = a * scale
+    f = math.floor(y)
+    if not (CODE_MARGIN < y - f < 1.0 - CODE_MARGIN):  # near a grid line (or not finite): the reference's division
+        f = math.floor(a / span * QUANT_LEVELS)
+    return min(max(int(f), 0), QUANT_LEVELS - 1)
 
 
 @cuda.jit(device=True)
-def _or_code(codes, b, kv, j, t, d, x, lo, span):
+def _or_code(codes, b, kv, j, t, d, x, lo, span, scale):
     """quant3: OR key ``x``'s code (token ``t``, channel ``d``) into its row's word; a 0 code leaves the word."""
-    c = _code(x, lo, span)
+    c = _code(x, lo, span, scale)
     if c:
-        cuda.atomic.or_(codes, (b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
+        cuda.atomic.or_(codes, _at5(b, kv, j, t, d // NIBBLES), uint32(c << (4 * (d % NIBBLES))))
 
 
 @cuda.jit(device=True)
@@ -83,15 +112,15 @@ def _clear_codes(codes, b, kv, j, d, q):
     then OR-ed in by every thread)."""
     if q == 0 and d < codes.shape[4]:
         for t in range(codes.shape[3]):
-            codes[b, kv, j, t, d] = uint32(0)
+            codes[_at5(b, kv, j, t, d)] = uint32(0)
     cuda.syncthreads()
 
 
 @cuda.jit(device=True)
 def _store_summary(meta, b, kv, j, d, centre, spread):
     """Channel ``d`` of the block's two metadata rows."""
-    meta[b, kv, j, 0, d] = centre
-    meta[b, kv, j, 1, d] = spread
+    meta[_at5(b, kv, j, 0, d)] = centre
+    meta[_at5(b, kv, j, 1, d)] = spread
 
 
 # Keys a thread loads at once into registers: a tile of its channel's tokens, every load issued before the first use,
@@ -138,8 +167,8 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16, q
                 hi = max(hi, xs[r])
                 total += xs[r]
     if q == 0:
-        lohi[b, kv, j, 0, d] = lo
-        lohi[b, kv, j, 1, d] = hi
+        lohi[_at5(b, kv, j, 0, d)] = lo
+        lohi[_at5(b, kv, j, 1, d)] = hi
     again = ntok > KEY_TILE  # the tile in registers is not the first one
     if kind == 0:  # cuboid_mean: centre and mean distance to it
         c = (lo + hi) * float32(0.5)
@@ -156,65 +185,82 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16, q
     elif kind == 3:  # 3-bit codes, OR-ed into words another thread cleared
         _clear_codes(codes, b, kv, j, d, q)
         span = float64(hi) - float64(lo)
+        scale = QUANT_LEVELS / span if span != 0.0 else 0.0
         if nq > 1:  # this row's tokens, reloaded (from L1: the first pass read them)
             for t in range(q, ntok, nq):
-                _or_code(codes, b, kv, j, t, d, _key(k_pool, slot, t, d, bf16), lo, span)
+                _or_code(codes, b, kv, j, t, d, _key(k_pool, slot, t, d, bf16), lo, span, scale)
             return
         for t0 in range(0, ntok, KEY_TILE):
             if again:
                 _load_tile(k_pool, slot, t0, ntok, d, bf16, xs)
             for r in range(KEY_TILE):
                 if t0 + r < ntok:
-                    _or_code(codes, b, kv, j, t0 + r, d, xs[r], lo, span)
+                    _or_code(codes, b, kv, j, t0 + r, d, xs[r], lo, span, scale)
 
 
-@cuda.jit
-def _build_kernel(k_pool, block_table, seq_lens, meta, lohi, codes, kind, block_size, bf16):
-    # grid (Nmax, Hkv, B), one thread per channel
-    j, kv, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
-    d = cuda.threadIdx.x
-    length = seq_lens[b]
-    if d >= k_pool.shape[2] or j * block_size >= length:
-        return
-    _summarise(k_pool, block_table[b, kv, j], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi, codes,
-               kind, bf16, 0, 1)
+@functools.lru_cache(maxsize=None)
+def _build_kernel(kind: int, bf16: int, block_size: int):
+    """The prefill kernel of one metadata kind (``KIND_CODES``), key type (``bf16``: 1 for bfloat16 bits) and block
+    size, compiled on first use with the three as constants (see ``_append_kernel``)."""
+
+    @cuda.jit
+    def build(k_pool, block_table, seq_lens, meta, lohi, codes):
+        # grid (Nmax, Hkv, B), one thread per channel
+        j, kv, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+        d = cuda.threadIdx.x
+        length = seq_lens[uint64(b)]
+        if d >= k_pool.shape[2] or j * block_size >= length:
+            return
+        _summarise(k_pool, block_table[_at3(b, kv, j)], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi,
+                   codes, kind, bf16, 0, 1)
+
+    return build
 
 
 @cuda.jit(device=True)
 def _position(block_table, seq_lens, block_size, kv, b):
     """Where request ``b``'s next token goes: ``(slot, row, block)``, row ``t % S`` of block ``t // S`` for ``t =
     seq_lens[b]``."""
-    t = seq_lens[b]
+    t = seq_lens[uint64(b)]
     j = t // block_size
-    return block_table[b, kv, j], t - j * block_size, j
+    return block_table[_at3(b, kv, j)], t - j * block_size, j
 
 
 @cuda.jit(device=True)
 def _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d):
     """Channel ``d`` of request ``b``'s new key and value to its place (``_position``); returns that place."""
     slot, row, j = _position(block_table, seq_lens, block_size, kv, b)
-    k_pool[slot, row, d] = k_new[b, kv, d]
-    v_pool[slot, row, d] = v_new[b, kv, d]
+    k_pool[_at3(slot, row, d)] = k_new[_at3(b, kv, d)]
+    v_pool[_at3(slot, row, d)] = v_new[_at3(b, kv, d)]
     return slot, row, j
 
 
-@cuda.jit
-def _append_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, codes, kind, block_size, bf16):
-    # grid (Hkv, B), a CTA of Dp x nq threads (nq = APPEND_SPLIT for quant3, else 1). Token t = seq_lens[b] goes to
-    # row t % S of block t // S; then that block's metadata is recomputed from its <= S tokens (the cache is never
-    # rescanned).
-    kv, b = cuda.blockIdx.x, cuda.blockIdx.y
-    d, q, nq = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.y
-    if d >= k_pool.shape[2]:
-        return
-    if nq == 1:  # each thread reads back only the channel it wrote: no barrier needed
-        slot, row, j = _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
-    else:  # row 0 writes the token, which every row of the channel then reads
-        if q == 0:
-            _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
-        slot, row, j = _position(block_table, seq_lens, block_size, kv, b)
-        cuda.syncthreads()
-    _summarise(k_pool, slot, row + 1, d, b, kv, j, meta, lohi, codes, kind, bf16, q, nq)
+@functools.lru_cache(maxsize=None)
+def _append_kernel(kind: int, bf16: int, block_size: int):
+    """The append kernel of one metadata kind (``KIND_CODES``), key type (``bf16``: 1 for bfloat16 bits) and block
+    size, compiled on first use with the three as constants, so that it holds that kind's code alone and divides by a
+    constant: one kernel taking them at run time was 9,472 SASS instructions at sm_90, more than the instruction cache
+    holds (ncu's top stall sample of the append at KEY_TILE 16 was "no instruction", s49a)."""
+
+    @cuda.jit
+    def append(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, codes):
+        # grid (Hkv, B), a CTA of Dp x nq threads (nq = APPEND_SPLIT for quant3, else 1). Token t = seq_lens[b] goes
+        # to row t % S of block t // S; then that block's metadata is recomputed from its <= S tokens (the cache is
+        # never rescanned).
+        kv, b = cuda.blockIdx.x, cuda.blockIdx.y
+        d, q, nq = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.y
+        if d >= k_pool.shape[2]:
+            return
+        if nq == 1:  # each thread reads back only the channel it wrote: no barrier needed
+            slot, row, j = _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
+        else:  # row 0 writes the token, which every row of the channel then reads
+            if q == 0:
+                _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
+            slot, row, j = _position(block_table, seq_lens, block_size, kv, b)
+            cuda.syncthreads()
+        _summarise(k_pool, slot, row + 1, d, b, kv, j, meta, lohi, codes, kind, bf16, q, nq)
+
+    return append
 
 
 @cuda.jit
@@ -274,9 +320,8 @@ def build_metadata(k_pool, block_table, seq_lens, meta, lohi, *, kind: str, bloc
     """Compute ``meta``, ``lohi`` (and ``codes`` for ``quant3``) for every block of every request (prefill)."""
     _no_sync()
     b, hkv, nmax = block_table.shape
-    _build_kernel[(nmax, hkv, b), k_pool.shape[2], _stream()](k_pool, block_table, seq_lens, meta, lohi,
-                                                              _codes_arg(codes, meta), KIND_CODES[kind], block_size,
-                                                              _is_bf16(k_pool))
+    build = _build_kernel(KIND_CODES[kind], _is_bf16(k_pool), int(block_size))
+    build[(nmax, hkv, b), k_pool.shape[2], _stream()](k_pool, block_table, seq_lens, meta, lohi, _codes_arg(codes, meta))
 
 
 def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, *, kind: str,
@@ -288,9 +333,9 @@ def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi
     b, hkv, _ = block_table.shape
     dp = k_pool.shape[2]
     nq = max(1, min(APPEND_SPLIT, 1024 // dp, block_size)) if kind == "quant3" else 1
-    _append_kernel[(hkv, b), (dp, nq), _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi,
-                                                  _codes_arg(codes, meta), KIND_CODES[kind], block_size,
-                                                  _is_bf16(k_pool))
+    append = _append_kernel(KIND_CODES[kind], _is_bf16(k_pool), int(block_size))
+    append[(hkv, b), (dp, nq), _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi,
+                                          _codes_arg(codes, meta))
 
 
 def write_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, *, block_size: int) -> None:

@@ -1538,19 +1538,21 @@ def test_exp_append_dumps_each_signature_and_goes_on_without_a_disassembler(tmp_
 def test_the_append_kernel_compiles_for_sm90_at_each_key_tile():
     """benchmarks/numba_ptx.py compiles psa_fast.metadata's append kernel to sm_90 PTX without a GPU (where NVVM and
     NVRTC are found: CUDA_HOME and LD_LIBRARY_PATH as its docstring says; otherwise skipped): the default build and
-    KEY_TILE 4 and 16 compile, and a larger tile issues more loads (its constant loops unrolled)."""
+    KEY_TILE 1 and 4 compile, a larger tile issues more loads (its constant loops unrolled) and at least a tile of
+    quant3's code atomics, and each kind's kernel holds that kind's code alone (cuboid_mean's no atomic)."""
     counts = {}
-    for tile in (1, 4, 16):
-        run = subprocess.run([sys.executable, str(BENCH / "numba_ptx.py"), "--key-tile", str(tile)],
+    for tile, kind in ((1, "quant3"), (4, "quant3"), (16, "quant3"), (16, "cuboid_mean")):
+        run = subprocess.run([sys.executable, str(BENCH / "numba_ptx.py"), "--key-tile", str(tile), "--kind", kind],
                              capture_output=True, text=True, timeout=600,
                              env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"})
         if run.returncode and re.search(r"Failure finding|CudaSupportError|NvvmSupportError|libnvvm", run.stderr):
             pytest.skip("needs NVVM and NVRTC (benchmarks/numba_ptx.py's docstring)")
         assert run.returncode == 0, run.stderr[-2000:]
-        counts[tile] = json.loads(run.stdout.strip().splitlines()[-1])
-    assert counts[1]["ld.global"] < counts[4]["ld.global"] < counts[16]["ld.global"]
-    # quant3's codes of a tile, one atomic each, unrolled (the APPEND_SPLIT loop's atomics the same at every tile)
-    assert [counts[t]["atom"] - counts[1]["atom"] for t in (4, 16)] == [3, 15]
+        counts[tile, kind] = json.loads(run.stdout.strip().splitlines()[-1])
+    q3 = [counts[tile, "quant3"] for tile in (1, 4, 16)]
+    assert q3[0]["ld.global"] < q3[1]["ld.global"] < q3[2]["ld.global"]
+    assert q3[0]["atom"] < q3[2]["atom"] and q3[2]["atom"] >= 16
+    assert counts[16, "cuboid_mean"]["atom"] == 0 and counts[16, "cuboid_mean"]["lines"] < q3[2]["lines"]
 
 
 def test_queue_model_times_by_hand():

@@ -157,6 +157,53 @@ def test_quant3_codes_of_long_blocks(s, t, md):
     check_meta(to_host(meta), to_host(lohi), keys2, s, "quant3", to_host(codes))
 
 
+def _reference_codes(x, lo, hi):
+    """psa_ref's quant3 codes of values ``x`` on the grid ``[lo, hi]`` (float64 arrays of equal length)."""
+    return psa_ref.blocks.quantize(x[:, None, None], lo[:, None], hi[:, None]).astype(int)[:, 0, 0]
+
+
+def _codes_by_multiply(x, lo, hi):
+    """quant3's codes as ``floor((x - lo) * (8 / span))``, the multiply of ``_code``'s fast path with no margin."""
+    return np.clip(np.floor((x - lo) * (psa_ref.blocks.QUANT_LEVELS / (hi - lo))), 0, psa_ref.blocks.QUANT_LEVELS - 1)
+
+
+def test_quant3_code_is_the_references_on_every_float16_value_and_near_grid_lines():
+    """``metadata._code`` (a multiply, the reference's division only within ``CODE_MARGIN`` of a grid line) gives
+    psa_ref.blocks.quantize's code of every finite float16 value in [lo, hi] for grids whose lines are float16 values,
+    that are not, span the whole float16 range or a few subnormals, and of float32 values one ulp around the grid lines
+    of random grids. The multiply alone is wrong on some of those float32 values (so this test can fail), and both of
+    ``_code``'s paths are taken."""
+    code = metadata._code.py_func
+    levels = psa_ref.blocks.QUANT_LEVELS
+    halves = np.arange(65536, dtype=np.uint16).view(np.float16)
+    halves = np.unique(halves[np.isfinite(halves)].astype(np.float64))
+    xs, los, his = [], [], []
+    for lo, hi in [(0, 8), (-3, 5), (-1.7, 2.3), (0.3, 0.7), (-65504, 65504), (-1e-3, 7e-4), (6e-8, 3e-7), (1.5, 1.5)]:
+        lo, hi = float(np.float16(lo)), float(np.float16(hi))
+        x = halves[(halves >= lo) & (halves <= hi)]
+        xs.append(x), los.append(np.full(len(x), lo)), his.append(np.full(len(x), hi))
+    rng = np.random.default_rng(5)
+    lo = rng.standard_normal(20000).astype(np.float32)
+    hi = (lo + np.abs(rng.standard_normal(20000))).astype(np.float32)
+    line = (lo + (hi.astype(np.float64) - lo) * rng.integers(1, levels, 20000) / levels).astype(np.float32)
+    for step in (-np.inf, 0, np.inf):
+        x = np.nextafter(line, np.float32(step)) if step else line
+        keep = (x >= lo) & (x <= hi)
+        xs.append(x[keep].astype(np.float64)), los.append(lo[keep].astype(np.float64))
+        his.append(hi[keep].astype(np.float64))
+    x, lo, hi = np.concatenate(xs), np.concatenate(los), np.concatenate(his)
+    span = hi - lo
+    scale = np.where(span != 0, levels / np.where(span != 0, span, 1), 0)
+    got = np.array([code(np.float32(a), np.float32(b), s, f) for a, b, s, f in zip(x, lo, span, scale)])
+    want = _reference_codes(x, lo, hi)
+    assert np.array_equal(got, want), np.nonzero(got != want)[0][:5]
+    sloped = span != 0
+    assert (_codes_by_multiply(x[sloped], lo[sloped], hi[sloped]) != want[sloped]).sum() > 0
+    y = (x - lo) * scale
+    near = ~((metadata.CODE_MARGIN < y - np.floor(y)) & (y - np.floor(y) < 1 - metadata.CODE_MARGIN))
+    assert 0 < near[sloped].sum() < 0.5 * sloped.sum()
+
+
 @pytest.mark.parametrize("kind", psa_ref.METADATA_KINDS)
 def test_bfloat16_keys_build_and_append_like_float32(kind, md):
     """A bfloat16 pool (int16 bits) gives the metadata of the same values in float32 (the kernels decode
