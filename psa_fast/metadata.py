@@ -263,13 +263,20 @@ def _append_kernel(kind: int, bf16: int, block_size: int):
     return append
 
 
-@cuda.jit
-def _write_kernel(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size):
-    # grid (Hkv, B), one thread per channel: the token only, no metadata (PagedKVCache(metadata=None))
-    kv, b = cuda.blockIdx.x, cuda.blockIdx.y
-    d = cuda.threadIdx.x
-    if d < k_pool.shape[2]:
-        _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
+@functools.lru_cache(maxsize=None)
+def _write_kernel(block_size: int):
+    """The token's write alone (no metadata: ``PagedKVCache(metadata=None)``) for one block size, a constant of its
+    compile (see ``_append_kernel``)."""
+
+    @cuda.jit
+    def write(k_pool, v_pool, block_table, seq_lens, k_new, v_new):
+        # grid (Hkv, B), one thread per channel
+        kv, b = cuda.blockIdx.x, cuda.blockIdx.y
+        d = cuda.threadIdx.x
+        if d < k_pool.shape[2]:
+            _write(k_pool, v_pool, block_table, seq_lens, k_new, v_new, block_size, kv, b, d)
+
+    return write
 
 
 def _stream():
@@ -344,5 +351,5 @@ def write_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, *, block_si
     ``seq_lens``."""
     _no_sync()
     b, hkv, _ = block_table.shape
-    _write_kernel[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new,
-                                                        block_size)
+    _write_kernel(int(block_size))[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new,
+                                                                        v_new)
