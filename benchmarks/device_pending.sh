@@ -2127,8 +2127,10 @@ if [ "$PART" = s50b ]; then
   # quant3 ~10.4 -> ~6-7 at split 1 and ~4-5 at split 4, cuboid_mean ~3.9 -> ~3; every B and D alike. The GPU tests
   # run first: the append's default path changed (s49, s50) and has run only in the simulator; they compile a kernel
   # for each kind, key type and block size of each module copy (~1 s each), hence the longer limit. ~6 minutes.
-  gpu_tests s50b.log 420 tests/test_fast_metadata.py tests/test_fast.py tests/test_fast_offload.py \
-      -k "metadata or without_metadata or append or quant3_code"
+  # The model's captured steps too (test_fast_hf "captured"): a kernel a kind compiles at its first call, which must
+  # come before a capture (Numba loading a module inside one would fail).
+  gpu_tests s50b.log 480 tests/test_fast_metadata.py tests/test_fast.py tests/test_fast_offload.py tests/test_fast_hf.py \
+      -k "metadata or without_metadata or append or quant3_code or captured"
   cd benchmarks
   timeout 200 python3 exp_append.py --batches 1,8,32 --dims 256,128,64 --kinds quant3 --splits 1,4,4,1 \
       --old ../.gl/metadata_s49.py 2>&1 | grep -v Warn | tee "$OUT/exp_append_splits.md"
