@@ -51,8 +51,8 @@ def _bf16_to_f32(u):
 
 
 # Subscripts as unsigned integers: Numba wraps a signed index that may be negative (a compare and a select for each
-# dimension, on 64-bit values), which with the kind and block size known only at run time made up most of the
-# append's ~2,000 instructions a warp (s49a). Every index here is >= 0.
+# dimension, on 64-bit values). That index arithmetic, with the kind and block size then run-time arguments, was most
+# of the append's ~2,000 instructions a warp (s49a). Every index here is >= 0.
 @cuda.jit(device=True)
 def _at3(i, j, k):
     return uint64(i), uint64(j), uint64(k)
