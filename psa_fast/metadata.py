@@ -279,13 +279,20 @@ def _write_kernel(block_size: int):
     return write
 
 
+_streams: dict = {}
+
+
 def _stream():
-    """Numba's view of CuPy's current stream, so both libraries' kernels run in order."""
+    """Numba's view of CuPy's current stream, so both libraries' kernels run in order; made once per stream (every
+    append of every layer launches on it)."""
     if _simulating():
         return 0
     import cupy
 
-    return cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+    ptr = cupy.cuda.get_current_stream().ptr
+    if ptr not in _streams:
+        _streams[ptr] = cuda.external_stream(ptr)
+    return _streams[ptr]
 
 
 def _simulating() -> bool:

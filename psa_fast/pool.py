@@ -409,7 +409,7 @@ class GPUSlotPool:
                             self.seq, self.counters, self.error, out.slots, out.hit, out.load_src, out.load_dst,
                             out.num_loads, out.evicted, out.num_evicted))
             return out
-        _access_kernel[1, 1, _launch_stream()](_kernel_view(ids), p, cap, lru, self.pin_window, *self._state,
+        _access_kernel[1, 1, _stream()](_kernel_view(ids), p, cap, lru, self.pin_window, *self._state,
                                                *out_views)
         return out
 
@@ -437,7 +437,7 @@ class GPUSlotPool:
                             np.int32(self.num_store_blocks), self.slot_of, self.block_of, self.free, self.free_top,
                             self.error))
             return
-        _release_kernel[1, 1, _launch_stream()](ids, order, self.capacity_per_partition, self.slot_of,
+        _release_kernel[1, 1, _stream()](ids, order, self.capacity_per_partition, self.slot_of,
                                                 self.block_of, self.next, self.prev, self.free, self.free_top,
                                                 self.error)
 
@@ -503,21 +503,6 @@ def _output_views(out: PoolAccess) -> tuple:
 def _kernel_view(a):
     """What the kernels are passed: a NumPy array as is (simulator), a CuPy array as a Numba view (no copy)."""
     return a if isinstance(a, np.ndarray) else cuda.as_cuda_array(a)
-
-
-_streams: dict[int, Any] = {}
-
-
-def _launch_stream():
-    """Numba's view of CuPy's current stream (as ``psa_fast.metadata._stream``), made once per stream."""
-    if _simulating():
-        return 0
-    import cupy
-
-    ptr = cupy.cuda.get_current_stream().ptr
-    if ptr not in _streams:
-        _streams[ptr] = _stream()
-    return _streams[ptr]
 
 
 def _host(a) -> np.ndarray:
