@@ -325,6 +325,19 @@ def _no_codes(module: str):
     return cupy.zeros((1, 1, 1, 1, 1), cupy.uint32)
 
 
+def _constants(kind: str, k_pool, block_size) -> tuple[int, int, int]:
+    """The three compile-time constants of a metadata kernel, ``(KIND_CODES[kind], bf16, block_size)``, checked."""
+    from psa_ref import _validate
+
+    return KIND_CODES[_validate.choice(kind, "kind", tuple(KIND_CODES))], _is_bf16(k_pool), _block_size(block_size)
+
+
+def _block_size(block_size) -> int:
+    from psa_ref import _validate
+
+    return _validate.integer(block_size, "block_size", minimum=1)
+
+
 def _is_bf16(k_pool) -> int:
     """1 when the pool holds bfloat16 bits (int16), 0 for float16."""
     return int(k_pool.dtype == np.int16)
@@ -334,7 +347,7 @@ def build_metadata(k_pool, block_table, seq_lens, meta, lohi, *, kind: str, bloc
     """Compute ``meta``, ``lohi`` (and ``codes`` for ``quant3``) for every block of every request (prefill)."""
     _no_sync()
     b, hkv, nmax = block_table.shape
-    build = _build_kernel(KIND_CODES[kind], _is_bf16(k_pool), int(block_size))
+    build = _build_kernel(*_constants(kind, k_pool, block_size))
     build[(nmax, hkv, b), k_pool.shape[2], _stream()](k_pool, block_table, seq_lens, meta, lohi, _codes_arg(codes, meta))
 
 
@@ -345,9 +358,10 @@ def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi
     then increments ``seq_lens``."""
     _no_sync()
     b, hkv, _ = block_table.shape
+    constants = _constants(kind, k_pool, block_size)
     dp = k_pool.shape[2]
     nq = max(1, min(APPEND_SPLIT, 1024 // dp, block_size)) if kind == "quant3" else 1
-    append = _append_kernel(KIND_CODES[kind], _is_bf16(k_pool), int(block_size))
+    append = _append_kernel(*constants)
     append[(hkv, b), (dp, nq), _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi,
                                           _codes_arg(codes, meta))
 
@@ -358,5 +372,5 @@ def write_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, *, block_si
     ``seq_lens``."""
     _no_sync()
     b, hkv, _ = block_table.shape
-    _write_kernel(int(block_size))[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new,
-                                                                        v_new)
+    write = _write_kernel(_block_size(block_size))
+    write[(hkv, b), k_pool.shape[2], _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new)

@@ -224,6 +224,27 @@ def test_quant3_code_is_the_references_on_every_float16_value_and_near_grid_line
     assert 0 < near[sloped].sum() < 0.5 * sloped.sum()
 
 
+def test_bad_kind_or_block_size_is_refused_by_name():
+    """The kernels' compile-time constants are checked before anything launches: an unknown kind is a ValueError
+    naming ``kind``, a block size that is not a positive integer names ``block_size``."""
+    keys = np.zeros((1, 16, 8), np.float16)
+    pool, table = pool_from_dense(keys, 16)
+    lens = xp.asarray(np.array([15], np.int32))
+    meta = xp.zeros((1, 1, 1, 2, 8), np.float16)
+    args = (xp.asarray(pool), xp.asarray(pool), xp.asarray(table), lens, xp.asarray(keys[:, :1]), xp.asarray(keys[:, :1]),
+            meta, xp.zeros_like(meta))
+    with pytest.raises(ValueError, match="kind"):
+        metadata.append_token(*args, kind="quant4", block_size=16)
+    with pytest.raises(ValueError, match="kind"):
+        metadata.build_metadata(args[0], args[2], lens, meta, args[7], kind="cuboid", block_size=16)
+    for bad, error in ((0, ValueError), (16.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="block_size"):
+            metadata.append_token(*args, kind="cuboid_mean", block_size=bad)
+        with pytest.raises(error, match="block_size"):
+            metadata.write_token(*args[:6], block_size=bad)
+    assert not to_host(meta).any() and to_host(lens)[0] == 15  # nothing ran
+
+
 @pytest.mark.parametrize("kind", psa_ref.METADATA_KINDS)
 def test_bfloat16_keys_build_and_append_like_float32(kind, md):
     """A bfloat16 pool (int16 bits) gives the metadata of the same values in float32 (the kernels decode
