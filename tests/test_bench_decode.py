@@ -1492,6 +1492,51 @@ def test_shared_budgets_bound_a_shared_selection():
     assert exp_shared_ideal.shared_budgets(uneven, 0.95) == (2.5, 3.0, 3.0, 3.0)
 
 
+def test_union_chunks_by_hand():
+    """exp_union_chunks: a head's blocks cut into its iterations (the forced ones first, then chunks of the step), and
+    a loop in step reading the union of the heads' current chunks once (a head that stopped adds nothing; a block two
+    heads reach at different iterations is read twice)."""
+    import exp_union_chunks as euc
+
+    cut = euc.chunks(np.array([0, 9, 4, 5, 6, 7, 8]), 2, 2)
+    assert [c.tolist() for c in cut] == [[0, 9], [4, 5], [6, 7], [8]]
+    assert [c.tolist() for c in euc.chunks(np.array([3, 1, 2]), 0, 2)] == [[3, 1], [2]]
+    a = euc.chunks(np.array([0, 9, 4, 5, 6]), 2, 2)  # [0 9] [4 5] [6]
+    b = euc.chunks(np.array([0, 9, 5, 6]), 2, 2)  # [0 9] [5 6]
+    c = euc.chunks(np.array([0, 9, 4]), 2, 2)  # [0 9] [4]
+    assert euc.union_reads([a]) == 5
+    assert euc.union_reads([a, b, c]) == 2 + 3 + 1  # {0, 9}, {4, 5, 6}, {6}: block 6 read twice
+    assert euc.rel_error(np.array([[1.0, 0.0], [0.0, 2.0]]), np.array([[1.0, 0.0], [0.0, 1.0]])) == 0.5
+
+
+def test_union_chunks_rows_on_a_drawn_layer(tmp_path, capsys):
+    """exp_union_chunks on a drawn one-KV-head trace: psa_ref's per-head iterations match the cut (the script checks
+    it), the in-step union lies between the final union and the heads' blocks read apart, and a query's row counts
+    each selection's blocks as psa_ref returns them."""
+    import exp_union_chunks as euc
+    import psa_ref
+
+    rng = np.random.default_rng(7)
+    t, d, g = 30 * 16 + 5, 32, 4
+    k = rng.standard_normal((1, 1, t, d)).astype(np.float16)
+    k[0, 0, 64:96] += 1.0
+    v = rng.standard_normal((1, 1, t, d)).astype(np.float16)
+    q = (rng.standard_normal((1, 3, g, d)) + 2 * k[0, 0, 64:96].astype(np.float64).mean(0)).astype(np.float16)
+    np.savez(tmp_path / "trace.npz", q=q, k=k, v=v, positions=np.array([t - 3, t - 2, t - 1]), scale=d ** -0.5)
+    kk, vv = k[0, 0].astype(np.float64), v[0, 0].astype(np.float64)
+    blocks = psa_ref.KVBlocks.from_dense(kk[None], vv[None], block_size=16, metadata="quant3", kv_layout="HND")
+    qq = q[0, 2].astype(np.float64)
+    ref = psa_ref.dense_attention(qq, kk[None], vv[None], scale=d ** -0.5, kv_layout="HND")
+    row = euc.query_row(qq, blocks, ref, tau=0.9, scale=d ** -0.5, step=3, rank="share", sink=1, recent=1)
+    per = psa_ref.attention(qq, blocks, 0.9, scale=d ** -0.5, step=3, gqa="per_head", sink_blocks=1, recent_blocks=1)
+    assert row["apart"] == sum(len(u) for u in per.blocks_used)
+    assert row["final union"] <= row["in step"] <= row["apart"]
+    assert row["heads"] == g and 0 <= row["per-head error"] < 1
+    euc.main([str(tmp_path / "trace.npz"), "--step", "3", "--queries", "2", "--tau", "0.9"])
+    out = capsys.readouterr().out
+    assert "| 2 |" in out and out.count("%") >= 5
+
+
 def test_the_oracle_stop_on_the_metadata_s_shared_order():
     """exp_shared_ideal: prefix_holding is the fewest leading blocks of an order that give every head tau;
     estimate_orders puts the sink and recent blocks first, then ranks the rest, for every rank of psa_ref's."""
