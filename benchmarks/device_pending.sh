@@ -153,6 +153,8 @@
 #   run(command="bash benchmarks/device_pending.sh s50b", carry=[".gl/metadata_s49.py"])  (~6 minutes)
 #  the append's kernel a kind (s50) against s49's file; quant3's codes over 4 threads (metadata.APPEND_SPLIT) 1 / 4 /
 #  4 / 1; tiles 16 / 4; ncu; the metadata GPU tests first.
+#   run(command="bash benchmarks/device_pending.sh s50c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
+#  standing rows at odd batch sizes (real layer 5 spread at B = 3 / 7, Llama 5% at B = 3), after s50a.
 #   run(command="bash benchmarks/device_pending.sh s50a")  (~5 minutes)
 #  the split build's CTAs within one wave (SPLITS_WITHIN_WAVE) off / on / on / off at batch sizes whose splits spill.
 #   run(command="bash benchmarks/device_pending.sh s49f")  (~2 minutes)
@@ -2148,6 +2150,23 @@ if [ "$PART" = s50b ]; then
     echo "ncu split $split rc=$?"; grep -E "Duration|Executed Instructions |Stall (Long|Wait|Barrier|No Inst)|Block Size|Registers Per" \
         "$OUT/ncu_append_quant3_split$split.txt" | head -12
   done
+  exit 0
+fi
+if [ "$PART" = s50c ]; then
+  # Fiftieth session: standing rows at odd batch sizes (every row of record so far is B = 1, 8 or 32, whose groups
+  # divide the SMs evenly; s49 found the dense split build spilling a second wave at Llama B = 3 and Gemma 3 B = 7).
+  # The real Gemma 3 layer 5 (spread) at B = 3 / 7 with the share rank and the predicted first chunk (the fastest PSA
+  # row at B = 8 / 32), dense and SDPA beside; Llama's 5% profile at B = 3 (32K and 128K). Run after s50a, with
+  # SPLITS_WITHIN_WAVE as s50a left it. Expected: PSA's grid build fits one wave at B = 7 (18 CTAs a group, 126),
+  # so PSA ÷ dense there should look better than at B = 8 while dense spills (s50a off); no other prediction: these are
+  # the first rows. Carry .gl/gemma3_xml_l5_32k.npz; ~4 minutes.
+  mkdir -p "$OUT/l5odd" "$OUT/llodd"
+  (cd benchmarks && timeout 250 python3 bench_decode.py --profile real --spread --kv ../.gl/gemma3_xml_l5_32k.npz \
+      --shape gemma3 --sizes 32768 --batches 3,7 --reps 20 --skip "tau0.9,remaining,stages,speculate,topk" \
+      --out "$OUT/l5odd" 2>&1 | tee "$OUT/s50c_l5.log" | grep "^|" | cut -d'|' -f4-9,12
+   timeout 250 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:3,131072:3 \
+      --reps 20 --skip tau0.9,remaining,predicted,stages,rank --out "$OUT/llodd" 2>&1 | tee "$OUT/s50c_llama.log" \
+      | grep "^|" | cut -d'|' -f4-8,12)
   exit 0
 fi
 if [ "$PART" = s50a ]; then
