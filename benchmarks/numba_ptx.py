@@ -9,8 +9,10 @@ compute capability it would read from the device is given here (sm_90).
         python benchmarks/numba_ptx.py --key-tile 16 --out /tmp/append16.ptx
     python benchmarks/numba_ptx.py --module .gl/metadata_s48.py --out /tmp/append48.ptx   # another version
 
-Prints the PTX's line count, its global loads and atomics; ``ptxas -arch=sm_90 -v FILE.ptx`` then gives registers and
-spills. That the kernel compiles for sm_90 at all is the first check: the CUDA simulator runs the Python, not Numba's
+Prints the PTX's line count, its global loads and atomics; ``--sass`` also assembles it for sm_90 with ptxas (from the
+CUDA toolkit on PATH) and adds the kernel's static instructions (its code section's bytes / 16, as ``sass_size.py``
+reads them), registers and spill bytes: quant3's append at KEY_TILE 16 was 9,472 instructions before the fiftieth
+session gave each kind its own kernel, 3,528 after. That the kernel compiles for sm_90 at all is the first check: the CUDA simulator runs the Python, not Numba's
 typing and lowering for the GPU.
 """
 
@@ -66,6 +68,7 @@ def main(argv=None) -> None:
     ap.add_argument("--key-tile", type=int, default=None, help="KEY_TILE for the module (default: its own)")
     ap.add_argument("--kind", default="quant3", help="metadata kind (psa_fast.metadata.KIND_CODES)")
     ap.add_argument("--out", default=None, help="write the PTX here")
+    ap.add_argument("--sass", action="store_true", help="also assemble it (ptxas, sm_90): instructions, registers")
     args = ap.parse_args(argv)
     if args.module is None:
         from pathlib import Path
@@ -75,7 +78,32 @@ def main(argv=None) -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write(ptx)
-    print(json.dumps(summary(ptx)))
+    counts = summary(ptx)
+    if args.sass:
+        counts.update(sass_counts(ptx))
+    print(json.dumps(counts))
+
+
+def sass_counts(ptx: str) -> dict:
+    """``{"instructions", "registers", "spill bytes"}`` of the PTX's one kernel, assembled for sm_90 by ptxas."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from sass_size import text_sections
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        src.write_text(ptx)
+        done = subprocess.run(["ptxas", "-arch=sm_90", "-v", "-o", str(out), str(src)], capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"ptxas failed:\n{done.stderr[-4000:]}")
+        sizes = text_sections(out.read_bytes())
+    registers = re.search(r"Used (\d+) registers", done.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", done.stderr)
+    return {"instructions": sum(sizes.values()) // 16, "registers": int(registers.group(1)) if registers else None,
+            "spill bytes": int(spill.group(1)) if spill else 0}
 
 
 if __name__ == "__main__":

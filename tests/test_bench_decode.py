@@ -1584,10 +1584,13 @@ def test_the_append_kernel_compiles_for_sm90_at_each_key_tile():
     """benchmarks/numba_ptx.py compiles psa_fast.metadata's append kernel to sm_90 PTX without a GPU (where NVVM and
     NVRTC are found: CUDA_HOME and LD_LIBRARY_PATH as its docstring says; otherwise skipped): the default build and
     KEY_TILE 1 and 4 compile, a larger tile issues more loads (its constant loops unrolled) and at least a tile of
-    quant3's code atomics, and each kind's kernel holds that kind's code alone (cuboid_mean's no atomic)."""
+    quant3's code atomics, and each kind's kernel holds that kind's code alone (cuboid_mean's no atomic; with ptxas on
+    PATH, its instruction counts stay well below the one kernel of every kind's, without spills)."""
     counts = {}
+    sass = ["--sass"] if shutil.which("ptxas") else []
     for tile, kind in ((1, "quant3"), (4, "quant3"), (16, "quant3"), (16, "cuboid_mean")):
-        run = subprocess.run([sys.executable, str(BENCH / "numba_ptx.py"), "--key-tile", str(tile), "--kind", kind],
+        run = subprocess.run([sys.executable, str(BENCH / "numba_ptx.py"), "--key-tile", str(tile), "--kind", kind]
+                             + sass,
                              capture_output=True, text=True, timeout=600,
                              env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"})
         if run.returncode and re.search(r"Failure finding|CudaSupportError|NvvmSupportError|libnvvm", run.stderr):
@@ -1598,6 +1601,9 @@ def test_the_append_kernel_compiles_for_sm90_at_each_key_tile():
     assert q3[0]["ld.global"] < q3[1]["ld.global"] < q3[2]["ld.global"]
     assert q3[0]["atom"] < q3[2]["atom"] and q3[2]["atom"] >= 16
     assert counts[16, "cuboid_mean"]["atom"] == 0 and counts[16, "cuboid_mean"]["lines"] < q3[2]["lines"]
+    if sass:  # one kernel of every kind was 9,472 instructions at tile 16 (quant3's alone is 3,528), no spill
+        assert q3[2]["instructions"] < 5000 and counts[16, "cuboid_mean"]["instructions"] < 2500
+        assert all(c["spill bytes"] == 0 for c in counts.values())
 
 
 def test_queue_model_times_by_hand():
