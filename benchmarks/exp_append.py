@@ -128,7 +128,8 @@ def append_dispatcher(module, kind: str, block_size: int = 16):
     """``module``'s append kernel for ``kind`` with a float16 pool (the one ``time_append`` compiled; for ``none`` the
     write alone), or, in versions before the fiftieth session, its one kernel of every kind."""
     if kind == "none":
-        return module._write_kernel if hasattr(module._write_kernel, "inspect_asm") else module._write_kernel(block_size)
+        write = module._write_kernel
+        return write if hasattr(write, "inspect_asm") else write(block_size)
     if hasattr(module._append_kernel, "inspect_asm"):
         return module._append_kernel
     return module._append_kernel(module.KIND_CODES[kind], 0, block_size)

@@ -149,8 +149,8 @@ def _load_tile(k_pool, slot, t0, ntok, d, bf16, xs):
 @cuda.jit(device=True)
 def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16, q, nq):
     """Metadata of channel ``d`` of one block from its ``ntok`` keys, read ``KEY_TILE`` at a time (a pass after the
-    first reloads them when the block is longer than a tile). float32 arithmetic; quant3's codes in float64, the
-    reference's formula, so that they are bit-identical to it. Every thread of the CTA calls it (quant3 has a
+    first reloads them when the block is longer than a tile). float32 arithmetic; quant3's codes in float64,
+    bit-identical to the reference's formula (``_code``). Every thread of the CTA calls it (quant3 has a
     barrier). ``nq`` threads a channel (rows ``q`` = 0 .. nq - 1; more than one for quant3 only): row 0 stores lo /
     hi, and row ``q`` codes tokens ``q, q + nq, ...``."""
     xs = cuda.local.array(KEY_TILE, float32)
@@ -211,8 +211,8 @@ def _build_kernel(kind: int, bf16: int, block_size: int):
         length = seq_lens[uint64(b)]
         if d >= k_pool.shape[2] or j * block_size >= length:
             return
-        _summarise(k_pool, block_table[_at3(b, kv, j)], min(block_size, length - j * block_size), d, b, kv, j, meta, lohi,
-                   codes, kind, bf16, 0, 1)
+        ntok = min(block_size, length - j * block_size)
+        _summarise(k_pool, block_table[_at3(b, kv, j)], ntok, d, b, kv, j, meta, lohi, codes, kind, bf16, 0, 1)
 
     return build
 
@@ -348,7 +348,8 @@ def build_metadata(k_pool, block_table, seq_lens, meta, lohi, *, kind: str, bloc
     _no_sync()
     b, hkv, nmax = block_table.shape
     build = _build_kernel(*_constants(kind, k_pool, block_size))
-    build[(nmax, hkv, b), k_pool.shape[2], _stream()](k_pool, block_table, seq_lens, meta, lohi, _codes_arg(codes, meta))
+    build[(nmax, hkv, b), k_pool.shape[2], _stream()](k_pool, block_table, seq_lens, meta, lohi,
+                                                      _codes_arg(codes, meta))
 
 
 def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, *, kind: str,

@@ -231,8 +231,8 @@ def test_bad_kind_or_block_size_is_refused_by_name():
     pool, table = pool_from_dense(keys, 16)
     lens = xp.asarray(np.array([15], np.int32))
     meta = xp.zeros((1, 1, 1, 2, 8), np.float16)
-    args = (xp.asarray(pool), xp.asarray(pool), xp.asarray(table), lens, xp.asarray(keys[:, :1]), xp.asarray(keys[:, :1]),
-            meta, xp.zeros_like(meta))
+    new = xp.asarray(keys[:, :1])
+    args = (xp.asarray(pool), xp.asarray(pool), xp.asarray(table), lens, new, new, meta, xp.zeros_like(meta))
     with pytest.raises(ValueError, match="kind"):
         metadata.append_token(*args, kind="quant4", block_size=16)
     with pytest.raises(ValueError, match="kind"):
