@@ -199,12 +199,13 @@ def _summarise(k_pool, slot, ntok, d, b, kv, j, meta, lohi, codes, kind, bf16, q
 
 
 @functools.lru_cache(maxsize=None)
-def _build_kernel(kind: int, bf16: int, block_size: int):
-    """The prefill kernel of one metadata kind (``KIND_CODES``), key type (``bf16``: 1 for bfloat16 bits) and block
-    size, compiled on first use with the three as constants (see ``_append_kernel``)."""
+def _build_kernel(kind: int, bf16: int):
+    """The prefill kernel of one metadata kind (``KIND_CODES``) and key type (``bf16``: 1 for bfloat16 bits), compiled
+    on first use with both as constants (see ``_append_kernel``; the block size stays an argument here: the prefill
+    divides nothing by it, and runs once a request)."""
 
     @cuda.jit
-    def build(k_pool, block_table, seq_lens, meta, lohi, codes):
+    def build(k_pool, block_table, seq_lens, meta, lohi, codes, block_size):
         # grid (Nmax, Hkv, B), one thread per channel
         j, kv, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
         d = cuda.threadIdx.x
@@ -347,9 +348,10 @@ def build_metadata(k_pool, block_table, seq_lens, meta, lohi, *, kind: str, bloc
     """Compute ``meta``, ``lohi`` (and ``codes`` for ``quant3``) for every block of every request (prefill)."""
     _no_sync()
     b, hkv, nmax = block_table.shape
-    build = _build_kernel(*_constants(kind, k_pool, block_size))
+    code, bf16, block_size = _constants(kind, k_pool, block_size)
+    build = _build_kernel(code, bf16)
     build[(nmax, hkv, b), k_pool.shape[2], _stream()](k_pool, block_table, seq_lens, meta, lohi,
-                                                      _codes_arg(codes, meta))
+                                                      _codes_arg(codes, meta), block_size)
 
 
 def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, *, kind: str,
