@@ -56,6 +56,15 @@ def estimate_orders(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: 
     return {r: processing_order(group_rank_key(scores, blocks.block_lengths, r), forced) for r in RANKS}
 
 
+def one_kv_head(path: str):
+    """A one-layer, one-KV-head trace (``slice_trace.py``'s ``.npz``): ``(npz, keys [T, D], values [T, D], scale)``,
+    K and V as float64."""
+    z = np.load(path)
+    if z["k"].shape[:2] != (1, 1):
+        raise SystemExit(f"{path}: expected one layer and one KV head (k [1, 1, T, D]), got {z['k'].shape}")
+    return z, z["k"][0, 0].astype(np.float64), z["v"][0, 0].astype(np.float64), float(z["scale"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces", nargs="+", help="one-layer traces (.npz: q [1, P, G, D], k / v [1, 1, T, D], positions)")
@@ -77,10 +86,7 @@ def main() -> None:
           "one shared order (max share) |" + "".join(f" {e} |" for e in extra))
     print("|---|---|---|---|---|---|" + "---|" * len(extra))
     for path in args.traces:
-        z = np.load(path)
-        if z["k"].shape[:2] != (1, 1):
-            raise SystemExit(f"{path}: expected one layer and one KV head (k [1, 1, T, D]), got {z['k'].shape}")
-        k, v, scale = z["k"][0, 0].astype(np.float64), z["v"][0, 0].astype(np.float64), float(z["scale"])
+        z, k, v, scale = one_kv_head(path)
         rows = []
         for i, pos in enumerate(z["positions"]):
             t = int(pos) + 1

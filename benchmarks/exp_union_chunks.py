@@ -26,6 +26,7 @@ import argparse
 
 import numpy as np
 
+from exp_shared_ideal import one_kv_head
 from psa_ref import KVBlocks, attention
 from psa_ref.dense import dense_attention
 from psa_ref.scoring import RANKS
@@ -95,10 +96,7 @@ def main(argv=None) -> None:
           "shared error | per-head error |")
     print("|---|---|---|---|---|---|---|---|")
     for path in args.traces:
-        z = np.load(path)
-        if z["k"].shape[:2] != (1, 1):
-            raise SystemExit(f"{path}: expected one layer and one KV head (k [1, 1, T, D]), got {z['k'].shape}")
-        k, v, scale = z["k"][0, 0].astype(np.float64), z["v"][0, 0].astype(np.float64), float(z["scale"])
+        z, k, v, scale = one_kv_head(path)
         rows = []
         positions = z["positions"]
         for i in range(len(positions) - min(args.queries, len(positions)), len(positions)):
