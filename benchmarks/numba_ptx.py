@@ -12,7 +12,7 @@ compute capability it would read from the device is given here (sm_90).
 Prints the PTX's line count, its global loads and atomics; ``--sass`` also assembles it for sm_90 with ptxas (from the
 CUDA toolkit on PATH) and adds the kernel's static instructions (its code section's bytes / 16, as ``sass_size.py``
 reads them), registers and spill bytes: quant3's append at KEY_TILE 16 was 9,472 instructions before the fiftieth
-session gave each kind its own kernel, 3,528 after. That the kernel compiles for sm_90 at all is the first check:
+session gave each kind its own kernel, 3,640 after. That the kernel compiles for sm_90 at all is the first check:
 the CUDA simulator runs the Python, not Numba's typing and lowering for the GPU.
 """
 

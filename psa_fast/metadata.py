@@ -77,7 +77,10 @@ def _key(k_pool, slot, t, d, bf16):
 # (two roundings, the factor's and its own) and the reference's value (one rounding, the quotient's; the scaling by 8
 # is exact) each lie within 2 ulps of 8 (x - lo) / span <= 8, i.e. within 2^-49 of it, and within 2^-48 of each other:
 # an integer closer than that to the product could sit between them. 2^-40 leaves a margin; values closer than it
-# (x at a grid boundary, which includes lo and hi themselves) take the reference's division.
+# (x on an inner grid line) take the reference's division. lo and hi themselves (fraction exactly 0) have exact
+# shortcuts: every channel's lo and hi sit at some token of the block, so without them some lane of a warp divided at
+# almost every token and the warp ran both paths (H100, s50: 10.5 µs a quant3 append with the fallback alone, 7.2 with
+# the shortcuts, 9.4 with the division alone; benchmarks/results_h100_s50.md).
 CODE_MARGIN = 2.0 ** -40
 
 
@@ -87,10 +90,15 @@ def _code(x, lo, span, scale):
     ``scale = QUANT_LEVELS / span``, both float64), bit-identical to
     [`psa_ref.blocks.quantize`][psa_ref.blocks.quantize]'s float64 formula; 0 for a flat channel. A multiply does
     what the reference's division does unless the value is within ``CODE_MARGIN`` of a grid line, where the division
-    is done as the reference does it."""
+    is done as the reference does it; ``x == lo`` is code 0 and ``x == hi`` code 7 exactly (``0 / span`` and ``span /
+    span * 8 = 8``, clamped)."""
     if span == 0.0:
         return 0
     a = float64(x) - float64(lo)
+    if a == 0.0:
+        return 0
+    if a == span:
+        return QUANT_LEVELS - 1
     y = a * scale
     f = math.floor(y)
     if not (CODE_MARGIN < y - f < 1.0 - CODE_MARGIN):  # near a grid line (or not finite): the reference's division
@@ -130,12 +138,14 @@ def _store_summary(meta, b, kv, j, d, centre, spread):
 # compile; tests load copies of this module with other values (1, 4) to cover a block longer than a tile.
 KEY_TILE = 16
 
-# Threads a channel in the append's quant3 code pass (a CTA of Dp x APPEND_SPLIT threads, at most 1,024): each
-# computes the block's lo / hi itself, then codes the tokens t = q, q + APPEND_SPLIT, ... (thread row q). The
-# append is latency-bound on one thread's chain of ~2,000 instructions a warp on 8 SMs (s49a), most of them the 16
-# codes' float64 arithmetic and index math; 4 rows cut a thread's codes to 4 and give each SM 4x the warps to
-# interleave. 1: one thread a channel. Prepared in s49, A/B device_pending.sh s50b; every value gives the same bits.
-APPEND_SPLIT = 1
+# Threads a channel in the append's quant3 code pass (a CTA of Dp x rows, rows = APPEND_SPLIT or fewer so that the
+# CTA has at most APPEND_THREADS): each computes the block's lo / hi itself, then codes the tokens t = q, q + rows,
+# ... (thread row q). The append is latency-bound on one thread's chain (s49a); more rows cut a thread's codes and
+# give each SM more warps. H100 (s50, quant3 a call, 1 row -> more): D 256 (2 rows) 7.3 -> 7.0 µs, D 128 (4) 6.8 ->
+# 5.7, D 64 (4) 7.0 -> 5.0. Every value gives the same bits. 1,024 threads at 81 registers a thread (sm_90) do not
+# launch, hence the cap.
+APPEND_SPLIT = 4
+APPEND_THREADS = 512
 
 
 @cuda.jit(device=True)
@@ -241,7 +251,7 @@ def _append_kernel(kind: int, bf16: int, block_size: int):
     """The append kernel of one metadata kind (``KIND_CODES``), key type (``bf16``: 1 for bfloat16 bits) and block
     size, compiled on first use with the three as constants, so that it holds that kind's code alone and divides by a
     constant: one kernel taking them at run time was 9,472 SASS instructions at sm_90 (~150 KB of code; ncu's top
-    stall sample of the append at KEY_TILE 16 was "no instruction", s49a), quant3's alone is 3,528."""
+    stall sample of the append at KEY_TILE 16 was "no instruction", s49a), quant3's alone is 3,640."""
 
     @cuda.jit
     def append(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, codes):
@@ -363,7 +373,7 @@ def append_token(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi
     b, hkv, _ = block_table.shape
     constants = _constants(kind, k_pool, block_size)
     dp = k_pool.shape[2]
-    nq = max(1, min(APPEND_SPLIT, 1024 // dp, block_size)) if kind == "quant3" else 1
+    nq = max(1, min(APPEND_SPLIT, APPEND_THREADS // dp, block_size)) if kind == "quant3" else 1
     append = _append_kernel(*constants)
     append[(hkv, b), (dp, nq), _stream()](k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi,
                                           _codes_arg(codes, meta))

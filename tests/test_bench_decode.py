@@ -1601,7 +1601,7 @@ def test_the_append_kernel_compiles_for_sm90_at_each_key_tile():
     assert q3[0]["ld.global"] < q3[1]["ld.global"] < q3[2]["ld.global"]
     assert q3[0]["atom"] < q3[2]["atom"] and q3[2]["atom"] >= 16
     assert counts[16, "cuboid_mean"]["atom"] == 0 and counts[16, "cuboid_mean"]["lines"] < q3[2]["lines"]
-    if sass:  # one kernel of every kind was 9,472 instructions at tile 16 (quant3's alone is 3,528), no spill
+    if sass:  # one kernel of every kind was 9,472 instructions at tile 16 (quant3's alone is 3,640), no spill
         assert q3[2]["instructions"] < 5000 and counts[16, "cuboid_mean"]["instructions"] < 2500
         assert all(c["spill bytes"] == 0 for c in counts.values())
 
