@@ -150,6 +150,7 @@
 #   run(command="bash benchmarks/device_pending.sh s48c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~3 minutes)
 #  psa_estimate_quant3's blocks a warp swept on layer 5 at B = 8 / 32 (70% / 83% of HBM) and at 128K, B = 1.
 #   s48d (ran in s48, H100): a margin on the predicted first chunk; no gain, on branch wip/first-in-suffix.
+#   s50b (its tests and timings ran at the fiftieth session's end, H100; results_h100_s50.md)
 #   run(command="bash benchmarks/device_pending.sh s50b", carry=[".gl/metadata_s49.py"])  (~6 minutes)
 #  the append's kernel a kind (s50) against s49's file; quant3's codes over 4 threads (metadata.APPEND_SPLIT) 1 / 4 /
 #  4 / 1; tiles 16 / 4; ncu; the metadata GPU tests first.
@@ -2117,6 +2118,10 @@ share_l5_bench() {
       | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/l5.log")
 }
 if [ "$PART" = s50b ]; then
+  # (Its tests and its timings ran at the fiftieth session's end on an H100, as separate calls: 166 passed; quant3's
+  # code needed exact shortcuts for lo / hi, and APPEND_SPLIT is now 4 with CTAs of at most 512 threads;
+  # benchmarks/results_h100_s50.md. The tile A/B and the ncu part below did not run; the split list below would now
+  # time copies at 1 and 4 rows around the new default.)
   # Forty-ninth and fiftieth sessions (CPU): the metadata append is latency-bound on one thread's chain (~2,000
   # instructions a warp on 8 SMs, s49a). s50: a kernel for each kind, key type and block size (the three constants of
   # its compile: 9,472 static SASS instructions for one kernel of every kind -> 3,528 for quant3's, 1,512 for
