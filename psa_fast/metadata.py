@@ -29,6 +29,7 @@ import math  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import cuda, float32, float64, int32, uint32, uint64  # noqa: E402
 
+from psa_ref import _validate  # noqa: E402
 from psa_ref.blocks import QUANT_LEVELS  # noqa: E402
 
 KIND_CODES = {"cuboid_mean": 0, "minmax": 1, "mean": 2, "quant3": 3}
@@ -255,9 +256,9 @@ def _append_kernel(kind: int, bf16: int, block_size: int):
 
     @cuda.jit
     def append(k_pool, v_pool, block_table, seq_lens, k_new, v_new, meta, lohi, codes):
-        # grid (Hkv, B), a CTA of Dp x nq threads (nq = APPEND_SPLIT for quant3, else 1). Token t = seq_lens[b] goes
-        # to row t % S of block t // S; then that block's metadata is recomputed from its <= S tokens (the cache is
-        # never rescanned).
+        # grid (Hkv, B), a CTA of Dp x nq threads (quant3: nq = APPEND_SPLIT, fewer where the CTA would pass
+        # APPEND_THREADS; the other kinds: 1). Token t = seq_lens[b] goes to row t % S of block t // S; then that
+        # block's metadata is recomputed from its <= S tokens (the cache is never rescanned).
         kv, b = cuda.blockIdx.x, cuda.blockIdx.y
         d, q, nq = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockDim.y
         if d >= k_pool.shape[2]:
@@ -338,14 +339,13 @@ def _no_codes(module: str):
 
 def _constants(kind: str, k_pool, block_size) -> tuple[int, int, int]:
     """The three compile-time constants of a metadata kernel, ``(KIND_CODES[kind], bf16, block_size)``, checked."""
-    from psa_ref import _validate
+    return KIND_CODES[_validate.choice(kind, "kind", _KINDS)], _is_bf16(k_pool), _block_size(block_size)
 
-    return KIND_CODES[_validate.choice(kind, "kind", tuple(KIND_CODES))], _is_bf16(k_pool), _block_size(block_size)
+
+_KINDS = tuple(KIND_CODES)
 
 
 def _block_size(block_size) -> int:
-    from psa_ref import _validate
-
     return _validate.integer(block_size, "block_size", minimum=1)
 
 

@@ -409,8 +409,7 @@ class GPUSlotPool:
                             self.seq, self.counters, self.error, out.slots, out.hit, out.load_src, out.load_dst,
                             out.num_loads, out.evicted, out.num_evicted))
             return out
-        _access_kernel[1, 1, _stream()](_kernel_view(ids), p, cap, lru, self.pin_window, *self._state,
-                                               *out_views)
+        _access_kernel[1, 1, _stream()](_kernel_view(ids), p, cap, lru, self.pin_window, *self._state, *out_views)
         return out
 
     def release(self, ids: Any) -> None:
@@ -437,9 +436,8 @@ class GPUSlotPool:
                             np.int32(self.num_store_blocks), self.slot_of, self.block_of, self.free, self.free_top,
                             self.error))
             return
-        _release_kernel[1, 1, _stream()](ids, order, self.capacity_per_partition, self.slot_of,
-                                                self.block_of, self.next, self.prev, self.free, self.free_top,
-                                                self.error)
+        _release_kernel[1, 1, _stream()](ids, order, self.capacity_per_partition, self.slot_of, self.block_of,
+                                         self.next, self.prev, self.free, self.free_top, self.error)
 
     # --- inspection (these synchronise) -----------------------------------------------------------
 
