@@ -85,13 +85,13 @@ def main(argv=None) -> None:
 
 
 def sass_counts(ptx: str) -> dict:
-    """``{"instructions", "registers", "spill bytes"}`` of the PTX's one kernel, assembled for sm_90 by ptxas."""
-    import re
+    """``{"instructions", "registers", "spill bytes"}`` of the PTX's one kernel, assembled for sm_90 by ptxas (read as
+    ``sass_size.py`` reads nvcc's cubins)."""
     import subprocess
     import tempfile
     from pathlib import Path
 
-    from sass_size import text_sections
+    from sass_size import ptxas_usage, text_sections
 
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
@@ -100,10 +100,8 @@ def sass_counts(ptx: str) -> dict:
         if done.returncode:
             raise SystemExit(f"ptxas failed:\n{done.stderr[-4000:]}")
         sizes = text_sections(out.read_bytes())
-    registers = re.search(r"Used (\d+) registers", done.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", done.stderr)
-    return {"instructions": sum(sizes.values()) // 16, "registers": int(registers.group(1)) if registers else None,
-            "spill bytes": int(spill.group(1)) if spill else 0}
+    (registers, spill), = ptxas_usage(done.stderr).values()
+    return {"instructions": sum(sizes.values()) // 16, "registers": registers, "spill bytes": spill}
 
 
 if __name__ == "__main__":
