@@ -3,8 +3,9 @@
 # [args]", carry=[...]). Parts named sNNx were written in the NN-th session (each block's comment has its prediction);
 # the ones still to run are listed, in order, under "Prepared for the next session" at the end of benchmarks/NOTES.md.
 # `all` runs every GPU suite (before any run of record); `run CMD...` runs a command from benchmarks/ with the paths
-# set. The older parts stay as the record of what each call in NOTES.md ran. (The list that follows is an early
-# session's, kept as it was.)
+# set. The older parts stay as the record of what each call in NOTES.md ran, except those whose switches, defines or
+# tests are gone (removed in the fifty-first session: git log -S finds them); an unknown name exits 2. (The list
+# that follows is an early session's, kept as it was.)
 # What the next device call should measure before the next one-request kernel change (benchmarks/NOTES.md):
 #   run(command="bash benchmarks/device_pending.sh probe", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  1. where one request's dense step goes at the three model shapes (scale, decode, merge), 8K and 32K;
@@ -70,13 +71,8 @@
 #  ncu of Llama's dense split decode at 32K, B = 1 (40 µs, ~3.4 TB/s) and B = 8 (at the copy ceiling).
 #   run(command="bash benchmarks/device_pending.sh radixprobe")  (~2 minutes)
 #  what bounds psa_order_radix (27 µs for 8,192 keys, ~11 predicted): ncu and SASS.
-#   run(command="bash benchmarks/device_pending.sh l2hint")  (~6 minutes)
-#  the K/V copies' L2 prefetch size A/B (dense, the ema loop), a claim's and a hand-over's latency (exp_claim.py),
-#  then ncu of the ema loop at Llama 32K B = 1.
 #   run(command="bash benchmarks/device_pending.sh estv3")  (~8 minutes)
 #  estimate_mma v3: every GPU suite, then Llama's 5% rows (dense, ema, top-k against SDPA).
-#   run(command="bash benchmarks/device_pending.sh early")  (~9 minutes)
-#  PSA_EARLY (the first loads issued before the query's) A/B kernel by kernel; then `all` for the suites.
 #   run(command="bash benchmarks/device_pending.sh balance")  (~4 minutes)
 #  the loop's load balance for batches: more CTAs a group than fit at once (exp_step.py --clusters, --warps).
 #   run(command="bash benchmarks/device_pending.sh pair")  (~8 minutes), then at once (warm)
@@ -123,9 +119,9 @@
 #   run(command="bash benchmarks/device_pending.sh s40a 32")  and  "s40a 128"  (~2 and ~4 minutes)
 #  the per-head profile's rows again with the predicted first chunk (ema and the default rule, shared and per head)
 #  and top-k on the quant3 cache at each default-rule row's error (fortieth session).
-#  (s38b, s38f, s38h and s38's lane_verify rows: PSA_RESCALE_SKIP, PSA_LANE_VERIFY and PSA_SUFFIX_BATCH were removed
-#  after their runs in the forty-first session, so those defines now change nothing: figures in NOTES.md, the kernels
-#  as run in 6dd4720; s38g's premise went with the lane verifier)
+#  (s38b, s38f, s38h: PSA_RESCALE_SKIP, PSA_LANE_VERIFY and PSA_SUFFIX_BATCH were removed after their runs in the
+#  forty-first session, and the parts with them in the fifty-first; s38's lane_verify rows now change nothing: figures
+#  in NOTES.md, the kernels as run in 6dd4720; s38g's premise went with the lane verifier)
 #   run(command="bash benchmarks/device_pending.sh s41a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
 #  the real Gemma layer's predicted first chunk on a batch of different decode steps (bench_decode --spread).
 #   run(command="bash benchmarks/device_pending.sh s42a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes)
@@ -173,8 +169,6 @@
 #   run(command="bash benchmarks/device_pending.sh s48e")  (~2 minutes; ran in s48: CODES_IN_SHARED lost, removed)
 #  the metadata append's GPU time (exp_append.py), then the metadata tests.
 #  where the share rank with the predicted first chunk spends its step on layer 5 (kernel table), then the bench rows.
-#   run(command="bash benchmarks/device_pending.sh s46a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (ran in s46 on branch wip/balance)
-#  the balanced grid build (LOOP_BALANCE): its test and the share key's, then bench_decode on layer 5 with it off / on.
 #   run(command="bash benchmarks/device_pending.sh s45a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~5 minutes)
 #  the share rank's and the look-ahead's tests, the kernel table of dense / default / share on layer 5.
 #   run(command="bash benchmarks/device_pending.sh s44a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~7 minutes)
@@ -187,11 +181,7 @@
 #  the decision's loads (PSA_DECIDE_PREFETCH / PSA_DECIDE_OVERLAP): their bit tests, the loop clock A/B.
 #   run(command="bash benchmarks/device_pending.sh s43b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
 #  the same switches timed in graphs (exp_step): the real layer's spread batch, the drawn 5% / 20% profiles.
-#   run(command="bash benchmarks/device_pending.sh s43c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~8 minutes)
-#  the grid build deciding each chunk one chunk late (_kernels.LOOP_LOOKAHEAD): its tests, then the step swept with it.
-#  (Ran in s46: slower everywhere; LOOP_LOOKAHEAD and its tests were removed, so s43c, s43d and s43t no longer run.)
-#   run(command="bash benchmarks/device_pending.sh s43d")  (~5 minutes)
-#  issue 14's per-head target (PSA against top-k at equal error, 32K B = 1 / 8 / 32) with the look-ahead off and on.
+#  (Ran in s46: slower everywhere; LOOP_LOOKAHEAD and its tests were removed, and the parts s43c and s43d in s51.)
 #   run(command="bash benchmarks/device_pending.sh s42f")  (~3 minutes)
 #  psa_order_suffix tiled, second version, picked by _kernels.SUFFIX_TILED_MIN_BLOCKS: tests, the kernel table A/B.
 #   run(command="bash benchmarks/device_pending.sh s42g")  (~9 minutes)
@@ -680,34 +670,6 @@ if [ "$PART" = autostep ]; then
   echo "tests rc=$?"; grep -E "^FAILED|^E |passed|failed" "$OUT/t_autostep.log" | tail -12
   exit 0
 fi
-if [ "$PART" = l2hint ]; then
-  # The K/V copies with an L2 prefetch size (decode.cu PSA_L2HINT 0 / 2: none, 256 B; the define was removed after
-  # this part ran (main at 7ea0330 with the hint), so both sides now build the same kernel): dense at Llama's 32K and
-  # 128K, B = 1 and 8, and SmolLM2's 32K B = 1 (exp_dense_tune.py); the ema loop end to end (exp_step.py); a claim's
-  # and a hand-over's latency (exp_claim.py); then ncu of the ema loop's psa_decode at Llama 32K B = 1.
-  gpu_tests t_l2hint.log 100 tests/test_fast.py -k "split and dense"
-  cd benchmarks
-  for h in 0 2; do
-    echo "## PSA_L2HINT=$h"
-    timeout 120 python3 exp_kernel_defines.py decode l2hint=$h -- exp_dense_tune.py --shape llama8b \
-        --sizes 32768,131072 --batches 1,8 --default-only --out /tmp/l2_$h.jsonl 2>&1 | grep -v Warn | tail -n 8
-    timeout 60 python3 exp_kernel_defines.py decode l2hint=$h -- exp_dense_tune.py --shape smollm2 \
-        --sizes 32768 --batches 1 --default-only --out /tmp/l2s_$h.jsonl 2>&1 | grep -v Warn | tail -n 2
-    timeout 90 python3 exp_kernel_defines.py decode l2hint=$h -- exp_step.py --share 0.05 --shape llama8b \
-        --sizes 32768:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^|" | grep -v "^|---"
-  done
-  timeout 60 python3 exp_claim.py --ctas 128 2>&1 | grep "^#\|^|"
-  timeout 60 python3 exp_claim.py --ctas 16 2>&1 | grep "^|" | grep -v "what\|---"
-  timeout 200 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 \
-      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-      --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
-      python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 --variants ema \
-      --no-profiler --steps 2 --out /tmp > "$OUT/ncu_ema_loop_llama8b_32k_b1.txt" 2>&1
-  echo "ncu rc=$?"
-  grep -E "Duration|DRAM Throughput|Grid Size|Block Size|Registers Per|Achieved Occupancy|Eligible|Issue Slots\
-|Instructions Executed|Stall (Long|Barrier|Short|Wait|MIO|LG|Not)" "$OUT/ncu_ema_loop_llama8b_32k_b1.txt" | head -24
-  exit 0
-fi
 if [ "$PART" = estv3 ]; then
   # estimate_mma v3 (loads ahead of the query and of the writes): every GPU suite, then Llama's 5% rows
   kernel_suites t_estv3.log tests/test_fast_metadata.py tests/test_fast_pool.py
@@ -716,25 +678,6 @@ if [ "$PART" = estv3 ]; then
   timeout 150 python3 bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
       --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,sketch,speculate \
       --out "$OUT/l" 2>&1 | grep "^|" | cut -d'|' -f4-8,12
-  exit 0
-fi
-if [ "$PART" = early ]; then
-  # PSA_EARLY: the first loads that do not need the query issued before it (decode.cu: the first blocks' K/V;
-  # estimate_mma.cu: the first tile's rows, and each next tile's during the writes). A/B kernel by kernel
-  # (profile_decode_step.py) with each file built at PSA_EARLY=0 beside the default (1). Ran at e4b8369; the
-  # estimate's version is now the only one (a switch of decode.cu, no faster, was dropped).
-  cd benchmarks
-  for ab in "none" "decode early=0" "estimate_mma early=0"; do
-    echo "## $ab"
-    mkdir -p "$OUT/early_${ab// /_}"
-    for sz in "llama8b 32768 1,8" "llama8b 131072 1,8" "gemma3 32768 1,8"; do
-      set -- $sz
-      if [ "$ab" = none ]; then pre=python3; else pre="python3 exp_kernel_defines.py $ab --"; fi
-      timeout 150 $pre profile_decode_step.py --share 0.05 --shape $1 \
-          --size $2 --batches $3 --variants dense,ema --steps 20 --out "$OUT/early_${ab// /_}" 2>&1 | grep -v Warn \
-          | grep "^T=\|psa_decode \|psa_estimate\|psa_merge"
-    done
-  done
   exit 0
 fi
 if [ "$PART" = pair ]; then
@@ -1700,19 +1643,6 @@ if [ "$PART" = s36b ]; then
   done
   exit 0
 fi
-if [ "$PART" = s36c ]; then
-  # Dense's query read by the decode kernel itself (DENSE_QUERY_FOLD; no psa_scale_query launch): its tests, then
-  # the dense step with it off and on in one process, both orders (exp_dense_tune --default-only, graph µs, SDPA
-  # beside). Predicted at 32K B = 1: Llama 42.2 -> ~40.3, SmolLM2 16.0 -> ~14.3, Gemma 3 ~20.6 -> ~19; B = 8 ~-1.
-  gpu_tests t_s36c.log 200 tests/test_fast.py tests/test_fast_bf16.py -k "${2:-dense or split or gemma_shape}"
-  for sh in ${3:-llama8b smollm2 gemma3}; do
-    for order in 0,1 1,0; do
-      (cd benchmarks && timeout 120 python3 exp_kernels_attr.py DENSE_QUERY_FOLD=$order -- exp_dense_tune.py \
-          --shape $sh --sizes 32768 --batches 1,8 --default-only --reps 30 --out /dev/null 2>&1 | grep -v Warn)
-    done
-  done
-  exit 0
-fi
 if [ "$PART" = s36d ]; then
   # Why psa_merge_splits takes 3.3 µs at every shape (s36b), whatever its splits, where one L2 round trip and a
   # store should take ~1.5: ncu of the dense step's merge and query kernels, one request at 32K, Llama and SmolLM2
@@ -1727,35 +1657,6 @@ if [ "$PART" = s36d ]; then
     grep -E "psa_merge|psa_scale|Duration|Elapsed Cycles|Grid Size|Block Size|Registers Per|Achieved Occupancy\
 |Issue Slots|Instructions Executed|Stall (Long|Barrier|Short|Wait|MIO|LG|Not)|L2 Hit|Mem Busy" \
         "$OUT/ncu_merge_${sh}_32k_b1.txt" | head -40
-  done
-  exit 0
-fi
-if [ "$PART" = s37a ]; then
-  # (Record of the thirty-seventh session's calls: `_kernels.PDL` was not kept, so on main these parts stop at its
-  # assignment; the merge's fit is the default. benchmarks/NOTES.md has the results.)
-  # The dense step's programmatic dependent launches (_kernels.PDL: the decode kernel starts while psa_scale_query
-  # runs, the merge while the decode kernel runs) and the merge's batch fitted to the splits (MERGE_BATCH_FIT; ncu
-  # s36d: 1,290 instructions a warp for 2 splits at Llama's 16). Tests (bits against the plain launches, graph replay),
-  # then every combination, both orders. Predicted at 32K B = 1: Llama 41.7 -> ~38.5 (fit -1.4, PDL -1.5 to -2.5),
-  # SmolLM2 16.4 -> ~14, Gemma 3 20.8 -> ~18.5; B = 8 -1 to -2.
-  gpu_tests t_s37a.log 300 tests/test_fast.py tests/test_fast_bf16.py -k "${2:-dependent or plainly or split_kv or gemma_shape or dense_within or graph}"
-  for sh in ${3:-llama8b smollm2 gemma3}; do
-    for order in "PDL=0,1 MERGE_BATCH_FIT=0,1" "PDL=1,0 MERGE_BATCH_FIT=1,0"; do
-      (cd benchmarks && timeout 150 python3 exp_kernels_attr.py $order -- exp_dense_tune.py \
-          --shape $sh --sizes 32768 --batches 1,8 --default-only --reps 30 --out /dev/null 2>&1 | grep -v Warn \
-          | grep "^#\|splits None")
-    done
-  done
-  exit 0
-fi
-if [ "$PART" = s37b ]; then
-  # s37a's PDL gains were within noise (Llama B = 1 -1, Gemma 3 -1.5, SmolLM2 +0.6, B = 8 +2 to +4 µs): each launch
-  # alone (PDL 1 the decode kernel after the query, 2 the merge after the decode kernel, 3 both) against none,
-  # interleaved twice, 50 repeats; the merge's fitted batch (now the default) in all.
-  for sh in ${2:-llama8b gemma3 smollm2}; do
-    (cd benchmarks && timeout 200 python3 exp_kernels_attr.py PDL=0,1,2,3,3,2,1,0 -- exp_dense_tune.py \
-        --shape $sh --sizes 32768 --batches 1,8 --default-only --reps 50 --out /dev/null 2>&1 | grep -v Warn \
-        | grep "^#\|splits None" | tee -a "$OUT/s37b.txt")
   done
   exit 0
 fi
@@ -1806,23 +1707,6 @@ if [ "$PART" = s38a ]; then
   done
   exit 0
 fi
-if [ "$PART" = s38b ]; then
-  # Prepared in the thirty-seventh session (not run). decode.cu's PSA_RESCALE_SKIP: a warp whose running maxima do
-  # not move skips the output's rescale (factors of exactly 1: the same bits; default builds byte-identical, nvcc
-  # .text md5 at six builds). Static: Llama loop 4,712 -> 4,784 instructions (the vote and branch), 248 -> 250
-  # registers; Gemma 3's grid build spills 92 -> 44 bytes. Predicted (the s25 source counters: ~38 of a pair's 762
-  # instructions, ~9% of a single block's): the loop's attend ~5% shorter at one request, Llama ema 32K B = 1 ~-0.5
-  # µs, 128K B = 1 ~-1.5; dense and batches within noise. Tests (bits against the default), then exp_step both orders.
-  gpu_tests t_s38b.log 200 tests/test_fast.py -k "rescale_skip"
-  cd benchmarks
-  for order in "0 1" "1 0"; do
-    for v in $order; do
-      timeout 120 python3 exp_kernel_defines.py decode rescale_skip=$v -- exp_step.py --share 0.05 --shape llama8b \
-          --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^#\||"
-    done
-  done
-  exit 0
-fi
 if [ "$PART" = s38c ]; then
   # Prepared in the thirty-seventh session (not run): what an eager step costs the host (exp_host_overhead.py: host
   # µs a call, the eager step by events, the graph's, cProfile's top functions). s37b saw ~176 µs a dense step eager
@@ -1848,20 +1732,6 @@ if [ "$PART" = s38 ]; then
     timeout 45 python3 exp_kernel_defines.py decode $v rescale_skip=0 -- exp_step.py --share 0.05 \
         --shape llama8b --sizes 32768:1 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^| [0-9]"
   done
-  exit 0
-fi
-if [ "$PART" = s38h ]; then
-  # Prepared in the thirty-eighth session: suffix.cu's PSA_SUFFIX_BATCH (off; the default build byte-identical). The
-  # default rule (sketch_avg on quant3) and certified run psa_order_suffix after the order: each thread walked its run
-  # of the order one position at a time, two dependent loads a position (its block, then its value), twice: 17.6 µs
-  # of one Llama request at 128K and 46.4 at B = 8, 4.2 at 32K (s19's profiles; 8, 8 and 2 positions a thread).
-  # Batched (8 positions' blocks at once, then their values, the same merges in the same order): 2 round trips a
-  # thread where a run fits one batch. Predicted: psa_order_suffix 128K B = 1 17.6 -> ~2-3 µs, B = 8 46 -> ~10,
-  # 32K 4.2 -> ~2; the default rule's step as much less. The tests, then profile_decode_step's kernel table (default
-  # rule, Llama 5%) off and on, both orders. ~5 minutes with a cold start.
-  gpu_tests t_s38h.log 200 tests/test_fast.py -k "suffix_batch"
-  cd benchmarks
-  suffix_rows suffix_batch "0 8 8 0"
   exit 0
 fi
 if [ "$PART" = s38i ]; then
@@ -1909,27 +1779,6 @@ if [ "$PART" = s38e ]; then
     timeout 60 python3 exp_kernel_defines.py decode early_window=$v -- exp_verify_clock.py --loop --speculate 0 \
         --stop ema --share 0.05 --shape llama8b --size 32768 --batches 1 --step 384 2>&1 | grep -v Warn \
         | grep "^T=\\|^| [a-z]"
-  done
-  exit 0
-fi
-if [ "$PART" = s38f ]; then
-  # Prepared in the thirty-eighth session: decode.cu's PSA_LANE_VERIFY (off; default builds byte-identical): lane h of
-  # every warp keeps and decides head h's verifier and the warp votes, where every lane kept and folded all G heads
-  # (G x the verifier's exps a decision, its state and the totals' shuffles held through the whole loop). Static
-  # (nvcc sm_90): Llama loop 4,712 -> 4,288 instructions, **248 -> 172 registers**; grid D 128 252 -> 176; Gemma 3's
-  # grid D 256 4,200 -> 3,600, spill 92 -> 48 bytes; resumed build 244 -> 170 registers, offload 4,928 -> 4,528
-  # instructions. Predicted: ~100-150 fewer instructions a warp a decision (~0.3-0.5
-  # µs an iteration at one request), so Llama ema 32K B = 1 -0.3 to -1 µs, 128K B = 1 -0.5 to -1.5, 128K B = 8 -1 to
-  # -3 (more iterations); Gemma 3 (grid) 32K / 128K B = 1 -0.5 to -1.5. If it holds in both orders, flip the default
-  # (then drop the every-lane form). Tests, then exp_step both orders. ~6 minutes with a cold start.
-  gpu_tests t_s38f.log 300 tests/test_fast.py tests/test_fast_offload.py -k "lane_verify or lane_verifier"
-  cd benchmarks
-  for v in 0 1 1 0; do
-    echo "## lane_verify=$v"
-    timeout 100 python3 exp_kernel_defines.py decode lane_verify=$v -- exp_step.py --share 0.05 --shape llama8b \
-        --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^#\||"
-    timeout 60 python3 exp_kernel_defines.py decode lane_verify=$v -- exp_step.py --share 0.05 --shape gemma3 \
-        --sizes 32768:1,131072:1 --steps auto --modes loop 2>&1 | grep -v Warn | grep "^#\||"
   done
   exit 0
 fi
@@ -2361,25 +2210,6 @@ if [ "$PART" = s47a ]; then
       | tee "$OUT/s47a.log" | grep "^|" | cut -d'|' -f4-9,12)
   exit 0
 fi
-if [ "$PART" = s46a ]; then
-  # (Ran in the forty-sixth session, H100: 13 tests passed; the bench in a second call with the out dir made first.
-  # LOOP_BALANCE did not pay and was removed: its code is on branch wip/balance; benchmarks/NOTES.md, s46.)
-  # Forty-sixth session: the balanced grid build (_kernels.LOOP_BALANCE, decode.cu's PSA_BALANCE): with a predicted
-  # first chunk the grid's CTAs go to the groups in proportion to their predicted blocks. psa_ref on layer 5's spread
-  # batch, share rank: the predicted blocks overshoot the exact need by 0-9% in every request, and the largest group
-  # holds 1.35x the mean at B = 8 (1,309 / 967), 1.5x at B = 32 (1,460 / ~970). First its GPU test and the pending
-  # share-key test, then bench_decode on layer 5 with LOOP_BALANCE 0 / 2 (the share rank with the predicted chunk is a
-  # row now). Predicted (H100; share rank at the plan's step 143.8 / 392.5 µs at B = 8 / 32, s44a): the share rank
-  # with the predicted chunk, unbalanced, ~120 / ~300 (the busiest group's blocks and ~2 iterations); balanced ~105 /
-  # ~270 (the mean group's). Carry .gl/gemma3_xml_l5_32k.npz.
-  gpu_tests t_s46a.log 240 tests/test_fast.py -k "balanced_grid or spread_over_the_grid or share_key"
-  mkdir -p "$OUT/l5"
-  (cd benchmarks && timeout "${S46A_LIMIT:-330}" python3 exp_kernels_attr.py LOOP_BALANCE=0,2 -- bench_decode.py \
-      --profile real --spread --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --sizes 32768 \
-      --batches "${S46A_BATCHES:-8,32}" --reps 20 --skip "tau0.9,remaining,stages,speculate,topk" --out "$OUT/l5" \
-      2>&1 | tee "$OUT/s46a.log" | grep "^# _kernels\|^|" | cut -d'|' -f1-9,12 | grep .)
-  exit 0
-fi
 if [ "$PART" = s45a ]; then
   # Forty-fifth session (ran on the H100: 14 tests passed; psa_share_key 6.6 / 9.3 / 12.7 -> 3.7 / 4.1 / 4.8 µs at
   # B = 1 / 8 / 32 with the online pass, whose first version was then removed; benchmarks/NOTES.md). Now: the share
@@ -2479,55 +2309,6 @@ if [ "$PART" = s43b ]; then
         --sizes 32768:1,131072:8 --steps auto --modes loop --layers 2 2>&1 | grep -v Warn | tee -a "$OUT/s43b.md" \
         | grep "|"
   done
-  exit 0
-fi
-if [ "$PART" = s43c ]; then
-  # Prepared in the forty-third session (no device then): _kernels.LOOP_LOOKAHEAD = 1 (decode.cu's PSA_LOOKAHEAD: the
-  # grid build and clusters of 2 or more) decides each chunk one chunk late. A pass attends the next chunk, publishes it (arrives), then
-  # waits for and decides the chunk before it, whose statistics every CTA published a chunk ago; the decision's inputs
-  # were asked into L2 (evict-last) as the pass began. A stop drops the chunk attended past it (the finish combines
-  # the warps' terms of the decided chunk: xpart keeps two iterations', xstats four), so blocks, outputs and
-  # diagnostics are the plain loop's, bit for bit, for one more chunk read (a cluster's warps load their terms back
-  # from `loop_part`; its barrier split in arrive / wait). Static: Llama grid 4,904 -> 5,072 instructions (252 -> 254
-  # registers), Llama clusters 4,712 -> 4,984 (248 -> 254), Gemma 3 grid spill 92 -> 160 bytes, clusters 68 -> 148;
-  # default builds byte-identical.
-  # Predicted (s42a's clock, H100: an iteration ~8 µs beyond its blocks, ~3 of them the barrier's wait): at the
-  # plan's step about even (B = 8 spread: -3 iterations x ~6 µs against one more chunk of 320 blocks, ~14 µs); with a
-  # smaller step it pays: B = 8 at 144-160 ~59 µs against the plain loop's best ~68 (-10 to -15%), B = 32 at 96 -10%;
-  # Llama 128K B = 1 (5%) at 256-512 against 1024: loop ~40 -> ~25 µs (it reads ~9% instead of 17%). If so, pick_step
-  # gets the look-ahead's costs (an iteration ~2 µs, one step more read) and the flag goes on for the grid build.
-  # First the tests (the bit test against the plain grid build, the grid conformance tests with it), then exp_step
-  # with the flag 0 / 1 / 0 over steps, then the loop clock of the spread batch with it. ~8 minutes with a cold start.
-  # (exp_step's blocks read count the chunk read past the stop: the look-ahead build writes where its reading ended,
-  # DecodeOutput.num_read takes it.)
-  gpu_tests t_s43c.log 300 tests/test_fast.py -k "lookahead or spread_over_the_grid"
-  cd benchmarks
-  timeout 150 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --spread --stop auto --shape gemma3 --sizes 32768:8,32768:32 --steps 64,96,144,224,320,auto --modes loop \
-      --layers 1 2>&1 | grep -v Warn | tee -a "$OUT/s43c.md" | grep "^#\||"
-  timeout 150 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1,0 -- exp_step.py --share 0.05 --stop auto --shape llama8b \
-      --sizes 32768:1,131072:1,131072:8 --steps 128,256,512,1024,auto --modes loop --layers 2 2>&1 | grep -v Warn \
-      | tee -a "$OUT/s43c.md" | grep "^#\||"
-  timeout 100 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1 -- exp_step.py --share 0.2 --stop auto --shape gemma3 \
-      --sizes 32768:1,32768:8,131072:1 --steps 64,128,256,auto --modes loop --layers 2 2>&1 | grep -v Warn \
-      | tee -a "$OUT/s43c.md" | grep "^#\||"
-  timeout 60 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1 -- exp_verify_clock.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --batches 8 --spread --loop --speculate 0 --step 160 2>&1 | grep -v Warn | grep "^#\|^T=\|^|" \
-      | tee -a "$OUT/s43c.md" | grep "^#\|^T=\|kernel\|barrier\|decide\|iterations"
-  exit 0
-fi
-if [ "$PART" = s43d ]; then
-  # Prepared in the forty-third session: issue 14's per-head target (PSA faster than top-k at equal error from 32K up,
-  # B = 1, 8, 32) was missed at B = 8 by 1-5% (s41, H200: the busiest group's iterations set the step). The
-  # look-ahead takes the barrier's wait and most of the decision out of each iteration; run s40a's per-head rows with
-  # LOOP_LOOKAHEAD 0 and 1 (the plan's step, pick_step pricing the look-ahead). Predicted: B = 8 -5 to -10% for PSA's
-  # rows, top-k unchanged, so PSA at or below top-k there; B = 1 within the spread. Only after s43t passed.
-  cd benchmarks
-  mkdir -p "$OUT/ph43"
-  timeout 560 python3 exp_kernels_attr.py LOOP_LOOKAHEAD=0,1 -- bench_decode.py --profile per-head --shape llama8b \
-      --sizes 32768:1,32768:8,32768:32 --reps 20 --per-head --skip tau0.9,remaining,stages,rank,speculate \
-      --out "$OUT/ph43" 2>&1 | tee "$OUT/ph43.log" | grep "^#\|^|" | cut -d'|' -f1-9,12-13 | grep . \
-      || tail -n 5 "$OUT/ph43.log"
   exit 0
 fi
 if [ "$PART" = s40a ]; then
@@ -2645,30 +2426,38 @@ if [ "$PART" = layer ]; then
   kernel_suites t_gpu.log tests/test_fast_metadata.py tests/test_fast_pool.py
   exit 0
 fi
-cd benchmarks
-for shape in smollm2 gemma3 llama8b; do
-  for t in 8192 32768; do
-    timeout 60 python3 profile_decode_step.py --share 0.05 --shape $shape --size $t --batches 1 --variants dense \
-        --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_" | sed "s/^/[$shape] /"
+if [ "$PART" = probe ]; then
+  # the first parts' probe (the default part): where one request's dense step goes, ncu of the decode
+  cd benchmarks
+  for shape in smollm2 gemma3 llama8b; do
+    for t in 8192 32768; do
+      timeout 60 python3 profile_decode_step.py --share 0.05 --shape $shape --size $t --batches 1 --variants dense \
+          --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_" | sed "s/^/[$shape] /"
+    done
   done
-done
-# the read-only ceiling beside the copy ceiling (SDPA beats our copy-ceiling floor on Llama at B >= 8)
-timeout 90 python3 exp_dense_tune.py --shape llama8b --sizes 32768 --batches 1,8,32 --default-only \
-    --out "$OUT/dense_read_floor.jsonl" 2>&1 | grep -v Warn | grep "^#\|^T=\|warps"
-for b in 1 8; do
-  timeout 90 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 --section SpeedOfLight \
-      --section Occupancy --section WarpStateStats --section LaunchStats python3 profile_decode_step.py \
-      --share 0.05 --shape llama8b --size 32768 --batches $b --variants dense --steps 2 --no-profiler \
-      > "$OUT/ncu_dense_llama_b$b.txt" 2>&1
-  echo "ncu llama B=$b rc=$?"
-  grep -E "Duration|DRAM Throughput|Achieved Occupancy|Waves Per SM|Grid Size|Registers Per|Stall" \
-      "$OUT/ncu_dense_llama_b$b.txt" | head -12
-done
-# 4. the verifier of the speculative schedule, 17 µs of one request's 59 µs PSA step on Gemma: the window loop's
-#    dependent loads or the output pass's serial walk over the chunks (one CTA, G x D threads)?
-timeout 90 ncu --clock-control none -k regex:psa_spec_verify --launch-skip 3 --launch-count 1 --section SpeedOfLight \
-    --section WarpStateStats --section SourceCounters --section LaunchStats python3 profile_decode_step.py \
-    --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 --variants default:s1.0 --steps 2 --no-profiler \
-    > "$OUT/ncu_spec_verify_b1.txt" 2>&1
-echo "ncu spec_verify rc=$?"
-grep -E "Duration|Stall|Warp Cycles Per Issued|Registers Per" "$OUT/ncu_spec_verify_b1.txt" | head -12
+  # the read-only ceiling beside the copy ceiling (SDPA beats our copy-ceiling floor on Llama at B >= 8)
+  timeout 90 python3 exp_dense_tune.py --shape llama8b --sizes 32768 --batches 1,8,32 --default-only \
+      --out "$OUT/dense_read_floor.jsonl" 2>&1 | grep -v Warn | grep "^#\|^T=\|warps"
+  for b in 1 8; do
+    timeout 90 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section LaunchStats python3 profile_decode_step.py \
+        --share 0.05 --shape llama8b --size 32768 --batches $b --variants dense --steps 2 --no-profiler \
+        > "$OUT/ncu_dense_llama_b$b.txt" 2>&1
+    echo "ncu llama B=$b rc=$?"
+    grep -E "Duration|DRAM Throughput|Achieved Occupancy|Waves Per SM|Grid Size|Registers Per|Stall" \
+        "$OUT/ncu_dense_llama_b$b.txt" | head -12
+  done
+  # 4. the verifier of the speculative schedule, 17 µs of one request's 59 µs PSA step on Gemma: the window loop's
+  #    dependent loads or the output pass's serial walk over the chunks (one CTA, G x D threads)?
+  timeout 90 ncu --clock-control none -k regex:psa_spec_verify --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+      --section WarpStateStats --section SourceCounters --section LaunchStats python3 profile_decode_step.py \
+      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --batches 1 --variants default:s1.0 --steps 2 --no-profiler \
+      > "$OUT/ncu_spec_verify_b1.txt" 2>&1
+  echo "ncu spec_verify rc=$?"
+  grep -E "Duration|Stall|Warp Cycles Per Issued|Registers Per" "$OUT/ncu_spec_verify_b1.txt" | head -12
+  exit 0
+fi
+# every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
+# since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
+echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
+exit 2
