@@ -14,7 +14,9 @@ if __name__ == "__main__":
     rest = sys.argv[cut + 1:]
     base = _kernels.default_warps
     for w in (int(x) for x in sys.argv[sys.argv.index("--warps") + 1].split(",")):
-        _kernels.default_warps = lambda d, mode, w=w: w if mode == "psa" else base(d, mode)
+        def patched(d, mode, groups=None, w=w):  # the plan passes groups (B x Hkv) as the third argument
+            return w if mode == "psa" else base(d, mode, groups)
+        _kernels.default_warps = patched
         print(f"# PSA with {w} warps a CTA (before the shared-memory fit)", flush=True)
         sys.argv = ["profile_decode_step.py", *rest]
         runpy.run_path("profile_decode_step.py", run_name="__main__")
