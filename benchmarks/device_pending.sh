@@ -150,6 +150,8 @@
 #   run(command="bash benchmarks/device_pending.sh s50b", carry=[".gl/metadata_s49.py"])  (~6 minutes)
 #  the append's kernel a kind (s50) against s49's file; quant3's codes over 4 threads (metadata.APPEND_SPLIT) 1 / 4 /
 #  4 / 1; tiles 16 / 4; ncu; the metadata GPU tests first.
+#   run(command="bash benchmarks/device_pending.sh s51a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
+#  the forced blocks in the first ranked chunk's iteration under the sketch rules (PSA_FUSE_FORCED): tests, off/on.
 #   run(command="bash benchmarks/device_pending.sh s50c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
 #  standing rows at odd batch sizes (real layer 5 spread at B = 3 / 7, Llama 5% at B = 3), after s50a.
 #   run(command="bash benchmarks/device_pending.sh s50a")  (~5 minutes)
@@ -2003,6 +2005,31 @@ if [ "$PART" = s50b ]; then
         > "$OUT/ncu_append_quant3_split$split.txt" 2>&1
     echo "ncu split $split rc=$?"; grep -E "Duration|Executed Instructions |Stall (Long|Wait|Barrier|No Inst)|Block Size|Registers Per" \
         "$OUT/ncu_append_quant3_split$split.txt" | head -12
+  done
+  exit 0
+fi
+if [ "$PART" = s51a ]; then
+  # Fifty-first session (CPU): decode.cu PSA_FUSE_FORCED (off by default; builds byte-identical with it off, and with
+  # it on outside the plain loop and the grid build of a sketch rule: sass_size.py --builds). Under stop = sketch /
+  # sketch_avg the rule cannot hold after the forced blocks alone (the calibration window is empty: rest = inf), so
+  # the barrier and decision after the forced chunk decide nothing; with the switch the forced blocks join the first
+  # ranked chunk's iteration. Same blocks and reasons, iterations still counting the forced chunk; the output and
+  # mass estimate differ by rounding only. Predicted (graph µs, one iteration's barrier + decision a step: ~3-5 µs on
+  # the grid at Gemma 3's D 256, s42a / s46 loop clocks; ~2.7 on Llama's clusters, s38): real layer 5 spread, the
+  # default rule, loop and predicted first chunk: B = 1 -3 to -5, B = 8 -4 to -6, B = 32 -3 to -6 (other groups stream
+  # while one waits); Llama 5% 32K / 128K B = 1 -2 to -3, 128K B = 8 -2 to -4. Blocks read and iterations equal in
+  # each pair of rows. The GPU tests first. ~6 minutes; carry .gl/gemma3_xml_l5_32k.npz.
+  gpu_tests s51a.log 240 tests/test_fast.py -k "fused_forced"
+  for v in 0 1 1 0; do
+    (cd benchmarks && timeout 90 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py \
+        --kv ../.gl/gemma3_xml_l5_32k.npz --spread --stop auto --shape gemma3 --sizes 32768:1,32768:8,32768:32 \
+        --steps auto --modes loop,first 2>&1 | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s51a.txt" \
+        | grep "|" | grep -v -- "---\|mode")
+  done
+  for v in 0 1; do
+    (cd benchmarks && timeout 80 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py --share 0.05 \
+        --stop auto --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop,first 2>&1 \
+        | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s51a.txt" | grep "|" | grep -v -- "---\|mode")
   done
   exit 0
 fi
