@@ -2027,7 +2027,7 @@ if [ "$PART" = s51a ]; then
         | grep "|" | grep -v -- "---\|mode")
   done
   # the contract on drawn problems last (its many small builds compile for minutes on a fresh machine)
-  gpu_tests s51a_conforms.log 200 tests/test_fast.py -k "fused_forced_chunk_conforms" --hypothesis-profile dev
+  gpu_tests s51a_conforms.log 200 tests/test_fast.py -k "fused_forced_chunk_conforms"
   [ "${2:-}" = gemma ] && exit 0  # (`s51a gemma`: the real layer's rows only)
   for v in 0 1; do
     (cd benchmarks && timeout 80 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py --share 0.05 \
