@@ -2020,6 +2020,15 @@ if [ "$PART" = s51a ]; then
   # while one waits); Llama 5% 32K / 128K B = 1 -2 to -3, 128K B = 8 -2 to -4. Blocks read and iterations equal in
   # each pair of rows. The GPU tests first. ~6 minutes; carry .gl/gemma3_xml_l5_32k.npz.
   gpu_tests s51a.log 150 tests/test_fast.py -k "fused_forced_chunk_decides"
+  if [ "${2:-}" = quick ]; then  # (`s51a quick`: the ragged test and one pair of rows, for a lease of ~4 minutes)
+    for v in 0 1; do
+      (cd benchmarks && timeout 60 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py \
+          --kv ../.gl/gemma3_xml_l5_32k.npz --spread --stop auto --shape gemma3 --sizes 32768:1,32768:8 \
+          --steps auto --modes loop 2>&1 | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s51a.txt" \
+          | grep "|" | grep -v -- "---\|mode")
+    done
+    exit 0
+  fi
   for v in 0 1 1 0; do
     (cd benchmarks && timeout 90 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py \
         --kv ../.gl/gemma3_xml_l5_32k.npz --spread --stop auto --shape gemma3 --sizes 32768:1,32768:8,32768:32 \
