@@ -1191,7 +1191,8 @@ def test_fused_forced_chunk_decides_as_the_loop(lift_grid_thresholds, kernel_swi
 
 
 # (kernel_switch's monkeypatch is the test's; each example sets the define and takes it back itself)
-@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100,
+          suppress_health_check=[*settings.default.suppress_health_check, HealthCheck.function_scoped_fixture])
 @given(gpu_problems(), thresholds, st.sampled_from(["sketch", "sketch_avg"]), st.sampled_from([1, 2, 5, 64]),
        st.sampled_from([None, 3, "predicted"]))
 def test_fused_forced_chunk_conforms(kernel_switch, p, tau, stop, step, first):
