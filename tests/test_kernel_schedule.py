@@ -7,7 +7,8 @@ type, so the test cuts them out of the kernel's own source, compiles them with t
 over every small case: the chunk boundaries are psa_ref's (``progressive.split_chunks``: the forced blocks, the
 first ranked chunk, then ``step`` at a time), or with ``PSA_FUSE_FORCED``'s cut the same with the forced chunk joined
 to the next one; the warps' positions cover each chunk once; and the windowed stream's entry m is the walk's m-th
-position. A change to the walk that drops or repeats a block would otherwise show only as a wrong output on a GPU.
+position. verifier.cuh's ``chunk_end`` / ``chunk_start`` / ``chunks_before`` (the speculative schedule's) likewise.
+A change to the walk that drops or repeats a block would otherwise show only as a wrong output on a GPU.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from psa_ref.progressive import split_chunks
 CXX = shutil.which("c++") or shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
 
-FUNCTIONS = ("boundary_end", "fused_first2", "first_position", "next_position", "stream_position")
+FUNCTIONS = ("boundary_end", "fused_first2", "first_position", "next_position", "stream_position", "chunk_end",
+             "chunk_start", "chunks_before")
 
 HARNESS = r"""
 #include <algorithm>
@@ -47,6 +49,13 @@ int main() {
             std::printf(" %%d", end);
             pos = end;
         }
+        std::printf("\n");
+        // verifier.cuh's schedule (the speculative schedule and its verifier, the offload decoder): per position x
+        // its chunk's end, the start of chunk x, the chunks starting before x (x = 0 .. n)
+        std::printf("C");
+        for (int x = 0; x <= n; ++x)
+            std::printf(" %%d,%%d,%%d", x < n ? chunk_end(x, first, first2, step, n) : n,
+                        chunk_start(x, first, first2, step), chunks_before(x, first, first2, step));
         std::printf("\n");
         for (int gw = 0; gw < nw; ++gw) {
             std::printf("W %%d", gw);
@@ -80,7 +89,8 @@ def kernel_functions() -> str:
 @pytest.fixture(scope="module")
 def schedule(tmp_path_factory):
     """A function running the compiled harness on cases ``(n, first, first2, step, nw, fuse)``: per case the chunk
-    ends and, per warp, its walked positions, the stream's entries beside them and the stream's entry past them."""
+    ends the loop walks, verifier.cuh's ``(chunk_end(x), chunk_start(x), chunks_before(x))`` for x = 0 .. n (the
+    first n for x = n), and per warp its walked positions, the stream's entries beside them and its entry past them."""
     folder = tmp_path_factory.mktemp("schedule")
     (folder / "schedule.cpp").write_text(HARNESS % kernel_functions())
     subprocess.run([CXX, "-O1", "-std=c++17", "-o", str(folder / "schedule"), str(folder / "schedule.cpp")],
@@ -94,12 +104,13 @@ def schedule(tmp_path_factory):
         for case in cases:
             ends = [int(x) for x in lines[i].split()[1:]]
             warps = []
-            for line in lines[i + 1: i + 1 + case[4]]:
+            verifier = [tuple(int(x) for x in t.split(",")) for t in lines[i + 1].split()[1:]]
+            for line in lines[i + 2: i + 2 + case[4]]:
                 *pairs, end = line.split()[2:]
                 walked = [tuple(int(x) for x in p.split(":")) for p in pairs]
                 warps.append(([p for p, _ in walked], [s for _, s in walked], int(end.split(":")[1])))
-            out.append((ends, warps))
-            i += 1 + case[4]
+            out.append((ends, verifier, warps))
+            i += 2 + case[4]
         return out
 
     return run
@@ -123,7 +134,7 @@ def test_the_loop_walks_the_references_chunks_and_each_warp_its_share(schedule):
     reports add the forced chunk back: one more than its boundaries); every position of a chunk is attended by
     exactly one warp, during that chunk; and the windowed stream's entries are each warp's walk, ``n`` past its end."""
     todo = cases()
-    for case, (ends, warps) in zip(todo, schedule(todo)):
+    for case, (ends, _, warps) in zip(todo, schedule(todo)):
         n, first, first2, step, nw, fuse = case
         ref = [int(c[-1]) + 1 for c in split_chunks(np.arange(n), first, step, first2 - first)]
         fused = fuse and 0 < first < n
@@ -149,3 +160,22 @@ def test_the_harness_reads_the_kernels_functions():
     for name in FUNCTIONS:
         assert text.count(f"int {name}(") == 1
     assert "return min(e < first ? first : e < first2 ? first2 : e + step, n);" in text
+
+
+def test_the_verifiers_schedule_is_the_references(schedule):
+    """verifier.cuh's ``chunk_end`` / ``chunk_start`` / ``chunks_before`` (the speculative schedule, its verifier and
+    the offload decoder find a chunk from a position, or a position from a chunk, without walking): on every case,
+    the end of the chunk holding each position, the start of each chunk and the count of chunks starting before each
+    position are those of psa_ref's chunks (``split_chunks``; these builds keep the forced chunk apart)."""
+    todo = [c for c in cases() if not c[5] and c[4] == 1]  # (warps and the fused cut do not enter these functions)
+    for case, (_, verifier, _) in zip(todo, schedule(todo)):
+        n, first, first2, step = case[:4]
+        chunks = split_chunks(np.arange(n), first, step, first2 - first)
+        starts = [int(c[0]) for c in chunks]
+        for x, (end, start, before) in enumerate(verifier):
+            if x < n:
+                holder = next(c for c in chunks if x <= c[-1])
+                assert end == int(holder[-1]) + 1, (case, x, end)
+            if x < len(chunks):
+                assert start == starts[x], (case, x, start)
+            assert before == sum(s < x for s in starts), (case, x, before)
