@@ -2008,6 +2008,17 @@ if [ "$PART" = s50b ]; then
   done
   exit 0
 fi
+fuse_rows() {
+  # fuse_rows "VALUES" LIMIT ARGS...: exp_step.py ARGS (the default rule, the plan's step) with decode.cu's
+  # PSA_FUSE_FORCED at each value in turn, one process each; rows tagged [fuse v], appended to s51a.txt
+  local values="$1" limit="$2" v
+  shift 2
+  for v in $values; do
+    (cd benchmarks && timeout "$limit" python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py "$@" \
+        --stop auto --steps auto 2>&1 | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s51a.txt" \
+        | grep "|" | grep -v -- "---\|mode")
+  done
+}
 if [ "$PART" = s51a ]; then
   # Fifty-first session (CPU): decode.cu PSA_FUSE_FORCED (off by default; builds byte-identical with it off, and with
   # it on outside the plain loop and the grid build of a sketch rule: sass_size.py --builds). Under stop = sketch /
@@ -2019,30 +2030,17 @@ if [ "$PART" = s51a ]; then
   # default rule, loop and predicted first chunk: B = 1 -3 to -5, B = 8 -4 to -6, B = 32 -3 to -6 (other groups stream
   # while one waits); Llama 5% 32K / 128K B = 1 -2 to -3, 128K B = 8 -2 to -4. Blocks read and iterations equal in
   # each pair of rows. The GPU tests first. ~6 minutes; carry .gl/gemma3_xml_l5_32k.npz.
+  l5="--kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3"
   gpu_tests s51a.log 150 tests/test_fast.py -k "fused_forced_chunk_decides"
   if [ "${2:-}" = quick ]; then  # (`s51a quick`: the ragged test and one pair of rows, for a lease of ~4 minutes)
-    for v in 0 1; do
-      (cd benchmarks && timeout 60 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py \
-          --kv ../.gl/gemma3_xml_l5_32k.npz --spread --stop auto --shape gemma3 --sizes 32768:1,32768:8 \
-          --steps auto --modes loop 2>&1 | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s51a.txt" \
-          | grep "|" | grep -v -- "---\|mode")
-    done
+    fuse_rows "0 1" 60 $l5 --sizes 32768:1,32768:8 --modes loop
     exit 0
   fi
-  for v in 0 1 1 0; do
-    (cd benchmarks && timeout 90 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py \
-        --kv ../.gl/gemma3_xml_l5_32k.npz --spread --stop auto --shape gemma3 --sizes 32768:1,32768:8,32768:32 \
-        --steps auto --modes loop,first 2>&1 | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s51a.txt" \
-        | grep "|" | grep -v -- "---\|mode")
-  done
+  fuse_rows "0 1 1 0" 90 $l5 --sizes 32768:1,32768:8,32768:32 --modes loop,first
   # the contract on drawn problems last (its many small builds compile for minutes on a fresh machine)
   gpu_tests s51a_conforms.log 200 tests/test_fast.py -k "fused_forced_chunk_conforms"
   [ "${2:-}" = gemma ] && exit 0  # (`s51a gemma`: the real layer's rows only)
-  for v in 0 1; do
-    (cd benchmarks && timeout 80 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py --share 0.05 \
-        --stop auto --shape llama8b --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop,first 2>&1 \
-        | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s51a.txt" | grep "|" | grep -v -- "---\|mode")
-  done
+  fuse_rows "0 1" 80 --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --modes loop,first
   exit 0
 fi
 if [ "$PART" = s50c ]; then

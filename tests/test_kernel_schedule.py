@@ -25,7 +25,7 @@ from psa_ref.progressive import split_chunks
 CXX = shutil.which("c++") or shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
 
-FUNCTIONS = ("boundary_end", "fused_first2", "first_position", "next_position", "stream_position", "chunk_end",
+FUNCTIONS = ("boundary_end", "loop_cuts", "first_position", "next_position", "stream_position", "chunk_end",
              "chunk_start", "chunks_before")
 
 HARNESS = r"""
@@ -35,15 +35,15 @@ using std::min;
 #define __device__
 #define __forceinline__ inline
 %s
-// Each input line: n first first2 step nw fuse. Prints the chunk ends the loop walks ("B ..."), then per warp its
+// Each input line: n first first2 step nw fuse. Prints whether the forced chunk was joined and the chunk ends the
+// loop walks ("B fused ends..."), verifier.cuh's arithmetic per position ("C ..."), then per warp its
 // positions as the consumer walks them, each with the windowed stream's entry of the same index, and the stream's
 // entry after the last ("W gw p:s ... end:s").
 int main() {
     int n, first, first2, step, nw, fuse;
     while (std::scanf("%%d %%d %%d %%d %%d %%d", &n, &first, &first2, &step, &nw, &fuse) == 6) {
-        int c1 = first, c2 = first2;
-        if (fuse && first > 0 && first < n) { c1 = 0; c2 = fused_first2(first, first2, step, n); }
-        std::printf("B");
+        int c1, c2;
+        std::printf("B %%d", loop_cuts(fuse != 0, first, first2, step, n, c1, c2));
         for (int pos = 0; pos < n;) {
             const int end = boundary_end(pos, c1, c2, step, n);
             std::printf(" %%d", end);
@@ -88,9 +88,10 @@ def kernel_functions() -> str:
 
 @pytest.fixture(scope="module")
 def schedule(tmp_path_factory):
-    """A function running the compiled harness on cases ``(n, first, first2, step, nw, fuse)``: per case the chunk
-    ends the loop walks, verifier.cuh's ``(chunk_end(x), chunk_start(x), chunks_before(x))`` for x = 0 .. n (the
-    first n for x = n), and per warp its walked positions, the stream's entries beside them and its entry past them."""
+    """A function running the compiled harness on cases ``(n, first, first2, step, nw, fuse)``: per case what
+    ``loop_cuts`` returned (1: the forced chunk joined), the chunk ends the loop walks, verifier.cuh's
+    ``(chunk_end(x), chunk_start(x), chunks_before(x))`` for x = 0 .. n (the first n for x = n), and per warp its
+    walked positions, the stream's entries beside them and its entry past them."""
     folder = tmp_path_factory.mktemp("schedule")
     (folder / "schedule.cpp").write_text(HARNESS % kernel_functions())
     subprocess.run([CXX, "-O1", "-std=c++17", "-o", str(folder / "schedule"), str(folder / "schedule.cpp")],
@@ -102,14 +103,14 @@ def schedule(tmp_path_factory):
                                check=True).stdout.splitlines()
         out, i = [], 0
         for case in cases:
-            ends = [int(x) for x in lines[i].split()[1:]]
+            fused, *ends = (int(x) for x in lines[i].split()[1:])
             warps = []
             verifier = [tuple(int(x) for x in t.split(",")) for t in lines[i + 1].split()[1:]]
             for line in lines[i + 2: i + 2 + case[4]]:
                 *pairs, end = line.split()[2:]
                 walked = [tuple(int(x) for x in p.split(":")) for p in pairs]
                 warps.append(([p for p, _ in walked], [s for _, s in walked], int(end.split(":")[1])))
-            out.append((ends, verifier, warps))
+            out.append((fused, ends, verifier, warps))
             i += 2 + case[4]
         return out
 
@@ -134,10 +135,10 @@ def test_the_loop_walks_the_references_chunks_and_each_warp_its_share(schedule):
     reports add the forced chunk back: one more than its boundaries); every position of a chunk is attended by
     exactly one warp, during that chunk; and the windowed stream's entries are each warp's walk, ``n`` past its end."""
     todo = cases()
-    for case, (ends, _, warps) in zip(todo, schedule(todo)):
+    for case, (fused, ends, _, warps) in zip(todo, schedule(todo)):
         n, first, first2, step, nw, fuse = case
         ref = [int(c[-1]) + 1 for c in split_chunks(np.arange(n), first, step, first2 - first)]
-        fused = fuse and 0 < first < n
+        assert fused == (fuse and 0 < first < n), case
         want = ref[1:] if fused else ref
         assert ends == want, (case, ends, ref)
         assert len(ends) + fused == len(ref), case
@@ -168,7 +169,7 @@ def test_the_verifiers_schedule_is_the_references(schedule):
     the end of the chunk holding each position, the start of each chunk and the count of chunks starting before each
     position are those of psa_ref's chunks (``split_chunks``; these builds keep the forced chunk apart)."""
     todo = [c for c in cases() if not c[5] and c[4] == 1]  # (warps and the fused cut do not enter these functions)
-    for case, (_, verifier, _) in zip(todo, schedule(todo)):
+    for case, (_, _, verifier, _) in zip(todo, schedule(todo)):
         n, first, first2, step = case[:4]
         chunks = split_chunks(np.arange(n), first, step, first2 - first)
         starts = [int(c[0]) for c in chunks]

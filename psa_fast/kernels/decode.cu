@@ -190,7 +190,7 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_DECIDE_PREFETCH_ON (PSA_DECIDE_PREFETCH && !PSA_SPEC && !PSA_SPLIT)
 #ifndef PSA_FUSE_FORCED
 // 1 (with PSA_SKETCH_RULE: the plain loop and the grid build under stop = sketch / sketch_avg): the forced blocks are
-// attended in the first ranked chunk's iteration, with no barrier or decision after them (fused_first2, below;
+// attended in the first ranked chunk's iteration, with no barrier or decision after them (loop_cuts, below;
 // fifty-first session, prepared). 0: every build as before, byte for byte. Never in the speculative, resumed and
 // offload builds: their chunks are psa_spec_verify's and the offload decoder's, which keep the forced chunk apart.
 #define PSA_FUSE_FORCED 0
@@ -264,16 +264,20 @@ __device__ __forceinline__ int boundary_end(int e, int first, int first2, int st
     return min(e < first ? first : e < first2 ? first2 : e + step, n);
 }
 
-// PSA_FUSE_FORCED: where the loop's first iteration ends when the forced blocks [0, first) join the first ranked
-// chunk (first2 > first: the first_chunk's end; else one step after the forced blocks). The sketch rules cannot hold
-// where only forced blocks have been attended and ranked ones remain: their calibration window leaves the forced
-// blocks out, so the rest it estimates is infinite there (verifier_decide, psa_ref.progressive.sketch_rest), and the
-// boundary after them decides nothing. Without it the group saves a barrier and a decision a step; its blocks and
-// output are the same, its decisions the same up to the rounding of the mass (one sum over both chunks instead of
-// two), and `iterations` still counts the forced chunk. The loop walks boundaries (0, this, + step, ...); the
+// The chunk boundaries the loop walks, as boundary_end's (first, first2): (cut1, cut2). With `fuse`
+// (PSA_FUSE_FORCED_ON, a constant at each call) and both forced and ranked blocks (0 < first < n), the forced blocks
+// [0, first) join the first ranked chunk, which then ends at first2 (a first_chunk) or one step after them; returns 1
+// there (the forced chunk the reported iterations add back), else 0 with (first, first2) unchanged. The sketch rules
+// cannot hold where only forced blocks have been attended and ranked ones remain: their calibration window leaves the
+// forced blocks out, so the rest it estimates is infinite there (verifier_decide, psa_ref.progressive.sketch_rest),
+// and that boundary decides nothing. Without it a group saves a barrier and a decision a step; its blocks and output
+// are the same, its decisions the same up to the rounding of the mass (one sum over both chunks instead of two). The
 // verifier keeps `first` for the sketch window.
-__device__ __forceinline__ int fused_first2(int first, int first2, int step, int n) {
-    return first2 > first ? first2 : min(n, first + step);
+__device__ __forceinline__ int loop_cuts(bool fuse, int first, int first2, int step, int n, int& cut1, int& cut2) {
+    const int fused = fuse && first > 0 && first < n;
+    cut1 = fused ? 0 : first;
+    cut2 = fused ? (first2 > first ? first2 : min(n, first + step)) : first2;
+    return fused;
 }
 
 // The first position of the order at or after `from` (a chunk boundary) that warp `gw` attends (n if none);
@@ -624,12 +628,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #endif
     const int lim_g = stop == PSA_STOP_BUDGET ? min(n_g, step) : n_g;
-#if PSA_FUSE_FORCED_ON
-    const bool fused_g = first_g > 0 && first_g < n_g;
-    const int cut1_g = fused_g ? 0 : first_g, cut2_g = fused_g ? fused_first2(first_g, first2_g, step, n_g) : first2_g;
-#else
-    const int cut1_g = first_g, cut2_g = first2_g;
-#endif
+    int cut1_g, cut2_g;
+    loop_cuts(PSA_FUSE_FORCED_ON, first_g, first2_g, step, n_g, cut1_g, cut2_g);
     int g_pos[2], g_blk[2], g_slot[2];
     {
         const int* orow_g = order ? order + ((long)b * Gn + g) * Nmax + base_g : nullptr;
@@ -681,15 +681,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // first_chunk: the ranked blocks of the first ranked chunk, per group (psa_first_chunk), or none
     const int first2 = first_len ? min(n, first + __ldg(first_len + (long)b * Gn + g)) : first;
 #endif
-    // The boundaries the loop walks: (cut1, cut2) for boundary_end's (first, first2); PSA_FUSE_FORCED drops the one
-    // after the forced blocks (fused_first2). `fused` adds the forced chunk back to the iterations reported.
-#if PSA_FUSE_FORCED_ON
-    const int fused = first > 0 && first < n;  // (PSA_SKETCH_RULE: stop is sketch or sketch_avg)
-    const int cut1 = fused ? 0 : first, cut2 = fused ? fused_first2(first, first2, step, n) : first2;
-#else
-    constexpr int fused = 0;
-    const int cut1 = first, cut2 = first2;
-#endif
+    // The boundaries the loop walks: PSA_FUSE_FORCED drops the one after the forced blocks (loop_cuts); `fused` adds
+    // the forced chunk back to the iterations reported.
+    int cut1, cut2;
+    const int fused = loop_cuts(PSA_FUSE_FORCED_ON, first, first2, step, n, cut1, cut2);
     const int* orow = order ? order + ((long)b * Gn + g) * Nmax + base : nullptr;
     const int* btab = block_table + ((long)b * Hkv + kv) * Nmax;
 #if PSA_STATEFUL
