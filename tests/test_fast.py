@@ -1041,17 +1041,16 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     check_result(res, q, keys, values, threshold=0.9, stop=stop, step=64, block_size=16, metadata=b.cache.metadata)
 
 
-def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, before=None,
-                                  names=("out", "num_used", "iterations", "reason"), file="decode", buffers=(),
-                                  value=1):
+def define_runs(kernel_switch, define, plan, q, *, calls=1, before=None, names=("out",), file="decode", buffers=(),
+                value=1):
     """Run ``plan`` on ``q`` with the switch ``define`` set to 0, then to ``value``, in every build of
     ``kernels/<file>.cu`` (as benchmarks/exp_kernel_defines.py does; both sides explicit, whatever the source's default
     is for the build): ``calls`` calls each (``before()`` first, if given), outputs filled with NaN before each call.
-    Asserts the two runs' ``names`` (and the order, where the plan has one, and the plan's ``buffers``) equal bit for
-    bit and the first run's output free of NaN; returns the first run's arrays."""
+    Returns the two runs' ``names`` (with the order, where the plan has one, and the plan's ``buffers``) as host arrays,
+    and the options of the builds asked for with the switch on (none would mean the A/B compared a build with
+    itself)."""
     runs = []
     for on in (0, 1):
-        # (the builds asked for with the switch: none would mean the A/B compared a build with itself)
         switched = kernel_switch(file, **{define: value if on else 0})
         if before is not None:
             before()
@@ -1063,6 +1062,17 @@ def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, be
                     | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {})
                     | {name: cupy.asnumpy(getattr(plan, name)) for name in buffers})
     kernel_switch(None)
+    return runs, switched
+
+
+def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, before=None,
+                                  names=("out", "num_used", "iterations", "reason"), file="decode", buffers=(),
+                                  value=1):
+    """Run ``plan`` on ``q`` with the switch ``define`` set to 0, then to ``value`` (``define_runs``). Asserts the two
+    runs' ``names`` (and the order, where the plan has one, and the plan's ``buffers``) equal bit for bit and the
+    first run's output free of NaN; returns the first run's arrays."""
+    runs, switched = define_runs(kernel_switch, define, plan, q, calls=calls, before=before, names=names, file=file,
+                                 buffers=buffers, value=value)
     assert switched and not np.isnan(runs[0]["out"]).any()
     for name in runs[0]:
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=f"{define}: {name}")
@@ -1134,25 +1144,6 @@ def test_decide_switches_keep_every_bit(monkeypatch, lift_grid_thresholds, kerne
     assert int(base["iterations"].max()) > 1  # (decisions between chunks were made, not only the last one)
 
 
-def fused_forced_runs(kernel_switch, plan, q, *, calls=1, before=None):
-    """``plan`` on ``q`` with decode.cu's ``PSA_FUSE_FORCED`` off, then on (``calls`` calls each, ``before()`` first):
-    the two runs' outputs and diagnostics, after asserting that a build of the plain loop or the grid under a sketch
-    rule (the builds the switch reaches) was asked for."""
-    runs = []
-    for on in (0, 1):
-        switched = kernel_switch("decode", fuse_forced=on)
-        if before is not None:
-            before()
-        for _ in range(calls):
-            plan.out.fill(np.nan)
-            dec = plan.run(q)
-        runs.append({name: cupy.asnumpy(getattr(dec, name))
-                     for name in ("out", "num_used", "iterations", "reason", "mass_estimate", "order")})
-    kernel_switch(None)
-    assert any(options.get("sketch_rule") for options in switched)
-    return runs
-
-
 @pytest.mark.parametrize("case", ["sketch_avg", "sketch", "grid_d256", "predicted", "previous", "no_forced"])
 def test_fused_forced_chunk_decides_as_the_loop(lift_grid_thresholds, kernel_switch, monkeypatch, case):
     """decode.cu's ``PSA_FUSE_FORCED`` (fifty-first session, off by default): under the sketch rules the forced blocks
@@ -1179,8 +1170,10 @@ def test_fused_forced_chunk_decides_as_the_loop(lift_grid_thresholds, kernel_swi
     assert (plan.grid_ctas == 8) == (case == "grid_d256")
     q = cupy.asarray(np.stack([q for q, _, _ in data]))
     previous = case == "previous"
-    off, on = fused_forced_runs(kernel_switch, plan, q, calls=2 if previous else 1,
-                                before=plan.forget_previous if previous else None)
+    (off, on), switched = define_runs(kernel_switch, "fuse_forced", plan, q, calls=2 if previous else 1,
+                                      before=plan.forget_previous if previous else None,
+                                      names=("out", "num_used", "iterations", "reason", "mass_estimate"))
+    assert any(options.get("sketch_rule") for options in switched)  # (a build the switch reaches)
     for name in ("num_used", "iterations", "reason", "order"):
         np.testing.assert_array_equal(on[name], off[name], err_msg=name)
     assert not np.isnan(on["out"]).any()
