@@ -2019,6 +2019,46 @@ fuse_rows() {
         | grep "|" | grep -v -- "---\|mode")
   done
 }
+if [ "$PART" = s52b ]; then
+  # Fifty-second session: s52a's kernel profile put psa_decode at 33.8 -> 38.6 µs (B = 1) with PSA_FUSE_FORCED on, its
+  # clock build at 34.0 -> 29.9. ncu of the production launch off / on at B = 1: registers, local (spill) traffic,
+  # instructions, stalls. Carry .gl/gemma3_xml_l5_32k.npz; ~2 minutes.
+  cd benchmarks
+  for v in 0 1; do
+    f="$OUT/ncu_fuse$v.txt"
+    timeout 150 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section InstructionStats --print-details all \
+        python3 exp_kernel_defines.py decode fuse_forced=$v -- profile_decode_step.py \
+        --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches 1 --variants default \
+        --no-profiler --steps 2 --out /tmp > "$f" 2>&1
+    echo "ncu fuse $v rc=$?"
+    grep -E "Duration|DRAM Throughput|Registers Per|Local|Instructions Executed|Executed Instructions |Stall \
+(Long|Barrier|Short|Wait|MIO|LG|Not|Membar)" "$f" | head -24
+  done
+  exit 0
+fi
+if [ "$PART" = s52a ]; then
+  # Fifty-second session: s51a found PSA_FUSE_FORCED slower on the real layer 5 (grid build, D 256): B = 1 loop
+  # 48.3 -> 52.9 µs, B = 32 465 -> 513, with the same blocks and iterations (Llama level). The loop clock off / on
+  # says which phase grew (start, attend, barrier, decisions, finish). ~2 minutes; carry .gl/gemma3_xml_l5_32k.npz.
+  if [ "${2:-}" != kernels ]; then for v in 0 1; do
+    for bs in 1:768 8:320; do  # the plan's steps (s51a's rows)
+      IFS=: read -r b st <<< "$bs"
+      (cd benchmarks && timeout 100 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_verify_clock.py --loop \
+          --speculate 0 --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --batches "$b" --step "$st" --spread 2>&1 \
+          | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s52a.txt")
+    done
+  done; fi
+  [ "${2:-}" = clock ] && exit 0
+  # the clock build said the kernel got shorter (B = 1 34.0 -> 29.9 µs): each kernel's µs in the step, off / on
+  for v in 0 1; do
+    (cd benchmarks && timeout 120 python3 exp_kernel_defines.py decode fuse_forced=$v -- profile_decode_step.py \
+        --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --batches 1,8 --spread --variants default --out "$OUT" 2>&1 \
+        | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s52a_kernels.txt")
+  done
+  exit 0
+fi
 if [ "$PART" = s51a ]; then
   # Fifty-first session (CPU): decode.cu PSA_FUSE_FORCED (off by default; builds byte-identical with it off, and with
   # it on outside the plain loop and the grid build of a sketch rule: sass_size.py --builds). Under stop = sketch /

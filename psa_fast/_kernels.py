@@ -856,8 +856,9 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 
 # Dense decoding at head dim <= 64 takes CTAs of 8 warps (not 4) when the batch has at most this many groups
 # (B x Hkv): one request's few groups then fill the GPU with splits either way and fewer, wider CTAs leave fewer
-# partials to merge (s49 sweep, H100, SmolLM2 32K B = 1: 16.7 -> 15.8 µs; at B = 8, 24 groups, 8 warps lose). 0:
-# never. To be A/B-ed (device_pending.sh s49f) before it is turned on.
+# partials to merge. s52 A/B (H100, SmolLM2, off / on / on / off): 128K B = 1 43.6 / 44.6 -> 42.7 / 42.8 µs, B = 2
+# 32K 26.3 / 27.2 -> 26.1 / 25.9 and 128K 76.2 / 77.3 -> 75.3 / 75.8, 32K B = 1 and B = 4 level; at B = 8 (24
+# groups) 8 warps lose (s49 sweep). 0: never.
 DENSE_WIDE_MAX_GROUPS = 0
 
 
@@ -870,11 +871,13 @@ def default_warps(d: int, mode: str, groups: int | None = None) -> int:
     return 4 if mode != "psa" and d <= 64 else 8
 
 
-# 1: pick_splits rounds the splits down, so that a batch's CTAs never exceed one wave; 0 (today): to the nearest,
-# which at some batch sizes puts a few CTAs in a second wave (Llama B = 3, 6, 9-11: 144-176 CTAs of one an SM on 132
-# SMs; Gemma 3 B = 7: 133), streaming their splits alone after the rest. B = 1, 8 and 32 of every shape measured
-# so far split the same either way. To be A/B-ed (device_pending.sh s50a) before it is turned on.
-SPLITS_WITHIN_WAVE = 0
+# 1: pick_splits rounds the splits down, so that a batch's CTAs never exceed one wave; 0: to the nearest, which at
+# some batch sizes puts a few CTAs in a second wave (Llama B = 3, 6, 9-11: 144-176 CTAs of one an SM on 132 SMs;
+# Gemma 3 B = 7: 133), streaming their splits alone after the rest. s52 A/B (H100, dense, 32K, off / on / on / off):
+# Llama B = 3 163.5 -> 146.0 µs, B = 6 311.7 -> 289.5, B = 9 461.1 -> 402.3; Gemma 3 B = 7 121.6 -> 91.2, B = 9
+# 152.1 -> 113.4, B = 20 312.6 -> 236.9, B = 24 363.9 -> 277.5; SmolLM2 B = 7 / 9 -1.2 / -2.5; B = 8 (the same splits)
+# and Llama B = 11 level.
+SPLITS_WITHIN_WAVE = 1
 
 
 def pick_splits(groups: int, positions: int, warps: int, smem: int = SMEM_LIMIT) -> int:
