@@ -2019,6 +2019,14 @@ fuse_rows() {
         | grep "|" | grep -v -- "---\|mode")
   done
 }
+if [ "$PART" = s52c ]; then
+  # Fifty-second session: DENSE_WIDE_MAX_GROUPS 12 (on after s49f's A/B: SmolLM2 128K B = 1 -1.4 µs, B = 2 -0.8 /
+  # -1.2, else level): the dense and split tests with it (8-warp dense CTAs at D <= 64 for few groups), then s52b.
+  gpu_tests s52c.log 300 tests/test_fast.py tests/test_fast_hf.py tests/test_fast_pool.py tests/test_fast_offload.py \
+      tests/test_fast_bf16.py -k "dense or split or hf or smollm"
+  bash "$0" s52b
+  exit 0
+fi
 if [ "$PART" = s52b ]; then
   # Fifty-second session: s52a's kernel profile put psa_decode at 33.8 -> 38.6 µs (B = 1) with PSA_FUSE_FORCED on, its
   # clock build at 34.0 -> 29.9. ncu of the production launch off / on at B = 1: registers, local (spill) traffic,
