@@ -565,6 +565,35 @@ def test_dense_over_a_long_cache_within_twice_naive_fp32(scale):
         assert np.abs(out[h] - ref[h]).max() <= 2 * naive + 1e-6 * np.abs(v32).max()
 
 
+@pytest.mark.parametrize("d,hkv", [(64, 3), (64, 1), (32, 2)])
+def test_dense_wide_ctas_at_small_head_dims(monkeypatch, d, hkv):
+    """_kernels.DENSE_WIDE_MAX_GROUPS: dense at D <= 64 with few groups takes CTAs of 8 warps (fewer, longer splits)
+    instead of 4. Both within twice naive float32 attention's error of psa_ref's (the splits merge in another order),
+    and the wide plan really has 8 warps and fewer splits."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(d + hkv)
+    t, hq = 9000, 3 * hkv
+    q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
+    k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    v = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    cache = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v)).cache
+    plans = {}
+    for wide in (0, 12):
+        monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", wide)
+        plans[wide] = psa_fast.plan(cache, num_q_heads=hq, mode="dense")
+    assert (plans[0].warps, plans[12].warps) == (4, 8) and plans[12].splits < plans[0].splits
+    ref = psa_ref.dense_attention(q, k, v)
+    for p in plans.values():
+        out = cupy.asnumpy(p.run(cupy.asarray(q[None])).out)[0]
+        for h in range(hq):
+            k32, v32 = k[h // 3].astype(np.float32), v[h // 3].astype(np.float32)
+            lg = (k32 @ q[h].astype(np.float32)) / np.float32(np.sqrt(d))
+            w = np.exp(lg - lg.max())
+            naive = np.abs((w @ v32) / w.sum() - ref[h]).max()
+            assert np.abs(out[h] - ref[h]).max() <= 2 * naive + 1e-6 * np.abs(v32).max()
+
+
 @settings(max_examples=80)
 @given(gpu_problems(), st.integers(1, 20))
 def test_topk_conforms(p, k):
