@@ -858,8 +858,9 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 # (B x Hkv): one request's few groups then fill the GPU with splits either way and fewer, wider CTAs leave fewer
 # partials to merge. s52 A/B (H100, SmolLM2, off / on / on / off): 128K B = 1 43.6 / 44.6 -> 42.7 / 42.8 µs, B = 2
 # 32K 26.3 / 27.2 -> 26.1 / 25.9 and 128K 76.2 / 77.3 -> 75.3 / 75.8, 32K B = 1 and B = 4 level; at B = 8 (24
-# groups) 8 warps lose (s49 sweep). 0: never.
-DENSE_WIDE_MAX_GROUPS = 12
+# groups) 8 warps lose (s49 sweep). 0: never. Off until the dense GPU tests have run with it (device_pending.sh
+# s52c, test_dense_wide_ctas_at_small_head_dims): no device start was lent after the A/B; then 12.
+DENSE_WIDE_MAX_GROUPS = 0
 
 
 def default_warps(d: int, mode: str, groups: int | None = None) -> int:
