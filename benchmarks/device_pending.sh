@@ -150,6 +150,12 @@
 #   run(command="bash benchmarks/device_pending.sh s50b", carry=[".gl/metadata_s49.py"])  (~6 minutes)
 #  the append's kernel a kind (s50) against s49's file; quant3's codes over 4 threads (metadata.APPEND_SPLIT) 1 / 4 /
 #  4 / 1; tiles 16 / 4; ncu; the metadata GPU tests first.
+#   run(command="bash benchmarks/device_pending.sh s52c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
+#  the dense / split GPU tests with DENSE_WIDE_MAX_GROUPS 12 (turn it on if they pass), then s52b.
+#   run(command="bash benchmarks/device_pending.sh s52b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~2 minutes)
+#  ncu of psa_decode with PSA_FUSE_FORCED off / on (Gemma 3 real layer 5, B = 1): why the production build lost.
+#   s52a (ran in s52, H100): PSA_FUSE_FORCED's loop clock and kernel profile, off / on.
+#   s51a (ran in s52, H100; results_h100_s52.md)
 #   run(command="bash benchmarks/device_pending.sh s51a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
 #  the forced blocks in the first ranked chunk's iteration under the sketch rules (PSA_FUSE_FORCED): tests, off/on.
 #   run(command="bash benchmarks/device_pending.sh s50c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
@@ -2020,9 +2026,13 @@ fuse_rows() {
   done
 }
 if [ "$PART" = s52c ]; then
-  # Fifty-second session: DENSE_WIDE_MAX_GROUPS 12 (on after s49f's A/B: SmolLM2 128K B = 1 -1.4 µs, B = 2 -0.8 /
-  # -1.2, else level): the dense and split tests with it (8-warp dense CTAs at D <= 64 for few groups), then s52b.
+  # Fifty-second session: DENSE_WIDE_MAX_GROUPS 12 (s49f's A/B: SmolLM2 128K B = 1 -1.4 µs, B = 2 -0.8 / -1.2, else
+  # level; off until this passes): the dense and split tests with it set in this copy of the tree (8-warp dense CTAs at
+  # D <= 64 for few groups; test_dense_wide_ctas_at_small_head_dims sets both values itself), then s52b.
+  sed -i 's/^DENSE_WIDE_MAX_GROUPS = 0$/DENSE_WIDE_MAX_GROUPS = 12/' psa_fast/_kernels.py
+  grep -q "^DENSE_WIDE_MAX_GROUPS = 12$" psa_fast/_kernels.py || { echo "DENSE_WIDE_MAX_GROUPS not set"; exit 2; }
   gpu_tests s52c.log 240 tests/test_fast.py tests/test_fast_hf.py -k "dense or split"
+  sed -i 's/^DENSE_WIDE_MAX_GROUPS = 12$/DENSE_WIDE_MAX_GROUPS = 0/' psa_fast/_kernels.py
   bash "$0" s52b
   exit 0
 fi
