@@ -2053,6 +2053,14 @@ if [ "$PART" = s52b ]; then
     grep -E "Duration|DRAM Throughput|Registers Per|Local|Instructions Executed|Executed Instructions |Stall \
 (Long|Barrier|Short|Wait|MIO|LG|Not|Membar)" "$f" | head -24
   done
+  # the clock build's whole launch (every CTA) in the same replay: if it is as short as its CTA 0's clock (s52a: 34.0
+  # -> 29.9 µs), the production build's code loses; if it is as long as production's, CTA 0 is not the slowest CTA
+  for v in 0 1; do
+    timeout 120 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_kernels_attr.py LOOP_CLOCK=1 -- \
+        profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --batches 1,8 --spread \
+        --variants default --out /tmp 2>&1 | grep -v Warn | grep "B=\|psa_decode" | sed "s/^/[clocked, fuse $v] /" \
+        | tee -a "$OUT/s52b_clocked.txt"
+  done
   exit 0
 fi
 if [ "$PART" = s52a ]; then
