@@ -16,6 +16,12 @@ Llama-3.1-8B's, SmolLM2's and Gemma 3's head dims), each with the given defines 
 
     python benchmarks/sass_size.py decode --builds                      # one row per build and kernel
     python benchmarks/sass_size.py decode --builds -D MY_SWITCH=0       # the same, the switch explicitly off
+
+``--loops`` disassembles the build (``nvdisasm``: on the PATH, or from ``pip install nvidia-cuda-nvdisasm``) and
+prints each kernel's loops (its backward branches): their instructions, their local-memory (spill) loads and stores,
+and the source line that closes them, so a spill can be placed inside or outside a hot loop before a device call:
+
+    python benchmarks/sass_size.py decode --loops -D D=256 S=16 G=4 WARPS=4 STAGES=2 QPARTS=2 PAIR=1 GRID=64
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -78,22 +85,96 @@ def text_sections(cubin: bytes, *, digest: bool = False) -> dict:
     return {name(h[0])[len(".text."):]: h[5] for h in texts}
 
 
-def build(source_name: str, defines: dict[str, str]) -> tuple[dict[str, int], str, dict[str, str]]:
-    """Compile ``psa_fast/kernels/<source_name>.cu`` with ``-DPSA_<k>=<v>``; returns (text sizes, ptxas's report,
-    text digests)."""
+def kernel_source(source_name: str) -> str:
+    """``psa_fast/kernels/<source_name>.cu`` with its local headers inlined, as the library compiles it."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from psa_fast import _kernels
 
+    return _kernels._source(f"{source_name}.cu")
+
+
+def compile_cubin(source_name: str, defines: dict[str, str], *, lineinfo: bool = False) -> tuple[bytes, str]:
+    """(cubin, ptxas's report) of ``psa_fast/kernels/<source_name>.cu`` with ``-DPSA_<k>=<v>`` for sm_90;
+    ``lineinfo`` keeps the source lines of the inlined file (kernel_source) for the disassembler."""
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / f"{source_name}.cu", Path(tmp) / "k.cubin"
-        src.write_text(_kernels._source(f"{source_name}.cu"))
+        src.write_text(kernel_source(source_name))
         cmd = ["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-o", str(out), str(src)]
+        cmd += ["-lineinfo"] if lineinfo else []
         cmd += [f"-DPSA_{k}={v}" for k, v in defines.items()]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"nvcc failed:\n{done.stderr[-4000:]}")
-        cubin = out.read_bytes()
-        return text_sections(cubin), done.stderr, text_sections(cubin, digest=True)
+        return out.read_bytes(), done.stderr
+
+
+def build(source_name: str, defines: dict[str, str]) -> tuple[dict[str, int], str, dict[str, str]]:
+    """Compile ``psa_fast/kernels/<source_name>.cu`` with ``-DPSA_<k>=<v>``; returns (text sizes, ptxas's report,
+    text digests)."""
+    cubin, report = compile_cubin(source_name, defines)
+    return text_sections(cubin), report, text_sections(cubin, digest=True)
+
+
+def nvdisasm() -> str:
+    """The path of ``nvdisasm``: on the PATH, else the one the ``nvidia-cuda-nvdisasm`` wheel installs."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        nvidia = None
+    for root in getattr(nvidia, "__path__", []):
+        for path in sorted(Path(root).glob("cu*/bin/nvdisasm")):
+            return str(path)
+    raise SystemExit("--loops needs nvdisasm: put the CUDA toolkit's on the PATH or pip install nvidia-cuda-nvdisasm")
+
+
+def sass_loops(sass: str, header_dirs: tuple[str, ...] = ("/usr/",)) -> dict[str, list[dict]]:
+    """The loops of each kernel in ``nvdisasm -c -g`` text: one dict per backward branch (a branch to a label at or
+    before it), ``start`` / ``end`` (its first instruction's and the branch's byte offsets), ``instructions`` and
+    ``local`` (LDL / STL among them, spill traffic) in [start, end], and ``line``: the kernel source's line of the
+    branch (lines in files under ``header_dirs``, the toolkit's headers, are skipped; None without line info); sorted
+    by start, outer loops before the inner ones they hold. A loop's range is its code's layout, not its body: a wait
+    the compiler moved out of line (a spin on a barrier, placed after the kernel's hot path) spans everything between."""
+    kernels: dict[str, list] = {}
+    name, line, pending = None, None, []
+    for text in sass.splitlines():
+        m = re.match(r"\.text\.(\w+):", text.strip())
+        if m:
+            name, line, pending = m.group(1), None, []
+            kernels[name] = {"instructions": [], "labels": {}}
+            continue
+        if name is None:
+            continue
+        m = re.search(r'//## File "([^"]*)", line (\d+)', text)
+        if m:  # the kernel's own lines only (a CUDA header's intrinsic keeps the line that called it)
+            if not m.group(1).startswith(header_dirs):
+                line = int(m.group(2))
+            continue
+        m = re.match(r"\s*(\.L_x_\d+):", text)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;", text)
+        if m:
+            at = int(m.group(1), 16)
+            for label in pending:
+                kernels[name]["labels"][label] = at
+            pending = []
+            kernels[name]["instructions"].append((at, m.group(2), line))
+    result = {}
+    for name, k in kernels.items():
+        ins, loops = k["instructions"], []
+        for at, op, line in ins:
+            m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", op)
+            if m and k["labels"].get(m.group(1), at + 1) <= at:
+                start = k["labels"][m.group(1)]
+                inside = [o for a, o, _ in ins if start <= a <= at]
+                local = sum(1 for o in inside if re.search(r"\b(LDL|STL)\b", o))
+                loops.append(dict(start=start, end=at, instructions=len(inside), local=local, line=line))
+        result[name] = sorted(loops, key=lambda lp: (lp["start"], -lp["end"]))
+    return result
 
 
 def ptxas_usage(report: str) -> dict[str, tuple[int, int]]:
@@ -119,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("source", help="kernel source under psa_fast/kernels, without .cu (e.g. decode)")
     ap.add_argument("-D", "--define", nargs="*", default=[], help="NAME=value, as -DPSA_NAME=value")
     ap.add_argument("--builds", action="store_true", help="every build of BUILDS (decode.cu), with the -D defines added")
+    ap.add_argument("--loops", action="store_true", help="each kernel's loops and their spill loads / stores (nvdisasm)")
     for preset in PRESETS:
         ap.add_argument(f"--{preset.replace('_', '-')}", action="store_true", help=f"the preset {PRESETS[preset]}")
     args = ap.parse_args(argv)
@@ -142,6 +224,25 @@ def main(argv: list[str] | None = None) -> None:
             for name, size in sorted(sizes.items()):
                 regs, spill = usage.get(name, (None, None))
                 print(f"| {label} | {name} | {size // 16} | {regs} | {spill} | {digests[name][:12]} |", flush=True)
+        return
+    if args.loops:
+        cubin, report = compile_cubin(args.source, defines, lineinfo=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "k.cubin"
+            path.write_bytes(cubin)
+            sass = subprocess.run([nvdisasm(), "-c", "-g", str(path)], capture_output=True, text=True, check=True).stdout
+        source = kernel_source(args.source).splitlines()
+        usage = ptxas_usage(report)
+        print(f"# {args.source}.cu, " + " ".join(f"{k}={v}" for k, v in defines.items()))
+        for name, loops in sass_loops(sass).items():
+            regs, spill = usage.get(name, (None, None))
+            print(f"\n{name}: {regs} registers, {spill} bytes of spill stores")
+            print("| loop (bytes) | instructions | local loads / stores | closed at line | source |")
+            print("|---|---|---|---|---|")
+            for lp in loops:
+                text = source[lp["line"] - 1].strip()[:60] if lp["line"] and lp["line"] <= len(source) else ""
+                print(f"| {lp['start']:#x}-{lp['end']:#x} | {lp['instructions']} | {lp['local']} | {lp['line']} | "
+                      f"`{text}` |")
         return
     sizes, report, digests = build(args.source, defines)
     usage = ptxas_usage(report)

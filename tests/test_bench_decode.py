@@ -1203,6 +1203,38 @@ ptxas info    : Used 255 registers, used 1 barriers, 3072 bytes smem"""
     assert sass_size.ptxas_usage(report) == {"psa_merge_splits": (33, 0), "psa_decode": (255, 84)}
 
 
+def test_sass_loops_places_spill_traffic_in_the_loops_that_hold_it():
+    """sass_size.sass_loops (``--loops``) on nvdisasm -c -g text: a loop per backward branch (a forward branch is
+    none), spanning its label to the branch, counting its instructions and its LDL / STL; the branch's line is the
+    kernel source's (a CUDA header's line keeps the last kernel line); each kernel apart."""
+    import sass_size
+
+    sass = """//--------------------- .text.psa_decode --------------------------
+.text.psa_decode:
+        //## File "/tmp/x/decode.cu", line 10
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/              @P0 BRA `(.L_x_1) ;
+.L_x_0:
+        //## File "/tmp/x/decode.cu", line 20
+        /*0020*/                   LDL R2, [R1+0x8] ;
+.L_x_2:
+        /*0030*/                   FADD R3, R3, R2 ;
+        //## File "/usr/local/cuda/include/sm_32_intrinsics.hpp", line 112
+        /*0040*/              @P1 BRA `(.L_x_2) ;
+        //## File "/tmp/x/decode.cu", line 30
+        /*0050*/                   STL [R1+0x8], R3 ;
+        /*0060*/              @P2 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0070*/                   EXIT ;
+.text.psa_merge_splits:
+        /*0000*/                   NOP ;
+"""
+    loops = sass_size.sass_loops(sass)
+    assert loops["psa_merge_splits"] == []
+    assert loops["psa_decode"] == [dict(start=0x20, end=0x60, instructions=5, local=2, line=30),
+                                   dict(start=0x30, end=0x40, instructions=2, local=0, line=20)]
+
+
 def test_sass_size_builds_are_the_librarys():
     """sass_size.py's BUILDS (the decode builds whose digests a switch must leave unchanged) launch as
     psa_fast._kernels.decode would build them: warps and stages from decode_config for the warps the plan asks
