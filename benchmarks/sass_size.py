@@ -136,7 +136,7 @@ def sass_loops(sass: str, header_dirs: tuple[str, ...] = ("/usr/",)) -> dict[str
     ``local`` (LDL / STL among them, spill traffic) in [start, end], and ``line``: the kernel source's line of the
     branch (lines in files under ``header_dirs``, the toolkit's headers, are skipped; None without line info); sorted
     by start, outer loops before the inner ones they hold. A loop's range is its code's layout, not its body: a wait
-    the compiler moved out of line (a spin on a barrier, placed after the kernel's hot path) spans everything between."""
+    the compiler moved out of line (a spin on a barrier, placed after the kernel's hot path) spans all between."""
     kernels: dict[str, list] = {}
     name, line, pending = None, None, []
     for text in sass.splitlines():
@@ -199,8 +199,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("source", help="kernel source under psa_fast/kernels, without .cu (e.g. decode)")
     ap.add_argument("-D", "--define", nargs="*", default=[], help="NAME=value, as -DPSA_NAME=value")
-    ap.add_argument("--builds", action="store_true", help="every build of BUILDS (decode.cu), with the -D defines added")
-    ap.add_argument("--loops", action="store_true", help="each kernel's loops and their spill loads / stores (nvdisasm)")
+    ap.add_argument("--builds", action="store_true",
+                    help="every build of BUILDS (decode.cu), with the -D defines added")
+    ap.add_argument("--loops", action="store_true",
+                    help="each kernel's loops and their spill loads / stores (nvdisasm)")
     for preset in PRESETS:
         ap.add_argument(f"--{preset.replace('_', '-')}", action="store_true", help=f"the preset {PRESETS[preset]}")
     args = ap.parse_args(argv)
@@ -230,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "k.cubin"
             path.write_bytes(cubin)
-            sass = subprocess.run([nvdisasm(), "-c", "-g", str(path)], capture_output=True, text=True, check=True).stdout
+            sass = subprocess.run([nvdisasm(), "-c", "-g", str(path)], capture_output=True, text=True,
+                                  check=True).stdout
         source = kernel_source(args.source).splitlines()
         usage = ptxas_usage(report)
         print(f"# {args.source}.cu, " + " ".join(f"{k}={v}" for k, v in defines.items()))
