@@ -151,7 +151,9 @@
 #  the append's kernel a kind (s50) against s49's file; quant3's codes over 4 threads (metadata.APPEND_SPLIT) 1 / 4 /
 #  4 / 1; tiles 16 / 4; ncu; the metadata GPU tests first.
 #   run(command="bash benchmarks/device_pending.sh s52c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
-#  the dense / split GPU tests with DENSE_WIDE_MAX_GROUPS 12 (turn it on if they pass), then s52b.
+#  the dense / split GPU tests with DENSE_WIDE_MAX_GROUPS 12 (turn it on if they pass), then s52d, s52b.
+#   run(command="bash benchmarks/device_pending.sh s52d")  (~30 seconds)
+#  the copy ceiling over zeros, random bytes and float16 noise (does every floor divide by an inflated ceiling?).
 #   run(command="bash benchmarks/device_pending.sh s52b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~2 minutes)
 #  ncu of psa_decode with PSA_FUSE_FORCED off / on (Gemma 3 real layer 5, B = 1): why the production build lost.
 #   s52a (ran in s52, H100): PSA_FUSE_FORCED's loop clock and kernel profile, off / on.
@@ -2025,6 +2027,14 @@ fuse_rows() {
         | grep "|" | grep -v -- "---\|mode")
   done
 }
+if [ "$PART" = s52d ]; then
+  # Fifty-second session: the copy ceiling over zeros / random bytes / float16 noise (exp_ceiling.py): exp_dense_tune's
+  # first process of a call measured 3,026 GB/s and the later ones ~2,600 (s49f, s50a) while the read-only ceiling held.
+  # Predicted: zeros copy faster than K/V-like bytes; if so, bench_decode's floors (fresh-buffer copies) are too small.
+  # ~30 s, no carry.
+  (cd benchmarks && timeout 90 python3 exp_ceiling.py 2>&1 | tee "$OUT/s52d.txt")
+  exit 0
+fi
 if [ "$PART" = s52c ]; then
   # Fifty-second session: DENSE_WIDE_MAX_GROUPS 12 (s49f's A/B: SmolLM2 128K B = 1 -1.4 µs, B = 2 -0.8 / -1.2, else
   # level; off until this passes): the dense and split tests with it set in this copy of the tree (8-warp dense CTAs at
@@ -2033,6 +2043,7 @@ if [ "$PART" = s52c ]; then
   grep -q "^DENSE_WIDE_MAX_GROUPS = 12$" psa_fast/_kernels.py || { echo "DENSE_WIDE_MAX_GROUPS not set"; exit 2; }
   gpu_tests s52c.log 240 tests/test_fast.py tests/test_fast_hf.py -k "dense or split"
   sed -i 's/^DENSE_WIDE_MAX_GROUPS = 12$/DENSE_WIDE_MAX_GROUPS = 0/' psa_fast/_kernels.py
+  bash "$0" s52d
   bash "$0" s52b
   exit 0
 fi

@@ -1235,6 +1235,14 @@ def test_sass_loops_places_spill_traffic_in_the_loops_that_hold_it():
                                    dict(start=0x30, end=0x40, instructions=2, local=0, line=20)]
 
 
+def test_exp_ceiling_refuses_an_unknown_fill():
+    """benchmarks/exp_ceiling.py's fill names the kinds it knows when given another (before touching the GPU)."""
+    import exp_ceiling
+
+    with pytest.raises(ValueError, match="kind: expected 'zeros', 'random' or 'float16', got 'ones'"):
+        exp_ceiling.fill(None, "ones")
+
+
 def test_sass_size_builds_are_the_librarys():
     """sass_size.py's BUILDS (the decode builds whose digests a switch must leave unchanged) launch as
     psa_fast._kernels.decode would build them: warps and stages from decode_config for the warps the plan asks
