@@ -2029,7 +2029,7 @@ fuse_rows() {
 }
 if [ "$PART" = s52d ]; then
   # Fifty-second session: the copy ceiling over zeros / random bytes / float16 noise (exp_ceiling.py): exp_dense_tune's
-  # first process of a call measured 3,026 GB/s and the later ones ~2,600 (s49f, s50a) while the read-only ceiling held.
+  # first run in an exp_kernels_attr process measured 3,026 GB/s, the later ones ~2,600 (s49f, s50a), read-only level.
   # Predicted: zeros copy faster than K/V-like bytes; if so, bench_decode's floors (fresh-buffer copies) are too small.
   # ~30 s, no carry.
   (cd benchmarks && timeout 90 python3 exp_ceiling.py 2>&1 | tee "$OUT/s52d.txt")

@@ -1,7 +1,8 @@
 """Does the copy ceiling that every floor divides by depend on the bytes copied? bench_decode.copy_ceiling_gbs copies
 a fresh ``cupy.empty`` buffer of 2 GiB, whose contents are whatever the allocator hands back: zeros from the driver in
-a process's first measurement, old K/V in a later one. In the fifty-second session (H100) exp_dense_tune's processes
-of one call measured 3,026 GB/s first and 2,590-2,601 after, while the read-only ceiling stayed ~3,030. This times the
+a process's first measurement, old K/V from CuPy's memory pool in a later one. In the fifty-second session (H100)
+exp_dense_tune's runs inside one exp_kernels_attr process measured 3,026 GB/s first and 2,590-2,601 after, while the
+read-only ceiling stayed ~3,030. This times the
 same copy and the same read-only kernel over zeros, random bytes and float16 noise like the K/V, in the order
 zeros / random / float16 / float16 / random / zeros, in one process (CUDA events, median of 10 a row).
 
