@@ -130,11 +130,11 @@ def nvdisasm() -> str:
     raise SystemExit("--loops needs nvdisasm: put the CUDA toolkit's on the PATH or pip install nvidia-cuda-nvdisasm")
 
 
-def sass_loops(sass: str, header_dirs: tuple[str, ...] = ("/usr/",)) -> dict[str, list[dict]]:
+def sass_loops(sass: str, source_file: str) -> dict[str, list[dict]]:
     """The loops of each kernel in ``nvdisasm -c -g`` text: one dict per backward branch (a branch to a label at or
     before it), ``start`` / ``end`` (its first instruction's and the branch's byte offsets), ``instructions`` and
-    ``local`` (LDL / STL among them, spill traffic) in [start, end], and ``line``: the kernel source's line of the
-    branch (lines in files under ``header_dirs``, the toolkit's headers, are skipped; None without line info); sorted
+    ``local`` (LDL / STL among them, spill traffic) in [start, end], and ``line``: the branch's line in the file named
+    ``source_file`` (the compiled source's name; an inlined CUDA header's lines are skipped; None without them); sorted
     by start, outer loops before the inner ones they hold. A loop's range is its code's layout, not its body: a wait
     the compiler moved out of line (a spin on a barrier, placed after the kernel's hot path) spans all between."""
     kernels: dict[str, list] = {}
@@ -149,7 +149,7 @@ def sass_loops(sass: str, header_dirs: tuple[str, ...] = ("/usr/",)) -> dict[str
             continue
         m = re.search(r'//## File "([^"]*)", line (\d+)', text)
         if m:  # the kernel's own lines only (a CUDA header's intrinsic keeps the line that called it)
-            if not m.group(1).startswith(header_dirs):
+            if Path(m.group(1)).name == source_file:
                 line = int(m.group(2))
             continue
         m = re.match(r"\s*(\.L_x_\d+):", text)
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         source = kernel_source(args.source).splitlines()
         usage = ptxas_usage(report)
         print(f"# {args.source}.cu, " + " ".join(f"{k}={v}" for k, v in defines.items()))
-        for name, loops in sass_loops(sass).items():
+        for name, loops in sass_loops(sass, f"{args.source}.cu").items():
             regs, spill = usage.get(name, (None, None))
             print(f"\n{name}: {regs} registers, {spill} bytes of spill stores")
             print("| loop (bytes) | instructions | local loads / stores | closed at line | source |")

@@ -1206,7 +1206,7 @@ ptxas info    : Used 255 registers, used 1 barriers, 3072 bytes smem"""
 def test_sass_loops_places_spill_traffic_in_the_loops_that_hold_it():
     """sass_size.sass_loops (``--loops``) on nvdisasm -c -g text: a loop per backward branch (a forward branch is
     none), spanning its label to the branch, counting its instructions and its LDL / STL; the branch's line is the
-    kernel source's (a CUDA header's line keeps the last kernel line); each kernel apart."""
+    named source file's (a CUDA header's line keeps the last line of that file); each kernel apart."""
     import sass_size
 
     sass = """//--------------------- .text.psa_decode --------------------------
@@ -1229,7 +1229,7 @@ def test_sass_loops_places_spill_traffic_in_the_loops_that_hold_it():
 .text.psa_merge_splits:
         /*0000*/                   NOP ;
 """
-    loops = sass_size.sass_loops(sass)
+    loops = sass_size.sass_loops(sass, "decode.cu")
     assert loops["psa_merge_splits"] == []
     assert loops["psa_decode"] == [dict(start=0x20, end=0x60, instructions=5, local=2, line=30),
                                    dict(start=0x30, end=0x40, instructions=2, local=0, line=20)]
