@@ -2027,6 +2027,19 @@ fuse_rows() {
         | grep "|" | grep -v -- "---\|mode")
   done
 }
+fuse_profile() {
+  # fuse_profile LOG [WRAPPER ARGS... --]: profile_decode_step.py's kernel table on the real layer 5 spread (default
+  # rule, B = 1 and 8) with decode.cu's PSA_FUSE_FORCED 0 then 1, one process each, the script run through the
+  # optional wrapper (e.g. exp_kernels_attr.py LOOP_CLOCK=1 --); rows tagged [fuse v], appended to $OUT/LOG. From
+  # benchmarks/.
+  local log="$1" v
+  shift
+  for v in 0 1; do
+    timeout 120 python3 exp_kernel_defines.py decode fuse_forced=$v -- "$@" profile_decode_step.py \
+        --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --batches 1,8 --spread --variants default --out /tmp 2>&1 \
+        | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/$log"
+  done
+}
 if [ "$PART" = s52d ]; then
   # Fifty-second session: the copy ceiling over zeros / random bytes / float16 noise (exp_ceiling.py): exp_dense_tune's
   # first run in an exp_kernels_attr process measured 3,026 GB/s, the later ones ~2,600 (s49f, s50a), read-only level.
@@ -2066,12 +2079,7 @@ if [ "$PART" = s52b ]; then
   done
   # the clock build's whole launch (every CTA) in the same replay: if it is as short as its CTA 0's clock (s52a: 34.0
   # -> 29.9 µs), the production build's code loses; if it is as long as production's, CTA 0 is not the slowest CTA
-  for v in 0 1; do
-    timeout 120 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_kernels_attr.py LOOP_CLOCK=1 -- \
-        profile_decode_step.py --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --batches 1,8 --spread \
-        --variants default --out /tmp 2>&1 | grep -v Warn | grep "B=\|psa_decode" | sed "s/^/[clocked, fuse $v] /" \
-        | tee -a "$OUT/s52b_clocked.txt"
-  done
+  fuse_profile s52b_clocked.txt exp_kernels_attr.py LOOP_CLOCK=1 --
   exit 0
 fi
 if [ "$PART" = s52a ]; then
@@ -2088,11 +2096,7 @@ if [ "$PART" = s52a ]; then
   done; fi
   [ "${2:-}" = clock ] && exit 0
   # the clock build said the kernel got shorter (B = 1 34.0 -> 29.9 µs): each kernel's µs in the step, off / on
-  for v in 0 1; do
-    (cd benchmarks && timeout 120 python3 exp_kernel_defines.py decode fuse_forced=$v -- profile_decode_step.py \
-        --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --batches 1,8 --spread --variants default --out "$OUT" 2>&1 \
-        | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s52a_kernels.txt")
-  done
+  (cd benchmarks && fuse_profile s52a_kernels.txt)
   exit 0
 fi
 if [ "$PART" = s51a ]; then
