@@ -156,6 +156,8 @@
 #  the copy ceiling over zeros, random bytes and float16 noise (does every floor divide by an inflated ceiling?).
 #   run(command="bash benchmarks/device_pending.sh s52b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~2 minutes)
 #  ncu of psa_decode with PSA_FUSE_FORCED off / on (Gemma 3 real layer 5, B = 1): why the production build lost.
+#   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes)
+#  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
 #   s52a (ran in s52, H100): PSA_FUSE_FORCED's loop clock and kernel profile, off / on.
 #   s51a (ran in s52, H100; results_h100_s52.md)
 #   run(command="bash benchmarks/device_pending.sh s51a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
@@ -2040,6 +2042,18 @@ fuse_profile() {
         | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/$log"
   done
 }
+if [ "$PART" = s53a ]; then
+  # Fifty-third session: the split build's splits at whole waves. SPLITS_WITHIN_WAVE rounds a batch's splits down so
+  # its CTAs fit one wave; where the groups do not divide the SMs that can leave many idle (Llama B = 11: 88 groups
+  # x 1 = 88 CTAs on 132 SMs, 0.92x SDPA; B = 9: 72). Splits whose CTAs fill whole waves exactly (B = 11: 3 -> 264 =
+  # 2 waves; B = 3: 11 -> 264; B = 9: 11 -> 792 = 6) keep every SM streaming. Predicted: Llama 32K B = 11 at 3 splits
+  # -5 to -8% against 1 (0.92 -> ~0.98x SDPA), B = 9 at 11 ~-10% if the 72 busy SMs are what limits it, B = 3 level
+  # (120 of 132 busy already). ~3 minutes, no carry.
+  cd benchmarks
+  timeout 280 python3 exp_dense_tune.py --shape llama8b --sizes 32768 --batches 11,9,3 --splits 1,2,3,4,5,6,11 \
+      --reps 20 --out "$OUT/s53a.jsonl" 2>&1 | grep -v Warn | tee "$OUT/s53a.txt"
+  exit 0
+fi
 if [ "$PART" = s52d ]; then
   # Fifty-second session: the copy ceiling over zeros / random bytes / float16 noise (exp_ceiling.py): exp_dense_tune's
   # first run in an exp_kernels_attr process measured 3,026 GB/s, the later ones ~2,600 (s49f, s50a), read-only level.

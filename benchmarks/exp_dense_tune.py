@@ -18,15 +18,18 @@ from bench_decode import (SHAPES, copy_ceiling_gbs, floor_us, kv_layer_bytes, pe
                           rotating_layers)
 
 
-def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False, groups: int | None = None):
+def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False, groups: int | None = None,
+             splits: list[int] | None = None):
     """(warps, stages, splits) to try, each launch shape once after ``decode_config`` fits it to shared memory;
     splits None is the plan's default (about one wave over the SMs). ``default_only``: the plan's own shape for
-    ``groups`` (B x Hkv) groups."""
+    ``groups`` (B x Hkv) groups; ``splits``: the plan's own shape at its default and at each of these splits."""
     from psa_fast import _kernels
 
-    if default_only:
+    if default_only or splits:
         warps = _kernels.default_warps(d, "dense", groups)
-        yield (*_kernels.decode_config(d=d, s=s, g=g, version=3, warps=warps)[1:3], None)
+        shape = _kernels.decode_config(d=d, s=s, g=g, version=3, warps=warps)[1:3]
+        for n in [None] + sorted(set(splits or [])):
+            yield (*shape, n)
         return
     split_options = [None] + sorted({max(1, default_splits // 2), default_splits * 2, default_splits * 4})
     seen = set()
@@ -53,7 +56,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="dense_tune.jsonl")
     ap.add_argument("--default-only", action="store_true", help="time the plan's own launch shape only")
+    ap.add_argument("--splits", default="", help="comma list: the plan's launch shape at these split counts (and its "
+                    "default) instead of the full sweep, e.g. 1,2,3,6 (whole waves against the rounded-down one)")
     args = ap.parse_args()
+    split_list = [int(x) for x in args.splits.split(",") if x.strip()]
+    if any(n < 1 for n in split_list):
+        raise ValueError(f"--splits: expected positive integers, got {args.splits!r}")
     shape = SHAPES[args.shape]
     stream = cupy.cuda.Stream(non_blocking=True)
     ceiling, read_ceiling = copy_ceiling_gbs(stream), read_ceiling_gbs(stream)
@@ -97,7 +105,7 @@ def main() -> None:
                   f"{default_splits}", flush=True)
             rows = []
             for warps, stages, splits in variants(cache.dp, shape.s, shape.hq // shape.hkv, default_splits,
-                                                  args.default_only, groups):
+                                                  args.default_only, groups, split_list):
                 try:
                     p = psa_fast.DecodePlan(cache, num_q_heads=shape.hq, mode="dense", warps=warps, stages=stages,
                                             splits=splits)
@@ -115,7 +123,8 @@ def main() -> None:
                     f.write(json.dumps(row) + "\n")
             rows.sort(key=lambda r: r["us"])
             default = [r for r in rows if r["splits"] is None and (r["warps"], r["stages"]) == fitted[1:3]]
-            for r in rows[:6] + [r for r in default if r not in rows[:6]]:
+            shown = rows if split_list else rows[:6] + [r for r in default if r not in rows[:6]]
+            for r in shown:
                 print(f"  warps {r['warps']} stages {r['stages']} splits {r['splits']} ({r['plan_splits']}): "
                       f"{r['us']:7.1f} µs  x{sdpa / r['us']:.2f} SDPA  x{r['us'] / floor:.2f} floor  "
                       f"x{r['us'] / read_floor:.2f} read-only floor  "
