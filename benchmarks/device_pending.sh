@@ -2083,11 +2083,14 @@ if [ "$PART" = s52b ]; then
     f="$OUT/ncu_fuse$v.txt"
     timeout 150 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 \
         --section SpeedOfLight --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --section InstructionStats --print-details all \
+        --section InstructionStats --section SourceCounters --print-details all -o "$OUT/fuse$v" \
         python3 exp_kernel_defines.py decode fuse_forced=$v -- profile_decode_step.py \
         --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches 1 --variants default \
-        --no-profiler --steps 2 --out /tmp > "$f" 2>&1
+        --no-profiler --steps 2 --out /tmp > "$f.log" 2>&1
     echo "ncu fuse $v rc=$?"
+    ncu --import "$OUT/fuse$v.ncu-rep" --print-details all > "$f" 2>&1
+    # the SASS source page (stall samples an instruction), read here with sass_mix.py / sass_size.py --loops
+    ncu --import "$OUT/fuse$v.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_src_fuse$v.csv" 2>&1
     grep -E "Duration|DRAM Throughput|Registers Per|Local|Instructions Executed|Executed Instructions |Stall \
 (Long|Barrier|Short|Wait|MIO|LG|Not|Membar)" "$f" | head -24
   done
