@@ -858,9 +858,9 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 # (B x Hkv): one request's few groups then fill the GPU with splits either way and fewer, wider CTAs leave fewer
 # partials to merge. s52 A/B (H100, SmolLM2, off / on / on / off): 128K B = 1 43.6 / 44.6 -> 42.7 / 42.8 µs, B = 2
 # 32K 26.3 / 27.2 -> 26.1 / 25.9 and 128K 76.2 / 77.3 -> 75.3 / 75.8, 32K B = 1 and B = 4 level; at B = 8 (24
-# groups) 8 warps lose (s49 sweep). 0: never. Off until the dense GPU tests have run with it (device_pending.sh
-# s52c, test_dense_wide_ctas_at_small_head_dims): no device start was lent after the A/B; then 12.
-DENSE_WIDE_MAX_GROUPS = 0
+# groups) 8 warps lose (s49 sweep). 0: never. On since s53, after the dense and split GPU tests passed with it
+# (device_pending.sh s52c: 37 passed with test_dense_wide_ctas_at_small_head_dims; the other suites' dense tests: 30).
+DENSE_WIDE_MAX_GROUPS = 12
 
 
 def default_warps(d: int, mode: str, groups: int | None = None) -> int:
@@ -880,6 +880,14 @@ def default_warps(d: int, mode: str, groups: int | None = None) -> int:
 # and Llama B = 11 level.
 SPLITS_WITHIN_WAVE = 1
 
+# > 0: where the splits within one wave leave more than 1 - SPLITS_MIN_FILL of it idle (Llama B = 6: 48 groups x 2 =
+# 96 CTAs on 132 SMs; B = 11: 88 x 1), CTAs of 8 warps take enough splits for two waves instead (6 and 3: 288 and 264
+# CTAs). s53 (H100, dense Llama, off / on / on / off): 32K B = 6 290.4 -> 268.6 µs, B = 11 509.4 -> 474.6, B = 12
+# 553.5 -> 519.2, 128K B = 6 1133.1 -> 1017.6, B = 11 2027.1 -> 1847.0; at 0.9, B = 13 lost 578 -> 599, hence 0.75.
+# Not for 4-warp CTAs: Gemma 3 (D 256) B = 45 lost 492 -> 581 with it (2 splits of 90 CTAs already at its floor).
+# benchmarks/NOTES.md (fifty-third session). 0: off.
+SPLITS_MIN_FILL = 0.75
+
 
 def pick_splits(groups: int, positions: int, warps: int, smem: int = SMEM_LIMIT) -> int:
     """CTAs per group for the split build (dense, top-k): about one wave over the SMs (at most one with
@@ -890,4 +898,6 @@ def pick_splits(groups: int, positions: int, warps: int, smem: int = SMEM_LIMIT)
     per_sm = max(1, min(64 // max(1, warps), (2 * SMEM_LIMIT // 3) // max(1, smem)))
     wave = per_sm * num_sms()
     splits = max(1, wave // groups if SPLITS_WITHIN_WAVE else round(wave / groups))
+    if warps >= 8 and groups < wave and groups * splits < SPLITS_MIN_FILL * wave:
+        splits = -(-2 * wave // groups)
     return max(1, min(splits, positions // max(1, 2 * warps)))

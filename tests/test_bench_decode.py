@@ -558,6 +558,27 @@ def test_splits_within_one_wave(monkeypatch):
         assert groups * splits(d, g, groups) <= per_sm * 132
 
 
+def test_splits_fill_two_waves_where_one_leaves_sms_idle(monkeypatch):
+    """SPLITS_MIN_FILL: where the splits within one wave leave more than a quarter of it idle, CTAs of 8 warps take
+    enough splits for two waves (Llama B = 6: 48 groups x 2 = 96 CTAs on 132 -> 6; B = 11: 88 x 1 -> 3; B = 9: 72 x 1
+    -> 4); a wave filled to 75% or more keeps its count (B = 3: 120, B = 13: 104, B = 8 and 16: 128), as do 4-warp
+    CTAs (Gemma 3 at D 256, B = 45: 90 CTAs, which the two-wave count made slower); 0 turns it off."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+
+    def splits(d, g, groups):
+        _, warps, _, smem = _kernels.decode_config(d=d, s=16, g=g, version=3, warps=_kernels.default_warps(d, "dense"))
+        return _kernels.pick_splits(groups, 2048, warps, smem)
+
+    llama = [8 * b for b in (3, 6, 8, 9, 11, 13, 16, 17)]
+    monkeypatch.setattr(_kernels, "SPLITS_MIN_FILL", 0.75)
+    assert [splits(128, 4, n) for n in llama] == [5, 6, 2, 4, 3, 1, 1, 1]
+    assert splits(256, 4, 45) == 2
+    monkeypatch.setattr(_kernels, "SPLITS_MIN_FILL", 0.0)
+    assert [splits(128, 4, n) for n in llama] == [5, 2, 2, 1, 1, 1, 1, 1]
+
+
 def test_dense_at_small_head_dims_widens_its_ctas_for_few_groups(monkeypatch):
     """DENSE_WIDE_MAX_GROUPS: dense at D <= 64 takes CTAs of 8 warps when B x Hkv is at most the threshold (given),
     4 above it or when the groups are not given; top-k, PSA and larger head dims keep their rule; 0 turns it off."""
