@@ -156,8 +156,10 @@
 #  the copy ceiling over zeros, random bytes and float16 noise (does every floor divide by an inflated ceiling?).
 #   run(command="bash benchmarks/device_pending.sh s52b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~2 minutes)
 #  ncu of psa_decode with PSA_FUSE_FORCED off / on (Gemma 3 real layer 5, B = 1): why the production build lost.
-#   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes)
+#   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes; ran in s53, H100)
 #  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
+#   run(command="bash benchmarks/device_pending.sh s53h", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
+#  PSA_BLOCK_AHEAD (a block's order entry loaded a block ahead at D 256), alone and with PSA_FUSE_FORCED.
 #   s52a (ran in s52, H100): PSA_FUSE_FORCED's loop clock and kernel profile, off / on.
 #   s51a (ran in s52, H100; results_h100_s52.md)
 #   run(command="bash benchmarks/device_pending.sh s51a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
@@ -2042,6 +2044,24 @@ fuse_profile() {
         | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/$log"
   done
 }
+if [ "$PART" = s53h ]; then
+  # Fifty-third session: decode.cu PSA_BLOCK_AHEAD (off; default builds byte-identical, sass_size.py --builds). s52b's
+  # ncu put 348 of the fused build's 2,343 stall samples on the first use of a block's order entry (no stream window at
+  # D 256: loaded at the block's start, used before its products). With the switch the entry is loaded when the
+  # consumer advances, a block ahead. Predicted (real layer 5 spread, default rule, the plan's step, exp_step rows):
+  # fused B = 1 52.9 -> ~47 (the fused chunk's s52a clock said -4 µs against the unfused 48.3: ~44-45), B = 8 163.8 ->
+  # ~150; unfused level or -1 µs (its use sits after the products already). Order: (fuse, ahead) 00 01 11 10 01 00.
+  # The bit test first. ~6 minutes; carry .gl/gemma3_xml_l5_32k.npz.
+  gpu_tests s53h.log 200 tests/test_fast.py -k "block_ahead_keeps_every_bit"
+  for fa in 0:0 0:1 1:1 1:0 0:1 0:0; do
+    IFS=: read -r f a <<< "$fa"
+    (cd benchmarks && timeout 80 python3 exp_kernel_defines.py decode fuse_forced=$f block_ahead=$a -- exp_step.py \
+        --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --sizes 32768:1,32768:8 --modes loop,first \
+        --stop auto --steps auto 2>&1 | grep -v Warn | sed "s/^/[fuse $f ahead $a] /" | tee -a "$OUT/s53h.txt" \
+        | grep "|" | grep -v -- "---\|mode")
+  done
+  exit 0
+fi
 if [ "$PART" = s53a ]; then
   # Fifty-third session: the split build's splits at whole waves. SPLITS_WITHIN_WAVE rounds a batch's splits down so
   # its CTAs fit one wave; where the groups do not divide the SMs that can leave many idle (Llama B = 11: 88 groups

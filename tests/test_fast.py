@@ -1138,6 +1138,34 @@ def test_early_window_keeps_every_bit(monkeypatch, lift_grid_thresholds, kernel_
     assert int(base["num_used"].min()) < int(base["num_used"].max())  # (the requests' ends differ)
 
 
+@pytest.mark.parametrize("case", ["sketch_avg", "ema", "sketch_avg_grid", "ema_grid", "dense", "topk"])
+def test_block_ahead_keeps_every_bit(monkeypatch, lift_grid_thresholds, kernel_switch, case):
+    """decode.cu's ``PSA_BLOCK_AHEAD`` (fifty-third session, off): in the builds without the stream window (Gemma 3's
+    D 256) the consumer loads a block's order entry when it advances to it, a block ahead of its use. Only when the
+    entry arrives moves, so on a ragged batch every output, block, iteration, reason and mass estimate is the same
+    with the switch off and on, bit for bit: the loop on clusters and on the grid (two rules each), and the split
+    build of dense (no order: the identity) and top-k (an order)."""
+    from psa_fast import _kernels
+
+    stop = "ema" if case.startswith("ema") else "sketch_avg"
+    lens = [16, 40, 700, 3000]
+    cache, data = ragged_cache(np.random.default_rng(53), lens, hq=4, hkv=1, d=256, s=16,
+                               metadata="cuboid_mean" if stop == "ema" else "quant3")
+    grid = case.endswith("grid")
+    if grid:
+        lift_grid_thresholds()
+        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
+    opts = {"dense": dict(mode="dense", splits=7), "topk": dict(mode="topk", k=40)}.get(
+        case, dict(stop=stop, sink_blocks=1, recent_blocks=2, step=16))
+    plan = psa_fast.plan(cache, num_q_heads=4, threshold=0.95, **opts)
+    assert (plan.grid_ctas == 8) == grid
+    q = cupy.asarray(np.stack([q for q, _, _ in data]))
+    names = ("out", "num_used", "iterations", "reason") + (("mass_estimate",) if "mode" not in opts else ())
+    base = assert_define_keeps_every_bit(kernel_switch, "block_ahead", plan, q, names=names)
+    if "mode" not in opts:
+        assert int(base["iterations"].max()) > 1  # (the consumer crossed chunk boundaries)
+
+
 @pytest.mark.parametrize("define", ["decide_prefetch", "decide_overlap"])
 @pytest.mark.parametrize("case", ["sketch_avg", "sketch_avg_grid", "sketch_avg_d256_grid", "certified", "ema"])
 def test_decide_switches_keep_every_bit(monkeypatch, lift_grid_thresholds, kernel_switch, define, case):

@@ -196,6 +196,14 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_FUSE_FORCED 0
 #endif
 #define PSA_FUSE_FORCED_ON (PSA_FUSE_FORCED && PSA_SKETCH_RULE && !PSA_SPEC && !PSA_STATEFUL && !PSA_SPLIT)
+#ifndef PSA_BLOCK_AHEAD
+// 1 (the builds without the stream window: head dim 256): the consumer loads a block's order entry when it advances
+// to it, a block ahead of its use, not at the use. s53's ncu of the fused build (Gemma 3, real layer 5, B = 1) found
+// 348 of its 2,343 stall samples on the first use of that load (the tail count min(S, len - j S), which ptxas placed
+// before the block's products there and after them in the default build). 0: every build as before, byte for byte.
+#define PSA_BLOCK_AHEAD 0
+#endif
+#define PSA_BLOCK_AHEAD_ON (PSA_BLOCK_AHEAD && !PSA_STREAM_WINDOW)
 #define PSA_DECIDE_OVERLAP_ON (PSA_DECIDE_OVERLAP && !PSA_SPEC && !PSA_SPLIT)
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
@@ -913,9 +921,20 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #else
     int unused_end = 0;  // (the consumer takes its chunk ends from `end`, chunk by chunk)
     int cur = PSA_FIRST_POS(unused_end), consumed = 0;
-#define PSA_BLOCK_AT(m, position) (orow ? __ldg(orow + (position)) : base + (position))
 #define PSA_POSITION_AT(m, e, after) next_position(after, e, gw, NW, cut1, cut2, step, lim)
+#if PSA_BLOCK_AHEAD_ON
+    // The block of the consumer's next entry, loaded when it advances to it (one block ahead of its use).
+    auto block_of = [&](int position) {
+        return orow ? (position < lim ? __ldg(orow + position) : 0) : base + position;
+    };
+    int cur_blk = block_of(cur);
+#define PSA_BLOCK_AT(m, position) ((m) == consumed ? cur_blk : block_of(position))
+#define PSA_ADVANCE(next, after, e) \
+    (cur = next_position(after, e, gw, NW, cut1, cut2, step, lim), cur_blk = block_of(cur))
+#else
+#define PSA_BLOCK_AT(m, position) (orow ? __ldg(orow + (position)) : base + (position))
 #define PSA_ADVANCE(next, after, e) cur = next_position(after, e, gw, NW, cut1, cut2, step, lim)
+#endif
 #endif
     PSA_LMARK(1);
     // Each pass attends chunk `it` = [pos, end), publishes its statistics and decides.
