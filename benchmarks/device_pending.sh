@@ -2048,10 +2048,10 @@ if [ "$PART" = s53h ]; then
   # Fifty-third session: decode.cu PSA_BLOCK_AHEAD (off; default builds byte-identical, sass_size.py --builds). s52b's
   # ncu put 348 of the fused build's 2,343 stall samples on the first use of a block's order entry (no stream window at
   # D 256: loaded at the block's start, used before its products). With the switch the entry is loaded when the
-  # consumer advances, a block ahead. Predicted (real layer 5 spread, default rule, the plan's step, exp_step rows):
-  # fused B = 1 52.9 -> ~47 (the fused chunk's s52a clock said -4 µs against the unfused 48.3: ~44-45), B = 8 163.8 ->
-  # ~150; unfused level or -1 µs (its use sits after the products already). Order: (fuse, ahead) 00 01 11 10 01 00.
-  # The bit test first. ~6 minutes; carry .gl/gemma3_xml_l5_32k.npz.
+  # consumer advances, a block ahead. s53 measured the loop rows without the test (B = 1: 00 47.9, 11 47.8, 10 52.5,
+  # 01 48.6 µs; B = 8: 00 151.0 / 149.9, 11 149.0 / 148.4): the loss is gone, the gain ~1% at B = 8. What remains: the
+  # bit test, and the predicted first chunk's rows (fused + ahead predicted level at B = 1, -1 to -2 µs at B = 8).
+  # Order: (fuse, ahead) 00 01 11 10 01 00. ~6 minutes; carry .gl/gemma3_xml_l5_32k.npz.
   gpu_tests s53h.log 200 tests/test_fast.py -k "block_ahead_keeps_every_bit"
   for fa in 0:0 0:1 1:1 1:0 0:1 0:0; do
     IFS=: read -r f a <<< "$fa"
