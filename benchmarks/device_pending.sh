@@ -160,6 +160,8 @@
 #  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
 #   run(command="bash benchmarks/device_pending.sh s53h", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
 #  PSA_BLOCK_AHEAD (a block's order entry loaded a block ahead at D 256), alone and with PSA_FUSE_FORCED.
+#   run(command="bash benchmarks/device_pending.sh s53i")  (~1 minute)
+#  a plain cp.async streaming kernel at the split build's CTA counts (which counts lose, and the CTAs' tail).
 #   s52a (ran in s52, H100): PSA_FUSE_FORCED's loop clock and kernel profile, off / on.
 #   s51a (ran in s52, H100; results_h100_s52.md)
 #   run(command="bash benchmarks/device_pending.sh s51a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
@@ -2044,6 +2046,17 @@ fuse_profile() {
         | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/$log"
   done
 }
+if [ "$PART" = s53i ]; then
+  # Fifty-third session: is the split build's dependence on its split count (results_h100_s53.md: 2 splits at B = 5,
+  # 3 at B = 13 lose 7-12% where their neighbours sit at the floor) a property of streaming on the GPU? A plain
+  # cp.async streaming kernel in the same CTA counts, with each CTA's timeline (exp_split_waves.py), beside s53's split
+  # build rows. Predicted: if the plain kernel loses at the same counts with a long tail (the last CTAs ending well
+  # after the median), pick_splits can be fitted on it for any card (H200 too); if it is flat, the decode kernel's own
+  # start and end are what differ. ~1 minute, no carry.
+  (cd benchmarks && timeout 200 python3 exp_split_waves.py --batches 3,5,6,9,10,11,12,13 \
+      --splits 1,2,3,4,5,6,8,11 --s53 results_h100_s53_splits.jsonl 2>&1 | grep -v Warn | tee "$OUT/s53i.md")
+  exit 0
+fi
 if [ "$PART" = s53h ]; then
   # Fifty-third session: decode.cu PSA_BLOCK_AHEAD (off; default builds byte-identical, sass_size.py --builds). s52b's
   # ncu put 348 of the fused build's 2,343 stall samples on the first use of a block's order entry (no stream window at

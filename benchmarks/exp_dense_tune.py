@@ -129,7 +129,7 @@ def main() -> None:
                       f"{r['us']:7.1f} µs  x{sdpa / r['us']:.2f} SDPA  x{r['us'] / floor:.2f} floor  "
                       f"x{r['us'] / read_floor:.2f} read-only floor  "
                       f"diff {r['rel_diff']:.1e}{'' if r['ok'] else ' OVER BUDGET'}", flush=True)
-        del cache, qs, tk, tv, tq, ref
+        cache = qs = tk = tv = tq = ref = None  # (the next size's buffers take their place)
         cupy.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
 

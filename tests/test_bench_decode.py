@@ -1265,6 +1265,25 @@ def test_exp_ceiling_refuses_an_unknown_fill():
         exp_ceiling.fill(None, "ones")
 
 
+def test_exp_split_waves_host_side(tmp_path):
+    """benchmarks/exp_split_waves.py before the GPU: its lists refuse what is not a positive integer (naming the
+    flag), its timeline reads the last start and the tail from the CTAs' (start, end, SM) rows, and it reads
+    exp_dense_tune.py's jsonl as {(B, the plan's splits): mean µs}."""
+    import exp_split_waves as esw
+
+    assert esw.parse_list("1, 2,16", "--splits") == [1, 2, 16]
+    for bad in ("", "0,2", "a", "2,-1"):
+        with pytest.raises(ValueError, match="--splits: expected comma-separated positive integers"):
+            esw.parse_list(bad, "--splits")
+    rows = np.array([[1000, 11000, 0], [3000, 12000, 1], [1000, 30000, 2]], dtype=np.uint64)
+    assert esw.timeline(rows) == (2.0, 18.0)  # starts 1, 3, 1 µs; ends 11, 12, 30: median 12
+    path = tmp_path / "s53.jsonl"
+    runs = (dict(B=5, plan_splits=3, us=10.0), dict(B=5, plan_splits=3, us=12.0), dict(B=6, plan_splits=2, us=7.0))
+    path.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    assert esw.split_build_us(str(path)) == {(5, 3): 11.0, (6, 2): 7.0}
+    assert esw.split_build_us(None) == {}
+
+
 def test_sass_size_builds_are_the_librarys():
     """sass_size.py's BUILDS (the decode builds whose digests a switch must leave unchanged) launch as
     psa_fast._kernels.decode would build them: warps and stages from decode_config for the warps the plan asks
