@@ -891,7 +891,8 @@ SPLITS_MIN_FILL = 0.75
 
 def pick_splits(groups: int, positions: int, warps: int, smem: int = SMEM_LIMIT) -> int:
     """CTAs per group for the split build (dense, top-k): about one wave over the SMs (at most one with
-    ``SPLITS_WITHIN_WAVE``), each split at least two positions (blocks) per warp, since every split adds a partial
+    ``SPLITS_WITHIN_WAVE``; two where one would leave a quarter of it idle, ``SPLITS_MIN_FILL``, CTAs of 8 warps
+    only), each split at least two positions (blocks) per warp, since every split adds a partial
     output to merge; 1 when the groups alone fill the GPU. A wave counts as many CTAs an SM as fit in two thirds of
     its shared memory at ``smem`` bytes a CTA (the cp.async data in flight) and in its 64 warps: one at head dims 128
     and 256, three for D 64's CTAs of 4 warps (swept in benchmarks/exp_dense_tune.py, benchmarks/NOTES.md)."""
