@@ -2054,7 +2054,7 @@ if [ "$PART" = s53i ]; then
   # after the median), pick_splits can be fitted on it for any card (H200 too); if it is flat, the decode kernel's own
   # start and end are what differ. ~1 minute, no carry.
   (cd benchmarks && timeout 200 python3 exp_split_waves.py --batches 3,5,6,9,10,11,12,13 \
-      --splits 1,2,3,4,5,6,8,11 --s53 results_h100_s53_splits.jsonl 2>&1 | grep -v Warn | tee "$OUT/s53i.md")
+      --splits 1,2,3,4,5,6,8,11 --s53 results_h100_s53_splits.jsonl --out "$OUT/s53i.npz" 2>&1 | grep -v Warn | tee "$OUT/s53i.md")
   exit 0
 fi
 if [ "$PART" = s53h ]; then

@@ -110,6 +110,8 @@ def main(argv=None) -> None:
     ap.add_argument("--unroll", type=int, default=16, help="16-byte copies a thread a stage (2 stages in the ring)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--s53", default=None, help="exp_dense_tune.py jsonl of the split build at the same shapes")
+    ap.add_argument("--out", default=None, help=".npz of every launch's [N, 3] (start ns, end ns, SM) rows, keyed "
+                    "'B<b>_s<s>', for reading the CTAs' placement and ends offline")
     args = ap.parse_args(argv)
     batches, splits = parse_list(args.batches, "--batches"), parse_list(args.splits, "--splits")
     if args.unroll < 1 or args.groups_per_request < 1:
@@ -124,8 +126,10 @@ def main(argv=None) -> None:
     sms = _kernels.num_sms()
     print(f"# read-only ceiling {ceiling:.0f} GB/s; {sms} SMs; CTAs of {THREADS} threads, a ring of 2 x {args.unroll} "
           f"16-byte copies a thread ({ring // 1024} KiB of shared memory)")
-    print("| B | splits | CTAs | waves | µs | GB/s | % of ceiling | last start µs | tail µs | split build µs |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| B | splits | CTAs | waves | µs | GB/s | % of ceiling | SMs used | last start µs | tail µs "
+          "| split build µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    kept = {}
     with stream:
         x = cupy.zeros(max(batches) * REQUEST_BYTES, cupy.uint8)
         out = cupy.zeros(1, cupy.uint32)
@@ -141,11 +145,16 @@ def main(argv=None) -> None:
                 us = median_us(launch, stream, args.reps, 1)
                 launch(0)
                 stream.synchronize()
-                start, tail = timeline(cupy.asnumpy(times))
+                rows = cupy.asnumpy(times)
+                kept[f"B{b}_s{s}"] = rows
+                start, tail = timeline(rows)
                 rate = int(per_cta) * 16 * n / us / 1e3
                 other = split_build.get((b, s))
                 print(f"| {b} | {s} | {n} | {n / sms:.2f} | {us:.1f} | {rate:.0f} | {100 * rate / ceiling:.0f}% | "
-                      f"{start:.1f} | {tail:.1f} | {'-' if other is None else f'{other:.1f}'} |", flush=True)
+                      f"{len(np.unique(rows[:, 2]))} | {start:.1f} | {tail:.1f} | "
+                      f"{'-' if other is None else f'{other:.1f}'} |", flush=True)
+    if args.out:
+        np.savez_compressed(args.out, **kept)
 
 
 if __name__ == "__main__":
