@@ -163,6 +163,18 @@ def _tokens(x: str) -> int:
     return int(x[:-1]) * 1024 if x[-1:] in ("k", "K") else int(x)
 
 
+def parse_ints(text: str, what: str) -> list[int]:
+    """``"8,32"`` or ``"32K,128K"`` -> ``[8, 32]`` / ``[32768, 131072]``: comma-separated positive integers (K =
+    1024); ValueError naming ``what`` (the flag) otherwise."""
+    try:
+        out = [_tokens(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated positive integers (K = 1024), got {text!r}") from None
+    if not out or any(v < 1 for v in out):
+        raise ValueError(f"{what} must be comma-separated positive integers (K = 1024), got {text!r}")
+    return out
+
+
 def parse_sizes(sizes: str, batches: str) -> list[tuple[int, int]]:
     """``"32768:1,128K:8"`` -> ``[(32768, 1), (131072, 8)]``; an entry without ``:B`` takes every batch of
     ``batches`` (``"1,8,32"``)."""

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench_decode import parse_ints
+
 PER_GRAPH = 4  # calls captured in one CUDA graph per timing sample (the host's launch latency amortised)
 EPS16 = float(np.finfo(np.float16).eps)
 
@@ -65,20 +67,6 @@ LLAMA8B = Shape("llama8b", 32, 8, 128, 4096)
 
 
 # --- arguments (pure) ------------------------------------------------------------------------------------------
-
-def _tokens(x: str) -> int:
-    x = x.strip()
-    return int(x[:-1]) * 1024 if x[-1:] in ("k", "K") else int(x)
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        out = [_tokens(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{what} must be comma-separated positive integers (K = 1024), got {text!r}") from None
-    if not out or any(v < 1 for v in out):
-        raise ValueError(f"{what} must be comma-separated positive integers (K = 1024), got {text!r}")
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,8 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.sizes = _ints(args.sizes or ("32K" if args.quick else "128K"), "--sizes")
-        args.batches = _ints(args.batches or ("8" if args.quick else "8,32"), "--batches")
+        args.sizes = parse_ints(args.sizes or ("32K" if args.quick else "128K"), "--sizes")
+        args.batches = parse_ints(args.batches or ("8" if args.quick else "8,32"), "--batches")
     except ValueError as exc:
         parser.error(str(exc))
     args.reps = args.reps if args.reps is not None else (10 if args.quick else 30)

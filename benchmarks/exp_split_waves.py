@@ -22,7 +22,7 @@ import json
 
 import numpy as np
 
-from bench_decode import median_us, read_ceiling_gbs
+from bench_decode import median_us, parse_ints, read_ceiling_gbs
 
 REQUEST_BYTES = 32768 * 8 * 128 * 2 * 2  # K and V of one Llama-3.1-8B request at 32K, float16
 THREADS = 256  # a CTA: 8 warps, as the dense split build's at D 128
@@ -67,17 +67,6 @@ extern "C" __global__ void psa_wave_read(const uint4* __restrict__ x, long long 
 """
 
 
-def parse_list(text: str, name: str) -> list[int]:
-    """``"1,2,3"`` -> ``[1, 2, 3]``; every entry a positive integer, else ValueError naming ``name``."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{name}: expected comma-separated positive integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise ValueError(f"{name}: expected comma-separated positive integers, got {text!r}")
-    return values
-
-
 def timeline(times: np.ndarray) -> tuple[float, float]:
     """(last start, tail) in µs from a ``[N, 3]`` array of (start ns, end ns, SM): when the last CTA started after
     the first, and how long after the median CTA's end the last one ended."""
@@ -113,7 +102,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None, help=".npz of every launch's [N, 3] (start ns, end ns, SM) rows, keyed "
                     "'B<b>_s<s>', for reading the CTAs' placement and ends offline")
     args = ap.parse_args(argv)
-    batches, splits = parse_list(args.batches, "--batches"), parse_list(args.splits, "--splits")
+    batches, splits = parse_ints(args.batches, "--batches"), parse_ints(args.splits, "--splits")
     if args.unroll < 1 or args.groups_per_request < 1:
         raise ValueError("--unroll and --groups-per-request: expected positive integers")
     split_build = split_build_us(args.s53)

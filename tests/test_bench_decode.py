@@ -1266,15 +1266,16 @@ def test_exp_ceiling_refuses_an_unknown_fill():
 
 
 def test_exp_split_waves_host_side(tmp_path):
-    """benchmarks/exp_split_waves.py before the GPU: its lists refuse what is not a positive integer (naming the
-    flag), its timeline reads the last start and the tail from the CTAs' (start, end, SM) rows, and it reads
+    """benchmarks/exp_split_waves.py before the GPU: its lists (bench_decode.parse_ints, which bench_multi_gpu.py
+    shares) refuse what is not a positive integer, naming the flag; its timeline reads the last start and the tail from the CTAs' (start, end, SM) rows, and it reads
     exp_dense_tune.py's jsonl as {(B, the plan's splits): mean µs}."""
     import exp_split_waves as esw
 
-    assert esw.parse_list("1, 2,16", "--splits") == [1, 2, 16]
+    assert esw.parse_ints("1, 2,16", "--splits") == [1, 2, 16]
+    assert esw.parse_ints("32K", "--sizes") == [32768]
     for bad in ("", "0,2", "a", "2,-1"):
-        with pytest.raises(ValueError, match="--splits: expected comma-separated positive integers"):
-            esw.parse_list(bad, "--splits")
+        with pytest.raises(ValueError, match="--splits must be comma-separated positive integers"):
+            esw.parse_ints(bad, "--splits")
     rows = np.array([[1000, 11000, 0], [3000, 12000, 1], [1000, 30000, 2]], dtype=np.uint64)
     assert esw.timeline(rows) == (2.0, 18.0)  # starts 1, 3, 1 µs; ends 11, 12, 30: median 12
     path = tmp_path / "s53.jsonl"
