@@ -14,8 +14,8 @@ import argparse
 import itertools
 import json
 
-from bench_decode import (SHAPES, copy_ceiling_gbs, floor_us, kv_layer_bytes, per_call_us, read_ceiling_gbs,
-                          rotating_layers)
+from bench_decode import (SHAPES, copy_ceiling_gbs, floor_us, kv_layer_bytes, parse_ints, per_call_us,
+                          read_ceiling_gbs, rotating_layers)
 
 
 def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False, groups: int | None = None,
@@ -59,9 +59,7 @@ def main() -> None:
     ap.add_argument("--splits", default="", help="comma list: the plan's launch shape at these split counts (and its "
                     "default) instead of the full sweep, e.g. 1,2,3,6 (whole waves against the rounded-down one)")
     args = ap.parse_args()
-    split_list = [int(x) for x in args.splits.split(",") if x.strip()]
-    if any(n < 1 for n in split_list):
-        raise ValueError(f"--splits: expected positive integers, got {args.splits!r}")
+    split_list = parse_ints(args.splits, "--splits") if args.splits.strip() else []
     shape = SHAPES[args.shape]
     stream = cupy.cuda.Stream(non_blocking=True)
     ceiling, read_ceiling = copy_ceiling_gbs(stream), read_ceiling_gbs(stream)
