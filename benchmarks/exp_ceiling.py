@@ -2,9 +2,9 @@
 a fresh ``cupy.empty`` buffer of 2 GiB, whose contents are whatever the allocator hands back: zeros from the driver in
 a process's first measurement, old K/V from CuPy's memory pool in a later one. In the fifty-second session (H100)
 exp_dense_tune's runs inside one exp_kernels_attr process measured 3,026 GB/s first and 2,590-2,601 after, while the
-read-only ceiling stayed ~3,030. This times the
-same copy and the same read-only kernel over zeros, random bytes and float16 noise like the K/V, in the order
-zeros / random / float16 / float16 / random / zeros, in one process (CUDA events, median of 10 a row).
+read-only ceiling stayed ~3,030. This times the same copy and the same read-only kernel over zeros, random bytes and
+float16 noise like the K/V, in the order zeros / random / float16 / float16 / random / zeros, in one process (CUDA
+events, median of 10 a row). Answer (s53, H100): every kind copies alike; the drop follows the process's history.
 
     python benchmarks/exp_ceiling.py
 """

@@ -899,6 +899,6 @@ def pick_splits(groups: int, positions: int, warps: int, smem: int = SMEM_LIMIT)
     per_sm = max(1, min(64 // max(1, warps), (2 * SMEM_LIMIT // 3) // max(1, smem)))
     wave = per_sm * num_sms()
     splits = max(1, wave // groups if SPLITS_WITHIN_WAVE else round(wave / groups))
-    if warps >= 8 and groups < wave and groups * splits < SPLITS_MIN_FILL * wave:
+    if warps >= 8 and groups * splits < SPLITS_MIN_FILL * wave:  # (never when the groups alone fill a wave)
         splits = -(-2 * wave // groups)
     return max(1, min(splits, positions // max(1, 2 * warps)))

@@ -1267,8 +1267,8 @@ def test_exp_ceiling_refuses_an_unknown_fill():
 
 def test_exp_split_waves_host_side(tmp_path):
     """benchmarks/exp_split_waves.py before the GPU: its lists (bench_decode.parse_ints, which bench_multi_gpu.py
-    shares) refuse what is not a positive integer, naming the flag; its timeline reads the last start and the tail from the CTAs' (start, end, SM) rows, and it reads
-    exp_dense_tune.py's jsonl as {(B, the plan's splits): mean µs}."""
+    shares) refuse what is not a positive integer, naming the flag; its timeline reads the last start and the tail
+    from the CTAs' (start, end, SM) rows; it reads exp_dense_tune.py's jsonl as {(B, the plan's splits): mean µs}."""
     import exp_split_waves as esw
 
     assert esw.parse_ints("1, 2,16", "--splits") == [1, 2, 16]
