@@ -154,18 +154,14 @@
 #  the dense / split GPU tests with DENSE_WIDE_MAX_GROUPS 12 (turn it on if they pass), then s52d, s52b.
 #   run(command="bash benchmarks/device_pending.sh s52d")  (~30 seconds)
 #  the copy ceiling over zeros, random bytes and float16 noise (does every floor divide by an inflated ceiling?).
-#   run(command="bash benchmarks/device_pending.sh s52b", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~2 minutes)
-#  ncu of psa_decode with PSA_FUSE_FORCED off / on (Gemma 3 real layer 5, B = 1): why the production build lost.
+#   s52b (ran in s52, H100): ncu of psa_decode with PSA_FUSE_FORCED off / on (the switch removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes; ran in s53, H100)
 #  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
-#   run(command="bash benchmarks/device_pending.sh s53h", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
-#  PSA_BLOCK_AHEAD (a block's order entry loaded a block ahead at D 256), alone and with PSA_FUSE_FORCED.
-#   run(command="bash benchmarks/device_pending.sh s53i")  (~1 minute)
+#   s53h (ran in s54, H100): PSA_BLOCK_AHEAD alone and with PSA_FUSE_FORCED (both removed in s54).
+#   run(command="bash benchmarks/device_pending.sh s53i")  (~1 minute; ran in s54, H100)
 #  a plain cp.async streaming kernel at the split build's CTA counts (which counts lose, and the CTAs' tail).
-#   s52a (ran in s52, H100): PSA_FUSE_FORCED's loop clock and kernel profile, off / on.
-#   s51a (ran in s52, H100; results_h100_s52.md)
-#   run(command="bash benchmarks/device_pending.sh s51a", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~6 minutes)
-#  the forced blocks in the first ranked chunk's iteration under the sketch rules (PSA_FUSE_FORCED): tests, off/on.
+#   s52a (ran in s52, H100): PSA_FUSE_FORCED's loop clock and kernel profile, off / on (removed in s54).
+#   s51a (ran in s52, H100; results_h100_s52.md): PSA_FUSE_FORCED's tests and rows, off / on (removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s50c", carry=[".gl/gemma3_xml_l5_32k.npz"])  (~4 minutes)
 #  standing rows at odd batch sizes (real layer 5 spread at B = 3 / 7, Llama 5% at B = 3), after s50a.
 #   run(command="bash benchmarks/device_pending.sh s50a")  (~5 minutes)
@@ -302,9 +298,10 @@ fi
 # The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones, which can be
 # added as further arguments), log to $OUT/$1.
 # GPU tests: `gpu_tests LOG SECONDS PYTEST-ARGS...`, the log to $OUT/LOG, its verdict lines printed.
-# A part that ran and whose switches are gone: says what became of it and stops (the figures: the results file named).
+# A part that ran and whose switches are gone: says what became of it and stops (the figures: the results file named,
+# s48's unless given).
 retired() {
-  echo "$PART: $1 (benchmarks/results_h100_levers_s48.md; the switches it compared are gone)"
+  echo "$PART: $1 (benchmarks/${2:-results_h100_levers_s48.md}; the switches it compared are gone)"
   exit 0
 }
 gpu_tests() {
@@ -2022,30 +2019,6 @@ if [ "$PART" = s50b ]; then
   done
   exit 0
 fi
-fuse_rows() {
-  # fuse_rows "VALUES" LIMIT ARGS...: exp_step.py ARGS (the default rule, the plan's step) with decode.cu's
-  # PSA_FUSE_FORCED at each value in turn, one process each; rows tagged [fuse v], appended to s51a.txt
-  local values="$1" limit="$2" v
-  shift 2
-  for v in $values; do
-    (cd benchmarks && timeout "$limit" python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_step.py "$@" \
-        --stop auto --steps auto 2>&1 | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s51a.txt" \
-        | grep "|" | grep -v -- "---\|mode")
-  done
-}
-fuse_profile() {
-  # fuse_profile LOG [WRAPPER ARGS... --]: profile_decode_step.py's kernel table on the real layer 5 spread (default
-  # rule, B = 1 and 8) with decode.cu's PSA_FUSE_FORCED 0 then 1, one process each, the script run through the
-  # optional wrapper (e.g. exp_kernels_attr.py LOOP_CLOCK=1 --); rows tagged [fuse v], appended to $OUT/LOG. From
-  # benchmarks/.
-  local log="$1" v
-  shift
-  for v in 0 1; do
-    timeout 120 python3 exp_kernel_defines.py decode fuse_forced=$v -- "$@" profile_decode_step.py \
-        --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --batches 1,8 --spread --variants default --out /tmp 2>&1 \
-        | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/$log"
-  done
-}
 if [ "$PART" = s53i ]; then
   # Fifty-third session: is the split build's dependence on its split count (results_h100_s53.md: 2 splits at B = 5,
   # 3 at B = 13 lose 7-12% where their neighbours sit at the floor) a property of streaming on the GPU? A plain
@@ -2058,22 +2031,7 @@ if [ "$PART" = s53i ]; then
   exit 0
 fi
 if [ "$PART" = s53h ]; then
-  # Fifty-third session: decode.cu PSA_BLOCK_AHEAD (off; default builds byte-identical, sass_size.py --builds). s52b's
-  # ncu put 348 of the fused build's 2,343 stall samples on the first use of a block's order entry (no stream window at
-  # D 256: loaded at the block's start, used before its products). With the switch the entry is loaded when the
-  # consumer advances, a block ahead. s53 measured the loop rows without the test (B = 1: 00 47.9, 11 47.8, 10 52.5,
-  # 01 48.6 µs; B = 8: 00 151.0 / 149.9, 11 149.0 / 148.4): the loss is gone, the gain ~1% at B = 8. What remains: the
-  # bit test, and the predicted first chunk's rows (fused + ahead predicted level at B = 1, -1 to -2 µs at B = 8).
-  # Order: (fuse, ahead) 00 01 11 10 01 00. ~6 minutes; carry .gl/gemma3_xml_l5_32k.npz.
-  gpu_tests s53h.log 200 tests/test_fast.py -k "block_ahead_keeps_every_bit"
-  for fa in 0:0 0:1 1:1 1:0 0:1 0:0; do
-    IFS=: read -r f a <<< "$fa"
-    (cd benchmarks && timeout 80 python3 exp_kernel_defines.py decode fuse_forced=$f block_ahead=$a -- exp_step.py \
-        --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --sizes 32768:1,32768:8 --modes loop,first \
-        --stop auto --steps auto 2>&1 | grep -v Warn | sed "s/^/[fuse $f ahead $a] /" | tee -a "$OUT/s53h.txt" \
-        | grep "|" | grep -v -- "---\|mode")
-  done
-  exit 0
+  retired "Ran in s54 (H100): fused + block-ahead level with the predicted chunk; both removed" results_h100_s54.md
 fi
 if [ "$PART" = s53a ]; then
   # Fifty-third session: the split build's splits at whole waves. SPLITS_WITHIN_WAVE rounds a batch's splits down so
@@ -2108,70 +2066,13 @@ if [ "$PART" = s52c ]; then
   exit 0
 fi
 if [ "$PART" = s52b ]; then
-  # Fifty-second session: s52a's kernel profile put psa_decode at 33.8 -> 38.6 µs (B = 1) with PSA_FUSE_FORCED on, its
-  # clock build at 34.0 -> 29.9. ncu of the production launch off / on at B = 1: registers, local (spill) traffic,
-  # instructions, stalls. Carry .gl/gemma3_xml_l5_32k.npz; ~2 minutes.
-  cd benchmarks
-  for v in 0 1; do
-    f="$OUT/ncu_fuse$v.txt"
-    timeout 150 ncu --clock-control none -k regex:psa_decode --launch-skip 3 --launch-count 1 \
-        --section SpeedOfLight --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --section InstructionStats --section SourceCounters --print-details all -o "$OUT/fuse$v" \
-        python3 exp_kernel_defines.py decode fuse_forced=$v -- profile_decode_step.py \
-        --kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3 --size 32768 --batches 1 --variants default \
-        --no-profiler --steps 2 --out /tmp > "$f.log" 2>&1
-    echo "ncu fuse $v rc=$?"
-    ncu --import "$OUT/fuse$v.ncu-rep" --print-details all > "$f" 2>&1
-    # the SASS source page (stall samples an instruction), read here with sass_mix.py / sass_size.py --loops
-    ncu --import "$OUT/fuse$v.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_src_fuse$v.csv" 2>&1
-    grep -E "Duration|DRAM Throughput|Registers Per|Local|Instructions Executed|Executed Instructions |Stall \
-(Long|Barrier|Short|Wait|MIO|LG|Not|Membar)" "$f" | head -24
-  done
-  # the clock build's whole launch (every CTA) in the same replay: if it is as short as its CTA 0's clock (s52a: 34.0
-  # -> 29.9 µs), the production build's code loses; if it is as long as production's, CTA 0 is not the slowest CTA
-  fuse_profile s52b_clocked.txt exp_kernels_attr.py LOOP_CLOCK=1 --
-  exit 0
+  retired "Ran in s52 (H100): the ncu of PSA_FUSE_FORCED (removed in s54)" results_h100_s52.md
 fi
 if [ "$PART" = s52a ]; then
-  # Fifty-second session: s51a found PSA_FUSE_FORCED slower on the real layer 5 (grid build, D 256): B = 1 loop
-  # 48.3 -> 52.9 µs, B = 32 465 -> 513, with the same blocks and iterations (Llama level). The loop clock off / on
-  # says which phase grew (start, attend, barrier, decisions, finish). ~2 minutes; carry .gl/gemma3_xml_l5_32k.npz.
-  if [ "${2:-}" != kernels ]; then for v in 0 1; do
-    for bs in 1:768 8:320; do  # the plan's steps (s51a's rows)
-      IFS=: read -r b st <<< "$bs"
-      (cd benchmarks && timeout 100 python3 exp_kernel_defines.py decode fuse_forced=$v -- exp_verify_clock.py --loop \
-          --speculate 0 --kv ../.gl/gemma3_xml_l5_32k.npz --shape gemma3 --batches "$b" --step "$st" --spread 2>&1 \
-          | grep -v Warn | sed "s/^/[fuse $v] /" | tee -a "$OUT/s52a.txt")
-    done
-  done; fi
-  [ "${2:-}" = clock ] && exit 0
-  # the clock build said the kernel got shorter (B = 1 34.0 -> 29.9 µs): each kernel's µs in the step, off / on
-  (cd benchmarks && fuse_profile s52a_kernels.txt)
-  exit 0
+  retired "Ran in s52 (H100): PSA_FUSE_FORCED's loop clock (removed in s54)" results_h100_s52.md
 fi
 if [ "$PART" = s51a ]; then
-  # Fifty-first session (CPU): decode.cu PSA_FUSE_FORCED (off by default; builds byte-identical with it off, and with
-  # it on outside the plain loop and the grid build of a sketch rule: sass_size.py --builds). Under stop = sketch /
-  # sketch_avg the rule cannot hold after the forced blocks alone (the calibration window is empty: rest = inf), so
-  # the barrier and decision after the forced chunk decide nothing; with the switch the forced blocks join the first
-  # ranked chunk's iteration. Same blocks and reasons, iterations still counting the forced chunk; the output and
-  # mass estimate differ by rounding only. Predicted (graph µs, one iteration's barrier + decision a step: ~3-5 µs on
-  # the grid at Gemma 3's D 256, s42a / s46 loop clocks; ~2.7 on Llama's clusters, s38): real layer 5 spread, the
-  # default rule, loop and predicted first chunk: B = 1 -3 to -5, B = 8 -4 to -6, B = 32 -3 to -6 (other groups stream
-  # while one waits); Llama 5% 32K / 128K B = 1 -2 to -3, 128K B = 8 -2 to -4. Blocks read and iterations equal in
-  # each pair of rows. The GPU tests first. ~6 minutes; carry .gl/gemma3_xml_l5_32k.npz.
-  l5="--kv ../.gl/gemma3_xml_l5_32k.npz --spread --shape gemma3"
-  gpu_tests s51a.log 150 tests/test_fast.py -k "fused_forced_chunk_decides"
-  if [ "${2:-}" = quick ]; then  # (`s51a quick`: the ragged test and one pair of rows, for a lease of ~4 minutes)
-    fuse_rows "0 1" 60 $l5 --sizes 32768:1,32768:8 --modes loop
-    exit 0
-  fi
-  fuse_rows "0 1 1 0" 90 $l5 --sizes 32768:1,32768:8,32768:32 --modes loop,first
-  # the contract on drawn problems last (its many small builds compile for minutes on a fresh machine)
-  gpu_tests s51a_conforms.log 200 tests/test_fast.py -k "fused_forced_chunk_conforms"
-  [ "${2:-}" = gemma ] && exit 0  # (`s51a gemma`: the real layer's rows only)
-  fuse_rows "0 1" 80 --share 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --modes loop,first
-  exit 0
+  retired "Ran in s52 (H100): PSA_FUSE_FORCED off / on (removed in s54)" results_h100_s52.md
 fi
 if [ "$PART" = s50c ]; then
   # Fiftieth session: standing rows at odd batch sizes (every row of record so far is B = 1, 8 or 32, whose groups

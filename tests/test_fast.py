@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import psa_fast
@@ -1132,34 +1132,6 @@ def test_early_window_keeps_every_bit(monkeypatch, lift_grid_thresholds, kernel_
     assert int(base["num_used"].min()) < int(base["num_used"].max())  # (the requests' ends differ)
 
 
-@pytest.mark.parametrize("case", ["sketch_avg", "ema", "sketch_avg_grid", "ema_grid", "dense", "topk"])
-def test_block_ahead_keeps_every_bit(monkeypatch, lift_grid_thresholds, kernel_switch, case):
-    """decode.cu's ``PSA_BLOCK_AHEAD`` (fifty-third session, off): in the builds without the stream window (Gemma 3's
-    D 256) the consumer loads a block's order entry when it advances to it, a block ahead of its use. Only when the
-    entry arrives moves, so on a ragged batch every output, block, iteration, reason and mass estimate is the same
-    with the switch off and on, bit for bit: the loop on clusters and on the grid (two rules each), and the split
-    build of dense (no order: the identity) and top-k (an order)."""
-    from psa_fast import _kernels
-
-    stop = "ema" if case.startswith("ema") else "sketch_avg"
-    lens = [16, 40, 700, 3000]
-    cache, data = ragged_cache(np.random.default_rng(53), lens, hq=4, hkv=1, d=256, s=16,
-                               metadata="cuboid_mean" if stop == "ema" else "quant3")
-    grid = case.endswith("grid")
-    if grid:
-        lift_grid_thresholds()
-        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
-    opts = {"dense": dict(mode="dense", splits=7), "topk": dict(mode="topk", k=40)}.get(
-        case, dict(stop=stop, sink_blocks=1, recent_blocks=2, step=16))
-    plan = psa_fast.plan(cache, num_q_heads=4, threshold=0.95, **opts)
-    assert (plan.grid_ctas == 8) == grid
-    q = cupy.asarray(np.stack([q for q, _, _ in data]))
-    names = ("out", "num_used", "iterations", "reason") + (("mass_estimate",) if "mode" not in opts else ())
-    base = assert_define_keeps_every_bit(kernel_switch, "block_ahead", plan, q, names=names)
-    if "mode" not in opts:
-        assert int(base["iterations"].max()) > 1  # (the consumer crossed chunk boundaries)
-
-
 @pytest.mark.parametrize("define", ["decide_prefetch", "decide_overlap"])
 @pytest.mark.parametrize("case", ["sketch_avg", "sketch_avg_grid", "sketch_avg_d256_grid", "certified", "ema"])
 def test_decide_switches_keep_every_bit(monkeypatch, lift_grid_thresholds, kernel_switch, define, case):
@@ -1186,77 +1158,6 @@ def test_decide_switches_keep_every_bit(monkeypatch, lift_grid_thresholds, kerne
     base = assert_define_keeps_every_bit(kernel_switch, define, plan, q,
                                          names=("out", "num_used", "iterations", "reason", "mass_estimate"))
     assert int(base["iterations"].max()) > 1  # (decisions between chunks were made, not only the last one)
-
-
-@pytest.mark.parametrize("case", ["sketch_avg", "sketch", "grid_d256", "predicted", "previous", "no_forced"])
-def test_fused_forced_chunk_decides_as_the_loop(lift_grid_thresholds, kernel_switch, monkeypatch, case):
-    """decode.cu's ``PSA_FUSE_FORCED`` (fifty-first session, off by default): under the sketch rules the forced blocks
-    are attended in the first ranked chunk's iteration, without the barrier and decision after them, where the rule
-    cannot hold (its calibration window is empty: ``psa_ref.progressive.sketch_rest``). On a ragged batch (one block:
-    all of it forced, nothing fused; 3 blocks; two longer) each group attends the same blocks, stops for the same
-    reason after the same number of iterations (the forced chunk still counted) as with the switch off, on clusters
-    (D 64, both sketch rules), on the grid (Gemma 3's D 256), after a predicted and a previous first chunk, and with
-    no forced blocks (nothing to fuse). The output may differ by rounding only: a warp may now pair a forced block
-    with a ranked one (decode.cu's PSA_PAIR moves the output to a pair's max once), so within 1e-5 of the outputs'
-    scale; the mass estimates likewise (the chunk's mass is one sum over both chunks instead of two)."""
-    from psa_fast import _kernels
-
-    d, hq, hkv = (256, 4, 1) if case == "grid_d256" else (64, 6, 2)
-    lens = [16, 40, 700, 3000]
-    cache, data = ragged_cache(np.random.default_rng(51), lens, hq=hq, hkv=hkv, d=d, s=16, metadata="quant3")
-    if case == "grid_d256":
-        lift_grid_thresholds()
-        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
-    forced = dict(sink_blocks=0, recent_blocks=0) if case == "no_forced" else dict(sink_blocks=1, recent_blocks=2)
-    first = {"predicted": "predicted", "previous": "previous"}.get(case)
-    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, stop="sketch" if case == "sketch" else "sketch_avg",
-                         step=16, first_chunk=first, **forced)
-    assert (plan.grid_ctas == 8) == (case == "grid_d256")
-    q = cupy.asarray(np.stack([q for q, _, _ in data]))
-    previous = case == "previous"
-    (off, on), switched = define_runs(kernel_switch, "fuse_forced", plan, q, calls=2 if previous else 1,
-                                      before=plan.forget_previous if previous else None,
-                                      names=("out", "num_used", "iterations", "reason", "mass_estimate"))
-    assert any(options.get("sketch_rule") for options in switched)  # (a build the switch reaches)
-    for name in ("num_used", "iterations", "reason", "order"):
-        np.testing.assert_array_equal(on[name], off[name], err_msg=name)
-    assert not np.isnan(on["out"]).any()
-    scale = float(np.abs(off["out"]).max())
-    np.testing.assert_allclose(on["out"], off["out"], rtol=0, atol=1e-5 * scale)
-    np.testing.assert_allclose(on["mass_estimate"], off["mass_estimate"], rtol=1e-5, atol=0)
-    assert int(off["iterations"].max()) >= 2  # (a forced chunk and a ranked one: a group where the switch fused)
-
-
-# (kernel_switch's monkeypatch is the test's; each example sets the define and takes it back itself)
-@settings(max_examples=100,
-          suppress_health_check=[*settings.default.suppress_health_check, HealthCheck.function_scoped_fixture])
-@given(gpu_problems(), thresholds, st.sampled_from(["sketch", "sketch_avg"]), st.sampled_from([1, 2, 5, 64]),
-       st.sampled_from([None, 3, "predicted"]))
-def test_fused_forced_chunk_conforms(kernel_switch, p, tau, stop, step, first):
-    """``PSA_FUSE_FORCED`` on: the run keeps the reference's contract (check_result on the GPU's own first-chunk
-    sizes), its iterations counting the forced chunk as the reference does (the chunks check_result rebuilds from
-    the blocks keep the forced ones apart)."""
-    if p.metadata != "quant3":
-        p = dataclasses.replace(p, metadata="quant3")
-    b = blocks_of(p)
-    n = b.num_blocks
-    sink = min(p.sink_blocks, n)
-    recent = min(p.recent_blocks, n - sink)
-    switched = kernel_switch("decode", fuse_forced=1)
-    try:
-        plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], threshold=tau, stop=stop, step=step, gqa=p.gqa,
-                             sink_blocks=sink, recent_blocks=recent, first_chunk=first)
-        dec = plan.run(cupy.asarray(p.q.astype(np.float32)[None]))
-    finally:
-        kernel_switch(None)
-    assert any(options.get("sketch_rule") for options in switched)
-    used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
-    sizes = None if first is None else cupy.asnumpy(plan.first_len[0]).tolist()
-    res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
-                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None, n)
-    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
-                 metadata=p.metadata, first_chunk=sizes if first == "predicted" else first, gqa=p.gqa,
-                 sink_blocks=sink, recent_blocks=recent)
 
 
 @pytest.mark.parametrize("mode,d,hq,hkv", [("dense", 128, 8, 2), ("dense", 64, 9, 3), ("dense", 256, 4, 1),

@@ -5,10 +5,10 @@ decode.cu walks the order chunk by chunk with a handful of integer functions (``
 ``next_position``, and ``stream_position`` for the windowed stream that loads positions ahead). They take no CUDA
 type, so the test cuts them out of the kernel's own source, compiles them with the host's C++ compiler and checks,
 over every small case: the chunk boundaries are psa_ref's (``progressive.split_chunks``: the forced blocks, the
-first ranked chunk, then ``step`` at a time), or with ``PSA_FUSE_FORCED``'s cut the same with the forced chunk joined
-to the next one; the warps' positions cover each chunk once; and the windowed stream's entry m is the walk's m-th
-position. verifier.cuh's ``chunk_end`` / ``chunk_start`` / ``chunks_before`` (the speculative schedule's) likewise.
-A change to the walk that drops or repeats a block would otherwise show only as a wrong output on a GPU.
+first ranked chunk, then ``step`` at a time); the warps' positions cover each chunk once; and the windowed stream's
+entry m is the walk's m-th position. verifier.cuh's ``chunk_end`` / ``chunk_start`` / ``chunks_before`` (the
+speculative schedule's) likewise. A change to the walk that drops or repeats a block would otherwise show only as a
+wrong output on a GPU.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from psa_ref.progressive import split_chunks
 CXX = shutil.which("c++") or shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
 
-FUNCTIONS = ("boundary_end", "loop_cuts", "first_position", "next_position", "stream_position", "chunk_end",
-             "chunk_start", "chunks_before")
+FUNCTIONS = ("boundary_end", "first_position", "next_position", "stream_position", "chunk_end", "chunk_start",
+             "chunks_before")
 
 HARNESS = r"""
 #include <algorithm>
@@ -35,17 +35,15 @@ using std::min;
 #define __device__
 #define __forceinline__ inline
 %s
-// Each input line: n first first2 step nw fuse. Prints whether the forced chunk was joined and the chunk ends the
-// loop walks ("B fused ends..."), verifier.cuh's arithmetic per position ("C ..."), then per warp its
-// positions as the consumer walks them, each with the windowed stream's entry of the same index, and the stream's
-// entry after the last ("W gw p:s ... end:s").
+// Each input line: n first first2 step nw. Prints the chunk ends the loop walks ("B ends..."), verifier.cuh's
+// arithmetic per position ("C ..."), then per warp its positions as the consumer walks them, each with the windowed
+// stream's entry of the same index, and the stream's entry after the last ("W gw p:s ... end:s").
 int main() {
-    int n, first, first2, step, nw, fuse;
-    while (std::scanf("%%d %%d %%d %%d %%d %%d", &n, &first, &first2, &step, &nw, &fuse) == 6) {
-        int c1, c2;
-        std::printf("B %%d", loop_cuts(fuse != 0, first, first2, step, n, c1, c2));
+    int n, first, first2, step, nw;
+    while (std::scanf("%%d %%d %%d %%d %%d", &n, &first, &first2, &step, &nw) == 5) {
+        std::printf("B");
         for (int pos = 0; pos < n;) {
-            const int end = boundary_end(pos, c1, c2, step, n);
+            const int end = boundary_end(pos, first, first2, step, n);
             std::printf(" %%d", end);
             pos = end;
         }
@@ -60,12 +58,12 @@ int main() {
         for (int gw = 0; gw < nw; ++gw) {
             std::printf("W %%d", gw);
             int e = 0, m = 0;
-            for (int cur = first_position(gw, 0, e, c1, c2, step, n); cur < n; ++m) {
-                std::printf(" %%d:%%d", cur, stream_position(m, 0, gw, nw, c1, c2, step, n));
+            for (int cur = first_position(gw, 0, e, first, first2, step, n); cur < n; ++m) {
+                std::printf(" %%d:%%d", cur, stream_position(m, 0, gw, nw, first, first2, step, n));
                 e = min(e, n);
-                cur = next_position(cur, e, gw, nw, c1, c2, step, n);
+                cur = next_position(cur, e, gw, nw, first, first2, step, n);
             }
-            std::printf(" end:%%d\n", stream_position(m, 0, gw, nw, c1, c2, step, n));
+            std::printf(" end:%%d\n", stream_position(m, 0, gw, nw, first, first2, step, n));
         }
     }
     return 0;
@@ -88,8 +86,8 @@ def kernel_functions() -> str:
 
 @pytest.fixture(scope="module")
 def schedule(tmp_path_factory):
-    """A function running the compiled harness on cases ``(n, first, first2, step, nw, fuse)``: per case what
-    ``loop_cuts`` returned (1: the forced chunk joined), the chunk ends the loop walks, verifier.cuh's
+    """A function running the compiled harness on cases ``(n, first, first2, step, nw)``: per case the chunk ends the
+    loop walks, verifier.cuh's
     ``(chunk_end(x), chunk_start(x), chunks_before(x))`` for x = 0 .. n (the first n for x = n), and per warp its
     walked positions, the stream's entries beside them and its entry past them."""
     folder = tmp_path_factory.mktemp("schedule")
@@ -103,14 +101,14 @@ def schedule(tmp_path_factory):
                                check=True).stdout.splitlines()
         out, i = [], 0
         for case in cases:
-            fused, *ends = (int(x) for x in lines[i].split()[1:])
+            ends = [int(x) for x in lines[i].split()[1:]]
             warps = []
             verifier = [tuple(int(x) for x in t.split(",")) for t in lines[i + 1].split()[1:]]
             for line in lines[i + 2: i + 2 + case[4]]:
                 *pairs, end = line.split()[2:]
                 walked = [tuple(int(x) for x in p.split(":")) for p in pairs]
                 warps.append(([p for p, _ in walked], [s for _, s in walked], int(end.split(":")[1])))
-            out.append((fused, ends, verifier, warps))
+            out.append((ends, verifier, warps))
             i += 2 + case[4]
         return out
 
@@ -125,23 +123,19 @@ def cases():
             for first2 in sorted({first, min(n, first + 1), min(n, first + 4), n}):
                 for step in (1, 2, 5, 16):
                     for nw in (1, 3, 4, 8):
-                        out.extend((n, first, first2, step, nw, fuse) for fuse in (0, 1))
+                        out.append((n, first, first2, step, nw))
     return out
 
 
 def test_the_loop_walks_the_references_chunks_and_each_warp_its_share(schedule):
-    """Per case: the chunk ends the loop walks are psa_ref's chunks of the order (``split_chunks``), with the forced
-    chunk joined to the next under PSA_FUSE_FORCED's cut where there are forced and ranked blocks (the iterations it
-    reports add the forced chunk back: one more than its boundaries); every position of a chunk is attended by
-    exactly one warp, during that chunk; and the windowed stream's entries are each warp's walk, ``n`` past its end."""
+    """Per case: the chunk ends the loop walks are psa_ref's chunks of the order (``split_chunks``); every position
+    of a chunk is attended by exactly one warp, during that chunk; and the windowed stream's entries are each warp's
+    walk, ``n`` past its end."""
     todo = cases()
-    for case, (fused, ends, _, warps) in zip(todo, schedule(todo)):
-        n, first, first2, step, nw, fuse = case
+    for case, (ends, _, warps) in zip(todo, schedule(todo)):
+        n, first, first2, step, nw = case
         ref = [int(c[-1]) + 1 for c in split_chunks(np.arange(n), first, step, first2 - first)]
-        assert fused == (fuse and 0 < first < n), case
-        want = ref[1:] if fused else ref
-        assert ends == want, (case, ends, ref)
-        assert len(ends) + fused == len(ref), case
+        assert ends == ref, (case, ends, ref)
         starts = [0] + ends[:-1]
         seen = np.zeros(n, int)
         for gw, (walked, streamed, past) in enumerate(warps):
@@ -168,8 +162,8 @@ def test_the_verifiers_schedule_is_the_references(schedule):
     the offload decoder find a chunk from a position, or a position from a chunk, without walking): on every case,
     the end of the chunk holding each position, the start of each chunk and the count of chunks starting before each
     position are those of psa_ref's chunks (``split_chunks``; these builds keep the forced chunk apart)."""
-    todo = [c for c in cases() if not c[5] and c[4] == 1]  # (warps and the fused cut do not enter these functions)
-    for case, (_, _, verifier, _) in zip(todo, schedule(todo)):
+    todo = [c for c in cases() if c[4] == 1]  # (warps do not enter these functions)
+    for case, (_, verifier, _) in zip(todo, schedule(todo)):
         n, first, first2, step = case[:4]
         chunks = split_chunks(np.arange(n), first, step, first2 - first)
         starts = [int(c[0]) for c in chunks]

@@ -133,7 +133,8 @@
 #define PSA_STATEFUL (PSA_OFFLOAD || PSA_RESUME)  // the loop starts from (and the offload build saves) istate/vstate
 #define PSA_GROUP_CTAS (PSA_GRID ? PSA_GRID : PSA_CLUSTER)  // CTAs of one group
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
-static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)), "the speculative build runs one CTA per chunk");
+static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)),
+              "the speculative build runs one CTA per chunk");
 static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
 static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
               "the grid build is the plain loop's, its CTAs not a cluster");
@@ -182,28 +183,13 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #endif
 // Iterations' statistics the grid build keeps, double-buffered by the iteration's parity (xstats [B, Gn, 2, C, PSA_G]),
 // and its barrier counters (xcount [B, Gn, 2]: the arrivals, then the CTAs out); a cluster's CTA totals (cta_stats) are
-// double-buffered likewise. (Until the forty-sixth session a look-ahead build, PSA_LOOKAHEAD, kept more; NOTES.md, s46.)
+// double-buffered likewise. (Until the forty-sixth session a look-ahead build, PSA_LOOKAHEAD, kept more; NOTES.md,
+// s46.)
 #define PSA_XSTATS 2
 #define PSA_XCOUNT 2
 // (both in the builds that decide: not the speculative one, which leaves after its chunk, nor the split build, whose
 // stop rules read neither array)
 #define PSA_DECIDE_PREFETCH_ON (PSA_DECIDE_PREFETCH && !PSA_SPEC && !PSA_SPLIT)
-#ifndef PSA_FUSE_FORCED
-// 1 (with PSA_SKETCH_RULE: the plain loop and the grid build under stop = sketch / sketch_avg): the forced blocks are
-// attended in the first ranked chunk's iteration, with no barrier or decision after them (loop_cuts, below;
-// fifty-first session, prepared). 0: every build as before, byte for byte. Never in the speculative, resumed and
-// offload builds: their chunks are psa_spec_verify's and the offload decoder's, which keep the forced chunk apart.
-#define PSA_FUSE_FORCED 0
-#endif
-#define PSA_FUSE_FORCED_ON (PSA_FUSE_FORCED && PSA_SKETCH_RULE && !PSA_SPEC && !PSA_STATEFUL && !PSA_SPLIT)
-#ifndef PSA_BLOCK_AHEAD
-// 1 (the builds without the stream window: head dim 256): the consumer loads a block's order entry when it advances
-// to it, a block ahead of its use, not at the use. s53's ncu of the fused build (Gemma 3, real layer 5, B = 1) found
-// 348 of its 2,343 stall samples on the first use of that load (the tail count min(S, len - j S), which ptxas placed
-// before the block's products there and after them in the default build). 0: every build as before, byte for byte.
-#define PSA_BLOCK_AHEAD 0
-#endif
-#define PSA_BLOCK_AHEAD_ON (PSA_BLOCK_AHEAD && !PSA_STREAM_WINDOW)
 #define PSA_DECIDE_OVERLAP_ON (PSA_DECIDE_OVERLAP && !PSA_SPEC && !PSA_SPLIT)
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
@@ -270,22 +256,6 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // loop's positions advance chunk by chunk, so it never needs to find the chunk of an arbitrary position.
 __device__ __forceinline__ int boundary_end(int e, int first, int first2, int step, int n) {
     return min(e < first ? first : e < first2 ? first2 : e + step, n);
-}
-
-// The chunk boundaries the loop walks, as boundary_end's (first, first2): (cut1, cut2). With `fuse`
-// (PSA_FUSE_FORCED_ON, a constant at each call) and both forced and ranked blocks (0 < first < n), the forced blocks
-// [0, first) join the first ranked chunk, which then ends at first2 (a first_chunk) or one step after them; returns 1
-// there (the forced chunk the reported iterations add back), else 0 with (first, first2) unchanged. The sketch rules
-// cannot hold where only forced blocks have been attended and ranked ones remain: their calibration window leaves the
-// forced blocks out, so the rest it estimates is infinite there (verifier_decide, psa_ref.progressive.sketch_rest),
-// and that boundary decides nothing. Without it a group saves a barrier and a decision a step; its blocks and output
-// are the same, its decisions the same up to the rounding of the mass (one sum over both chunks instead of two). The
-// verifier keeps `first` for the sketch window.
-__device__ __forceinline__ int loop_cuts(bool fuse, int first, int first2, int step, int n, int& cut1, int& cut2) {
-    const int fused = fuse && first > 0 && first < n;
-    cut1 = fused ? 0 : first;
-    cut2 = fused ? (first2 > first ? first2 : min(n, first + step)) : first2;
-    return fused;
 }
 
 // The first position of the order at or after `from` (a chunk boundary) that warp `gw` attends (n if none);
@@ -636,8 +606,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
 #endif
     const int lim_g = stop == PSA_STOP_BUDGET ? min(n_g, step) : n_g;
-    int cut1_g, cut2_g;
-    loop_cuts(PSA_FUSE_FORCED_ON, first_g, first2_g, step, n_g, cut1_g, cut2_g);
     int g_pos[2], g_blk[2], g_slot[2];
     {
         const int* orow_g = order ? order + ((long)b * Gn + g) * Nmax + base_g : nullptr;
@@ -645,7 +613,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
             constexpr int from_g = 0;
-            const int p = stream_position(32 * w + lane, from_g, gw, NW, cut1_g, cut2_g, step, lim_g);
+            const int p = stream_position(32 * w + lane, from_g, gw, NW, first_g, first2_g, step, lim_g);
             const int blk = p < lim_g ? (orow_g ? __ldg(orow_g + p) : base_g + p) : 0;
             g_pos[w] = p;
             g_blk[w] = blk;
@@ -689,10 +657,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // first_chunk: the ranked blocks of the first ranked chunk, per group (psa_first_chunk), or none
     const int first2 = first_len ? min(n, first + __ldg(first_len + (long)b * Gn + g)) : first;
 #endif
-    // The boundaries the loop walks: PSA_FUSE_FORCED drops the one after the forced blocks (loop_cuts); `fused` adds
-    // the forced chunk back to the iterations reported.
-    int cut1, cut2;
-    const int fused = loop_cuts(PSA_FUSE_FORCED_ON, first, first2, step, n, cut1, cut2);
     const int* orow = order ? order + ((long)b * Gn + g) * Nmax + base : nullptr;
     const int* btab = block_table + ((long)b * Hkv + kv) * Nmax;
 #if PSA_STATEFUL
@@ -700,13 +664,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     int pos = istate[gi * 4], it = istate[gi * 4 + 1], why = istate[gi * 4 + 2];
     if (why >= 0) return;                          // stopped in an earlier launch: the whole cluster leaves
 #if PSA_OFFLOAD
-    const int lim = chunk_end(pos, cut1, cut2, step, n);  // this launch attends [pos, lim) only
+    const int lim = chunk_end(pos, first, first2, step, n);  // this launch attends [pos, lim) only
 #define PSA_SLOT(blk) __ldg(slot_map + __ldg(btab + (blk)))
 #define PSA_FIRST_POS(e) (e = lim, from + gw < lim ? from + gw : lim)
 #else
     const int lim = n;                             // resume: the rest of the loop from chunk boundary pos
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS(e) first_position(gw, from, e, cut1, cut2, step, n)
+#define PSA_FIRST_POS(e) first_position(gw, from, e, first, first2, step, n)
 #endif
     const int from = pos;                          // the stream starts at the launch's chunk boundary
 #else
@@ -719,7 +683,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // Top-k reads only the first chunk of its order (psa_order_head writes no more): no prefetch past it.
     const int lim = stop == PSA_STOP_BUDGET ? min(n, step) : n;
 #define PSA_SLOT(blk) __ldg(btab + (blk))
-#define PSA_FIRST_POS(e) first_position(gw, from, e, cut1, cut2, step, n)
+#define PSA_FIRST_POS(e) first_position(gw, from, e, first, first2, step, n)
     constexpr int from = 0;
 #endif
     const int hh = lane >> 2;   // the row of this lane's fragments (token or channel; the head of Q's fragments)
@@ -763,7 +727,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // stall samples at Llama 128K B = 1, ncu source counters, twenty-fifth session.)
     int w_pos0, w_blk0, w_slot0, w_pos1, w_blk1, w_slot1;
     auto load_window = [&](int w) {
-        const int p = stream_position(32 * w + lane, from, gw, NW, cut1, cut2, step, lim);
+        const int p = stream_position(32 * w + lane, from, gw, NW, first, first2, step, lim);
         const int blk = p < lim ? (orow ? __ldg(orow + p) : base + p) : 0;  // (past lim: unused, not loaded)
         const int slot = p < lim ? PSA_SLOT(blk) : 0;
         if (w & 1) {
@@ -778,7 +742,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     // The guessed windows (above) with the true n: the same chunk boundaries (the split's one chunk whatever its n; the
     // loop's where n reaches the guessed first ranked chunk) give the same positions below the true end and the end
     // past it, the same blocks and slots below it (the split: base = base_g wherever n > 0). Else: loaded again.
-    if (PSA_SPLIT || (cut1 == cut1_g && cut2 == cut2_g)) {
+    if (PSA_SPLIT || (first == first_g && first2 == first2_g)) {
         w_pos0 = g_pos[0] < lim ? g_pos[0] : lim;
         w_pos1 = g_pos[1] < lim ? g_pos[1] : lim;
         w_blk0 = g_blk[0];
@@ -799,7 +763,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     int f_pos = PSA_FIRST_POS(a_end);                                // next position to load
     int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : base + f_pos) : 0;
     a_end = min(a_end, lim);
-    int a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, cut1, cut2, step, lim) : lim;  // the one after
+    int a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;  // the one after
     int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
     int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
     const int a_slot = a_pos < lim ? PSA_SLOT(a_blk) : 0;  // the first two slots' loads in flight together
@@ -851,7 +815,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         f_pos = a_pos;      // advance: the slot load below was made possible by a_blk, loaded a step ago
         f_blk = a_blk;
         f_slot = known ? a_slot : f_pos < lim ? PSA_SLOT(f_blk) : 0;
-        a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, cut1, cut2, step, lim) : lim;
+        a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;
         a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
 #endif
     };
@@ -921,26 +885,15 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #else
     int unused_end = 0;  // (the consumer takes its chunk ends from `end`, chunk by chunk)
     int cur = PSA_FIRST_POS(unused_end), consumed = 0;
-#define PSA_POSITION_AT(m, e, after) next_position(after, e, gw, NW, cut1, cut2, step, lim)
-#if PSA_BLOCK_AHEAD_ON
-    // The block of the consumer's next entry, loaded when it advances to it (one block ahead of its use).
-    auto block_of = [&](int position) {
-        return orow ? (position < lim ? __ldg(orow + position) : 0) : base + position;
-    };
-    int cur_blk = block_of(cur);
-#define PSA_BLOCK_AT(m, position) ((m) == consumed ? cur_blk : block_of(position))
-#define PSA_ADVANCE(next, after, e) \
-    (cur = next_position(after, e, gw, NW, cut1, cut2, step, lim), cur_blk = block_of(cur))
-#else
+#define PSA_POSITION_AT(m, e, after) next_position(after, e, gw, NW, first, first2, step, lim)
 #define PSA_BLOCK_AT(m, position) (orow ? __ldg(orow + (position)) : base + (position))
-#define PSA_ADVANCE(next, after, e) cur = next_position(after, e, gw, NW, cut1, cut2, step, lim)
-#endif
+#define PSA_ADVANCE(next, after, e) cur = next_position(after, e, gw, NW, first, first2, step, lim)
 #endif
     PSA_LMARK(1);
     // Each pass attends chunk `it` = [pos, end), publishes its statistics and decides.
     while (why < 0) {
         PSA_LMARK(2);
-        const int end = boundary_end(pos, cut1, cut2, step, n);  // (pos: a chunk boundary)
+        const int end = boundary_end(pos, first, first2, step, n);  // (pos: a chunk boundary)
         // This warp's share of the chunk for heads 2 quad + e (e = 0, 1): max logit, mass relative to it, min
         // log block mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
         float cm[2] = {-PSA_INF, -PSA_INF}, cs[2] = {0.f, 0.f}, cmin[2] = {PSA_INF, PSA_INF}, ce[2] = {0.f, 0.f};
@@ -1269,7 +1222,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         if (threadIdx.x == 0 && rank == 0) {  // (the grid build's loop ends only with a reason)
             const long gi = (long)b * Gn + g;
             num_used[gi] = pos;
-            iterations[gi] = it + fused;
+            iterations[gi] = it;
             reason[gi] = why;
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) mass_est[(long)b * Hq + h0 + h] = ver[h].frac;
@@ -1361,7 +1314,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         if (threadIdx.x == 0 && why >= 0) {
             const long gi = (long)b * Gn + g;
             num_used[gi] = pos;
-            iterations[gi] = it + fused;
+            iterations[gi] = it;
             reason[gi] = why;
         }
         if (threadIdx.x == 0 && why >= 0)
