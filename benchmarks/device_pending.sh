@@ -157,6 +157,8 @@
 #   s52b (ran in s52, H100): ncu of psa_decode with PSA_FUSE_FORCED off / on (the switch removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes; ran in s53, H100)
 #  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
+#   run(command="bash benchmarks/device_pending.sh s54a")  (~3 minutes)
+#  the dense step of record at every batch size to 16 (Llama, Gemma 3, SmolLM2) with s53's defaults, SDPA beside.
 #   s53h (ran in s54, H100): PSA_BLOCK_AHEAD alone and with PSA_FUSE_FORCED (both removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s53i")  (~1 minute; ran in s54, H100)
 #  a plain cp.async streaming kernel at the split build's CTA counts (which counts lose, and the CTAs' tail).
@@ -2016,6 +2018,21 @@ if [ "$PART" = s50b ]; then
         > "$OUT/ncu_append_quant3_split$split.txt" 2>&1
     echo "ncu split $split rc=$?"; grep -E "Duration|Executed Instructions |Stall (Long|Wait|Barrier|No Inst)|Block Size|Registers Per" \
         "$OUT/ncu_append_quant3_split$split.txt" | head -12
+  done
+  exit 0
+fi
+if [ "$PART" = s54a ]; then
+  # Fifty-fourth session: the dense step of record with every default of s53 / s54 (DENSE_WIDE_MAX_GROUPS 12,
+  # SPLITS_MIN_FILL 0.75) against SDPA in the same process, at every batch size up to 16 and at 32 (Llama and
+  # Gemma 3 32K), B = 1 / 2 / 4 / 8 at 128K, SmolLM2 at 32K and 128K: the issue's "dense >= 0.95x SDPA at every
+  # size" on this card. Predicted from s53's sweep: Llama 32K every B within 0.95x but B = 13 (0.946x); SmolLM2 B = 1
+  # 0.89-0.92x (s52). ~3 minutes, no carry.
+  cd benchmarks
+  for spec in llama8b:32768:1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,32 llama8b:131072:1,2,4,8 \
+      smollm2:32768,131072:1,2,3,4,8,16,32 gemma3:32768:1,2,3,4,5,7,8,16,32; do
+    IFS=: read -r shape sizes batches <<< "$spec"
+    timeout 200 python3 exp_dense_tune.py --shape "$shape" --sizes "$sizes" --batches "$batches" --default-only \
+        --reps 20 --out "$OUT/s54a_$shape.jsonl" 2>&1 | grep -v Warn | tee -a "$OUT/s54a.txt" | grep "SDPA"
   done
   exit 0
 fi
