@@ -372,7 +372,8 @@ def _pow2(x: int, least: int) -> int:
 
 # psa_merge_splits: the splits a warp loads at once (PSA_MERGE_BATCH), at most MERGE_BATCH and, where MERGE_BATCH_FIT,
 # no more than the warp's share of the splits. Each slot of the batch is unrolled code: at Llama's 16 splits for one
-# request a batch of 32 ran 1,290 instructions a warp for its 2 splits (ncu, s36d); fitted, the merge 3.4 -> 2.2 µs (s37)
+# request a batch of 32 ran 1,290 instructions a warp for its 2 splits (ncu, s36d); fitted, the merge 3.4 -> 2.2 µs
+# (s37)
 MERGE_BATCH = 32
 MERGE_BATCH_FIT = 1
 SLICE = 1024  # keys per CTA in the two-kernel sort ...
@@ -685,11 +686,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     diagnostics, the others their loop state in ``istate [B, Gn, 4]`` int / ``vstate [B, Hq, 7 + Dp]``), and
     the ``PSA_RESUME`` build (the loop from there, ``cluster`` CTAs per group; done groups leave at once).
 
-    ``grid_group = (ctas, xstats, xcount, xpart)`` (psa's plain loop, version 3, ``cluster`` 1) launches the ``PSA_GRID``
-    build: ``ctas`` CTAs a group that are not a cluster, exchanging each iteration's statistics through ``xstats
-    [B, Gn, 2, ctas, g, 4]`` float32 and a barrier on ``xcount [B, Gn, 2]`` uint32 (zero before the first launch;
-    each launch leaves it zero), and every warp's output terms through ``xpart [B, Gn, ctas * warps, g, Dp + 4]``
-    float32 (``Dp`` outputs, max, mass, 2 unused; ``warps`` the build's, after ``decode_config``). Every CTA of the
+    ``grid_group = (ctas, xstats, xcount, xpart)`` (psa's plain loop, version 3, ``cluster`` 1) launches the
+    ``PSA_GRID`` build: ``ctas`` CTAs a group that are not a cluster, exchanging each iteration's statistics through
+    ``xstats [B, Gn, 2, ctas, g, 4]`` float32 and a barrier on ``xcount [B, Gn, 2]`` uint32 (zero before the first
+    launch; each launch leaves it zero), and every warp's output terms through
+    ``xpart [B, Gn, ctas * warps, g, Dp + 4]`` float32 (``Dp`` outputs, max, mass, 2 unused; ``warps`` the build's, after ``decode_config``). Every CTA of the
     grid must be resident at once (``pick_grid``).
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk

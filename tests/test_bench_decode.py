@@ -96,7 +96,8 @@ def test_floor_of_psa_is_metadata_plus_the_blocks_it_read():
     assert q3 - got == 8 * n * 16 * 128 // 2 + 32 * n * 4 * 3
     # more blocks read, more bytes; B requests, B times the bytes
     assert bd.floor_bytes(LLAMA, t=131072, b=1, blocks_read=2 * read, metadata="cuboid_mean") > got
-    assert bd.floor_bytes(LLAMA, t=131072, b=8, blocks_read=read, metadata="cuboid_mean") == pytest.approx(8 * got, abs=8)
+    batch = bd.floor_bytes(LLAMA, t=131072, b=8, blocks_read=read, metadata="cuboid_mean")
+    assert batch == pytest.approx(8 * got, abs=8)
 
 
 def test_floor_rejects_nonsense():
@@ -164,7 +165,8 @@ def fake_rows():
         for frac in (0.03, 0.3, 0.1):
             rows.append(dict(T=32768, B=b, shape="llama8b", profile="sparsity", share=frac, method="PSA τ=0.95",
                              us=sdpa * frac * 3, speedup=1 / (frac * 3), step_floor=2.0, frac=frac, err=0.01))
-            rows.append(dict(T=32768, B=b, shape="llama8b", method=f"top-k k={int(frac * 3000)} (error ≤ PSA τ=0.95)",
+            topk = f"top-k k={int(frac * 3000)} (error ≤ PSA τ=0.95)"
+            rows.append(dict(T=32768, B=b, shape="llama8b", method=topk,
                              us=sdpa * frac * 4, speedup=1 / (frac * 4), frac=1.5 * frac, err=0.01))
             rows.append(dict(T=32768, B=b, shape="llama8b", method="psa_fast dense", us=sdpa * 1.2,
                              speedup=1 / 1.2, frac=1.0, err=0.0))
@@ -434,7 +436,8 @@ def test_kernel_defines_reach_one_file_only_and_yield_to_the_caller():
 
 def test_kernel_defines_runs_the_script_with_its_arguments(tmp_path):
     script = tmp_path / "probe.py"
-    script.write_text("import sys\nfrom psa_fast import _kernels\nprint('ARGS', sys.argv[1:], _kernels.kernel.__qualname__)\n")
+    script.write_text("import sys\nfrom psa_fast import _kernels\n"
+                      "print('ARGS', sys.argv[1:], _kernels.kernel.__qualname__)\n")
     run = subprocess.run([sys.executable, str(BENCH / "exp_kernel_defines.py"), "decode", "trans=0", "--", str(script),
                           "--flag", "1"], capture_output=True, text=True, cwd=BENCH.parent, check=True)
     assert "ARGS ['--flag', '1'] with_defines.<locals>.kernel" in run.stdout
@@ -458,7 +461,8 @@ def test_kernel_source_swaps_one_file_and_keeps_the_headers(tmp_path):
     older = tmp_path / "order_old.cu"
     older.write_text('// OLDER\nextern "C" __global__ void psa_order() {}\n')
     script.write_text("from psa_fast import _kernels\n"
-                      "print('BOTH', 'MARKER' in _kernels._source('decode.cu'), 'OLDER' in _kernels._source('order.cu'))\n")
+                      "print('BOTH', 'MARKER' in _kernels._source('decode.cu'),\n"
+                      "      'OLDER' in _kernels._source('order.cu'))\n")
     run = subprocess.run([sys.executable, str(BENCH / "exp_kernel_source.py"), "decode,order", f"{old},{older}", "--",
                           str(script)], capture_output=True, text=True, cwd=BENCH.parent, check=True)
     assert "BOTH True True" in run.stdout  # two files swapped at once
@@ -1005,7 +1009,8 @@ def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatc
     for n in range(1, 300):  # whatever the batch: clusters that all fit at once, the grid, or one CTA a group
         c = _kernels.pick_cluster(n)
         for d, block in ((256, gemma), (128, llama), (64, smollm2)):
-            assert c == 1 or {2: 66, 4: 30, 8: 15, 16: 7}[c] >= n or _kernels.pick_grid(n, c, 2048, d, block) > 1, (n, d)
+            fits = c == 1 or {2: 66, 4: 30, 8: 15, 16: 7}[c] >= n
+            assert fits or _kernels.pick_grid(n, c, 2048, d, block) > 1, (n, d)
     monkeypatch.setattr(_kernels, "GRID_WHERE_CLUSTERS_WAIT", 0)
     assert [_kernels.pick_grid(*k) for k in ((32, 4, 2048, 256, gemma), (16, 8, 2048, 128, llama))] == [0, 0]
 

@@ -360,7 +360,8 @@ def test_speculative_attend_in_either_cta_shape_keeps_the_loops_result(monkeypat
     for g in range(2):
         np.testing.assert_array_equal(cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]), want[g])
     np.testing.assert_array_equal(cupy.asnumpy(dec.iterations), cupy.asnumpy(loop.iterations))
-    np.testing.assert_allclose(cupy.asnumpy(dec.out), want_out, rtol=0, atol=1e-4)  # float32 partials, merged in another order
+    # float32 partials, merged in another order
+    np.testing.assert_allclose(cupy.asnumpy(dec.out), want_out, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("d,warps", [(64, 8), (128, 8), (256, 4)])
@@ -997,8 +998,9 @@ def test_a_batch_whose_clusters_would_wait_runs_on_the_grid_and_conforms(monkeyp
         check_result(res, q[b], k, v, threshold=0.9, stop="ema", step=32, block_size=16, metadata=cache.metadata)
 
 
-@pytest.mark.parametrize("stop,metadata,d,hq,hkv", [("ema", "cuboid_mean", 128, 8, 2), ("sketch_avg", "quant3", 64, 6, 2),
-                                                     ("certified", "minmax", 128, 8, 2), ("ema", "cuboid_mean", 256, 4, 1)])
+@pytest.mark.parametrize("stop,metadata,d,hq,hkv", [
+    ("ema", "cuboid_mean", 128, 8, 2), ("sketch_avg", "quant3", 64, 6, 2), ("certified", "minmax", 128, 8, 2),
+    ("ema", "cuboid_mean", 256, 4, 1)])
 def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypatch, lift_grid_thresholds, stop,
                                                                        metadata, d, hq, hkv):
     """The loop's grid build (_kernels.LOOP_GRID, decode.cu's PSA_GRID): a group's 24 CTAs are CTAs of the grid, not a
@@ -1299,8 +1301,8 @@ def test_torch_tensors_in_and_out():
     (lambda q, b: psa_fast.attention(q.astype(cupy.int32), b), TypeError, "dtype"),
     (lambda q, b: psa_fast.attention(q * cupy.nan, b), ValueError, "NaN"),
     (lambda q, b: psa_fast.topk_attention(q, b, 0), ValueError, "k must be >= 1"),
-    (lambda q, b: psa_fast.KVBlocks.from_dense(cupy.zeros((2, 8, 16), cupy.float32), cupy.zeros((2, 8, 16), cupy.float32)),
-     TypeError, "float16"),
+    (lambda q, b: psa_fast.KVBlocks.from_dense(cupy.zeros((2, 8, 16), cupy.float32),
+                                               cupy.zeros((2, 8, 16), cupy.float32)), TypeError, "float16"),
 ])
 def test_bad_input(bad, exc, words):
     q = cupy.ones((4, 16), cupy.float32)
