@@ -690,8 +690,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``PSA_GRID`` build: ``ctas`` CTAs a group that are not a cluster, exchanging each iteration's statistics through
     ``xstats [B, Gn, 2, ctas, g, 4]`` float32 and a barrier on ``xcount [B, Gn, 2]`` uint32 (zero before the first
     launch; each launch leaves it zero), and every warp's output terms through
-    ``xpart [B, Gn, ctas * warps, g, Dp + 4]`` float32 (``Dp`` outputs, max, mass, 2 unused; ``warps`` the build's, after ``decode_config``). Every CTA of the
-    grid must be resident at once (``pick_grid``).
+    ``xpart [B, Gn, ctas * warps, g, Dp + 4]`` float32 (``Dp`` outputs, max, mass, 2 unused; ``warps`` the build's,
+    after ``decode_config``). Every CTA of the grid must be resident at once (``pick_grid``).
 
     ``first_len`` (``[B, Gn]`` int, version 3): the ranked blocks of each group's first ranked chunk
     (``first_chunk``; psa_first_chunk writes the predicted ones); None: chunks of ``step`` after the forced.
