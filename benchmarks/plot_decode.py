@@ -4,6 +4,9 @@
         # bars: time per decode step relative to torch SDPA, per size and batch
     python benchmarks/plot_decode.py --vs-blocks bench_decode_sparsity_llama8b.jsonl docs/img/psa_speedup_vs_blocks.png
         # lines: speedup over SDPA against the share of blocks read, one per batch and method, a panel per size
+    python benchmarks/plot_decode.py --dense results_h100_s54_dense.jsonl docs/img/psa_dense_vs_sdpa.png
+        # lines: the dense step's speed over SDPA's against the batch, one per shape and size (exp_dense_tune.py
+        # rows with --default-only), the target 0.95x drawn
 """
 
 from __future__ import annotations
@@ -137,10 +140,74 @@ def plot_vs_blocks(src: str, dst: str, *, methods=VS_BLOCKS_METHODS, batches=(1,
     return lines
 
 
+DENSE_TARGET = 0.95  # issue 14: the dense paged kernel at >= 0.95x SDPA at every size
+
+
+def dense_vs_sdpa(rows: list[dict]) -> dict:
+    """The lines of ``plot_dense``: ``{(shape, T): [(B, SDPA µs / dense µs), ...]}`` sorted by B, from
+    exp_dense_tune.py rows of the plan's own launch shape (``splits`` None; a row per (shape, T, B), the first if
+    repeated)."""
+    lines: dict = {}
+    for r in rows:
+        if r.get("splits") is None and "sdpa_us" in r:
+            pts = lines.setdefault((r["shape"], r["T"]), {})
+            pts.setdefault(r["B"], r["sdpa_us"] / r["us"])
+    return {k: sorted(v.items()) for k, v in sorted(lines.items())}
+
+
+def plot_dense(src: str, dst: str, *, title: str = "") -> dict:
+    """The dense step's speed over SDPA's (same process) against the batch, one line per shape and size, from an
+    exp_dense_tune.py JSONL; the target (0.95x) dashed, each point below it circled. Writes ``dst`` (PNG) and returns
+    the lines (``dense_vs_sdpa``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(src) as f:
+        lines = dense_vs_sdpa([json.loads(line) for line in f if line.strip()])
+    if not lines:
+        raise ValueError(f"{src} has no exp_dense_tune.py rows of the plan's launch shape (splits None, sdpa_us)")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, ((shape, t), pts) in enumerate(lines.items()):
+        bs, ys = [b for b, _ in pts], [y for _, y in pts]
+        ax.plot(bs, ys, marker="o", ms=4, color=f"C{i}", label=f"{shape}, {t // 1024}K")
+        low = [(b, y) for b, y in pts if y < DENSE_TARGET]
+        if low:
+            ax.scatter(*zip(*low), s=90, facecolors="none", edgecolors=f"C{i}", lw=1.2)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(DENSE_TARGET, color="k", lw=0.8, ls="--", label=f"target {DENSE_TARGET}x")
+    ax.set_xscale("log", base=2)
+    batches = sorted({b for pts in lines.values() for b, _ in pts})
+    ax.set_xticks([b for b in batches if b & (b - 1) == 0] or batches)  # powers of two labelled, the rest ticked
+    ax.set_xticks(batches, minor=True)
+    ax.get_xaxis().set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.get_xaxis().set_minor_formatter(plt.NullFormatter())
+    ax.set_xlabel("batch (requests)")
+    ax.set_ylabel("SDPA time ÷ psa_fast dense time")
+    ax.set_title(title or "Dense paged decode against torch SDPA (higher is better; circled: below the target)",
+                 fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=120)
+    plt.close(fig)
+    print(f"wrote {dst}")
+    return lines
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vs-blocks", action="store_true", help="speedup against the share of blocks read")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--vs-blocks", action="store_true", help="speedup against the share of blocks read")
+    mode.add_argument("--dense", action="store_true", help="exp_dense_tune.py rows: dense over SDPA against the batch")
+    ap.add_argument("--title", default="", help="--dense: the plot's title")
     ap.add_argument("src")
     ap.add_argument("dst")
     a = ap.parse_args()
-    plot_vs_blocks(a.src, a.dst) if a.vs_blocks else main(a.src, a.dst)
+    if a.dense:
+        plot_dense(a.src, a.dst, title=a.title)
+    elif a.vs_blocks:
+        plot_vs_blocks(a.src, a.dst)
+    else:
+        main(a.src, a.dst)

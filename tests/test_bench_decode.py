@@ -194,6 +194,26 @@ def test_plot_speedup_against_blocks_read(tmp_path):
         plot_decode.plot_vs_blocks(str(src), str(dst), batches=(32,))
 
 
+def test_plot_dense_against_sdpa_by_batch(tmp_path):
+    """plot_decode --dense: exp_dense_tune.py rows of the plan's own launch shape only (a forced split count is not
+    the library's dense step), one line per (shape, T) sorted by batch, SDPA µs over dense µs; the first row of a
+    repeated (shape, T, B) kept."""
+    rows = [dict(shape="smollm2", T=32768, B=2, warps=8, stages=3, splits=None, us=25.0, sdpa_us=22.5),
+            dict(shape="smollm2", T=32768, B=1, warps=8, stages=3, splits=None, us=16.0, sdpa_us=15.2),
+            dict(shape="smollm2", T=32768, B=1, warps=8, stages=3, splits=4, us=30.0, sdpa_us=15.2),
+            dict(shape="smollm2", T=32768, B=2, warps=8, stages=3, splits=None, us=50.0, sdpa_us=22.5),
+            dict(shape="llama8b", T=131072, B=8, warps=8, stages=3, splits=None, us=1342.0, sdpa_us=1338.9)]
+    src, dst = tmp_path / "dense.jsonl", tmp_path / "dense.png"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = plot_decode.plot_dense(str(src), str(dst))
+    assert list(lines) == [("llama8b", 131072), ("smollm2", 32768)]
+    assert lines["smollm2", 32768] == [(1, pytest.approx(0.95)), (2, pytest.approx(0.9))]
+    assert dst.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and dst.stat().st_size > 10_000
+    src.write_text(json.dumps(rows[2]) + "\n")
+    with pytest.raises(ValueError, match="splits None"):
+        plot_decode.plot_dense(str(src), str(dst))
+
+
 def test_one_legend_lists_every_panels_lines_once():
     left = (["h1", "h32"], ["PSA, B=1", "PSA, B=32"])  # B = 32 drawn at 32K only
     right = (["h1b", "h8"], ["PSA, B=1", "PSA, B=8"])
