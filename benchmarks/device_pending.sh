@@ -157,7 +157,9 @@
 #   s52b (ran in s52, H100): ncu of psa_decode with PSA_FUSE_FORCED off / on (the switch removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes; ran in s53, H100)
 #  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
-#   run(command="bash benchmarks/device_pending.sh s54a")  (~3 minutes)
+#   run(command="bash benchmarks/device_pending.sh s54b")  (~4 minutes)
+#  SPLITS_MIN_FILL off / on / on / off on the top-k split build (Llama 5%, 32K B = 6 / 11), dense and PSA beside.
+#   run(command="bash benchmarks/device_pending.sh s54a")  (~3 minutes; ran in s54, H100)
 #  the dense step of record at every batch size to 16 (Llama, Gemma 3, SmolLM2) with s53's defaults, SDPA beside.
 #   s53h (ran in s54, H100): PSA_BLOCK_AHEAD alone and with PSA_FUSE_FORCED (both removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s53i")  (~1 minute; ran in s54, H100)
@@ -2019,6 +2021,18 @@ if [ "$PART" = s50b ]; then
     echo "ncu split $split rc=$?"; grep -E "Duration|Executed Instructions |Stall (Long|Wait|Barrier|No Inst)|Block Size|Registers Per" \
         "$OUT/ncu_append_quant3_split$split.txt" | head -12
   done
+  exit 0
+fi
+if [ "$PART" = s54b ]; then
+  # Fifty-fourth session: SPLITS_MIN_FILL (on since s53) reaches the top-k split build too, through pick_splits, and
+  # was measured on dense only. Llama 5% at 32K B = 6 / 11 (48 / 88 groups: 2 -> 6 and 1 -> 3 splits), bench_decode's
+  # dense, PSA (the loop build: the control, untouched) and top-k rows, off / on / on / off in one process. Predicted:
+  # top-k -3 to -7% where its decode kernel is most of the step, dense as in s53 (-7%), PSA level. ~4 minutes.
+  cd benchmarks
+  timeout 500 python3 exp_kernels_attr.py SPLITS_MIN_FILL=0.0,0.75,0.75,0.0 -- bench_decode.py --profile sparsity \
+      --shares 0.05 --shape llama8b --sizes 32768:6,32768:11 --reps 20 \
+      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank --out "$OUT" 2>&1 | grep -v Warn \
+      | tee "$OUT/s54b.txt" | grep "^#\|^|" | cut -d'|' -f4-9,12
   exit 0
 fi
 if [ "$PART" = s54a ]; then
