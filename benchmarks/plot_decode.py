@@ -29,8 +29,9 @@ def _method(name: str) -> str:
     return f"top-k {TOPK_AT_ERROR}" if name.startswith("top-k") and name.endswith(TOPK_AT_ERROR) else name
 
 
-def main(src: str, dst: str) -> None:
-    """Bars: speedup over SDPA per (size, batch) for the main methods."""
+def main(src: str, dst: str, *, title: str = "") -> None:
+    """Bars: speedup over SDPA per (size, batch) for the main methods (``title``: the plot's, which should name the
+    card; the rows do not)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,7 +54,7 @@ def main(src: str, dst: str) -> None:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x, labels, rotation=30, ha="right")
     ax.set_ylabel("speedup over torch SDPA (same run)")
-    ax.set_title("Decode step, Llama-3.1-8B attention shapes, H200 (higher is better)")
+    ax.set_title(title or "Decode step, Llama-3.1-8B attention shapes (higher is better)")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -201,7 +202,7 @@ if __name__ == "__main__":
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--vs-blocks", action="store_true", help="speedup against the share of blocks read")
     mode.add_argument("--dense", action="store_true", help="exp_dense_tune.py rows: dense over SDPA against the batch")
-    ap.add_argument("--title", default="", help="--dense: the plot's title")
+    ap.add_argument("--title", default="", help="the plot's title (bars and --dense; name the card)")
     ap.add_argument("src")
     ap.add_argument("dst")
     a = ap.parse_args()
@@ -210,4 +211,4 @@ if __name__ == "__main__":
     elif a.vs_blocks:
         plot_vs_blocks(a.src, a.dst)
     else:
-        main(a.src, a.dst)
+        main(a.src, a.dst, title=a.title)
