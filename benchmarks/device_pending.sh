@@ -157,7 +157,9 @@
 #   s52b (ran in s52, H100): ncu of psa_decode with PSA_FUSE_FORCED off / on (the switch removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes; ran in s53, H100)
 #  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
-#   run(command="bash benchmarks/device_pending.sh s54b")  (~4 minutes)
+#   run(command="bash benchmarks/device_pending.sh s54c")  (~3 minutes)
+#  issue 14's share of HBM at 20% / 30% of the blocks, B >= 8, Llama and Gemma 3 shapes, on this card.
+#   run(command="bash benchmarks/device_pending.sh s54b")  (~4 minutes; ran in s54, H100)
 #  SPLITS_MIN_FILL off / on / on / off on the top-k split build (Llama 5%, 32K B = 6 / 11), dense and PSA beside.
 #   run(command="bash benchmarks/device_pending.sh s54a")  (~3 minutes; ran in s54, H100)
 #  the dense step of record at every batch size to 16 (Llama, Gemma 3, SmolLM2) with s53's defaults, SDPA beside.
@@ -2020,6 +2022,22 @@ if [ "$PART" = s50b ]; then
         > "$OUT/ncu_append_quant3_split$split.txt" 2>&1
     echo "ncu split $split rc=$?"; grep -E "Duration|Executed Instructions |Stall (Long|Wait|Barrier|No Inst)|Block Size|Registers Per" \
         "$OUT/ncu_append_quant3_split$split.txt" | head -12
+  done
+  exit 0
+fi
+if [ "$PART" = s54c ]; then
+  # Fifty-fourth session: issue 14's "at ~20-30% of blocks, B >= 8: >= 80% of HBM on the bytes touched" (floor / step),
+  # last measured on the H200 (s34: Llama 83-85% at 128K B = 8 and 32K B = 32, 70-75% at 32K B = 8; Gemma 3 44-60%).
+  # The drawn profiles at 20% and 30%, Llama and Gemma 3 shapes, PSA tau 0.95 beside SDPA and dense. Predicted on
+  # this card: Llama within a few points of s34 (the H100's lower ceiling makes the fixed stages' share smaller),
+  # Gemma 3 below 70%. ~3 minutes, no carry.
+  cd benchmarks
+  for shape in llama8b gemma3; do
+    mkdir -p "$OUT/$shape"
+    timeout 250 python3 bench_decode.py --profile sparsity --shares 0.2,0.3 --shape "$shape" \
+        --sizes 32768:8,32768:32,131072:8 --reps 20 \
+        --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT/$shape" 2>&1 | grep -v Warn \
+        | tee "$OUT/s54c_$shape.txt" | grep "^|" | cut -d'|' -f2-9,11
   done
   exit 0
 fi
