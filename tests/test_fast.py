@@ -1059,14 +1059,15 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     check_result(res, q, keys, values, threshold=0.9, stop=stop, step=64, block_size=16, metadata=b.cache.metadata)
 
 
-def define_runs(kernel_switch, define, plan, q, *, calls=1, before=None, names=("out",), file="decode", buffers=(),
-                value=1):
+def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, before=None,
+                                  names=("out", "num_used", "iterations", "reason"), file="decode", buffers=(),
+                                  value=1):
     """Run ``plan`` on ``q`` with the switch ``define`` set to 0, then to ``value``, in every build of
     ``kernels/<file>.cu`` (as benchmarks/exp_kernel_defines.py does; both sides explicit, whatever the source's default
     is for the build): ``calls`` calls each (``before()`` first, if given), outputs filled with NaN before each call.
-    Returns the two runs' ``names`` (with the order, where the plan has one, and the plan's ``buffers``) as host arrays,
-    and the options of the builds asked for with the switch on (none would mean the A/B compared a build with
-    itself)."""
+    Asserts that a build was asked for with the switch on (else the A/B compared a build with itself), the two runs'
+    ``names`` (and the order, where the plan has one, and the plan's ``buffers``) equal bit for bit and the first
+    run's output free of NaN; returns the first run's arrays."""
     runs = []
     for on in (0, 1):
         switched = kernel_switch(file, **{define: value if on else 0})
@@ -1080,17 +1081,6 @@ def define_runs(kernel_switch, define, plan, q, *, calls=1, before=None, names=(
                     | ({"order": cupy.asnumpy(dec.order)} if dec.order is not None else {})
                     | {name: cupy.asnumpy(getattr(plan, name)) for name in buffers})
     kernel_switch(None)
-    return runs, switched
-
-
-def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, before=None,
-                                  names=("out", "num_used", "iterations", "reason"), file="decode", buffers=(),
-                                  value=1):
-    """Run ``plan`` on ``q`` with the switch ``define`` set to 0, then to ``value`` (``define_runs``). Asserts the two
-    runs' ``names`` (and the order, where the plan has one, and the plan's ``buffers``) equal bit for bit and the
-    first run's output free of NaN; returns the first run's arrays."""
-    runs, switched = define_runs(kernel_switch, define, plan, q, calls=calls, before=before, names=names, file=file,
-                                 buffers=buffers, value=value)
     assert switched and not np.isnan(runs[0]["out"]).any()
     for name in runs[0]:
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=f"{define}: {name}")
