@@ -157,7 +157,9 @@
 #   s52b (ran in s52, H100): ncu of psa_decode with PSA_FUSE_FORCED off / on (the switch removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes; ran in s53, H100)
 #  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
-#   run(command="bash benchmarks/device_pending.sh s54c")  (~3 minutes)
+#   run(command="bash benchmarks/device_pending.sh s54d")  (~2 minutes)
+#  pick_step's copy ceiling at the H200's 4,300 against the H100's 3,050 GB/s (Llama 5%, B = 8 / 32).
+#   run(command="bash benchmarks/device_pending.sh s54c")  (~3 minutes; ran in s54, H100)
 #  issue 14's share of HBM at 20% / 30% of the blocks, B >= 8, Llama and Gemma 3 shapes, on this card.
 #   run(command="bash benchmarks/device_pending.sh s54b")  (~4 minutes; ran in s54, H100)
 #  SPLITS_MIN_FILL off / on / on / off on the top-k split build (Llama 5%, 32K B = 6 / 11), dense and PSA beside.
@@ -2023,6 +2025,18 @@ if [ "$PART" = s50b ]; then
     echo "ncu split $split rc=$?"; grep -E "Duration|Executed Instructions |Stall (Long|Wait|Barrier|No Inst)|Block Size|Registers Per" \
         "$OUT/ncu_append_quant3_split$split.txt" | head -12
   done
+  exit 0
+fi
+if [ "$PART" = s54d ]; then
+  # Fifty-fourth session: pick_step's bandwidth model divides _kernels.COPY_CEILING_GBS (4,300: the H200's) over a
+  # batch's groups; on an H100 (~3,050) the modelled optimum step is ~16-19% smaller at B >= 8. Llama 5% at 32K B = 8 /
+  # 32 and 128K B = 8 (PSA tau 0.95, the ema loop), the constant at 4,300 / 3,050 / 3,050 / 4,300 in one process.
+  # Predicted from the model's flat cost curve: within 2%. ~2 minutes, no carry.
+  cd benchmarks
+  timeout 280 python3 exp_kernels_attr.py COPY_CEILING_GBS=4300.0,3050.0,3050.0,4300.0 -- bench_decode.py \
+      --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:8,32768:32,131072:8 --reps 20 \
+      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT" 2>&1 | grep -v Warn \
+      | tee "$OUT/s54d.txt" | grep "^#\|PSA" | cut -d'|' -f2-8,13-
   exit 0
 fi
 if [ "$PART" = s54c ]; then
