@@ -157,7 +157,7 @@
 #   s52b (ran in s52, H100): ncu of psa_decode with PSA_FUSE_FORCED off / on (the switch removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes; ran in s53, H100)
 #  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
-#   run(command="bash benchmarks/device_pending.sh s54d")  (~2 minutes)
+#   run(command="bash benchmarks/device_pending.sh s54d")  (~2 minutes; ran in s54, H100)
 #  pick_step's copy ceiling at the H200's 4,300 against the H100's 3,050 GB/s (Llama 5%, B = 8 / 32).
 #   run(command="bash benchmarks/device_pending.sh s54c")  (~3 minutes; ran in s54, H100)
 #  issue 14's share of HBM at 20% / 30% of the blocks, B >= 8, Llama and Gemma 3 shapes, on this card.
