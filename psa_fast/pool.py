@@ -285,9 +285,9 @@ class GPUSlotPool:
         for name, array in self._fresh_state(xp).items():
             setattr(self, name, array)
         # Numba views made once: Numba converts a CuPy argument at every launch (~15 us per array on an H200)
-        self._state = None if self.kernel != "numba" else tuple(_kernel_view(a) for a in (self.slot_of, self.block_of, self.next, self.prev, self.free,
-                                                      self.free_top, self.pin, self.epoch, self.load_seq, self.seq,
-                                                      self.counters, self.error))
+        arrays = (self.slot_of, self.block_of, self.next, self.prev, self.free, self.free_top, self.pin, self.epoch,
+                  self.load_seq, self.seq, self.counters, self.error)
+        self._state = None if self.kernel != "numba" else tuple(_kernel_view(a) for a in arrays)
         self._outputs: dict[int, tuple[PoolAccess, tuple]] = {}  # n -> outputs and their Numba views
 
     def _fresh_state(self, xp) -> dict:

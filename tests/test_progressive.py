@@ -54,7 +54,8 @@ def test_I1_output_is_dense_attention_over_blocks_used(p, tau, stop, step):
     assert res.output.shape == p.q.shape
     for h in range(p.q.shape[0]):
         assert len(set(used[h].tolist())) == used[h].size, "a block was attended twice"
-        ref = dense_over_blocks(p.q[h], p.keys[kv[h]], p.values[kv[h]], p.block_size, used[h], 1 / np.sqrt(p.q.shape[1]))
+        ref = dense_over_blocks(p.q[h], p.keys[kv[h]], p.values[kv[h]], p.block_size, used[h],
+                                1 / np.sqrt(p.q.shape[1]))
         assert_close("output vs dense over blocks_used", res.output[h], ref,
                      rtol=budget64(p.keys.shape[1] * p.q.shape[1]))
 

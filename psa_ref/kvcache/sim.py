@@ -607,8 +607,9 @@ def main(out_dir: str = ".", trace_path: str | None = None, plots: bool = True, 
         workloads.append(synthetic_workload())
     result = run_sim(workloads, threshold=threshold, stop=stop, step=step, policy=policy, progress=progress)
     cost = CostModel(**result.meta["cost"])
-    print(f"PSA τ = {threshold} (stop '{resolve_stop(stop, 'cuboid_mean')}', GQA shared) vs top-k at PSA's mean budget; {policy.upper()} "
-          f"pools; {step} block(s) per KV head per iteration; at most {result.meta['max_batch']} requests per batch")
+    print(f"PSA τ = {threshold} (stop '{resolve_stop(stop, 'cuboid_mean')}', GQA shared) vs top-k at PSA's mean "
+          f"budget; {policy.upper()} pools; {step} block(s) per KV head per iteration; at most "
+          f"{result.meta['max_batch']} requests per batch")
     for wl in workloads:
         r0 = wl.requests[0]
         print(f"  {wl.name}: {len(wl.requests)} request(s), {wl.num_layers} layers, {r0.queries.shape[2]} query / "

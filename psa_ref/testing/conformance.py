@@ -56,10 +56,10 @@ def _naive_fp32(q_head, keys, values, idx, scale) -> np.ndarray:
     return (w @ values[idx].astype(np.float32)) / w.sum()
 
 
-def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, *, method: str = "psa", threshold: float = 0.95, stop: str = DEFAULT_STOP,
-                 step: int = 1, k: int = 8, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
-                 block_size: int = 16, metadata: str = "cuboid_mean", scale: float | None = None,
-                 est_tol: float | None = None, ratio_tol: float = 1e-4,
+def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, *, method: str = "psa",
+                 threshold: float = 0.95, stop: str = DEFAULT_STOP, step: int = 1, k: int = 8, gqa: str = "shared",
+                 sink_blocks: int = 0, recent_blocks: int = 0, block_size: int = 16, metadata: str = "cuboid_mean",
+                 scale: float | None = None, est_tol: float | None = None, ratio_tol: float = 1e-4,
                  first_chunk: int | str | list[int] | None = None, rank: str = "estimate",
                  kv_layout: str | None = None) -> Conformance:
     """Assert that ``result`` is a valid PSA / top-k execution on these inputs; return the margins.

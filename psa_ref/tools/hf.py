@@ -134,7 +134,9 @@ class PSAConfig:
         """A short name for tables: ``"ema τ=0.95"`` or ``"top-64"``."""
         if self.topk is not None:
             return f"top-{self.topk}"
-        return "dense (psa τ=1)" if self.threshold >= 1.0 else f"{resolve_stop(self.stop, self.metadata)} τ={self.threshold:g}"
+        if self.threshold >= 1.0:
+            return "dense (psa τ=1)"
+        return f"{resolve_stop(self.stop, self.metadata)} τ={self.threshold:g}"
 
 
 # --- KV blocks of one layer, kept in step with the model's cache ---------------------------------
@@ -400,8 +402,10 @@ def step_record(layer: int, num_tokens: int, block_size: int, per_head: list[np.
     lengths[-1] = num_tokens - (n - 1) * block_size
     g = len(per_head) // hkv
     union = [np.unique(np.concatenate(per_head[kv * g : (kv + 1) * g])) for kv in range(hkv)]
-    return StepRecord(layer=layer, num_tokens=num_tokens, num_blocks=n, head_blocks=np.array([u.size for u in per_head]),
-                      kv_tokens=np.array([lengths[u].sum() for u in union]), kv_blocks=np.array([u.size for u in union]))
+    return StepRecord(layer=layer, num_tokens=num_tokens, num_blocks=n,
+                      head_blocks=np.array([u.size for u in per_head]),
+                      kv_tokens=np.array([lengths[u].sum() for u in union]),
+                      kv_blocks=np.array([u.size for u in union]))
 
 
 def _record(session: PSASession, layer: int, blocks: KVBlocks, q64: np.ndarray, res, scaling: float) -> None:
