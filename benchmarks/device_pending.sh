@@ -2027,6 +2027,40 @@ if [ "$PART" = s50b ]; then
   done
   exit 0
 fi
+if [ "$PART" = s55a ]; then
+  # Fifty-fifth session: pick_step's copy ceiling from the card (_kernels.copy_ceiling_gbs: 0.9 of the peak from the
+  # memory clock and bus width; COPY_CEILING_GBS 0) instead of the H200's 4,300. First its GPU tests (the card's value
+  # against a timed copy, printed; step="auto" is pick_step's), then Llama 5% where the H100's ~3,017 moves the step
+  # (CPU: 32K B = 2 / 4 / 16 384 -> 256 / 256 -> 192 / 128 -> 96, 128K B = 4 / 8 512 -> 384 / 352 -> 288), the constant
+  # at 4,300 / 0 / 0 / 4,300 in one process. Predicted: 128K B = 8 -1% (s54d), the others within 2% (the model's flat
+  # cost curve), either sign. ~5 minutes, no carry.
+  timeout 120 python3 -m pytest -q -s tests/test_fast.py -k "copy_ceiling or default_step_is_the_planned" 2>&1 \
+      | grep -v Warn | tail -5
+  cd benchmarks
+  timeout 420 python3 exp_kernels_attr.py COPY_CEILING_GBS=4300.0,0.0,0.0,4300.0 -- bench_decode.py \
+      --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:2,32768:4,32768:16,131072:4,131072:8 --reps 20 \
+      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT" 2>&1 | grep -v Warn \
+      | tee "$OUT/s55a.txt" | grep "^#\|PSA" | cut -d'|' -f2-8,13-
+  exit 0
+fi
+if [ "$PART" = s55b ]; then
+  # Fifty-fifth session: the card's copy ceiling (s55a) on Gemma 3's shape, where the smaller ceiling makes the step
+  # smaller (CPU: 32K B = 8 on the grid 320 -> 256, B = 16 / 32 on clusters 224 -> 160 / 144 -> 128) while the grid's
+  # iteration costs ~8 µs, not pick_step's 2.6 (s42a): fewer blocks past the stop against more decisions. The drawn 5% /
+  # 20% profiles and the real layer 17 (copies of one step), 4,300 / 0 / 0 / 4,300. Predicted: the grid row (B = 8)
+  # +3 to +8% (one more ~8 µs iteration where the group needs most of its chunks), the cluster rows within 2%; if so, the
+  # card's ceiling only where the loop runs on clusters. ~6 minutes; carry .gl/gemma3_xml_l17_32k.npz.
+  cd benchmarks
+  timeout 300 python3 exp_kernels_attr.py COPY_CEILING_GBS=4300.0,0.0,0.0,4300.0 -- bench_decode.py \
+      --profile sparsity --shares 0.05,0.2 --shape gemma3 --sizes 32768:8,32768:16,32768:32 --reps 20 \
+      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT/g" 2>&1 | grep -v Warn \
+      | tee "$OUT/s55b_drawn.txt" | grep "^#\|PSA" | cut -d'|' -f2-8,13-
+  timeout 250 python3 exp_kernels_attr.py COPY_CEILING_GBS=4300.0,0.0,0.0,4300.0 -- bench_decode.py \
+      --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 --batches 8,16,32 --reps 20 \
+      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT/r" 2>&1 | grep -v Warn \
+      | tee "$OUT/s55b_l17.txt" | grep "^#\|PSA" | cut -d'|' -f2-8,13-
+  exit 0
+fi
 if [ "$PART" = s54d ]; then
   # Fifty-fourth session: pick_step's bandwidth model divides _kernels.COPY_CEILING_GBS (4,300: the H200's) over a
   # batch's groups; on an H100 (~3,050) the modelled optimum step is ~16-19% smaller at B >= 8. Llama 5% at 32K B = 8 /

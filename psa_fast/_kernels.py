@@ -188,13 +188,42 @@ def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_byt
 LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks (the cluster barrier, the decision, the refill) ...
 LOOP_ITERATION_US_PAIRS = 3.5  # ... and with two blocks a warp, where the chunk's last pair is its tail
 LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
-COPY_CEILING_GBS = 4300.0  # the H200's device-to-device copy ceiling (bench_decode measures it in every run)
+COPY_CEILING_GBS = 0.0  # the copy ceiling pick_step shares over a batch's groups, GB/s; 0: the card's (copy_ceiling_gbs)
+# ... measured device-to-device copy over the card's peak (2 x memory clock x bus width): H100 SXM 3,044 GB/s of
+# 3,352 (bench_decode, fifty-third session), H200 4,229-4,274 of ~4,800 (the design card)
+COPY_CEILING_OF_PEAK = 0.9
 STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
 # ... and after a predicted first chunk (sketch rules), the blocks a busier group still needs: on the real Gemma 3
 # layers at 32K (psa_ref, sketch_avg on quant3, step 1 after the prediction; exp_first_chunk.py --residual, fortieth
 # session, CPU) 0.81% of the blocks on average and 2.72% at the 90th percentile on layer 17, 0.31% / 0.91% on layer 11,
 # 0.06% / 0.19% on layer 5
 PREDICTED_SHARE = 0.03
+
+
+@functools.lru_cache(maxsize=None)
+def card_copy_ceiling_gbs(device: int) -> float:
+    """GB/s a device-to-device copy reaches on CUDA device ``device``, from its attributes: ``COPY_CEILING_OF_PEAK``
+    of the peak, two transfers a memory clock over the bus (``cudaDevAttrMemoryClockRate`` in kHz,
+    ``cudaDevAttrGlobalMemoryBusWidth`` in bits): ~3,020 on the H100 SXM, ~4,400 on the H200. A ValueError if the
+    card does not report them (set ``COPY_CEILING_GBS`` to its measured ceiling instead)."""
+    from cupy.cuda import runtime
+
+    clock_khz = runtime.deviceGetAttribute(36, device)  # cudaDevAttrMemoryClockRate
+    bus_bits = runtime.deviceGetAttribute(37, device)  # cudaDevAttrGlobalMemoryBusWidth
+    if clock_khz <= 0 or bus_bits <= 0:
+        raise ValueError(f"CUDA device {device} reports memory clock {clock_khz} kHz and bus width {bus_bits} bits: "
+                         "set psa_fast._kernels.COPY_CEILING_GBS to its copy ceiling (GB/s)")
+    return COPY_CEILING_OF_PEAK * 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+
+
+def copy_ceiling_gbs() -> float:
+    """The copy ceiling ``pick_step`` divides over a batch's groups: ``COPY_CEILING_GBS`` where set, else the current
+    device's (``card_copy_ceiling_gbs``)."""
+    if COPY_CEILING_GBS > 0:
+        return COPY_CEILING_GBS
+    from cupy.cuda import runtime
+
+    return card_copy_ceiling_gbs(runtime.getDevice())
 
 
 def spec_step(nmax: int) -> int:
@@ -212,13 +241,15 @@ def loop_launch(*, d: int, s: int, g: int, version: int, warps: int, stages: int
 
 
 def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, block_bytes: int,
-              speculate: bool = False, pairs: bool = False, predicted: bool = False) -> int:
+              speculate: bool = False, pairs: bool = False, predicted: bool = False,
+              ceiling_gbs: float | None = None) -> int:
     """Blocks an iteration for ``DecodePlan(step="auto")``. The loop's step decides on the slowest group: each
     iteration costs ``LOOP_ITERATION_US`` beyond its blocks, and the last one reads up to a step past the stop,
     each block at the group's share of the bandwidth (its cluster's SMs for one request, the copy ceiling
-    over every group for a batch). For a group that needs ``need`` blocks the total is about ``need / step``
-    iterations plus ``step / 2`` blocks too many, least at ``step* = sqrt(2 need iteration / block)``, with
-    ``need = STEP_SHARE * nmax``. The step is a whole number of blocks for every warp (two with ``pairs``, where a
+    ``ceiling_gbs`` over every group for a batch; by default the card's, ``copy_ceiling_gbs``: on the H100 Llama's
+    128K B = 8 takes 288 where the H200's ceiling gave 352, -1.0%, fifty-fourth session). For a group that needs
+    ``need`` blocks the total is about ``need / step`` iterations plus ``step / 2`` blocks too many, least at
+    ``step* = sqrt(2 need iteration / block)``, with ``need = STEP_SHARE * nmax``. The step is a whole number of blocks for every warp (two with ``pairs``, where a
     warp attends two blocks at once and an iteration costs ``LOOP_ITERATION_US_PAIRS``), the multiple below or
     above ``step*`` whose modelled cost is less, at most ``nmax`` rounded up likewise.
 
@@ -241,7 +272,8 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
         return spec_step(nmax)
     unit = cluster * warps * (2 if pairs else 1)
     iteration_us = LOOP_ITERATION_US_PAIRS if pairs else LOOP_ITERATION_US
-    per_group_gbs = min(cluster * LOOP_SM_GBS, COPY_CEILING_GBS / max(1, batch * groups))
+    ceiling = copy_ceiling_gbs() if ceiling_gbs is None else ceiling_gbs
+    per_group_gbs = min(cluster * LOOP_SM_GBS, ceiling / max(1, batch * groups))
     block_us = block_bytes / per_group_gbs / 1e3
     need = max(1.0, (PREDICTED_SHARE if predicted else STEP_SHARE) * nmax)
     best = math.sqrt(2.0 * need * iteration_us / block_us)

@@ -1044,6 +1044,7 @@ def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
     monkeypatch.setattr(_kernels, "max_active_clusters", lambda c: 7)  # the H200's, clusters of 16
+    monkeypatch.setattr(_kernels, "COPY_CEILING_GBS", 4300.0)  # ... and its copy ceiling
 
     def step(b, nmax, pairs=True):
         cluster = _kernels.pick_cluster(b * 8)
@@ -1084,6 +1085,45 @@ def test_loop_step_auto_lies_where_the_measured_steps_were_fastest(monkeypatch):
         assert unit <= predicted < plain and predicted % unit == 0, (b, nmax, plain, predicted)
     assert _kernels.pick_step(1, 1, 3, cluster=8, warps=4, block_bytes=16384, predicted=True) == 32  # a block a warp
     assert [_kernels.spec_step(n) for n in (1, 2048, 4096, 8192, 32768)] == [16, 16, 16, 32, 128]  # the benches'
+    # a slower card shares less bandwidth over a batch's groups: a smaller step where the batch sets it (B = 8; the
+    # H100's ceiling gave 288 where the H200's gave 352, -1.0% at Llama 128K, fifty-fourth session), none at B = 1
+    shape = dict(cluster=_kernels.pick_cluster(64), warps=8, block_bytes=8192, pairs=True)
+    assert _kernels.pick_step(8, 8, 8192, **shape, ceiling_gbs=3050.0) < _kernels.pick_step(8, 8, 8192, **shape)
+    assert _kernels.pick_step(8, 8, 8192, **shape, ceiling_gbs=4300.0) == _kernels.pick_step(8, 8, 8192, **shape)
+    one = dict(shape, cluster=_kernels.pick_cluster(8))
+    assert _kernels.pick_step(1, 8, 8192, **one, ceiling_gbs=3050.0) == _kernels.pick_step(1, 8, 8192, **one)
+
+
+def test_copy_ceiling_is_the_cards_unless_set(monkeypatch):
+    """pick_step's copy ceiling: COPY_CEILING_GBS where set, else COPY_CEILING_OF_PEAK of the current device's peak
+    from its memory clock (kHz) and bus width (bits), per device; a card that reports neither is a ValueError."""
+    import types
+
+    from psa_fast import _kernels
+
+    cards = {0: (2_619_000, 5120), 1: (3_201_000, 6144), 2: (0, 0)}  # an H100 SXM's, an H200's, one without
+    current = [0]
+    runtime = types.SimpleNamespace(getDevice=lambda: current[0],
+                                    deviceGetAttribute=lambda attr, dev: cards[dev][{36: 0, 37: 1}[attr]])
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.runtime = runtime
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    monkeypatch.setattr(_kernels, "COPY_CEILING_GBS", 0.0)
+    _kernels.card_copy_ceiling_gbs.cache_clear()
+    try:
+        h100 = _kernels.copy_ceiling_gbs()
+        assert h100 == pytest.approx(_kernels.COPY_CEILING_OF_PEAK * 3352.32)
+        assert 2900 < h100 < 3150  # bench_decode measured 3,044 on the H100 (fifty-third session)
+        current[0] = 1
+        assert 4200 < _kernels.copy_ceiling_gbs() < 4500  # the design card's H200: 4,229-4,274
+        current[0] = 2
+        with pytest.raises(ValueError, match="COPY_CEILING_GBS"):
+            _kernels.copy_ceiling_gbs()
+        monkeypatch.setattr(_kernels, "COPY_CEILING_GBS", 2000.0)
+        assert _kernels.copy_ceiling_gbs() == 2000.0  # set: no device asked
+    finally:
+        _kernels.card_copy_ceiling_gbs.cache_clear()
 
 
 def test_the_loop_pairs_where_decode_cu_does(monkeypatch):
@@ -1578,7 +1618,7 @@ def test_predicted_profile_experiment_runs_its_schedules(capsys, monkeypatch):
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
     monkeypatch.setattr(_kernels, "max_active_clusters", epp.h200_active_clusters)
     want = [_kernels.pick_step(8, 32, 2048, cluster=_kernels.pick_cluster(256), warps=8, block_bytes=8192, pairs=True,
-                               predicted=p) for p in (False, True)]
+                               predicted=p, ceiling_gbs=epp.H200_COPY_GBS) for p in (False, True)]
     assert [plain, predicted] == want and predicted < plain
     epp.main(["--tokens", "2048", "--batch", "2", "--residual"])
     out = capsys.readouterr().out

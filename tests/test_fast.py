@@ -1199,6 +1199,31 @@ def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, lift_grid_threshol
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
 
 
+def test_the_cards_copy_ceiling_is_what_a_copy_reaches():
+    """pick_step's default copy ceiling (``_kernels.copy_ceiling_gbs``: a share of the peak from the card's memory
+    clock and bus width) against a 1 GiB device-to-device copy timed here, median of 10. Budget: within -15% / +20%,
+    the spread of one process's copies (bench_decode's ceiling fell from 3,044 to 2,605-2,619 GB/s in a later run of
+    one H100 process, fifty-third session); a card reporting nothing would raise instead."""
+    from psa_fast import _kernels
+
+    assert _kernels.COPY_CEILING_GBS == 0.0  # the library asks the card by default
+    card = _kernels.copy_ceiling_gbs()
+    a = cupy.empty(2**30, cupy.uint8)
+    b = cupy.empty_like(a)
+    b[...] = a
+    times = []
+    for _ in range(10):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        cupy.copyto(b, a)
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    measured = 2 * a.nbytes / float(np.median(times)) / 1e9
+    assert 0.85 * measured < card < 1.2 * measured, (card, measured)
+    print(f"copy ceiling: card {card:.0f} GB/s, measured {measured:.0f} GB/s ({card / measured:.3f})")
+
+
 def test_default_step_is_the_planned_one_and_conforms_to_the_reference():
     """step="auto" (the default) resolves to _kernels.pick_step's integer (smaller after a predicted first chunk),
     which psa_ref takes as is; a bad step names the argument; the offload decoder keeps 64 (its pool holds two
