@@ -896,6 +896,7 @@ def main(argv=None) -> None:
     rows = []
     start = time.time()
     stem = out_stem(args.profile, shape, spread=args.spread)
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{stem}.jsonl"), "w") as f:
         def log(r):
             f.write(json.dumps(r) + "\n")
