@@ -296,7 +296,8 @@ def format_row(r: dict) -> str:
 
 def table(rows: list[dict], ceiling_gbs: float) -> str:
     """The markdown table printed last."""
-    lines = [f"| shape | share | T | B | method | median µs | floor µs | step ÷ floor | GB/s | % of {ceiling_gbs:.0f} "
+    lines = ["| shape | share | T | B | method | median µs | floor µs | step ÷ floor | GB/s "
+             f"| % of {ceiling_gbs:.0f} "
              "| vs SDPA | blocks read | ideal τ 0.95 | rel. error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -880,7 +881,8 @@ def main(argv=None) -> None:
     measured = copy_ceiling_gbs(stream)
     print(f"device {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, copy ceiling measured "
           f"{measured:.0f} GB/s (DESIGN.md: {CEILING_GBS:.0f}); shape {shape.name} ({shape.about}: Hq {shape.hq}, "
-          f"Hkv {shape.hkv}, D {shape.d}, S {shape.s}, scale {shape.logit_scale:g}), profile {args.profile}", flush=True)
+          f"Hkv {shape.hkv}, D {shape.d}, S {shape.s}, scale {shape.logit_scale:g}), profile {args.profile}",
+          flush=True)
     CEILING_GBS = measured
     base = None  # the trace's fill; the sparsity family makes one per share
     if args.profile == "pooled":

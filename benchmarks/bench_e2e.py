@@ -117,7 +117,8 @@ def psa_run(torch, cupy, model, off, qp, xp, args, step: int, cluster, slots: in
     import psa_fast.pool
 
     print(f"PSA + offload: B={b}, step {step}, cluster {dec.cluster}, loader CTAs/SM "
-          f"{psa_fast.pool.WIDE_CTAS_PER_SM}:{psa_fast.offload.GATHER_CTAS_PER_SM}: {sec * 1e3:.1f} ms/step, {b / sec:.1f} "
+          f"{psa_fast.pool.WIDE_CTAS_PER_SM}:{psa_fast.offload.GATHER_CTAS_PER_SM}: {sec * 1e3:.1f} ms/step, "
+          f"{b / sec:.1f} "
           f"tokens/s, hit rate {hit:.3f}, {used:.0f} of {nmax} blocks per group ({used / nmax:.0%}), {its:.1f} "
           f"iterations per layer, GPU {mem:.1f} GiB", flush=True)
     if args.profile:

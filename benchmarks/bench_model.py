@@ -281,8 +281,9 @@ def main() -> None:
             dppl = (ppl / float(torch.exp(-base["logp"].mean())) - 1) if base else float("nan")
             fb = floor_bytes(model, context, batch, r["share"], m)
             floor_ms = fb / (ceiling * 1e9) * 1e3
-            row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k, gqa=args.gqa,
-                       compiled=args.compile, rank=r["rank"], ms=r["ms"], tokens_per_s=batch / r["ms"] * 1e3, agreement=agree,
+            row = dict(model=args.model, weights=args.weights, context=context, batch=batch, method=m, k=k,
+                       gqa=args.gqa, compiled=args.compile, rank=r["rank"], ms=r["ms"],
+                       tokens_per_s=batch / r["ms"] * 1e3, agreement=agree,
                        agreement_95=[agree_lo, agree_hi], agreement_paged=agree_dense,
                        tokens_scored=int(r["tokens"].numel()), ppl=ppl, dppl=dppl,
                        share=r["share"], kv_bytes=r["kv_bytes"], meta_bytes=r["meta_bytes"], floor_ms=floor_ms,

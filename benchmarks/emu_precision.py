@@ -78,7 +78,8 @@ def main() -> None:
                 lg = sc * (k64 @ q[h].astype(np.float64))
                 w = np.exp(lg - lg.max())
                 exact = (w @ v64[idx]) / w.sum()
-                naive = np.abs(_naive_fp32(q[h].astype(np.float64), k[0].astype(np.float64), v64, idx, sc) - exact).max()
+                naive = np.abs(_naive_fp32(q[h].astype(np.float64), k[0].astype(np.float64), v64, idx, sc)
+                               - exact).max()
                 tol = 2 * naive + 1e-6 * np.abs(v64).max()
                 q32 = q[h].astype(F32) * F32(sc)  # the query as decode v3 received it before the fix: scaled, split
                 hi = q32.astype(F16)

@@ -111,7 +111,8 @@ def main(argv=None) -> None:
         versions = [(f"KEY_TILE={tile}", with_constants(metadata, KEY_TILE=int(tile)))
                     for tile in args.key_tiles.split(",")]
     if args.splits:
-        versions = [(f"APPEND_SPLIT={n}", with_constants(metadata, APPEND_SPLIT=int(n))) for n in args.splits.split(",")]
+        versions = [(f"APPEND_SPLIT={n}", with_constants(metadata, APPEND_SPLIT=int(n)))
+                    for n in args.splits.split(",")]
     versions += [("old", load_version(args.old))] if args.old else []
     print("| kind | B | D | " + " | ".join(f"{name} µs" for name, _ in versions) + " |")
     print("|---|---|---|" + "---|" * len(versions))

@@ -26,7 +26,8 @@ extern "C" __global__ void claim(unsigned int* counters, int group, int rounds, 
     unsigned int* c = counters + blockIdx.x / group;
     unsigned int t = 0;
     const long long t0 = clock64();
-    for (int i = 0; i < rounds; ++i) t += atomicAdd(c + (t >> 30), 1u);  // the address waits for the last answer (t < 2^30)
+    // the address waits for the last answer (t < 2^30)
+    for (int i = 0; i < rounds; ++i) t += atomicAdd(c + (t >> 30), 1u);
     const long long t1 = clock64();
     cycles[blockIdx.x] = (t1 - t0) + (t == 0xFFFFFFFFu);  // (t kept live)
 }

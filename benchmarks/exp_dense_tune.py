@@ -99,7 +99,8 @@ def main() -> None:
             fitted = _kernels.decode_config(d=cache.dp, s=shape.s, g=shape.hq // shape.hkv, version=3,
                                             warps=_kernels.default_warps(cache.dp, "dense", groups))
             default_splits = _kernels.pick_splits(groups, n, fitted[1], fitted[3])
-            print(f"T={t} B={b}: SDPA {sdpa:.1f} µs, floor {floor:.1f} µs (read-only {read_floor:.1f}), default splits "
+            print(f"T={t} B={b}: SDPA {sdpa:.1f} µs, floor {floor:.1f} µs (read-only {read_floor:.1f}), "
+                  "default splits "
                   f"{default_splits}", flush=True)
             rows = []
             for warps, stages, splits in variants(cache.dp, shape.s, shape.hq // shape.hkv, default_splits,

@@ -59,7 +59,8 @@ def main() -> None:
     from psa_ref.trace import load_trace
 
     trace = load_trace(args.kv)
-    print("| metadata | rule | step | M = forced + x predicted | loop reads (p90) | predicted | head M | loop within M |")
+    print("| metadata | rule | step | M = forced + x predicted | loop reads (p90) | predicted | head M "
+          "| loop within M |")
     print("|---|---|---|---|---|---|---|---|")
     for rule in args.rules.split(","):
         metadata, stop = rule.split(":")

@@ -81,7 +81,8 @@ def main() -> None:
             cell[mark] += " *"
             print(f"| {b} x {gn} | {nmax} | {b * gn * nmax * nmax / 1e6:.0f} | {cell['rank1']} | {cell['rank4']} | "
                   f"{cell['rank0']} | "
-                  f"{cell['sort']} | {cell['slices']} | {cell['radix']} | {picked}{' MISMATCH ' + ','.join(bad) if bad else ''} |",
+                  f"{cell['sort']} | {cell['slices']} | {cell['radix']} | "
+                  f"{picked}{' MISMATCH ' + ','.join(bad) if bad else ''} |",
                   flush=True)
 
 

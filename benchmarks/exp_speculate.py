@@ -122,7 +122,8 @@ def compare(args):
             print(f"#{i} n={n} hkv={hkv} g={g} d={d} s={s} {metadata} {stop} tau={tau} step={step} margin={margin} "
                   f"sink={sink} recent={recent}: loop used {a['used']} it {a['it']} why {a['why']} est "
                   f"{np.round(a['est'], 5)} | spec used {c['used']} it {c['it']} why {c['why']} est "
-                  f"{np.round(c['est'], 5)} speculated {c['spec']} | max |dout| {np.abs(a['out'] - c['out']).max():.2e}",
+                  f"{np.round(c['est'], 5)} speculated {c['spec']} | "
+                  f"max |dout| {np.abs(a['out'] - c['out']).max():.2e}",
                   flush=True)
     print(f"{diff} of {args.compare} differ", flush=True)
 

@@ -110,7 +110,8 @@ def main() -> None:
                 shown = f"{p.step} (auto)" if step == "auto" else p.step
                 ran = _kernels.decode_config(d=cache.dp, s=shape.s, g=shape.hq // shape.hkv, version=3, warps=p.warps,
                                              stages=p.stages)
-                ctas = f"grid {p.grid_ctas}" if getattr(p, "grid_ctas", 0) else p.cluster  # (the grid build: CTAs a group)
+                # (the grid build: CTAs a group)
+                ctas = f"grid {p.grid_ctas}" if getattr(p, "grid_ctas", 0) else p.cluster
                 print(f"| {t} | {b} | {mode} | {ctas} | {ran[1]} | {ran[2]} | {shown} | {us:.1f} | "
                       f"{us_dense / us:.2f}x | "
                       f"{100 * read.mean() / n:.1f}% | {shown_iters} | {err:.4f} |",

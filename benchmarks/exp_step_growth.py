@@ -102,7 +102,8 @@ def main() -> None:
         for r in schedule_rows(trace, metadata=metadata, stop=stop, steps=[int(s) for s in args.steps.split(",")],
                                growths=[float(g) for g in args.growths.split(",")], batch=args.batch, firsts=firsts):
             print(f"| {r['metadata']} | {r['stop']} | {r['step']} | {r['growth']:g} | {r['first']} | "
-                  f"{r['iterations']:.2f} | {r['read']:.1%} | {r['batch_iterations']:.2f} | {r['batch_read_max']:.1%} | "
+                  f"{r['iterations']:.2f} | {r['read']:.1%} | {r['batch_iterations']:.2f} | "
+                  f"{r['batch_read_max']:.1%} | "
                   f"{r['batch_read']:.1%} |", flush=True)
 
 

@@ -2,7 +2,8 @@
 
     python benchmarks/plot_rank.py docs/img/psa_rank_kl_vs_kv_gemma3_32k.png \
         benchmarks/results_eval_gemma3_32k_s40_plain320.json benchmarks/results_eval_gemma3_32k_s43_share320.json \
-        benchmarks/results_eval_gemma3_32k_s44_est320_sweep.json benchmarks/results_eval_gemma3_32k_s44_share320_sweep.json
+        benchmarks/results_eval_gemma3_32k_s44_est320_sweep.json \
+        benchmarks/results_eval_gemma3_32k_s44_share320_sweep.json
 
 Each PSA run is a point labelled by its tau, on one line per rank (`--rank estimate` / `share`); every top-k run of
 the files is a point of one top-k line. All files must share the context, step, metadata, text and offset (else the

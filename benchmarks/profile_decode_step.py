@@ -6,9 +6,10 @@ variant, each kernel's launches per step, µs per launch and share of the step.
     python benchmarks/profile_decode_step.py --kv gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 32,1
     python benchmarks/profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 --variants dense
 
-Variants (``--variants``, comma-separated): ``dense``; ``topk`` (``k = --topk`` blocks a group); ``NAME`` or ``NAME:sM`` with NAME ``default`` (the
-library's default rule on ``metadata="quant3"``), ``share`` (the same with ``rank="share"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``;
-``default+first`` and ``share+first``: those with ``first_chunk="predicted"`` (the first ranked chunk from the estimates).
+Variants (``--variants``, comma-separated): ``dense``; ``topk`` (``k = --topk`` blocks a group); ``NAME`` or
+``NAME:sM`` with NAME ``default`` (the library's default rule on ``metadata="quant3"``), ``share`` (the same with
+``rank="share"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``; ``default+first`` and
+``share+first``: those with ``first_chunk="predicted"`` (the first ranked chunk from the estimates).
 Steps as in bench_decode: the loop's the plan's ``step="auto"``, speculating ``_kernels.spec_step`` (``max(16,
 blocks / 256)``). The steps rotate over ``--layers`` layers of the same data (default: bench_decode's
 ``rotating_layers``, enough that K/V and metadata come from HBM, as in a decoder's step and the bench's rows; one

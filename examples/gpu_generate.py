@@ -87,7 +87,8 @@ def main(model_name: str = "gemma3", context: int = 8192, batch: int = 4, tokens
     print(f"  PSA read {100 * share:.1f}% of the blocks of its layers; tokens equal to stock's before the first "
           f"difference, per request: {agree} of {tokens}")
     for i in range(min(batch, 2)):
-        print(f"\n[request {i}] stock: {tokenizer.decode(stock[i])!r}\n[request {i}] PSA:   {tokenizer.decode(sparse[i])!r}")
+        print(f"\n[request {i}] stock: {tokenizer.decode(stock[i])!r}\n"
+              f"[request {i}] PSA:   {tokenizer.decode(sparse[i])!r}")
     return {"stock_s": stock_s, "psa_s": psa_s, "agree": agree, "share": share}
 
 

@@ -67,11 +67,13 @@ psa_estimate(const float* __restrict__ q, const __half* __restrict__ meta, const
                 const int ch = 8 * (v % PSA_LPT);
                 const long row = base + (long)j * 2 * PSA_D;
                 const bool ok = j < n_blocks && v < PSA_VECS;
-                mv[bb][i] = ok && kind != 1 ? __ldg(reinterpret_cast<const uint4*>(meta + row + (second ? PSA_D : 0) + ch))
-                                            : make_uint4(0, 0, 0, 0);
+                mv[bb][i] = ok && kind != 1
+                                ? __ldg(reinterpret_cast<const uint4*>(meta + row + (second ? PSA_D : 0) + ch))
+                                : make_uint4(0, 0, 0, 0);
                 const bool lh = ok && need_lohi && !second;
                 lo4[bb][i] = lh ? __ldg(reinterpret_cast<const uint4*>(lohi + row + ch)) : make_uint4(0, 0, 0, 0);
-                hi4[bb][i] = lh ? __ldg(reinterpret_cast<const uint4*>(lohi + row + PSA_D + ch)) : make_uint4(0, 0, 0, 0);
+                hi4[bb][i] = lh ? __ldg(reinterpret_cast<const uint4*>(lohi + row + PSA_D + ch))
+                                : make_uint4(0, 0, 0, 0);
             }
         }
 #pragma unroll

@@ -206,7 +206,8 @@ psa_estimate_quant3(const float* __restrict__ q, const unsigned int* __restrict_
                 const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, dv[4] = {d4.x, d4.y, d4.z, d4.w};
                 const float lv[4] = {l4.x, l4.y, l4.z, l4.w};
                 float4 h4 = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (PSA_BOUNDS == 1) h4 = *reinterpret_cast<const float4*>(&dsm[warp][PSA_BOUNDS == 1 ? 2 : 0][quad][4 * ks]);
+                if (PSA_BOUNDS == 1)
+                    h4 = *reinterpret_cast<const float4*>(&dsm[warp][PSA_BOUNDS == 1 ? 2 : 0][quad][4 * ks]);
                 const float hv[4] = {h4.x, h4.y, h4.z, h4.w};
                 float wv[4];
 #pragma unroll

@@ -95,7 +95,8 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             const int end = chunk_end(chunk_start(c, first, first2, step), first, first2, step, n);
             if (lane == 0) s_end[warp] = end;
             if (lane < PSA_G) {  // lane h: head h's partial statistics and tail
-                const float4 x = __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * PW + PSA_D));
+                const float4 x =
+                    __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * PW + PSA_D));
                 const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
                 st[warp][lane][0] = x.x;
                 st[warp][lane][1] = x.y;
