@@ -2027,6 +2027,30 @@ if [ "$PART" = s50b ]; then
   done
   exit 0
 fi
+if [ "$PART" = s55c ]; then
+  # Fifty-fifth session: the card's attributes behind copy_ceiling_gbs; then where Gemma 3's `ema` step at B = 8 goes
+  # beyond its bytes (issue 14's HBM share at 20%: 84 µs against a 42 µs floor, H100 s55b; the real layer 17 at 1.6x
+  # its floor). Kernel by kernel (profile_decode_step: dense beside) and the grid loop's clock per phase (exp_verify_
+  # clock --loop, per group). No prediction of a lever: a measurement to place the ~30 µs the loop spends above
+  # dense's rate on its blocks (start / attend / barriers / decisions / finish). ~3 minutes; carry the layer 17 npz.
+  python3 -c "
+from cupy.cuda import runtime
+from psa_fast import _kernels
+d = runtime.getDevice()
+print('memory clock kHz', runtime.deviceGetAttribute(36, d), 'bus bits', runtime.deviceGetAttribute(37, d),
+      'copy_ceiling_gbs', round(_kernels.copy_ceiling_gbs(), 1))"
+  cd benchmarks
+  timeout 150 python3 profile_decode_step.py --share 0.2 --shape gemma3 --size 32768 --batches 8 --variants dense,ema \
+      --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_"
+  timeout 150 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 \
+      --batches 8 --variants dense,ema --out "$OUT" 2>&1 | grep -v Warn | grep "^T=\|psa_"
+  timeout 120 python3 exp_verify_clock.py --loop --speculate 0 --stop ema --step 256 --share 0.2 --shape gemma3 \
+      --size 32768 --batches 8 --per-group 2>&1 | grep -v Warn | tee "$OUT/s55c_clock_20.txt" | tail -40
+  timeout 120 python3 exp_verify_clock.py --loop --speculate 0 --stop ema --step 256 \
+      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 8 --per-group 2>&1 | grep -v Warn \
+      | tee "$OUT/s55c_clock_l17.txt" | tail -40
+  exit 0
+fi
 if [ "$PART" = s55a ]; then
   # Fifty-fifth session: pick_step's copy ceiling from the card (_kernels.copy_ceiling_gbs: 0.9 of the peak from the
   # memory clock and bus width; COPY_CEILING_GBS 0) instead of the H200's 4,300. First its GPU tests (the card's value

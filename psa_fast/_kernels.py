@@ -188,7 +188,7 @@ def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_byt
 LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks (the cluster barrier, the decision, the refill) ...
 LOOP_ITERATION_US_PAIRS = 3.5  # ... and with two blocks a warp, where the chunk's last pair is its tail
 LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
-COPY_CEILING_GBS = 0.0  # the copy ceiling pick_step shares over a batch's groups, GB/s; 0: the card's (copy_ceiling_gbs)
+COPY_CEILING_GBS = 0.0  # the copy ceiling pick_step shares over a batch's groups, GB/s; 0: the card's
 # ... measured device-to-device copy over the card's peak (2 x memory clock x bus width): H100 SXM 3,044 GB/s of
 # 3,352 (bench_decode, fifty-third session), H200 4,229-4,274 of ~4,800 (the design card)
 COPY_CEILING_OF_PEAK = 0.9
@@ -249,9 +249,10 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
     ``ceiling_gbs`` over every group for a batch; by default the card's, ``copy_ceiling_gbs``: on the H100 Llama's
     128K B = 8 takes 288 where the H200's ceiling gave 352, -1.0%, fifty-fourth session). For a group that needs
     ``need`` blocks the total is about ``need / step`` iterations plus ``step / 2`` blocks too many, least at
-    ``step* = sqrt(2 need iteration / block)``, with ``need = STEP_SHARE * nmax``. The step is a whole number of blocks for every warp (two with ``pairs``, where a
-    warp attends two blocks at once and an iteration costs ``LOOP_ITERATION_US_PAIRS``), the multiple below or
-    above ``step*`` whose modelled cost is less, at most ``nmax`` rounded up likewise.
+    ``step* = sqrt(2 need iteration / block)``, with ``need = STEP_SHARE * nmax``. The step is a whole number of
+    blocks for every warp (two with ``pairs``, where a warp attends two blocks at once and an iteration costs
+    ``LOOP_ITERATION_US_PAIRS``), the multiple below or above ``step*`` whose modelled cost is less, at most ``nmax``
+    rounded up likewise.
 
     Llama's shape at an ideal 5% (exp_step.py, H200, two blocks a warp): 384 / 768 / 352 / 176 at 32K B = 1, 128K
     B = 1, 8 and 32, measured 33.6 / 88.5 / 308.4 / 1019.9 µs where the rule fitted one block a warp picked 384 /
