@@ -157,6 +157,12 @@
 #   s52b (ran in s52, H100): ncu of psa_decode with PSA_FUSE_FORCED off / on (the switch removed in s54).
 #   run(command="bash benchmarks/device_pending.sh s53a")  (~3 minutes; ran in s53, H100)
 #  the dense split build's splits at whole waves (Llama 32K B = 11, 9, 3: 88 / 72 / 24 groups on 132 SMs).
+#   run(command="bash benchmarks/device_pending.sh s55a")  (~1 minute; ran in s55, H100)
+#   run(command="bash benchmarks/device_pending.sh s55b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~1 minute; ran)
+#  pick_step's copy ceiling from the card against the H200's 4,300 (Llama 5%, Gemma 3 drawn, layer 17): level.
+#   run(command="bash benchmarks/device_pending.sh s55c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~1 minute; ran)
+#  Gemma 3's ema step at B = 8 kernel by kernel and its grid loop's clock (where the time above the bytes goes).
+#   s55d / s55e (ran in s55, H100): PSA_L2_AHEAD, the next blocks asked into L2 at a chunk's end; lost, removed.
 #   run(command="bash benchmarks/device_pending.sh s54d")  (~2 minutes; ran in s54, H100)
 #  pick_step's copy ceiling at the H200's 4,300 against the H100's 3,050 GB/s (Llama 5%, B = 8 / 32).
 #   run(command="bash benchmarks/device_pending.sh s54c")  (~3 minutes; ran in s54, H100)
@@ -2028,39 +2034,13 @@ if [ "$PART" = s50b ]; then
   exit 0
 fi
 if [ "$PART" = s55d ]; then
-  # Fifty-fifth session: decode.cu PSA_L2_AHEAD (_kernels.LOOP_L2_AHEAD; off): at a chunk's end each warp asks L2 for
-  # the next blocks of its stream past its ring, streamed while the group waits at its barrier and decides. From s55c's
-  # loop clock (real layer 17, B = 8, grid 16, step 256: barrier 16.5 of 80 µs, 3.3 µs an iteration, 5 iterations;
-  # only the ring's one block a warp in flight meanwhile at D 256). First its bit test (7 builds), then Gemma 3's rows,
-  # 0 / 1 / 1 / 0 in one process. Predicted: one block a warp is 8 MiB over the 8 groups, ~2.7 µs of HBM at each of 4
-  # boundaries: layer 17 B = 8 -4 to -8 µs (~97 -> ~91, 1.6x -> ~1.5x its floor); the drawn 20% / 5% at B = 8 -3 to -6;
-  # B = 32 (clusters of 4 on this card) -2 to -5. ~5 minutes; carry the layer 17 npz.
-  timeout 200 python3 -m pytest -q tests/test_fast.py -k "l2_ahead_keeps_every_bit" 2>&1 | grep -v Warn | tail -3
-  cd benchmarks
-  timeout 200 python3 exp_kernels_attr.py LOOP_L2_AHEAD=0,1,1,0 -- bench_decode.py --profile real \
-      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 --batches 8,32 --reps 20 \
-      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT/r" 2>&1 | grep -v Warn \
-      | tee "$OUT/s55d_l17.txt" | grep "^#\|PSA" | grep -v "^ gemma3" | cut -c1-150
-  timeout 200 python3 exp_kernels_attr.py LOOP_L2_AHEAD=0,1,1,0 -- bench_decode.py --profile sparsity \
-      --shares 0.05,0.2 --shape gemma3 --sizes 32768:8 --reps 20 \
-      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT/g" 2>&1 | grep -v Warn \
-      | tee "$OUT/s55d_drawn.txt" | grep "^#\|PSA" | grep -v "^ gemma3" | cut -c1-150
-  exit 0
+  # Fifty-fifth session: decode.cu PSA_L2_AHEAD (_kernels.LOOP_L2_AHEAD): at a chunk's end each warp asked L2 for the
+  # next blocks of its stream past its ring. Bit test 7 passed; +5% at every row measured (code in a50a4cd).
+  retired "Ran in s55 (H100): PSA_L2_AHEAD lost 2-6% everywhere; removed (code in a50a4cd)" results_h100_s55.md
 fi
 if [ "$PART" = s55e ]; then
-  # Fifty-fifth session: PSA_L2_AHEAD (s55d) on Llama's shape, where the loop runs on clusters (3 stages: two blocks a
-  # warp in flight across the barrier already) and, at 128K B = 1, on the grid; 0 / 2 / 2 / 0 blocks a warp; then the
-  # loop clock of layer 17 B = 8 with it (is the barrier phase what moves?). Predicted: Llama within 2% (the cluster
-  # barrier is short; the ring already covers it), 128K B = 1 -1 to -2 µs. ~5 minutes; carry the layer 17 npz.
-  cd benchmarks
-  timeout 300 python3 exp_kernels_attr.py LOOP_L2_AHEAD=0,2,2,0 -- bench_decode.py --profile sparsity \
-      --shares 0.05 --shape llama8b --sizes 32768:1,131072:1,131072:8 --reps 20 \
-      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT/l" 2>&1 | grep -v Warn \
-      | tee "$OUT/s55e_llama.txt" | grep "^#\|PSA" | grep -v "^ llama8b" | cut -c1-150
-  timeout 150 python3 exp_kernels_attr.py LOOP_L2_AHEAD=0,1 -- exp_verify_clock.py --loop --speculate 0 --stop ema \
-      --step 256 --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 8 2>&1 | grep -v Warn \
-      | tee "$OUT/s55e_clock_l17.txt" | grep "^#\|kernel\|attend\|barrier\|decide\|iteration"
-  exit 0
+  retired "Ran in s55 (H100), cut to Llama 128K B = 1 / 8 and layer 17's loop clock: PSA_L2_AHEAD removed" \
+      results_h100_s55.md
 fi
 if [ "$PART" = s55c ]; then
   # Fifty-fifth session: the card's attributes behind copy_ceiling_gbs; then where Gemma 3's `ema` step at B = 8 goes

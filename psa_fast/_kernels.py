@@ -647,10 +647,6 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
 
 VERIFY_CLOCK = 0  # 1: psa_spec_verify's PSA_VERIFY_CLOCK build, its phases' cycles in verify_clocks (exp_verify_clock)
 verify_clocks = None  # [B, Gn, 8] int64 of the last speculative step under VERIFY_CLOCK (spec.cu)
-# blocks each warp of the loop builds (plain, grid; not split, speculative or offload) asks L2 for past its ring at a
-# chunk's end, streamed while its group decides (decode.cu PSA_L2_AHEAD; at most 1 without the stream window, D 256);
-# 0: none (prepared in the fifty-fifth session)
-LOOP_L2_AHEAD = 0
 LOOP_CLOCK = 0  # 1: the loop builds (plain, resumed, grid) with PSA_LOOP_CLOCK, their phases' cycles in loop_clocks
 loop_clocks = None  # [B, Gn, 16] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
 
@@ -840,8 +836,6 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         defines["grid"] = ctas
         grid = (ctas, hq // g, b)
         launch = {"cooperative": True} if GRID_COOPERATIVE else {}
-    if LOOP_L2_AHEAD and version == 3 and split is None and offload is None:
-        defines["l2_ahead"] = LOOP_L2_AHEAD if d <= DECODE_STREAM_WINDOW else 1
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None
     if clocked:
         defines["loop_clock"] = 1

@@ -1152,36 +1152,6 @@ def test_decide_switches_keep_every_bit(monkeypatch, lift_grid_thresholds, kerne
     assert int(base["iterations"].max()) > 1  # (decisions between chunks were made, not only the last one)
 
 
-@pytest.mark.parametrize("case", ["ema", "sketch_avg", "grid", "d256_grid", "d256_cluster", "speculate", "predicted"])
-def test_l2_ahead_keeps_every_bit(monkeypatch, lift_grid_thresholds, kernel_switch, case):
-    """decode.cu's ``PSA_L2_AHEAD`` (fifty-fifth session; ``_kernels.LOOP_L2_AHEAD``, off): at a chunk's end each warp
-    asks L2 for the next blocks of its stream past its ring. A hint: every output, block, iteration, reason and mass
-    estimate is the same with it off and on, bit for bit, on a ragged batch over several iterations: ema and the
-    sketch rule on clusters (D 128 / 64, two blocks ahead), the grid build at D 128 (two) and at Gemma 3's D 256 (one:
-    its builds know one entry past the ring), D 256 on clusters, the speculative schedule's resumed loop and a
-    predicted first chunk."""
-    from psa_fast import _kernels
-
-    d, hq, hkv = {"sketch_avg": (64, 6, 2), "d256_grid": (256, 4, 1), "d256_cluster": (256, 4, 1)}.get(case,
-                                                                                                   (128, 8, 2))
-    stop = "sketch_avg" if case == "sketch_avg" else "ema"
-    lens = [16, 40, 700, 3000]
-    cache, data = ragged_cache(np.random.default_rng(55), lens, hq=hq, hkv=hkv, d=d, s=16,
-                               metadata="quant3" if stop == "sketch_avg" else "cuboid_mean")
-    grid = case.endswith("grid")
-    if grid:
-        lift_grid_thresholds()
-        monkeypatch.setattr(_kernels, "LOOP_GRID", 8)
-    extra = {"speculate": dict(speculate=1.0), "predicted": dict(first_chunk="predicted")}.get(case, {})
-    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, stop=stop, sink_blocks=1, recent_blocks=2, step=16,
-                         **extra)
-    assert (plan.grid_ctas == 8) == grid
-    q = cupy.asarray(np.stack([q for q, _, _ in data]))
-    base = assert_define_keeps_every_bit(kernel_switch, "l2_ahead", plan, q, value=1 if d == 256 else 2,
-                                         names=("out", "num_used", "iterations", "reason", "mass_estimate"))
-    assert int(base["iterations"].max()) > 1  # (chunks past the first were prefetched and attended)
-
-
 @pytest.mark.parametrize("mode,d,hq,hkv", [("dense", 128, 8, 2), ("dense", 64, 9, 3), ("dense", 256, 4, 1),
                                          ("topk", 128, 8, 2), ("topk", 64, 9, 3)])
 def test_split_leave_keeps_every_bit(kernel_switch, mode, d, hq, hkv):

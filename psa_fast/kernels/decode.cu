@@ -181,17 +181,6 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // 92); without them the Gemma 3 builds spill less than the default (grid 44 bytes, clusters 12).
 #define PSA_DECIDE_OVERLAP PSA_SKETCH_RULE
 #endif
-#ifndef PSA_L2_AHEAD
-// > 0 (_kernels.LOOP_L2_AHEAD; the loop builds: plain, resumed, grid): when a warp has attended its part of a chunk,
-// it asks L2 for the K and V of the next PSA_L2_AHEAD blocks of its stream past those its ring holds (the next chunk's,
-// if the loop goes on), so that HBM streams them while the group waits at its barrier and decides, where only the
-// ring's PSA_STAGES - 1 blocks a warp are in flight now. A hint only: no value or decision changes. If the loop stops,
-// they are read for nothing (PSA_L2_AHEAD blocks a warp). Prepared in s55 from the loop clock of Gemma 3's grid build
-// at B = 8 (H100, real layer 17, step 256: 16.5 of 80 µs at the barrier, 3.3 µs an iteration). The builds without
-// the stream window (D 256) know one entry past the ring: at most 1 there.
-#define PSA_L2_AHEAD 0
-#endif
-#define PSA_L2_AHEAD_ON (PSA_L2_AHEAD > 0 && !PSA_SPLIT && !PSA_SPEC)
 // Iterations' statistics the grid build keeps, double-buffered by the iteration's parity (xstats [B, Gn, 2, C, PSA_G]),
 // and its barrier counters (xcount [B, Gn, 2]: the arrivals, then the CTAs out); a cluster's CTA totals (cta_stats) are
 // double-buffered likewise. (Until the forty-sixth session a look-ahead build, PSA_LOOKAHEAD, kept more; NOTES.md,
@@ -496,19 +485,6 @@ __device__ __forceinline__ void block_output(const kv_t* stv, float (&sacc)[PSA_
 
 // A stage's V tile follows its K tile.
 __device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PSA_SP * PSA_D; }
-
-#if PSA_L2_AHEAD_ON
-// PSA_L2_AHEAD: the lanes of a warp ask L2 for one block's K and V (S x D contiguous elements each), a 128-byte line
-// a lane at a time.
-__device__ __forceinline__ void l2_prefetch_block(const kv_t* __restrict__ kb, const kv_t* __restrict__ vb, int lane) {
-    constexpr int lines = (PSA_S * PSA_D * (int)sizeof(kv_t) + 127) / 128;
-#pragma unroll
-    for (int i = lane; i < lines; i += 32) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(kb) + 128 * i));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(vb) + 128 * i));
-    }
-}
-#endif
 
 #if PSA_DECIDE_PREFETCH_ON
 // PSA_DECIDE_PREFETCH, called by one warp after its part of the chunk ending at `end`: lanes 3 h, 3 h + 1 and 3 h + 2
@@ -992,24 +968,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         why = PSA_REASON_EXHAUSTED;
         pos = end;
         break;
-#endif
-#if PSA_L2_AHEAD_ON
-        // the next blocks of this warp's stream past its ring, into L2 while the group decides (PSA_L2_AHEAD)
-#if PSA_STREAM_WINDOW
-#pragma unroll
-        for (int a = 0; a < PSA_L2_AHEAD; ++a) {  // entries issued .. issued + PSA_L2_AHEAD - 1: in the loaded windows
-            if (entry(issued + a, w_pos0, w_pos1) < lim) {
-                const long slot = entry(issued + a, w_slot0, w_slot1);
-                l2_prefetch_block(k_pool + slot * (PSA_S * PSA_D), v_pool + slot * (PSA_S * PSA_D), lane);
-            }
-        }
-#else
-        static_assert(PSA_L2_AHEAD <= 1, "without the stream window a warp knows one entry past its ring");
-        if (f_pos < lim) {
-            const long slot = f_slot;
-            l2_prefetch_block(k_pool + slot * (PSA_S * PSA_D), v_pool + slot * (PSA_S * PSA_D), lane);
-        }
-#endif
 #endif
 #if PSA_DECIDE_PREFETCH_ON
         if (warp == PSA_WARPS - 1)
