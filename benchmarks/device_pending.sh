@@ -2033,6 +2033,22 @@ if [ "$PART" = s50b ]; then
   done
   exit 0
 fi
+if [ "$PART" = s55f ]; then
+  # Fifty-fifth session: three cp.async stages at Gemma 3's D 256 in a batch (4 warps x 3 stages = 192 KiB of rings
+  # fit; decode_config gives 4 x 2). s55c's clock: layer 17 B = 8's attend runs at the copy ceiling but its barrier
+  # costs 3.3 µs an iteration (the group's CTAs end a chunk apart, one block a warp in flight). A deeper ring keeps
+  # two blocks a warp in flight; s31d measured 4 x 3 slower at one request (31.5 against 27.4 µs, 34.0 paired), never
+  # at B >= 8. Stages 2 / 3 / 3 / 2, unpaired (DECODE_PAIR 0) then paired (1; D 256 pairs spill). Predicted: B = 8 / 32
+  # -3 to -6% unpaired, B = 1 +10% (as s31d), paired worse. ~4 minutes; carry the layer 17 npz.
+  cd benchmarks
+  timeout 250 python3 exp_kernels_attr.py DECODE_PAIR=0,1 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --sizes 32768:8,32768:32,32768:1 --steps auto --modes loop --warps 4 --stages 2,3,3,2 \
+      --reps 20 2>&1 | grep -v Warn | tee "$OUT/s55f_l17.txt" | grep "^#\|^| [0-9]"
+  timeout 200 python3 exp_kernels_attr.py DECODE_PAIR=0 -- exp_step.py --share 0.2 --shape gemma3 \
+      --sizes 32768:8,32768:32 --steps auto --modes loop --warps 4 --stages 2,3,3,2 --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/s55f_drawn.txt" | grep "^#\|^| [0-9]"
+  exit 0
+fi
 if [ "$PART" = s55d ]; then
   # Fifty-fifth session: decode.cu PSA_L2_AHEAD (_kernels.LOOP_L2_AHEAD): at a chunk's end each warp asked L2 for the
   # next blocks of its stream past its ring. Bit test 7 passed; +5% at every row measured (code in a50a4cd).
