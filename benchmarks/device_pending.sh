@@ -163,6 +163,8 @@
 #   run(command="bash benchmarks/device_pending.sh s55c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~1 minute; ran)
 #  Gemma 3's ema step at B = 8 kernel by kernel and its grid loop's clock (where the time above the bytes goes).
 #   s55d / s55e (ran in s55, H100): PSA_L2_AHEAD, the next blocks asked into L2 at a chunk's end; lost, removed.
+#   run(command="bash benchmarks/device_pending.sh s55f", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~1 minute; ran)
+#  three cp.async stages at D 256 in a batch (Gemma 3, layer 17 and drawn 20%): +7-14%, not adopted.
 #   run(command="bash benchmarks/device_pending.sh s54d")  (~2 minutes; ran in s54, H100)
 #  pick_step's copy ceiling at the H200's 4,300 against the H100's 3,050 GB/s (Llama 5%, B = 8 / 32).
 #   run(command="bash benchmarks/device_pending.sh s54c")  (~3 minutes; ran in s54, H100)
