@@ -372,6 +372,18 @@ def per_call_us(fn, layers: int, stream, reps: int) -> float:
     return median_us(lambda i: gr.launch(stream), stream, reps, 1) / PER_GRAPH
 
 
+def run_file(path: str):
+    """``path`` opened for a run's output: a fresh file, or appended to where the run is a later one of an
+    ``exp_kernels_attr.py`` process (``PSA_KERNELS_ATTR_RUN`` > 0), so that every value's rows are kept."""
+    return open(path, "a" if int(os.environ.get("PSA_KERNELS_ATTR_RUN", "0")) > 0 else "w")
+
+
+def run_tags() -> dict:
+    """The ``exp_kernels_attr.py`` values this run was made with, ``{"kernels_attr": "NAME = value; ..."}``, if any."""
+    attr = os.environ.get("PSA_KERNELS_ATTR")
+    return {"kernels_attr": attr} if attr else {}
+
+
 def copy_ceiling_gbs(stream) -> float:
     import cupy
 
@@ -899,9 +911,9 @@ def main(argv=None) -> None:
     start = time.time()
     stem = out_stem(args.profile, shape, spread=args.spread)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{stem}.jsonl"), "w") as f:
+    with run_file(os.path.join(args.out, f"{stem}.jsonl")) as f:
         def log(r):
-            f.write(json.dumps(r) + "\n")
+            f.write(json.dumps({**run_tags(), **r}) + "\n")
             f.flush()
             print(format_row(r), flush=True)
 
@@ -920,8 +932,8 @@ def main(argv=None) -> None:
                                    speculate=(args.speculate, args.extra_chunks))
     print(f"\n{len(rows)} rows in {time.time() - start:.0f} s\n")
     text = table(rows, measured)
-    with open(os.path.join(args.out, f"{stem}.md"), "w") as f:
-        f.write(text + "\n")
+    with run_file(os.path.join(args.out, f"{stem}.md")) as f:
+        f.write((f"<!-- {run_tags()['kernels_attr']} -->\n" if run_tags() else "") + text + "\n")
     print(text)
 
 

@@ -5,14 +5,17 @@
     python benchmarks/exp_kernels_attr.py LOOP_GRID=0,8 GRID_MIN_CTAS=0 -- exp_step.py --sizes 32768:1
 
 Each value prints a ``# _kernels.NAME = value`` line before the script's own output; the constant is restored
-afterwards. Values take the constant's type: integers for an integer constant, numbers for a float one
-(``STEP_SHARE=0.25,0.5``). Several assignments run the script once per combination of their values (the last
+afterwards. The script sees the run's values in ``PSA_KERNELS_ATTR`` (``"NAME = value; ..."``) and its index in
+``PSA_KERNELS_ATTR_RUN`` (0, 1, ...): bench_decode.py and profile_decode_step.py then append the later runs' rows
+to the first run's files, each row tagged ``kernels_attr``, where each run used to overwrite the one before. Values
+take the constant's type: integers for an integer constant, numbers for a float one (``STEP_SHARE=0.25,0.5``). Several assignments run the script once per combination of their values (the last
 name's values varying fastest), each combination on one line (``# _kernels.A = 0; _kernels.B = 1``).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import runpy
 import sys
 
@@ -47,15 +50,19 @@ def main(argv: list[str]) -> None:
     script, *rest = argv[split + 1:]
     originals = {name: getattr(_kernels, name) for name in names}
     try:
-        for values in itertools.product(*(values for _, values in assignments)):
+        for run, values in enumerate(itertools.product(*(values for _, values in assignments))):
             for name, value in zip(names, values):
                 setattr(_kernels, name, value)
+            os.environ["PSA_KERNELS_ATTR"] = "; ".join(f"{name} = {value}" for name, value in zip(names, values))
+            os.environ["PSA_KERNELS_ATTR_RUN"] = str(run)
             print("# " + "; ".join(f"_kernels.{name} = {value}" for name, value in zip(names, values)), flush=True)
             sys.argv = [script, *rest]
             runpy.run_path(script, run_name="__main__")
     finally:
         for name, value in originals.items():
             setattr(_kernels, name, value)
+        os.environ.pop("PSA_KERNELS_ATTR", None)
+        os.environ.pop("PSA_KERNELS_ATTR_RUN", None)
 
 
 if __name__ == "__main__":

@@ -518,6 +518,20 @@ def test_kernels_attr_runs_the_script_once_per_value_and_restores_the_constant(t
     for bad in (["SLICE=1", "SLICE=2", "--", str(script)], ["--", str(script)], ["SLICE=1", "--"]):
         with pytest.raises(SystemExit):
             eka.main(bad)
+    # bench_decode's output files: each run's rows kept (the first run writes a fresh file, the later ones append),
+    # each tagged with its values; outside exp_kernels_attr a run overwrites and tags nothing
+    out = tmp_path / "rows.jsonl"
+    out.write_text("stale\n")
+    script.write_text("import json, sys\nfrom bench_decode import run_file, run_tags\n"
+                      "with run_file(sys.argv[1]) as f:\n    f.write(json.dumps({**run_tags(), 'x': 1}) + '\\n')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCH), str(BENCH.parent)]))
+    subprocess.run([sys.executable, str(BENCH / "exp_kernels_attr.py"), "SLICE=7,9", "--", str(script), str(out)],
+                   capture_output=True, text=True, cwd=BENCH.parent, check=True, env=env)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"kernels_attr": "SLICE = 7", "x": 1}, {"kernels_attr": "SLICE = 9", "x": 1}]
+    subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, cwd=BENCH.parent,
+                   check=True, env={k: v for k, v in env.items() if not k.startswith("PSA_KERNELS_ATTR")})
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [{"x": 1}]
 
 
 # --- exp_dense_tune.py: the launch shapes it sweeps ----------------------------------------------------
