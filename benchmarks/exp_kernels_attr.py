@@ -8,8 +8,9 @@ Each value prints a ``# _kernels.NAME = value`` line before the script's own out
 afterwards. The script sees the run's values in ``PSA_KERNELS_ATTR`` (``"NAME = value; ..."``) and its index in
 ``PSA_KERNELS_ATTR_RUN`` (0, 1, ...): bench_decode.py and profile_decode_step.py then append the later runs' rows
 to the first run's files, each row tagged ``kernels_attr``, where each run used to overwrite the one before. Values
-take the constant's type: integers for an integer constant, numbers for a float one (``STEP_SHARE=0.25,0.5``). Several assignments run the script once per combination of their values (the last
-name's values varying fastest), each combination on one line (``# _kernels.A = 0; _kernels.B = 1``).
+take the constant's type: integers for an integer constant, numbers for a float one (``STEP_SHARE=0.25,0.5``).
+Several assignments run the script once per combination of their values (the last name's values varying fastest),
+each combination on one line (``# _kernels.A = 0; _kernels.B = 1``).
 """
 
 from __future__ import annotations
