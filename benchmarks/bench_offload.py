@@ -186,7 +186,7 @@ def decode_step(stream, gather_gbs: float, reps: int) -> list:
                     rows.append(row)
                     print(f"| {t // 1024}K | {b} | {state} | {tau} | {used:.0f} | {per_step:.0f} | {transfer:.0f} | "
                           f"{compute:.0f} | {us:.0f} | {ratio:.2f} | {iters:.0f} |", flush=True)
-            del res, off, plan, dec
+            res = off = plan = dec = None  # (freed before the next size)
             cupy.get_default_memory_pool().free_all_blocks()
     return rows
 
@@ -248,7 +248,7 @@ def pools(stream, steps: int) -> list:
                                  step_us=us))
                 print(f"| {kind} | {frac:.0%} | {slots} | {named:.0f} ({named / total:.0%}) | {rate:.3f} | {mib:.1f} | "
                       f"{us:.0f} |", flush=True)
-                del off, dec
+                off = dec = None
                 cupy.get_default_memory_pool().free_all_blocks()
     return rows
 

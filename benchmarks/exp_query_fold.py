@@ -48,7 +48,7 @@ def main(argv=None) -> None:
                     query = per_call_us(lambda layer: plan.load_query(qs[layer], layer), layers, stream, args.reps)
                 print(f"| {name} | {t // 1024}K | {b} | {step:.1f} | {attend:.1f} | {query:.1f} | "
                       f"{step - attend:.1f} |", flush=True)
-                del cache, plan, qs
+                cache = plan = qs = None  # (freed before the next size)
                 cupy.get_default_memory_pool().free_all_blocks()
 
 

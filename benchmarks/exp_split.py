@@ -125,7 +125,7 @@ def main(argv=None) -> None:
                             parts += f", estimate {graph_us(p.estimate):.1f}, order {graph_us(p.order):.1f}"
                         print(f"    stages alone (µs): {parts}", flush=True)
                         table.append(f"    stages alone (µs): {parts}")
-            del cache, tk, tv, kv
+            cache = tk = tv = kv = None  # (freed before the next size)
             cupy.get_default_memory_pool().free_all_blocks()
     print("\n".join(["", "== split-KV table"] + table))
 

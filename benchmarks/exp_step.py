@@ -116,7 +116,7 @@ def main() -> None:
                       f"{us_dense / us:.2f}x | "
                       f"{100 * read.mean() / n:.1f}% | {shown_iters} | {err:.4f} |",
                       flush=True)
-            del cache, qs
+            cache = qs = None  # (freed before the next size)
             cupy.get_default_memory_pool().free_all_blocks()
 
 

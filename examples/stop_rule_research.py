@@ -394,7 +394,6 @@ def rules(c: Case) -> dict[str, np.ndarray]:
 
 def stops(c: Case, rest: np.ndarray, tau: float, shared: bool) -> np.ndarray:
     """``[G]`` prefix lengths at which the rule stops (first boundary where it holds)."""
-    n = c.mass.shape[0]
     acc = np.cumsum(c.mass, axis=0)
     with np.errstate(invalid="ignore"):
         holds = acc / (acc + rest) >= tau

@@ -443,7 +443,7 @@ def evaluate(model, tokenizer, *, text: str = "pydoc", offset: int = TEXT_OFFSET
         model.set_attn_implementation("sdpa")
         _score(ctx_runs)
         runs.extend(ctx_runs)
-        del prefilled
+        prefilled = None  # (the caches go before the next context's prefill)
     return runs
 
 
