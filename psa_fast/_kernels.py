@@ -188,9 +188,13 @@ def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_byt
 LOOP_ITERATION_US = 2.6  # an iteration's cost beyond its blocks (the cluster barrier, the decision, the refill) ...
 LOOP_ITERATION_US_PAIRS = 3.5  # ... and with two blocks a warp, where the chunk's last pair is its tail
 LOOP_SM_GBS = 45.0  # what one CTA of a group's cluster attends, GB/s (one iteration of 512 blocks over 8 CTAs)
-COPY_CEILING_GBS = 0.0  # the copy ceiling pick_step shares over a batch's groups, GB/s; 0: the card's
+# the copy ceiling pick_step shares over a batch's groups, GB/s: the H200's, on which the step's constants were fitted;
+# 0: the card's (copy_ceiling_gbs). On the H100 the card's 3,017 moved the step at 14 batch shapes: ema level as a whole
+# (geometric mean 0.999) but the default rule on Gemma 3's real layer 17 +13% / +7% at B = 8 / 32 (reading 37.5%
+# where 31.2% did: fifty-fifth session, benchmarks/results_h100_s55.md), so the default stays the H200's.
+COPY_CEILING_GBS = 4300.0
 # ... measured device-to-device copy over the card's peak (2 x memory clock x bus width): H100 SXM 3,044 GB/s of
-# 3,352 (bench_decode, fifty-third session), H200 4,229-4,274 of ~4,800 (the design card)
+# 3,352 (bench_decode, fifty-third session; the card reports 2,619 MHz and 5,120 bits), H200 4,229-4,274 of ~4,800
 COPY_CEILING_OF_PEAK = 0.9
 STEP_SHARE = 0.25  # the share of a group's blocks the step is sized for (the busier groups' PSA budgets)
 # ... and after a predicted first chunk (sketch rules), the blocks a busier group still needs: on the real Gemma 3
@@ -246,8 +250,8 @@ def pick_step(batch: int, groups: int, nmax: int, *, cluster: int, warps: int, b
     """Blocks an iteration for ``DecodePlan(step="auto")``. The loop's step decides on the slowest group: each
     iteration costs ``LOOP_ITERATION_US`` beyond its blocks, and the last one reads up to a step past the stop,
     each block at the group's share of the bandwidth (its cluster's SMs for one request, the copy ceiling
-    ``ceiling_gbs`` over every group for a batch; by default the card's, ``copy_ceiling_gbs``: on the H100 Llama's
-    128K B = 8 takes 288 where the H200's ceiling gave 352, -1.0%, fifty-fourth session). For a group that needs
+    ``ceiling_gbs`` over every group for a batch; by default ``copy_ceiling_gbs()``: ``COPY_CEILING_GBS``, the
+    H200's, or the card's where that is 0). For a group that needs
     ``need`` blocks the total is about ``need / step`` iterations plus ``step / 2`` blocks too many, least at
     ``step* = sqrt(2 need iteration / block)``, with ``need = STEP_SHARE * nmax``. The step is a whole number of
     blocks for every warp (two with ``pairs``, where a warp attends two blocks at once and an iteration costs

@@ -1199,15 +1199,17 @@ def test_windowed_stream_at_d256_keeps_every_bit(monkeypatch, lift_grid_threshol
         np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
 
 
-def test_the_cards_copy_ceiling_is_what_a_copy_reaches():
-    """pick_step's default copy ceiling (``_kernels.copy_ceiling_gbs``: a share of the peak from the card's memory
-    clock and bus width) against a 1 GiB device-to-device copy timed here, median of 10. Budget: within -15% / +20%,
-    the spread of one process's copies (bench_decode's ceiling fell from 3,044 to 2,605-2,619 GB/s in a later run of
-    one H100 process, fifty-third session); a card reporting nothing would raise instead."""
+def test_the_cards_copy_ceiling_is_what_a_copy_reaches(monkeypatch):
+    """pick_step's copy ceiling from the card (``_kernels.COPY_CEILING_GBS = 0``: ``copy_ceiling_gbs()`` is a share of
+    the peak from the card's memory clock and bus width) against a 1 GiB device-to-device copy timed here, median of
+    10. Budget: within -15% / +20%, the spread of one process's copies (bench_decode's ceiling fell from 3,044 to
+    2,605-2,619 GB/s in a later run of one H100 process, fifty-third session); a card reporting nothing would raise
+    instead."""
     from psa_fast import _kernels
 
-    assert _kernels.COPY_CEILING_GBS == 0.0  # the library asks the card by default
+    monkeypatch.setattr(_kernels, "COPY_CEILING_GBS", 0.0)
     card = _kernels.copy_ceiling_gbs()
+    assert card == _kernels.card_copy_ceiling_gbs(cupy.cuda.runtime.getDevice())
     a = cupy.empty(2**30, cupy.uint8)
     b = cupy.empty_like(a)
     b[...] = a
