@@ -911,9 +911,10 @@ def main(argv=None) -> None:
     start = time.time()
     stem = out_stem(args.profile, shape, spread=args.spread)
     os.makedirs(args.out, exist_ok=True)
+    run = run_tags()  # (the exp_kernels_attr.py values of this run, on every row)
     with run_file(os.path.join(args.out, f"{stem}.jsonl")) as f:
         def log(r):
-            f.write(json.dumps({**run_tags(), **r}) + "\n")
+            f.write(json.dumps({**run, **r}) + "\n")
             f.flush()
             print(format_row(r), flush=True)
 
@@ -933,7 +934,7 @@ def main(argv=None) -> None:
     print(f"\n{len(rows)} rows in {time.time() - start:.0f} s\n")
     text = table(rows, measured)
     with run_file(os.path.join(args.out, f"{stem}.md")) as f:
-        f.write((f"<!-- {run_tags()['kernels_attr']} -->\n" if run_tags() else "") + text + "\n")
+        f.write((f"<!-- {run['kernels_attr']} -->\n" if run else "") + text + "\n")
     print(text)
 
 

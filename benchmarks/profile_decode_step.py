@@ -107,6 +107,7 @@ def main() -> None:
     fill = (real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread) if args.kv
             else sparsity_fill(shape, args.share, recent_blocks=2))
     path = os.path.join(args.out, f"profile_decode_step_{shape.name}.jsonl")
+    tags = run_tags()  # (the exp_kernels_attr.py values of this run, on every row)
     with run_file(path) as log:
         for b in (int(x) for x in args.batches.split(",")):
             layers = args.layers or rotating_layers(shape, args.size, b)
@@ -173,9 +174,8 @@ def main() -> None:
                 for r in rows:
                     print(f"  {r['kernel'][:48]:<48} {r['per_step']:5.1f}/step {r['us_per_launch']:8.1f} µs "
                           f"{r['us_per_step']:8.1f} µs/step {100 * r['share']:5.1f}%", flush=True)
-                    log.write(json.dumps(dict(**run_tags(), T=args.size, B=b, variant=label, wall_us=wall_us,
-                                              layers=layers, **r))
-                              + "\n")
+                    log.write(json.dumps(dict(**tags, T=args.size, B=b, variant=label, wall_us=wall_us, layers=layers,
+                                              **r)) + "\n")
                 log.flush()
             del caches, qs
             cupy.get_default_memory_pool().free_all_blocks()
