@@ -154,10 +154,14 @@ GRID_MIN_GROUP_MIB = 32  # ... or a group's K and V fill this many MiB (Llama at
 GRID_WHERE_CLUSTERS_WAIT = 1
 def grid_exchange_shapes(batch: int, groups: int, ctas: int, warps: int, g: int, head_dim: int) -> tuple:
     """Shapes of the grid build's exchange buffers for ``batch`` x ``groups`` groups of ``ctas`` CTAs of ``warps``
-    warps (``g`` query heads, padded head dim ``head_dim``): each iteration's CTA statistics ``xstats`` (float32 x 4,
-    two iterations' buffers), the barrier's counters ``xcount`` (uint32, zero between launches: the arrivals and the
-    CTAs out) and every warp's output terms ``xpart`` (float32)."""
+    warps (``g`` query heads, padded head dim ``head_dim``): each iteration's CTA statistics ``xstats`` (4 a head,
+    two iterations' buffers; each a 64-bit word, its float's bits under the iteration's tag, zero between launches:
+    decode.cu's PSA_GRID_TAGS), the barrier's counters ``xcount`` (zero between launches: the arrivals and the CTAs
+    out) and every warp's output terms ``xpart``, of the dtypes ``GRID_EXCHANGE_DTYPES``."""
     return ((batch, groups, 2, ctas, g, 4), (batch, groups, 2), (batch, groups, ctas * warps, g, head_dim + 4))
+
+
+GRID_EXCHANGE_DTYPES = (np.uint64, np.uint32, np.float32)  # xstats, xcount, xpart (xstats and xcount zeroed once)
 
 
 def pick_grid(num_groups: int, cluster: int, nmax: int, head_dim: int, block_bytes: int) -> int:
@@ -726,8 +730,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 
     ``grid_group = (ctas, xstats, xcount, xpart)`` (psa's plain loop, version 3, ``cluster`` 1) launches the
     ``PSA_GRID`` build: ``ctas`` CTAs a group that are not a cluster, exchanging each iteration's statistics through
-    ``xstats [B, Gn, 2, ctas, g, 4]`` float32 and a barrier on ``xcount [B, Gn, 2]`` uint32 (zero before the first
-    launch; each launch leaves it zero), and every warp's output terms through
+    ``xstats [B, Gn, 2, ctas, g, 4]`` uint64 (each statistic's float bits tagged with its iteration; the builds without
+    tags, the sketch rules', use its first half as float32) and a barrier on ``xcount [B, Gn, 2]`` uint32 (both zero before the
+    first launch; each launch leaves them zero), and every warp's output terms through
     ``xpart [B, Gn, ctas * warps, g, Dp + 4]`` float32 (``Dp`` outputs, max, mass, 2 unused; ``warps`` the build's,
     after ``decode_config``). Every CTA of the grid must be resident at once (``pick_grid``).
 
@@ -833,10 +838,13 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
             raise ValueError("the grid build runs PSA's plain loop on decode version 3, cluster 1")
         ctas, xstats, xcount, xpart = grid_group
         want = grid_exchange_shapes(b, hq // g, ctas, warps, g, d)
-        for name, buf, shape in zip(("xstats", "xcount", "xpart"), (xstats, xcount, xpart), want):
+        for name, buf, shape, dtype in zip(("xstats", "xcount", "xpart"), (xstats, xcount, xpart), want,
+                                           GRID_EXCHANGE_DTYPES):
             if tuple(buf.shape) != shape:
                 raise ValueError(f"grid_group's {name}: expected {list(shape)} (grid_exchange_shapes for {ctas} CTAs "
                                  f"of the build's {warps} warps), got {list(buf.shape)}")
+            if buf.dtype != dtype:
+                raise TypeError(f"grid_group's {name}: expected {np.dtype(dtype).name}, got {buf.dtype}")
         args = args + (xstats, xcount, xpart)
         defines["grid"] = ctas
         grid = (ctas, hq // g, b)

@@ -269,8 +269,9 @@ class DecodePlan:
         self._grid_group = None  # the grid build's exchange buffers (its counters zero between launches)
         if self.grid_ctas:
             c = self.grid_ctas
-            xstats, xcount, xpart = _kernels.grid_exchange_shapes(b, self.gn, c, loop_warps, self.g, dp)
-            self._grid_group = (c, cupy.empty(xstats, f32), cupy.zeros(xcount, cupy.uint32), cupy.empty(xpart, f32))
+            shapes = _kernels.grid_exchange_shapes(b, self.gn, c, loop_warps, self.g, dp)
+            self._grid_group = (c,) + tuple(cupy.zeros(shape, dtype) for shape, dtype
+                                            in zip(shapes, _kernels.GRID_EXCHANGE_DTYPES))
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)

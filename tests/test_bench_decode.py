@@ -941,13 +941,13 @@ def _launches(monkeypatch, **kwargs):
 
 def test_decode_launches_the_grid_build_as_its_buffers_say(monkeypatch):
     """_kernels.decode (CPU, the build replaced): the grid build launches ``ctas`` CTAs a group, cooperatively, with its
-    three exchange buffers as the last arguments; a buffer of another shape is a ValueError naming it; a cluster build
-    has no grid define."""
+    three exchange buffers as the last arguments; a buffer of another shape is a ValueError naming it, of another dtype
+    a TypeError; a cluster build has no grid define."""
     from psa_fast import _kernels
 
     warps = _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8)[0]
     shapes = _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128)
-    bufs = tuple(np.zeros(sh, np.float32) for sh in shapes)
+    bufs = tuple(np.zeros(sh, dtype) for sh, dtype in zip(shapes, _kernels.GRID_EXCHANGE_DTYPES))
     (options, grid, block, args, kw), = _launches(monkeypatch, cluster=1, grid_group=(16,) + bufs)
     assert grid == (16, 2, 2) and block == (warps * 32,) and options["grid"] == 16
     assert options.get("cooperative", False) == bool(_kernels.GRID_COOPERATIVE) and "cooperative" not in kw
@@ -957,6 +957,8 @@ def test_decode_launches_the_grid_build_as_its_buffers_say(monkeypatch):
     wrong = bufs[:2] + (np.zeros(shapes[2][:2] + (shapes[2][2] + 1,) + shapes[2][3:], np.float32),)
     with pytest.raises(ValueError, match="xpart"):
         _launches(monkeypatch, cluster=1, grid_group=(16,) + wrong)
+    with pytest.raises(TypeError, match="xstats: expected uint64, got float32"):  # (the tagged words, PSA_GRID_TAGS)
+        _launches(monkeypatch, cluster=1, grid_group=(16, bufs[0].astype(np.float32)) + bufs[1:])
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
@@ -970,7 +972,8 @@ def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp
     warps = _kernels.loop_launch(d=128, s=16, g=4, version=3, warps=8)[0]
     src = tmp_path / "decode.cu"
     src.write_text(_kernels._source("decode.cu"))
-    grid_bufs = tuple(np.zeros(sh, np.float32) for sh in _kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128))
+    grid_bufs = tuple(np.zeros(sh, dtype) for sh, dtype in zip(_kernels.grid_exchange_shapes(2, 2, 16, warps, 4, 128),
+                                                               _kernels.GRID_EXCHANGE_DTYPES))
     sketch = (np.zeros((2, 8, 64), np.float32),) * 2
     for kwargs in ({"cluster": 1, "grid_group": (16,) + grid_bufs}, {"cluster": 8},
                    {"cluster": 1, "grid_group": (16,) + grid_bufs, "stop": "sketch_avg", "sketch": sketch},

@@ -1059,6 +1059,52 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     check_result(res, q, keys, values, threshold=0.9, stop=stop, step=64, block_size=16, metadata=b.cache.metadata)
 
 
+@pytest.mark.parametrize("d,hq,hkv", [(256, 4, 1), (128, 8, 2)])
+def test_grid_tags_keep_every_bit_over_launches_that_stop_early_and_late(monkeypatch, lift_grid_thresholds,
+                                                                          kernel_switch, d, hq, hkv):
+    """decode.cu's ``PSA_GRID_TAGS`` (fifty-sixth session; the grid build's default for groups of up to 32 CTAs and
+    every rule but the sketch rules): each iteration's statistics go through 64-bit words tagged with the iteration,
+    which the readers poll instead of a counter, and the warps' output terms are published by one counter barrier at
+    the stop. Over a sequence of launches on one plan whose group stops after many chunks (a flat query), after a few
+    (a query aimed at one key), then many and a few again, so that a launch finds words that an earlier one left in
+    either parity, every output, block, iteration and reason is the same with the switch off and on, bit for bit, and every
+    launch leaves the statistics and the counters zero, as the next one (of either build) expects (stop ema; Gemma 3's head dim, and Llama's with two
+    groups; the other rules' grid builds are held to psa_ref and the clusters above)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(56 + d)
+    t = 600 * 16 + 5
+    keys = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    values = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    b = psa_fast.KVBlocks.from_dense(cupy.asarray(keys), cupy.asarray(values), block_size=16, metadata="cuboid_mean")
+    flat = np.zeros((1, hq, d), np.float32)  # every logit 0: the mass is spread over every block
+    aimed = np.stack([keys[h * hkv // hq, 300 * 16 + 7].astype(np.float32) * 4 for h in range(hq)])[None]
+    queries = [cupy.asarray(x) for x in (flat, aimed, flat, aimed)]
+    lift_grid_thresholds()
+    monkeypatch.setattr(_kernels, "LOOP_GRID", 16)
+    plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop="ema", step=64)
+    assert plan.grid_ctas == 16
+    _, xstats, xcount, _ = plan._grid_group
+    runs = []
+    for on in (0, 16):
+        switched = kernel_switch("decode", grid_tags=on)
+        runs.append([])
+        for q in queries:
+            plan.out.fill(np.nan)
+            dec = plan.run(q)
+            runs[-1].append({name: cupy.asnumpy(getattr(dec, name))
+                             for name in ("out", "num_used", "iterations", "reason", "order")})
+            assert int(cupy.count_nonzero(xstats)) == 0 and int(cupy.count_nonzero(xcount)) == 0, on
+        assert any(options.get("grid") == 16 for options in switched)
+    kernel_switch(None)
+    for off, on in zip(*runs):
+        assert not np.isnan(off["out"]).any()
+        for name in off:
+            np.testing.assert_array_equal(on[name], off[name], err_msg=name)
+    iterations = [int(r["iterations"].max()) for r in runs[0]]
+    assert max(iterations[1], iterations[3]) < min(iterations[0], iterations[2]), iterations  # (s56a: 2 or 4, 9)
+
+
 def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, before=None,
                                   names=("out", "num_used", "iterations", "reason"), file="decode", buffers=(),
                                   value=1):

@@ -105,7 +105,10 @@
 // 0), waits for all C (group_sync), and warp h combines head h's C totals for every warp; before that barrier each
 // warp also writes its output terms so far to `xpart [B, Gn, C * warps, PSA_G, PSA_D + 4]`, so that when the group
 // stops every CTA combines its share of the output channels from them at once, with no barrier after the loop's;
-// the last CTA to leave (entry 1) resets both counters for the next launch (_kernels.grid_exchange_shapes).
+// the last CTA to leave (entry 1) resets both counters and the statistics for the next launch
+// (_kernels.grid_exchange_shapes). Where PSA_GRID_TAGS holds (groups of up to 32 CTAs, every rule but the sketch
+// rules), the statistics are 64-bit words tagged with their iteration, polled by their readers without the counter,
+// and one counter barrier at the stop publishes the output terms.
 // Every CTA of the grid must be resident at once: the host gives a group at most SMs / groups CTAs and launches the
 // build cooperatively (the driver refuses a grid that cannot be), and a wait longer than a second traps.
 #include "common.cuh"
@@ -189,6 +192,22 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_XCOUNT 2
 // (both in the builds that decide: not the speculative one, which leaves after its chunk, nor the split build, whose
 // stop rules read neither array)
+#ifndef PSA_GRID_TAGS
+// > 0: the grid build of groups of at most this many CTAs, for the rules that read nothing other CTAs write during
+// the loop but the chunk statistics (every rule but the sketch rules, whose window sums read the group's `lmass`),
+// exchanges those statistics without the counter: each is stored as one 64-bit word, its float's bits under a tag of
+// the iteration (it + 1), and each reader polls the words themselves until every one carries the iteration it waits
+// for (an aligned 8-byte access is single-copy atomic, so a word is either the old one or the new one, whole). One
+// L2 round trip after the last CTA's store instead of three (the counter's release, its poll, the statistics' load:
+// NOTES.md, fifty-fifth session); the warps' output terms, written each iteration as before, are published by one
+// counter barrier at the stop. 0: the counter every iteration, as the sketch rules keep. Fifty-sixth session (H100,
+// off / on / on / off, ema): real Gemma 3 layer 17 B = 8 (16 CTAs) 97.5 -> 96.6 µs, B = 32 (4) 268.5 -> 267.7, the
+// drawn 20% 81.1 -> 79.9 and 229.5 -> 224.7, Llama 128K B = 1 level; the loop clock's barrier 3.4 -> 3.0 µs an
+// iteration (the rest is the CTAs' skew). With 64 CTAs (one Gemma 3 request), where a lane waits for two ranks in
+// turn and 64 CTAs poll each rank's line, a first version lost 7% (32.5 -> 34.7 µs): hence at most 32.
+#define PSA_GRID_TAGS 32
+#endif
+#define PSA_GRID_TAGS_ON (PSA_GRID && PSA_GRID <= PSA_GRID_TAGS && !PSA_SKETCH_RULE)
 #define PSA_DECIDE_PREFETCH_ON (PSA_DECIDE_PREFETCH && !PSA_SPEC && !PSA_SPLIT)
 #define PSA_DECIDE_OVERLAP_ON (PSA_DECIDE_OVERLAP && !PSA_SPEC && !PSA_SPLIT)
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
@@ -346,6 +365,45 @@ __device__ __forceinline__ void group_wait(unsigned int* count, unsigned int tar
 __device__ __forceinline__ void group_sync(unsigned int* count, unsigned int target) {
     group_arrive(count);
     group_wait(count, target);
+}
+
+#if PSA_GRID_TAGS_ON
+typedef unsigned long long xstat_t;  // a statistic: (tag << 32) | its float's bits; 0 = none (PSA_GRID_TAGS)
+#else
+typedef float4 xstat_t;
+#endif
+
+// PSA_GRID_TAGS: a CTA's four statistics of a head (max, mass, min, moving-average terms) as four tagged words at `p`
+// (32 bytes), stored relaxed at gpu scope: no fence, nothing waits for them here. Two parities suffice: a CTA stores
+// iteration it + 2's words over those of iteration it only after it has read every CTA's words of iteration it + 1,
+// which each CTA stores only after its own reads of iteration it (and a word of the wrong iteration is never taken,
+// only waited past).
+__device__ __forceinline__ void xstats_publish(unsigned long long* p, float4 t, unsigned int tag) {
+    const unsigned long long hi = (unsigned long long)tag << 32;
+    asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};"
+                 ::"l"(p), "l"(hi | __float_as_uint(t.x)), "l"(hi | __float_as_uint(t.y)) : "memory");
+    asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};"
+                 ::"l"(p + 2), "l"(hi | __float_as_uint(t.z)), "l"(hi | __float_as_uint(t.w)) : "memory");
+}
+
+// ... and the reader's side: polls the four words (relaxed loads at gpu scope: from L2) until each carries `tag`, and
+// returns their floats. A vector access is one single-copy atomic access per 8-byte element, so each word is whole;
+// the reader needs no ordering with anything else the writer stored (nothing else is read until the group's stop).
+// Traps after 2^21 polls (each an L2 round trip: a second or more) rather than reading the clock as group_wait does
+// (two registers fewer where Gemma 3's build has none to spare). Probes of s56b, not kept: polling the last word alone
+// before loading the four (+1-4%), a 64 ns sleep after a poll that missed (+0-1%).
+__device__ __forceinline__ float4 xstats_await(const unsigned long long* p, unsigned int tag) {
+    unsigned long long a, b, c, d;
+    for (int polls = 1;; ++polls) {
+        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p));
+        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(c), "=l"(d) : "l"(p + 2));
+        if ((unsigned int)(a >> 32) == tag && (unsigned int)(b >> 32) == tag && (unsigned int)(c >> 32) == tag
+            && (unsigned int)(d >> 32) == tag)
+            break;
+        if (polls == 1 << 21) __trap();
+    }
+    return make_float4(__uint_as_float((unsigned int)a), __uint_as_float((unsigned int)b),
+                       __uint_as_float((unsigned int)c), __uint_as_float((unsigned int)d));
 }
 
 // Threads that add one piece's entries in the grid build's finish (a piece: the 1 or 4 output channels a thread
@@ -542,7 +600,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
            int one_warp_from, const int* __restrict__ spec_items, int spec_chunks
 #endif
 #if PSA_GRID
-           , float4* __restrict__ xstats, unsigned int* __restrict__ xcount, float* __restrict__ xpart
+           , xstat_t* __restrict__ xstats, unsigned int* __restrict__ xcount, float* __restrict__ xpart
 #endif
 #if PSA_LOOP_CLOCK
            , long long* __restrict__ loop_clocks
@@ -983,6 +1041,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             // if the loop stopped here: the group's barrier below publishes them with the chunk's statistics, so a CTA
             // that leaves the loop combines every warp's entry at once with no barrier of its own (the finish, below).
             // An iteration that goes on overwrites them before its barrier; nobody reads them unless the group stops.
+            // (PSA_GRID_TAGS: one barrier at the stop publishes them; written here all the same, so that they have
+            // landed by the time its release waits for them.)
             {
                 float* part = xpart + (gid * NW + gw) * (PSA_G * (PSA_D + 4));
 #pragma unroll
@@ -1018,7 +1078,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
 #pragma unroll
                 for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
-#if PSA_GRID
+#if PSA_GRID_TAGS_ON
+                xstats_publish(xstats + (((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane)
+                                            * 4, t, it + 1);
+#elif PSA_GRID
                 xstats[((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
 #else
                 cta_stats[it & 1][lane] = t;
@@ -1033,7 +1096,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
             for (int h = 0; h < PSA_G; ++h) dec_next[h] = -PSA_INF;
 #endif
-#if PSA_GRID
+#if PSA_GRID_TAGS_ON
+            // (no barrier: the combine below polls the statistics' words themselves)
+#elif PSA_GRID
             group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
 #else
             cluster_sync();
@@ -1048,9 +1113,14 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             // ... in order, then the lanes pairwise by halves; lane 0's total goes to shared memory for every warp.
             for (int h = warp; h < PSA_G; h += PSA_WARPS) {
                 float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
-                for (int r = lane; r < PSA_GRID; r += 32)
-                    t = combine_stats(t, __ldcg(xstats + ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + r)
-                                                                 * PSA_G + h));
+                for (int r = lane; r < PSA_GRID; r += 32) {
+                    const long at = ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + r) * PSA_G + h;
+#if PSA_GRID_TAGS_ON
+                    t = combine_stats(t, xstats_await(xstats + at * 4, it + 1));
+#else
+                    t = combine_stats(t, __ldcg(xstats + at));
+#endif
+                }
 #pragma unroll
                 for (int m = 16; m > 0; m >>= 1) {
                     const float4 o = make_float4(__shfl_down_sync(0xffffffffu, t.x, m),
@@ -1144,7 +1214,15 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #endif
     }
     PSA_LMARK(8);
+#if PSA_GRID_TAGS_ON
+    // The warps' output terms of the last iteration, published by the group's one counter barrier of the launch (its
+    // release orders them before the arrival; the finish reads them after the wait's acquire).
+    group_arrive(xcount + 2 * gid);
+#endif
     cp_async_wait_all();  // prefetches past the stop land before the ring is reused below (grid: before the CTA leaves)
+#if PSA_GRID_TAGS_ON
+    group_wait(xcount + 2 * gid, PSA_GRID);
+#endif
     PSA_LMARK(12);
 #if PSA_GRID
     // ---- the group's output from every warp's entry of the last iteration (written before its barrier) ----
@@ -1329,14 +1407,28 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     }
 #endif
 #if PSA_GRID
-    if (threadIdx.x == 0) {  // the group's last CTA out resets the counters (every CTA has left the barriers)
+    // The group's last CTA out resets the counters and the statistics to zero (every CTA has left the barriers), so
+    // that each launch leaves them as the first found them: with PSA_GRID_TAGS a later launch's reader of either
+    // parity must never take a word this launch left for a tag of its own (0 is no tag), and a build without tags (the
+    // sketch rules') may share the buffers with one that has them. Every other CTA had read its last statistics before
+    // it counted itself out (its leaving depends on their values), so the zeros reach no reader of this launch.
+    __shared__ bool last_out;
+    if (threadIdx.x == 0) {
         constexpr int OUT = 1;  // (the entry that counts the CTAs out; the arrivals' before it)
         unsigned int* counters = xcount + PSA_XCOUNT * gid;
         unsigned int before;
         asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + OUT) : "memory");
-        if (before == PSA_GRID - 1)
+        last_out = before == PSA_GRID - 1;
+        if (last_out)
 #pragma unroll
             for (int i = OUT; i >= 0; --i) counters[i] = 0;
+    }
+    __syncthreads();
+    if (last_out) {
+        constexpr int ENTRIES = PSA_XSTATS * PSA_GRID * PSA_G;  // the group's (iteration parity, CTA, head) entries
+        constexpr int PAIRS = ENTRIES * sizeof(xstat_t) * (PSA_GRID_TAGS_ON ? 4 : 1) / 16;  // 16-byte stores
+        ulonglong2* words = reinterpret_cast<ulonglong2*>(xstats + gid * ENTRIES * (PSA_GRID_TAGS_ON ? 4 : 1));
+        for (int i = threadIdx.x; i < PAIRS; i += blockDim.x) words[i] = make_ulonglong2(0ull, 0ull);
     }
 #endif
 #if PSA_LOOP_CLOCK
