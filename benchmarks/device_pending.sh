@@ -165,9 +165,8 @@
 #   s55d / s55e (ran in s55, H100): PSA_L2_AHEAD, the next blocks asked into L2 at a chunk's end; lost, removed.
 #   run(command="bash benchmarks/device_pending.sh s55f", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~1 minute; ran)
 #  three cp.async stages at D 256 in a batch (Gemma 3, layer 17 and drawn 20%): +7-14%, not adopted.
-#   run(command="bash benchmarks/device_pending.sh s56a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes; ran)
-#   run(command="bash benchmarks/device_pending.sh s56b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~2 minutes; ran)
-#   run(command="bash benchmarks/device_pending.sh s56c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~6 minutes)
+#   s56a / s56b (ran in s56, H100): PSA_GRID_TAGS' first version and its probes.
+#   run(command="bash benchmarks/device_pending.sh s56c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes; ran)
 #  decode.cu PSA_GRID_TAGS (the grid build's statistics as tagged words, no counter a chunk): its GPU tests, off / on /
 #  on / off on layer 17 ema, the drawn 20% and Llama 128K B = 1, the loop clock with it (s56a, s56b: first versions).
 #   run(command="bash benchmarks/device_pending.sh s54d")  (~2 minutes; ran in s54, H100)
@@ -2041,46 +2040,15 @@ if [ "$PART" = s50b ]; then
   exit 0
 fi
 if [ "$PART" = s56a ]; then
-  # Fifty-sixth session: decode.cu PSA_GRID_TAGS. s55c's loop clock put layer 17 B = 8's excess in the grid barrier
-  # (3.3 µs an iteration: a release, a poll of the counter, a load of the statistics, each an L2 round trip) and s55's
-  # probe the warps' output terms written each iteration at ~1 µs an iteration. With the switch (every grid rule but
-  # the sketch rules) each statistic is a 64-bit word tagged with its iteration, polled by its readers (one round trip
-  # after the last CTA's store), and the output terms are written once, at the stop, before one counter barrier.
-  # Predicted: layer 17 ema B = 8 -5 to -8 µs (of ~96: 4-5 iterations at ~1.5 µs, less ~2 µs for the stop's barrier;
-  # 1.59x -> ~1.5x its floor), B = 32 -8 to -12 (8 iterations), B = 1 within 2%; the drawn 20% B = 8 -4 to -6; the
-  # default rule (sketch_avg, not switched) level. ~5 minutes; carry the layer 17 npz.
-  gpu_tests t_s56a.log 200 tests/test_fast.py -k "grid"
-  cd benchmarks
-  for v in 0 1 1 0; do
-    echo "## grid_tags=$v"
-    timeout 100 python3 exp_kernel_defines.py decode grid_tags=$v -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-        --shape gemma3 --sizes 32768:8,32768:32,32768:1 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-        | tee -a "$OUT/s56a_l17.txt" | grep "^| [0-9]"
-  done
-  exit 0
+  # Fifty-sixth session: decode.cu PSA_GRID_TAGS' first version (on at every group size, the output terms written at
+  # the stop) against the counter: -2% / -1.4% at B = 8 / 32 on layer 17 ema, +7.5% at B = 1 (64 CTAs); its grid tests
+  # passed but for the new test's last assertion (since relaxed).
+  retired "Ran in s56 (H100): the first version of PSA_GRID_TAGS; the kept version is s56c" results_h100_s56.md
 fi
 if [ "$PART" = s56b ]; then
-  # s56a measured PSA_GRID_TAGS at -2% (B = 8) / -1.4% (B = 32) on layer 17 ema and +7.5% at B = 1 (grid 64), against
-  # -5 to -8 µs predicted. Where it went: the loop clock off / on at B = 8 (step 320) and B = 1 (step 768). Suspected:
-  # every (rank, head) entry is polled by every CTA's lane for it (B = 1: 64 CTAs x 4 warps on each rank's line), so
-  # the polls queue at L2 behind each other and the stores. Probes: PEEK (poll the last word alone, then load the
-  # four), SLEEP 64 ns after a poll that missed, both; off and on beside them, B = 1 / 8 / 32. ~4 minutes; carry l17.
-  cd benchmarks
-  for cfg in "0 8 320" "1 8 320" "0 1 768" "1 1 768"; do
-    read -r v b step <<< "$cfg"
-    echo "## grid_tags=$v B=$b"
-    timeout 60 python3 exp_kernel_defines.py decode grid_tags=$v -- exp_verify_clock.py --loop --speculate 0 \
-        --stop ema --step $step --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches $b \
-        --per-group 2>&1 | grep -v Warn | tee -a "$OUT/s56b_clock_l17.txt" | grep "^| [kabdf]\|^| iter"
-  done
-  for defs in "grid_tags=0" "grid_tags=1" "grid_tags=1 grid_tags_peek=1" "grid_tags=1 grid_tags_sleep=64" \
-      "grid_tags=1 grid_tags_peek=1 grid_tags_sleep=64" "grid_tags=0"; do
-    echo "## $defs"
-    timeout 60 python3 exp_kernel_defines.py decode $defs -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-        --shape gemma3 --sizes 32768:8,32768:32,32768:1 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-        | tee -a "$OUT/s56b_l17.txt" | grep "^| [0-9]* | [0-9]* | loop"
-  done
-  exit 0
+  # ... its loop clock off / on at B = 8 and 1, and two probes of the polls (the last word alone first, a 64 ns sleep):
+  # neither helped; the probes' defines are gone and grid_tags now counts CTAs (1 would be off).
+  retired "Ran in s56 (H100): the first version's loop clock and poll probes (removed)" results_h100_s56.md
 fi
 if [ "$PART" = s56c ]; then
   # s56b's clock (B = 8, off / on): barrier 13.5 -> 10.8 µs over 4 iterations, but the finish 2.2 -> 3.9 (the terms
