@@ -730,9 +730,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 
     ``grid_group = (ctas, xstats, xcount, xpart)`` (psa's plain loop, version 3, ``cluster`` 1) launches the
     ``PSA_GRID`` build: ``ctas`` CTAs a group that are not a cluster, exchanging each iteration's statistics through
-    ``xstats [B, Gn, 2, ctas, g, 4]`` uint64 (each statistic's float bits tagged with its iteration; the builds without
-    tags, the sketch rules', use its first half as float32) and a barrier on ``xcount [B, Gn, 2]`` uint32 (both zero before the
-    first launch; each launch leaves them zero), and every warp's output terms through
+    ``xstats [B, Gn, 2, ctas, g, 4]`` uint64 (each statistic's float bits tagged with its iteration; the builds
+    without tags, the sketch rules', use its first half as float32) and a barrier on ``xcount [B, Gn, 2]`` uint32 (both
+    zero before the first launch; each launch leaves them zero), and every warp's output terms through
     ``xpart [B, Gn, ctas * warps, g, Dp + 4]`` float32 (``Dp`` outputs, max, mass, 2 unused; ``warps`` the build's,
     after ``decode_config``). Every CTA of the grid must be resident at once (``pick_grid``).
 

@@ -1067,9 +1067,10 @@ def test_grid_tags_keep_every_bit_over_launches_that_stop_early_and_late(monkeyp
     which the readers poll instead of a counter, and the warps' output terms are published by one counter barrier at
     the stop. Over a sequence of launches on one plan whose group stops after many chunks (a flat query), after a few
     (a query aimed at one key), then many and a few again, so that a launch finds words that an earlier one left in
-    either parity, every output, block, iteration and reason is the same with the switch off and on, bit for bit, and every
-    launch leaves the statistics and the counters zero, as the next one (of either build) expects (stop ema; Gemma 3's head dim, and Llama's with two
-    groups; the other rules' grid builds are held to psa_ref and the clusters above)."""
+    either parity, every output, block, iteration and reason is the same with the switch off and on, bit for bit, and
+    every launch leaves the statistics and the counters zero, as the next one (of either build) expects (stop ema;
+    Gemma 3's head dim, and Llama's with two groups; the other rules' grid builds are held to psa_ref and the clusters
+    above)."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(56 + d)

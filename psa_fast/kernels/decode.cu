@@ -1079,8 +1079,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
                 for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
 #if PSA_GRID_TAGS_ON
-                xstats_publish(xstats + (((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane)
-                                            * 4, t, it + 1);
+                const long at = ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane;
+                xstats_publish(xstats + at * 4, t, it + 1);
 #elif PSA_GRID
                 xstats[((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
 #else
