@@ -598,9 +598,6 @@ DECODE_STAGES = 3  # cp.async ring depth per warp (decode v2, v3)
 SMEM_LIMIT = 227 * 1024
 DECODE_VERSION = 3
 DECODE_PAIR = 1  # 1: a decode warp attends two blocks of a chunk at once where it has two (PSA_PAIR, decode.cu)
-# 1: the loop builds of decode.cu (clusters, grid, offload) compile the plan's stop rule in (PSA_STOP_CODE), one build a
-# rule, so that the decision's per-head branches on the rule fold away; 0: one build reads it at run time
-FIXED_STOP = 1
 # The largest (padded) head dimension whose decode builds load each warp's order and block-table entries a window
 # of 32 ahead by its lanes (PSA_STREAM_WINDOW, decode.cu); 0: none. On the H200 the window took Llama's one-request
 # loop at 128K from 81.5 to 78.6 µs but made Gemma 3's D 256 builds (4 warps, more registers) 1-2 µs slower
@@ -855,8 +852,6 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None
     if clocked:
         defines["loop_clock"] = 1
-    if FIXED_STOP and version == 3 and split is None:
-        defines["stop_code"] = STOP_CODES[stop]  # (the loop builds: the rule's branches folded, decode.cu)
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
                        warps=warps, stages=stages, smem=smem, **defines, **launch)
     fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 16), shared_mem=smem)

@@ -1106,40 +1106,6 @@ def test_grid_tags_keep_every_bit_over_launches_that_stop_early_and_late(monkeyp
     assert max(iterations[1], iterations[3]) < min(iterations[0], iterations[2]), iterations  # (s56a: 2 or 4, 9)
 
 
-@pytest.mark.parametrize("stop,metadata,d,hq,hkv,grid", [
-    ("ema", "cuboid_mean", 256, 4, 1, 8), ("sketch_avg", "quant3", 256, 4, 1, 8),
-    ("certified", "minmax", 128, 8, 2, 0), ("remaining", "cuboid_mean", 64, 6, 2, 0),
-    ("seed", "cuboid_mean", 128, 8, 2, 8), ("sketch", "quant3", 64, 6, 2, 0)])
-def test_the_stop_rule_compiled_in_keeps_every_bit(monkeypatch, lift_grid_thresholds, stop, metadata, d, hq, hkv,
-                                                   grid):
-    """_kernels.FIXED_STOP (decode.cu's PSA_STOP_CODE, fifty-sixth session): the loop builds compile the plan's stop
-    rule in, so that the decision's branches on it fold away. Every output, block, iteration, reason and mass estimate
-    is the same as the build that reads the rule at run time, bit for bit, for every rule of the loop, on a ragged
-    batch over several iterations, on clusters and on the grid, at the three model head dims (the verifier's products
-    are never fused into its sums, so folding the rule's branches changes no rounding)."""
-    from psa_fast import _kernels
-
-    cache, data = ragged_cache(np.random.default_rng(56 + d + hq), [16, 40, 700, 3000], hq=hq, hkv=hkv, d=d, s=16,
-                               metadata=metadata)
-    if grid:
-        lift_grid_thresholds()
-    monkeypatch.setattr(_kernels, "LOOP_GRID", grid)
-    plan = psa_fast.plan(cache, num_q_heads=hq, threshold=0.95, stop=stop, sink_blocks=1, recent_blocks=2, step=16)
-    assert plan.grid_ctas == grid
-    q = cupy.asarray(np.stack([q for q, _, _ in data]))
-    names = ("out", "num_used", "iterations", "reason", "mass_estimate")
-    runs = []
-    for fixed in (0, 1):
-        monkeypatch.setattr(_kernels, "FIXED_STOP", fixed)
-        plan.out.fill(np.nan)
-        plan.mass_estimate.fill(np.nan)
-        dec = plan.run(q)
-        runs.append({name: cupy.asnumpy(getattr(dec, name)) for name in names})
-    assert not np.isnan(runs[0]["out"]).any() and int(runs[0]["iterations"].max()) > 1
-    for name in names:
-        np.testing.assert_array_equal(runs[1][name], runs[0][name], err_msg=name)
-
-
 def assert_define_keeps_every_bit(kernel_switch, define, plan, q, *, calls=1, before=None,
                                   names=("out", "num_used", "iterations", "reason"), file="decode", buffers=(),
                                   value=1):

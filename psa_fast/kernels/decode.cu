@@ -192,14 +192,6 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_XCOUNT 2
 // (both in the builds that decide: not the speculative one, which leaves after its chunk, nor the split build, whose
 // stop rules read neither array)
-#ifndef PSA_STOP_CODE
-// >= 0: the stop rule fixed at compile time (common.cuh's PSA_STOP_* codes; _kernels.FIXED_STOP sets it for the loop
-// builds), so that the decision's branches on the rule fold away: each head's decision was a jump table on the rule,
-// a branch for its rest and a division's check, one head after another (437 SASS instructions in Gemma 3's grid
-// build, ~0.75 µs an iteration on the loop clock at B = 8); the kernel's argument is then unused. -1: read at run
-// time (the speculative and split builds, whose launches share one build over rules).
-#define PSA_STOP_CODE -1
-#endif
 #ifndef PSA_GRID_TAGS
 // > 0: the grid build of groups of at most this many CTAs, for the rules that read nothing other CTAs write during
 // the loop but the chunk statistics (every rule but the sketch rules, whose window sums read the group's `lmass`),
@@ -593,7 +585,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
            const int* __restrict__ block_table, const int* __restrict__ seq_lens, const int* __restrict__ order,
            const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
-           int Hq, int Hkv, int Nmax, int stop_arg, float threshold, int step, int forced, float ema_w,
+           int Hq, int Hkv, int Nmax, int stop, float threshold, int step, int forced, float ema_w,
            const float* __restrict__ ordered, float* __restrict__ lmass, float sketch_share, int sketch_window,
            float qk_scale, const int* __restrict__ first_len
 #if PSA_STATEFUL
@@ -638,7 +630,6 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
 #endif
     const unsigned int rank = PSA_GRID ? blockIdx.x : cluster_rank();  // this CTA's index within the group
-    const int stop = PSA_STOP_CODE >= 0 ? PSA_STOP_CODE : stop_arg;  // the stop rule (common.cuh's codes)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if PSA_LOOP_CLOCK
     __shared__ long long lclk_store[16];

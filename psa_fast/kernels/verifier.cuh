@@ -46,11 +46,9 @@ __device__ __forceinline__ Verifier verifier_start() { return Verifier{-PSA_INF,
 __device__ __forceinline__ bool verifier_decide(Verifier& v, int end, int first, int n, int stop, float threshold,
                                                 float log_tail, float w_true, float w_sketch, float next_sketch,
                                                 float next_share) {
-    // (__fmul_rn: never fused into the add below, whether `stop` is known at compile time or not, so that a build
-    // with the rule fixed, decode.cu's PSA_STOP_CODE, rounds as the one that reads it at run time)
     float rest = 0.f;
-    if (stop == PSA_STOP_EMA) rest = __fmul_rn((float)(n - end), v.ema);
-    else if (stop == PSA_STOP_REMAINING) rest = __fmul_rn((float)(n - end), __expf(v.min - v.M));
+    if (stop == PSA_STOP_EMA) rest = (float)(n - end) * v.ema;
+    else if (stop == PSA_STOP_REMAINING) rest = (float)(n - end) * __expf(v.min - v.M);
     else if (stop == PSA_STOP_SEED) rest = __expf(v.min - v.M);
     else if (stop == PSA_STOP_CERTIFIED) rest = __expf(log_tail - v.M);
     bool next_small = true;
