@@ -343,6 +343,16 @@ kernel_rows() {
         --variants "$variant" --steps 10 --out /tmp 2>&1 | grep -v Warn | grep "$pattern"
   done
 }
+# pick_step's copy ceiling A/B: bench_decode's PSA rows (ema, the plain loop) with _kernels.COPY_CEILING_GBS at each
+# of the comma-separated values $1 in one process (exp_kernels_attr.py), the rest of the arguments bench_decode's,
+# its PSA lines logged to $OUT/$2.txt. Run from benchmarks/.
+ceiling_ab() {
+  local values="$1" log="$2" limit="$3"
+  shift 3
+  timeout "$limit" python3 exp_kernels_attr.py COPY_CEILING_GBS="$values" -- bench_decode.py "$@" --reps 20 \
+      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk 2>&1 | grep -v Warn \
+      | tee "$OUT/$log.txt" | grep "^#\|PSA" | cut -d'|' -f2-8,13-
+}
 # psa_order_suffix's kernel table (default rule, Llama 32K B = 1, 128K B = 1 and 8) for each value in $2 of suffix.cu's
 # define $1 (exp_kernel_defines.py), each under a "## name=value" line. Run from benchmarks/.
 suffix_rows() {
@@ -2144,10 +2154,8 @@ if [ "$PART" = s55a ]; then
   timeout 120 python3 -m pytest -q -s tests/test_fast.py -k "copy_ceiling or default_step_is_the_planned" 2>&1 \
       | grep -v Warn | tail -5
   cd benchmarks
-  timeout 420 python3 exp_kernels_attr.py COPY_CEILING_GBS=4300.0,0.0,0.0,4300.0 -- bench_decode.py \
-      --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:2,32768:4,32768:16,131072:4,131072:8 --reps 20 \
-      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT" 2>&1 | grep -v Warn \
-      | tee "$OUT/s55a.txt" | grep "^#\|PSA" | cut -d'|' -f2-8,13-
+  ceiling_ab 4300.0,0.0,0.0,4300.0 s55a 420 --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:2,32768:4,32768:16,131072:4,131072:8 --out "$OUT"
   exit 0
 fi
 if [ "$PART" = s55b ]; then
@@ -2158,14 +2166,10 @@ if [ "$PART" = s55b ]; then
   # +3 to +8% (one more ~8 µs iteration where the group needs most of its chunks), the cluster rows within 2%; if so, the
   # card's ceiling only where the loop runs on clusters. ~6 minutes; carry .gl/gemma3_xml_l17_32k.npz.
   cd benchmarks
-  timeout 300 python3 exp_kernels_attr.py COPY_CEILING_GBS=4300.0,0.0,0.0,4300.0 -- bench_decode.py \
-      --profile sparsity --shares 0.05,0.2 --shape gemma3 --sizes 32768:8,32768:16,32768:32 --reps 20 \
-      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT/g" 2>&1 | grep -v Warn \
-      | tee "$OUT/s55b_drawn.txt" | grep "^#\|PSA" | cut -d'|' -f2-8,13-
-  timeout 250 python3 exp_kernels_attr.py COPY_CEILING_GBS=4300.0,0.0,0.0,4300.0 -- bench_decode.py \
-      --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 --batches 8,16,32 --reps 20 \
-      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT/r" 2>&1 | grep -v Warn \
-      | tee "$OUT/s55b_l17.txt" | grep "^#\|PSA" | cut -d'|' -f2-8,13-
+  ceiling_ab 4300.0,0.0,0.0,4300.0 s55b_drawn 300 --profile sparsity --shares 0.05,0.2 --shape gemma3 \
+      --sizes 32768:8,32768:16,32768:32 --out "$OUT/g"
+  ceiling_ab 4300.0,0.0,0.0,4300.0 s55b_l17 250 --profile real --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 \
+      --sizes 32768 --batches 8,16,32 --out "$OUT/r"
   exit 0
 fi
 if [ "$PART" = s54d ]; then
@@ -2174,10 +2178,8 @@ if [ "$PART" = s54d ]; then
   # 32 and 128K B = 8 (PSA tau 0.95, the ema loop), the constant at 4,300 / 3,050 / 3,050 / 4,300 in one process.
   # Predicted from the model's flat cost curve: within 2%. ~2 minutes, no carry.
   cd benchmarks
-  timeout 280 python3 exp_kernels_attr.py COPY_CEILING_GBS=4300.0,3050.0,3050.0,4300.0 -- bench_decode.py \
-      --profile sparsity --shares 0.05 --shape llama8b --sizes 32768:8,32768:32,131072:8 --reps 20 \
-      --skip tau0.9,remaining,predicted,sketch,stages,speculate,rank,topk --out "$OUT" 2>&1 | grep -v Warn \
-      | tee "$OUT/s54d.txt" | grep "^#\|PSA" | cut -d'|' -f2-8,13-
+  ceiling_ab 4300.0,3050.0,3050.0,4300.0 s54d 280 --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:8,32768:32,131072:8 --out "$OUT"
   exit 0
 fi
 if [ "$PART" = s54c ]; then

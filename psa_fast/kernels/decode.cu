@@ -369,8 +369,10 @@ __device__ __forceinline__ void group_sync(unsigned int* count, unsigned int tar
 
 #if PSA_GRID_TAGS_ON
 typedef unsigned long long xstat_t;  // a statistic: (tag << 32) | its float's bits; 0 = none (PSA_GRID_TAGS)
+#define PSA_XSTAT_ELEMS 4            // xstat_t elements of one (parity, CTA, head) entry: its four statistics
 #else
 typedef float4 xstat_t;
+#define PSA_XSTAT_ELEMS 1
 #endif
 
 // PSA_GRID_TAGS: a CTA's four statistics of a head (max, mass, min, moving-average terms) as four tagged words at `p`
@@ -1080,7 +1082,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
 #if PSA_GRID_TAGS_ON
                 const long at = ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane;
-                xstats_publish(xstats + at * 4, t, it + 1);
+                xstats_publish(xstats + at * PSA_XSTAT_ELEMS, t, it + 1);
 #elif PSA_GRID
                 xstats[((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
 #else
@@ -1116,7 +1118,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
                 for (int r = lane; r < PSA_GRID; r += 32) {
                     const long at = ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + r) * PSA_G + h;
 #if PSA_GRID_TAGS_ON
-                    t = combine_stats(t, xstats_await(xstats + at * 4, it + 1));
+                    t = combine_stats(t, xstats_await(xstats + at * PSA_XSTAT_ELEMS, it + 1));
 #else
                     t = combine_stats(t, __ldcg(xstats + at));
 #endif
@@ -1426,8 +1428,8 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
     __syncthreads();
     if (last_out) {
         constexpr int ENTRIES = PSA_XSTATS * PSA_GRID * PSA_G;  // the group's (iteration parity, CTA, head) entries
-        constexpr int PAIRS = ENTRIES * sizeof(xstat_t) * (PSA_GRID_TAGS_ON ? 4 : 1) / 16;  // 16-byte stores
-        ulonglong2* words = reinterpret_cast<ulonglong2*>(xstats + gid * ENTRIES * (PSA_GRID_TAGS_ON ? 4 : 1));
+        constexpr int PAIRS = ENTRIES * PSA_XSTAT_ELEMS * sizeof(xstat_t) / 16;  // 16-byte stores
+        ulonglong2* words = reinterpret_cast<ulonglong2*>(xstats + gid * ENTRIES * PSA_XSTAT_ELEMS);
         for (int i = threadIdx.x; i < PAIRS; i += blockDim.x) words[i] = make_ulonglong2(0ull, 0ull);
     }
 #endif
