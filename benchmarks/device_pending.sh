@@ -167,6 +167,9 @@
 #  three cp.async stages at D 256 in a batch (Gemma 3, layer 17 and drawn 20%): +7-14%, not adopted.
 #   s56a / s56b (ran in s56, H100): PSA_GRID_TAGS' first version and its probes.
 #   run(command="bash benchmarks/device_pending.sh s56c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~3 minutes; ran)
+#   run(command="bash benchmarks/device_pending.sh s57a", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~7 minutes)
+#  psa_order_runs (runs of 256 sorted by warps, merged in the same launch): its tests, the order methods timed,
+#  ORDER_RUNS 0 / 1 / 1 / 0 on layer 17 ema and Llama 5% 32K.
 #   s56e (ran in s56, H200): _kernels.FIXED_STOP, the stop rule compiled into the loop builds; lost, removed.
 #  decode.cu PSA_GRID_TAGS (the grid build's statistics as tagged words, no counter a chunk): its GPU tests, off / on /
 #  on / off on layer 17 ema, the drawn 20% and Llama 128K B = 1, the loop clock with it (s56a, s56b: first versions).
@@ -2060,6 +2063,30 @@ if [ "$PART" = s56b ]; then
   # ... its loop clock off / on at B = 8 and 1, and two probes of the polls (the last word alone first, a 64 ns sleep):
   # neither helped; the probes' defines are gone and grid_tags now counts CTAs (1 would be off).
   retired "Ran in s56 (H100): the first version's loop clock and poll probes (removed)" results_h100_s56.md
+fi
+if [ "$PART" = s57a ]; then
+  # Fifty-seventh session: psa_order_runs (order_runs.cu), one launch where the slices + merge take two: each warp sorts
+  # a run of 256 keys in registers (the flip bitonic network, ~1,500 SASS instructions), every CTA of a group sorts all
+  # of its runs (at most 8) and places its own run's keys by binary search in the others (psa_order_merge's search).
+  # Its GPU tests (bit for bit against the sort and psa_ref, special values), every order method timed, then
+  # _kernels.ORDER_RUNS 0 / 1 / 1 / 0 (order_method weighs it, provisional cost 2.5 + 1.6 µs a wave) on exp_step's
+  # loop rows and the order's kernel rows. Predicted: 8 x 1 x 2048 and 1 x 8 x 2048 7.3 -> ~4 µs (the slices + merge),
+  # 32 x 1 x 2048 8.8 -> ~5.5, 1 x 1 x 2048 ~4 (rank 3.5: runs should lose there); layer 17 ema B = 8 97 -> ~94 µs,
+  # B = 32 -3, Llama 5% 32K B = 1 36.3 -> ~33. ~7 minutes; carry .gl/gemma3_xml_l17_32k.npz.
+  gpu_tests t_s57a.log 240 tests/test_fast.py -k "order_kernels or order_by_counting or reference_order"
+  cd benchmarks
+  timeout 150 python3 exp_order_rank.py --shapes 1x1x2048,8x1x2048,32x1x2048,1x8x2048,4x8x2048,8x8x2048,1x1x1024,\
+8x1x1024,32x1x1024,1x3x2048,8x3x2048,1x1x512,32x8x2048,16x1x2048 2>&1 | grep -v Warn | tee "$OUT/s57a_order.md"
+  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --size 32768 --batches 8,1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | tee "$OUT/s57a_kernels.txt" | grep "^#\|^T=\|psa_order"
+  timeout 200 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --sizes 32768:1,32768:8,32768:32 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/s57a_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
+  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:1,32768:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/s57a_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
+  exit 0
 fi
 if [ "$PART" = s56c ]; then
   # s56b's clock (B = 8, off / on): barrier 13.5 -> 10.8 µs over 4 iterations, but the finish 2.2 -> 3.9 (the terms

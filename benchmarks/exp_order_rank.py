@@ -1,8 +1,8 @@
 """The ways `_kernels.order` orders the groups (issue 14, item 2): counting every block's position over many
 CTAs (`psa_order_rank`, by carry or by compares, one or four blocks a lane), one CTA sorting a group by bitonic
-merges (`psa_order`) or by radix passes (`psa_order_radix`), and slices + merge (`psa_order_slice` +
-`psa_order_merge`), per batch, group count and blocks a group. Median
-µs a call, 16 calls captured in one CUDA graph; each row also checks that the orders agree, and
+merges (`psa_order`) or by radix passes (`psa_order_radix`), slices + merge (`psa_order_slice` +
+`psa_order_merge`), and runs of 256 sorted by warps and merged in the same launch (`psa_order_runs`), per batch,
+group count and blocks a group. Median µs a call, 16 calls captured in one CUDA graph; each row also checks that the orders agree, and
 marks the method `order_method` picks (*).
 
     python benchmarks/exp_order_rank.py [--shapes 1x1x2048,8x8x2048]
@@ -29,8 +29,8 @@ def main() -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     rs = np.random.default_rng(0)
     print("| B x Gn | blocks | pairs (M) | rank (carry) | rank (4 a lane) | rank (compare) | sort | slices | radix "
-          "| picked |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| runs | picked |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         b, gn, nmax = (int(x) for x in shape.split("x"))
         with stream:
@@ -57,7 +57,8 @@ def main() -> None:
             runs = {"rank1": rank(1) if fits else None, "rank4": rank(1, 4) if fits else None,
                     "rank0": rank(0) if fits else None, "sort": method("sort"),
                     "slices": method("slices") if ws is not None else None,
-                    "radix": method("radix") if radix_fits else None}  # "—" where a method does not apply
+                    "radix": method("radix") if radix_fits else None,
+                    "runs": method("runs") if nmax <= _kernels.RUNS_MAX_BLOCKS else None}  # "—": does not apply
             times, outs = {}, {}
             for name, fn in runs.items():
                 if fn is None:
@@ -77,11 +78,11 @@ def main() -> None:
             bad = [k for k, v in outs.items() if not np.array_equal(v, ref)]
             picked = _kernels.order_method(b, gn, nmax, workspace=ws is not None)
             cell = {k: "—" if v is None else f"{v:.1f}" for k, v in times.items()}
-            mark = {"rank": "rank1", "sort": "sort", "slices": "slices", "radix": "radix"}[picked]
+            mark = {"rank": "rank1", "sort": "sort", "slices": "slices", "radix": "radix", "runs": "runs"}[picked]
             cell[mark] += " *"
             print(f"| {b} x {gn} | {nmax} | {b * gn * nmax * nmax / 1e6:.0f} | {cell['rank1']} | {cell['rank4']} | "
                   f"{cell['rank0']} | "
-                  f"{cell['sort']} | {cell['slices']} | {cell['radix']} | "
+                  f"{cell['sort']} | {cell['slices']} | {cell['radix']} | {cell['runs']} | "
                   f"{picked}{' MISMATCH ' + ','.join(bad) if bad else ''} |",
                   flush=True)
 

@@ -429,7 +429,10 @@ RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in ex
 RANK_CHAIN_US = 0.0021  # order_cost_us("rank")'s latency floor a block of the group (few groups: few warps an SM)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
-ORDER_METHODS = ("rank", "sort", "slices", "radix")
+RUNS_MAX_BLOCKS = 2048  # psa_order_runs: a group's keys in 8 runs of 256, one a warp of one CTA
+# order_method weighs psa_order_runs (1) or leaves it to callers who name it (0)
+ORDER_RUNS = 0
+ORDER_METHODS = ("rank", "sort", "slices", "radix", "runs")
 
 
 def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
@@ -448,6 +451,8 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     groups."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
+    if method == "runs":  # (provisional: every CTA of a group sorts all its runs, ~1,500 instructions a warp)
+        return 2.5 + 1.6 * -(-b * gn * -(-nmax // 256) // num_sms())
     if method == "rank":  # (a CTA's count over every word is a latency chain: one group of 8,192 takes 16.3 µs)
         return 3.0 + max(b * gn * nmax * nmax / 7.5e6, 0.0014 * nmax - 1.3, RANK_CHAIN_US * nmax - 3.9)
     if method == "sort":
@@ -485,6 +490,8 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
         methods.append("radix")
     if nmax <= RANK_MAX_BLOCKS:
         methods.append("rank")
+    if ORDER_RUNS and nmax <= RUNS_MAX_BLOCKS:
+        methods.append("runs")
     return min(methods, key=lambda m: order_cost_us(m, b, gn, nmax))
 
 
@@ -515,6 +522,8 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         raise ValueError(f"method='rank' orders up to {RANK_MAX_BLOCKS} blocks a group (got nmax={nmax})")
     if method == "radix" and npad > RADIX_MAX_BLOCKS:
         raise ValueError(f"method='radix' orders up to {RADIX_MAX_BLOCKS} blocks a group (got nmax={nmax})")
+    if method == "runs" and nmax > RUNS_MAX_BLOCKS:
+        raise ValueError(f"method='runs' orders up to {RUNS_MAX_BLOCKS} blocks a group (got nmax={nmax})")
     if method != "rank" and npad > MAX_SMEM_SORT:
         raise NotImplementedError(f"ordering more than {MAX_SMEM_SORT} blocks per head is not implemented yet "
                                   f"(got {nmax}); use a larger block_size")
@@ -524,6 +533,10 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
             (-(-tiles // RANK_OWN), gn, b), (RANK_WARPS * 32,),
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)),
             shared_mem=tiles * 128)
+    elif method == "runs":
+        kernel("order_runs", d=16, s=s, g=g, warps=8)(
+            (-(-nmax // 256), gn, b), (256,),
+            (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)))
     elif method == "radix":
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)

@@ -1395,18 +1395,21 @@ def test_gather_from_mapped_host_memory_equals_host_store():
 
 
 @pytest.mark.parametrize("nmax, lens", [(1000, [1000 * 16]), (3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]),
-                                         (8192, [8192 * 16, 40 * 16]), (45, [45 * 16, 33 * 16, 5, 0])])
-@pytest.mark.parametrize("method", [None, "rank", "sort", "slices", "radix"])
+                                         (8192, [8192 * 16, 40 * 16]), (45, [45 * 16, 33 * 16, 5, 0]),
+                                         (2048, [2048 * 16, 257 * 16, 256 * 16, 255 * 16 + 1])])
+@pytest.mark.parametrize("method", [None, "rank", "sort", "slices", "radix", "runs"])
 def test_order_kernels_match_reference_rank(nmax, lens, method):
     """Every way of ordering (counting positions over many CTAs, one CTA sorting a group by bitonic merges
-    or by radix passes, and slices + merge for long caches; None: the rule's pick) gives psa_ref's order,
-    ties included, and -1 past n."""
+    or by radix passes, slices + merge for long caches, and runs of 256 sorted by warps and merged by binary search
+    in one launch; None: the rule's pick) gives psa_ref's order, ties included, and -1 past n."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
     b, gn = len(lens), 3
     if method == "slices" and _kernels._pow2(nmax, 2) <= _kernels.slice_keys(b, gn, _kernels._pow2(nmax, 2)):
         pytest.skip("slices + merge is for more blocks a group than a slice holds")
+    if method == "runs" and nmax > _kernels.RUNS_MAX_BLOCKS:
+        pytest.skip("runs order up to RUNS_MAX_BLOCKS blocks a group")
     rng = np.random.default_rng(nmax)
     scores = rng.integers(-50, 50, size=(b, gn, nmax)).astype(np.float32) / 4  # many exact ties
     seq = cupy.asarray(np.array(lens, np.int32))
@@ -1492,7 +1495,7 @@ def test_the_merge_gives_the_reference_order(monkeypatch, nmax, lens, one_wave):
 
 
 @pytest.mark.parametrize("method,nmax", [("radix", 1000), ("slices", 8192), ("radix", 8192), ("rank", 1000),
-                                         ("rank", 8192)])
+                                         ("rank", 8192), ("runs", 1000), ("runs", 2048), ("runs", 200)])
 def test_order_kernels_agree_on_special_scores(kernel_switch, method, nmax):
     """Every order kernel gives the plain sort's order (psa_order) bit for bit on scores with infinities, NaNs and
     ties, on requests that fill the table, fall short of it, and hold fewer blocks than their forced ones: their
@@ -1531,7 +1534,8 @@ def test_order_kernels_agree_on_special_scores(kernel_switch, method, nmax):
 def test_order_by_counting_equals_the_sort(values, sink, recent, own, monkeypatch):
     """psa_order_rank and psa_order_radix place every block where the one-CTA bitonic sort does, bit for bit,
     on scores a sort could break ties in: infinities, NaNs of both signs, -0.0 beside 0.0, all-equal scores,
-    and forced blocks that overlap or cover a short group; counting with one block a lane and with four."""
+    and forced blocks that overlap or cover a short group; counting with one block a lane and with four. The runs of
+    psa_order_runs too."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "RANK_OWN", own)
@@ -1547,13 +1551,14 @@ def test_order_by_counting_equals_the_sort(values, sink, recent, own, monkeypatc
                   else rng.standard_normal((b, gn, nmax))).astype(np.float32)
     seq = cupy.asarray(np.array([1000 * 16, 97 * 16 - 3, 50], np.int32))
     outs = []
-    for method in ("rank", "sort", "radix"):
+    for method in ("rank", "sort", "radix", "runs"):
         out = cupy.full((b, gn, nmax), -7, cupy.int32)
         _kernels.order(cupy.asarray(scores), seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=sink,
                        recent_blocks=recent, want_suffix=False, method=method)
         outs.append(cupy.asnumpy(out))
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[2], outs[1])  # the radix passes too
+    np.testing.assert_array_equal(outs[3], outs[1])  # and the runs
     for r, n in enumerate([1000, 97, 4]):  # each group's positions are a permutation of its blocks
         assert sorted(outs[0][r, 0, :n].tolist()) == list(range(n))
 
