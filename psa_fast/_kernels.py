@@ -451,8 +451,8 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     groups."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
-    if method == "runs":  # (provisional: every CTA of a group sorts all its runs, ~1,500 instructions a warp)
-        return 2.5 + 1.6 * -(-b * gn * -(-nmax // 256) // num_sms())
+    if method == "runs":  # (provisional: every CTA of a group sorts all its runs, ~720 instructions a warp)
+        return 3.5 + 1.2 * (-(-b * gn * -(-nmax // 256) // num_sms()) - 1)
     if method == "rank":  # (a CTA's count over every word is a latency chain: one group of 8,192 takes 16.3 µs)
         return 3.0 + max(b * gn * nmax * nmax / 7.5e6, 0.0014 * nmax - 1.3, RANK_CHAIN_US * nmax - 3.9)
     if method == "sort":
