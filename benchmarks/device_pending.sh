@@ -171,7 +171,9 @@
 #  psa_order_runs (runs of 256 sorted by warps, merged in the same launch): its tests, the order methods timed,
 #  ORDER_RUNS 0 / 1 / 1 / 0 on layer 17 ema and Llama 5% 32K (ran in s57, H100: v1, 5.5-5.8 µs a launch).
 #   run(command="bash benchmarks/device_pending.sh s57b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~7 minutes)
-#  psa_order_runs v2 (32-bit words in the runs): the same tests, timings and A/Bs.
+#  psa_order_runs v2 (32-bit words in the runs): the same tests, timings and A/Bs (ran in s57, H100: 5.3-5.6 µs).
+#   run(command="bash benchmarks/device_pending.sh s57c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
+#  psa_order_runs v3 (the nine binary searches a thread in lock-step): the same tests, timings and A/Bs.
 #   s56e (ran in s56, H200): _kernels.FIXED_STOP, the stop rule compiled into the loop builds; lost, removed.
 #  decode.cu PSA_GRID_TAGS (the grid build's statistics as tagged words, no counter a chunk): its GPU tests, off / on /
 #  on / off on layer 17 ema, the drawn 20% and Llama 128K B = 1, the loop clock with it (s56a, s56b: first versions).
@@ -314,6 +316,26 @@ decode_source_ab() {
     timeout 60 $run exp_step.py --share 0.05 --shape gemma3 --sizes 32768:1,32768:8 --steps auto \
         --modes "$gemma_modes" 2>&1 | grep -v Warn | tee -a "$OUT/$log" | grep "^|" | grep -v "^|---\|mode"
   done
+}
+# psa_order_runs against the other order methods (s57b, s57c): its GPU tests, every order method timed
+# (exp_order_rank.py), ORDER_RUNS 0 / 1 on the order's kernel rows and 0 / 1 / 1 / 0 on exp_step's loop rows (layer 17
+# ema B = 1, 8, 32; Llama 5% 32K B = 1, 8), logs to $OUT/$1_*. Carry .gl/gemma3_xml_l17_32k.npz.
+runs_ab() {
+  local tag="$1"
+  gpu_tests t_$tag.log 300 tests/test_fast.py -k "order_kernels or order_by_counting or reference_order"
+  (cd benchmarks
+  timeout 150 python3 exp_order_rank.py --shapes 1x1x2048,8x1x2048,32x1x2048,1x8x2048,4x8x2048,8x8x2048,1x1x1024,\
+8x1x1024,32x1x1024,1x3x2048,8x3x2048,1x1x512,32x8x2048,16x1x2048,1x8x1024,32x3x2048 2>&1 | grep -v Warn \
+      | tee "$OUT/${tag}_order.md"
+  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --size 32768 --batches 8,1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | tee "$OUT/${tag}_kernels.txt" | grep "^#\|^T=\|psa_order"
+  timeout 200 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --sizes 32768:1,32768:8,32768:32 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/${tag}_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
+  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:1,32768:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/${tag}_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop")
 }
 if [ "$PART" = run ]; then
   # any command from benchmarks/ with the paths set: `device_pending.sh run python3 bench_decode.py ...` (a bare call
@@ -2066,6 +2088,15 @@ if [ "$PART" = s56b ]; then
   # neither helped; the probes' defines are gone and grid_tags now counts CTAs (1 would be off).
   retired "Ran in s56 (H100): the first version's loop clock and poll probes (removed)" results_h100_s56.md
 fi
+if [ "$PART" = s57c ]; then
+  # psa_order_runs version 3: s57b's v2 took 5.3 µs for one group of 2,048 against 3.9 for one of 1,024: its nine
+  # binary searches a thread sat in branches (r < nruns, r != mine), so their loads ran one search after another (~9 x
+  # 9 dependent shared-memory loads). Now all nine run in lock-step (runs past the group's hold zeros and count none).
+  # Predicted: 1 x 1 x 2048 ~4 µs, 8 x 1 / 1 x 8 x 2048 ~4.2 (slices 7.0), 32 x 1 x 2048 ~6.5 (slices 8.1), 8 x 8 x
+  # 2048 ~10 (radix 10.5); layer 17 ema B = 8 -2 to -3 µs, Llama 5% 32K B = 1 -2 to -3. ~5 minutes; carry the l17 npz.
+  runs_ab s57c
+  exit 0
+fi
 if [ "$PART" = s57b ]; then
   # psa_order_runs version 2 (s57a's v1: 5.5-5.8 µs at 1-16 groups of 2,048, its 64-bit keys' sort ~1,500 instructions
   # a warp): the runs hold 32-bit words (a compare-exchange is a min and a max: ~720 instructions), ties by index
@@ -2074,20 +2105,7 @@ if [ "$PART" = s57b ]; then
   # Predicted: 1 to 16 groups of 2,048 ~3.5 µs (slices 7.0, rank 3.7 at one group), 32 x 1 ~4.7, 8 x 8 ~7 (radix
   # 10.5); layer 17 ema B = 8 -3 µs, B = 32 -3, B = 1 level; Llama 5% 32K B = 1 -3, B = 8 (8 x 8 x 2048) -3. ~7 minutes;
   # carry .gl/gemma3_xml_l17_32k.npz.
-  gpu_tests t_s57b.log 300 tests/test_fast.py -k "order_kernels or order_by_counting or reference_order"
-  cd benchmarks
-  timeout 150 python3 exp_order_rank.py --shapes 1x1x2048,8x1x2048,32x1x2048,1x8x2048,4x8x2048,8x8x2048,1x1x1024,\
-8x1x1024,32x1x1024,1x3x2048,8x3x2048,1x1x512,32x8x2048,16x1x2048,1x8x1024,32x3x2048 2>&1 | grep -v Warn \
-      | tee "$OUT/s57b_order.md"
-  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --size 32768 --batches 8,1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | tee "$OUT/s57b_kernels.txt" | grep "^#\|^T=\|psa_order"
-  timeout 200 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --sizes 32768:1,32768:8,32768:32 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-      | tee "$OUT/s57b_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
-  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --share 0.05 --shape llama8b \
-      --sizes 32768:1,32768:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-      | tee "$OUT/s57b_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
+  runs_ab s57b
   exit 0
 fi
 if [ "$PART" = s57a ]; then

@@ -59,16 +59,23 @@ __device__ __forceinline__ void warp_sort_desc(unsigned int (&k)[PSA_RUN_KPL], i
     }
 }
 
-// How many words of a run (sorted descending) are above thr: binary lifting over the first 255 positions, then one
-// probe for the 256th (as psa_order_merge counts).
-__device__ __forceinline__ int count_above(const unsigned int* __restrict__ run, unsigned int thr) {
-    int c = 0;
+// How many words of run which[q] of `runs` (each sorted descending) are above thr[q], the Q searches in lock-step (Q
+// independent shared-memory loads a round): binary lifting over the first 255 positions, then one probe for the 256th
+// (as psa_order_merge counts).
+template <int Q>
+__device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN], const int (&which)[Q],
+                                            const unsigned int (&thr)[Q], int (&c)[Q]) {
 #pragma unroll
-    for (int half = PSA_RUN / 2; half > 0; half >>= 1) {
-        const int at = c + half;
-        c = run[at - 1] > thr ? at : c;
-    }
-    return c + (run[c] > thr);
+    for (int q = 0; q < Q; ++q) c[q] = 0;
+#pragma unroll
+    for (int half = PSA_RUN / 2; half > 0; half >>= 1)
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+            const int at = c[q] + half;
+            c[q] = runs[which[q]][at - 1] > thr[q] ? at : c[q];
+        }
+#pragma unroll
+    for (int q = 0; q < Q; ++q) c[q] += runs[which[q]][c[q]] > thr[q];
 }
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
@@ -114,15 +121,26 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
         if (i < Nmax) orow[i] = -1;
         return;
     }
+    // Every run's count at once (runs past the group's hold only zeros and count none), run `mine` twice: the words
+    // above w and above w - 1 (from there on, the equal ones). Runs before `mine` count above w - 1 too.
     const unsigned int w = words[mine][t];
-    int rank = 0;
+    int which[PSA_WARPS + 1], c[PSA_WARPS + 1];
+    unsigned int thr[PSA_WARPS + 1];
 #pragma unroll
     for (int r = 0; r < PSA_WARPS; ++r) {
-        if (r < nruns && r != mine)  // a run of lower blocks counts the words equal to w too (above w - 1)
-            rank += r < mine && w == 0u ? PSA_RUN : count_above(runs[r], r < mine ? w - 1u : w);
+        which[r] = r;
+        thr[r] = r < mine ? w - 1u : w;
     }
-    const int above = count_above(runs[mine], w), from = w == 0u ? PSA_RUN : count_above(runs[mine], w - 1u);
-    rank += above;
+    which[PSA_WARPS] = mine;
+    thr[PSA_WARPS] = w - 1u;
+    count_above(runs, which, thr, c);
+    int rank = 0, above = 0;
+#pragma unroll
+    for (int r = 0; r < PSA_WARPS; ++r) {
+        rank += r < mine && w == 0u ? PSA_RUN : c[r];  // (w - 1 wrapped: all of the run)
+        above = r == mine ? c[r] : above;
+    }
+    const int from = w == 0u ? PSA_RUN : c[PSA_WARPS];
     if (from - above > 1)  // another block of this run has the word: those of lower index come first
         for (int u = 0; u < t; ++u) rank += words[mine][u] == w;
     orow[rank] = i;
