@@ -427,11 +427,13 @@ ORDER_MERGE_THREADS = 256  # psa_order_merge's CTA (<= 256), each CTA copying it
 RANK_WARPS = 8  # psa_order_rank's CTA
 RANK_OWN = 1  # blocks a lane of psa_order_rank owns (PSA_RANK_OWN; 4 only in exp_order_rank.py and a test so far)
 RANK_CHAIN_US = 0.0021  # order_cost_us("rank")'s latency floor a block of the group (few groups: few warps an SM)
+RANK_SHORT_CHAIN = (0.0009, 1.15)  # ... and for short groups: a block's µs, less a constant (H100, s57c)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
-RUNS_MAX_BLOCKS = 2048  # psa_order_runs: a group's keys in 8 runs of 256, one a warp of one CTA
-# order_method weighs psa_order_runs (1) or leaves it to callers who name it (0)
-ORDER_RUNS = 0
+RUNS_MAX_BLOCKS = 2048  # psa_order_runs: a group's words in 8 runs of 256, one a warp of one CTA
+# order_method weighs psa_order_runs (1) or leaves it to callers who name it (0: the methods before the fifty-seventh
+# session; a switch for A/Bs)
+ORDER_RUNS = 1
 ORDER_METHODS = ("rank", "sort", "slices", "radix", "runs")
 
 
@@ -439,8 +441,9 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     """In-graph µs of ordering ``b x gn`` groups of ``nmax`` blocks, fitted to ``exp_order_rank.py`` on the H200
     (benchmarks/NOTES.md, eighteenth and nineteenth sessions): counting (``rank``) ~3 µs plus 7.5 M comparisons a
     µs (the integer ALU pipe's rate), or where few groups leave the SMs with few warps, the chain of one CTA's count
-    over a group's words (convex: 0.0014 µs a block less 1.3, or ``RANK_CHAIN_US`` a block less 3.9 where more;
-    twenty-ninth and thirty-first sessions: 4.6, 7.5 and 16.3 µs for one group of 2,048, 4,096 and 8,192 blocks);
+    over a group's words (convex: ``RANK_SHORT_CHAIN``, 0.0009 µs a block less 1.15, or ``RANK_CHAIN_US`` a block
+    less 3.9 where more; 3.7 µs for one group of 2,048 on the H100 since its scores load in batches, fifty-seventh
+    session; 7.5 and 16.3 for one of 4,096 and 8,192 on the H200, twenty-ninth and thirty-first);
     one CTA's bitonic sort ~0.0095 µs a padded block, a wave of CTAs at a time; its radix passes ~5 µs plus 0.0027
     a padded block, as many rounds as groups an SM; slices + merge ~12.8 µs plus 0.00068 a padded block
     (twenty-sixth session's merge: 15.6 µs at 4,096, 18.4 at 8,192), its ``npad / SLICE`` CTAs a group in waves;
@@ -448,13 +451,18 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     to twelve shapes of the thirty-first session within 0.62 µs: one group 6.8, 7.9, 10.7 and 15.9 µs at 2,048 to
     16,384 blocks, eight groups 7.1, 8.0 and 12.6 at 2,048 to 8,192) ~5.5 µs plus 0.00052 a padded block of a
     group, ~0.53 µs for each further batch of eight slices the merge searches, and 0.000025 a padded block of all
-    groups."""
+    groups. ``runs`` (``psa_order_runs``, a CTA for each run of 256 blocks, each sorting all of its group's runs),
+    fitted to sixteen shapes of the fifty-seventh session's H100 (within 0.3 µs at eleven, 0.5-1.3 at the others):
+    ~2.7 µs plus 0.0008 a block of a group and 0.004 a CTA up to one an SM, and 2.5 for
+    each further wave of one CTA an SM (4.3, 4.7 and 7.5 µs for 1, 8 and 32 groups of 2,048)."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
-    if method == "runs":  # (provisional: every CTA of a group sorts all its runs, ~720 instructions a warp)
-        return 3.5 + 1.2 * (-(-b * gn * -(-nmax // 256) // num_sms()) - 1)
+    if method == "runs":
+        ctas = b * gn * -(-nmax // 256)
+        return 2.7 + 0.0008 * nmax + 0.004 * min(ctas, num_sms()) + 2.5 * (-(-ctas // num_sms()) - 1)
     if method == "rank":  # (a CTA's count over every word is a latency chain: one group of 8,192 takes 16.3 µs)
-        return 3.0 + max(b * gn * nmax * nmax / 7.5e6, 0.0014 * nmax - 1.3, RANK_CHAIN_US * nmax - 3.9)
+        slope, less = RANK_SHORT_CHAIN
+        return 3.0 + max(b * gn * nmax * nmax / 7.5e6, slope * nmax - less, RANK_CHAIN_US * nmax - 3.9)
     if method == "sort":
         return 0.0095 * max(npad, 32) * waves
     if method == "radix":
@@ -479,6 +487,8 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
     fastest among those that apply. ``"rank"`` (``psa_order_rank``: each block's position counted over many
     CTAs) up to ``RANK_MAX_BLOCKS`` a group: one request, or a few at 32K; ``"radix"`` (``psa_order_radix``, one
     CTA a group, up to ``RADIX_MAX_BLOCKS``): batches, and long caches once there are a few groups an SM;
+    ``"runs"`` (``psa_order_runs``: runs of 256 sorted by warps and merged by binary search in one launch, up to
+    ``RUNS_MAX_BLOCKS`` a group, where ``ORDER_RUNS``): a few to some tens of groups of up to 2,048 blocks;
     ``"slices"`` (``psa_order_slice`` + ``psa_order_merge``, given a ``workspace`` and more blocks than a slice):
     one or few requests of long caches; ``"sort"`` (``psa_order``, one CTA's bitonic sort): short groups,
     many of them."""
@@ -502,8 +512,9 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
     sums read them).
 
-    Four kernels give the same order (``order_method`` picks the fastest when ``method`` is None): short
-    orders count each block's position (``psa_order_rank``); one CTA a group sorts its keys by radix passes
+    Five kernels give the same order (``order_method`` picks the fastest when ``method`` is None): short
+    orders count each block's position (``psa_order_rank``) or sort runs of 256 blocks and place each block by
+    binary search in them (``psa_order_runs``); one CTA a group sorts its keys by radix passes
     (``psa_order_radix``) or by bitonic merges (``psa_order``); or a group is split: ``psa_order_slice`` sorts
     slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``[B, Gn, npad]`` uint64) and
     ``psa_order_merge`` places every key at its rank."""

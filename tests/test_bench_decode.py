@@ -827,13 +827,15 @@ def test_shared_memory_past_the_limit_is_a_clear_error():
 
 
 def test_order_method_is_the_fastest_measured(monkeypatch):
-    """order_method picks the fastest method exp_order_rank.py measured at each shape, and order_cost_us("rank")
-    is within 0.3 µs of the counts measured where few groups leave the SMs with few warps (one group of 2,048, 4,096
-    and 8,192 blocks: 4.6, 7.5 and 16.3 µs, twenty-ninth and thirty-first sessions) and where many groups fill them
+    """Without psa_order_runs (ORDER_RUNS 0), order_method picks the fastest method exp_order_rank.py measured at
+    each shape, and order_cost_us("rank") is within 0.3 µs of the counts measured where few groups leave the SMs with
+    few warps (one group of 2,048, 4,096 and 8,192 blocks: 3.7 µs on the H100 since the scores load in batches,
+    fifty-seventh session; 7.5 and 16.3 on the H200, twenty-ninth and thirty-first) and where many groups fill them
     (8 groups of 2,048 and of 4,096: 7.6 and 20.8)."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    monkeypatch.setattr(_kernels, "ORDER_RUNS", 0)
     # every row of exp_order_rank.py on the H200 (NOTES.md, thirty-first session, after the merge searched in shared
     # memory: slices now win from 8 groups of 2,048 blocks or one of 4,097 where one wave of slices of 512 holds them;
     # one group of 4,096 counted 7.5 against slices 7.9)
@@ -844,12 +846,37 @@ def test_order_method_is_the_fastest_measured(monkeypatch):
                 (32, 1, 8192): "radix", (32, 8, 2048): "radix"}
     for (b, gn, nmax), fastest in measured.items():
         assert _kernels.order_method(b, gn, nmax) == fastest, (b, gn, nmax)
-    for (b, gn, nmax), us in {(1, 1, 2048): 4.6, (1, 1, 4096): 7.5, (1, 1, 8192): 16.3, (1, 8, 2048): 7.6,
+    for (b, gn, nmax), us in {(1, 1, 2048): 3.7, (1, 1, 4096): 7.5, (1, 1, 8192): 16.3, (1, 8, 2048): 7.6,
                               (1, 8, 4096): 20.8}.items():
         assert abs(_kernels.order_cost_us("rank", b, gn, nmax) - us) <= 0.3, (b, gn, nmax)
     assert _kernels.order_method(1, 8, 8192, workspace=False) == "radix"  # no workspace: no slices
     assert _kernels.order_method(1, 1, 16384) == "slices"  # past what one CTA counts or radix-sorts
     assert _kernels.order_method(32, 8, 16384, workspace=False) == "sort"  # the only one left
+
+
+def test_order_method_takes_the_runs_where_they_were_fastest(monkeypatch):
+    """With psa_order_runs weighed (ORDER_RUNS 1, the default), order_method picks the fastest method the H100
+    measured at each shape of benchmarks/results_h100_s57c_order.md (runs from 3 to 32 groups of 1,024-2,048 blocks;
+    rank for one group; radix from 64 groups of 2,048), order_cost_us("runs") is within 0.3 µs of those runs at 11 of
+    them (0.5 at 1 x 8 and 32 x 3 groups of 2,048, 1.3 at 32 x 8), and runs are never picked past RUNS_MAX_BLOCKS."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    monkeypatch.setattr(_kernels, "ORDER_RUNS", 1)
+    measured = {(1, 1, 2048): ("rank", 4.3), (8, 1, 2048): ("runs", 4.7), (32, 1, 2048): ("runs", 7.5),
+                (1, 8, 2048): ("runs", None), (4, 8, 2048): ("runs", 7.3), (8, 8, 2048): ("radix", 12.2),
+                (1, 1, 1024): ("rank", 3.6), (32, 1, 1024): ("runs", 4.0), (1, 3, 2048): ("runs", 4.4),
+                (8, 3, 2048): ("runs", 7.1), (1, 1, 512): ("rank", 3.2), (32, 8, 2048): ("radix", None),
+                (16, 1, 2048): ("runs", 4.9), (32, 3, 2048): ("radix", None)}
+    for (b, gn, nmax), (fastest, runs_us) in measured.items():
+        assert _kernels.order_method(b, gn, nmax) == fastest, (b, gn, nmax)
+        if runs_us is not None:
+            assert abs(_kernels.order_cost_us("runs", b, gn, nmax) - runs_us) <= 0.3, (b, gn, nmax)
+    for nmax in (_kernels.RUNS_MAX_BLOCKS + 1, 4096, 8192):
+        assert _kernels.order_method(8, 1, nmax) != "runs"
+    with pytest.raises(ValueError, match="method='runs' orders up to 2048"):
+        _kernels.order(np.zeros((1, 1, 4096), np.float32), None, None, None, None, s=16, g=1, hq=1, nmax=4096,
+                       sink_blocks=0, recent_blocks=0, want_suffix=False, method="runs")
 
 
 def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch):
