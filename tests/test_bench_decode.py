@@ -1855,3 +1855,28 @@ def test_queue_model_chunks_are_psa_refs_loop():
         assert sizes[0] > 3 and all(s == 4 for s in sizes[1:-1]) and 0 < sizes[-1] <= (4 if len(sizes) > 1 else t)
         several += len(sizes) > 1
     assert several  # (some query needs chunks after the predicted one)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_order_runs_emulation_gives_the_sort_order(seed):
+    """benchmarks/emu_order_runs.py (psa_order_runs' network and placement on the CPU) gives the one-CTA sort's order
+    on ties, specials, equal and distinct scores, ragged groups and forced blocks, and psa_ref's order where the
+    scores are finite; and the runs before a block's own count its equal words (above w - 1), where the words above
+    w alone would count none."""
+    import emu_order_runs as emu
+    from psa_ref.scoring import forced_blocks, processing_order
+
+    rng = np.random.default_rng(seed)
+    for nmax, n, sink, recent in [(2048, 2048, 1, 2), (2048, 1305, 3, 40), (1000, 257, 0, 0), (45, 3, 70, 70)]:
+        scores = (rng.integers(-50, 50, nmax) / 4).astype(np.float32)  # many exact ties
+        got = emu.order_runs(scores, n, nmax, sink, recent)
+        assert got[:n].tolist() == emu.sort_order(scores, n, sink, recent)
+        assert got[:n].tolist() == list(processing_order(scores[:n].astype(np.float64),
+                                                         forced_blocks(n, sink, recent)))
+        assert (got[n:] == -1).all()
+    special = rng.choice(np.array([np.inf, -np.inf, np.nan, -0.0, 0.0, 1.0], np.float32), 600)
+    assert emu.order_runs(special, 597, 600, 1, 2)[:597].tolist() == emu.sort_order(special, 597, 1, 2)
+    words = emu.words_of(np.repeat(np.float32(1.5), 600), 600, 0, 0)
+    runs = [emu.warp_sort_desc(words[w * emu.RUN:(w + 1) * emu.RUN]) for w in range(emu.WARPS)]
+    # block 300 (run 1, all equal words): 256 blocks of run 0 come first only if equal words there count
+    assert emu.count_above(runs[0], int(words[300]) - 1) == 256 and emu.count_above(runs[0], int(words[300])) == 0
