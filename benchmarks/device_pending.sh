@@ -173,7 +173,9 @@
 #   run(command="bash benchmarks/device_pending.sh s57b", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~7 minutes)
 #  psa_order_runs v2 (32-bit words in the runs): the same tests, timings and A/Bs (ran in s57, H100: 5.3-5.6 µs).
 #   run(command="bash benchmarks/device_pending.sh s57c", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~5 minutes)
-#  psa_order_runs v3 (the nine binary searches a thread in lock-step): the same tests, timings and A/Bs.
+#  psa_order_runs v3 (the nine binary searches a thread in lock-step): the same tests, timings and A/Bs (ran, s57).
+#   run(command="bash benchmarks/device_pending.sh s57e", carry=[".gl/gemma3_xml_l17_32k.npz"])  (~6 minutes)
+#  psa_order_runs v4 (a cluster a group, one CTA a run, the runs shared over DSMEM): tests, timings, A/Bs.
 #   s56e (ran in s56, H200): _kernels.FIXED_STOP, the stop rule compiled into the loop builds; lost, removed.
 #  decode.cu PSA_GRID_TAGS (the grid build's statistics as tagged words, no counter a chunk): its GPU tests, off / on /
 #  on / off on layer 17 ema, the drawn 20% and Llama 128K B = 1, the loop clock with it (s56a, s56b: first versions).
@@ -2087,6 +2089,17 @@ if [ "$PART" = s56b ]; then
   # ... its loop clock off / on at B = 8 and 1, and two probes of the polls (the last word alone first, a 64 ns sleep):
   # neither helped; the probes' defines are gone and grid_tags now counts CTAs (1 would be off).
   retired "Ran in s56 (H100): the first version's loop clock and poll probes (removed)" results_h100_s56.md
+fi
+if [ "$PART" = s57e ]; then
+  # psa_order_runs version 4: a group is a cluster of one CTA a run (4 warps); each CTA's first warp sorts only its own
+  # run, the runs are shared over DSMEM, each CTA places its 256 blocks (two a thread). v3 (every CTA sorting all of
+  # its group's runs): 4.3 / 4.7 / 7.5 / 12.2 µs at 1 / 8 / 32 / 64 groups of 2,048. Predicted: ~3.3-3.8 at 1 to 64
+  # groups (the sort 1/8 of the work a group; two cluster barriers ~0.5 µs), ~5 at 256; layer 17 ema B = 8 -1 µs
+  # against v3, Llama 5% 32K B = 8 (64 groups, radix 10.5 now) -6 once the model takes it. The order GPU tests and
+  # the decode's with every order method, then runs_ab's timings. ~6 minutes; carry the l17 npz.
+  gpu_tests t_s57e_decode.log 200 tests/test_fast.py -k "conform"
+  runs_ab s57e
+  exit 0
 fi
 if [ "$PART" = s57c ]; then
   # psa_order_runs version 3: s57b's v2 took 5.3 µs for one group of 2,048 against 3.9 for one of 1,024: its nine
