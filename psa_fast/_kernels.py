@@ -430,8 +430,7 @@ RANK_CHAIN_US = 0.0021  # order_cost_us("rank")'s latency floor a block of the g
 RANK_SHORT_CHAIN = (0.0009, 1.15)  # ... and for short groups: a block's µs, less a constant (H100, s57c)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
-RUNS_MAX_BLOCKS = 2048  # psa_order_runs: a group's words in 8 runs of 256 (a cluster of 8 CTAs, one a run)
-RUNS_WARPS = 4  # psa_order_runs' CTA: its first warp sorts the run, all place its blocks (256 / (32 x RUNS_WARPS) each)
+RUNS_MAX_BLOCKS = 2048  # psa_order_runs: a group's words in 8 runs of 256, one a warp of one CTA
 # order_method weighs psa_order_runs (1) or leaves it to callers who name it (0: the methods before the fifty-seventh
 # session; a switch for A/Bs)
 ORDER_RUNS = 1
@@ -545,10 +544,9 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
             (-(-tiles // RANK_OWN), gn, b), (RANK_WARPS * 32,),
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)),
             shared_mem=tiles * 128)
-    elif method == "runs":  # a cluster of one CTA a run of 256 blocks for each group
-        runs = -(-nmax // 256)
-        kernel("order_runs", d=16, s=s, g=g, warps=RUNS_WARPS, cluster=runs)(
-            (runs, gn, b), (RUNS_WARPS * 32,),
+    elif method == "runs":
+        kernel("order_runs", d=16, s=s, g=g, warps=8)(
+            (-(-nmax // 256), gn, b), (256,),
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)))
     elif method == "radix":
         sn = max(npad, 32)

@@ -1,35 +1,28 @@
 // Stage 2b on the GPU for short orders, in one launch: a group's blocks sorted in runs of 256 (one warp's, in
 // registers, no barrier), then every block placed at its rank by binary search in the runs. It is psa_order_slice +
-// psa_order_merge (slices of 512-1,024 keys sorted by a whole CTA, a second launch to merge) folded into one kernel.
-// A group is a cluster of one CTA a run (up to 8: 2,048 blocks): each CTA's first warp sorts its run into shared
-// memory, the cluster's barrier makes the runs visible, every CTA copies all of them from its peers' shared memory
-// (DSMEM) and places the 256 blocks of its own run, two a thread. The comparisons are ~n log^2 256 a group where
-// psa_order_rank's count is n^2 on the integer pipe (H100, 8 groups of 2,048 blocks: rank 7.0 µs, slices + merge 7.0
-// in two launches; benchmarks/NOTES.md, fifty-seventh session).
+// psa_order_merge (slices of 512-1,024 keys sorted by a whole CTA, a second launch to merge) folded into one kernel:
+// every CTA of a group sorts all of the group's runs (at most 8, one a warp) into shared memory and places the 256
+// blocks of its own run. The comparisons are ~n log^2 256 a group where psa_order_rank's count is n^2 on the integer
+// pipe (H100, 8 groups of 2,048 blocks: rank 7.0 µs, slices + merge 7.0 in two launches; benchmarks/NOTES.md,
+// fifty-seventh session).
 //
 // The runs hold 32-bit words, not sort.cuh's 64-bit keys (the word, then the block index for ties): a compare-exchange
-// is one min and one max. Words as psa_order_rank's: orderable() of the score, 0xFFFFFFFF for sink and recent blocks,
-// and 0 past the group's n blocks. Block i of run m (word w) comes after every word above w, after the words equal to
-// w of the runs before m (lower block indices) and, in its own run, after the equal words of lower index: a binary
-// search a run counts the words above w (above w - 1 in the runs before m), and where its own run holds another word
-// equal to w (ties: rare in real scores, the forced blocks' and the tests'), a scan of the run's lower indices counts
-// them. Blocks past n take positions n .. (as many as they are: the positions their own indices name) and write -1.
-// (Versions: 1 sorted 64-bit keys, every CTA of a group all its runs: 5.5 µs at any group count; 2 sorted words; 3 ran
-// a thread's nine searches in lock-step, 4.7 µs for 8 groups of 2,048, but 12.2 for 64, where every CTA sorting all of
-// its group's runs was 8 times the work; 4 shares them in a cluster.)
+// is one min and one max (the first version sorted the keys: 5.5 µs at any group count, its ~1,500 instructions a
+// warp the floor). Words as psa_order_rank's: orderable() of the score, 0xFFFFFFFF for sink and recent blocks, and 0
+// past the group's n blocks. Block i of run m (word w) comes after every word above w, after the words equal to w of
+// the runs before m (lower block indices) and, in its own run, after the equal words of lower index: a binary search
+// a run counts the words above w (above w - 1 in the runs before m), and where its own run holds another word equal
+// to w (ties: rare in real scores, the forced blocks' and the tests'), a scan of the run's lower indices counts them.
+// Blocks past n take positions n .. (as many as they are: the positions their own indices name) and write -1 there.
 //
 //   scores   [B, Gn, Nmax] float (psa_estimate);  seq_lens [B] int
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's n blocks
-// Launch: grid (PSA_CLUSTER, Gn, B) in clusters of PSA_CLUSTER = ceil(Nmax / 256) <= 8 CTAs (RUNS_MAX_BLOCKS),
-// PSA_WARPS * 32 threads (a divisor of 256).
+// Launch: grid (ceil(Nmax / 256), Gn, B), 256 threads (PSA_WARPS 8), Nmax <= 2,048 (_kernels.RUNS_MAX_BLOCKS).
 #include "common.cuh"
 
-#define PSA_RUN 256                // words a run (a CTA's, sorted by its first warp)
+#define PSA_RUN 256                // words a run (a warp's)
 #define PSA_RUN_KPL (PSA_RUN / 32)  // words a lane, consecutive: word r of lane l is the run's word 8 l + r
-#define PSA_RUNS_MAX 8              // runs a group (the cluster's CTAs)
-#define PSA_RUN_KPT (PSA_RUN / (PSA_WARPS * 32))  // blocks a thread places
-static_assert(PSA_RUN % (PSA_WARPS * 32) == 0, "psa_order_runs: a CTA's threads place its run's blocks evenly");
-static_assert(PSA_CLUSTER <= PSA_RUNS_MAX, "psa_order_runs: a group of at most 8 runs (2,048 blocks)");
+static_assert(PSA_WARPS * 32 == PSA_RUN, "psa_order_runs: a CTA's threads place one run's blocks, one each");
 
 // Sort the warp's 256 words (k: this lane's 8, blocked: word r of lane l is the run's e = 8 l + r) descending by the
 // "flip" form of the bitonic network: merging two sorted halves of size kk / 2 compares e with e ^ (kk - 1) (the second
@@ -85,88 +78,70 @@ __device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN],
     for (int q = 0; q < Q; ++q) c[q] += runs[which[q]][c[q]] > thr[q];
 }
 
-extern "C" __global__ void
-#if PSA_CLUSTER > 1
-__cluster_dims__(PSA_CLUSTER, 1, 1)
-#endif
-__launch_bounds__(PSA_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
                int sink_blocks, int recent_blocks) {
-    __shared__ __align__(16) unsigned int runs[PSA_RUNS_MAX][PSA_RUN];  // the group's runs, each sorted descending
-    __shared__ __align__(16) unsigned int mine_sorted[PSA_RUN];         // this CTA's run, for its peers to copy
-    __shared__ __align__(16) unsigned int words[PSA_RUN];               // this CTA's run by block index
-    const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
-    const int mine = cluster_rank();  // = blockIdx.x: the grid's x is one cluster
+    __shared__ __align__(16) unsigned int runs[PSA_WARPS][PSA_RUN];   // the group's runs, each sorted descending
+    __shared__ __align__(16) unsigned int words[PSA_WARPS][PSA_RUN];  // the same words by block index
+    const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y, mine = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* srow = scores + ((long)b * Gn + g) * Nmax;
     int* orow = order + ((long)b * Gn + g) * Nmax;
-    const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
 
-    if (warp == 0) {  // the run's scores, then its words sorted by this warp
-        const int first = mine * PSA_RUN + lane * PSA_RUN_KPL;
-        float x[PSA_RUN_KPL];
+    // the warp's run of scores, requested before the request's length decides which are blocks (as load_keys)
+    const int first = warp * PSA_RUN + lane * PSA_RUN_KPL;
+    float x[PSA_RUN_KPL];
 #pragma unroll
-        for (int r = 0; r < PSA_RUN_KPL; ++r) x[r] = first + r < Nmax ? __ldg(srow + first + r) : 0.f;
-        unsigned int k[PSA_RUN_KPL];
+    for (int r = 0; r < PSA_RUN_KPL; ++r) x[r] = first + r < Nmax ? __ldg(srow + first + r) : 0.f;
+    const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
+    const int nruns = (n + PSA_RUN - 1) / PSA_RUN;
+    // every warp sorts, whether or not its run holds blocks (the shuffles then need no divergence handling)
+    unsigned int k[PSA_RUN_KPL];
 #pragma unroll
-        for (int r = 0; r < PSA_RUN_KPL; ++r) {
-            const int i = first + r;
-            k[r] = i >= n ? 0u : (i < sink_blocks || i >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(x[r]);
-        }
-        uint4* wrow = reinterpret_cast<uint4*>(&words[lane * PSA_RUN_KPL]);
-        wrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
-        wrow[1] = make_uint4(k[4], k[5], k[6], k[7]);
-        warp_sort_desc(k, lane);
-        uint4* srun = reinterpret_cast<uint4*>(&mine_sorted[lane * PSA_RUN_KPL]);
-        srun[0] = make_uint4(k[0], k[1], k[2], k[3]);
-        srun[1] = make_uint4(k[4], k[5], k[6], k[7]);
+    for (int r = 0; r < PSA_RUN_KPL; ++r) {
+        const int i = first + r;
+        k[r] = i >= n ? 0u : (i < sink_blocks || i >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(x[r]);
     }
-    cluster_sync();  // every CTA's run written (release / acquire over the cluster)
-    // every run of the group, from its CTA's shared memory (runs past the cluster's, never read, stay unset)
-    for (int idx = threadIdx.x; idx < PSA_CLUSTER * PSA_RUN / 4; idx += PSA_WARPS * 32) {
-        const int r = idx / (PSA_RUN / 4), c = idx % (PSA_RUN / 4);
-        const float4 v = dsmem_load4(reinterpret_cast<const float4*>(mine_sorted) + c, r);
-        reinterpret_cast<float4*>(runs[r])[c] = v;
+    uint4* wrow = reinterpret_cast<uint4*>(&words[warp][lane * PSA_RUN_KPL]);
+    wrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
+    wrow[1] = make_uint4(k[4], k[5], k[6], k[7]);
+    warp_sort_desc(k, lane);
+    if (mine >= nruns) {  // positions past the group's runs (all >= n)
+        const int p = mine * PSA_RUN + threadIdx.x;
+        if (p < Nmax) orow[p] = -1;
+        return;
     }
-#if PSA_CLUSTER > 1
-    // this CTA has read its peers' runs; it waits for theirs to have read its own before it exits (below)
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
+    uint4* rrow = reinterpret_cast<uint4*>(&runs[warp][lane * PSA_RUN_KPL]);
+    rrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
+    rrow[1] = make_uint4(k[4], k[5], k[6], k[7]);
     __syncthreads();
 
-#pragma unroll
-    for (int u = 0; u < PSA_RUN_KPT; ++u) {
-        const int t = threadIdx.x + u * PSA_WARPS * 32, i = mine * PSA_RUN + t;
-        // past the group's runs (a CTA whose run holds no block), or padding of the last: positions n .., one each
-        if (i >= n) {
-            if (i < Nmax) orow[i] = -1;
-            continue;
-        }
-        // every run's count at once (runs past the group's hold only zeros and count none), run `mine` twice: the
-        // words above w and above w - 1 (from there on, the equal ones); runs before `mine` count above w - 1 too
-        const unsigned int w = words[t];
-        int which[PSA_CLUSTER + 1], c[PSA_CLUSTER + 1];
-        unsigned int thr[PSA_CLUSTER + 1];
-#pragma unroll
-        for (int r = 0; r < PSA_CLUSTER; ++r) {
-            which[r] = r;
-            thr[r] = r < mine ? w - 1u : w;
-        }
-        which[PSA_CLUSTER] = mine;
-        thr[PSA_CLUSTER] = w - 1u;
-        count_above(runs, which, thr, c);
-        int rank = 0, above = 0;
-#pragma unroll
-        for (int r = 0; r < PSA_CLUSTER; ++r) {
-            rank += r < mine && w == 0u ? PSA_RUN : c[r];  // (w - 1 wrapped: all of the run)
-            above = r == mine ? c[r] : above;
-        }
-        const int from = w == 0u ? PSA_RUN : c[PSA_CLUSTER];
-        if (from - above > 1)  // another block of this run has the word: those of lower index come first
-            for (int v = 0; v < t; ++v) rank += words[v] == w;
-        orow[rank] = i;
+    const int t = threadIdx.x, i = mine * PSA_RUN + t;
+    if (i >= n) {  // padding: blocks n .. of the last run take positions n .., one each
+        if (i < Nmax) orow[i] = -1;
+        return;
     }
-#if PSA_CLUSTER > 1
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
+    // Every run's count at once (runs past the group's hold only zeros and count none), run `mine` twice: the words
+    // above w and above w - 1 (from there on, the equal ones). Runs before `mine` count above w - 1 too.
+    const unsigned int w = words[mine][t];
+    int which[PSA_WARPS + 1], c[PSA_WARPS + 1];
+    unsigned int thr[PSA_WARPS + 1];
+#pragma unroll
+    for (int r = 0; r < PSA_WARPS; ++r) {
+        which[r] = r;
+        thr[r] = r < mine ? w - 1u : w;
+    }
+    which[PSA_WARPS] = mine;
+    thr[PSA_WARPS] = w - 1u;
+    count_above(runs, which, thr, c);
+    int rank = 0, above = 0;
+#pragma unroll
+    for (int r = 0; r < PSA_WARPS; ++r) {
+        rank += r < mine && w == 0u ? PSA_RUN : c[r];  // (w - 1 wrapped: all of the run)
+        above = r == mine ? c[r] : above;
+    }
+    const int from = w == 0u ? PSA_RUN : c[PSA_WARPS];
+    if (from - above > 1)  // another block of this run has the word: those of lower index come first
+        for (int u = 0; u < t; ++u) rank += words[mine][u] == w;
+    orow[rank] = i;
 }
