@@ -3,8 +3,11 @@
 // psa_order_merge (slices of 512-1,024 keys sorted by a whole CTA, a second launch to merge) folded into one kernel:
 // every CTA of a group sorts all of the group's runs (at most 8, one a warp) into shared memory and places the 256
 // blocks of its own run. The comparisons are ~n log^2 256 a group where psa_order_rank's count is n^2 on the integer
-// pipe (H100, 8 groups of 2,048 blocks: rank 7.0 µs, slices + merge 7.0 in two launches; benchmarks/NOTES.md,
-// fifty-seventh session).
+// pipe: H100, 8 groups of 2,048 blocks 4.7 µs, where rank took 7.0 and the slices + merge 7.0 in two launches; one
+// group 4.3 (rank 3.7), 64 groups 12.2 (one CTA a group's radix passes 10.4). Sharing the sorted runs instead, a
+// group's CTAs a cluster reading each other's over DSMEM, lost (5.7 µs at 8 groups: the cluster's barriers and round
+// trip cost more than the redundant sorts, which run on warps that would otherwise wait). benchmarks/NOTES.md,
+// fifty-seventh session.
 //
 // The runs hold 32-bit words, not sort.cuh's 64-bit keys (the word, then the block index for ties): a compare-exchange
 // is one min and one max (the first version sorted the keys: 5.5 µs at any group count, its ~1,500 instructions a
