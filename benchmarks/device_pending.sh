@@ -2103,28 +2103,9 @@ if [ "$PART" = s57e ]; then
   runs_ab s57e
   exit 0
 fi
-if [ "$PART" = s57c ]; then
-  # psa_order_runs version 3: s57b's v2 took 5.3 µs for one group of 2,048 against 3.9 for one of 1,024: its nine
-  # binary searches a thread sat in branches (r < nruns, r != mine), so their loads ran one search after another (~9 x
-  # 9 dependent shared-memory loads). Now all nine run in lock-step (runs past the group's hold zeros and count none).
-  # Predicted: 1 x 1 x 2048 ~4 µs, 8 x 1 / 1 x 8 x 2048 ~4.2 (slices 7.0), 32 x 1 x 2048 ~6.5 (slices 8.1), 8 x 8 x
-  # 2048 ~10 (radix 10.5); layer 17 ema B = 8 -2 to -3 µs, Llama 5% 32K B = 1 -2 to -3. ~5 minutes; carry the l17 npz.
-  runs_ab s57c
-  exit 0
-fi
-if [ "$PART" = s57b ]; then
-  # psa_order_runs version 2 (s57a's v1: 5.5-5.8 µs at 1-16 groups of 2,048, its 64-bit keys' sort ~1,500 instructions
-  # a warp): the runs hold 32-bit words (a compare-exchange is a min and a max: ~720 instructions), ties by index
-  # resolved in the placement (a scan of the own run's lower indices where it holds an equal word). The same tests,
-  # every order method timed, ORDER_RUNS 0 / 1 / 1 / 0 with the provisional cost 3.5 + 1.2 µs a further CTA an SM.
-  # Predicted: 1 to 16 groups of 2,048 ~3.5 µs (slices 7.0, rank 3.7 at one group), 32 x 1 ~4.7, 8 x 8 ~7 (radix
-  # 10.5); layer 17 ema B = 8 -3 µs, B = 32 -3, B = 1 level; Llama 5% 32K B = 1 -3, B = 8 (8 x 8 x 2048) -3. ~7 minutes;
-  # carry .gl/gemma3_xml_l17_32k.npz.
-  runs_ab s57b
-  exit 0
-fi
-if [ "$PART" = s57a ]; then
-  # Fifty-seventh session: psa_order_runs (order_runs.cu), one launch where the slices + merge take two: each warp sorts
+if [ "$PART" = s57a ] || [ "$PART" = s57b ] || [ "$PART" = s57c ]; then
+  # Fifty-seventh session, three versions of psa_order_runs measured by the same calls (each part now runs the kernel
+  # kept, v3). s57a: psa_order_runs (order_runs.cu), one launch where the slices + merge take two: each warp sorts
   # a run of 256 keys in registers (the flip bitonic network, ~1,500 SASS instructions), every CTA of a group sorts all
   # of its runs (at most 8) and places its own run's keys by binary search in the others (psa_order_merge's search).
   # Its GPU tests (bit for bit against the sort and psa_ref, special values), every order method timed, then
@@ -2132,19 +2113,20 @@ if [ "$PART" = s57a ]; then
   # loop rows and the order's kernel rows. Predicted: 8 x 1 x 2048 and 1 x 8 x 2048 7.3 -> ~4 µs (the slices + merge),
   # 32 x 1 x 2048 8.8 -> ~5.5, 1 x 1 x 2048 ~4 (rank 3.5: runs should lose there); layer 17 ema B = 8 97 -> ~94 µs,
   # B = 32 -3, Llama 5% 32K B = 1 36.3 -> ~33. ~7 minutes; carry .gl/gemma3_xml_l17_32k.npz.
-  gpu_tests t_s57a.log 240 tests/test_fast.py -k "order_kernels or order_by_counting or reference_order"
-  cd benchmarks
-  timeout 150 python3 exp_order_rank.py --shapes 1x1x2048,8x1x2048,32x1x2048,1x8x2048,4x8x2048,8x8x2048,1x1x1024,\
-8x1x1024,32x1x1024,1x3x2048,8x3x2048,1x1x512,32x8x2048,16x1x2048 2>&1 | grep -v Warn | tee "$OUT/s57a_order.md"
-  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --size 32768 --batches 8,1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | tee "$OUT/s57a_kernels.txt" | grep "^#\|^T=\|psa_order"
-  timeout 200 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --sizes 32768:1,32768:8,32768:32 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-      | tee "$OUT/s57a_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
-  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --share 0.05 --shape llama8b \
-      --sizes 32768:1,32768:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-      | tee "$OUT/s57a_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
+  # (s57a ran without runs_ab's 1 x 8 x 1024 and 32 x 3 x 2048 rows)
+  # s57b, psa_order_runs version 2 (s57a's v1: 5.5-5.8 µs at 1-16 groups of 2,048, its 64-bit keys' sort ~1,500
+  # instructions a warp): the runs hold 32-bit words (a compare-exchange is a min and a max: ~720 instructions), ties by index
+  # resolved in the placement (a scan of the own run's lower indices where it holds an equal word). The same tests,
+  # every order method timed, ORDER_RUNS 0 / 1 / 1 / 0 with the provisional cost 3.5 + 1.2 µs a further CTA an SM.
+  # Predicted: 1 to 16 groups of 2,048 ~3.5 µs (slices 7.0, rank 3.7 at one group), 32 x 1 ~4.7, 8 x 8 ~7 (radix
+  # 10.5); layer 17 ema B = 8 -3 µs, B = 32 -3, B = 1 level; Llama 5% 32K B = 1 -3, B = 8 (8 x 8 x 2048) -3. ~7 minutes;
+  # carry .gl/gemma3_xml_l17_32k.npz.
+  # s57c, psa_order_runs version 3: s57b's v2 took 5.3 µs for one group of 2,048 against 3.9 for one of 1,024: its nine
+  # binary searches a thread sat in branches (r < nruns, r != mine), so their loads ran one search after another (~9 x
+  # 9 dependent shared-memory loads). Now all nine run in lock-step (runs past the group's hold zeros and count none).
+  # Predicted: 1 x 1 x 2048 ~4 µs, 8 x 1 / 1 x 8 x 2048 ~4.2 (slices 7.0), 32 x 1 x 2048 ~6.5 (slices 8.1), 8 x 8 x
+  # 2048 ~10 (radix 10.5); layer 17 ema B = 8 -2 to -3 µs, Llama 5% 32K B = 1 -2 to -3. ~5 minutes; carry the l17 npz.
+  runs_ab "$PART"
   exit 0
 fi
 if [ "$PART" = s56c ]; then
