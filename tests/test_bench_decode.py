@@ -1860,9 +1860,9 @@ def test_queue_model_chunks_are_psa_refs_loop():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_order_runs_emulation_gives_the_sort_order(seed):
     """benchmarks/emu_order_runs.py (psa_order_runs' network and placement on the CPU) gives the one-CTA sort's order
-    on ties, specials, equal and distinct scores, ragged groups and forced blocks, and psa_ref's order where the
-    scores are finite; and the runs before a block's own count its equal words (above w - 1), where the words above
-    w alone would count none."""
+    on ties, specials, equal and distinct scores, ragged groups and forced blocks (also with runs of 128, the next
+    version's), and psa_ref's order where the scores are finite; and the runs before a block's own count its equal
+    words (above w - 1), where the words above w alone would count none."""
     import emu_order_runs as emu
     from psa_ref.scoring import forced_blocks, processing_order
 
@@ -1876,7 +1876,10 @@ def test_order_runs_emulation_gives_the_sort_order(seed):
         assert (got[n:] == -1).all()
     special = rng.choice(np.array([np.inf, -np.inf, np.nan, -0.0, 0.0, 1.0], np.float32), 600)
     assert emu.order_runs(special, 597, 600, 1, 2)[:597].tolist() == emu.sort_order(special, 597, 1, 2)
+    assert emu.order_runs(special, 597, 600, 1, 2, run=128)[:597].tolist() == emu.sort_order(special, 597, 1, 2)
+    with pytest.raises(ValueError, match="run must be a power of two"):
+        emu.order_runs(special, 597, 600, 1, 2, run=96)
     words = emu.words_of(np.repeat(np.float32(1.5), 600), 600, 0, 0)
-    runs = [emu.warp_sort_desc(words[w * emu.RUN:(w + 1) * emu.RUN]) for w in range(emu.WARPS)]
+    runs = [emu.warp_sort_desc(words[w * emu.RUN:(w + 1) * emu.RUN]) for w in range(emu.GROUP_MAX // emu.RUN)]
     # block 300 (run 1, all equal words): 256 blocks of run 0 come first only if equal words there count
     assert emu.count_above(runs[0], int(words[300]) - 1) == 256 and emu.count_above(runs[0], int(words[300])) == 0
