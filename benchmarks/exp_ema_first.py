@@ -17,21 +17,20 @@ import numpy as np
 
 def ema_on_estimates(scores: np.ndarray, order: np.ndarray, num_forced: int, lengths: np.ndarray,
                      threshold: float) -> int:
-    """Ranked blocks after which the ema rule (psa_ref.progressive's, step 1) holds for every head of the group when
-    each block's mass is its estimated ``n_j exp(s_j)``; every ranked block if it never holds. ``scores [G, N]``."""
-    from psa_ref.progressive import EMA_WEIGHT
+    """Ranked blocks after which the ema rule (psa_ref.progressive's ``update_ema`` and ``estimated_fraction``, step
+    1) holds for every head of the group when each block's mass is its estimated ``n_j exp(s_j)``; every ranked block
+    if it never holds. ``scores [G, N]``."""
+    from psa_ref.progressive import estimated_fraction, update_ema
 
     n = order.size
     log_mass = scores[:, order] + np.log(lengths[order])
-    w = np.exp(log_mass - log_mass.max(axis=1, keepdims=True))
-    acc = np.cumsum(w, axis=1)
-    ema = np.empty_like(w)
-    e = w[:, 0]
+    mass = np.exp(log_mass - log_mass.max(axis=1, keepdims=True))  # [G, N] in processing order, one common factor
+    acc = np.cumsum(mass, axis=1)
+    as_ema, ema = None, np.empty_like(mass)
     for j in range(n):
-        e = w[:, j] if j == 0 else (1 - EMA_WEIGHT) * e + EMA_WEIGHT * w[:, j]
-        ema[:, j] = e
-    left = n - 1 - np.arange(n)
-    holds = (acc / (acc + left * ema) >= threshold).all(axis=0)
+        as_ema = update_ema(as_ema, mass[:, j:j + 1])
+        ema[:, j] = as_ema
+    holds = (estimated_fraction("ema", acc, None, n - 1 - np.arange(n), None, ema) >= threshold).all(axis=0)
     holds[:num_forced] = False
     return int(np.argmax(holds)) + 1 - num_forced if holds.any() else n - num_forced
 
