@@ -408,6 +408,15 @@ __device__ __forceinline__ float4 xstats_await(const unsigned long long* p, unsi
                        __uint_as_float((unsigned int)c), __uint_as_float((unsigned int)d));
 }
 
+// The grid build's statistics entry of group `gid`, iteration `it` (its parity of PSA_XSTATS), CTA `rank`, head `h`
+// (_kernels.grid_exchange_shapes' xstats), in xstat_t units of PSA_XSTAT_ELEMS: where a CTA publishes its statistics
+// and where the group's CTAs read them. (`rank` keeps its caller's type: the CTA's own is unsigned, a reader's loop
+// index an int, and each extends to 64 bits as it did written out.)
+template <typename Rank>
+__device__ __forceinline__ long xstat_entry(long gid, int it, Rank rank, int h) {
+    return ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + h;
+}
+
 // Threads that add one piece's entries in the grid build's finish (a piece: the 1 or 4 output channels a thread
 // makes): a power of two up to a warp, as many as the CTA's threads give each of its `pieces`.
 __host__ __device__ constexpr int grid_finish_threads(int threads, int pieces) {
@@ -1081,10 +1090,9 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #pragma unroll
                 for (int i = 0; i < PSA_WARPS; ++i) t = combine_stats(t, w[i]);
 #if PSA_GRID_TAGS_ON
-                const long at = ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane;
-                xstats_publish(xstats + at * PSA_XSTAT_ELEMS, t, it + 1);
+                xstats_publish(xstats + xstat_entry(gid, it, rank, lane) * PSA_XSTAT_ELEMS, t, it + 1);
 #elif PSA_GRID
-                xstats[((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + rank) * PSA_G + lane] = t;
+                xstats[xstat_entry(gid, it, rank, lane)] = t;
 #else
                 cta_stats[it & 1][lane] = t;
 #endif
@@ -1116,7 +1124,7 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
             for (int h = warp; h < PSA_G; h += PSA_WARPS) {
                 float4 t = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);
                 for (int r = lane; r < PSA_GRID; r += 32) {
-                    const long at = ((PSA_XSTATS * gid + (it & (PSA_XSTATS - 1))) * PSA_GRID + r) * PSA_G + h;
+                    const long at = xstat_entry(gid, it, r, h);
 #if PSA_GRID_TAGS_ON
                     t = combine_stats(t, xstats_await(xstats + at * PSA_XSTAT_ELEMS, it + 1));
 #else
