@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
                int sink_blocks, int recent_blocks) {
     __shared__ __align__(16) unsigned int runs[PSA_WARPS][PSA_RUN];   // the group's runs, each sorted descending
-    __shared__ __align__(16) unsigned int words[PSA_WARPS][PSA_RUN];  // the same words by block index
+    __shared__ __align__(16) unsigned int words[PSA_RUN];  // this CTA's run (`mine`) by block index
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y, mine = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* srow = scores + ((long)b * Gn + g) * Nmax;
@@ -105,9 +105,11 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
         const int i = first + r;
         k[r] = i >= n ? 0u : (i < sink_blocks || i >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(x[r]);
     }
-    uint4* wrow = reinterpret_cast<uint4*>(&words[warp][lane * PSA_RUN_KPL]);
-    wrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
-    wrow[1] = make_uint4(k[4], k[5], k[6], k[7]);
+    if (warp == mine) {  // the only run whose blocks this CTA places
+        uint4* wrow = reinterpret_cast<uint4*>(&words[lane * PSA_RUN_KPL]);
+        wrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
+        wrow[1] = make_uint4(k[4], k[5], k[6], k[7]);
+    }
     warp_sort_desc(k, lane);
     if (mine >= nruns) {  // positions past the group's runs (all >= n)
         const int p = mine * PSA_RUN + threadIdx.x;
@@ -126,7 +128,7 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
     }
     // Every run's count at once (runs past the group's hold only zeros and count none), run `mine` twice: the words
     // above w and above w - 1 (from there on, the equal ones). Runs before `mine` count above w - 1 too.
-    const unsigned int w = words[mine][t];
+    const unsigned int w = words[t];
     int which[PSA_WARPS + 1], c[PSA_WARPS + 1];
     unsigned int thr[PSA_WARPS + 1];
 #pragma unroll
@@ -145,6 +147,6 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
     }
     const int from = w == 0u ? PSA_RUN : c[PSA_WARPS];
     if (from - above > 1)  // another block of this run has the word: those of lower index come first
-        for (int u = 0; u < t; ++u) rank += words[mine][u] == w;
+        for (int u = 0; u < t; ++u) rank += words[u] == w;
     orow[rank] = i;
 }
