@@ -2806,6 +2806,30 @@ if [ "$PART" = probe ]; then
   grep -E "Duration|Stall|Warp Cycles Per Issued|Registers Per" "$OUT/ncu_spec_verify_b1.txt" | head -12
   exit 0
 fi
+if [ "$PART" = s58a ]; then
+  # Fifty-eighth session: the query's scaling on a parallel graph branch (_kernels.QUERY_BRANCH). psa_scale_query
+  # (~1.4-1.8 µs of every PSA step) feeds the estimate only through its scaled copy: psa_estimate_mma now reads the
+  # caller's query and scales it itself (PSA_QRAW, the same float32 product; its query fragments loaded two channels
+  # at once, which also cuts the default build's setup: 856 -> 784 SASS instructions at D 128), and run() writes the
+  # decode's copies on a side stream beside the estimate and the order (fork / join events, inside a capture too).
+  # The new tests (bits against the scaled query; the whole step eager and replayed), the estimate's and
+  # conformance tests, then the A/B. Predicted: every ema step -1.2 to -1.6 µs (layer 17 B = 8 ~94 -> ~92.5, B = 1
+  # ~32.6 -> ~31.2; Llama 5% 32K B = 1 ~32 -> ~30.5), the estimate kernel level (its setup: two loads a pair, a
+  # convert and a multiply). ~7 minutes; carry .gl/gemma3_xml_l17_32k.npz.
+  gpu_tests t_s58a.log 300 tests/test_fast.py -k "callers_query or query_branch or tensor_core_estimate or \
+per_head_estimates or conform or estimates_of_a_long"
+  (cd benchmarks
+  timeout 120 python3 exp_kernels_attr.py QUERY_BRANCH=0,1 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --size 32768 --batches 8,1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | tee "$OUT/s58a_kernels.txt" | grep "^#\|^T=\|psa_estimate\|psa_scale\|total\|sum"
+  timeout 200 python3 exp_kernels_attr.py QUERY_BRANCH=0,1,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --sizes 32768:1,32768:8,32768:32 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/s58a_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
+  timeout 200 python3 exp_kernels_attr.py QUERY_BRANCH=0,1,1,0 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/s58a_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop")
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -31,6 +31,9 @@ ESTIMATE_MMA_WARP_BLOCKS = 0
 # (benchmarks/NOTES.md, s34f)
 ESTIMATE_MMA_CHUNK_GROUP = 16
 ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
+# 1: DecodePlan.run scales the query for the decode on a side stream beside the estimate and the order, which read the
+# caller's query (psa_estimate_mma's PSA_QRAW builds); 0: psa_scale_query first, on the main stream
+QUERY_BRANCH = 0
 QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
 # psa_estimate_quant3's blocks a warp forced (1-16; 0: the rule in `estimate`, which halves QUANT3_MAX_WARP_BLOCKS
 # until the launch has two CTAs an SM). A switch for sweeps (device_pending.sh s48c).
@@ -329,8 +332,30 @@ def allow_cluster(fn, cluster: int) -> None:
         driver.funcSetAttribute(fn.kernel.ptr, 14, 1)  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 
 
+def estimate_on_tensor_cores(kind: str, per_head, g: int, hq: int, hkv: int, d: int, fused: bool) -> bool:
+    """Whether ``estimate`` runs ``psa_estimate_mma`` for these arguments (``fused``: per-head scores of a KV
+    head's query heads in one launch)."""
+    launch_g = hq // hkv if fused else g
+    return (ESTIMATE_ON_TENSOR_CORES and kind in ("cuboid_mean", "mean") and per_head != "bounds" and launch_g <= 4
+            and (2 * d if kind == "cuboid_mean" else d) % 32 == 0)
+
+
+def _fuses_heads(g: int, hq: int, hkv: int, per_head, group_scores) -> bool:
+    """``estimate`` scores every query head of a KV head in one launch (per-head selection, g == 1)."""
+    return g == 1 and 1 < hq // hkv <= 8 and per_head != "bounds" and group_scores is not None
+
+
+def estimate_reads_raw_query(kind: str, per_head, g: int, hq: int, hkv: int, d: int, group_scores=None) -> bool:
+    """Whether ``estimate(..., q_scale=...)`` takes the caller's query (the tensor cores' kernel scales it)."""
+    return estimate_on_tensor_cores(kind, per_head, g, hq, hkv, d, _fuses_heads(g, hq, hkv, per_head, group_scores))
+
+
+# estimate(q_scale=...): the raw query's dtype -> estimate_mma.cu's PSA_QRAW
+_QRAW_CODES = {np.dtype(np.float16): 1, np.dtype(np.int16): 2, np.dtype(np.float32): 3}
+
+
 def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax, kind, per_head=None,
-             codes=None, group_scores=None) -> None:
+             codes=None, group_scores=None, q_scale: float | None = None) -> None:
     """Launch ``psa_estimate`` (``psa_estimate_quant3`` for ``kind="quant3"``, which reads ``codes``
     where the others read ``meta``): ``scores [B, Hq/g, Nmax]`` and, if ``per_head`` is ``"bounds"``
     (min/max bounds, certified) or ``"estimates"`` (each head's estimate, sketch), ``bounds [B, Hq, Nmax]``.
@@ -344,11 +369,25 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     larger groups, ``minmax`` and the certified bounds on the CUDA cores (``psa_estimate``).
 
     Each warp scores up to 32 (quant3: ``QUANT3_MAX_WARP_BLOCKS``) consecutive blocks (fewer when that would leave
-    SMs idle; the tensor cores' version whole tiles of 16)."""
+    SMs idle; the tensor cores' version whole tiles of 16).
+
+    ``q_scale``: ``q`` is the caller's query (``[B, Hq, d]`` C-contiguous float16, float32 or int16 bfloat16 bits),
+    which ``psa_estimate_mma`` multiplies by ``q_scale`` itself (the same float32 product as ``scale_query``), so
+    that the scaled copies can be written beside the estimate; only where ``estimate_reads_raw_query``."""
     b = q.shape[0]
     kv_group = hq // hkv
-    fused = g == 1 and 1 < kv_group <= 8 and per_head != "bounds" and group_scores is not None
+    fused = _fuses_heads(g, hq, hkv, per_head, group_scores)
     launch_g = kv_group if fused else g
+    raw = ()
+    if q_scale is not None:
+        if not estimate_on_tensor_cores(kind, per_head, g, hq, hkv, d, fused):
+            raise ValueError(f"estimate(q_scale=...) needs the tensor cores' estimate (cuboid_mean or mean, groups "
+                             f"of at most 4 heads), got kind={kind!r}, per_head={per_head!r}, g={g}")
+        if (q.dtype not in _QRAW_CODES or q.shape != (b, hq, d) or not q.flags.c_contiguous
+                or q.data.ptr % (2 * q.itemsize)):
+            raise ValueError(f"estimate(q_scale=...) needs q as a C-contiguous [B, Hq, {d}] float16, float32 or int16 "
+                             f"array aligned to two elements, got {q.dtype} {q.shape}")
+        raw = (np.float32(q_scale),)
     if kind == "quant3":
         warps, per_warp, least = QUANT3_WARPS, QUANT3_MAX_WARP_BLOCKS, 1
         if QUANT3_WARP_BLOCKS:  # forced: the rule below keeps it
@@ -357,8 +396,7 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
             per_warp = least = QUANT3_WARP_BLOCKS
         make = functools.partial(kernel, "sketch", entry="estimate_quant3")
         summary = codes
-    elif (ESTIMATE_ON_TENSOR_CORES and kind in ("cuboid_mean", "mean") and per_head != "bounds" and launch_g <= 4
-          and (2 * d if kind == "cuboid_mean" else d) % 32 == 0):  # on the tensor cores
+    elif estimate_on_tensor_cores(kind, per_head, g, hq, hkv, d, fused):
         warps, per_warp, least = ESTIMATE_MMA_LAUNCH
         if ESTIMATE_MMA_WARP_BLOCKS:  # forced: the rule below keeps it
             if ESTIMATE_MMA_WARP_BLOCKS not in (16, 32, 64):
@@ -371,7 +409,8 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         # (at D 256 a group of fewer than 4 heads spills ~100 bytes a thread with 16 chunks, ptxas: 8 there,
         # unmeasured)
         chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)
-        make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind], est_kg=chunks)
+        make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind], est_kg=chunks,
+                                 **({"qraw": _QRAW_CODES[q.dtype]} if raw else {}))
         summary = meta
     else:
         warps, per_warp, least = ESTIMATE_WARPS, 32, 4
@@ -384,14 +423,14 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
     if fused:  # per-head estimates into scores (the groups of per-head selection), the group maxima unused
         fn = make(d=d, s=s, g=kv_group, warps=warps, bounds=BOUND_CODES["estimates"], est_warp_blocks=per_warp)
         fn(grid, (warps * 32,), (q, summary, lohi, seq_lens, group_scores, scores, np.int32(hq), np.int32(hkv),
-                                 np.int32(nmax)))
+                                 np.int32(nmax)) + raw)
         if per_head == "estimates":
             bounds[...] = scores
         return
     fn = make(d=d, s=s, g=g, warps=warps, bounds=BOUND_CODES[per_head], est_warp_blocks=per_warp)
     fn(grid, (warps * 32,),
        (q, summary, lohi, seq_lens, scores, scores if per_head is None else bounds, np.int32(hq), np.int32(hkv),
-        np.int32(nmax)))
+        np.int32(nmax)) + raw)
 
 
 # psa_share_key: threads a CTA (one CTA per group and request)

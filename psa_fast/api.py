@@ -272,6 +272,14 @@ class DecodePlan:
             shapes = _kernels.grid_exchange_shapes(b, self.gn, c, loop_warps, self.g, dp)
             self._grid_group = (c,) + tuple(cupy.zeros(shape, dtype) for shape, dtype
                                             in zip(shapes, _kernels.GRID_EXCHANGE_DTYPES))
+        # run(): the query's scaled copies written on a side stream beside the estimate and the order, which read the
+        # caller's query (psa_estimate_mma scales it itself); (fork event, join event, side stream) or None
+        self._query_branch = None
+        if (_kernels.QUERY_BRANCH and self.mode != "dense" and dp == cache.head_dim
+                and _kernels.estimate_reads_raw_query(cache.metadata, self._per_head, self.g, self.hq,
+                                                      cache.num_kv_heads, dp, self._group_scores)):
+            self._query_branch = (cupy.cuda.Event(block=False, disable_timing=True),
+                                  cupy.cuda.Event(block=False, disable_timing=True), cupy.cuda.Stream(non_blocking=True))
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)
@@ -349,12 +357,39 @@ class DecodePlan:
 
         Launches the stages on the current stream (query scaling, then estimate and order unless
         dense, then the decode kernel) and returns without synchronising. Shapes and dtypes are
-        checked; values are not (no NaN scan).
+        checked; values are not (no NaN scan). Where the estimate runs on the tensor cores
+        (``_kernels.QUERY_BRANCH``), it scales the caller's query itself and the query's copies for the
+        decode are written on a side stream in parallel (one more branch of a captured graph: a fork and
+        a join event), with the same bits.
         """
-        layer = self.load_query(q, layer)
+        if self._query_branch is None:
+            layer = self.load_query(q, layer)
+        else:
+            layer, qa = self._check_query(q, layer)
+            if qa.data.ptr % (2 * qa.itemsize) == 0:  # (the estimate loads two channels at once)
+                return self._run_with_query_branch(qa, layer)
+            self._scale_query(qa)
         if self.mode != "dense":
             self.estimate(layer)
             self.order(layer)
+        return self.attend(layer)
+
+    def _run_with_query_branch(self, qa, layer: int) -> DecodeOutput:
+        """run() with the checked query ``qa``: its scaling on the side stream (forked after the previous call's
+        decode, which read ``q_mma``), the estimate of ``qa`` and the order on the current stream, joined before the
+        decode."""
+        import cupy
+
+        fork, join, side = self._query_branch
+        main = cupy.cuda.get_current_stream()
+        fork.record(main)
+        side.wait_event(fork)
+        with side:
+            self._scale_query(qa)
+        join.record(side)
+        self.estimate(layer, q_raw=qa)
+        self.order(layer)
+        main.wait_event(join)
         return self.attend(layer)
 
     def forget_previous(self, requests=None) -> None:
@@ -376,31 +411,43 @@ class DecodePlan:
     def load_query(self, q, layer: int) -> int:
         """Stage 0: copy ``q`` into the plan's buffers, zero-padded: scaled (``q``, for the estimates) and
         scaled by a power of two (``q_mma``, for the decode kernel). Returns the checked layer."""
+        layer, qa = self._check_query(q, layer)
+        self._scale_query(qa)
+        return layer
+
+    def _check_query(self, q, layer: int) -> tuple:
+        """``(layer, q)``: the checked layer and ``q`` as a CuPy array (bfloat16 as its int16 bits)."""
         c = self.cache
         qa = as_cupy_kv(q, "q", "bfloat16") if is_torch_bf16(q) else as_cupy(q, "q", dtypes=("float16", "float32"))
-        bf16_q = qa.dtype == np.dtype(BF16_BITS)
         if qa.shape != (c.batch, self.hq, c.head_dim):
             raise ValueError(f"q must have shape [B, Hq, D] = {(c.batch, self.hq, c.head_dim)}, got {qa.shape}")
         layer = PagedKVCache._index(layer, "layer", c.num_layers)
         empty = np.flatnonzero(c.host_lens[layer] == 0)
         if empty.size:
             raise ValueError(f"requests {empty.tolist()} have no tokens in layer {layer}; prefill them first")
+        return layer, qa
+
+    def _scale_query(self, qa) -> None:
+        """``psa_scale_query`` of the checked query into ``q`` and ``q_mma`` on the current stream."""
+        c = self.cache
+        bf16_q = qa.dtype == np.dtype(BF16_BITS)
         _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim], self.q_mma[..., : c.head_dim],
                              bf16_bits=bf16_q)
         self._q_exact = bf16_q and c.dtype == "bfloat16"  # float16 can underflow once scaled: not claimed
-        return layer
 
     def _shape(self) -> dict:
         c = self.cache
         return dict(s=c.block_size, g=self.g, hq=self.hq, nmax=c.nmax)
 
-    def estimate(self, layer: int) -> None:
+    def estimate(self, layer: int, q_raw=None) -> None:
         """Stage 1: every block's estimate (and per head: min/max bounds for ``certified``, the
-        estimates for ``sketch``)."""
+        estimates for ``sketch``), of the scaled ``q``, or of the caller's ``q_raw`` (checked, C-contiguous; the
+        tensor cores' estimate scales it by the same float32 product)."""
         c = self.cache
-        _kernels.estimate(self.q, c.meta[layer], c.lohi[layer], c.seq_lens[layer], self.scores, self.bounds, d=c.dp,
-                          hkv=c.num_kv_heads, kind=c.metadata, per_head=self._per_head,
-                          codes=None if c.codes is None else c.codes[layer], group_scores=self._group_scores,
+        _kernels.estimate(self.q if q_raw is None else q_raw, c.meta[layer], c.lohi[layer], c.seq_lens[layer],
+                          self.scores, self.bounds, d=c.dp, hkv=c.num_kv_heads, kind=c.metadata,
+                          per_head=self._per_head, codes=None if c.codes is None else c.codes[layer],
+                          group_scores=self._group_scores, q_scale=None if q_raw is None else self.scale,
                           **self._shape())
         if self.rank == "share" and self.g > 1:
             _kernels.share_key(self.bounds, c.seq_lens[layer], self.scores, **self._shape())

@@ -879,6 +879,27 @@ def test_order_method_takes_the_runs_where_they_were_fastest(monkeypatch):
                        sink_blocks=0, recent_blocks=0, want_suffix=False, method="runs")
 
 
+def test_the_estimate_reads_the_callers_query_only_on_the_tensor_cores():
+    """estimate(q_scale=...) (the query branch: psa_estimate_mma scales the caller's query itself) exists for
+    cuboid_mean and mean groups of at most 4 heads, shared or scored one launch a KV head (estimate_reads_raw_query,
+    as the plan asks it); anywhere else (quant3, minmax, the certified bounds, groups of 8) it is a ValueError naming
+    what it needs, raised before any launch."""
+    from psa_fast import _kernels
+
+    assert _kernels.estimate_reads_raw_query("cuboid_mean", None, 4, 32, 8, 128)
+    assert _kernels.estimate_reads_raw_query("mean", "estimates", 4, 4, 1, 256)
+    assert _kernels.estimate_reads_raw_query("cuboid_mean", None, 1, 9, 3, 64, group_scores=object())
+    assert not _kernels.estimate_reads_raw_query("cuboid_mean", None, 1, 32, 4, 128, group_scores=object())  # 8 heads
+    assert not _kernels.estimate_reads_raw_query("cuboid_mean", "bounds", 4, 32, 8, 128)
+    assert not _kernels.estimate_reads_raw_query("quant3", None, 4, 32, 8, 128)
+    assert not _kernels.estimate_reads_raw_query("minmax", None, 4, 32, 8, 128)
+    q = np.zeros((1, 4, 64), np.float16)
+    for kind, per_head in [("quant3", None), ("minmax", None), ("cuboid_mean", "bounds")]:
+        with pytest.raises(ValueError, match="q_scale=.*tensor cores"):
+            _kernels.estimate(q, None, None, None, None, None, d=64, s=16, g=4, hq=4, hkv=1, nmax=8, kind=kind,
+                              per_head=per_head, q_scale=0.125)
+
+
 def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch):
     """One cluster a selection group, doubled while the grid stays within the 132 SMs, above 8 CTAs only where the GPU
     holds every group's cluster at once (the H200: 7 clusters of 16). One request of up to 5 groups (Gemma 3: 1,

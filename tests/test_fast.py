@@ -727,6 +727,103 @@ def test_the_tensor_core_estimate_gives_the_same_bits_at_any_blocks_a_warp(monke
             assert cupy.array_equal(bounds, plan.bounds), (name, value)
 
 
+@pytest.mark.parametrize("metadata, hq, hkv, d, gqa", [("cuboid_mean", 8, 2, 128, "shared"),
+                                                       ("mean", 8, 2, 64, "shared"),
+                                                       ("cuboid_mean", 4, 1, 256, "shared"),
+                                                       ("cuboid_mean", 9, 3, 64, "per_head")])
+def test_the_tensor_core_estimate_of_the_callers_query_gives_the_scaled_querys_bits(metadata, hq, hkv, d, gqa):
+    """psa_estimate_mma reading the caller's query (float16, float32 or bfloat16 bits) and multiplying it by the scale
+    itself (estimate(q_scale=...), PSA_QRAW) gives the group scores and each head's estimates of the query that
+    psa_scale_query scaled, bit for bit: the same float32 product, never contracted into the hi / lo split. Values
+    from 2^-20 to 2^10 and both signs. A query the kernel cannot read that way (not C-contiguous, another kind) is a
+    ValueError naming what it needs."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(d + hq + 1)
+    lens = [900 * 16 + 5, 77]
+    cache, _ = ragged_cache(rng, lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
+    plan = psa_fast.plan(cache, num_q_heads=hq, gqa=gqa, stop="ema", step=8)
+    mags = np.exp2(rng.uniform(-20, 10, size=(len(lens), hq, d)))
+    q64 = mags * rng.choice([-1.0, 1.0], size=mags.shape)
+    q16 = q64.astype(np.float16)
+    bits = (np.asarray(q64, np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.int16)  # truncated bf16
+    for raw, bf16 in [(q16, False), (q64.astype(np.float32), False), (bits, True)]:
+        raw = cupy.asarray(raw)
+        scaled, pow2 = cupy.zeros((len(lens), hq, cache.dp), cupy.float32), cupy.zeros((len(lens), hq, cache.dp),
+                                                                                       cupy.float32)
+        _kernels.scale_query(raw, plan.scale, plan._pow2, scaled, pow2, bf16_bits=bf16)
+        outs = []
+        for q, q_scale in [(scaled, None), (raw, plan.scale)]:
+            scores = cupy.full_like(plan.scores, np.nan)
+            bounds = None if plan.bounds is None else cupy.full_like(plan.bounds, np.nan)
+            _kernels.estimate(q, cache.meta[0], cache.lohi[0], cache.seq_lens[0], scores, bounds, d=cache.dp,
+                              hkv=hkv, kind=metadata, per_head=plan._per_head, group_scores=plan._group_scores,
+                              q_scale=q_scale, **plan._shape())
+            outs.append((cupy.asnumpy(scores), None if bounds is None else cupy.asnumpy(bounds)))
+        assert np.isfinite(outs[0][0][:, :, : -(-lens[1] // 16)]).all()
+        np.testing.assert_array_equal(outs[1][0], outs[0][0], err_msg=str(raw.dtype))
+        if outs[0][1] is not None:
+            np.testing.assert_array_equal(outs[1][1], outs[0][1], err_msg=str(raw.dtype))
+    args = (cache.meta[0], cache.lohi[0], cache.seq_lens[0], plan.scores, plan.bounds)
+    kw = dict(d=cache.dp, hkv=hkv, kind=metadata, per_head=plan._per_head, group_scores=plan._group_scores,
+              q_scale=plan.scale, **plan._shape())
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _kernels.estimate(cupy.asarray(q16.transpose(1, 0, 2)).transpose(1, 0, 2), *args, **kw)
+    with pytest.raises(ValueError, match="tensor cores"):
+        _kernels.estimate(cupy.asarray(q16), *args, **dict(kw, kind="minmax"))
+
+
+@pytest.mark.parametrize("metadata, hq, hkv, d, gqa, stop", [("cuboid_mean", 8, 2, 128, "shared", "ema"),
+                                                             ("cuboid_mean", 4, 1, 256, "shared", "sketch"),
+                                                             ("mean", 9, 3, 64, "per_head", "ema"),
+                                                             ("cuboid_mean", 8, 2, 64, "shared", "certified")])
+def test_the_query_branch_gives_the_same_step(monkeypatch, metadata, hq, hkv, d, gqa, stop):
+    """_kernels.QUERY_BRANCH: run() scales the decode's query on a side stream beside the estimate (which reads the
+    caller's query) and joins before the decode. Eager and replayed from a captured graph (fork and join inside the
+    capture, the query buffer refilled between replays), every output is bit for bit the one of the plan without the
+    branch (float16 queries; eager also float32); a query starting at an odd element (which the estimate's paired
+    loads cannot read) takes the plain path, with the same result. Where the estimate is not the tensor cores' (certified's bounds), the plan has no branch."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(d + hq + 2)
+    lens = [700 * 16 + 3, 130]
+    cache, data = ragged_cache(rng, lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
+    queries = [cupy.asarray(np.stack([q for q, _, _ in data]))]
+    queries.append(cupy.asarray(rng.standard_normal(queries[0].shape).astype(np.float16)))
+    q32 = cupy.asarray(rng.standard_normal(queries[0].shape).astype(np.float32))
+
+    def outputs(dec):
+        return [cupy.asnumpy(x).copy() for x in (dec.out, dec.num_used, dec.iterations, dec.reason, dec.mass_estimate)
+                ] + [cupy.asnumpy(dec.order)]
+
+    monkeypatch.setattr(_kernels, "QUERY_BRANCH", 0)
+    plain = psa_fast.plan(cache, num_q_heads=hq, gqa=gqa, stop=stop, threshold=0.9, step=8)
+    want = [outputs(plain.run(q)) for q in queries + [q32]]
+    monkeypatch.setattr(_kernels, "QUERY_BRANCH", 1)
+    plan = psa_fast.plan(cache, num_q_heads=hq, gqa=gqa, stop=stop, threshold=0.9, step=8)
+    assert (plan._query_branch is None) == (stop == "certified")
+    assert plain._query_branch is None
+    for q, w in zip(queries + [q32], want):
+        for got, ref in zip(outputs(plan.run(q)), w):
+            np.testing.assert_array_equal(got, ref)
+    odd = cupy.empty(queries[1].size + 1, queries[1].dtype)[1:].reshape(queries[1].shape)  # starts at an odd element
+    odd[...] = queries[1]
+    for got, ref in zip(outputs(plan.run(odd)), want[1]):
+        np.testing.assert_array_equal(got, ref)
+    buf = cupy.empty_like(queries[0])
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        dec = plan.run(buf)
+        graph = stream.end_capture()
+        for q, w in zip(queries, want):
+            buf[...] = q
+            graph.launch(stream)
+            stream.synchronize()
+            for got, ref in zip(outputs(dec), w):
+                np.testing.assert_array_equal(got, ref)
+
+
 @pytest.mark.parametrize("hq, hkv, d, rank", [(4, 1, 256, "share"), (8, 2, 128, "estimate")])
 def test_the_quant3_estimate_gives_the_same_bits_at_any_blocks_a_warp(monkeypatch, hq, hkv, d, rank):
     """psa_estimate_quant3 with 1 to 16 blocks a warp (_kernels.QUANT3_WARP_BLOCKS) in place of the launch rule: each

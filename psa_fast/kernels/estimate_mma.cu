@@ -21,7 +21,10 @@
 // to 16 chunks (PSA_EST_KG; 8 until the thirty-fourth session) takes cuboid_mean's whole tile at D 256 at once too:
 // 255 registers there, Gemma 3's 32K B = 32 estimate 23.2 -> 21.4 us.
 //
-//   q       [B, Hq, PSA_D]            float, already multiplied by the logit scale
+//   q       [B, Hq, PSA_D]            float, already multiplied by the logit scale (PSA_QRAW 0); or the caller's
+//                                     query (PSA_QRAW 1 float16, 2 bfloat16 bits, 3 float32) of head dim PSA_D,
+//                                     multiplied here by q_scale, the same float32 product psa_scale_query writes
+//                                     (so the plan can scale its copies for the decode on a parallel graph branch)
 //   meta    [B, Hkv, Nmax, 2, PSA_D]  half: (centre, radius) for cuboid_mean, (mean, -) for mean
 //   scores  [B, Hq/PSA_G, Nmax]       float out: max over the group's heads; -inf past the last block
 //   bounds  [B, Hq, Nmax]             float out (PSA_BOUNDS 2): each head's own estimate
@@ -44,11 +47,46 @@ static_assert(PSA_G <= 4, "estimate_mma packs at most 4 heads' hi and lo parts i
 static_assert(PSA_EST_WARP_BLOCKS % 16 == 0, "a warp scores whole tiles of 16 blocks");
 static_assert(PSA_K % 32 == 0 && PSA_KC % PSA_KG == 0, "estimate_mma reads rows in chunks of 32 channels");
 static_assert(!PSA_BF16, "metadata is float16");
+#ifndef PSA_QRAW
+#define PSA_QRAW 0
+#endif
+#if PSA_QRAW == 1
+typedef __half q_in_t;
+#elif PSA_QRAW == 2
+typedef unsigned short q_in_t;  // bfloat16 bits
+#else
+typedef float q_in_t;
+#endif
+
+// Channels k, k + 1 (k even) of the query as the estimate uses them: the plan's scaled floats, or the caller's values
+// times q_scale, loaded as one pair (__fmul_rn: never contracted into the hi / lo split's fma, so the bits are
+// psa_scale_query's)
+__device__ __forceinline__ float2 query_pair(const q_in_t* p, float q_scale) {
+#if PSA_QRAW == 0
+    return make_float2(__ldg(p), __ldg(p + 1));
+#elif PSA_QRAW == 1
+    const float2 x = __half22float2(__ldg(reinterpret_cast<const __half2*>(p)));
+    return make_float2(__fmul_rn(x.x, q_scale), __fmul_rn(x.y, q_scale));
+#elif PSA_QRAW == 2
+    const unsigned int w = __ldg(reinterpret_cast<const unsigned int*>(p));
+    return make_float2(__fmul_rn(__int_as_float(w << 16), q_scale), __fmul_rn(__int_as_float(w & 0xffff0000u), q_scale));
+#else
+    const float2 x = __ldg(reinterpret_cast<const float2*>(p));
+    return make_float2(__fmul_rn(x.x, q_scale), __fmul_rn(x.y, q_scale));
+#endif
+}
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
-psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, const __half* __restrict__ lohi,
+psa_estimate_mma(const q_in_t* __restrict__ q, const __half* __restrict__ meta, const __half* __restrict__ lohi,
                  const int* __restrict__ seq_lens, float* __restrict__ scores, float* __restrict__ bounds,
-                 int Hq, int Hkv, int Nmax) {
+                 int Hq, int Hkv, int Nmax
+#if PSA_QRAW
+                 , float q_scale
+#endif
+) {
+#if !PSA_QRAW
+    const float q_scale = 1.f;  // unused: the plan's query is scaled
+#endif
     const int b = blockIdx.z, g = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r = lane >> 2, quad = lane & 3;
@@ -80,20 +118,15 @@ psa_estimate_mma(const float* __restrict__ q, const __half* __restrict__ meta, c
     // MMA's k slots (2 quad, + 1) and (2 quad + 8, + 9), registers 2, 3 the second MMA's.
     const int bh = r & 3;
     const float lo_part = r >= 4 ? 1.f : 0.f;
-    const float* qh = q + ((long)b * Hq + h0 + bh) * PSA_D;
+    const q_in_t* qh = q + ((long)b * Hq + h0 + bh) * PSA_D;
     unsigned int bq[PSA_KC][4];
 #pragma unroll
     for (int c = 0; c < PSA_KC; ++c)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            float v[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int k = 32 * c + 8 * quad + 2 * i + e;
-                const float x = bh < PSA_G ? __ldg(qh + (k < PSA_D ? k : k - PSA_D)) : 0.f;
-                v[e] = k < PSA_D ? x : fabsf(x);
-            }
-            bq[c][i] = pack_part(v[0], v[1], lo_part);
+            const int k = 32 * c + 8 * quad + 2 * i;  // channels k, k + 1: both of q or both of |q| (PSA_D is even)
+            const float2 x = bh < PSA_G ? query_pair(qh + (k < PSA_D ? k : k - PSA_D), q_scale) : make_float2(0.f, 0.f);
+            bq[c][i] = k < PSA_D ? pack_part(x.x, x.y, lo_part) : pack_part(fabsf(x.x), fabsf(x.y), lo_part);
         }
 
     for (int j0 = jw; j0 < jend; j0 += 16) {
