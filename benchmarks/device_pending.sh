@@ -2830,6 +2830,19 @@ per_head_estimates or conform or estimates_of_a_long"
       | tee "$OUT/s58a_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop")
   exit 0
 fi
+if [ "$PART" = s58b ]; then
+  # Fifty-eighth session, psa_order_runs version 5 (RUN_BLOCKS 128: runs of 128 words, 4 a lane, CTAs of 16 warps
+  # sorting a group's 16 runs and placing 512 blocks each, 17 searches of 8 probes a thread; ncu found v3 latency-bound
+  # at two warps a scheduler). The order tests with runs of 128 ("runs128": bits against the sort and psa_ref, special
+  # values, ties, ragged), then every method timed beside v3. Predicted: 8 x 1 x 2048 4.7 -> ~4 µs, one group level
+  # with rank (~3.7), 32 x 1 x 2048 7.5 -> ~6. ~3 minutes.
+  gpu_tests t_s58b.log 300 tests/test_fast.py -k "order_kernels or order_by_counting"
+  (cd benchmarks
+  timeout 200 python3 exp_order_rank.py --shapes 1x1x2048,8x1x2048,32x1x2048,1x8x2048,4x8x2048,8x8x2048,1x1x1024,\
+8x1x1024,32x1x1024,1x3x2048,8x3x2048,1x1x512,32x8x2048,16x1x2048,1x8x1024,32x3x2048 2>&1 | grep -v Warn \
+      | tee "$OUT/s58b_order.md")
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -278,8 +278,8 @@ class DecodePlan:
         if (_kernels.QUERY_BRANCH and self.mode != "dense" and dp == cache.head_dim
                 and _kernels.estimate_reads_raw_query(cache.metadata, self._per_head, self.g, self.hq,
                                                       cache.num_kv_heads, dp, self._group_scores)):
-            self._query_branch = (cupy.cuda.Event(block=False, disable_timing=True),
-                                  cupy.cuda.Event(block=False, disable_timing=True), cupy.cuda.Stream(non_blocking=True))
+            fork, join = (cupy.cuda.Event(block=False, disable_timing=True) for _ in range(2))
+            self._query_branch = (fork, join, cupy.cuda.Stream(non_blocking=True))
         self.num_used = cupy.empty((b, self.gn), i32)
         self.iterations = cupy.empty((b, self.gn), i32)
         self.reason = cupy.empty((b, self.gn), i32)

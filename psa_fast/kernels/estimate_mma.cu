@@ -69,7 +69,8 @@ __device__ __forceinline__ float2 query_pair(const q_in_t* p, float q_scale) {
     return make_float2(__fmul_rn(x.x, q_scale), __fmul_rn(x.y, q_scale));
 #elif PSA_QRAW == 2
     const unsigned int w = __ldg(reinterpret_cast<const unsigned int*>(p));
-    return make_float2(__fmul_rn(__int_as_float(w << 16), q_scale), __fmul_rn(__int_as_float(w & 0xffff0000u), q_scale));
+    return make_float2(__fmul_rn(__int_as_float(w << 16), q_scale),
+                       __fmul_rn(__int_as_float(w & 0xffff0000u), q_scale));
 #else
     const float2 x = __ldg(reinterpret_cast<const float2*>(p));
     return make_float2(__fmul_rn(x.x, q_scale), __fmul_rn(x.y, q_scale));
