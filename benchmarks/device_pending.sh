@@ -2835,7 +2835,8 @@ if [ "$PART" = s58b ]; then
   # sorting a group's 16 runs and placing 512 blocks each, 17 searches of 8 probes a thread; ncu found v3 latency-bound
   # at two warps a scheduler). The order tests with runs of 128 ("runs128": bits against the sort and psa_ref, special
   # values, ties, ragged), then every method timed beside v3. Predicted: 8 x 1 x 2048 4.7 -> ~4 µs, one group level
-  # with rank (~3.7), 32 x 1 x 2048 7.5 -> ~6. ~3 minutes.
+  # with rank (~3.7), 32 x 1 x 2048 7.5 -> ~6. ~3 minutes. Ran in s58 (H100, with all1): tests passed, but 6.4 / 6.2 /
+  # 7.1 µs (v3 4.7 / 4.4 / 7.5): reverted; v5 is commit 687f560, so this part now times v3 alone.
   gpu_tests t_s58b.log 300 tests/test_fast.py -k "order_kernels or order_by_counting"
   (cd benchmarks
   timeout 200 python3 exp_order_rank.py --shapes 1x1x2048,8x1x2048,32x1x2048,1x8x2048,4x8x2048,8x8x2048,1x1x1024,\

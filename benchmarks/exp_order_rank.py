@@ -1,9 +1,9 @@
 """The ways `_kernels.order` orders the groups (issue 14, item 2): counting every block's position over many
 CTAs (`psa_order_rank`, by carry or by compares, one or four blocks a lane), one CTA sorting a group by bitonic
 merges (`psa_order`) or by radix passes (`psa_order_radix`), slices + merge (`psa_order_slice` +
-`psa_order_merge`), and runs of 256 (or 128: "runs128", `_kernels.RUN_BLOCKS`) sorted by warps and merged in the
-same launch (`psa_order_runs`), per batch, group count and blocks a group. Median µs a call, 16 calls captured in one
-CUDA graph; each row also checks that the orders agree, and marks the method `order_method` picks (*).
+`psa_order_merge`), and runs of 256 sorted by warps and merged in the same launch (`psa_order_runs`), per batch,
+group count and blocks a group. Median µs a call, 16 calls captured in one CUDA graph; each row also checks that the orders agree, and
+marks the method `order_method` picks (*).
 
     python benchmarks/exp_order_rank.py [--shapes 1x1x2048,8x8x2048]
 """
@@ -29,8 +29,8 @@ def main() -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     rs = np.random.default_rng(0)
     print("| B x Gn | blocks | pairs (M) | rank (carry) | rank (4 a lane) | rank (compare) | sort | slices | radix "
-          "| runs | runs128 | picked |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| runs | picked |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         b, gn, nmax = (int(x) for x in shape.split("x"))
         with stream:
@@ -47,16 +47,10 @@ def main() -> None:
                                       (scores, seq, out, np.int32(nmax), np.int32(1), np.int32(1)),
                                       shared_mem=tiles * 128)
 
-            def method(m, run_blocks=None):
-                def fn(out):
-                    saved = _kernels.RUN_BLOCKS
-                    _kernels.RUN_BLOCKS = run_blocks or saved
-                    try:
-                        _kernels.order(scores, seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=1,
-                                       recent_blocks=1, want_suffix=False, workspace=ws, method=m)
-                    finally:
-                        _kernels.RUN_BLOCKS = saved
-                return fn
+            def method(m):
+                return lambda out: _kernels.order(scores, seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax,
+                                                  sink_blocks=1, recent_blocks=1, want_suffix=False, workspace=ws,
+                                                  method=m)
 
             fits = nmax <= _kernels.RANK_MAX_BLOCKS
             radix_fits = _kernels._pow2(nmax, 2) <= _kernels.RADIX_MAX_BLOCKS
@@ -64,8 +58,7 @@ def main() -> None:
                     "rank0": rank(0) if fits else None, "sort": method("sort"),
                     "slices": method("slices") if ws is not None else None,
                     "radix": method("radix") if radix_fits else None,
-                    "runs": method("runs") if nmax <= _kernels.RUNS_MAX_BLOCKS else None,  # "—": does not apply
-                    "runs128": method("runs", 128) if nmax <= _kernels.RUNS_MAX_BLOCKS else None}
+                    "runs": method("runs") if nmax <= _kernels.RUNS_MAX_BLOCKS else None}  # "—": does not apply
             times, outs = {}, {}
             for name, fn in runs.items():
                 if fn is None:
@@ -89,7 +82,7 @@ def main() -> None:
             cell[mark] += " *"
             print(f"| {b} x {gn} | {nmax} | {b * gn * nmax * nmax / 1e6:.0f} | {cell['rank1']} | {cell['rank4']} | "
                   f"{cell['rank0']} | "
-                  f"{cell['sort']} | {cell['slices']} | {cell['radix']} | {cell['runs']} | {cell['runs128']} | "
+                  f"{cell['sort']} | {cell['slices']} | {cell['radix']} | {cell['runs']} | "
                   f"{picked}{' MISMATCH ' + ','.join(bad) if bad else ''} |",
                   flush=True)
 

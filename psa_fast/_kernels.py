@@ -469,18 +469,8 @@ RANK_CHAIN_US = 0.0021  # order_cost_us("rank")'s latency floor a block of the g
 RANK_SHORT_CHAIN = (0.0009, 1.15)  # ... and for short groups: a block's µs, less a constant (H100, s57c)
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
-RUN_BLOCKS = 256  # psa_order_runs' run (PSA_RUN, 256 or 128): the blocks one warp sorts
-RUNS_MAX_BLOCKS = 2048  # psa_order_runs: a group's words in runs, one a warp of each CTA
-
-
-def runs_launch() -> tuple[int, int]:
-    """psa_order_runs' (warps a CTA, blocks a CTA places): a warp for each run of a group of ``RUNS_MAX_BLOCKS``
-    blocks, a block a thread."""
-    if RUN_BLOCKS not in (128, 256):
-        raise ValueError(f"_kernels.RUN_BLOCKS must be 128 or 256, got {RUN_BLOCKS!r}")
-    warps = RUNS_MAX_BLOCKS // RUN_BLOCKS
-    return warps, 32 * warps
-
+RUN_BLOCKS = 256  # psa_order_runs' run (PSA_RUN): the blocks one warp sorts, and one CTA places
+RUNS_MAX_BLOCKS = 8 * RUN_BLOCKS  # psa_order_runs: a group's words in at most 8 runs, one a warp of each CTA
 # order_method weighs psa_order_runs (1) or leaves it to callers who name it (0: the methods before the fifty-seventh
 # session; a switch for A/Bs)
 ORDER_RUNS = 1
@@ -501,14 +491,14 @@ def order_cost_us(method: str, b: int, gn: int, nmax: int) -> float:
     to twelve shapes of the thirty-first session within 0.62 µs: one group 6.8, 7.9, 10.7 and 15.9 µs at 2,048 to
     16,384 blocks, eight groups 7.1, 8.0 and 12.6 at 2,048 to 8,192) ~5.5 µs plus 0.00052 a padded block of a
     group, ~0.53 µs for each further batch of eight slices the merge searches, and 0.000025 a padded block of all
-    groups. ``runs`` (``psa_order_runs`` with runs of 256: a CTA for each run, each sorting all of its group's
-    runs), fitted to sixteen shapes of the fifty-seventh session's H100 (within 0.3 µs at eleven, 0.5-1.3 at the
-    others): ~2.7 µs plus 0.0008 a block of a group and 0.004 a CTA up to one an SM, and 2.5 for each further
+    groups. ``runs`` (``psa_order_runs``, a CTA for each run of ``RUN_BLOCKS`` blocks, each sorting all of its
+    group's runs), fitted to sixteen shapes of the fifty-seventh session's H100 (within 0.3 µs at eleven, 0.5-1.3 at
+    the others): ~2.7 µs plus 0.0008 a block of a group and 0.004 a CTA up to one an SM, and 2.5 for each further
     wave of one CTA an SM (4.3, 4.7 and 7.5 µs for 1, 8 and 32 groups of 2,048)."""
     npad = _pow2(nmax, 2)
     waves = -(-b * gn // num_sms())
     if method == "runs":
-        ctas = b * gn * -(-nmax // runs_launch()[1])
+        ctas = b * gn * -(-nmax // RUN_BLOCKS)
         return 2.7 + 0.0008 * nmax + 0.004 * min(ctas, num_sms()) + 2.5 * (-(-ctas // num_sms()) - 1)
     if method == "rank":  # (a CTA's count over every word is a latency chain: one group of 8,192 takes 16.3 µs)
         slope, less = RANK_SHORT_CHAIN
@@ -594,10 +584,9 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
             (-(-tiles // RANK_OWN), gn, b), (RANK_WARPS * 32,),
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)),
             shared_mem=tiles * 128)
-    elif method == "runs":  # each of a CTA's warps sorts one of the group's runs; its threads place a block each
-        warps, cta_blocks = runs_launch()
-        kernel("order_runs", d=16, s=s, g=g, warps=warps, run=RUN_BLOCKS)(
-            (-(-nmax // cta_blocks), gn, b), (cta_blocks,),
+    elif method == "runs":  # a CTA a run of the longest group, each of its warps sorting one of the group's runs
+        kernel("order_runs", d=16, s=s, g=g, warps=RUN_BLOCKS // 32)(
+            (-(-nmax // RUN_BLOCKS), gn, b), (RUN_BLOCKS,),
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)))
     elif method == "radix":
         sn = max(npad, 32)

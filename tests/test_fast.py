@@ -1492,28 +1492,17 @@ def test_gather_from_mapped_host_memory_equals_host_store():
         store.close()
 
 
-def runs_of(method, monkeypatch):
-    """An order test's method: ``"runs128"`` is ``"runs"`` with runs of 128 blocks (``_kernels.RUN_BLOCKS``, set
-    here), any other name itself (``"runs"``: runs of 256)."""
-    from psa_fast import _kernels
-
-    monkeypatch.setattr(_kernels, "RUN_BLOCKS", 128 if method == "runs128" else 256)
-    return "runs" if method == "runs128" else method
-
-
 @pytest.mark.parametrize("nmax, lens", [(1000, [1000 * 16]), (3000, [3000 * 16, 2999 * 16 - 5, 1500 * 16]),
                                          (8192, [8192 * 16, 40 * 16]), (45, [45 * 16, 33 * 16, 5, 0]),
                                          (2048, [2048 * 16, 257 * 16, 256 * 16, 255 * 16 + 1])])
-@pytest.mark.parametrize("method", [None, "rank", "sort", "slices", "radix", "runs", "runs128"])
-def test_order_kernels_match_reference_rank(nmax, lens, method, monkeypatch):
+@pytest.mark.parametrize("method", [None, "rank", "sort", "slices", "radix", "runs"])
+def test_order_kernels_match_reference_rank(nmax, lens, method):
     """Every way of ordering (counting positions over many CTAs, one CTA sorting a group by bitonic merges
-    or by radix passes, slices + merge for long caches, and runs of 256 (or 128: "runs128") sorted by warps and
-    merged by binary search in one launch; None: the rule's pick) gives psa_ref's order, ties included, and -1 past
-    n."""
+    or by radix passes, slices + merge for long caches, and runs of 256 sorted by warps and merged by binary search
+    in one launch; None: the rule's pick) gives psa_ref's order, ties included, and -1 past n."""
     from psa_fast import _kernels
     from psa_ref.scoring import forced_blocks, processing_order
 
-    method = runs_of(method, monkeypatch)
     b, gn = len(lens), 3
     if method == "slices" and _kernels._pow2(nmax, 2) <= _kernels.slice_keys(b, gn, _kernels._pow2(nmax, 2)):
         pytest.skip("slices + merge is for more blocks a group than a slice holds")
@@ -1604,17 +1593,15 @@ def test_the_merge_gives_the_reference_order(monkeypatch, nmax, lens, one_wave):
 
 
 @pytest.mark.parametrize("method,nmax", [("radix", 1000), ("slices", 8192), ("radix", 8192), ("rank", 1000),
-                                         ("rank", 8192), ("runs", 1000), ("runs", 2048), ("runs", 200),
-                                         ("runs128", 1000), ("runs128", 2048), ("runs128", 200)])
-def test_order_kernels_agree_on_special_scores(kernel_switch, method, nmax, monkeypatch):
+                                         ("rank", 8192), ("runs", 1000), ("runs", 2048), ("runs", 200)])
+def test_order_kernels_agree_on_special_scores(kernel_switch, method, nmax):
     """Every order kernel gives the plain sort's order (psa_order) bit for bit on scores with infinities, NaNs and
     ties, on requests that fill the table, fall short of it, and hold fewer blocks than their forced ones: their
     scores are requested before the request's length decides which are keys (sort.cuh's ``load_keys``,
     psa_order_radix). psa_order_rank's batched loads (``PSA_RANK_BATCH`` 8, the default) give the order of one load
-    at a time (1), and the define reached its kernel. psa_order_runs with runs of 256 and of 128 ("runs128")."""
+    at a time (1), and the define reached its kernel."""
     from psa_fast import _kernels
 
-    method = runs_of(method, monkeypatch)
     rng = np.random.default_rng(nmax)
     b, gn = 3, 2
     pool = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0, -1.0, 2.5, 3e38], np.float32)
@@ -1646,7 +1633,7 @@ def test_order_by_counting_equals_the_sort(values, sink, recent, own, monkeypatc
     """psa_order_rank and psa_order_radix place every block where the one-CTA bitonic sort does, bit for bit,
     on scores a sort could break ties in: infinities, NaNs of both signs, -0.0 beside 0.0, all-equal scores,
     and forced blocks that overlap or cover a short group; counting with one block a lane and with four. The runs of
-    psa_order_runs too, of 256 and of 128 blocks."""
+    psa_order_runs too."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "RANK_OWN", own)
@@ -1662,16 +1649,14 @@ def test_order_by_counting_equals_the_sort(values, sink, recent, own, monkeypatc
                   else rng.standard_normal((b, gn, nmax))).astype(np.float32)
     seq = cupy.asarray(np.array([1000 * 16, 97 * 16 - 3, 50], np.int32))
     outs = []
-    for method in ("rank", "sort", "radix", "runs", "runs128"):
-        method = runs_of(method, monkeypatch)
+    for method in ("rank", "sort", "radix", "runs"):
         out = cupy.full((b, gn, nmax), -7, cupy.int32)
         _kernels.order(cupy.asarray(scores), seq, out, None, None, s=16, g=1, hq=gn, nmax=nmax, sink_blocks=sink,
                        recent_blocks=recent, want_suffix=False, method=method)
         outs.append(cupy.asnumpy(out))
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[2], outs[1])  # the radix passes too
-    np.testing.assert_array_equal(outs[3], outs[1])  # and the runs (of 256)
-    np.testing.assert_array_equal(outs[4], outs[1])  # and of 128
+    np.testing.assert_array_equal(outs[3], outs[1])  # and the runs
     for r, n in enumerate([1000, 97, 4]):  # each group's positions are a permutation of its blocks
         assert sorted(outs[0][r, 0, :n].tolist()) == list(range(n))
 

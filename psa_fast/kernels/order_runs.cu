@@ -18,30 +18,20 @@
 // to w (ties: rare in real scores, the forced blocks' and the tests'), a scan of the run's lower indices counts them.
 // Blocks past n take positions n .. (as many as they are: the positions their own indices name) and write -1 there.
 //
-// Version 5 (PSA_RUN 128): runs of 128 words (4 a lane: 28 stages of half the work a warp), CTAs of 16 warps
-// sorting a group's 16 runs and placing 512 blocks each (4 runs; 17 searches of 8 probes a thread), for twice the
-// warps a scheduler where ncu found version 3 latency-bound at two.
-//
 //   scores   [B, Gn, Nmax] float (psa_estimate);  seq_lens [B] int
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's n blocks
-// Launch: grid (ceil(Nmax / PSA_CTA_BLOCKS), Gn, B), PSA_WARPS * 32 threads, PSA_WARPS = 2,048 / PSA_RUN (one run a
-// warp), Nmax <= 2,048 (_kernels.RUNS_MAX_BLOCKS).
+// Launch: grid (ceil(Nmax / 256), Gn, B), 256 threads (PSA_WARPS 8), Nmax <= 2,048 (_kernels.RUNS_MAX_BLOCKS).
 #include "common.cuh"
 
-#ifndef PSA_RUN
-#define PSA_RUN 256  // words a run (a warp's): _kernels.RUN_BLOCKS
-#endif
-#define PSA_RUN_KPL (PSA_RUN / 32)          // words a lane, consecutive: lane l's word r is the run's KPL l + r
-#define PSA_CTA_BLOCKS (PSA_WARPS * 32)     // blocks a CTA places, one a thread
-#define PSA_CTA_RUNS (PSA_CTA_BLOCKS / PSA_RUN)  // ... the runs they make up
-static_assert(PSA_RUN == 128 || PSA_RUN == 256, "psa_order_runs sorts runs of 128 or 256 words");
-static_assert(PSA_WARPS * PSA_RUN == 2048, "psa_order_runs: one warp for each run of a group of up to 2,048 blocks");
+#define PSA_RUN 256                // words a run (a warp's)
+#define PSA_RUN_KPL (PSA_RUN / 32)  // words a lane, consecutive: word r of lane l is the run's word 8 l + r
+static_assert(PSA_WARPS * 32 == PSA_RUN, "psa_order_runs: a CTA's threads place one run's blocks, one each");
 
-// Sort the warp's PSA_RUN words (k: this lane's KPL, blocked: word r of lane l is the run's e = KPL l + r) descending
-// by the "flip" form of the bitonic network: merging two sorted halves of size kk / 2 compares e with e ^ (kk - 1)
-// (the second half read backwards), then e with e ^ j for j = kk / 4 .. 1, and every compare-exchange keeps the
-// larger word at the lower e. No stage has a direction to choose: distances below KPL are a min and a max within a lane, the others a
-// shuffle with lane ^ (distance / KPL) (the flip also reading the partner's slot KPL - 1 - r) and a min or a max.
+// Sort the warp's 256 words (k: this lane's 8, blocked: word r of lane l is the run's e = 8 l + r) descending by the
+// "flip" form of the bitonic network: merging two sorted halves of size kk / 2 compares e with e ^ (kk - 1) (the second
+// half read backwards), then e with e ^ j for j = kk / 4 .. 1, and every compare-exchange keeps the larger word at the
+// lower e. No stage has a direction to choose: distances below 8 are a min and a max within a lane, the others a
+// shuffle with lane ^ (distance / 8) (the flip also reading the partner's slot 7 - r) and a min or a max.
 __device__ __forceinline__ void warp_sort_desc(unsigned int (&k)[PSA_RUN_KPL], int lane) {
 #pragma unroll
     for (int kk = 2; kk <= PSA_RUN; kk <<= 1) {
@@ -59,7 +49,7 @@ __device__ __forceinline__ void warp_sort_desc(unsigned int (&k)[PSA_RUN_KPL], i
                     }
                 }
             } else {
-                const int lane_mask = dist / PSA_RUN_KPL, slot_mask = dist % PSA_RUN_KPL;  // slot_mask KPL - 1 or 0
+                const int lane_mask = dist / PSA_RUN_KPL, slot_mask = dist % PSA_RUN_KPL;  // slot_mask 7 or 0
                 const bool lower = (lane & (j / PSA_RUN_KPL)) == 0;  // the pair's lower e: its highest differing bit
                 unsigned int other[PSA_RUN_KPL];
 #pragma unroll
@@ -73,8 +63,8 @@ __device__ __forceinline__ void warp_sort_desc(unsigned int (&k)[PSA_RUN_KPL], i
 }
 
 // How many words of run which[q] of `runs` (each sorted descending) are above thr[q], the Q searches in lock-step (Q
-// independent shared-memory loads a round): binary lifting over the first PSA_RUN - 1 positions, then one probe for
-// the last (as psa_order_merge counts).
+// independent shared-memory loads a round): binary lifting over the first 255 positions, then one probe for the 256th
+// (as psa_order_merge counts).
 template <int Q>
 __device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN], const int (&which)[Q],
                                             const unsigned int (&thr)[Q], int (&c)[Q]) {
@@ -95,8 +85,8 @@ extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
                int sink_blocks, int recent_blocks) {
     __shared__ __align__(16) unsigned int runs[PSA_WARPS][PSA_RUN];   // the group's runs, each sorted descending
-    __shared__ __align__(16) unsigned int words[PSA_CTA_BLOCKS];  // this CTA's runs' words by block index
-    const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y, cta = blockIdx.x;
+    __shared__ __align__(16) unsigned int words[PSA_RUN];  // this CTA's run (`mine`) by block index
+    const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y, mine = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* srow = scores + ((long)b * Gn + g) * Nmax;
     int* orow = order + ((long)b * Gn + g) * Nmax;
@@ -115,25 +105,23 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
         const int i = first + r;
         k[r] = i >= n ? 0u : (i < sink_blocks || i >= n - recent_blocks) ? 0xFFFFFFFFu : orderable(x[r]);
     }
-    if (warp / PSA_CTA_RUNS == cta) {  // the only runs whose blocks this CTA places
-        uint4* wrow = reinterpret_cast<uint4*>(&words[(warp % PSA_CTA_RUNS) * PSA_RUN + lane * PSA_RUN_KPL]);
-#pragma unroll
-        for (int v = 0; v < PSA_RUN_KPL / 4; ++v)
-            wrow[v] = make_uint4(k[4 * v], k[4 * v + 1], k[4 * v + 2], k[4 * v + 3]);
+    if (warp == mine) {  // the only run whose blocks this CTA places
+        uint4* wrow = reinterpret_cast<uint4*>(&words[lane * PSA_RUN_KPL]);
+        wrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
+        wrow[1] = make_uint4(k[4], k[5], k[6], k[7]);
     }
     warp_sort_desc(k, lane);
-    if (cta * PSA_CTA_RUNS >= nruns) {  // positions past the group's runs (all >= n)
-        const int p = cta * PSA_CTA_BLOCKS + threadIdx.x;
+    if (mine >= nruns) {  // positions past the group's runs (all >= n)
+        const int p = mine * PSA_RUN + threadIdx.x;
         if (p < Nmax) orow[p] = -1;
         return;
     }
     uint4* rrow = reinterpret_cast<uint4*>(&runs[warp][lane * PSA_RUN_KPL]);
-#pragma unroll
-    for (int v = 0; v < PSA_RUN_KPL / 4; ++v) rrow[v] = make_uint4(k[4 * v], k[4 * v + 1], k[4 * v + 2], k[4 * v + 3]);
+    rrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
+    rrow[1] = make_uint4(k[4], k[5], k[6], k[7]);
     __syncthreads();
 
-    const int t = threadIdx.x, i = cta * PSA_CTA_BLOCKS + t;
-    const int mine = PSA_CTA_RUNS == 1 ? cta : i / PSA_RUN, run0 = PSA_CTA_RUNS == 1 ? 0 : t - t % PSA_RUN;  // its run
+    const int t = threadIdx.x, i = mine * PSA_RUN + t;
     if (i >= n) {  // padding: blocks n .. of the last run take positions n .., one each
         if (i < Nmax) orow[i] = -1;
         return;
@@ -159,6 +147,6 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
     }
     const int from = w == 0u ? PSA_RUN : c[PSA_WARPS];
     if (from - above > 1)  // another block of this run has the word: those of lower index come first
-        for (int u = run0; u < t; ++u) rank += words[u] == w;
+        for (int u = 0; u < t; ++u) rank += words[u] == w;
     orow[rank] = i;
 }
