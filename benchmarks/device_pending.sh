@@ -2844,6 +2844,32 @@ if [ "$PART" = s58b ]; then
       | tee "$OUT/s58b_order.md")
   exit 0
 fi
+if [ "$PART" = s58c ]; then
+  # Fifty-eighth session: the decode kernel reads the caller's query too (_kernels.DECODE_RAW_QUERY, decode.cu's
+  # PSA_QRAW: the pair loads of common.cuh's query_pair times the power of two, the same bits as q_mma; every build's
+  # registers and spills unchanged, +32 to +144 SASS instructions in the prologue; default builds byte-identical). With
+  # the estimate reading it as well (s58a), a PSA step and a dense one launch no query kernel at all. s36c / s37's fold
+  # into the decode lost 2-4 µs (strided loads of the caller's query, not profiled); this one's loop is unchanged.
+  # The tests (both switches, dense, top-k, eager and captured), then DECODE_RAW_QUERY 0 / 1 / 1 / 0 (QUERY_BRANCH 1).
+  # Predicted: dense -1.0 to -1.4 µs a step at one request and small batches (SmolLM2 32K B = 2 24.5 -> ~23.2, 0.90x
+  # -> ~0.96x SDPA; Llama 32K B = 1 ~-1.2), PSA steps a further -0.3 to -0.8 below the branch. ~8 minutes; carry
+  # .gl/gemma3_xml_l17_32k.npz.
+  gpu_tests t_s58c.log 300 tests/test_fast.py -k "callers_query"
+  (cd benchmarks
+  for spec in smollm2:32768:1,2,3,4,8 llama8b:32768:1,10 gemma3:32768:1,8; do
+    IFS=: read -r shape sizes batches <<< "$spec"
+    timeout 200 python3 exp_kernels_attr.py DECODE_RAW_QUERY=0,1,1,0 -- exp_dense_tune.py --shape "$shape" \
+        --sizes "$sizes" --batches "$batches" --default-only --reps 20 --out /tmp/s58c_dense.jsonl 2>&1 \
+        | grep -v Warn | tee -a "$OUT/s58c_dense.txt" | grep "^#\|SDPA"
+  done
+  timeout 150 python3 exp_kernels_attr.py DECODE_RAW_QUERY=0,1,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --sizes 32768:1,32768:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/s58c_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
+  timeout 150 python3 exp_kernels_attr.py DECODE_RAW_QUERY=0,1,1,0 -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes 32768:1,131072:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/s58c_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop")
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

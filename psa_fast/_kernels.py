@@ -33,7 +33,10 @@ ESTIMATE_MMA_CHUNK_GROUP = 16
 ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
 # 1: DecodePlan.run scales the query for the decode on a side stream beside the estimate and the order, which read the
 # caller's query (psa_estimate_mma's PSA_QRAW builds); 0: psa_scale_query first, on the main stream
-QUERY_BRANCH = 0
+QUERY_BRANCH = 1
+# 1: DecodePlan.run's decode kernel (version 3: the loop, grid and split builds) reads the caller's query too, so where
+# the estimate also does (or the plan is dense) no kernel scales it first (decode.cu's PSA_QRAW builds)
+DECODE_RAW_QUERY = 0
 QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
 # psa_estimate_quant3's blocks a warp forced (1-16; 0: the rule in `estimate`, which halves QUANT3_MAX_WARP_BLOCKS
 # until the launch has two CTAs an SM). A switch for sweeps (device_pending.sh s48c).
@@ -350,8 +353,18 @@ def estimate_reads_raw_query(kind: str, per_head, g: int, hq: int, hkv: int, d: 
     return estimate_on_tensor_cores(kind, per_head, g, hq, hkv, d, _fuses_heads(g, hq, hkv, per_head, group_scores))
 
 
-# estimate(q_scale=...): the raw query's dtype -> estimate_mma.cu's PSA_QRAW
+# estimate(q_scale=...), decode(q_raw=...): the caller's query's dtype -> common.cuh's PSA_QRAW
 _QRAW_CODES = {np.dtype(np.float16): 1, np.dtype(np.int16): 2, np.dtype(np.float32): 3}
+
+
+def _raw_query_code(q, shape: tuple, what: str) -> int:
+    """PSA_QRAW for the caller's query ``q`` read by a kernel (``what``, for the message): C-contiguous ``shape``,
+    float16, float32 or int16 (bfloat16 bits), starting on a pair of elements (the kernels load two at once)."""
+    if (q.dtype not in _QRAW_CODES or tuple(q.shape) != tuple(shape) or not q.flags.c_contiguous
+            or q.data.ptr % (2 * q.itemsize)):
+        raise ValueError(f"{what} needs q as a C-contiguous {list(shape)} float16, float32 or int16 array aligned "
+                         f"to two elements, got {q.dtype} {tuple(q.shape)}")
+    return _QRAW_CODES[q.dtype]
 
 
 def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax, kind, per_head=None,
@@ -383,11 +396,8 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         if not estimate_on_tensor_cores(kind, per_head, g, hq, hkv, d, fused):
             raise ValueError(f"estimate(q_scale=...) needs the tensor cores' estimate (cuboid_mean or mean, groups "
                              f"of at most 4 heads), got kind={kind!r}, per_head={per_head!r}, g={g}")
-        if (q.dtype not in _QRAW_CODES or q.shape != (b, hq, d) or not q.flags.c_contiguous
-                or q.data.ptr % (2 * q.itemsize)):
-            raise ValueError(f"estimate(q_scale=...) needs q as a C-contiguous [B, Hq, {d}] float16, float32 or int16 "
-                             f"array aligned to two elements, got {q.dtype} {q.shape}")
         raw = (np.float32(q_scale),)
+        qraw = _raw_query_code(q, (b, hq, d), "estimate(q_scale=...)")
     if kind == "quant3":
         warps, per_warp, least = QUANT3_WARPS, QUANT3_MAX_WARP_BLOCKS, 1
         if QUANT3_WARP_BLOCKS:  # forced: the rule below keeps it
@@ -410,7 +420,7 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         # unmeasured)
         chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)
         make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind], est_kg=chunks,
-                                 **({"qraw": _QRAW_CODES[q.dtype]} if raw else {}))
+                                 **({"qraw": qraw} if raw else {}))
         summary = meta
     else:
         warps, per_warp, least = ESTIMATE_WARPS, 32, 4
@@ -764,7 +774,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
            q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None,
-           first_prev: bool = False) -> None:
+           first_prev: bool = False, q_raw: tuple | None = None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -812,6 +822,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     two only), version 3 reads it instead and multiplies its logits by ``qk_scale``; version 2 reads
     ``q``. ``q_exact``: ``q_mma`` holds numbers of the KV's type (a query of that type), so the tensor
     cores take it in one part (``PSA_QPARTS`` 1); otherwise in 2 (float16) or 3 (bfloat16) parts.
+    ``q_raw = (query, mul)``: version 3's loop, grid and split builds read the caller's query (``[B, Hq, d]``
+    C-contiguous float16, float32 or int16 bfloat16 bits) and multiply it by ``mul`` themselves (the power of two
+    of ``q_mma``: the same float32 product, so the same bits), so that no kernel has to copy it first.
 
     The KV dtype follows the pools: float16, or int16 holding bfloat16 (the ``PSA_BF16`` build)."""
     version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
@@ -819,6 +832,13 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         q = q_mma
     else:
         qk_scale = 1.0
+    raw_args, raw_define = (), {}
+    if q_raw is not None:
+        if version != 3 or q_mma is None or spec is not None or offload is not None:
+            raise ValueError("q_raw is read by decode version 3's loop, grid and split builds (given q_mma's scale "
+                             "as qk_scale), not by the speculative or offload builds")
+        raw_define = {"qraw": _raw_query_code(q_raw[0], (q.shape[0], hq, d), "decode(q_raw=...)")}
+        q, raw_args = q_raw[0], (np.float32(q_raw[1]),)
     b = q.shape[0]
     null = np.uint64(0)
     args = (q, k_pool, v_pool, block_table, seq_lens, null if order_arr is None else order_arr,
@@ -917,8 +937,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if clocked:
         defines["loop_clock"] = 1
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
-                       warps=warps, stages=stages, smem=smem, **defines, **launch)
-    fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 16), shared_mem=smem)
+                       warps=warps, stages=stages, smem=smem, **defines, **raw_define, **launch)
+    fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 16) + raw_args, shared_mem=smem)
     if split is not None:
         merge_warps = min(8, splits)
         batch = min(MERGE_BATCH, -(-splits // merge_warps)) if MERGE_BATCH_FIT else MERGE_BATCH

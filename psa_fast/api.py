@@ -272,12 +272,17 @@ class DecodePlan:
             shapes = _kernels.grid_exchange_shapes(b, self.gn, c, loop_warps, self.g, dp)
             self._grid_group = (c,) + tuple(cupy.zeros(shape, dtype) for shape, dtype
                                             in zip(shapes, _kernels.GRID_EXCHANGE_DTYPES))
-        # run(): the query's scaled copies written on a side stream beside the estimate and the order, which read the
-        # caller's query (psa_estimate_mma scales it itself); (fork event, join event, side stream) or None
+        # run() and the caller's query: where the estimate reads it (psa_estimate_mma scales it itself) and the
+        # decode kernel too (or the plan is dense), no kernel copies it (_raw_query); where only the estimate does, the
+        # scaled copies for the decode are written on a side stream beside the estimate and the order
+        # (_query_branch: fork event, join event, side stream)
+        estimate_raw = (self.mode != "dense" and dp == cache.head_dim
+                        and _kernels.estimate_reads_raw_query(cache.metadata, self._per_head, self.g, self.hq,
+                                                              cache.num_kv_heads, dp, self._group_scores))
+        self._raw_query = bool(_kernels.DECODE_RAW_QUERY and self.version == 3 and self.g <= 8 and dp == cache.head_dim
+                               and self.speculate is None and (estimate_raw or self.mode == "dense"))
         self._query_branch = None
-        if (_kernels.QUERY_BRANCH and self.mode != "dense" and dp == cache.head_dim
-                and _kernels.estimate_reads_raw_query(cache.metadata, self._per_head, self.g, self.hq,
-                                                      cache.num_kv_heads, dp, self._group_scores)):
+        if _kernels.QUERY_BRANCH and estimate_raw and not self._raw_query:
             fork, join = (cupy.cuda.Event(block=False, disable_timing=True) for _ in range(2))
             self._query_branch = (fork, join, cupy.cuda.Stream(non_blocking=True))
         self.num_used = cupy.empty((b, self.gn), i32)
@@ -362,12 +367,18 @@ class DecodePlan:
         decode are written on a side stream in parallel (one more branch of a captured graph: a fork and
         a join event), with the same bits.
         """
-        if self._query_branch is None:
+        if self._query_branch is None and not self._raw_query:
             layer = self.load_query(q, layer)
         else:
             layer, qa = self._check_query(q, layer)
-            if qa.data.ptr % (2 * qa.itemsize) == 0:  # (the estimate loads two channels at once)
-                return self._run_with_query_branch(qa, layer)
+            if qa.data.ptr % (2 * qa.itemsize) == 0:  # (the kernels load two channels at once)
+                if self._query_branch is not None:
+                    return self._run_with_query_branch(qa, layer)
+                self._note_query(qa)
+                if self.mode != "dense":
+                    self.estimate(layer, q_raw=qa)
+                    self.order(layer)
+                return self.attend(layer, q_raw=qa)
             self._scale_query(qa)
         if self.mode != "dense":
             self.estimate(layer)
@@ -430,10 +441,14 @@ class DecodePlan:
     def _scale_query(self, qa) -> None:
         """``psa_scale_query`` of the checked query into ``q`` and ``q_mma`` on the current stream."""
         c = self.cache
-        bf16_q = qa.dtype == np.dtype(BF16_BITS)
         _kernels.scale_query(qa, self.scale, self._pow2, self.q[..., : c.head_dim], self.q_mma[..., : c.head_dim],
-                             bf16_bits=bf16_q)
-        self._q_exact = bf16_q and c.dtype == "bfloat16"  # float16 can underflow once scaled: not claimed
+                             bf16_bits=qa.dtype == np.dtype(BF16_BITS))
+        self._note_query(qa)
+
+    def _note_query(self, qa) -> None:
+        """The decode's view of the query's type: a bfloat16 query for a bfloat16 cache is exact once scaled by a
+        power of two (one part on the tensor cores); float16 can underflow once scaled: not claimed."""
+        self._q_exact = qa.dtype == np.dtype(BF16_BITS) and self.cache.dtype == "bfloat16"
 
     def _shape(self) -> dict:
         c = self.cache
@@ -476,8 +491,10 @@ class DecodePlan:
                               margin=self.speculate, extra=self.speculate_extra, step=self.step,
                               first_len=self.first_len, spec_items=self.spec_items, chunks=self.spec_chunks)
 
-    def attend(self, layer: int) -> DecodeOutput:
-        """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel."""
+    def attend(self, layer: int, q_raw=None) -> DecodeOutput:
+        """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel, of the scaled
+        ``q_mma``, or of the caller's ``q_raw`` (checked, C-contiguous, of the plan's raw-query builds: the kernel
+        multiplies it by the same power of two)."""
         c = self.cache
         if self.mode == "psa":
             stop, thr, step, forced = (self.stop, self.threshold if self.threshold < 1 else 2.0, self.step,
@@ -498,6 +515,7 @@ class DecodePlan:
                         q_mma=self.q_mma, qk_scale=self.qk_scale,
                         split=None if self.partial is None else (self.splits, self.split_len, self.partial),
                         first_len=first_len, first_prev=previous, q_exact=self._q_exact, grid_group=self._grid_group,
+                        q_raw=None if q_raw is None else (q_raw, self._pow2),
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,
                                                                   self.spec_warps, self.spec_items),

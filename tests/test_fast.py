@@ -773,37 +773,47 @@ def test_the_tensor_core_estimate_of_the_callers_query_gives_the_scaled_querys_b
         _kernels.estimate(cupy.asarray(q16), *args, **dict(kw, kind="minmax"))
 
 
-@pytest.mark.parametrize("metadata, hq, hkv, d, gqa, stop", [("cuboid_mean", 8, 2, 128, "shared", "ema"),
-                                                             ("cuboid_mean", 4, 1, 256, "shared", "sketch"),
-                                                             ("mean", 9, 3, 64, "per_head", "ema"),
-                                                             ("cuboid_mean", 8, 2, 64, "shared", "certified")])
-def test_the_query_branch_gives_the_same_step(monkeypatch, metadata, hq, hkv, d, gqa, stop):
-    """_kernels.QUERY_BRANCH: run() scales the decode's query on a side stream beside the estimate (which reads the
-    caller's query) and joins before the decode. Eager and replayed from a captured graph (fork and join inside the
-    capture, the query buffer refilled between replays), every output is bit for bit the one of the plan without the
-    branch (float16 queries; eager also float32); a query starting at an odd element (which the estimate's paired
-    loads cannot read) takes the plain path, with the same result. Where the estimate is not the tensor cores'
-    (certified's bounds), the plan has no branch."""
+@pytest.mark.parametrize("metadata, hq, hkv, d, gqa, mode, stop", [
+    ("cuboid_mean", 8, 2, 128, "shared", "psa", "ema"), ("cuboid_mean", 4, 1, 256, "shared", "psa", "sketch"),
+    ("mean", 9, 3, 64, "per_head", "psa", "ema"), ("cuboid_mean", 8, 2, 64, "shared", "psa", "certified"),
+    ("quant3", 8, 2, 128, "shared", "psa", "sketch_avg"), ("cuboid_mean", 8, 2, 128, "shared", "dense", "ema"),
+    ("cuboid_mean", 4, 1, 256, "shared", "dense", "ema"), ("cuboid_mean", 9, 3, 64, "shared", "topk", "ema")])
+@pytest.mark.parametrize("branch, raw", [(1, 0), (0, 1), (1, 1)])
+def test_the_callers_query_read_by_the_kernels_gives_the_same_step(monkeypatch, metadata, hq, hkv, d, gqa, mode,
+                                                                     stop, branch, raw):
+    """The caller's query read by the kernels (`_kernels.QUERY_BRANCH`: the estimate reads it and the decode's scaled
+    copy is written on a side stream beside it, joined before the decode; `DECODE_RAW_QUERY`: the decode reads it
+    too, and where the estimate does (or the plan is dense) no kernel copies it): eager and replayed from a
+    captured graph (fork and join inside the capture, the query buffer refilled between replays), every output is
+    bit for bit the plan's that scales the query first (float16 queries; eager also float32); a query starting at
+    an odd element (which the paired loads cannot read) takes the plain path, with the same result. Where the
+    estimate is not the tensor cores' (certified's bounds, quant3), the plan has no branch and its decode reads the
+    scaled copy; a dense plan never branches."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(d + hq + 2)
-    lens = [700 * 16 + 3, 130]
+    lens = [(1100 if d == 256 else 700) * 16 + 3, 130]  # (D 256: enough blocks for the loop's grid build)
     cache, data = ragged_cache(rng, lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
     queries = [cupy.asarray(np.stack([q for q, _, _ in data]))]
     queries.append(cupy.asarray(rng.standard_normal(queries[0].shape).astype(np.float16)))
     q32 = cupy.asarray(rng.standard_normal(queries[0].shape).astype(np.float32))
+    options = dict(num_q_heads=hq, gqa=gqa, mode=mode, stop=stop, threshold=0.9, step=8, k=20)
 
     def outputs(dec):
         return [cupy.asnumpy(x).copy() for x in (dec.out, dec.num_used, dec.iterations, dec.reason, dec.mass_estimate)
-                ] + [cupy.asnumpy(dec.order)]
+                ] + ([] if dec.order is None else [cupy.asnumpy(dec.order)])
 
     monkeypatch.setattr(_kernels, "QUERY_BRANCH", 0)
-    plain = psa_fast.plan(cache, num_q_heads=hq, gqa=gqa, stop=stop, threshold=0.9, step=8)
+    monkeypatch.setattr(_kernels, "DECODE_RAW_QUERY", 0)
+    plain = psa_fast.plan(cache, **options)
     want = [outputs(plain.run(q)) for q in queries + [q32]]
-    monkeypatch.setattr(_kernels, "QUERY_BRANCH", 1)
-    plan = psa_fast.plan(cache, num_q_heads=hq, gqa=gqa, stop=stop, threshold=0.9, step=8)
-    assert (plan._query_branch is None) == (stop == "certified")
-    assert plain._query_branch is None
+    monkeypatch.setattr(_kernels, "QUERY_BRANCH", branch)
+    monkeypatch.setattr(_kernels, "DECODE_RAW_QUERY", raw)
+    plan = psa_fast.plan(cache, **options)
+    tensor_cores = mode != "dense" and stop != "certified" and metadata != "quant3"
+    assert plan._raw_query == bool(raw and (tensor_cores or mode == "dense"))
+    assert (plan._query_branch is not None) == bool(branch and tensor_cores and not plan._raw_query)
+    assert plain._query_branch is None and not plain._raw_query
     for q, w in zip(queries + [q32], want):
         for got, ref in zip(outputs(plan.run(q)), w):
             np.testing.assert_array_equal(got, ref)

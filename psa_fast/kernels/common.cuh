@@ -10,6 +10,8 @@
 //   PSA_KIND     the estimates' metadata: 0 cuboid_mean, 1 minmax, 2 mean (quant3 has its own kernel)
 //   PSA_BOUNDS   what an estimate kernel writes per head beside the group scores: 0 nothing, 1 the min/max
 //                bounds (stop = certified), 2 each head's estimate
+//   PSA_QRAW     the query a kernel reads (query_pair): 0 the plan's scaled float copy, or the caller's query (1
+//                float16, 2 bfloat16 bits, 3 float32) multiplied by a factor the kernel is given
 #pragma once
 #include <cuda_fp16.h>
 
@@ -22,6 +24,35 @@ typedef __nv_bfloat16 kv_t;
 #else
 typedef __half kv_t;
 #endif
+
+#ifndef PSA_QRAW
+#define PSA_QRAW 0
+#endif
+#if PSA_QRAW == 1
+typedef __half q_in_t;
+#elif PSA_QRAW == 2
+typedef unsigned short q_in_t;  // bfloat16 bits
+#else
+typedef float q_in_t;
+#endif
+
+// Channels k, k + 1 (k even) of the query: the plan's scaled floats (PSA_QRAW 0), or the caller's values times mul,
+// loaded as one pair. __fmul_rn is never contracted into a following fma (estimate_mma's hi / lo split), so the
+// bits are psa_scale_query's float32 product.
+__device__ __forceinline__ float2 query_pair(const q_in_t* p, float mul) {
+#if PSA_QRAW == 0
+    return make_float2(__ldg(p), __ldg(p + 1));
+#elif PSA_QRAW == 1
+    const float2 x = __half22float2(__ldg(reinterpret_cast<const __half2*>(p)));
+    return make_float2(__fmul_rn(x.x, mul), __fmul_rn(x.y, mul));
+#elif PSA_QRAW == 2
+    const unsigned int w = __ldg(reinterpret_cast<const unsigned int*>(p));
+    return make_float2(__fmul_rn(__int_as_float(w << 16), mul), __fmul_rn(__int_as_float(w & 0xffff0000u), mul));
+#else
+    const float2 x = __ldg(reinterpret_cast<const float2*>(p));
+    return make_float2(__fmul_rn(x.x, mul), __fmul_rn(x.y, mul));
+#endif
+}
 
 // NVRTC does not define INFINITY without the host math headers.
 #define PSA_INF __int_as_float(0x7f800000)

@@ -44,7 +44,8 @@
 // stop and the host never waits.
 //
 //   q          [B, Hq, D]  float, zero-padded to PSA_D (a multiple of 16), scaled so that q * qk_scale
-//              has the logit scale (the host scales by a power of two: a float16 query stays exact)
+//              has the logit scale (the host scales by a power of two: a float16 query stays exact); with
+//              PSA_QRAW the caller's query (float16, bfloat16 bits or float32, head dim PSA_D), times q_mul here
 //   k_pool     [slots, S, D] kv_t (half or bfloat16);  v_pool likewise
 //   block_table[B, Hkv, Nmax] int: slot of each block
 //   seq_lens   [B] int
@@ -592,7 +593,7 @@ extern "C" __global__ void
 __cluster_dims__(PSA_CLUSTER, 1, 1)
 #endif
 __launch_bounds__(PSA_WARPS * 32)
-PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, const kv_t* __restrict__ v_pool,
+PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, const kv_t* __restrict__ v_pool,
            const int* __restrict__ block_table, const int* __restrict__ seq_lens, const int* __restrict__ order,
            const float* __restrict__ log_suffix, float* __restrict__ out, int* __restrict__ num_used,
            int* __restrict__ iterations, int* __restrict__ reason, float* __restrict__ mass_est,
@@ -616,7 +617,13 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
 #if PSA_LOOP_CLOCK
            , long long* __restrict__ loop_clocks
 #endif
+#if PSA_QRAW
+           , float q_mul
+#endif
            ) {
+#if !PSA_QRAW
+    const float q_mul = 1.f;  // unused: the plan's copy is scaled
+#endif
     constexpr int NW = PSA_GROUP_CTAS * PSA_WARPS;
     // The rings start on a 128-byte line. After the static shared memory (not a multiple of 128 bytes in most builds)
     // a 16-byte alignment started them off one, and every build was slower for it: one Gemma 3 request's grid build
@@ -772,9 +779,10 @@ PSA_DECODE_ENTRY(const float* __restrict__ q, const kv_t* __restrict__ k_pool, c
         for (int half = 0; half < 2; ++half) {
             qx[ks][half][0] = qx[ks][half][1] = 0.f;
             if (hh < PSA_G) {
-                const float* qh = q + ((long)b * Hq + h0 + hh) * PSA_D + ks * 16 + half * 8 + 2 * quad;
-                qx[ks][half][0] = __ldg(qh);
-                qx[ks][half][1] = __ldg(qh + 1);
+                const float2 x =
+                    query_pair(q + ((long)b * Hq + h0 + hh) * PSA_D + ks * 16 + half * 8 + 2 * quad, q_mul);
+                qx[ks][half][0] = x.x;
+                qx[ks][half][1] = x.y;
             }
         }
     // Rows S..SP-1 of every stage are padding the MMA reads: zero them once.

@@ -47,36 +47,6 @@ static_assert(PSA_G <= 4, "estimate_mma packs at most 4 heads' hi and lo parts i
 static_assert(PSA_EST_WARP_BLOCKS % 16 == 0, "a warp scores whole tiles of 16 blocks");
 static_assert(PSA_K % 32 == 0 && PSA_KC % PSA_KG == 0, "estimate_mma reads rows in chunks of 32 channels");
 static_assert(!PSA_BF16, "metadata is float16");
-#ifndef PSA_QRAW
-#define PSA_QRAW 0
-#endif
-#if PSA_QRAW == 1
-typedef __half q_in_t;
-#elif PSA_QRAW == 2
-typedef unsigned short q_in_t;  // bfloat16 bits
-#else
-typedef float q_in_t;
-#endif
-
-// Channels k, k + 1 (k even) of the query as the estimate uses them: the plan's scaled floats, or the caller's values
-// times q_scale, loaded as one pair (__fmul_rn: never contracted into the hi / lo split's fma, so the bits are
-// psa_scale_query's)
-__device__ __forceinline__ float2 query_pair(const q_in_t* p, float q_scale) {
-#if PSA_QRAW == 0
-    return make_float2(__ldg(p), __ldg(p + 1));
-#elif PSA_QRAW == 1
-    const float2 x = __half22float2(__ldg(reinterpret_cast<const __half2*>(p)));
-    return make_float2(__fmul_rn(x.x, q_scale), __fmul_rn(x.y, q_scale));
-#elif PSA_QRAW == 2
-    const unsigned int w = __ldg(reinterpret_cast<const unsigned int*>(p));
-    return make_float2(__fmul_rn(__int_as_float(w << 16), q_scale),
-                       __fmul_rn(__int_as_float(w & 0xffff0000u), q_scale));
-#else
-    const float2 x = __ldg(reinterpret_cast<const float2*>(p));
-    return make_float2(__fmul_rn(x.x, q_scale), __fmul_rn(x.y, q_scale));
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_mma(const q_in_t* __restrict__ q, const __half* __restrict__ meta, const __half* __restrict__ lohi,
                  const int* __restrict__ seq_lens, float* __restrict__ scores, float* __restrict__ bounds,
