@@ -34,9 +34,10 @@ ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on ps
 # 1: DecodePlan.run scales the query for the decode on a side stream beside the estimate and the order, which read the
 # caller's query (psa_estimate_mma's PSA_QRAW builds); 0: psa_scale_query first, on the main stream
 QUERY_BRANCH = 1
-# 1: DecodePlan.run's decode kernel (version 3: the loop, grid and split builds) reads the caller's query too, so where
-# the estimate also does (or the plan is dense) no kernel scales it first (decode.cu's PSA_QRAW builds)
-DECODE_RAW_QUERY = 0
+# 1: DecodePlan.run's split build (dense, top-k) reads the caller's query too (decode.cu's PSA_QRAW builds), so that no
+# kernel scales it first (H100 s58c: dense -0.6 to -1.8 µs a step; PSA's loop reading it: level to +0.5 against the
+# branch, so PSA keeps QUERY_BRANCH); 0: the scaled copy
+DECODE_RAW_QUERY = 1
 QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
 # psa_estimate_quant3's blocks a warp forced (1-16; 0: the rule in `estimate`, which halves QUANT3_MAX_WARP_BLOCKS
 # until the launch has two CTAs an SM). A switch for sweeps (device_pending.sh s48c).

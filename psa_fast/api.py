@@ -272,15 +272,16 @@ class DecodePlan:
             shapes = _kernels.grid_exchange_shapes(b, self.gn, c, loop_warps, self.g, dp)
             self._grid_group = (c,) + tuple(cupy.zeros(shape, dtype) for shape, dtype
                                             in zip(shapes, _kernels.GRID_EXCHANGE_DTYPES))
-        # run() and the caller's query: where the estimate reads it (psa_estimate_mma scales it itself) and the
-        # decode kernel too (or the plan is dense), no kernel copies it (_raw_query); where only the estimate does, the
-        # scaled copies for the decode are written on a side stream beside the estimate and the order
-        # (_query_branch: fork event, join event, side stream)
+        # run() and the caller's query: dense and top-k plans' split build reads it (times the power of two), and so
+        # does a top-k plan's estimate where it runs on the tensor cores (psa_estimate_mma scales it itself): no kernel
+        # copies it (_raw_query). PSA's estimate reads it too, and the scaled copies for its loop are written on a side
+        # stream beside the estimate and the order (_query_branch: fork event, join event, side stream; the loop
+        # reading the caller's query measured level to +0.5 µs against it, benchmarks/NOTES.md, s58c).
         estimate_raw = (self.mode != "dense" and dp == cache.head_dim
                         and _kernels.estimate_reads_raw_query(cache.metadata, self._per_head, self.g, self.hq,
                                                               cache.num_kv_heads, dp, self._group_scores))
         self._raw_query = bool(_kernels.DECODE_RAW_QUERY and self.version == 3 and self.g <= 8 and dp == cache.head_dim
-                               and self.speculate is None and (estimate_raw or self.mode == "dense"))
+                               and (self.mode == "dense" or (self.mode == "topk" and estimate_raw)))
         self._query_branch = None
         if _kernels.QUERY_BRANCH and estimate_raw and not self._raw_query:
             fork, join = (cupy.cuda.Event(block=False, disable_timing=True) for _ in range(2))

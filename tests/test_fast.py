@@ -782,8 +782,8 @@ def test_the_tensor_core_estimate_of_the_callers_query_gives_the_scaled_querys_b
 def test_the_callers_query_read_by_the_kernels_gives_the_same_step(monkeypatch, metadata, hq, hkv, d, gqa, mode,
                                                                      stop, branch, raw):
     """The caller's query read by the kernels (`_kernels.QUERY_BRANCH`: the estimate reads it and the decode's scaled
-    copy is written on a side stream beside it, joined before the decode; `DECODE_RAW_QUERY`: the decode reads it
-    too, and where the estimate does (or the plan is dense) no kernel copies it): eager and replayed from a
+    copy is written on a side stream beside it, joined before the decode; `DECODE_RAW_QUERY`: dense and top-k's split
+    build reads it too, and no kernel copies it): eager and replayed from a
     captured graph (fork and join inside the capture, the query buffer refilled between replays), every output is
     bit for bit the plan's that scales the query first (float16 queries; eager also float32); a query starting at
     an odd element (which the paired loads cannot read) takes the plain path, with the same result. Where the
@@ -799,9 +799,9 @@ def test_the_callers_query_read_by_the_kernels_gives_the_same_step(monkeypatch, 
     q32 = cupy.asarray(rng.standard_normal(queries[0].shape).astype(np.float32))
     options = dict(num_q_heads=hq, gqa=gqa, mode=mode, stop=stop, threshold=0.9, step=8, k=20)
 
-    def outputs(dec):
+    def outputs(dec):  # (top-k writes its order's first k positions only)
         return [cupy.asnumpy(x).copy() for x in (dec.out, dec.num_used, dec.iterations, dec.reason, dec.mass_estimate)
-                ] + ([] if dec.order is None else [cupy.asnumpy(dec.order)])
+                ] + ([] if dec.order is None else [cupy.asnumpy(dec.order)[..., : 20 if mode == "topk" else None]])
 
     monkeypatch.setattr(_kernels, "QUERY_BRANCH", 0)
     monkeypatch.setattr(_kernels, "DECODE_RAW_QUERY", 0)
@@ -811,7 +811,7 @@ def test_the_callers_query_read_by_the_kernels_gives_the_same_step(monkeypatch, 
     monkeypatch.setattr(_kernels, "DECODE_RAW_QUERY", raw)
     plan = psa_fast.plan(cache, **options)
     tensor_cores = mode != "dense" and stop != "certified" and metadata != "quant3"
-    assert plan._raw_query == bool(raw and (tensor_cores or mode == "dense"))
+    assert plan._raw_query == bool(raw and (mode == "dense" or (mode == "topk" and tensor_cores)))
     assert (plan._query_branch is not None) == bool(branch and tensor_cores and not plan._raw_query)
     assert plain._query_branch is None and not plain._raw_query
     for q, w in zip(queries + [q32], want):
