@@ -322,6 +322,22 @@ decode_source_ab() {
 # psa_order_runs against the other order methods (s57b, s57c): its GPU tests, every order method timed
 # (exp_order_rank.py), ORDER_RUNS 0 / 1 on the order's kernel rows and 0 / 1 / 1 / 0 on exp_step's loop rows (layer 17
 # ema B = 1, 8, 32; Llama 5% 32K B = 1, 8), logs to $OUT/$1_*. Carry .gl/gemma3_xml_l17_32k.npz.
+# A module constant's A/B on the steps (from benchmarks/): `step_ab TAG NAME L17_SIZES LLAMA_SIZES PATTERN` runs
+# _kernels.NAME = 0, 1 on profile_decode_step's kernel rows of the real layer 17 (`ema`, B = 8 and 1; the lines matching
+# PATTERN printed) and NAME = 0, 1, 1, 0 on exp_step's loop rows of layer 17 (T:B sizes L17_SIZES) and Llama 5%
+# (LLAMA_SIZES), logged to $OUT/TAG_{kernels,l17,llama}.txt.
+step_ab() {
+  local tag="$1" name="$2" l17="$3" llama="$4" pattern="$5"
+  timeout 150 python3 exp_kernels_attr.py "$name=0,1" -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --size 32768 --batches 8,1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | tee "$OUT/${tag}_kernels.txt" | grep "^#\|^T=\|$pattern"
+  timeout 200 python3 exp_kernels_attr.py "$name=0,1,1,0" -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+      --shape gemma3 --sizes "$l17" --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/${tag}_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
+  timeout 200 python3 exp_kernels_attr.py "$name=0,1,1,0" -- exp_step.py --share 0.05 --shape llama8b \
+      --sizes "$llama" --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
+      | tee "$OUT/${tag}_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
+}
 runs_ab() {
   local tag="$1"
   gpu_tests t_$tag.log 300 tests/test_fast.py -k "order_kernels or order_by_counting or reference_order"
@@ -329,15 +345,7 @@ runs_ab() {
   timeout 150 python3 exp_order_rank.py --shapes 1x1x2048,8x1x2048,32x1x2048,1x8x2048,4x8x2048,8x8x2048,1x1x1024,\
 8x1x1024,32x1x1024,1x3x2048,8x3x2048,1x1x512,32x8x2048,16x1x2048,1x8x1024,32x3x2048 2>&1 | grep -v Warn \
       | tee "$OUT/${tag}_order.md"
-  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --size 32768 --batches 8,1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | tee "$OUT/${tag}_kernels.txt" | grep "^#\|^T=\|psa_order"
-  timeout 200 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --sizes 32768:1,32768:8,32768:32 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-      | tee "$OUT/${tag}_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
-  timeout 150 python3 exp_kernels_attr.py ORDER_RUNS=0,1,1,0 -- exp_step.py --share 0.05 --shape llama8b \
-      --sizes 32768:1,32768:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-      | tee "$OUT/${tag}_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop")
+  step_ab "$tag" ORDER_RUNS 32768:1,32768:8,32768:32 32768:1,32768:8 psa_order)
 }
 if [ "$PART" = run ]; then
   # any command from benchmarks/ with the paths set: `device_pending.sh run python3 bench_decode.py ...` (a bare call
@@ -2819,15 +2827,7 @@ if [ "$PART" = s58a ]; then
   gpu_tests t_s58a.log 300 tests/test_fast.py -k "callers_query or query_branch or tensor_core_estimate or \
 per_head_estimates or conform or estimates_of_a_long"
   (cd benchmarks
-  timeout 120 python3 exp_kernels_attr.py QUERY_BRANCH=0,1 -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --size 32768 --batches 8,1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | tee "$OUT/s58a_kernels.txt" | grep "^#\|^T=\|psa_estimate\|psa_scale\|total\|sum"
-  timeout 200 python3 exp_kernels_attr.py QUERY_BRANCH=0,1,1,0 -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
-      --shape gemma3 --sizes 32768:1,32768:8,32768:32 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-      | tee "$OUT/s58a_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
-  timeout 200 python3 exp_kernels_attr.py QUERY_BRANCH=0,1,1,0 -- exp_step.py --share 0.05 --shape llama8b \
-      --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-      | tee "$OUT/s58a_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop")
+  step_ab s58a QUERY_BRANCH 32768:1,32768:8,32768:32 32768:1,131072:1,131072:8 "psa_estimate\|psa_scale")
   exit 0
 fi
 if [ "$PART" = s58b ]; then
