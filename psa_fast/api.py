@@ -363,46 +363,47 @@ class DecodePlan:
 
         Launches the stages on the current stream (query scaling, then estimate and order unless
         dense, then the decode kernel) and returns without synchronising. Shapes and dtypes are
-        checked; values are not (no NaN scan). Where the estimate runs on the tensor cores
-        (``_kernels.QUERY_BRANCH``), it scales the caller's query itself and the query's copies for the
-        decode are written on a side stream in parallel (one more branch of a captured graph: a fork and
-        a join event), with the same bits.
+        checked; values are not (no NaN scan). No kernel copies the query where the kernels read the
+        caller's (``_kernels.DECODE_RAW_QUERY``: dense and top-k's split build, and top-k's estimate on
+        the tensor cores); PSA's tensor-core estimate reads it too, while the scaled copy for the loop is
+        written on a side stream beside the estimate and the order (``_kernels.QUERY_BRANCH``: one more
+        branch of a captured graph, a fork and a join event). The same bits either way.
         """
         if self._query_branch is None and not self._raw_query:
             layer = self.load_query(q, layer)
         else:
             layer, qa = self._check_query(q, layer)
             if qa.data.ptr % (2 * qa.itemsize) == 0:  # (the kernels load two channels at once)
-                if self._query_branch is not None:
-                    return self._run_with_query_branch(qa, layer)
-                self._note_query(qa)
-                if self.mode != "dense":
-                    self.estimate(layer, q_raw=qa)
-                    self.order(layer)
-                return self.attend(layer, q_raw=qa)
+                return self._run_reading_query(qa, layer)
             self._scale_query(qa)
         if self.mode != "dense":
             self.estimate(layer)
             self.order(layer)
         return self.attend(layer)
 
-    def _run_with_query_branch(self, qa, layer: int) -> DecodeOutput:
-        """run() with the checked query ``qa``: its scaling on the side stream (forked after the previous call's
-        decode, which read ``q_mma``), the estimate of ``qa`` and the order on the current stream, joined before the
-        decode."""
+    def _run_reading_query(self, qa, layer: int) -> DecodeOutput:
+        """run() with the checked query ``qa`` read by the kernels: the estimate (unless dense) reads it; with
+        ``_raw_query`` the decode too, with ``_query_branch`` the decode's scaled copy is written on the side stream
+        (forked after the previous call's decode, which read ``q_mma``; joined before this call's) while the current
+        stream estimates and orders."""
         import cupy
 
-        fork, join, side = self._query_branch
-        main = cupy.cuda.get_current_stream()
-        fork.record(main)
-        side.wait_event(fork)
-        with side:
-            self._scale_query(qa)
-        join.record(side)
-        self.estimate(layer, q_raw=qa)
-        self.order(layer)
-        main.wait_event(join)
-        return self.attend(layer)
+        if self._query_branch is None:
+            self._note_query(qa)
+        else:
+            fork, join, side = self._query_branch
+            main = cupy.cuda.get_current_stream()
+            fork.record(main)
+            side.wait_event(fork)
+            with side:
+                self._scale_query(qa)
+            join.record(side)
+        if self.mode != "dense":
+            self.estimate(layer, q_raw=qa)
+            self.order(layer)
+        if self._query_branch is not None:
+            main.wait_event(join)
+        return self.attend(layer, q_raw=qa if self._raw_query else None)
 
     def forget_previous(self, requests=None) -> None:
         """``first_chunk="previous"``: forget where the groups stopped, in every layer, for every request or for
