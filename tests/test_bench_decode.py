@@ -879,11 +879,11 @@ def test_order_method_takes_the_runs_where_they_were_fastest(monkeypatch):
                        sink_blocks=0, recent_blocks=0, want_suffix=False, method="runs")
 
 
-def test_the_estimate_reads_the_callers_query_only_on_the_tensor_cores():
+def test_the_kernels_read_the_callers_query_only_where_built_to():
     """estimate(q_scale=...) (the query branch: psa_estimate_mma scales the caller's query itself) exists for
     cuboid_mean and mean groups of at most 4 heads, shared or scored one launch a KV head (estimate_reads_raw_query,
     as the plan asks it); anywhere else (quant3, minmax, the certified bounds, groups of 8) it is a ValueError naming
-    what it needs, raised before any launch."""
+    what it needs, raised before any launch; so is decode(q_raw=...) outside the builds that read it."""
     from psa_fast import _kernels
 
     assert _kernels.estimate_reads_raw_query("cuboid_mean", None, 4, 32, 8, 128)
@@ -898,6 +898,12 @@ def test_the_estimate_reads_the_callers_query_only_on_the_tensor_cores():
         with pytest.raises(ValueError, match="q_scale=.*tensor cores"):
             _kernels.estimate(q, None, None, None, None, None, d=64, s=16, g=4, hq=4, hkv=1, nmax=8, kind=kind,
                               per_head=per_head, q_scale=0.125)
+    # the decode reads it (q_raw) in version 3's loop, grid and split builds, given q_mma's scale: not otherwise
+    for other in (dict(version=2), dict(spec=()), dict(offload=()), dict(q_mma=None)):
+        with pytest.raises(ValueError, match="q_raw is read by decode version 3"):
+            _kernels.decode(q, *[None] * 11, **{**dict(d=64, s=16, g=4, hq=4, hkv=1, nmax=8, stop="ema",
+                                                         threshold=0.9, step=8, forced=0, cluster=1,
+                                                         q_mma=q, q_raw=(q, 1.0)), **other})
 
 
 def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch):
