@@ -322,19 +322,19 @@ decode_source_ab() {
 # psa_order_runs against the other order methods (s57b, s57c): its GPU tests, every order method timed
 # (exp_order_rank.py), ORDER_RUNS 0 / 1 on the order's kernel rows and 0 / 1 / 1 / 0 on exp_step's loop rows (layer 17
 # ema B = 1, 8, 32; Llama 5% 32K B = 1, 8), logs to $OUT/$1_*. Carry .gl/gemma3_xml_l17_32k.npz.
-# A module constant's A/B on the steps (from benchmarks/): `step_ab TAG NAME L17_SIZES LLAMA_SIZES PATTERN` runs
-# _kernels.NAME = 0, 1 on profile_decode_step's kernel rows of the real layer 17 (`ema`, B = 8 and 1; the lines matching
-# PATTERN printed) and NAME = 0, 1, 1, 0 on exp_step's loop rows of layer 17 (T:B sizes L17_SIZES) and Llama 5%
-# (LLAMA_SIZES), logged to $OUT/TAG_{kernels,l17,llama}.txt.
+# A module constant's A/B on the steps (from benchmarks/): `step_ab TAG NAME L17_SIZES LLAMA_SIZES PATTERN [A B]` runs
+# _kernels.NAME = A, B (default 0, 1) on profile_decode_step's kernel rows of the real layer 17 (`ema`, B = 8 and 1; the
+# lines matching PATTERN printed) and NAME = A, B, B, A on exp_step's loop rows of layer 17 (T:B sizes L17_SIZES) and
+# Llama 5% (LLAMA_SIZES), logged to $OUT/TAG_{kernels,l17,llama}.txt.
 step_ab() {
-  local tag="$1" name="$2" l17="$3" llama="$4" pattern="$5"
-  timeout 150 python3 exp_kernels_attr.py "$name=0,1" -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+  local tag="$1" name="$2" l17="$3" llama="$4" pattern="$5" a="${6:-0}" b="${7:-1}"
+  timeout 150 python3 exp_kernels_attr.py "$name=$a,$b" -- profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
       --shape gemma3 --size 32768 --batches 8,1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
       | tee "$OUT/${tag}_kernels.txt" | grep "^#\|^T=\|$pattern"
-  timeout 200 python3 exp_kernels_attr.py "$name=0,1,1,0" -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
+  timeout 200 python3 exp_kernels_attr.py "$name=$a,$b,$b,$a" -- exp_step.py --kv ../.gl/gemma3_xml_l17_32k.npz \
       --shape gemma3 --sizes "$l17" --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
       | tee "$OUT/${tag}_l17.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
-  timeout 200 python3 exp_kernels_attr.py "$name=0,1,1,0" -- exp_step.py --share 0.05 --shape llama8b \
+  timeout 200 python3 exp_kernels_attr.py "$name=$a,$b,$b,$a" -- exp_step.py --share 0.05 --shape llama8b \
       --sizes "$llama" --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
       | tee "$OUT/${tag}_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
 }
@@ -2868,6 +2868,17 @@ if [ "$PART" = s58c ]; then
   timeout 150 python3 exp_kernels_attr.py DECODE_RAW_QUERY=0,1,1,0 -- exp_step.py --share 0.05 --shape llama8b \
       --sizes 32768:1,131072:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
       | tee "$OUT/s58c_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop")
+  exit 0
+fi
+if [ "$PART" = s59a ]; then
+  # Prepared in the fifty-eighth session (not run): PSA's loop reading the caller's query (_kernels.DECODE_RAW_QUERY 2)
+  # against the branch's scaled copy (1, the default: QUERY_BRANCH's side stream), in a lease of its own: s58c measured
+  # level to +0.5 µs at one request with drift of the same size. The query tests first (every switch combination, bits
+  # against the plan that scales the query). Predicted: level (+-0.3 µs); if 2 is no slower anywhere, one mechanism
+  # (no side stream) serves every mode. ~6 minutes; carry .gl/gemma3_xml_l17_32k.npz.
+  gpu_tests t_s59a.log 200 tests/test_fast.py -k "callers_query"
+  (cd benchmarks
+  step_ab s59a DECODE_RAW_QUERY 32768:1,32768:8,32768:32 32768:1,131072:1,131072:8 "psa_estimate\|psa_scale" 1 2)
   exit 0
 fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed

@@ -35,8 +35,8 @@ ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on ps
 # caller's query (psa_estimate_mma's PSA_QRAW builds); 0: psa_scale_query first, on the main stream
 QUERY_BRANCH = 1
 # 1: DecodePlan.run's split build (dense, top-k) reads the caller's query too (decode.cu's PSA_QRAW builds), so that no
-# kernel scales it first (H100 s58c: dense -0.6 to -1.8 µs a step; PSA's loop reading it: level to +0.5 against the
-# branch, so PSA keeps QUERY_BRANCH); 0: the scaled copy
+# kernel scales it first (H100 s58c: dense -0.6 to -1.8 µs a step); 2: PSA's loop too (H100 s58c: level to +0.5 µs
+# against QUERY_BRANCH's copy, one lease: to be A/B'd again); 0: the scaled copy everywhere
 DECODE_RAW_QUERY = 1
 QUANT3_WARPS = 4  # psa_estimate_quant3 v6 at D 256: up to 128 registers a thread, 4 CTAs an SM (ncu, NOTES.md)
 # psa_estimate_quant3's blocks a warp forced (1-16; 0: the rule in `estimate`, which halves QUANT3_MAX_WARP_BLOCKS

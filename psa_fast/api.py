@@ -276,12 +276,16 @@ class DecodePlan:
         # does a top-k plan's estimate where it runs on the tensor cores (psa_estimate_mma scales it itself): no kernel
         # copies it (_raw_query). PSA's estimate reads it too, and the scaled copies for its loop are written on a side
         # stream beside the estimate and the order (_query_branch: fork event, join event, side stream; the loop
-        # reading the caller's query measured level to +0.5 µs against it, benchmarks/NOTES.md, s58c).
+        # reading the caller's query measured level to +0.5 µs against it, benchmarks/NOTES.md, s58c; with
+        # DECODE_RAW_QUERY 2 it reads it, for that A/B).
         estimate_raw = (self.mode != "dense" and dp == cache.head_dim
                         and _kernels.estimate_reads_raw_query(cache.metadata, self._per_head, self.g, self.hq,
                                                               cache.num_kv_heads, dp, self._group_scores))
-        self._raw_query = bool(_kernels.DECODE_RAW_QUERY and self.version == 3 and self.g <= 8 and dp == cache.head_dim
-                               and (self.mode == "dense" or (self.mode == "topk" and estimate_raw)))
+        raw_modes = {0: (), 1: ("dense", "topk"), 2: ("dense", "topk", "psa")}.get(_kernels.DECODE_RAW_QUERY)
+        if raw_modes is None:
+            raise ValueError(f"_kernels.DECODE_RAW_QUERY must be 0, 1 or 2, got {_kernels.DECODE_RAW_QUERY!r}")
+        self._raw_query = (self.mode in raw_modes and self.version == 3 and self.g <= 8 and dp == cache.head_dim
+                           and self.speculate is None and (estimate_raw or self.mode == "dense"))
         self._query_branch = None
         if _kernels.QUERY_BRANCH and estimate_raw and not self._raw_query:
             fork, join = (cupy.cuda.Event(block=False, disable_timing=True) for _ in range(2))

@@ -778,12 +778,12 @@ def test_the_tensor_core_estimate_of_the_callers_query_gives_the_scaled_querys_b
     ("mean", 9, 3, 64, "per_head", "psa", "ema"), ("cuboid_mean", 8, 2, 64, "shared", "psa", "certified"),
     ("quant3", 8, 2, 128, "shared", "psa", "sketch_avg"), ("cuboid_mean", 8, 2, 128, "shared", "dense", "ema"),
     ("cuboid_mean", 4, 1, 256, "shared", "dense", "ema"), ("cuboid_mean", 9, 3, 64, "shared", "topk", "ema")])
-@pytest.mark.parametrize("branch, raw", [(1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("branch, raw", [(1, 0), (0, 1), (1, 1), (1, 2)])
 def test_the_callers_query_read_by_the_kernels_gives_the_same_step(monkeypatch, metadata, hq, hkv, d, gqa, mode,
                                                                      stop, branch, raw):
     """The caller's query read by the kernels (`_kernels.QUERY_BRANCH`: the estimate reads it and the decode's scaled
     copy is written on a side stream beside it, joined before the decode; `DECODE_RAW_QUERY`: dense and top-k's split
-    build reads it too, and no kernel copies it): eager and replayed from a
+    build reads it too (1), and PSA's loop (2), and no kernel copies it): eager and replayed from a
     captured graph (fork and join inside the capture, the query buffer refilled between replays), every output is
     bit for bit the plan's that scales the query first (float16 queries; eager also float32); a query starting at
     an odd element (which the paired loads cannot read) takes the plain path, with the same result. Where the
@@ -814,7 +814,8 @@ def test_the_callers_query_read_by_the_kernels_gives_the_same_step(monkeypatch, 
     monkeypatch.setattr(_kernels, "DECODE_RAW_QUERY", raw)
     plan = psa_fast.plan(cache, **options)
     tensor_cores = mode != "dense" and stop != "certified" and metadata != "quant3"
-    assert plan._raw_query == bool(raw and (mode == "dense" or (mode == "topk" and tensor_cores)))
+    assert plan._raw_query == bool(raw and (mode == "dense" or (mode == "topk" and tensor_cores)
+                                            or (raw == 2 and mode == "psa" and tensor_cores)))
     assert (plan._query_branch is not None) == bool(branch and tensor_cores and not plan._raw_query)
     assert plain._query_branch is None and not plain._raw_query
     for q, w in zip(queries + [q32], want):
