@@ -47,6 +47,7 @@ static_assert(PSA_G <= 4, "estimate_mma packs at most 4 heads' hi and lo parts i
 static_assert(PSA_EST_WARP_BLOCKS % 16 == 0, "a warp scores whole tiles of 16 blocks");
 static_assert(PSA_K % 32 == 0 && PSA_KC % PSA_KG == 0, "estimate_mma reads rows in chunks of 32 channels");
 static_assert(!PSA_BF16, "metadata is float16");
+
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_mma(const q_in_t* __restrict__ q, const __half* __restrict__ meta, const __half* __restrict__ lohi,
                  const int* __restrict__ seq_lens, float* __restrict__ scores, float* __restrict__ bounds,
