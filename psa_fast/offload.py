@@ -355,7 +355,8 @@ class OffloadDecoder(DecodePlan):
         # the loader's pool holds two iterations, so the resident plan's step="auto" (sized for HBM) is not its default
         options.setdefault("step", 64)
         super().__init__(cache, **options)
-        self._query_branch = None  # run() scales the query on the caller's stream (its graphs replay the plan's buffer)
+        # run() scales the query on the caller's stream: its graphs replay the plan's buffers
+        self._query_branch, self._raw_query = None, False
         if self.mode == "dense":
             raise ValueError("mode='dense' is not offloaded: it reads every block, use a resident PagedKVCache")
         if self.version != 3:
