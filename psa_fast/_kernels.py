@@ -644,6 +644,37 @@ def suffix(order_arr, seq_lens, vals, log_suffix, *, s, g, hq, nmax, ordered=Non
 
 
 SELECT_THREADS = 1024  # psa_order_head's CTA
+SELECT_RANK_MAX = 512  # psa_order_head orders heads up to this many keys by counting, larger ones by a bitonic sort
+
+
+def head_cost_us(b: int, gn: int, nmax: int, head: int) -> float:
+    """In-graph µs of ``order_head`` (``psa_order_head``, one CTA a group, a wave of them at a time) for the first
+    ``head`` positions of ``b x gn`` groups of ``nmax`` blocks, fitted to exp_topk_order.py on the H100 (fifty-ninth
+    session, ``results_h100_s59c_topk_*.md``): ~4.9 µs plus 0.00093 a padded block of the group (its radix passes
+    over every key), plus the head's order: counted, ~2.9e-5 µs times the head's keys squared (each thread counts
+    ``head^2 / 1024`` comparisons), up to ``SELECT_RANK_MAX`` keys; one CTA's bitonic sort, ~0.0075 µs a padded key,
+    above. At 2,048 blocks: 6.8-6.9 µs at k = 64, 11.7 at 410, 13.4-14.4 at 640, 21.8-23.0 at 1,280; at 8,192: 17.4 at
+    410, 28.8 at 1,638, 35.9 for two waves (the model: 6.9, 11.7, 14.5, 22.2; 17.4, 27.9, 34.8). The H200's times it
+    was first fitted to (exp_select.py's v3) are within 11% of it."""
+    k = min(head, nmax)
+    order = 2.9e-5 * k * k if k <= SELECT_RANK_MAX else 0.0075 * _pow2(k, SELECT_THREADS)
+    return (4.9 + 0.00093 * _pow2(nmax, SELECT_THREADS) + order) * -(-b * gn // num_sms())
+
+
+def topk_uses_head(b: int, gn: int, nmax: int, head: int, *, workspace: bool = True) -> bool:
+    """Whether top-k's order stage takes ``order_head`` (select the head, sort only it) rather than the full
+    processing order (``order``, whose first ``head`` positions are the same): whichever the cost models say is
+    faster. The full order's methods got faster than the select (one group of 2,048 counted in 3.7 µs on the H100,
+    where the select takes ~7), and the select's bitonic sort of a head over 512 keys runs on one CTA a group. On the
+    H100 (fifty-ninth session, random K/V and scores, top-k's whole step with the select / the full order): Gemma 3
+    at 32K k = 1,280 44.9 / 26.2 µs at B = 1, 98.8 / 80.6 at B = 8; Llama at 32K B = 1 k = 410 34.0 / 26.8. The
+    select stays where it pays: many groups and a short head (Llama 32K B = 8 k = 102 59.6 / 62.5, 128K B = 8 k = 410:
+    the order 17.5 / 27.2), where the full order is a radix sort a group; the models chose the faster of the two at
+    all 18 shapes measured."""
+    if _pow2(nmax, SELECT_THREADS) > MAX_SMEM_SORT:
+        return False
+    full = order_method(b, gn, nmax, workspace=workspace)
+    return head_cost_us(b, gn, nmax, head) < order_cost_us(full, b, gn, nmax)
 
 
 def order_head(scores, seq_lens, out_order, *, s, g, nmax, sink_blocks, recent_blocks, head) -> None:

@@ -253,6 +253,8 @@ class DecodePlan:
         self.order_buf = cupy.empty((b, self.gn, nmax), i32)
         ws = _kernels.order_workspace_shape(b, self.gn, nmax)
         self.sort_workspace = None if ws is None else cupy.empty(ws, cupy.uint64)
+        self._topk_head = self.mode == "topk" and _kernels.topk_uses_head(b, self.gn, nmax, self.k,
+                                                                           workspace=ws is not None)
         # per head beside the group scores: min/max bounds (certified) or each head's estimates (sketch),
         # and their suffix log-sum-exp along the order
         per_head = {"certified": "bounds", "sketch": "estimates", "sketch_avg": "estimates"}
@@ -475,9 +477,11 @@ class DecodePlan:
 
     def order(self, layer: int) -> None:
         """Stage 2: the processing order (and, for ``certified`` and ``sketch``, the suffix sums of the
-        per-head values along it). Top-k needs only the first ``k`` positions: a radix select finds
-        them and only they are sorted."""
-        if self.mode == "topk":
+        per-head values along it). Top-k needs only the first ``k`` positions: where the cost models say it is
+        faster (``_kernels.topk_uses_head``: batches of long caches), a radix select finds them and only they are
+        sorted, and the positions past ``k`` keep what they held; else the full order is written (the same first
+        ``k``)."""
+        if self._topk_head:
             _kernels.order_head(self.scores, self.cache.seq_lens[layer], self.order_buf, s=self.cache.block_size,
                                 g=self.g, nmax=self.cache.nmax, sink_blocks=self.sink_blocks,
                                 recent_blocks=self.recent_blocks, head=self.k)

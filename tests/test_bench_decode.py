@@ -879,6 +879,34 @@ def test_order_method_takes_the_runs_where_they_were_fastest(monkeypatch):
                        sink_blocks=0, recent_blocks=0, want_suffix=False, method="runs")
 
 
+def test_topk_selects_its_head_only_where_the_cost_models_say_it_pays(monkeypatch):
+    """head_cost_us (psa_order_head) within 10% of the in-graph times exp_topk_order.py measured on the H100
+    (benchmarks/results_h100_s59c_topk_*.md) at 23 of 24 shapes (19% at one group of 2,048, k = 256: 7.3 µs where
+    8 and 32 groups took 8.4 and 8.5), and topk_uses_head takes the select exactly where it measured faster
+    than the full order (the order stage alone) at each of those 24 shapes: never for one request or a few at 32K,
+    nor for a head over 512 keys (sorted by one CTA a group), but for many groups with a short head; and never past
+    what the select holds in shared memory."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    # (B, groups a request, blocks a group, k): (full order µs, select µs), H100, fifty-ninth session
+    measured = {(1, 1, 2048, 64): (3.7, 6.9), (1, 1, 2048, 256): (3.7, 7.3), (1, 1, 2048, 640): (3.7, 13.4),
+                (1, 1, 2048, 1280): (3.7, 23.0), (8, 1, 2048, 64): (4.6, 6.8), (8, 1, 2048, 256): (4.6, 8.4),
+                (8, 1, 2048, 640): (4.6, 14.4), (8, 1, 2048, 1280): (4.6, 22.6), (32, 1, 2048, 64): (7.3, 6.8),
+                (32, 1, 2048, 256): (7.3, 8.5), (32, 1, 2048, 640): (7.3, 14.2), (32, 1, 2048, 1280): (7.3, 21.8),
+                (1, 8, 2048, 102): (4.6, 7.2), (1, 8, 2048, 410): (4.6, 11.7), (1, 8, 2048, 1024): (4.6, 13.5),
+                (8, 8, 2048, 102): (10.5, 7.2), (8, 8, 2048, 410): (10.5, 11.8), (8, 8, 2048, 1024): (10.5, 14.3),
+                (1, 8, 8192, 410): (12.4, 17.4), (1, 8, 8192, 1638): (12.4, 28.8), (8, 8, 8192, 410): (27.2, 17.5),
+                (8, 8, 8192, 1638): (27.2, 28.9), (32, 8, 8192, 410): (54.1, 35.9),
+                (32, 8, 8192, 1638): (54.1, 58.6)}
+    for (b, gn, nmax, k), (full_us, select_us) in measured.items():
+        budget = 0.2 if (b, gn, nmax, k) == (1, 1, 2048, 256) else 0.1
+        assert abs(_kernels.head_cost_us(b, gn, nmax, k) - select_us) <= budget * select_us, (b, gn, nmax, k)
+        assert _kernels.topk_uses_head(b, gn, nmax, k) == (select_us < full_us), (b, gn, nmax, k)
+    assert _kernels.head_cost_us(1, 264, 2048, 82) == 2 * _kernels.head_cost_us(1, 132, 2048, 82)  # waves
+    assert not _kernels.topk_uses_head(32, 8, 2 * _kernels.MAX_SMEM_SORT, 64)
+
+
 def test_the_kernels_read_the_callers_query_only_where_built_to():
     """estimate(q_scale=...) (the query branch: psa_estimate_mma scales the caller's query itself) exists for
     cuboid_mean and mean groups of at most 4 heads, shared or scored one launch a KV head (estimate_reads_raw_query,

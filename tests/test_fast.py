@@ -664,6 +664,49 @@ def test_batched_ragged_lengths_match_single_requests(metadata, stop):
         check_result(res, q, k, v, threshold=0.9, step=4, block_size=s, stop=stop, metadata=metadata)
 
 
+@pytest.mark.parametrize("k", [5, 40, 600])
+def test_topk_attends_the_same_head_whether_it_selects_it_or_orders_every_block(monkeypatch, k):
+    """Top-k's order stage takes psa_order_head (the head selected, then sorted) or the full processing order
+    (_kernels.topk_uses_head, by their cost models): the first k positions are the same (forced blocks, then
+    estimates descending, ties by lower index), so the step's outputs, positions read and diagnostics are the same
+    bits either way, on ragged requests (one shorter than k) with sink and recent blocks, a head counted (k <= 512)
+    and one sorted (k = 600, of up to 1,024 blocks), eager and replayed from a captured graph."""
+    from psa_fast import _kernels
+
+    lens, hq, hkv, s = [16000, 300, 9000], 8, 2, 16
+    cache, data = ragged_cache(np.random.default_rng(k), lens, hq=hq, hkv=hkv, d=64, s=s)
+    q = cupy.asarray(np.stack([x for x, _, _ in data]))
+    steps = {}
+    for head in (True, False):
+        monkeypatch.setattr(_kernels, "topk_uses_head", lambda *args, head=head, **kw: head)
+        plan = psa_fast.plan(cache, num_q_heads=hq, mode="topk", k=k, sink_blocks=1, recent_blocks=2)
+        assert plan._topk_head is head
+        for graph in (False, True):
+            if graph:
+                stream = cupy.cuda.Stream(non_blocking=True)
+                with stream:
+                    plan.run(q)  # (compiled before the capture)
+                    stream.begin_capture()
+                    dec = plan.run(q)
+                    g = stream.end_capture()
+                    plan.out.fill(np.nan)
+                    g.launch(stream)
+                stream.synchronize()
+            else:
+                dec = plan.run(q)
+            used = cupy.asnumpy(dec.num_used)
+            order = cupy.asnumpy(dec.order)
+            steps[head, graph] = (cupy.asnumpy(dec.out), used, cupy.asnumpy(dec.iterations),
+                                  cupy.asnumpy(dec.reason), [order[b, g, : used[b, g]] for b in range(len(lens))
+                                                             for g in range(hkv)])
+    assert np.array_equal(steps[True, False][1], np.minimum(k, -(-np.array(lens) // s))[:, None].repeat(hkv, 1))
+    for key, got in steps.items():
+        want = steps[True, False]
+        assert np.array_equal(got[0], want[0], equal_nan=False), key
+        for a, b in zip(got[1:4] + tuple(got[4]), want[1:4] + tuple(want[4])):
+            assert np.array_equal(a, b), key
+
+
 @pytest.mark.parametrize("metadata, stop", [("quant3", "sketch_avg"), ("quant3", "ema"), ("cuboid_mean", "sketch"),
                                             ("minmax", "ema")])
 def test_per_head_estimates_from_one_launch_per_kv_head_equal_one_launch_per_head(metadata, stop):
