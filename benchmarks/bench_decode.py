@@ -360,6 +360,26 @@ def rotating_layers(shape: Shape, t: int, b: int) -> int:
     return min(PER_GRAPH, max(2, kv, meta))
 
 
+def random_cache(shape: Shape, t: int, b: int, layers: int, rng, *, summaries: bool = False):
+    """A ``psa_fast.PagedKVCache`` of ``layers`` layers of ``b`` requests of ``t`` tokens of ``shape``, every request
+    full, its K/V (and with ``summaries`` its block summaries) drawn standard normal from the CuPy generator ``rng``,
+    a layer at a time (a float32 draw of a whole long-cache pool may not fit): for kernels that read whatever the
+    blocks hold (dense; an order written by hand)."""
+    import cupy
+
+    import psa_fast
+
+    cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d, max_tokens=t,
+                                  block_size=shape.s)
+    for pool in (cache.k_pool, cache.v_pool) + ((cache.meta,) if summaries else ()):
+        per_layer = pool.reshape(layers, -1)
+        for layer in range(layers):
+            per_layer[layer] = rng.standard_normal(per_layer.shape[1], dtype=cupy.float32).astype(pool.dtype)
+    cache.seq_lens[...] = t
+    cache.host_lens[...] = t
+    return cache
+
+
 def per_call_us(fn, layers: int, stream, reps: int) -> float:
     """Median device µs per call of ``fn(layer)``: PER_GRAPH calls, the layers in turn, captured in one CUDA graph
     (as a decoder captures a step of all its layers). A graph of one call would also time the host's launch

@@ -15,7 +15,7 @@ import itertools
 import json
 
 from bench_decode import (SHAPES, copy_ceiling_gbs, floor_us, kv_layer_bytes, parse_ints, per_call_us,
-                          read_ceiling_gbs, rotating_layers)
+                          random_cache, read_ceiling_gbs, rotating_layers)
 
 
 def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False, groups: int | None = None,
@@ -70,13 +70,8 @@ def main() -> None:
         layers = rotating_layers(shape, t, b)
         per_layer = kv_layer_bytes(shape, t, b)
         with stream:
-            cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
-                                          max_tokens=t, block_size=shape.s)
             rng = cupy.random.default_rng(0)
-            for pool in (cache.k_pool, cache.v_pool):
-                pool[...] = rng.standard_normal(pool.shape, dtype=cupy.float32).astype(cupy.float16)
-            cache.seq_lens[...] = t
-            cache.host_lens[...] = t
+            cache = random_cache(shape, t, b, layers, rng)
             qs = [rng.standard_normal((b, shape.hq, shape.d), dtype=cupy.float32).astype(cupy.float16)
                   for _ in range(layers)]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from bench_decode import SHAPES, copy_ceiling_gbs, parse_ints, per_call_us, rotating_layers
+from bench_decode import SHAPES, copy_ceiling_gbs, parse_ints, per_call_us, random_cache, rotating_layers
 
 
 def main() -> None:
@@ -54,13 +54,8 @@ def main() -> None:
         n = -(-t // shape.s)
         layers = rotating_layers(shape, t, b)
         with stream:
-            cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
-                                          max_tokens=t, block_size=shape.s)
             rng = cupy.random.default_rng(0)
-            for pool in (cache.k_pool, cache.v_pool):
-                pool[...] = rng.standard_normal(pool.shape, dtype=cupy.float32).astype(cupy.float16)
-            cache.seq_lens[...] = t
-            cache.host_lens[...] = t
+            cache = random_cache(shape, t, b, layers, rng)
             q = rng.standard_normal((b, shape.hq, shape.d), dtype=cupy.float32).astype(cupy.float16)
             block_bytes = 2 * shape.s * shape.d * 2  # K and V of one block of one KV head, float16
             gn = shape.hkv

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from bench_decode import SHAPES, parse_ints, per_call_us, rotating_layers
+from bench_decode import SHAPES, parse_ints, per_call_us, random_cache, rotating_layers
 
 
 def main() -> None:
@@ -46,18 +46,15 @@ def main() -> None:
         n = -(-t // shape.s)
         layers = rotating_layers(shape, t, b) if args.step else 1
         with stream:
-            cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
-                                          max_tokens=t, block_size=shape.s)
-            cache.seq_lens[...] = t
-            cache.host_lens[...] = t
             rng = cupy.random.default_rng(0)
             if args.step:
-                for pool in (cache.k_pool, cache.v_pool, cache.meta):
-                    per_layer = pool.reshape(layers, -1)  # (a layer at a time: the float32 draw of all may not fit)
-                    for layer in range(layers):
-                        draw = rng.standard_normal(per_layer.shape[1], dtype=cupy.float32)
-                        per_layer[layer] = draw.astype(pool.dtype)
-                q = rng.standard_normal((b, shape.hq, shape.d), dtype=cupy.float32).astype(cupy.float16)
+                cache = random_cache(shape, t, b, layers, rng, summaries=True)
+            else:  # (the order reads only the scores and the lengths)
+                cache = psa_fast.PagedKVCache(num_layers=1, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
+                                              max_tokens=t, block_size=shape.s)
+                cache.seq_lens[...] = t
+                cache.host_lens[...] = t
+            q = rng.standard_normal((b, shape.hq, shape.d), dtype=cupy.float32).astype(cupy.float16)
             full = psa_fast.DecodePlan(cache, num_q_heads=shape.hq, mode="psa", stop="ema")
             full.scores[...] = rng.standard_normal(full.scores.shape, dtype=cupy.float32)
             full.order(0)
