@@ -670,7 +670,7 @@ def topk_uses_head(b: int, gn: int, nmax: int, head: int, *, workspace: bool = T
     at 32K k = 1,280 44.9 / 26.2 µs at B = 1, 98.8 / 80.6 at B = 8; Llama at 32K B = 1 k = 410 34.0 / 26.8. The
     select stays where it pays: many groups and a short head (Llama 32K B = 8 k = 102 59.6 / 62.5, 128K B = 8 k = 410:
     the order 17.5 / 27.2), where the full order is a radix sort a group; the models chose the faster of the two at
-    all 18 shapes measured."""
+    all 24 shapes measured (tests/test_bench_decode.py)."""
     if _pow2(nmax, SELECT_THREADS) > MAX_SMEM_SORT:
         return False
     full = order_method(b, gn, nmax, workspace=workspace)

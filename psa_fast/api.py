@@ -478,7 +478,7 @@ class DecodePlan:
     def order(self, layer: int) -> None:
         """Stage 2: the processing order (and, for ``certified`` and ``sketch``, the suffix sums of the
         per-head values along it). Top-k needs only the first ``k`` positions: where the cost models say it is
-        faster (``_kernels.topk_uses_head``: batches of long caches), a radix select finds them and only they are
+        faster (``_kernels.topk_uses_head``: many groups and a short head), a radix select finds them and only they are
         sorted, and the positions past ``k`` keep what they held; else the full order is written (the same first
         ``k``)."""
         if self._topk_head:
