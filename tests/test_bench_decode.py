@@ -905,6 +905,8 @@ def test_topk_selects_its_head_only_where_the_cost_models_say_it_pays(monkeypatc
         assert _kernels.topk_uses_head(b, gn, nmax, k) == (select_us < full_us), (b, gn, nmax, k)
     assert _kernels.head_cost_us(1, 264, 2048, 82) == 2 * _kernels.head_cost_us(1, 132, 2048, 82)  # waves
     assert not _kernels.topk_uses_head(32, 8, 2 * _kernels.MAX_SMEM_SORT, 64)
+    # the model's switch from counting to sorting is select.cu's
+    assert f"#define PSA_RANK_MAX {_kernels.SELECT_RANK_MAX} " in _kernels._source("select.cu")
 
 
 def test_the_kernels_read_the_callers_query_only_where_built_to():
