@@ -2881,6 +2881,18 @@ if [ "$PART" = s59a ]; then
   step_ab s59a DECODE_RAW_QUERY 32768:1,32768:8,32768:32 32768:1,131072:1,131072:8 "psa_estimate\|psa_scale" 1 2)
   exit 0
 fi
+if [ "$PART" = s60a ]; then
+  # Sixtieth session: the real layer 17's rows of record with top-k's faster order stage (s59c: `topk_uses_head`),
+  # for docs/performance.md and the README; then issue 14's per-head target at 32K (s47c 32). Predicted (NOTES,
+  # s59): top-k's rows on layer 17 faster than s54's wherever k > 512 (B = 1 k = 1,280: ~-19 µs); per-head top-k ÷ PSA
+  # 0.86 / 1.04 / 1.50 at B = 1 / 8 / 32 (s54 1.19 / 1.06 / 1.54). ~6 minutes; carry .gl/gemma3_xml_l17_32k.npz.
+  (cd benchmarks && mkdir -p "$OUT/g" && timeout 220 python3 bench_decode.py --profile real \
+      --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 --sizes 32768 --batches 1,8,32 --reps 20 \
+      --skip tau0.9,remaining,predicted,stages,rank,speculate --out "$OUT/g" 2>&1 | tee "$OUT/g.log" \
+      | grep "^|" | cut -d'|' -f4-9,12 | grep . || tail -n 5 "$OUT/g.log")
+  per_head_rows ph60_32 32 tau0.9,remaining,stages,speculate
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
