@@ -2893,6 +2893,18 @@ if [ "$PART" = s60a ]; then
   per_head_rows ph60_32 32 tau0.9,remaining,stages,speculate
   exit 0
 fi
+if [ "$PART" = s60h ]; then
+  # Prepared in the sixtieth session (refused there: no machine). Where one request's speculative step goes, kernel by
+  # kernel, beside the loop and top-k at PSA's budget (Llama 5%, 32K, B = 1; bench_decode: loop 33.9 µs, speculate
+  # 2.0 60.0, top-k k = 408 28.6). The question for the split-first-chunk design (NOTES, sixtieth session): how much
+  # of speculation's excess is its attend (one CTA a chunk: ~24 CTAs on 132 SMs) and how much the verifier, the
+  # chunk count and the resumed launch. Predicted: attend ~18-22 µs, psa_spec_verify ~8-12, psa_spec_len ~2, the
+  # resumed launch ~3. ~2 minutes.
+  (cd benchmarks && timeout 200 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 \
+      --batches 1 --variants ema,ema:s1.0,ema:s2.0,topk --topk 408 --out "$OUT" 2>&1 | grep -v Warn \
+      | tee "$OUT/s60h.txt" | grep -E "^T=|psa_|variant|µs" | head -90)
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
