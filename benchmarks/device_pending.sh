@@ -2900,9 +2900,14 @@ if [ "$PART" = s60h ]; then
   # of speculation's excess is its attend (one CTA a chunk: ~24 CTAs on 132 SMs) and how much the verifier, the
   # chunk count and the resumed launch. Predicted: attend ~18-22 µs, psa_spec_verify ~8-12, psa_spec_len ~2, the
   # resumed launch ~3. ~2 minutes.
-  (cd benchmarks && timeout 200 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 \
+  # Then the speculated region cut to the forced and the predicted first chunk (ema+first:s1.0, no extra chunks): the
+  # verifier over two chunks, the first attended by one CTA a group (what pieces would spread; predicted slow).
+  (cd benchmarks && timeout 150 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 \
       --batches 1 --variants ema,ema:s1.0,ema:s2.0,topk --topk 408 --out "$OUT" 2>&1 | grep -v Warn \
-      | tee "$OUT/s60h.txt" | grep -E "^T=|psa_|variant|µs" | head -90)
+      | tee "$OUT/s60h.txt" | grep -E "^T=|psa_|variant|µs" | head -70
+   timeout 100 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 \
+      --variants ema+first,ema+first:s1.0 --extra-chunks 0 --out "$OUT" 2>&1 | grep -v Warn \
+      | tee "$OUT/s60h_first.txt" | grep -E "^T=|psa_|variant|µs" | head -40)
   exit 0
 fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed

@@ -8,8 +8,8 @@ variant, each kernel's launches per step, µs per launch and share of the step.
 
 Variants (``--variants``, comma-separated): ``dense``; ``topk`` (``k = --topk`` blocks a group); ``NAME`` or
 ``NAME:sM`` with NAME ``default`` (the library's default rule on ``metadata="quant3"``), ``share`` (the same with
-``rank="share"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``; ``default+first`` and
-``share+first``: those with ``first_chunk="predicted"`` (the first ranked chunk from the estimates).
+``rank="share"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``; ``default+first``,
+``share+first`` and ``ema+first``: those with ``first_chunk="predicted"`` (the first ranked chunk from the estimates).
 Steps as in bench_decode: the loop's the plan's ``step="auto"``, speculating ``_kernels.spec_step`` (``max(16,
 blocks / 256)``). The steps rotate over ``--layers`` layers of the same data (default: bench_decode's
 ``rotating_layers``, enough that K/V and metadata come from HBM, as in a decoder's step and the bench's rows; one
@@ -25,7 +25,7 @@ import os
 
 from bench_decode import SHAPES, real_fill, rotating_layers, run_file, run_tags, scatter_slots, sparsity_fill
 
-VARIANT_RULES = ("default", "share", "ema", "default+first", "share+first")
+VARIANT_RULES = ("default", "share", "ema", "default+first", "share+first", "ema+first")
 # the variants on metadata="quant3"; the others on "cuboid_mean"
 QUANT3_VARIANTS = ("default", "share", "default+first", "share+first")
 
@@ -131,7 +131,7 @@ def main() -> None:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="topk", k=args.topk, scale=shape.scale)
                 else:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
-                                      stop="ema" if name == "ema" else "auto",
+                                      stop="ema" if name.startswith("ema") else "auto",
                                       rank="share" if name.startswith("share") else "estimate",
                                       first_chunk="predicted" if name.endswith("+first") else None,
                                       step=spec_step if spec else step, speculate=spec,
