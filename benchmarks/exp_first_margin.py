@@ -47,8 +47,8 @@ def margin_rows(trace, *, margins, step: int, batch: int, rank: str = "share", t
     rows = []
     try:
         for margin, tau in [(m, threshold) for m in margins] + [(1.0, t) for t in predict_at]:
-            def sized(first_chunk, scores, order, num_forced, lengths, thr, m=margin, tau=tau):
-                r = original(first_chunk, scores, order, num_forced, lengths, tau)
+            def sized(first_chunk, scores, order, num_forced, lengths, thr, stop, m=margin, tau=tau):
+                r = original(first_chunk, scores, order, num_forced, lengths, tau, stop)
                 return min(order.size - num_forced, math.ceil(m * r)) if r else 0
 
             progressive.first_chunk_size = sized

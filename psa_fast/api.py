@@ -195,6 +195,10 @@ class DecodePlan:
         self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
         self.first_chunk = "previous" if first_chunk == "previous" else check_first_chunk(first_chunk)
+        if self.first_chunk == "estimated_stop":
+            raise NotImplementedError("first_chunk='estimated_stop' is psa_ref.attention's only so far: the GPU sizes "
+                                      "first chunks by 'predicted', an integer or 'previous' (benchmarks/NOTES.md, "
+                                      "sixtieth session, has the plan)")
         if self.first_chunk is not None and self.mode != "psa":
             raise ValueError(f"first_chunk sizes PSA's first ranked iteration; mode={self.mode!r} has none")
         if self.first_chunk == "predicted" and self.stop == "certified":

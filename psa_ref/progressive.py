@@ -84,6 +84,14 @@ sizes it from the estimates, as the shortest prefix of the order whose *estimate
 (``predicted_first_chunk``). Where the estimates predict the true masses well, most groups then
 stop right after that iteration, and a GPU pays one verifier decision instead of one per
 ``step`` blocks; where they do not, the rule still decides at the next boundaries.
+``"estimated_stop"`` (``stop="ema"`` and ``"remaining"``) sizes it from the rule itself: the
+rule run on the estimated masses, block by block in processing order, first holds for every
+head after some prefix; the first ranked iteration is ``ESTIMATED_STOP_MARGIN`` times that
+prefix's ranked blocks, rounded up (``estimated_stop_first_chunk``). The mass-share prediction
+lands well short of where ``ema`` stops (it ignores the ``N_left * AS_ema`` term): on the drawn
+profiles of ``benchmarks/bench_decode.py`` at 32K it ended no group at its first decision, where
+this one at a margin of 1.25 ended every group there, reading fewer blocks than the plain step
+(``benchmarks/exp_first_decisions.py``, benchmarks/NOTES.md, sixtieth session).
 
 Across decode steps (``psa_fast.DecodePlan(first_chunk="previous")``) a layer's group can size
 each call's first chunk from where the same layer's group stopped at its previous call, with no
@@ -112,6 +120,12 @@ STOP_RULES = BLOCK_STOP_RULES + SKETCH_RULES
 AUTO_STOP = "auto"  # the default: the rule for the blocks' metadata (resolve_stop)
 DEFAULT_STOP = AUTO_STOP
 EMA_WEIGHT = 0.125  # weight of the newest block in AS_ema (stop="ema"); chosen in docs/accuracy.md
+# first_chunk="estimated_stop": the first ranked iteration is this many times the ranked blocks after which the stop
+# rule, run on the estimated block masses, first holds. 1.25 ended every group of bench_decode's drawn profiles
+# (Llama 5% at 32K and 128K, per-head at 32K) at its first decision, 1.0 only 44-50% (exp_first_decisions.py).
+ESTIMATED_STOP_MARGIN = 1.25
+FIRST_CHUNK_MODES = ("predicted", "estimated_stop")
+ESTIMATED_STOP_RULES = ("ema", "remaining")  # the rules that need only block masses (and their count)
 SKETCH_WINDOW = 16  # ranked blocks over which stop="sketch" calibrates kappa; chosen in docs/accuracy.md
 SKETCH_NEXT_SHARE = 1e-3  # stop="sketch": the next block's sketch mass must be below this share of the total
 SKETCH_AVG_SHARE = 0.25  # stop="sketch_avg": ... below this share of an average block's (total / N); docs/accuracy.md
@@ -384,6 +398,64 @@ def predicted_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced: int
     return int(max(0, (first_prefix - num_forced).max()))
 
 
+def estimated_stop_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced: int, lengths: np.ndarray,
+                               threshold: float, stop: str, margin: float = ESTIMATED_STOP_MARGIN) -> int:
+    """``first_chunk="estimated_stop"``: ``margin`` times the ranked blocks after which ``stop`` would stop if the
+    estimated masses were the true ones.
+
+    Each block's estimated mass is ``n_j exp(s_j)``. Walking ``order`` block by block (the forced blocks
+    first), the rule's attended fraction is evaluated after every prefix with at least one ranked block,
+    exactly as the loop evaluates it at a chunk boundary: ``AS_acc / (AS_acc + N_left * AS_ema)`` for
+    ``"ema"`` (the moving average of ``update_ema`` over the prefix), with ``AS_min`` for ``"remaining"``.
+    The shortest prefix where it reaches ``threshold`` for every head of the group gives ``r`` ranked
+    blocks (at most all of them: the whole order always holds, ``N_left = 0``); the result is
+    ``ceil(margin * r)``, at most the ranked blocks there are. 0 when ``threshold`` is 1 (every block is
+    read anyway) or no block is ranked.
+
+    Args:
+        scores: ``[G, N]`` estimates ``s_j`` of the group's query heads.
+        order: ``[N]`` the group's processing order.
+        num_forced: its leading forced blocks.
+        lengths: ``[N]`` tokens per block ``n_j``.
+        threshold: ``tau``.
+        stop: ``"ema"`` or ``"remaining"`` (``ESTIMATED_STOP_RULES``).
+        margin: the factor on the estimated stop, ``> 0`` (``>= 1`` reads at least that prefix); the
+            result is at least one ranked block.
+
+    Raises:
+        ValueError: ``stop`` is another rule (they need bounds or sketches, not block masses).
+
+    Example:
+        >>> s = np.log(np.array([[8.0, 4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625]]))  # one head, halving masses
+        >>> # after 5 blocks: AS_acc 15.5, AS_min 0.5, 3 left: 15.5 / (15.5 + 1.5) = 0.91 (after 4: 15 / 19 = 0.79)
+        >>> estimated_stop_first_chunk(s, np.arange(8), 0, np.ones(8), 0.9, "remaining", margin=1.0)
+        5
+    """
+    stop = _validate.choice(stop, "stop", ESTIMATED_STOP_RULES)
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin!r}")
+    n = order.size
+    if threshold >= 1.0 or n == num_forced:
+        return 0
+    log_mass = scores[:, order] + np.log(lengths[order])  # [G, N] in processing order
+    mass = np.exp(log_mass - log_mass.max(axis=1, keepdims=True))  # one common factor per head: ratios exact
+    acc = np.cumsum(mass, axis=1)
+    if stop == "ema":
+        rest_per_block = np.empty_like(mass)
+        as_ema = None
+        for j in range(n):
+            as_ema = update_ema(as_ema, mass[:, j:j + 1])
+            rest_per_block[:, j] = as_ema
+    else:
+        rest_per_block = np.minimum.accumulate(mass, axis=1)
+    n_left = n - 1 - np.arange(n)  # after the prefix ending at position j
+    fraction = acc / (acc + n_left * rest_per_block)
+    holds = (fraction >= threshold).all(axis=0)
+    holds[:num_forced] = False  # at least one ranked block: the first ranked iteration is never empty
+    ranked = int(np.argmax(holds)) + 1 - num_forced  # holds[-1] is True: N_left = 0 there
+    return min(n - num_forced, max(1, int(np.ceil(margin * ranked - 1e-9))))  # 0 would mean "step"
+
+
 def attention(
     q: ArrayLike,
     blocks: KVBlocks,
@@ -421,8 +493,10 @@ def attention(
         recent_blocks: the last blocks, attended likewise.
         exact_mass: also compute the true attended mass fraction (``mass_exact``).
         first_chunk: the size of the first iteration of ranked blocks: None (``step``, the
-            default), an integer ``>= 1``, or ``"predicted"`` (from the estimates; see the module
-            doc). Changes where the rule is tested, not the order.
+            default), an integer ``>= 1``, ``"predicted"`` (the prefix whose estimated masses hold
+            ``threshold``) or ``"estimated_stop"`` (``stop`` "ema" or "remaining": a margin over
+            where the rule stops on the estimated masses); see the module doc. Changes where the
+            rule is tested, not the order.
         rank: how a shared group ranks its blocks: ``"estimate"`` (default: the largest estimate
             over its query heads) or ``"share"`` (the largest estimated share of one head's mass,
             [`group_rank_key`][psa_ref.scoring.group_rank_key]; on Gemma 3's one KV head at 32K it
@@ -437,20 +511,31 @@ def attention(
                       first_chunk=first_chunk, rank=rank)
 
 
-def check_first_chunk(first_chunk) -> int | str | None:
-    """``first_chunk`` as given, after checking it: None, an integer ``>= 1`` or ``"predicted"``."""
+def check_first_chunk(first_chunk, stop: str | None = None) -> int | str | None:
+    """``first_chunk`` as given, after checking it: None, an integer ``>= 1``, ``"predicted"`` or
+    ``"estimated_stop"``; with a resolved ``stop``, also that ``"estimated_stop"`` has a rule it can run
+    on estimated masses (``ESTIMATED_STOP_RULES``)."""
     if first_chunk is None or isinstance(first_chunk, str):
-        return None if first_chunk is None else _validate.choice(first_chunk, "first_chunk", ("predicted",))
+        if first_chunk is None:
+            return None
+        first_chunk = _validate.choice(first_chunk, "first_chunk", FIRST_CHUNK_MODES)
+        if first_chunk == "estimated_stop" and stop is not None and stop not in ESTIMATED_STOP_RULES:
+            raise ValueError(f"first_chunk='estimated_stop' runs the stop rule on the estimated block masses: it needs "
+                             f"stop in {ESTIMATED_STOP_RULES}, got stop={stop!r}")
+        return first_chunk
     return _validate.integer(first_chunk, "first_chunk", minimum=1)
 
 
 def first_chunk_size(first_chunk, scores: np.ndarray, order: np.ndarray, num_forced: int, lengths: np.ndarray,
-                     threshold: float) -> int:
-    """The ranked blocks of the first ranked iteration for a checked ``first_chunk`` (0: ``step``)."""
+                     threshold: float, stop: str) -> int:
+    """The ranked blocks of the first ranked iteration for a checked ``first_chunk`` (0: ``step``) under the
+    resolved rule ``stop``."""
     if first_chunk is None:
         return 0
     if first_chunk == "predicted":
         return predicted_first_chunk(scores, order, num_forced, lengths, threshold)
+    if first_chunk == "estimated_stop":
+        return estimated_stop_first_chunk(scores, order, num_forced, lengths, threshold, stop)
     return int(first_chunk)
 
 
@@ -466,7 +551,7 @@ def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, g
     stop = resolve_stop(stop, getattr(blocks, "metadata", None))
     warn_sketch_metadata(stop, getattr(blocks, "metadata", None))
     step = _validate.integer(step, "step", minimum=1)
-    first_chunk = check_first_chunk(first_chunk)
+    first_chunk = check_first_chunk(first_chunk, stop)
     rank = _validate.choice(rank, "rank", RANKS)
     p = prepare(q, blocks, scale=scale, gqa=gqa, sink_blocks=sink_blocks, recent_blocks=recent_blocks,
                 exact_mass=exact_mass)
@@ -479,7 +564,7 @@ def run_groups(group_fn, q, blocks: KVBlocks, threshold, *, scale, stop, step, g
     for grp in p.groups:
         order = processing_order(group_rank_key(p.scores[grp.q_heads], blocks.block_lengths, rank), p.forced)
         first = first_chunk_size(first_chunk, p.scores[grp.q_heads], order, p.forced.size, blocks.block_lengths,
-                                 threshold)
+                                 threshold, stop)
         o, u, it, why, frac = group_fn(
             p.q[grp.q_heads], blocks.keys[grp.kv_head], blocks.values[grp.kv_head], blocks,
             split_chunks(order, p.forced.size, step, first), None if bound is None else bound[grp.q_heads],

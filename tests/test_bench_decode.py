@@ -1942,3 +1942,22 @@ def test_order_runs_emulation_gives_the_sort_order(seed):
     runs = [emu.warp_sort_desc(words[w * emu.RUN:(w + 1) * emu.RUN]) for w in range(emu.GROUP_MAX // emu.RUN)]
     # block 300 (run 1, all equal words): 256 blocks of run 0 come first only if equal words there count
     assert emu.count_above(runs[0], int(words[300]) - 1) == 256 and emu.count_above(runs[0], int(words[300])) == 0
+
+
+# --- exp_first_decisions.py: decisions by first chunk on the drawn profiles (CPU) ---------------------------------
+
+def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own_margin(capsys):
+    """One request of the drawn 5% profile at 4K tokens: every schedule's line, and psa_ref's
+    first_chunk="estimated_stop" (margin 1.25) attends what the script's own x 1.25 first chunk does."""
+    import exp_first_decisions as efd
+
+    efd.main(["--profile", "sparsity", "--share", "0.05", "--tokens", "4096", "--requests", "1", "--step", "64",
+              "--margins", "1.25"])
+    out = capsys.readouterr().out.splitlines()
+    summary = out[out.index(next(x for x in out if x.startswith("# sparsity 0.05"))) + 1:]
+    rows = {x[:30].strip(): x for x in summary}  # the label column, 28 wide after two spaces
+    assert set(rows) == {"plain loop", "predicted first chunk", 'first_chunk="estimated_stop"', "ema on estimates x 1.25"}
+    tail = (lambda x: x.split("decisions", 1)[1])
+    assert tail(rows['first_chunk="estimated_stop"']) == tail(rows["ema on estimates x 1.25"])
+    with pytest.raises(SystemExit):
+        efd.main(["--step", "0"])

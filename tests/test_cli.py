@@ -55,7 +55,8 @@ def test_arguments_reach_the_tools_as_numbers(no_work):
     assert ev["topk"] == (4, 8) and ev["tokens"] == 3 and ev["first_chunk"] is None
     cli.main(["eval", "--first-chunk", "predicted", "--quiet"])
     cli.main(["eval", "--first-chunk", "12", "--quiet"])
-    assert [kw["first_chunk"] for _, kw in no_work[2:]] == ["predicted", 12]
+    cli.main(["eval", "--first-chunk", "estimated_stop", "--quiet"])
+    assert [kw["first_chunk"] for _, kw in no_work[2:]] == ["predicted", 12, "estimated_stop"]
     cli.main(["eval", "--step", "96", "--quiet"])
     assert no_work[-1][1]["step"] == 96 and ev["step"] == 1
 

@@ -65,6 +65,14 @@ def test_psa_conforms(p, tau, stop, step):
         assert np.min(res.mass_exact) >= tau - 1e-4
 
 
+def test_the_estimated_stop_first_chunk_is_refused_on_the_gpu_until_built():
+    """psa_ref.attention has first_chunk="estimated_stop"; the GPU plan says it has not, rather than running another
+    schedule."""
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=1, head_dim=64, max_tokens=64)
+    with pytest.raises(NotImplementedError, match="estimated_stop"):
+        psa_fast.plan(cache, num_q_heads=2, stop="ema", first_chunk="estimated_stop")
+
+
 @settings(max_examples=100)
 @given(gpu_problems(), thresholds, st.sampled_from(psa_fast.STOP_RULES), st.sampled_from([1, 2, 5]),
        st.sampled_from([1, 3, 8, "predicted"]))

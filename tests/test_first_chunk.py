@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import psa_ref
 from psa_ref import sweep
-from psa_ref.progressive import predicted_first_chunk, previous_first_chunk, split_chunks
+from psa_ref.progressive import (ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk, predicted_first_chunk,
+                                 previous_first_chunk, split_chunks)
 from psa_ref.scoring import processing_order
 from psa_ref.testing import exact_fraction
 from psa_ref.testing.conformance import check_result
@@ -106,6 +107,81 @@ def test_predicted_chunk_holds_tau_of_the_true_mass_when_estimates_are_exact(p, 
             frac = exact_fraction(p.q[h].astype(np.float64), p.keys[kv].astype(np.float64), 1, scale, order[:c])
             assert frac >= tau - 1e-9, f"head {h}: the predicted prefix holds {frac:.6f} < tau {tau}"
         assert u.size >= c and set(order[:c].tolist()) <= set(u.tolist())  # the first ranked chunk is read whole
+
+
+def test_estimated_stop_first_chunk_by_hand():
+    """One head, masses halving along the order (8, 4, ..., 1/16), blocks of one token. ``remaining`` after p blocks:
+    AS_acc / (AS_acc + (8 - p) AS_min): 15 / 19 = 0.79 after 4, 15.5 / 17 = 0.91 after 5. ``ema`` (weight 1/8) moves
+    slowly from 8, so N_left AS_ema stays large: it holds 0.9 only once nothing is left."""
+    s = np.log([[8.0, 4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625]])
+    order, ones = np.arange(8), np.ones(8)
+    assert estimated_stop_first_chunk(s, order, 0, ones, 0.9, "remaining", margin=1.0) == 5
+    assert estimated_stop_first_chunk(s, order, 0, ones, 0.75, "remaining", margin=1.0) == 4  # 0.789 >= 0.75
+    assert estimated_stop_first_chunk(s, order, 0, ones, 0.9, "remaining", margin=1.25) == 7  # ceil(6.25)
+    assert estimated_stop_first_chunk(s, order, 0, ones, 0.9, "remaining", margin=2.0) == 8  # at most every block
+    assert estimated_stop_first_chunk(s, order, 2, ones, 0.9, "remaining", margin=1.0) == 3  # 5 less 2 forced
+    assert estimated_stop_first_chunk(s, order, 0, ones, 0.9, "ema", margin=1.0) == 8
+    assert estimated_stop_first_chunk(s, order, 0, ones, 1.0, "ema") == 0  # tau 1: every block in the usual steps
+    assert estimated_stop_first_chunk(s, order, 8, ones, 0.9, "ema") == 0  # no ranked block
+    # the default margin, and the block lengths' part of the estimated mass n_j exp(s_j)
+    assert estimated_stop_first_chunk(s, order, 0, ones, 0.9, "remaining") == int(np.ceil(5 * ESTIMATED_STOP_MARGIN))
+    flat = np.zeros((1, 3))  # equal estimates, lengths 6, 1, 1: masses 6, 1, 1
+    assert estimated_stop_first_chunk(flat, np.arange(3), 0, np.array([6, 1, 1]), 0.7, "remaining", margin=1.0) == 2
+    assert estimated_stop_first_chunk(s, order, 0, ones, 0.9, "remaining", margin=0.01) == 1  # never 0 ("step")
+    with pytest.raises(ValueError, match="stop must be one of"):
+        estimated_stop_first_chunk(s, order, 0, ones, 0.9, "sketch_avg")
+    with pytest.raises(ValueError, match="margin must be > 0"):
+        estimated_stop_first_chunk(s, order, 0, ones, 0.9, "ema", margin=0.0)
+
+
+@given(problems(dtypes=("float64",), max_tokens=120), st.floats(0.5, 0.99), st.sampled_from(("ema", "remaining")))
+def test_estimated_stop_is_where_the_step_one_loop_stops_when_estimates_are_exact(p, tau, stop):
+    """With one token per block cuboid_mean's estimate is the logit itself, so the rule run on the estimated masses
+    is the rule run on the true ones: at margin 1 the first chunk is where the loop of step 1 stops (each group's
+    ranked blocks), except where a ratio sits on the threshold (two float64 evaluations)."""
+    b = blocks_of(p, block_size=1)
+    res = psa_ref.attention(p.q, b, tau, stop=stop, step=1, gqa=p.gqa)
+    hq, hkv = p.q.shape[0], p.keys.shape[0]
+    scale = 1 / np.sqrt(p.q.shape[1])
+    groups = ([[h] for h in range(hq)] if p.gqa == "per_head" else
+              [list(range(kv * (hq // hkv), (kv + 1) * (hq // hkv))) for kv in range(hkv)])
+    used = res.blocks_used if isinstance(res.blocks_used, list) else [res.blocks_used]
+    fractions = np.atleast_1d(res.mass_estimate)
+    scores = psa_ref.estimate(p.q.astype(np.float64), b, scale)  # [Hq, N]
+    for heads, u in zip(groups, used):
+        order = processing_order(scores[heads].max(axis=0), np.array([], dtype=np.int64))
+        c = estimated_stop_first_chunk(scores[heads], order, 0, b.block_lengths, tau, stop, margin=1.0)
+        if c != u.size:
+            assert np.any(np.abs(fractions[heads] - tau) <= RATIO_SLACK), f"heads {heads}: {c} != {u.size}"
+
+
+@given(problems(metadata=psa_ref.METADATA_KINDS), thresholds, st.sampled_from(("ema", "remaining")),
+       st.integers(1, 4))
+def test_every_invariant_holds_with_the_estimated_stop_first_chunk(p, tau, stop, step):
+    """I1, I4, I5 against the contract (conformance recomputes the first chunk from the reference's estimates), and
+    the vectorised twin gives the same blocks."""
+    b = blocks_of(p)
+    opts = dict(gqa=p.gqa, sink_blocks=p.sink_blocks, recent_blocks=p.recent_blocks)
+    res = psa_ref.attention(p.q, b, tau, stop=stop, step=step, first_chunk="estimated_stop", **opts)
+    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                 metadata=p.metadata, first_chunk="estimated_stop", **opts)
+    tw = sweep.attention(p.q, b, tau, stop=stop, step=step, first_chunk="estimated_stop", **opts)
+    groups = (lambda r: r.blocks_used if isinstance(r.blocks_used, list) else [r.blocks_used])
+    for gi, (ur, uv) in enumerate(zip(groups(res), groups(tw))):
+        if ur.tolist() != uv.tolist():  # only where a ratio sits on the threshold
+            assert np.any(np.abs(np.atleast_1d(res.mass_estimate) - tau) <= RATIO_SLACK) or np.any(
+                np.abs(np.atleast_1d(tw.mass_estimate) - tau) <= RATIO_SLACK), f"group {gi}: {ur} != {uv}"
+
+
+def test_estimated_stop_needs_a_rule_of_block_masses():
+    b = psa_ref.KVBlocks.from_dense(np.ones((32, 4)), np.ones((32, 4)), block_size=8)
+    q = np.ones(4)
+    for stop in ("certified", "seed"):
+        with pytest.raises(ValueError, match="first_chunk='estimated_stop'.*stop='" + stop):
+            psa_ref.attention(q, b, stop=stop, first_chunk="estimated_stop")
+    with pytest.raises(ValueError, match="estimated_stop"):
+        sweep.attention(q, b, stop="seed", first_chunk="estimated_stop")
+    assert psa_ref.attention(q, b, stop="remaining", first_chunk="estimated_stop").iterations >= 1
 
 
 def test_first_chunk_is_checked():

@@ -122,7 +122,7 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
 
     stop = resolve_stop(stop, metadata)
     per_group = first_chunk if isinstance(first_chunk, (list, tuple, np.ndarray)) else None
-    first_chunk = None if per_group is not None else check_first_chunk(first_chunk)
+    first_chunk = None if per_group is not None else check_first_chunk(first_chunk, stop)
     ref = (attention(q2 if not single else q2[0], blocks, threshold, scale=scale, stop=stop, step=step, gqa=gqa,
                      sink_blocks=sink_blocks, recent_blocks=recent_blocks, first_chunk=first_chunk, rank=rank)
            if method == "psa" else
@@ -168,7 +168,7 @@ def check_result(result: Any, q: ArrayLike, keys: ArrayLike, values: ArrayLike, 
         # I5: stop
         first = (int(per_group[gi]) if per_group is not None else
                  first_chunk_size(first_chunk, scores[heads], processing_order(s, forced), forced.size,
-                                  blocks.block_lengths, threshold))
+                                  blocks.block_lengths, threshold, stop))
         chunks = split_chunks(u, forced.size, step, first)
         assert len(chunks) == iters[gi], f"group {gi}: {iters[gi]} iterations but blocks_used makes {len(chunks)}"
         if stop in ("sketch", "sketch_avg"):  # mass test and share test (margin in nats), from the reference's

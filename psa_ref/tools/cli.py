@@ -46,7 +46,7 @@ def _count(text: str) -> int:
 
 
 def _first_chunk(text: str) -> int | str:
-    return check_first_chunk(text if text == "predicted" or not text.lstrip("-").isdigit() else int(text))
+    return check_first_chunk(text if not text.lstrip("-").isdigit() else int(text))
 
 
 def _rule(text: str) -> str:
@@ -113,9 +113,11 @@ def main(argv=None) -> int:
                     help="block metadata that ranks the blocks of PSA and top-k (default cuboid_mean)")
     ev.add_argument("--gqa", choices=("shared", "per_head"), default="shared",
                     help="selection per KV head (default) or per query head, the group's union read")
-    ev.add_argument("--first-chunk", type=_arg(_first_chunk, "'predicted' or a positive integer"), default=None,
+    ev.add_argument("--first-chunk", type=_arg(_first_chunk, "'predicted', 'estimated_stop' or a positive integer"),
+                    default=None,
                     help="the size of PSA's first ranked iteration: 'predicted' (the prefix the estimates say holds "
-                         "tau) or a number of blocks (default: the step, as psa_ref.attention)")
+                         "tau), 'estimated_stop' (a margin over where the rule stops on the estimates; ema and "
+                         "remaining) or a number of blocks (default: the step, as psa_ref.attention)")
     ev.add_argument("--step", type=POSITIVE, default=1,
                     help="PSA's blocks per iteration (default 1, the reference's; a GPU plan's step shows what "
                          "reading past the stop costs)")

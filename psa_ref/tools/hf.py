@@ -65,8 +65,9 @@ class PSAConfig:
             integer step of 1 makes the loop iterate once a block: ``psa_fast.hf.enable`` warns about it.
         gqa: ``"shared"`` (one selection per KV head) or ``"per_head"``.
         first_chunk: the first ranked iteration's size, as for [`psa_ref.attention`][psa_ref.attention]: None
-            (default: ``step``), an integer, or ``"predicted"`` (the prefix the estimates say holds ``threshold``;
-            with the default rule its suffix sums are computed anyway, so on the GPU it costs one small launch).
+            (default: ``step``), an integer, ``"predicted"`` (the prefix the estimates say holds ``threshold``;
+            with the default rule its suffix sums are computed anyway, so on the GPU it costs one small launch) or
+            ``"estimated_stop"`` (``stop`` "ema" or "remaining"; the reference's backends only so far).
         rank: how a shared selection ranks its blocks: ``"estimate"`` (default) or ``"share"``
             (see [`psa_ref.attention`][psa_ref.attention]; every backend runs both).
         sink_blocks: first blocks attended before the ranked ones (default 1: real models
@@ -101,12 +102,12 @@ class PSAConfig:
 
     def __post_init__(self):
         _validate.threshold(self.threshold)
-        resolve_stop(self.stop, self.metadata)
+        stop = resolve_stop(self.stop, self.metadata)
         _validate.integer(self.block_size, "block_size", minimum=1)
         _validate.choice(self.metadata, "metadata", METADATA_KINDS)
         _validate.integer_or_auto(self.step, "step", minimum=1)
         _validate.choice(self.gqa, "gqa", ("shared", "per_head"))
-        check_first_chunk(self.first_chunk)
+        check_first_chunk(self.first_chunk, stop)
         _validate.choice(self.rank, "rank", RANKS)
         _validate.integer(self.sink_blocks, "sink_blocks", minimum=0)
         _validate.integer(self.recent_blocks, "recent_blocks", minimum=0)

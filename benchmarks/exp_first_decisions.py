@@ -1,0 +1,133 @@
+"""How many decisions one request's groups need, by how the first chunk is sized (CPU, psa_ref), on bench_decode's
+drawn profiles: which first chunk ends most groups at their first decision? The split-first-chunk design
+(benchmarks/NOTES.md, sixtieth session) reads the first chunk the way top-k reads its blocks (every SM, no barrier)
+and resumes the loop only for the groups that do not stop there, so its cost follows the share of groups that stop
+at once.
+
+For each request (a layer of bench_decode's fill, K drawn on the CPU with ``fill_skewed(..., xp=numpy)``): the plain
+loop at ``--step``, the loop with ``first_chunk="predicted"`` or ``"estimated_stop"`` then ``--step``, and each
+group's own first chunk of ``--margins`` x where ema holds on the estimated masses, all ``stop="ema"`` on
+``cuboid_mean`` with no forced blocks, as bench_decode's rows; per group the decisions (iterations), the blocks
+attended and the predicted chunk. Prints, per profile, the mean and the share of groups stopping at the first
+decision, and the blocks attended against the plain loop's.
+
+    python benchmarks/exp_first_decisions.py --profile sparsity --share 0.05 --tokens 32768 --step 384
+    python benchmarks/exp_first_decisions.py --profile per-head --tokens 32768 --step 384
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+
+def profile_fill(profile: str, share: float, recent_blocks: int, shape):
+    """``fill(cache, layer) -> q`` on the CPU for bench_decode's ``sparsity`` or ``per-head`` profile."""
+    from bench_decode import sparsity_fill
+    from psa_fast.synthetic import fill_skewed, trace_block_profiles
+
+    if profile == "sparsity":
+        return sparsity_fill(shape, share, recent_blocks, xp=np)
+    offsets = trace_block_profiles(block_size=shape.s)
+    return lambda cache, layer: fill_skewed(cache, layer, shape.hq, offsets, seed=layer, xp=np)
+
+
+def group_decisions(q, keys, *, step: int, tau: float, scale: float, margins=()) -> dict:
+    """psa_ref's plain loop and its predicted first chunk on one request: per group (KV head) the iterations and the
+    blocks attended of each, and the predicted first chunk's size; for each of ``margins`` the same with each group's
+    first chunk ``margin`` x the blocks after which ema, run on the estimated masses, holds (``emaM_*``).
+    ``q [Hq, D]``, ``keys [Hkv, T, D]``."""
+    import psa_ref
+    from psa_ref.progressive import predicted_first_chunk
+    from psa_ref.scoring import estimate, group_rank_key, processing_order
+
+    values = np.zeros_like(keys)  # the stop decisions read the keys only
+    blocks = psa_ref.KVBlocks.from_dense(keys, values, block_size=16, metadata="cuboid_mean", kv_layout="HND")
+    common = dict(scale=scale, stop="ema", step=step)
+    plain = psa_ref.attention(q, blocks, tau, **common)
+    pred = psa_ref.attention(q, blocks, tau, first_chunk="predicted", **common)
+    est = psa_ref.attention(q, blocks, tau, first_chunk="estimated_stop", **common)  # the reference's, margin 1.25
+    hkv, g = keys.shape[0], q.shape[0] // keys.shape[0]
+    scores = estimate(q, blocks, scale)  # [Hq, N]
+    first = []
+    for kv in range(hkv):
+        s = scores[kv * g:(kv + 1) * g]
+        order = processing_order(group_rank_key(s, blocks.block_lengths), np.zeros(0, np.int64))
+        first.append(predicted_first_chunk(s, order, 0, blocks.block_lengths, tau))
+    out = dict(plain_it=np.asarray(plain.iterations), plain_used=np.asarray(plain.num_used),
+               pred_it=np.asarray(pred.iterations), pred_used=np.asarray(pred.num_used), first=np.asarray(first),
+               est_it=np.asarray(est.iterations), est_used=np.asarray(est.num_used), n=blocks.num_blocks)
+    # ema run on the estimated masses (exp_ema_first.py), times each margin, as each group's own first chunk
+    from exp_ema_first import ema_on_estimates
+
+    for m in margins:
+        its, used, firsts = [], [], []
+        for kv in range(hkv):
+            s = scores[kv * g:(kv + 1) * g]
+            order = processing_order(group_rank_key(s, blocks.block_lengths), np.zeros(0, np.int64))
+            f = min(blocks.num_blocks, max(1, int(np.ceil(m * ema_on_estimates(s, order, 0, blocks.block_lengths,
+                                                                                tau)))))
+            one = psa_ref.KVBlocks.from_dense(keys[kv:kv + 1], values[kv:kv + 1], block_size=16,
+                                              metadata="cuboid_mean", kv_layout="HND")
+            r = psa_ref.attention(q[kv * g:(kv + 1) * g], one, tau, first_chunk=f, **common)
+            its.append(int(np.asarray(r.iterations).ravel()[0]))
+            used.append(int(np.asarray(r.num_used).ravel()[0]))
+            firsts.append(f)
+        out[f"ema{m:g}_it"], out[f"ema{m:g}_used"], out[f"ema{m:g}_first"] = map(np.asarray, (its, used, firsts))
+    return out
+
+
+def summary(rows: list[dict]) -> str:
+    """The groups pooled over requests: one line per schedule (first chunk, decisions, blocks attended)."""
+    cat = {k: np.concatenate([r[k] for r in rows]) for k in rows[0] if k != "n"}
+    n = rows[0]["n"]
+
+    def line(label, it, used, first=None):
+        head = f"  {label:<28}" + (f" first chunk {first.mean() / n:6.1%}," if first is not None else " " * 21)
+        return (f"{head} decisions {it.mean():.2f} (one: {(it == 1).mean():4.0%}, max {it.max()}), attends "
+                f"{used.mean() / n:.1%}")
+
+    lines = [f"groups {cat['plain_it'].size}:", line("plain loop", cat["plain_it"], cat["plain_used"]),
+             line("predicted first chunk", cat["pred_it"], cat["pred_used"], cat["first"]),
+             line('first_chunk="estimated_stop"', cat["est_it"], cat["est_used"])]
+    lines += [line(f"ema on estimates x {k[3:-3]}", cat[k], cat[k[:-3] + "_used"], cat[k[:-3] + "_first"])
+              for k in cat if k.startswith("ema") and k.endswith("_it")]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", choices=("sparsity", "per-head"), default="sparsity")
+    ap.add_argument("--share", type=float, default=0.05, help="--profile sparsity: the ideal tau 0.95 share")
+    ap.add_argument("--recent-blocks", type=int, default=2)
+    ap.add_argument("--shape", default="llama8b")
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--requests", type=int, default=4, help="requests (bench_decode's layers), each drawn anew")
+    ap.add_argument("--step", type=int, default=384, help="the loop's step (bench_decode's auto pick at 32K, B = 1)")
+    ap.add_argument("--tau", type=float, default=0.95)
+    ap.add_argument("--margins", default="1.0,1.25,1.5", help="margins on ema run on the estimates ('' for none)")
+    args = ap.parse_args(argv)
+    margins = [float(x) for x in args.margins.split(",") if x.strip()]
+    if args.requests < 1 or args.step < 1 or args.tokens < 16:
+        ap.error("--requests and --step must be >= 1, --tokens >= 16")
+
+    from bench_decode import SHAPES
+    from psa_fast.synthetic import HostCache
+
+    shape = SHAPES[args.shape]
+    cache = HostCache(batch=1, num_kv_heads=shape.hkv, head_dim=shape.d, max_tokens=args.tokens,
+                      block_size=shape.s, num_layers=args.requests)
+    fill = profile_fill(args.profile, args.share, args.recent_blocks, shape)
+    rows = []
+    for layer in range(args.requests):
+        q = fill(cache, layer)[0].astype(np.float64)
+        rows.append(group_decisions(q, cache.keys[layer, 0].astype(np.float64), step=args.step, tau=args.tau,
+                                    scale=shape.logit_scale, margins=margins))
+        print(f"request {layer}, {summary(rows[-1:])}", flush=True)
+    label = f"{args.profile}" + (f" {args.share:g}" if args.profile == "sparsity" else "")
+    print(f"# {label}, {args.shape}, T {args.tokens}, step {args.step}, tau {args.tau}, all requests' {summary(rows)}")
+
+
+if __name__ == "__main__":
+    main()
