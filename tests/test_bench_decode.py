@@ -1961,3 +1961,27 @@ def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own
     assert tail(rows['first_chunk="estimated_stop"']) == tail(rows["ema on estimates x 1.25"])
     with pytest.raises(SystemExit):
         efd.main(["--step", "0"])
+
+
+# --- bench_decode.equal_error_k: top-k's k at PSA's error -----------------------------------------------------------
+
+def test_equal_error_k_bisects_to_the_smallest_k_at_the_target():
+    """A falling error curve err(k) = 100 / k: the k at a target is ceil(100 / target), found exactly (the grid
+    alone gave the first multiple of the budget past it), each k asked once, and from below the budget too."""
+    from bench_decode import equal_error_k
+
+    asked = []
+
+    def err_of(k):
+        asked.append(k)
+        return 100.0 / k
+
+    assert equal_error_k(err_of, 100 / 130, 100, 2048) == 130  # grid: 125 misses, 150 meets -> bisect (125, 150]
+    assert len(asked) == len(set(asked))
+    assert equal_error_k(lambda k: 100.0 / k, 100 / 61, 100, 2048) == 61  # the budget meets it: bisect [1, 100]
+    assert equal_error_k(lambda k: 1.0, 0.5, 100, 2048) == 2048  # never met: every block, as before
+    assert equal_error_k(lambda k: 100.0 / k, 100 / 1500, 100, 1000) == 1000  # the grid reaches n first
+    # an error that is not monotone in k: the result meets the target and k - 1 does not
+    wiggly = {k: (0.5 if k in (140, 141) else 100.0 / k) for k in range(1, 4000)}
+    k = equal_error_k(wiggly.__getitem__, 100 / 142, 100, 3000)
+    assert wiggly[k] <= 100 / 142 and wiggly[k - 1] > 100 / 142
