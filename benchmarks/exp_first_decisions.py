@@ -33,6 +33,44 @@ def profile_fill(profile: str, share: float, recent_blocks: int, shape):
     return lambda cache, layer: fill_skewed(cache, layer, shape.hq, offsets, seed=layer, xp=np)
 
 
+class _KeysAndValues:
+    """``HostCache`` that keeps the values too (``--errors``)."""
+
+    def __init__(self, base):
+        self.base, self.values = base, {}
+        for name in ("num_layers", "batch", "num_kv_heads", "head_dim", "block_size", "nmax", "capacity", "keys"):
+            setattr(self, name, getattr(base, name))
+
+    def prefill(self, layer, request, keys, values):
+        self.base.prefill(layer, request, keys, values)
+        self.values[layer, request] = values
+
+
+def errors_and_topk(q, keys, values, rows: dict, *, step: int, tau: float, scale: float) -> dict:
+    """``--errors``: each schedule's mean relative output error against dense attention, and top-k's ``k`` (on the
+    same estimates, bench_decode's ``equal_error_k``) at that error, for the plain loop and ``"estimated_stop"``."""
+    import psa_ref
+    from bench_decode import equal_error_k
+
+    blocks = psa_ref.KVBlocks.from_dense(keys, values, block_size=16, metadata="cuboid_mean", kv_layout="HND")
+    dense = psa_ref.dense_attention(q, keys, values, scale=scale, kv_layout="HND")
+
+    def rel(out):
+        return float(np.linalg.norm(out - dense) / np.linalg.norm(dense))
+
+    def topk_err(k):
+        return rel(psa_ref.topk_attention(q, blocks, k, scale=scale).output)
+
+    out = {}
+    for name, first in (("plain", None), ("est", "estimated_stop")):
+        res = psa_ref.attention(q, blocks, tau, scale=scale, stop="ema", step=step, first_chunk=first)
+        err = rel(res.output)
+        budget = max(1, int(round(float(np.mean(res.num_used)))))
+        out[f"{name}_err"] = np.array([err])
+        out[f"{name}_topk_k"] = np.array([equal_error_k(topk_err, err, budget, blocks.num_blocks)])
+    return out
+
+
 def group_decisions(q, keys, *, step: int, tau: float, scale: float, margins=()) -> dict:
     """psa_ref's plain loop and its predicted first chunk on one request: per group (KV head) the iterations and the
     blocks attended of each, and the predicted first chunk's size; for each of ``margins`` the same with each group's
@@ -93,6 +131,12 @@ def summary(rows: list[dict]) -> str:
              line('first_chunk="estimated_stop"', cat["est_it"], cat["est_used"])]
     lines += [line(f"ema on estimates x {k[3:-3]}", cat[k], cat[k[:-3] + "_used"], cat[k[:-3] + "_first"])
               for k in cat if k.startswith("ema") and k.endswith("_it")]
+    for name, label in (("plain", "plain loop"), ("est", 'first_chunk="estimated_stop"')):
+        if f"{name}_err" in cat:
+            used = cat[f"{name}_used" if name == "est" else "plain_used"].mean()
+            k = cat[f"{name}_topk_k"].mean()
+            lines.append(f"  {label:<28} error {cat[f'{name}_err'].mean():.4f}; top-k at that error reads "
+                         f"{k / n:.1%} ({k / used:.2f}x the blocks)")
     return "\n".join(lines)
 
 
@@ -107,6 +151,8 @@ def main(argv=None) -> None:
     ap.add_argument("--step", type=int, default=384, help="the loop's step (bench_decode's auto pick at 32K, B = 1)")
     ap.add_argument("--tau", type=float, default=0.95)
     ap.add_argument("--margins", default="1.0,1.25,1.5", help="margins on ema run on the estimates ('' for none)")
+    ap.add_argument("--errors", action="store_true",
+                    help="also each schedule's output error against dense, and top-k's k at that error")
     args = ap.parse_args(argv)
     margins = [float(x) for x in args.margins.split(",") if x.strip()]
     if args.requests < 1 or args.step < 1 or args.tokens < 16:
@@ -118,12 +164,17 @@ def main(argv=None) -> None:
     shape = SHAPES[args.shape]
     cache = HostCache(batch=1, num_kv_heads=shape.hkv, head_dim=shape.d, max_tokens=args.tokens,
                       block_size=shape.s, num_layers=args.requests)
+    if args.errors:
+        cache = _KeysAndValues(cache)
     fill = profile_fill(args.profile, args.share, args.recent_blocks, shape)
     rows = []
     for layer in range(args.requests):
         q = fill(cache, layer)[0].astype(np.float64)
-        rows.append(group_decisions(q, cache.keys[layer, 0].astype(np.float64), step=args.step, tau=args.tau,
-                                    scale=shape.logit_scale, margins=margins))
+        keys = cache.keys[layer, 0].astype(np.float64)
+        rows.append(group_decisions(q, keys, step=args.step, tau=args.tau, scale=shape.logit_scale, margins=margins))
+        if args.errors:
+            rows[-1].update(errors_and_topk(q, keys, cache.values[layer, 0].astype(np.float64), rows[-1],
+                                            step=args.step, tau=args.tau, scale=shape.logit_scale))
         print(f"request {layer}, {summary(rows[-1:])}", flush=True)
     label = f"{args.profile}" + (f" {args.share:g}" if args.profile == "sparsity" else "")
     print(f"# {label}, {args.shape}, T {args.tokens}, step {args.step}, tau {args.tau}, all requests' {summary(rows)}")

@@ -1952,11 +1952,15 @@ def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own
     import exp_first_decisions as efd
 
     efd.main(["--profile", "sparsity", "--share", "0.05", "--tokens", "4096", "--requests", "1", "--step", "64",
-              "--margins", "1.25"])
+              "--margins", "1.25", "--errors"])
     out = capsys.readouterr().out.splitlines()
     summary = out[out.index(next(x for x in out if x.startswith("# sparsity 0.05"))) + 1:]
+    errors = [x for x in summary if " error " in x]
+    summary = [x for x in summary if x not in errors]
     rows = {x[:30].strip(): x for x in summary}  # the label column, 28 wide after two spaces
     assert set(rows) == {"plain loop", "predicted first chunk", 'first_chunk="estimated_stop"', "ema on estimates x 1.25"}
+    assert [x[:30].strip() for x in errors] == ["plain loop", 'first_chunk="estimated_stop"']
+    assert all("top-k at that error reads" in x for x in errors)
     tail = (lambda x: x.split("decisions", 1)[1])
     assert tail(rows['first_chunk="estimated_stop"']) == tail(rows["ema on estimates x 1.25"])
     with pytest.raises(SystemExit):
