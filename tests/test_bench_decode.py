@@ -1989,3 +1989,36 @@ def test_equal_error_k_bisects_to_the_smallest_k_at_the_target():
     wiggly = {k: (0.5 if k in (140, 141) else 100.0 / k) for k in range(1, 4000)}
     k = equal_error_k(wiggly.__getitem__, 100 / 142, 100, 3000)
     assert wiggly[k] <= 100 / 142 and wiggly[k - 1] > 100 / 142
+
+
+# --- plot_topk_line.py: top-k's line at one request, PSA beside it ----------------------------------------------
+
+def test_topk_line_fits_the_rows_and_pairs_psa_with_top_k_at_its_error(tmp_path):
+    import plot_topk_line as ptl
+
+    rows = []
+    for t, fixed, slope in ((32768, 20.0, 0.02), (131072, 40.0, 0.021)):
+        n = t // 16
+        for k in (100, 300, 900):
+            rows.append(dict(T=t, B=1, profile="per-head", share=None, method=f"top-k k={k} (PSA τ=0.95 budget)",
+                             us=fixed + slope * k + (0.3 if k == 300 else 0.0), frac=k / n))
+        rows.append(dict(T=t, B=1, profile="per-head", share=None, method="top-k (quant3) k=50 (x budget)", us=1.0,
+                         frac=50 / n))  # another cache's top-k: not on the line
+        rows.append(dict(T=t, B=1, profile="per-head", share=None, method="PSA τ=0.95", us=fixed + 15, frac=200 / n))
+        rows.append(dict(T=t, B=1, profile="per-head", share=None, method="top-k k=300 (error ≤ PSA τ=0.95)",
+                         us=fixed + slope * 300, frac=300 / n))
+    lines = ptl.fit_topk_line(rows)
+    slope, fixed, resid = lines[32768]
+    assert slope == pytest.approx(0.02, abs=2e-4) and fixed == pytest.approx(20.1, abs=0.2) and 0.0 < resid < 0.3
+    paired = ptl.pairs(rows)
+    assert [(p["T"], q["method"]) for p, q in paired] == [(32768, "top-k k=300 (error ≤ PSA τ=0.95)"),
+                                                          (131072, "top-k k=300 (error ≤ PSA τ=0.95)")]
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "line.png"
+    ptl.main([str(src), "--out", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="no rows of B = 8"):
+        ptl.load([str(src)], batch=8)
+    with pytest.raises(ValueError, match="a line needs two"):
+        ptl.fit_topk_line([r for r in rows if r["method"].startswith("top-k k=100 ")])
