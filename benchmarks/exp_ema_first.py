@@ -17,22 +17,12 @@ import numpy as np
 
 def ema_on_estimates(scores: np.ndarray, order: np.ndarray, num_forced: int, lengths: np.ndarray,
                      threshold: float) -> int:
-    """Ranked blocks after which the ema rule (psa_ref.progressive's ``update_ema`` and ``estimated_fraction``, step
-    1) holds for every head of the group when each block's mass is its estimated ``n_j exp(s_j)``; every ranked block
-    if it never holds. ``scores [G, N]``."""
-    from psa_ref.progressive import estimated_fraction, update_ema
+    """Ranked blocks after which the ema rule, run on the estimated masses ``n_j exp(s_j)`` block by block, holds for
+    every head of the group: psa_ref's ``first_chunk="estimated_stop"`` at a margin of 1
+    (``psa_ref.progressive.estimated_stop_first_chunk``, which grew out of this script). ``scores [G, N]``."""
+    from psa_ref.progressive import estimated_stop_first_chunk
 
-    n = order.size
-    log_mass = scores[:, order] + np.log(lengths[order])
-    mass = np.exp(log_mass - log_mass.max(axis=1, keepdims=True))  # [G, N] in processing order, one common factor
-    acc = np.cumsum(mass, axis=1)
-    as_ema, ema = None, np.empty_like(mass)
-    for j in range(n):
-        as_ema = update_ema(as_ema, mass[:, j:j + 1])
-        ema[:, j] = as_ema
-    holds = (estimated_fraction("ema", acc, None, n - 1 - np.arange(n), None, ema) >= threshold).all(axis=0)
-    holds[:num_forced] = False
-    return int(np.argmax(holds)) + 1 - num_forced if holds.any() else n - num_forced
+    return estimated_stop_first_chunk(scores, order, num_forced, lengths, threshold, "ema", margin=1.0)
 
 
 def main(argv=None) -> None:

@@ -46,7 +46,7 @@ class _KeysAndValues:
         self.values[layer, request] = values
 
 
-def errors_and_topk(q, keys, values, rows: dict, *, step: int, tau: float, scale: float) -> dict:
+def errors_and_topk(q, keys, values, *, step: int, tau: float, scale: float) -> dict:
     """``--errors``: each schedule's mean relative output error against dense attention, and top-k's ``k`` (on the
     same estimates, bench_decode's ``equal_error_k``) at that error, for the plain loop and ``"estimated_stop"``."""
     import psa_ref
@@ -77,7 +77,7 @@ def group_decisions(q, keys, *, step: int, tau: float, scale: float, margins=())
     first chunk ``margin`` x the blocks after which ema, run on the estimated masses, holds (``emaM_*``).
     ``q [Hq, D]``, ``keys [Hkv, T, D]``."""
     import psa_ref
-    from psa_ref.progressive import predicted_first_chunk
+    from psa_ref.progressive import estimated_stop_first_chunk, predicted_first_chunk
     from psa_ref.scoring import estimate, group_rank_key, processing_order
 
     values = np.zeros_like(keys)  # the stop decisions read the keys only
@@ -88,26 +88,22 @@ def group_decisions(q, keys, *, step: int, tau: float, scale: float, margins=())
     est = psa_ref.attention(q, blocks, tau, first_chunk="estimated_stop", **common)  # the reference's, margin 1.25
     hkv, g = keys.shape[0], q.shape[0] // keys.shape[0]
     scores = estimate(q, blocks, scale)  # [Hq, N]
-    first = []
+    groups = []  # per KV head: its heads' estimates, its order and its blocks alone
     for kv in range(hkv):
         s = scores[kv * g:(kv + 1) * g]
-        order = processing_order(group_rank_key(s, blocks.block_lengths), np.zeros(0, np.int64))
-        first.append(predicted_first_chunk(s, order, 0, blocks.block_lengths, tau))
+        groups.append((s, processing_order(group_rank_key(s, blocks.block_lengths), np.zeros(0, np.int64)),
+                       psa_ref.KVBlocks.from_dense(keys[kv:kv + 1], values[kv:kv + 1], block_size=16,
+                                                   metadata="cuboid_mean", kv_layout="HND")))
+    first = [predicted_first_chunk(s, order, 0, blocks.block_lengths, tau) for s, order, _ in groups]
     out = dict(plain_it=np.asarray(plain.iterations), plain_used=np.asarray(plain.num_used),
                pred_it=np.asarray(pred.iterations), pred_used=np.asarray(pred.num_used), first=np.asarray(first),
                est_it=np.asarray(est.iterations), est_used=np.asarray(est.num_used), n=blocks.num_blocks)
-    # ema run on the estimated masses (exp_ema_first.py), times each margin, as each group's own first chunk
-    from exp_ema_first import ema_on_estimates
-
+    # each group's own first chunk: margin x where ema, run on the estimated masses, holds (the reference's
+    # estimated stop at other margins), attended by psa_ref on that group alone
     for m in margins:
         its, used, firsts = [], [], []
-        for kv in range(hkv):
-            s = scores[kv * g:(kv + 1) * g]
-            order = processing_order(group_rank_key(s, blocks.block_lengths), np.zeros(0, np.int64))
-            f = min(blocks.num_blocks, max(1, int(np.ceil(m * ema_on_estimates(s, order, 0, blocks.block_lengths,
-                                                                                tau)))))
-            one = psa_ref.KVBlocks.from_dense(keys[kv:kv + 1], values[kv:kv + 1], block_size=16,
-                                              metadata="cuboid_mean", kv_layout="HND")
+        for kv, (s, order, one) in enumerate(groups):
+            f = estimated_stop_first_chunk(s, order, 0, blocks.block_lengths, tau, "ema", margin=m)
             r = psa_ref.attention(q[kv * g:(kv + 1) * g], one, tau, first_chunk=f, **common)
             its.append(int(np.asarray(r.iterations).ravel()[0]))
             used.append(int(np.asarray(r.num_used).ravel()[0]))
@@ -173,8 +169,8 @@ def main(argv=None) -> None:
         keys = cache.keys[layer, 0].astype(np.float64)
         rows.append(group_decisions(q, keys, step=args.step, tau=args.tau, scale=shape.logit_scale, margins=margins))
         if args.errors:
-            rows[-1].update(errors_and_topk(q, keys, cache.values[layer, 0].astype(np.float64), rows[-1],
-                                            step=args.step, tau=args.tau, scale=shape.logit_scale))
+            rows[-1].update(errors_and_topk(q, keys, cache.values[layer, 0].astype(np.float64), step=args.step,
+                                            tau=args.tau, scale=shape.logit_scale))
         print(f"request {layer}, {summary(rows[-1:])}", flush=True)
     label = f"{args.profile}" + (f" {args.share:g}" if args.profile == "sparsity" else "")
     print(f"# {label}, {args.shape}, T {args.tokens}, step {args.step}, tau {args.tau}, all requests' {summary(rows)}")

@@ -371,6 +371,13 @@ def previous_first_chunk(blocks_attended: int | None, num_forced: int, step: int
     return ranked if ranked >= 1 else None
 
 
+def estimated_masses_in_order(scores: np.ndarray, order: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``[G, N]``: each head's estimated block masses ``n_j exp(s_j)`` in processing order, relative to that head's
+    largest (one common factor per head, so every ratio of them is exact and none overflows)."""
+    log_mass = scores[:, order] + np.log(lengths[order])
+    return np.exp(log_mass - log_mass.max(axis=1, keepdims=True))
+
+
 def predicted_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced: int, lengths: np.ndarray,
                           threshold: float) -> int:
     """``first_chunk="predicted"``: how many ranked blocks the estimates say reach ``threshold``.
@@ -390,8 +397,7 @@ def predicted_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced: int
     """
     if threshold >= 1.0 or order.size == num_forced:
         return 0
-    log_mass = scores[:, order] + np.log(lengths[order])  # [G, N] in processing order
-    w = np.exp(log_mass - log_mass.max(axis=1, keepdims=True))
+    w = estimated_masses_in_order(scores, order, lengths)
     held = np.cumsum(w, axis=1) / w.sum(axis=1, keepdims=True)  # share held by each prefix
     reached = held >= threshold * (1 - 1e-12)  # tolerance: a prefix that holds exactly tau counts
     first_prefix = reached.argmax(axis=1) + 1  # prefix lengths, forced blocks included
@@ -413,11 +419,8 @@ def estimated_stop_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced
     read anyway) or no block is ranked.
 
     Args:
-        scores: ``[G, N]`` estimates ``s_j`` of the group's query heads.
-        order: ``[N]`` the group's processing order.
-        num_forced: its leading forced blocks.
-        lengths: ``[N]`` tokens per block ``n_j``.
-        threshold: ``tau``.
+        scores, order, num_forced, lengths, threshold: as for
+            [`predicted_first_chunk`][psa_ref.progressive.predicted_first_chunk].
         stop: ``"ema"`` or ``"remaining"`` (``ESTIMATED_STOP_RULES``).
         margin: the factor on the estimated stop, ``> 0`` (``>= 1`` reads at least that prefix); the
             result is at least one ranked block.
@@ -437,8 +440,7 @@ def estimated_stop_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced
     n = order.size
     if threshold >= 1.0 or n == num_forced:
         return 0
-    log_mass = scores[:, order] + np.log(lengths[order])  # [G, N] in processing order
-    mass = np.exp(log_mass - log_mass.max(axis=1, keepdims=True))  # one common factor per head: ratios exact
+    mass = estimated_masses_in_order(scores, order, lengths)
     acc = np.cumsum(mass, axis=1)
     if stop == "ema":
         rest_per_block = np.empty_like(mass)
