@@ -419,8 +419,11 @@ def estimated_stop_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced
     read anyway) or no block is ranked.
 
     Args:
-        scores, order, num_forced, lengths, threshold: as for
-            [`predicted_first_chunk`][psa_ref.progressive.predicted_first_chunk].
+        scores: ``[G, N]`` estimates ``s_j`` of the group's query heads.
+        order: ``[N]`` the group's processing order.
+        num_forced: its leading forced blocks.
+        lengths: ``[N]`` tokens per block ``n_j``.
+        threshold: ``tau``.
         stop: ``"ema"`` or ``"remaining"`` (``ESTIMATED_STOP_RULES``).
         margin: the factor on the estimated stop, ``> 0`` (``>= 1`` reads at least that prefix); the
             result is at least one ranked block.
