@@ -2922,6 +2922,17 @@ if [ "$PART" = s60j ]; then
       | grep -v Warn | tee "$OUT/s60j_dense.txt" | grep "^#\|SDPA\|splits")
   exit 0
 fi
+if [ "$PART" = s60i ]; then
+  # Sixtieth session, branch wip/estimated-stop-gpu (written without a device; its algorithm checked against
+  # psa_ref in a NumPy emulation of the thread runs and prefix composition, 300 / 300 cases): first_chunk=
+  # "estimated_stop" on the GPU (psa_estimated_stop: the rule on each head's estimated masses along the order, x 1.25,
+  # written to first_len for the loop). Its conformance test first (sizes equal to the reference's or within the
+  # rounding band), then the first-chunk tests around it. Predicted: the loop with it is *slower* at one request
+  # (+2 to +4 µs: psa_order_suffix and this kernel cost more than the decisions and blocks saved); it is the size the
+  # split first chunk (NOTES, sixtieth session) needs, not a lever alone. ~3 minutes.
+  gpu_tests t_s60i.log 300 tests/test_fast.py -k "estimated_stop or first_chunk or previous_stop"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -1017,6 +1017,28 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
                         np.float32(np.log1p(-threshold))))
 
 
+ESTIMATED_STOP_THREADS = 1024  # psa_estimated_stop's CTA (PSA_ES_THREADS): up to 32 positions a thread
+ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
+
+
+def estimated_stop_chunk(ordered, log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold, stop,
+                         margin) -> None:
+    """``first_chunk="estimated_stop"``: each group's ranked blocks of its first ranked chunk, ``first_len [B, Gn]``,
+    where ``stop`` ("ema" or "remaining") run on the estimated masses along the order first holds for every head,
+    times ``margin`` (``psa_estimated_stop``; psa_ref.progressive.estimated_stop_first_chunk). ``ordered [B, Hq,
+    Nmax]`` and ``log_suffix [B, Hq, Nmax + 1]`` are psa_order_suffix's, over each head's estimates."""
+    from psa_ref.progressive import EMA_WEIGHT
+
+    if nmax > 32 * ESTIMATED_STOP_THREADS:
+        raise NotImplementedError(f"first_chunk='estimated_stop' takes at most {32 * ESTIMATED_STOP_THREADS} blocks "
+                                  f"a request on the GPU, got Nmax {nmax}")
+    b, gn = first_len.shape
+    fn = kernel("estimated_stop", d=16, s=s, g=g)
+    fn((gn, b), (ESTIMATED_STOP_THREADS,), (ordered, log_suffix, seq_lens, first_len, np.int32(hq), np.int32(nmax),
+                                            np.int32(forced), np.float32(threshold), np.float32(EMA_WEIGHT),
+                                            np.int32(ESTIMATED_STOP_CODES[stop]), np.float32(margin)))
+
+
 # Dense decoding at head dim <= 64 takes CTAs of 8 warps (not 4) when the batch has at most this many groups
 # (B x Hkv): one request's few groups then fill the GPU with splits either way and fewer, wider CTAs leave fewer
 # partials to merge. s52 A/B (H100, SmolLM2, off / on / on / off): 128K B = 1 43.6 / 44.6 -> 42.7 / 42.8 µs, B = 2

@@ -65,12 +65,52 @@ def test_psa_conforms(p, tau, stop, step):
         assert np.min(res.mass_exact) >= tau - 1e-4
 
 
-def test_the_estimated_stop_first_chunk_is_refused_on_the_gpu_until_built():
-    """psa_ref.attention has first_chunk="estimated_stop"; the GPU plan says it has not, rather than running another
-    schedule."""
-    cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=1, head_dim=64, max_tokens=64)
-    with pytest.raises(NotImplementedError, match="estimated_stop"):
-        psa_fast.plan(cache, num_q_heads=2, stop="ema", first_chunk="estimated_stop")
+@settings(max_examples=60)
+@given(gpu_problems(), thresholds, st.sampled_from(["ema", "remaining"]), st.sampled_from([1, 2, 5]))
+def test_psa_with_the_estimated_stop_first_chunk_conforms(p, tau, stop, step):
+    """first_chunk="estimated_stop" on the GPU (psa_estimated_stop): the run against the contract on the GPU's own
+    boundaries, and each group's first chunk against the reference's: equal, or within the sizes the reference
+    gives at tau -+ the ratio's rounding (float32 along the order, estimates from float16 metadata)."""
+    from psa_ref.progressive import estimated_stop_first_chunk
+    from psa_ref.scoring import processing_order
+
+    b = blocks_of(p)
+    n = b.num_blocks
+    sink = min(p.sink_blocks, n)
+    recent = min(p.recent_blocks, n - sink)
+    plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], threshold=tau, stop=stop, step=step, gqa=p.gqa,
+                         sink_blocks=sink, recent_blocks=recent, first_chunk="estimated_stop")
+    dec = plan.run(cupy.asarray(p.q.astype(np.float32)[None]))
+    used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
+    sizes = cupy.asnumpy(plan.first_len[0]).tolist()
+    res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
+                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None, n)
+    opts = dict(gqa=p.gqa, sink_blocks=sink, recent_blocks=recent)
+    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                 metadata=p.metadata, first_chunk=sizes, **opts)
+    ref_blocks = psa_ref.KVBlocks.from_dense(p.keys.astype(np.float64), p.values.astype(np.float64),
+                                             block_size=p.block_size, metadata=p.metadata, kv_layout="HND")
+    scores = psa_ref.estimate(p.q.astype(np.float64), ref_blocks, 1 / np.sqrt(p.q.shape[1]))
+    forced = psa_ref.scoring.forced_blocks(n, sink, recent)
+    g = p.q.shape[0] // plan.gn
+    mag = np.abs(ref_blocks.meta["lo"]) + np.abs(ref_blocks.meta["hi"])
+    for gi, c in enumerate(sizes):
+        heads = scores[gi * g : (gi + 1) * g]
+        order = processing_order(heads.max(axis=0), forced)
+        args = (heads, order, forced.size, ref_blocks.block_lengths)
+        want = estimated_stop_first_chunk(*args, tau, stop)
+        if c == want or tau >= 1:
+            assert c == want, f"group {gi}: GPU first chunk {c}, reference {want}"
+            continue
+        # float16 metadata moves each estimated mass by a factor within exp(+-est), a ratio by less than expm1(2 est)
+        kv = gi * g // (p.q.shape[0] // p.keys.shape[0])
+        est = FP16_META_REL / np.sqrt(p.q.shape[1]) * float((np.abs(p.q[gi * g : (gi + 1) * g].astype(np.float64))
+                                                              @ mag[kv].T).max())
+        tol = np.expm1(2 * est) + 1e-4
+        lo = estimated_stop_first_chunk(*args, max(tau - tol, 1e-6), stop) if n > forced.size else 0
+        hi = estimated_stop_first_chunk(*args, tau + tol, stop) if tau + tol < 1 else n - forced.size
+        assert lo <= c <= hi, \
+            f"group {gi}: GPU first chunk {c} outside the reference's {lo}..{hi} (at tau {want})"
 
 
 @settings(max_examples=100)
