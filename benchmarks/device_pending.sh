@@ -2926,11 +2926,16 @@ if [ "$PART" = s60i ]; then
   # Sixtieth session, branch wip/estimated-stop-gpu (written without a device; its algorithm checked against
   # psa_ref in a NumPy emulation of the thread runs and prefix composition, 300 / 300 cases): first_chunk=
   # "estimated_stop" on the GPU (psa_estimated_stop: the rule on each head's estimated masses along the order, x 1.25,
-  # written to first_len for the loop). Its conformance test first (sizes equal to the reference's or within the
-  # rounding band), then the first-chunk tests around it. Predicted: the loop with it is *slower* at one request
-  # (+2 to +4 µs: psa_order_suffix and this kernel cost more than the decisions and blocks saved); it is the size the
-  # split first chunk (NOTES, sixtieth session) needs, not a lever alone. ~3 minutes.
+  # written to first_len for the loop; it reads the per-head estimates and the order, so no suffix pass runs for it).
+  # Its conformance test first (sizes equal to the reference's or within the rounding band), then the first-chunk
+  # tests around it, then the kernel's time and the loop with it against the plain loop (Llama per-head and 5%, one
+  # request, 32K / 128K). Predicted: the kernel 2-3 µs (G heads one after another, 1,024 threads); the loop with it
+  # level to -3 µs on the per-head profile (1.66 -> 1 decisions, 31 -> 28% of the blocks), level to +2 on the 5%
+  # profile (one decision either way, 19 -> 16%). ~4 minutes.
   gpu_tests t_s60i.log 300 tests/test_fast.py -k "estimated_stop or first_chunk or previous_stop"
+  (cd benchmarks && timeout 200 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 \
+      --batches 1 --variants ema,ema+stop --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s60i_profile.txt" \
+      | grep -E "^T=|psa_|variant|µs" | head -40)
   exit 0
 fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed

@@ -1021,12 +1021,12 @@ ESTIMATED_STOP_THREADS = 1024  # psa_estimated_stop's CTA (PSA_ES_THREADS): up t
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 
 
-def estimated_stop_chunk(ordered, log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold, stop,
+def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold, stop,
                          margin) -> None:
     """``first_chunk="estimated_stop"``: each group's ranked blocks of its first ranked chunk, ``first_len [B, Gn]``,
     where ``stop`` ("ema" or "remaining") run on the estimated masses along the order first holds for every head,
-    times ``margin`` (``psa_estimated_stop``; psa_ref.progressive.estimated_stop_first_chunk). ``ordered [B, Hq,
-    Nmax]`` and ``log_suffix [B, Hq, Nmax + 1]`` are psa_order_suffix's, over each head's estimates."""
+    times ``margin`` (``psa_estimated_stop``; psa_ref.progressive.estimated_stop_first_chunk), from each head's
+    estimates ``vals [B, Hq, Nmax]`` and the order ``order_arr [B, Gn, Nmax]`` (no suffix pass)."""
     from psa_ref.progressive import EMA_WEIGHT
 
     if nmax > 32 * ESTIMATED_STOP_THREADS:
@@ -1034,7 +1034,7 @@ def estimated_stop_chunk(ordered, log_suffix, seq_lens, first_len, *, s, g, hq, 
                                   f"a request on the GPU, got Nmax {nmax}")
     b, gn = first_len.shape
     fn = kernel("estimated_stop", d=16, s=s, g=g)
-    fn((gn, b), (ESTIMATED_STOP_THREADS,), (ordered, log_suffix, seq_lens, first_len, np.int32(hq), np.int32(nmax),
+    fn((gn, b), (ESTIMATED_STOP_THREADS,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax),
                                             np.int32(forced), np.float32(threshold), np.float32(EMA_WEIGHT),
                                             np.int32(ESTIMATED_STOP_CODES[stop]), np.float32(margin)))
 

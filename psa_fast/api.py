@@ -267,6 +267,11 @@ class DecodePlan:
                 or (self.rank == "share" and self.g > 1)):
             self._per_head = "estimates"  # the predictions sum (or walk) each head's estimates along the order; the
             # share key normalises them per head
+        # the suffix pass along the order: for every use of the per-head values but first_chunk="estimated_stop",
+        # whose kernel reads the estimates and the order itself
+        self._suffix = self._per_head is not None and not (
+            self.first_chunk == "estimated_stop" and per_head.get(self.stop) is None and self.speculate is None
+            and not (self.rank == "share" and self.g > 1))
         self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
         self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if self._per_head else None
         self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
@@ -495,18 +500,17 @@ class DecodePlan:
             return
         _kernels.order(self.scores, self.cache.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
                        sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
-                       want_suffix=self.bounds is not None, workspace=self.sort_workspace,
+                       want_suffix=self._suffix, workspace=self.sort_workspace,
                        ordered=self.sketch_ordered, **self._shape())
         if self._predicts_first:
             _kernels.first_chunk(self.log_suffix, self.cache.seq_lens[layer], self.first_len, s=self.cache.block_size,
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
                                  forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold)
         if self._estimates_stop:
-            _kernels.estimated_stop_chunk(self.sketch_ordered, self.log_suffix, self.cache.seq_lens[layer],
-                                          self.first_len, s=self.cache.block_size, g=self.g, hq=self.hq,
-                                          nmax=self.cache.nmax, forced=self.sink_blocks + self.recent_blocks,
-                                          threshold=self.threshold, stop=self.stop,
-                                          margin=ESTIMATED_STOP_MARGIN)
+            _kernels.estimated_stop_chunk(self.bounds, self.order_buf, self.cache.seq_lens[layer], self.first_len,
+                                          s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,
+                                          forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
+                                          stop=self.stop, margin=ESTIMATED_STOP_MARGIN)
         if self.speculate is not None:
             _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, self.spec_total,
                               s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,

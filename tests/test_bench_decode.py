@@ -399,6 +399,7 @@ def test_profile_decode_step_variants():
     assert "share+first" in pds.QUANT3_VARIANTS and "default+first" in pds.QUANT3_VARIANTS
     assert pds.parse_variants("ema+first:s1.0") == [("ema+first", 1.0)]  # ema's rule on cuboid_mean, not quant3
     assert "ema+first" not in pds.QUANT3_VARIANTS
+    assert pds.parse_variants("ema+stop") == [("ema+stop", None)] and "ema+stop" not in pds.QUANT3_VARIANTS
     for bad, says in (("loop", "not dense"), ("default:2.0", "sM"), ("dense:s1", "not dense"), ("topk:s1", "topk"),
                       (" , ", "no variant")):
         with pytest.raises(ValueError, match=says):
