@@ -2938,6 +2938,23 @@ if [ "$PART" = s60i ]; then
       | grep -E "^T=|psa_|variant|µs" | head -40)
   exit 0
 fi
+if [ "$PART" = s61a ]; then
+  # Sixty-first session, branch wip/estimated-stop-gpu: psa_estimated_stop v2 (every head of the group at once, 512
+  # threads, three barriers, the candidates' minimum by warp reductions instead of ~1,000 shared atomicMin on one
+  # word; no Nmax limit). s60i measured v1 at 15.9 µs (Llama 5% 32K B = 1, H100; predicted 2-3) and the loop with it
+  # 48.4 µs of kernels against ema's 34.4. Predicted for v2: 32K B = 1 ~3-4 µs (two dependent L2 loads, three
+  # barriers, R = 4 positions a thread), 128K B = 1 ~5-6 (R = 16), 32K B = 8 ~4; the loop with it 32K B = 1 ~36 µs
+  # of kernels (decode 19.9 + estimate + order + this). Tests first: the kernel at 3,000 blocks and the conformance
+  # test. ~4 minutes.
+  gpu_tests t_s61a.log 300 tests/test_fast.py -k "estimated_stop"
+  (cd benchmarks && for size in 32768 131072; do timeout 150 python3 profile_decode_step.py --share 0.05 \
+      --shape llama8b --size $size --batches 1 --variants ema,ema+stop --out "$OUT" 2>&1 | grep -v Warn; done \
+      | tee "$OUT/s61a_profile.txt" | grep -E "^T=|psa_|variant|µs" | head -60
+   timeout 150 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 8 \
+      --variants ema,ema+stop --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s61a_profile_b8.txt" \
+      | grep -E "^T=|psa_|variant|µs" | head -30)
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -1017,7 +1017,7 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
                         np.float32(np.log1p(-threshold))))
 
 
-ESTIMATED_STOP_THREADS = 1024  # psa_estimated_stop's CTA (PSA_ES_THREADS): up to 32 positions a thread
+ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 
 
@@ -1029,9 +1029,6 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
     estimates ``vals [B, Hq, Nmax]`` and the order ``order_arr [B, Gn, Nmax]`` (no suffix pass)."""
     from psa_ref.progressive import EMA_WEIGHT
 
-    if nmax > 32 * ESTIMATED_STOP_THREADS:
-        raise NotImplementedError(f"first_chunk='estimated_stop' takes at most {32 * ESTIMATED_STOP_THREADS} blocks "
-                                  f"a request on the GPU, got Nmax {nmax}")
     b, gn = first_len.shape
     fn = kernel("estimated_stop", d=16, s=s, g=g)
     fn((gn, b), (ESTIMATED_STOP_THREADS,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax),

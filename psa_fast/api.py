@@ -112,8 +112,8 @@ class DecodePlan:
             [`psa_ref.attention`][psa_ref.attention]: None (``step``), an integer, ``"predicted"``
             (from each head's estimates along the order, on the GPU; not with ``stop="certified"``,
             whose per-head buffer holds the bounds), ``"estimated_stop"`` (``stop`` "ema" or "remaining":
-            ``psa_estimated_stop`` runs the rule on each head's estimated masses along the order; at most
-            32,768 blocks a request), or ``"previous"``: one ``step`` short of where the same
+            ``psa_estimated_stop`` runs the rule on each head's estimated masses along the order), or
+            ``"previous"``: one ``step`` short of where the same
             layer's group stopped at its previous call
             ([`previous_first_chunk`][psa_ref.progressive.previous_first_chunk]; the plain schedule at the
             first call and after [`forget_previous`][psa_fast.DecodePlan.forget_previous]). A layer's need

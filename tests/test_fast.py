@@ -571,6 +571,49 @@ def test_share_key_equals_float64_at_many_blocks(g):
         assert (got[b, :, n:] == 7.0).all(), f"request {b}: a score past the end was written"
 
 
+@pytest.mark.parametrize("g", [3, 4])
+@pytest.mark.parametrize("stop", ["ema", "remaining"])
+def test_estimated_stop_kernel_at_many_blocks(g, stop):
+    """psa_estimated_stop on more blocks than its CTA has threads (runs of up to 6 positions a thread, every warp's
+    prefix composed) and ragged requests: each group's first chunk equals psa_ref's estimated_stop_first_chunk on the
+    same float32 estimates and order, or lies between the reference's sizes at tau -+ 1e-4 (budget: the kernel's
+    float32 masses and scans against float64, a relative error of a few 1e-5 on each ratio at 3,000 blocks)."""
+    from psa_fast import _kernels
+    from psa_ref.progressive import ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk
+    from psa_ref.scoring import forced_blocks, processing_order
+
+    rng = np.random.default_rng(g + 10 * (stop == "ema"))
+    s, nmax, hkv, sink, recent = 16, 3000, 2, 1, 2
+    hq = g * hkv
+    lens = np.array([3 * s, 700 * s - 5, nmax * s, 2000 * s + 1], np.int32)
+    # heavy-tailed estimates (a few large blocks, a long flat tail) so that the stop falls inside the order
+    ests = (rng.standard_normal((len(lens), hq, nmax)) * 1.5 + 6 * (rng.random((len(lens), hq, nmax)) < 0.03))
+    ests = ests.astype(np.float32)
+    order = np.full((len(lens), hkv, nmax), -1, np.int32)
+    forced = []
+    for b, t in enumerate(lens.tolist()):
+        n = -(-t // s)
+        forced.append(forced_blocks(n, sink, recent))
+        for gi in range(hkv):
+            order[b, gi, :n] = processing_order(ests[b, gi * g : (gi + 1) * g, :n].max(axis=0), forced[b])
+    got_dev = cupy.full((len(lens), hkv), -7, cupy.int32)
+    for tau in (0.8, 0.95):
+        _kernels.estimated_stop_chunk(cupy.asarray(ests), cupy.asarray(order), cupy.asarray(lens), got_dev, s=s, g=g,
+                                      hq=hq, nmax=nmax, forced=sink + recent, threshold=tau, stop=stop,
+                                      margin=ESTIMATED_STOP_MARGIN)
+        got = cupy.asnumpy(got_dev)
+        for b, t in enumerate(lens.tolist()):
+            n = -(-t // s)
+            lengths = np.minimum(s, t - np.arange(n) * s).astype(np.float64)
+            for gi in range(hkv):
+                args = (ests[b, gi * g : (gi + 1) * g, :n].astype(np.float64), order[b, gi, :n].astype(np.int64),
+                        forced[b].size, lengths)
+                want = estimated_stop_first_chunk(*args, tau, stop)
+                lo, hi = (estimated_stop_first_chunk(*args, tau + d, stop) for d in (-1e-4, 1e-4))
+                assert got[b, gi] == want or lo <= got[b, gi] <= hi, \
+                    f"tau {tau}, request {b} ({n} blocks), group {gi}: GPU {got[b, gi]}, reference {want} ({lo}..{hi})"
+
+
 def test_psa_agrees_with_reference_on_most_draws():
     if AGREEMENT["runs"] < 50:
         pytest.skip("runs after test_psa_conforms")
