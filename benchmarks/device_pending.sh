@@ -2955,6 +2955,15 @@ if [ "$PART" = s61a ]; then
       | grep -E "^T=|psa_|variant|µs" | head -30)
   exit 0
 fi
+if [ "$PART" = s61b ]; then
+  # Sixty-first session (branch wip/estimated-stop-gpu): issue 14's per-head rows with top-k at its exact equal-error k
+  # (bench_decode's bisection) and the new row "first chunk estimated_stop" (matched by top-k at its own error).
+  # Predicted (NOTES, sixtieth session, item 5): top-k at the exact k ~175 µs at 32K B = 8 against PSA's ~190 (the
+  # grid's k gave 197.1); B = 32 stays PSA's. The estimated_stop row at B = 1: fewer blocks (~28% against ~31%) and
+  # one decision, but psa_estimated_stop's launch on top: level with the plain row within ~3 µs. $2 = 32 or 128.
+  per_head_rows "ph61_${2:-32}" "${2:-32}" tau0.9,remaining,stages,speculate,predicted
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
