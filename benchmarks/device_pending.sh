@@ -2910,18 +2910,6 @@ if [ "$PART" = s60h ]; then
       | tee "$OUT/s60h_first.txt" | grep -E "^T=|psa_|variant|µs" | head -40)
   exit 0
 fi
-if [ "$PART" = s60j ]; then
-  # Sixtieth session: 2 prefetch stages for SmolLM2's 8-warp dense CTAs at 7-12 groups (_kernels.DENSE_WIDE_STAGES,
-  # off), A/B in one process (0 / 2 / 2 / 0). The s60 sweep (separate processes) had 32K B = 3 31.6 -> 30.9 µs
-  # (0.94x -> 0.96x SDPA), B = 4 39.0 -> 38.8, 128K B = 4 134.3 -> 133.5; B = 1 and 2 (3 and 6 groups) are outside
-  # the switch. Predicted: B = 3 -0.5 to -0.8 µs, B = 4 -0.2 to -0.8, the rest identical (same plan). The A/B's diff
-  # column checks each output against the default plan's; the dense GPU tests with the switch on must pass before it
-  # is turned on by default. ~2 minutes.
-  (cd benchmarks && timeout 200 python3 exp_kernels_attr.py DENSE_WIDE_STAGES=0,2,2,0 -- exp_dense_tune.py \
-      --shape smollm2 --sizes 32768,131072 --batches 1,2,3,4,5 --default-only --reps 20 --out /tmp/s60j.jsonl 2>&1 \
-      | grep -v Warn | tee "$OUT/s60j_dense.txt" | grep "^#\|SDPA\|splits")
-  exit 0
-fi
 if [ "$PART" = s60i ]; then
   # Sixtieth session, branch wip/estimated-stop-gpu (written without a device; its algorithm checked against
   # psa_ref in a NumPy emulation of the thread runs and prefix composition, 300 / 300 cases): first_chunk=

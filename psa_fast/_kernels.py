@@ -1045,25 +1045,6 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
 DENSE_WIDE_MAX_GROUPS = 12
 
 
-# > 0: dense CTAs of 8 warps at head dim <= 64 (DENSE_WIDE_MAX_GROUPS) take this many prefetch stages when the batch
-# has more than DENSE_WIDE_STAGES_MIN_GROUPS groups (twice the CTAs an SM at 2, so pick_splits gives twice the
-# splits). s60 sweep (H100, exp_dense_tune, one process each, not an A/B): SmolLM2 32K B = 3 (9 groups) 31.6 -> 30.9
-# µs at 2 stages (SDPA 29.7), B = 4 39.0 -> 38.8, 128K B = 4 134.3 -> 133.5, B = 2 level, B = 1 worse. 0: off (the
-# default until an A/B in one process says otherwise: device_pending.sh s60j).
-DENSE_WIDE_STAGES = 0
-DENSE_WIDE_STAGES_MIN_GROUPS = 6
-
-
-def default_stages(d: int, mode: str, warps: int, groups: int | None = None) -> int | None:
-    """Prefetch stages a decode CTA takes when the caller gives none: None (decode_config's DECODE_STAGES, fewer where
-    shared memory is short), or ``DENSE_WIDE_STAGES`` for the dense build's 8-warp CTAs at head dim <= 64 with more
-    than ``DENSE_WIDE_STAGES_MIN_GROUPS`` groups (``groups`` = B x Hkv, when given) where that switch is on."""
-    if (DENSE_WIDE_STAGES and mode == "dense" and d <= 64 and warps == 8 and groups is not None
-            and DENSE_WIDE_STAGES_MIN_GROUPS < groups <= DENSE_WIDE_MAX_GROUPS):
-        return DENSE_WIDE_STAGES
-    return None
-
-
 def default_warps(d: int, mode: str, groups: int | None = None) -> int:
     """Warps per decode CTA when the caller gives none: 4 for dense and top-k at head dim <= 64 (small CTAs, several
     an SM: SmolLM2's shape 331 -> 198 µs at 32K, B = 32, benchmarks/NOTES.md), else 8; dense at D <= 64 with at
