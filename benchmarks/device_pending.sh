@@ -2968,26 +2968,6 @@ if [ "$PART" = s61c ]; then
       | tee "$OUT/s61c_profile.txt" | grep -E "^#|^T=|psa_" | head -60)
   exit 0
 fi
-if [ "$PART" = s61d ]; then
-  # Sixty-first session (branch wip/estimated-stop-gpu), the last device minutes: s61c's tests and v3's time (staged
-  # only), then the idea the s61b bound left: with the estimated stop a group decides once, so the loop's grid build
-  # (decode.cu PSA_GRID: 16 CTAs a group over every SM, its barrier through global memory, paid once) may attend the
-  # first chunk about as top-k's split build does, with no new kernel. pick_grid keeps Llama at 32K on clusters of 8
-  # (GRID_MIN_GROUP_MIB 32: 16 MiB a group; s30: 33.4 -> 34.6 µs on the grid for the plain loop's iterations); 0
-  # forces the grid there. A/B (32 / 0) of ema and ema+stop, Llama 5% 32K B = 1 (kernels), then bench_decode's
-  # per-head 32K B = 1 rows (PSA, the estimated stop, top-k at each one's error). Predicted: v3 ~3-4 µs; ema+stop on
-  # the grid: decode 19.8 -> ~14 (290 blocks over 128 CTAs, one barrier), kernels ~29 against top-k's 27.7 at 408
-  # blocks; per-head B = 1 52.3 -> ~42 against top-k at its error 42.5. ~5 minutes.
-  gpu_tests t_s61d.log 150 tests/test_fast.py -k "estimated_stop"
-  (cd benchmarks && timeout 150 python3 exp_kernels_attr.py GRID_MIN_GROUP_MIB=32,0 -- profile_decode_step.py \
-      --share 0.05 --shape llama8b --size 32768 --batches 1 --variants ema,ema+stop --out "$OUT" 2>&1 \
-      | grep -v Warn | tee "$OUT/s61d_profile.txt" | grep -E "^#|^T=|psa_" | head -40
-   mkdir -p "$OUT/ph" && timeout 200 python3 exp_kernels_attr.py GRID_MIN_GROUP_MIB=32,0 -- bench_decode.py \
-      --profile per-head --shape llama8b --sizes 32768:1 --reps 20 \
-      --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank --out "$OUT/ph" 2>&1 | tee "$OUT/s61d_ph.log" \
-      | grep "^#\|^|" | cut -d'|' -f4-9,12-13 | grep .)
-  exit 0
-fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
