@@ -2952,22 +2952,6 @@ if [ "$PART" = s61b ]; then
   per_head_rows "ph61_${2:-32}" "${2:-32}" tau0.9,remaining,stages,speculate,predicted
   exit 0
 fi
-if [ "$PART" = s61c ]; then
-  # Sixty-first session (branch wip/estimated-stop-gpu): psa_estimated_stop v3. s61a measured v2 at 8.5 µs (Llama 5%
-  # 32K B = 1; predicted 3-4), 23.6 at 128K B = 1 (predicted 5-6), 8.8 at 32K B = 8: ~1.3 µs more a position of a
-  # thread's run (R = 4 -> 16), so the runs' reloads (order, then every head's estimate, a dependent pair a position,
-  # one position at a time) wait on L2, not L1. v3: the first pass keeps 8 positions' loads in flight a thread and
-  # writes every x to shared-memory planes (128 KiB at 128K), from which the two runs read (no global load after the
-  # first pass). A/B in one process against the same code reading from global memory (ESTIMATED_STOP_STAGE_BYTES 0:
-  # the v2 runs after the v3 first pass). Predicted: staged 32K B = 1 ~3-4 µs, 128K ~5-6, 32K B = 8 ~4; unstaged
-  # between v2 and staged. Tests first (conformance, the kernel at 3,000 blocks staged and not). ~4 minutes.
-  gpu_tests t_s61c.log 300 tests/test_fast.py -k "estimated_stop"
-  (cd benchmarks && for size in 32768:1 131072:1 32768:8; do timeout 150 python3 exp_kernels_attr.py \
-      ESTIMATED_STOP_STAGE_BYTES=196608,0 -- profile_decode_step.py --share 0.05 --shape llama8b --size ${size%:*} \
-      --batches ${size#*:} --variants ema+stop --out "$OUT" 2>&1 | grep -v Warn; done \
-      | tee "$OUT/s61c_profile.txt" | grep -E "^#|^T=|psa_" | head -60)
-  exit 0
-fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

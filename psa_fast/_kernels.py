@@ -1018,9 +1018,6 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 
 
 ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
-# psa_estimated_stop keeps every head's gathered estimates in shared memory up to this size (G x Nmax floats,
-# rounded up to whole runs: Llama's 4 heads at 128K, 8,192 blocks, 128 KiB), where its runs read them twice
-ESTIMATED_STOP_STAGE_BYTES = 192 * 1024
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 
 
@@ -1033,15 +1030,10 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
     from psa_ref.progressive import EMA_WEIGHT
 
     b, gn = first_len.shape
-    staged = -(-nmax // ESTIMATED_STOP_THREADS)  # each thread's positions at most: the planes' stride
-    smem = 4 * g * ESTIMATED_STOP_THREADS * staged
-    if smem > ESTIMATED_STOP_STAGE_BYTES:  # longer caches read the estimates twice more instead
-        staged = smem = 0
-    fn = _with_smem(kernel("estimated_stop", d=16, s=s, g=g), smem)
+    fn = kernel("estimated_stop", d=16, s=s, g=g)
     fn((gn, b), (ESTIMATED_STOP_THREADS,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax),
                                             np.int32(forced), np.float32(threshold), np.float32(EMA_WEIGHT),
-                                            np.int32(ESTIMATED_STOP_CODES[stop]), np.float32(margin),
-                                            np.int32(staged)), shared_mem=smem)
+                                            np.int32(ESTIMATED_STOP_CODES[stop]), np.float32(margin)))
 
 
 # Dense decoding at head dim <= 64 takes CTAs of 8 warps (not 4) when the batch has at most this many groups

@@ -573,18 +573,12 @@ def test_share_key_equals_float64_at_many_blocks(g):
 
 @pytest.mark.parametrize("g", [3, 4])
 @pytest.mark.parametrize("stop", ["ema", "remaining"])
-@pytest.mark.parametrize("staged", [True, False])
-def test_estimated_stop_kernel_at_many_blocks(monkeypatch, g, stop, staged):
+def test_estimated_stop_kernel_at_many_blocks(g, stop):
     """psa_estimated_stop on more blocks than its CTA has threads (runs of up to 6 positions a thread, every warp's
-    prefix composed) and ragged requests, with the gathered estimates kept in shared memory and (as past
-    ESTIMATED_STOP_STAGE_BYTES) read again from global memory: each group's first chunk equals psa_ref's
-    estimated_stop_first_chunk on the same float32 estimates and order, or lies between the reference's sizes at tau
-    -+ 1e-4 (budget: the kernel's float32 masses and scans against float64, a relative error of a few 1e-5 on each
-    ratio at 3,000 blocks)."""
+    prefix composed) and ragged requests: each group's first chunk equals psa_ref's estimated_stop_first_chunk on the
+    same float32 estimates and order, or lies between the reference's sizes at tau -+ 1e-4 (budget: the kernel's
+    float32 masses and scans against float64, a relative error of a few 1e-5 on each ratio at 3,000 blocks)."""
     from psa_fast import _kernels
-
-    if not staged:
-        monkeypatch.setattr(_kernels, "ESTIMATED_STOP_STAGE_BYTES", 0)
     from psa_ref.progressive import ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk
     from psa_ref.scoring import forced_blocks, processing_order
 

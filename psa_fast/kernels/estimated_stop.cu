@@ -8,30 +8,24 @@
 // One CTA of PSA_ES_THREADS per (group, request); thread t owns the consecutive positions [t R, (t + 1) R) of the
 // order, R = ceil(n / PSA_ES_THREADS). Every head of the group at once (PSA_G states a thread): each head's x_i at
 // position i is vals[order[i]] + log n_{order[i]}, and the head's maximum X over the CTA is the masses' reference
-// (exp(x_i - X) <= 1: none overflows, and the rule's ratios do not depend on X). A first pass gathers every x with
-// positions strided over the threads (coalesced loads of the order, PSA_ES_UNROLL positions' loads in flight a
-// thread) and, where `staged` > 0, keeps them in shared memory, head h's plane holding position t R + r at
-// r PSA_ES_THREADS + t (the runs below read a word a thread, no bank conflict); else the runs load them again.
-// Then, in processing order, the attended mass AS_acc (a sum) and the rule's running term (ema: the moving average
-// as a composition of affine maps E -> a E + b, position 0 (0, m_0), position i (1 - w, w m_i); remaining: the
-// running minimum) in three steps: each thread folds its run; the folds are scanned across the CTA (lanes by
-// shuffles, then the warps' totals by one warp scan in every warp); each thread rewalks its run from its exclusive
-// prefix and tests every position as the loop tests a boundary, AS_acc / (AS_acc + N_left rest) >= tau, for every
-// head. A thread's first position past the forced blocks where every head holds is its candidate; the group's is
-// the CTA's minimum. Versions (benchmarks/NOTES.md, sixty-first session; Llama 5% one request, H100): v1 went head
-// by head (three barriers each) and took the candidates' minimum by ~1,000 shared atomicMin on one word: 15.9 µs at
-// 32K; v2 (every head at once, the runs reloading from global memory) 8.5 µs at 32K, 23.6 at 128K.
+// (exp(x_i - X) <= 1: none overflows, and the rule's ratios do not depend on X). Then, in processing order, the
+// attended mass AS_acc (a sum) and the rule's running term (ema: the moving average as a composition of affine maps
+// E -> a E + b, position 0 (0, m_0), position i (1 - w, w m_i); remaining: the running minimum) in three steps: each
+// thread folds its run; the folds are scanned across the CTA (lanes by shuffles, then the warps' totals by one warp
+// scan in every warp); each thread rewalks its run from its exclusive prefix and tests every position as the loop
+// tests a boundary, AS_acc / (AS_acc + N_left rest) >= tau, for every head. A thread's first position past the
+// forced blocks where every head holds is its candidate; the group's is the CTA's minimum.
+// The first version went head by head (three barriers each) and took each thread's candidate by a shared atomicMin
+// (~1,000 on one word): 15.9 µs for one Llama request at 32K on the H100 (s60i), where this one has three barriers.
 //   vals       [B, Hq, Nmax] float: each query head's estimate s_j of every block (the plan's per-head estimates)
 //   order      [B, Gn, Nmax] int: the group's processing order (forced blocks first)
 //   seq_lens   [B] int: tokens of each request (n = ceil(len / PSA_S) blocks; the last may be partial)
 //   first_len  [B, Gn] int out: the first ranked chunk's blocks (0 where no block is ranked, or tau >= 1)
 //   stop       0: ema, 1: remaining
-//   staged     the planes' stride R_cap >= R (dynamic shared memory PSA_G x PSA_ES_THREADS x R_cap floats), or 0
 #include "common.cuh"
 
 #define PSA_ES_THREADS 512
 #define PSA_ES_WARPS (PSA_ES_THREADS / 32)
-#define PSA_ES_UNROLL (PSA_G >= 8 ? 4 : 8)  // the first pass's positions in flight a thread
 static_assert(PSA_ES_WARPS <= 32, "psa_estimated_stop: one warp scans the warps' totals");
 
 // Running state of a prefix: attended mass, the moving average as the affine map (a, b), the lightest mass.
@@ -75,8 +69,7 @@ __device__ __forceinline__ EsState es_warp_scan(EsState v, int lane) {
 extern "C" __global__ void __launch_bounds__(PSA_ES_THREADS)
 psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order, const int* __restrict__ seq_lens,
                    int* __restrict__ first_len, int Hq, int Nmax, int forced, float threshold, float ema_w, int stop,
-                   float margin, int staged) {
-    extern __shared__ float xs[];  // staged: PSA_G planes of PSA_ES_THREADS x staged floats
+                   float margin) {
     __shared__ EsState warp_tot[PSA_G][PSA_ES_WARPS];
     __shared__ float warp_max[PSA_G][PSA_ES_WARPS];
     __shared__ int warp_best[PSA_ES_WARPS];
@@ -95,48 +88,37 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
     const float* v = vals + ((long)b * Hq + h0) * Nmax;  // head h's row: v + h Nmax
     const float log_last = __logf((float)(len - (n - 1) * PSA_S));  // the last block's tokens (others: PSA_S)
     const float log_full = __logf((float)PSA_S);
-    // every head's x at position i = i0 + r of this thread's run: its estimate of the block there plus the log of the
-    // block's tokens, from the planes where staged (the first pass's barrier orders them)
+    // every head's x at position i: its estimate of the block there plus the log of the block's tokens
     auto x_at = [&](int i, float (&x)[PSA_G]) {
-        if (staged) {
-#pragma unroll
-            for (int h = 0; h < PSA_G; ++h) x[h] = xs[(h * staged + (i - i0)) * PSA_ES_THREADS + t];
-            return;
-        }
         const int j = __ldg(orow + i);
         const float lt = j == n - 1 ? log_last : log_full;
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) x[h] = __ldg(v + (long)h * Nmax + j) + lt;
     };
-    // 0. every x, strided over the threads, PSA_ES_UNROLL positions' loads at once: each head's maximum over the CTA,
-    // and the planes where staged
+    // 0. each head's maximum x over the CTA (positions strided over the threads: coalesced loads of the order, and
+    // the L1 then holds every line the runs below read again)
     float top[PSA_G];
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) top[h] = -PSA_INF;
-    for (int base = 0; base < n; base += PSA_ES_THREADS * PSA_ES_UNROLL) {
-        int j[PSA_ES_UNROLL];
+#pragma unroll 4
+    for (int i = t; i < n; i += PSA_ES_THREADS) {
+        float x[PSA_G];
+        x_at(i, x);
 #pragma unroll
-        for (int u = 0; u < PSA_ES_UNROLL; ++u) {
-            const int i = base + u * PSA_ES_THREADS + t;
-            j[u] = i < n ? __ldg(orow + i) : -1;
-        }
-        float x[PSA_ES_UNROLL][PSA_G];
+        for (int h = 0; h < PSA_G; ++h) top[h] = fmaxf(top[h], x[h]);
+    }
 #pragma unroll
-        for (int u = 0; u < PSA_ES_UNROLL; ++u)
+    for (int h = 0; h < PSA_G; ++h) {
 #pragma unroll
-            for (int h = 0; h < PSA_G; ++h) x[u][h] = j[u] >= 0 ? __ldg(v + (long)h * Nmax + j[u]) : -PSA_INF;
+        for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
+        if (lane == 0) warp_max[h][warp] = top[h];
+    }
+    __syncthreads();
 #pragma unroll
-        for (int u = 0; u < PSA_ES_UNROLL; ++u) {
-            if (j[u] < 0) continue;
-            const int i = base + u * PSA_ES_THREADS + t;
-            const float lt = j[u] == n - 1 ? log_last : log_full;
+    for (int h = 0; h < PSA_G; ++h) {
+        top[h] = lane < PSA_ES_WARPS ? warp_max[h][lane] : -PSA_INF;
 #pragma unroll
-            for (int h = 0; h < PSA_G; ++h) {
-                x[u][h] += lt;
-                top[h] = fmaxf(top[h], x[u][h]);
-                if (staged) xs[(h * staged + i % R) * PSA_ES_THREADS + i / R] = x[u][h];
-            }
-        }
+        for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
     }
     // 1. this thread's fold of its run, every head
     EsState st[PSA_G];
