@@ -91,7 +91,7 @@ SHAPES = {
 }
 PROFILES = ("pooled", "per-head", "sparsity", "long-context", "real")
 DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
-SKIPPABLE = ("tau0.9", "remaining", "predicted", "sketch", "topk", "stages", "speculate", "rank")
+SKIPPABLE = ("tau0.9", "remaining", "predicted", "estimated", "sketch", "topk", "stages", "speculate", "rank")
 # The step after a predicted first chunk in the default rule's extra rows: on the real Gemma 3 layer 17 psa_ref's
 # sketch_avg with first_chunk="predicted" takes 2.8 iterations at steps 128-192 against 3.8 at 320 alone, reading
 # 36-38% of the blocks against 43% (benchmarks/exp_step_growth.py --firsts, thirty-ninth session).
@@ -737,6 +737,16 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     # per head: the estimates written, read back by the suffix sums, which write their own
                     row(fname, usf, psa_floor(readf, passes=3), mean_err(outsf), readf, 7)
                     main_targets.append((fname, mean_err(outsf), readf))
+            if "estimated" not in skip:  # the first ranked chunk where the rule holds on the estimated masses
+                ename = f"{name} first chunk estimated_stop"
+                gote = attempt(ename, lambda: timed(psa_fast.plan(
+                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk="estimated_stop",
+                    scale=shape.scale)))
+                if gote is not None:
+                    use, outse, reade = gote
+                    # per head: the estimates written, read back by psa_estimated_stop
+                    row(ename, use, psa_floor(reade, passes=2), mean_err(outse), reade, 7)
+                    main_targets.append((ename, mean_err(outse), reade))
             if "speculate" not in skip:  # every predicted chunk at once, verified after (DecodePlan(speculate=...))
                 sname = f"{name} {spec_name}"
                 gots = attempt(sname, lambda: timed(psa_fast.plan(

@@ -2910,16 +2910,46 @@ if [ "$PART" = s60h ]; then
       | tee "$OUT/s60h_first.txt" | grep -E "^T=|psa_|variant|µs" | head -40)
   exit 0
 fi
-if [ "$PART" = s60j ]; then
-  # Sixtieth session: 2 prefetch stages for SmolLM2's 8-warp dense CTAs at 7-12 groups (_kernels.DENSE_WIDE_STAGES,
-  # off), A/B in one process (0 / 2 / 2 / 0). The s60 sweep (separate processes) had 32K B = 3 31.6 -> 30.9 µs
-  # (0.94x -> 0.96x SDPA), B = 4 39.0 -> 38.8, 128K B = 4 134.3 -> 133.5; B = 1 and 2 (3 and 6 groups) are outside
-  # the switch. Predicted: B = 3 -0.5 to -0.8 µs, B = 4 -0.2 to -0.8, the rest identical (same plan). The A/B's diff
-  # column checks each output against the default plan's; the dense GPU tests with the switch on must pass before it
-  # is turned on by default. ~2 minutes.
-  (cd benchmarks && timeout 200 python3 exp_kernels_attr.py DENSE_WIDE_STAGES=0,2,2,0 -- exp_dense_tune.py \
-      --shape smollm2 --sizes 32768,131072 --batches 1,2,3,4,5 --default-only --reps 20 --out /tmp/s60j.jsonl 2>&1 \
-      | grep -v Warn | tee "$OUT/s60j_dense.txt" | grep "^#\|SDPA\|splits")
+if [ "$PART" = s60i ]; then
+  # Sixtieth session, branch wip/estimated-stop-gpu (written without a device; its algorithm checked against
+  # psa_ref in a NumPy emulation of the thread runs and prefix composition, 300 / 300 cases): first_chunk=
+  # "estimated_stop" on the GPU (psa_estimated_stop: the rule on each head's estimated masses along the order, x 1.25,
+  # written to first_len for the loop; it reads the per-head estimates and the order, so no suffix pass runs for it).
+  # Its conformance test first (sizes equal to the reference's or within the rounding band), then the first-chunk
+  # tests around it, then the kernel's time and the loop with it against the plain loop (Llama per-head and 5%, one
+  # request, 32K / 128K). Predicted: the kernel 2-3 µs (G heads one after another, 1,024 threads); the loop with it
+  # level to -3 µs on the per-head profile (1.66 -> 1 decisions, 31 -> 28% of the blocks), level to +2 on the 5%
+  # profile (one decision either way, 19 -> 16%). ~4 minutes.
+  gpu_tests t_s60i.log 300 tests/test_fast.py -k "estimated_stop or first_chunk or previous_stop"
+  (cd benchmarks && timeout 200 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 \
+      --batches 1 --variants ema,ema+stop --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s60i_profile.txt" \
+      | grep -E "^T=|psa_|variant|µs" | head -40)
+  exit 0
+fi
+if [ "$PART" = s61a ]; then
+  # Sixty-first session, branch wip/estimated-stop-gpu: psa_estimated_stop v2 (every head of the group at once, 512
+  # threads, three barriers, the candidates' minimum by warp reductions instead of ~1,000 shared atomicMin on one
+  # word; no Nmax limit). s60i measured v1 at 15.9 µs (Llama 5% 32K B = 1, H100; predicted 2-3) and the loop with it
+  # 48.4 µs of kernels against ema's 34.4. Predicted for v2: 32K B = 1 ~3-4 µs (two dependent L2 loads, three
+  # barriers, R = 4 positions a thread), 128K B = 1 ~5-6 (R = 16), 32K B = 8 ~4; the loop with it 32K B = 1 ~36 µs
+  # of kernels (decode 19.9 + estimate + order + this). Tests first: the kernel at 3,000 blocks and the conformance
+  # test. ~4 minutes.
+  gpu_tests t_s61a.log 300 tests/test_fast.py -k "estimated_stop"
+  (cd benchmarks && for size in 32768 131072; do timeout 150 python3 profile_decode_step.py --share 0.05 \
+      --shape llama8b --size $size --batches 1 --variants ema,ema+stop --out "$OUT" 2>&1 | grep -v Warn; done \
+      | tee "$OUT/s61a_profile.txt" | grep -E "^T=|psa_|variant|µs" | head -60
+   timeout 150 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 8 \
+      --variants ema,ema+stop --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s61a_profile_b8.txt" \
+      | grep -E "^T=|psa_|variant|µs" | head -30)
+  exit 0
+fi
+if [ "$PART" = s61b ]; then
+  # Sixty-first session (branch wip/estimated-stop-gpu): issue 14's per-head rows with top-k at its exact equal-error k
+  # (bench_decode's bisection) and the new row "first chunk estimated_stop" (matched by top-k at its own error).
+  # Predicted (NOTES, sixtieth session, item 5): top-k at the exact k ~175 µs at 32K B = 8 against PSA's ~190 (the
+  # grid's k gave 197.1); B = 32 stays PSA's. The estimated_stop row at B = 1: fewer blocks (~28% against ~31%) and
+  # one decision, but psa_estimated_stop's launch on top: level with the plain row within ~3 µs. $2 = 32 or 128.
+  per_head_rows "ph61_${2:-32}" "${2:-32}" tau0.9,remaining,stages,speculate,predicted
   exit 0
 fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed

@@ -9,7 +9,8 @@ variant, each kernel's launches per step, µs per launch and share of the step.
 Variants (``--variants``, comma-separated): ``dense``; ``topk`` (``k = --topk`` blocks a group); ``NAME`` or
 ``NAME:sM`` with NAME ``default`` (the library's default rule on ``metadata="quant3"``), ``share`` (the same with
 ``rank="share"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``; ``default+first``,
-``share+first`` and ``ema+first``: those with ``first_chunk="predicted"`` (the first ranked chunk from the estimates).
+``share+first`` and ``ema+first``: those with ``first_chunk="predicted"`` (the first ranked chunk from the estimates);
+``ema+stop``: ``ema`` with ``first_chunk="estimated_stop"``.
 Steps as in bench_decode: the loop's the plan's ``step="auto"``, speculating ``_kernels.spec_step`` (``max(16,
 blocks / 256)``). The steps rotate over ``--layers`` layers of the same data (default: bench_decode's
 ``rotating_layers``, enough that K/V and metadata come from HBM, as in a decoder's step and the bench's rows; one
@@ -25,7 +26,7 @@ import os
 
 from bench_decode import SHAPES, real_fill, rotating_layers, run_file, run_tags, scatter_slots, sparsity_fill
 
-VARIANT_RULES = ("default", "share", "ema", "default+first", "share+first", "ema+first")
+VARIANT_RULES = ("default", "share", "ema", "default+first", "share+first", "ema+first", "ema+stop")
 # the variants on metadata="quant3"; the others on "cuboid_mean"
 QUANT3_VARIANTS = ("default", "share", "default+first", "share+first")
 
@@ -133,7 +134,8 @@ def main() -> None:
                     p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
                                       stop="ema" if name.startswith("ema") else "auto",
                                       rank="share" if name.startswith("share") else "estimate",
-                                      first_chunk="predicted" if name.endswith("+first") else None,
+                                      first_chunk=("predicted" if name.endswith("+first") else
+                                                   "estimated_stop" if name.endswith("+stop") else None),
                                       step=spec_step if spec else step, speculate=spec,
                                       speculate_extra=(None if spec is None or args.extra_chunks is None
                                                        else args.extra_chunks * spec_step))

@@ -1017,6 +1017,25 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
                         np.float32(np.log1p(-threshold))))
 
 
+ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
+ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
+
+
+def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold, stop,
+                         margin) -> None:
+    """``first_chunk="estimated_stop"``: each group's ranked blocks of its first ranked chunk, ``first_len [B, Gn]``,
+    where ``stop`` ("ema" or "remaining") run on the estimated masses along the order first holds for every head,
+    times ``margin`` (``psa_estimated_stop``; psa_ref.progressive.estimated_stop_first_chunk), from each head's
+    estimates ``vals [B, Hq, Nmax]`` and the order ``order_arr [B, Gn, Nmax]`` (no suffix pass)."""
+    from psa_ref.progressive import EMA_WEIGHT
+
+    b, gn = first_len.shape
+    fn = kernel("estimated_stop", d=16, s=s, g=g)
+    fn((gn, b), (ESTIMATED_STOP_THREADS,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax),
+                                            np.int32(forced), np.float32(threshold), np.float32(EMA_WEIGHT),
+                                            np.int32(ESTIMATED_STOP_CODES[stop]), np.float32(margin)))
+
+
 # Dense decoding at head dim <= 64 takes CTAs of 8 warps (not 4) when the batch has at most this many groups
 # (B x Hkv): one request's few groups then fill the GPU with splits either way and fewer, wider CTAs leave fewer
 # partials to merge. s52 A/B (H100, SmolLM2, off / on / on / off): 128K B = 1 43.6 / 44.6 -> 42.7 / 42.8 µs, B = 2
@@ -1024,25 +1043,6 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 # groups) 8 warps lose (s49 sweep). 0: never. On since s53, after the dense and split GPU tests passed with it
 # (device_pending.sh s52c: 37 passed with test_dense_wide_ctas_at_small_head_dims; the other suites' dense tests: 30).
 DENSE_WIDE_MAX_GROUPS = 12
-
-
-# > 0: dense CTAs of 8 warps at head dim <= 64 (DENSE_WIDE_MAX_GROUPS) take this many prefetch stages when the batch
-# has more than DENSE_WIDE_STAGES_MIN_GROUPS groups (twice the CTAs an SM at 2, so pick_splits gives twice the
-# splits). s60 sweep (H100, exp_dense_tune, one process each, not an A/B): SmolLM2 32K B = 3 (9 groups) 31.6 -> 30.9
-# µs at 2 stages (SDPA 29.7), B = 4 39.0 -> 38.8, 128K B = 4 134.3 -> 133.5, B = 2 level, B = 1 worse. 0: off (the
-# default until an A/B in one process says otherwise: device_pending.sh s60j).
-DENSE_WIDE_STAGES = 0
-DENSE_WIDE_STAGES_MIN_GROUPS = 6
-
-
-def default_stages(d: int, mode: str, warps: int, groups: int | None = None) -> int | None:
-    """Prefetch stages a decode CTA takes when the caller gives none: None (decode_config's DECODE_STAGES, fewer where
-    shared memory is short), or ``DENSE_WIDE_STAGES`` for the dense build's 8-warp CTAs at head dim <= 64 with more
-    than ``DENSE_WIDE_STAGES_MIN_GROUPS`` groups (``groups`` = B x Hkv, when given) where that switch is on."""
-    if (DENSE_WIDE_STAGES and mode == "dense" and d <= 64 and warps == 8 and groups is not None
-            and DENSE_WIDE_STAGES_MIN_GROUPS < groups <= DENSE_WIDE_MAX_GROUPS):
-        return DENSE_WIDE_STAGES
-    return None
 
 
 def default_warps(d: int, mode: str, groups: int | None = None) -> int:

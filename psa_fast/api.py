@@ -19,7 +19,8 @@ import numpy as np
 
 from psa_ref import _validate
 from psa_ref.blocks import METADATA_KINDS, to_hnd
-from psa_ref.progressive import DEFAULT_STOP, SKETCH_RULES, check_first_chunk, resolve_stop, warn_sketch_metadata
+from psa_ref.progressive import (DEFAULT_STOP, ESTIMATED_STOP_MARGIN, SKETCH_RULES, check_first_chunk, resolve_stop,
+                                 warn_sketch_metadata)
 from psa_ref.result import AttentionResult
 from psa_ref.scoring import RANKS
 
@@ -110,7 +111,9 @@ class DecodePlan:
         first_chunk: psa: the ranked blocks of the first ranked iteration, as in
             [`psa_ref.attention`][psa_ref.attention]: None (``step``), an integer, ``"predicted"``
             (from each head's estimates along the order, on the GPU; not with ``stop="certified"``,
-            whose per-head buffer holds the bounds), or ``"previous"``: one ``step`` short of where the same
+            whose per-head buffer holds the bounds), ``"estimated_stop"`` (``stop`` "ema" or "remaining":
+            ``psa_estimated_stop`` runs the rule on each head's estimated masses along the order), or
+            ``"previous"``: one ``step`` short of where the same
             layer's group stopped at its previous call
             ([`previous_first_chunk`][psa_ref.progressive.previous_first_chunk]; the plain schedule at the
             first call and after [`forget_previous`][psa_fast.DecodePlan.forget_previous]). A layer's need
@@ -192,14 +195,9 @@ class DecodePlan:
                       else _validate.integer(warps, "warps", minimum=1))
         self._auto_warps = warps is None  # speculate: the speculative attend's CTAs sized by _kernels.spec_shapes
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
-        self.stages = (_kernels.default_stages(cache.dp, self.mode, self.warps, cache.batch * cache.num_kv_heads)
-                       if stages is None else _validate.integer(stages, "stages", minimum=2))
+        self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
-        self.first_chunk = "previous" if first_chunk == "previous" else check_first_chunk(first_chunk)
-        if self.first_chunk == "estimated_stop":
-            raise NotImplementedError("first_chunk='estimated_stop' is psa_ref.attention's only so far: the GPU sizes "
-                                      "first chunks by 'predicted', an integer or 'previous' (benchmarks/NOTES.md, "
-                                      "sixtieth session, has the plan)")
+        self.first_chunk = "previous" if first_chunk == "previous" else check_first_chunk(first_chunk, self.stop)
         if self.first_chunk is not None and self.mode != "psa":
             raise ValueError(f"first_chunk sizes PSA's first ranked iteration; mode={self.mode!r} has none")
         if self.first_chunk == "predicted" and self.stop == "certified":
@@ -264,9 +262,15 @@ class DecodePlan:
         # and their suffix log-sum-exp along the order
         per_head = {"certified": "bounds", "sketch": "estimates", "sketch_avg": "estimates"}
         self._per_head = per_head.get(self.stop) if self.mode == "psa" else None
-        if self.first_chunk == "predicted" or self.speculate is not None or (self.rank == "share" and self.g > 1):
-            self._per_head = "estimates"  # the prediction sums each head's estimates along the order; the share
-            # key normalises them per head
+        if (self.first_chunk in ("predicted", "estimated_stop") or self.speculate is not None
+                or (self.rank == "share" and self.g > 1)):
+            self._per_head = "estimates"  # the predictions sum (or walk) each head's estimates along the order; the
+            # share key normalises them per head
+        # the suffix pass along the order: for every use of the per-head values but first_chunk="estimated_stop",
+        # whose kernel reads the estimates and the order itself
+        self._suffix = self._per_head is not None and not (
+            self.first_chunk == "estimated_stop" and per_head.get(self.stop) is None and self.speculate is None
+            and not (self.rank == "share" and self.g > 1))
         self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
         self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if self._per_head else None
         self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
@@ -308,10 +312,12 @@ class DecodePlan:
             # as its first chunk's end and writes this call's over it (decode.cu's PSA_FIRST_PREV)
             self.num_used_layers = cupy.zeros((cache.num_layers, b, self.gn), i32)
         elif self.first_chunk is not None:
-            fixed = 0 if self.first_chunk == "predicted" else self.first_chunk
+            fixed = 0 if self.first_chunk in ("predicted", "estimated_stop") else self.first_chunk
             self.first_len = cupy.full((b, self.gn), fixed, i32)
-        # first_chunk="predicted" each step by psa_first_chunk (below tau 1: at tau 1 every block is read anyway)
+        # first_chunk="predicted" each step by psa_first_chunk, "estimated_stop" by psa_estimated_stop (below tau 1:
+        # at tau 1 every block is read anyway)
         self._predicts_first = self.first_chunk == "predicted" and self.threshold < 1
+        self._estimates_stop = self.first_chunk == "estimated_stop" and self.threshold < 1
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
         # the loop's state after the speculated chunks (for the resumed loop)
         self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = self.spec_items = None
@@ -493,12 +499,17 @@ class DecodePlan:
             return
         _kernels.order(self.scores, self.cache.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
                        sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
-                       want_suffix=self.bounds is not None, workspace=self.sort_workspace,
+                       want_suffix=self._suffix, workspace=self.sort_workspace,
                        ordered=self.sketch_ordered, **self._shape())
         if self._predicts_first:
             _kernels.first_chunk(self.log_suffix, self.cache.seq_lens[layer], self.first_len, s=self.cache.block_size,
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
                                  forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold)
+        if self._estimates_stop:
+            _kernels.estimated_stop_chunk(self.bounds, self.order_buf, self.cache.seq_lens[layer], self.first_len,
+                                          s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,
+                                          forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
+                                          stop=self.stop, margin=ESTIMATED_STOP_MARGIN)
         if self.speculate is not None:
             _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, self.spec_total,
                               s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,

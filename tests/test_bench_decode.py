@@ -399,6 +399,7 @@ def test_profile_decode_step_variants():
     assert "share+first" in pds.QUANT3_VARIANTS and "default+first" in pds.QUANT3_VARIANTS
     assert pds.parse_variants("ema+first:s1.0") == [("ema+first", 1.0)]  # ema's rule on cuboid_mean, not quant3
     assert "ema+first" not in pds.QUANT3_VARIANTS
+    assert pds.parse_variants("ema+stop") == [("ema+stop", None)] and "ema+stop" not in pds.QUANT3_VARIANTS
     for bad, says in (("loop", "not dense"), ("default:2.0", "sM"), ("dense:s1", "not dense"), ("topk:s1", "topk"),
                       (" , ", "no variant")):
         with pytest.raises(ValueError, match=says):
@@ -552,27 +553,6 @@ def test_dense_tune_variants_fit_shared_memory_and_default_only_is_the_plans_sha
         for warps, stages, splits in swept:  # every shape as decode_config fits it, the default splits and 3 others
             assert _kernels.decode_config(d=d, s=16, g=g, version=3, warps=warps, stages=stages)[1:3] == (warps, stages)
             assert splits in (None, 8, 32, 64)
-
-
-def test_dense_wide_stages_switch_picks_two_stages_only_where_asked(monkeypatch):
-    """_kernels.DENSE_WIDE_STAGES (off by default): 8-warp dense CTAs at D <= 64 with 7-12 groups take its stages, and
-    their smaller shared memory lets pick_splits give twice the splits (SmolLM2 at B = 3: 14 -> 29, the s60 sweep's
-    shape); every other plan keeps decode_config's default. No GPU needed: the SM count is the H100's."""
-    from psa_fast import _kernels
-
-    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
-    assert _kernels.DENSE_WIDE_STAGES == 0 and _kernels.default_stages(64, "dense", 8, 9) is None  # off: unchanged
-    monkeypatch.setattr(_kernels, "DENSE_WIDE_STAGES", 2)
-    assert _kernels.default_stages(64, "dense", 8, 9) == 2 and _kernels.default_stages(64, "dense", 8, 12) == 2
-    for args in ((64, "dense", 8, 6), (64, "dense", 8, 13), (64, "dense", 4, 9), (128, "dense", 8, 9),
-                 (64, "topk", 8, 9), (64, "psa", 8, 9), (64, "dense", 8, None)):
-        assert _kernels.default_stages(*args) is None, args
-
-    def splits(stages):
-        _, warps, got, smem = _kernels.decode_config(d=64, s=16, g=3, version=3, warps=8, stages=stages)
-        return got, _kernels.pick_splits(9, 2048, warps, smem)
-
-    assert splits(None) == (3, 14) and splits(2) == (2, 29)
 
 
 def test_default_launch_shape_of_the_split_build(monkeypatch):

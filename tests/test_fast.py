@@ -65,12 +65,52 @@ def test_psa_conforms(p, tau, stop, step):
         assert np.min(res.mass_exact) >= tau - 1e-4
 
 
-def test_the_estimated_stop_first_chunk_is_refused_on_the_gpu_until_built():
-    """psa_ref.attention has first_chunk="estimated_stop"; the GPU plan says it has not, rather than running another
-    schedule."""
-    cache = psa_fast.PagedKVCache(num_layers=1, batch=1, num_kv_heads=1, head_dim=64, max_tokens=64)
-    with pytest.raises(NotImplementedError, match="estimated_stop"):
-        psa_fast.plan(cache, num_q_heads=2, stop="ema", first_chunk="estimated_stop")
+@settings(max_examples=60)
+@given(gpu_problems(), thresholds, st.sampled_from(["ema", "remaining"]), st.sampled_from([1, 2, 5]))
+def test_psa_with_the_estimated_stop_first_chunk_conforms(p, tau, stop, step):
+    """first_chunk="estimated_stop" on the GPU (psa_estimated_stop): the run against the contract on the GPU's own
+    boundaries, and each group's first chunk against the reference's: equal, or within the sizes the reference
+    gives at tau -+ the ratio's rounding (float32 along the order, estimates from float16 metadata)."""
+    from psa_ref.progressive import estimated_stop_first_chunk
+    from psa_ref.scoring import processing_order
+
+    b = blocks_of(p)
+    n = b.num_blocks
+    sink = min(p.sink_blocks, n)
+    recent = min(p.recent_blocks, n - sink)
+    plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], threshold=tau, stop=stop, step=step, gqa=p.gqa,
+                         sink_blocks=sink, recent_blocks=recent, first_chunk="estimated_stop")
+    dec = plan.run(cupy.asarray(p.q.astype(np.float32)[None]))
+    used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
+    sizes = cupy.asnumpy(plan.first_len[0]).tolist()
+    res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
+                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None, n)
+    opts = dict(gqa=p.gqa, sink_blocks=sink, recent_blocks=recent)
+    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                 metadata=p.metadata, first_chunk=sizes, **opts)
+    ref_blocks = psa_ref.KVBlocks.from_dense(p.keys.astype(np.float64), p.values.astype(np.float64),
+                                             block_size=p.block_size, metadata=p.metadata, kv_layout="HND")
+    scores = psa_ref.estimate(p.q.astype(np.float64), ref_blocks, 1 / np.sqrt(p.q.shape[1]))
+    forced = psa_ref.scoring.forced_blocks(n, sink, recent)
+    g = p.q.shape[0] // plan.gn
+    mag = np.abs(ref_blocks.meta["lo"]) + np.abs(ref_blocks.meta["hi"])
+    for gi, c in enumerate(sizes):
+        heads = scores[gi * g : (gi + 1) * g]
+        order = processing_order(heads.max(axis=0), forced)
+        args = (heads, order, forced.size, ref_blocks.block_lengths)
+        want = estimated_stop_first_chunk(*args, tau, stop)
+        if c == want or tau >= 1:
+            assert c == want, f"group {gi}: GPU first chunk {c}, reference {want}"
+            continue
+        # float16 metadata moves each estimated mass by a factor within exp(+-est), a ratio by less than expm1(2 est)
+        kv = gi * g // (p.q.shape[0] // p.keys.shape[0])
+        est = FP16_META_REL / np.sqrt(p.q.shape[1]) * float((np.abs(p.q[gi * g : (gi + 1) * g].astype(np.float64))
+                                                              @ mag[kv].T).max())
+        tol = np.expm1(2 * est) + 1e-4
+        lo = estimated_stop_first_chunk(*args, max(tau - tol, 1e-6), stop) if n > forced.size else 0
+        hi = estimated_stop_first_chunk(*args, tau + tol, stop) if tau + tol < 1 else n - forced.size
+        assert lo <= c <= hi, \
+            f"group {gi}: GPU first chunk {c} outside the reference's {lo}..{hi} (at tau {want})"
 
 
 @settings(max_examples=100)
@@ -529,6 +569,49 @@ def test_share_key_equals_float64_at_many_blocks(g):
         want = (e - total).max(axis=1)
         np.testing.assert_allclose(got[b, :, :n], want, rtol=0, atol=5e-5, err_msg=f"request {b}")
         assert (got[b, :, n:] == 7.0).all(), f"request {b}: a score past the end was written"
+
+
+@pytest.mark.parametrize("g", [3, 4])
+@pytest.mark.parametrize("stop", ["ema", "remaining"])
+def test_estimated_stop_kernel_at_many_blocks(g, stop):
+    """psa_estimated_stop on more blocks than its CTA has threads (runs of up to 6 positions a thread, every warp's
+    prefix composed) and ragged requests: each group's first chunk equals psa_ref's estimated_stop_first_chunk on the
+    same float32 estimates and order, or lies between the reference's sizes at tau -+ 1e-4 (budget: the kernel's
+    float32 masses and scans against float64, a relative error of a few 1e-5 on each ratio at 3,000 blocks)."""
+    from psa_fast import _kernels
+    from psa_ref.progressive import ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk
+    from psa_ref.scoring import forced_blocks, processing_order
+
+    rng = np.random.default_rng(g + 10 * (stop == "ema"))
+    s, nmax, hkv, sink, recent = 16, 3000, 2, 1, 2
+    hq = g * hkv
+    lens = np.array([3 * s, 700 * s - 5, nmax * s, 2000 * s + 1], np.int32)
+    # heavy-tailed estimates (a few large blocks, a long flat tail) so that the stop falls inside the order
+    ests = (rng.standard_normal((len(lens), hq, nmax)) * 1.5 + 6 * (rng.random((len(lens), hq, nmax)) < 0.03))
+    ests = ests.astype(np.float32)
+    order = np.full((len(lens), hkv, nmax), -1, np.int32)
+    forced = []
+    for b, t in enumerate(lens.tolist()):
+        n = -(-t // s)
+        forced.append(forced_blocks(n, sink, recent))
+        for gi in range(hkv):
+            order[b, gi, :n] = processing_order(ests[b, gi * g : (gi + 1) * g, :n].max(axis=0), forced[b])
+    got_dev = cupy.full((len(lens), hkv), -7, cupy.int32)
+    for tau in (0.8, 0.95):
+        _kernels.estimated_stop_chunk(cupy.asarray(ests), cupy.asarray(order), cupy.asarray(lens), got_dev, s=s, g=g,
+                                      hq=hq, nmax=nmax, forced=sink + recent, threshold=tau, stop=stop,
+                                      margin=ESTIMATED_STOP_MARGIN)
+        got = cupy.asnumpy(got_dev)
+        for b, t in enumerate(lens.tolist()):
+            n = -(-t // s)
+            lengths = np.minimum(s, t - np.arange(n) * s).astype(np.float64)
+            for gi in range(hkv):
+                args = (ests[b, gi * g : (gi + 1) * g, :n].astype(np.float64), order[b, gi, :n].astype(np.int64),
+                        forced[b].size, lengths)
+                want = estimated_stop_first_chunk(*args, tau, stop)
+                lo, hi = (estimated_stop_first_chunk(*args, tau + d, stop) for d in (-1e-4, 1e-4))
+                assert got[b, gi] == want or lo <= got[b, gi] <= hi, \
+                    f"tau {tau}, request {b} ({n} blocks), group {gi}: GPU {got[b, gi]}, reference {want} ({lo}..{hi})"
 
 
 def test_psa_agrees_with_reference_on_most_draws():

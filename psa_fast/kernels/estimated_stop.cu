@@ -1,0 +1,177 @@
+// first_chunk="estimated_stop" (psa_ref.progressive.estimated_stop_first_chunk): per group, the ranked blocks after
+// which the stop rule (ema or remaining), run on the estimated block masses n_j exp(s_j) along the processing
+// order, first holds for every head of the group, times `margin`, rounded up: at least 1, at most the ranked
+// blocks. Written to first_len, which the decode kernel reads as its first ranked chunk (as psa_first_chunk's).
+// It reads the per-head estimates and the order itself, so the plan runs no suffix pass for it (psa_order_suffix
+// costs 4.4 µs at 2,048 blocks, 8.4 at 8,192 for one Llama request on the H100: more than the decisions it saves).
+//
+// One CTA of PSA_ES_THREADS per (group, request); thread t owns the consecutive positions [t R, (t + 1) R) of the
+// order, R = ceil(n / PSA_ES_THREADS). Every head of the group at once (PSA_G states a thread): each head's x_i at
+// position i is vals[order[i]] + log n_{order[i]}, and the head's maximum X over the CTA is the masses' reference
+// (exp(x_i - X) <= 1: none overflows, and the rule's ratios do not depend on X). Then, in processing order, the
+// attended mass AS_acc (a sum) and the rule's running term (ema: the moving average as a composition of affine maps
+// E -> a E + b, position 0 (0, m_0), position i (1 - w, w m_i); remaining: the running minimum) in three steps: each
+// thread folds its run; the folds are scanned across the CTA (lanes by shuffles, then the warps' totals by one warp
+// scan in every warp); each thread rewalks its run from its exclusive prefix and tests every position as the loop
+// tests a boundary, AS_acc / (AS_acc + N_left rest) >= tau, for every head. A thread's first position past the
+// forced blocks where every head holds is its candidate; the group's is the CTA's minimum.
+// The first version went head by head (three barriers each) and took each thread's candidate by a shared atomicMin
+// (~1,000 on one word): 15.9 µs for one Llama request at 32K on the H100 (s60i), where this one has three barriers.
+//   vals       [B, Hq, Nmax] float: each query head's estimate s_j of every block (the plan's per-head estimates)
+//   order      [B, Gn, Nmax] int: the group's processing order (forced blocks first)
+//   seq_lens   [B] int: tokens of each request (n = ceil(len / PSA_S) blocks; the last may be partial)
+//   first_len  [B, Gn] int out: the first ranked chunk's blocks (0 where no block is ranked, or tau >= 1)
+//   stop       0: ema, 1: remaining
+#include "common.cuh"
+
+#define PSA_ES_THREADS 512
+#define PSA_ES_WARPS (PSA_ES_THREADS / 32)
+static_assert(PSA_ES_WARPS <= 32, "psa_estimated_stop: one warp scans the warps' totals");
+
+// Running state of a prefix: attended mass, the moving average as the affine map (a, b), the lightest mass.
+struct EsState {
+    float s, a, b, mn;
+};
+
+__device__ __forceinline__ EsState es_identity() { return EsState{0.f, 1.f, 0.f, PSA_INF}; }
+
+// `lo` then `hi` (positions of `lo` come first in the order).
+__device__ __forceinline__ EsState es_then(const EsState& lo, const EsState& hi) {
+    return EsState{lo.s + hi.s, lo.a * hi.a, lo.b * hi.a + hi.b, fminf(lo.mn, hi.mn)};
+}
+
+// State after folding the block at position i of mass m (keep = 1 - w).
+__device__ __forceinline__ EsState es_push(const EsState& st, int i, float m, float keep, float w) {
+    const float ai = i == 0 ? 0.f : keep, bi = i == 0 ? m : w * m;
+    return EsState{st.s + m, st.a * ai, st.b * ai + bi, fminf(st.mn, m)};
+}
+
+__device__ __forceinline__ EsState es_shfl_up(const EsState& v, int off) {
+    return EsState{__shfl_up_sync(0xffffffffu, v.s, off), __shfl_up_sync(0xffffffffu, v.a, off),
+                   __shfl_up_sync(0xffffffffu, v.b, off), __shfl_up_sync(0xffffffffu, v.mn, off)};
+}
+
+__device__ __forceinline__ EsState es_shfl(const EsState& v, int src) {
+    return EsState{__shfl_sync(0xffffffffu, v.s, src), __shfl_sync(0xffffffffu, v.a, src),
+                   __shfl_sync(0xffffffffu, v.b, src), __shfl_sync(0xffffffffu, v.mn, src)};
+}
+
+// Inclusive scan over a warp's lanes in lane order.
+__device__ __forceinline__ EsState es_warp_scan(EsState v, int lane) {
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const EsState o = es_shfl_up(v, off);
+        if (lane >= off) v = es_then(o, v);
+    }
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(PSA_ES_THREADS)
+psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order, const int* __restrict__ seq_lens,
+                   int* __restrict__ first_len, int Hq, int Nmax, int forced, float threshold, float ema_w, int stop,
+                   float margin) {
+    __shared__ EsState warp_tot[PSA_G][PSA_ES_WARPS];
+    __shared__ float warp_max[PSA_G][PSA_ES_WARPS];
+    __shared__ int warp_best[PSA_ES_WARPS];
+    const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int len = seq_lens[b];
+    const int n = (len + PSA_S - 1) / PSA_S, f = min(n, forced);
+    if (n == f || threshold >= 1.f) {  // no ranked block, or every block read anyway: the plain schedule
+        if (t == 0) first_len[(long)b * Gn + g] = 0;
+        return;
+    }
+    const int R = (n + PSA_ES_THREADS - 1) / PSA_ES_THREADS;
+    const int i0 = min(n, t * R), i1 = min(n, i0 + R);
+    const float keep = 1.f - ema_w;
+    const int* orow = order + ((long)b * Gn + g) * Nmax;
+    const float* v = vals + ((long)b * Hq + h0) * Nmax;  // head h's row: v + h Nmax
+    const float log_last = __logf((float)(len - (n - 1) * PSA_S));  // the last block's tokens (others: PSA_S)
+    const float log_full = __logf((float)PSA_S);
+    // every head's x at position i: its estimate of the block there plus the log of the block's tokens
+    auto x_at = [&](int i, float (&x)[PSA_G]) {
+        const int j = __ldg(orow + i);
+        const float lt = j == n - 1 ? log_last : log_full;
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) x[h] = __ldg(v + (long)h * Nmax + j) + lt;
+    };
+    // 0. each head's maximum x over the CTA (positions strided over the threads: coalesced loads of the order, and
+    // the L1 then holds every line the runs below read again)
+    float top[PSA_G];
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) top[h] = -PSA_INF;
+#pragma unroll 4
+    for (int i = t; i < n; i += PSA_ES_THREADS) {
+        float x[PSA_G];
+        x_at(i, x);
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) top[h] = fmaxf(top[h], x[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
+        if (lane == 0) warp_max[h][warp] = top[h];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        top[h] = lane < PSA_ES_WARPS ? warp_max[h][lane] : -PSA_INF;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
+    }
+    // 1. this thread's fold of its run, every head
+    EsState st[PSA_G];
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) st[h] = es_identity();
+    for (int i = i0; i < i1; ++i) {
+        float x[PSA_G];
+        x_at(i, x);
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) st[h] = es_push(st[h], i, expf(x[h] - top[h]), keep, ema_w);
+    }
+    // 2. the prefix of everything before this thread: the earlier lanes, then the earlier warps
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        const EsState incl = es_warp_scan(st[h], lane);
+        st[h] = es_shfl_up(incl, 1);
+        if (lane == 0) st[h] = es_identity();
+        if (lane == 31) warp_tot[h][warp] = incl;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        const EsState tot = es_warp_scan(lane < PSA_ES_WARPS ? warp_tot[h][lane] : es_identity(), lane);
+        const EsState before = es_shfl(tot, warp == 0 ? 0 : warp - 1);
+        if (warp > 0) st[h] = es_then(before, st[h]);
+    }
+    // 3. rewalk: each position's test, as the loop's at a boundary after it; the first that every head passes
+    int mine = n;
+    for (int i = i0; i < i1; ++i) {
+        float x[PSA_G];
+        x_at(i, x);
+        bool holds = true;
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) {
+            st[h] = es_push(st[h], i, expf(x[h] - top[h]), keep, ema_w);
+            const float rest = stop == 0 ? st[h].b : st[h].mn;
+            const float n_left = (float)(n - 1 - i);
+            holds = holds && st[h].s / (st[h].s + n_left * rest) >= threshold;
+        }
+        if (holds && i >= f) {
+            mine = i;
+            break;
+        }
+    }
+    mine = __reduce_min_sync(0xffffffffu, mine);
+    if (lane == 0) warp_best[warp] = mine;
+    __syncthreads();
+    if (warp == 0) {
+        int best = __reduce_min_sync(0xffffffffu, lane < PSA_ES_WARPS ? warp_best[lane] : n);
+        if (lane == 0) {
+            const int ranked = best + 1 - f;  // best < n: the last position always holds (N_left = 0)
+            const int sized = (int)ceilf(margin * (float)ranked - 1e-6f);
+            first_len[(long)b * Gn + g] = min(n - f, max(1, sized));
+        }
+    }
+}
