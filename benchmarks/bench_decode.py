@@ -727,26 +727,20 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     if gotv is not None:
                         usv, outsv, readv = gotv
                         row(vname, usv, psa_floor(readv), mean_err(outsv), readv, 5)
-            if "predicted" not in skip:  # the first ranked chunk sized from the estimates (first_chunk)
-                fname = f"{name} first chunk predicted"
-                gotf = attempt(fname, lambda: timed(psa_fast.plan(
-                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk="predicted",
+            # the first ranked chunk sized from the estimates (first_chunk): "predicted" by their mass share (the
+            # per-head estimates written, read back by the suffix sums, which write their own: 3 passes),
+            # "estimated_stop" where the rule holds on the estimated masses (read back by psa_estimated_stop: 2)
+            for first, token, passes in (("predicted", "predicted", 3), ("estimated_stop", "estimated", 2)):
+                if token in skip:
+                    continue
+                fname = f"{name} first chunk {first}"
+                gotf = attempt(fname, lambda first=first: timed(psa_fast.plan(
+                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk=first,
                     scale=shape.scale)))
                 if gotf is not None:
                     usf, outsf, readf = gotf
-                    # per head: the estimates written, read back by the suffix sums, which write their own
-                    row(fname, usf, psa_floor(readf, passes=3), mean_err(outsf), readf, 7)
+                    row(fname, usf, psa_floor(readf, passes=passes), mean_err(outsf), readf, 7)
                     main_targets.append((fname, mean_err(outsf), readf))
-            if "estimated" not in skip:  # the first ranked chunk where the rule holds on the estimated masses
-                ename = f"{name} first chunk estimated_stop"
-                gote = attempt(ename, lambda: timed(psa_fast.plan(
-                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk="estimated_stop",
-                    scale=shape.scale)))
-                if gote is not None:
-                    use, outse, reade = gote
-                    # per head: the estimates written, read back by psa_estimated_stop
-                    row(ename, use, psa_floor(reade, passes=2), mean_err(outse), reade, 7)
-                    main_targets.append((ename, mean_err(outse), reade))
             if "speculate" not in skip:  # every predicted chunk at once, verified after (DecodePlan(speculate=...))
                 sname = f"{name} {spec_name}"
                 gots = attempt(sname, lambda: timed(psa_fast.plan(

@@ -65,6 +65,47 @@ def test_psa_conforms(p, tau, stop, step):
         assert np.min(res.mass_exact) >= tau - 1e-4
 
 
+def _run_first_chunk(p, tau, stop, step, first):
+    """One request of ``p`` through a plan with ``first_chunk=first``, checked against the contract on the GPU's own
+    first chunks (an integer's are the reference's schedule); returns each group's first chunk, the sink and recent
+    blocks, and the plan's group count."""
+    b = blocks_of(p)
+    n = b.num_blocks
+    sink = min(p.sink_blocks, n)
+    recent = min(p.recent_blocks, n - sink)
+    plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], threshold=tau, stop=stop, step=step, gqa=p.gqa,
+                         sink_blocks=sink, recent_blocks=recent, first_chunk=first)
+    dec = plan.run(cupy.asarray(p.q.astype(np.float32)[None]))
+    used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
+    sizes = cupy.asnumpy(plan.first_len[0]).tolist()
+    res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
+                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None, n)
+    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                 metadata=p.metadata, first_chunk=sizes if isinstance(first, str) else first, gqa=p.gqa,
+                 sink_blocks=sink, recent_blocks=recent)
+    return sizes, sink, recent, plan.gn
+
+
+def _reference_groups(p, gn, sink, recent):
+    """The reference's view of each of ``gn`` groups of ``p``: (group, its heads' float64 estimates ``[G, N]``, the
+    processing order, the forced blocks' count, the blocks' lengths, ``est``), ``est`` the bound on the error float16
+    metadata puts on an estimate (check_result's est_tol): each estimated mass moves by a factor within exp(+-est)."""
+    from psa_ref.scoring import processing_order
+
+    ref_blocks = psa_ref.KVBlocks.from_dense(p.keys.astype(np.float64), p.values.astype(np.float64),
+                                             block_size=p.block_size, metadata=p.metadata, kv_layout="HND")
+    scores = psa_ref.estimate(p.q.astype(np.float64), ref_blocks, 1 / np.sqrt(p.q.shape[1]))
+    forced = psa_ref.scoring.forced_blocks(ref_blocks.num_blocks, sink, recent)
+    g = p.q.shape[0] // gn
+    mag = np.abs(ref_blocks.meta["lo"]) + np.abs(ref_blocks.meta["hi"])
+    for gi in range(gn):
+        heads = scores[gi * g : (gi + 1) * g]
+        kv = gi * g // (p.q.shape[0] // p.keys.shape[0])
+        est = FP16_META_REL / np.sqrt(p.q.shape[1]) * float((np.abs(p.q[gi * g : (gi + 1) * g].astype(np.float64))
+                                                              @ mag[kv].T).max())
+        yield gi, heads, processing_order(heads.max(axis=0), forced), forced.size, ref_blocks.block_lengths, est
+
+
 @settings(max_examples=60)
 @given(gpu_problems(), thresholds, st.sampled_from(["ema", "remaining"]), st.sampled_from([1, 2, 5]))
 def test_psa_with_the_estimated_stop_first_chunk_conforms(p, tau, stop, step):
@@ -72,43 +113,18 @@ def test_psa_with_the_estimated_stop_first_chunk_conforms(p, tau, stop, step):
     boundaries, and each group's first chunk against the reference's: equal, or within the sizes the reference
     gives at tau -+ the ratio's rounding (float32 along the order, estimates from float16 metadata)."""
     from psa_ref.progressive import estimated_stop_first_chunk
-    from psa_ref.scoring import processing_order
 
-    b = blocks_of(p)
-    n = b.num_blocks
-    sink = min(p.sink_blocks, n)
-    recent = min(p.recent_blocks, n - sink)
-    plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], threshold=tau, stop=stop, step=step, gqa=p.gqa,
-                         sink_blocks=sink, recent_blocks=recent, first_chunk="estimated_stop")
-    dec = plan.run(cupy.asarray(p.q.astype(np.float32)[None]))
-    used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
-    sizes = cupy.asnumpy(plan.first_len[0]).tolist()
-    res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
-                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None, n)
-    opts = dict(gqa=p.gqa, sink_blocks=sink, recent_blocks=recent)
-    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
-                 metadata=p.metadata, first_chunk=sizes, **opts)
-    ref_blocks = psa_ref.KVBlocks.from_dense(p.keys.astype(np.float64), p.values.astype(np.float64),
-                                             block_size=p.block_size, metadata=p.metadata, kv_layout="HND")
-    scores = psa_ref.estimate(p.q.astype(np.float64), ref_blocks, 1 / np.sqrt(p.q.shape[1]))
-    forced = psa_ref.scoring.forced_blocks(n, sink, recent)
-    g = p.q.shape[0] // plan.gn
-    mag = np.abs(ref_blocks.meta["lo"]) + np.abs(ref_blocks.meta["hi"])
-    for gi, c in enumerate(sizes):
-        heads = scores[gi * g : (gi + 1) * g]
-        order = processing_order(heads.max(axis=0), forced)
-        args = (heads, order, forced.size, ref_blocks.block_lengths)
+    sizes, sink, recent, gn = _run_first_chunk(p, tau, stop, step, "estimated_stop")
+    for gi, heads, order, num_forced, lengths, est in _reference_groups(p, gn, sink, recent):
+        c, n = sizes[gi], order.size
+        args = (heads, order, num_forced, lengths)
         want = estimated_stop_first_chunk(*args, tau, stop)
         if c == want or tau >= 1:
             assert c == want, f"group {gi}: GPU first chunk {c}, reference {want}"
             continue
-        # float16 metadata moves each estimated mass by a factor within exp(+-est), a ratio by less than expm1(2 est)
-        kv = gi * g // (p.q.shape[0] // p.keys.shape[0])
-        est = FP16_META_REL / np.sqrt(p.q.shape[1]) * float((np.abs(p.q[gi * g : (gi + 1) * g].astype(np.float64))
-                                                              @ mag[kv].T).max())
-        tol = np.expm1(2 * est) + 1e-4
-        lo = estimated_stop_first_chunk(*args, max(tau - tol, 1e-6), stop) if n > forced.size else 0
-        hi = estimated_stop_first_chunk(*args, tau + tol, stop) if tau + tol < 1 else n - forced.size
+        tol = np.expm1(2 * est) + 1e-4  # a ratio of estimated masses moves by less than expm1(2 est)
+        lo = estimated_stop_first_chunk(*args, max(tau - tol, 1e-6), stop) if n > num_forced else 0
+        hi = estimated_stop_first_chunk(*args, tau + tol, stop) if tau + tol < 1 else n - num_forced
         assert lo <= c <= hi, \
             f"group {gi}: GPU first chunk {c} outside the reference's {lo}..{hi} (at tau {want})"
 
@@ -122,49 +138,24 @@ def test_psa_with_a_first_chunk_conforms(p, tau, stop, step, first):
     prediction (equal, or the prefix shares at the two sizes straddle tau within rounding) and the run
     against the contract on the GPU's own boundaries."""
     from psa_ref.progressive import predicted_first_chunk
-    from psa_ref.scoring import processing_order
 
     if first == "predicted" and stop == "certified":
         with pytest.raises(NotImplementedError, match="certified"):
             psa_fast.plan(blocks_of(p).cache, num_q_heads=p.q.shape[0], stop=stop, first_chunk=first)
         return
-    b = blocks_of(p)
-    n = b.num_blocks
-    sink = min(p.sink_blocks, n)
-    recent = min(p.recent_blocks, n - sink)
-    plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], threshold=tau, stop=stop, step=step, gqa=p.gqa,
-                         sink_blocks=sink, recent_blocks=recent, first_chunk=first)
-    dec = plan.run(cupy.asarray(p.q.astype(np.float32)[None]))
-    used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
-    sizes = cupy.asnumpy(plan.first_len[0]).tolist()
-    res = psa_ref.AttentionResult(cupy.asnumpy(dec.out[0]), used, cupy.asnumpy(dec.iterations[0]),
-                                  [psa_fast.REASONS[r] for r in cupy.asnumpy(dec.reason[0])], None, None, n)
-    opts = dict(gqa=p.gqa, sink_blocks=sink, recent_blocks=recent)
-    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
-                 metadata=p.metadata, first_chunk=sizes if first == "predicted" else first, **opts)
+    sizes, sink, recent, gn = _run_first_chunk(p, tau, stop, step, first)
     if first != "predicted":
-        assert sizes == [first] * plan.gn
+        assert sizes == [first] * gn
         return
-    ref_blocks = psa_ref.KVBlocks.from_dense(p.keys.astype(np.float64), p.values.astype(np.float64),
-                                             block_size=p.block_size, metadata=p.metadata, kv_layout="HND")
-    scores = psa_ref.estimate(p.q.astype(np.float64), ref_blocks, 1 / np.sqrt(p.q.shape[1]))
-    forced = psa_ref.scoring.forced_blocks(n, sink, recent)
-    g = p.q.shape[0] // plan.gn
-    for gi, c in enumerate(sizes):
-        heads = scores[gi * g : (gi + 1) * g]
-        order = processing_order(heads.max(axis=0), forced)
-        want = predicted_first_chunk(heads, order, forced.size, ref_blocks.block_lengths, tau)
+    for gi, heads, order, num_forced, lengths, est in _reference_groups(p, gn, sink, recent):
+        c = sizes[gi]
+        want = predicted_first_chunk(heads, order, num_forced, lengths, tau)
         if c != want:  # only where a prefix share lies within float32 rounding of tau
-            lm = heads[:, order] + np.log(ref_blocks.block_lengths[order])
+            lm = heads[:, order] + np.log(lengths[order])
             held = np.cumsum(np.exp(lm - lm.max(axis=1, keepdims=True)), axis=1)
             held /= held[:, -1:]
-            lo = forced.size + min(c, want)
-            # float16 metadata moves an estimate by at most est (check_result's est_tol), each estimated mass by
-            # a factor within exp(+-est), so a prefix share by less than expm1(2 est)
-            mag = np.abs(ref_blocks.meta["lo"]) + np.abs(ref_blocks.meta["hi"])
-            kv = gi * g // (p.q.shape[0] // p.keys.shape[0])
-            est = FP16_META_REL / np.sqrt(p.q.shape[1]) * float((np.abs(p.q[gi * g : (gi + 1) * g].astype(np.float64))
-                                                                  @ mag[kv].T).max())
+            lo = num_forced + min(c, want)
+            # a prefix share moves by less than expm1(2 est)
             assert np.abs(held[:, lo - 1] - tau).min() <= np.expm1(2 * est) + 1e-6, \
                 f"group {gi}: GPU first chunk {c}, reference {want}"
 
