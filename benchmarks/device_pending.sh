@@ -2952,6 +2952,19 @@ if [ "$PART" = s61b ]; then
   per_head_rows "ph61_${2:-32}" "${2:-32}" tau0.9,remaining,stages,speculate,predicted
   exit 0
 fi
+if [ "$PART" = s61e ]; then
+  # Sixty-first session: the dense rows still under 0.95x SDPA after s60j (SmolLM2 32K B = 5: 48.4 against 45.3 µs,
+  # 0.94x, on 4-warp CTAs of 26 splits: 15 groups, past DENSE_WIDE_MAX_GROUPS' 12; B = 3 0.94-0.95x). The full
+  # launch-shape sweep at B = 5 (and B = 3 beside it), 32K and 128K, then the wide-CTA rule moved to 15 groups in one
+  # process (DENSE_WIDE_MAX_GROUPS 12 / 15 / 15 / 12). Predicted: 8-warp CTAs at B = 5 within 1 µs of the 4-warp
+  # plan (s49 had 8 warps losing at 24 groups, winning at <= 12); a shape >= 0.95x SDPA exists if any does. ~3 minutes.
+  (cd benchmarks && timeout 200 python3 exp_dense_tune.py --shape smollm2 --sizes 32768,131072 --batches 3,5 \
+      --reps 20 --out "$OUT/s61e_sweep.jsonl" 2>&1 | grep -v Warn | tee "$OUT/s61e_sweep.txt" | grep "^#\|SDPA"
+   timeout 150 python3 exp_kernels_attr.py DENSE_WIDE_MAX_GROUPS=12,15,15,12 -- exp_dense_tune.py --shape smollm2 \
+      --sizes 32768,131072 --batches 5 --default-only --reps 20 --out /tmp/s61e.jsonl 2>&1 | grep -v Warn \
+      | tee "$OUT/s61e_ab.txt" | grep "^#\|SDPA\|splits")
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
