@@ -1296,6 +1296,41 @@ def test_a_group_spread_over_the_grid_conforms_and_matches_its_cluster(monkeypat
     check_result(res, q, keys, values, threshold=0.9, stop=stop, step=64, block_size=16, metadata=b.cache.metadata)
 
 
+@pytest.mark.parametrize("first", [40, "predicted", "estimated_stop"])
+def test_first_chunks_on_the_grid_build_match_the_cluster_build(monkeypatch, lift_grid_thresholds, first):
+    """A first ranked chunk (an integer, "predicted", "estimated_stop") on the loop's grid build, where one decision
+    can end a group spread over every SM: the cluster build's first chunks, blocks, iterations and reasons bit for bit,
+    and psa_ref's contract on the GPU's own first chunks."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(7)
+    hkv, hq, d, t = 2, 8, 128, 1200 * 16 + 9
+    keys = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    values = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
+    keys[:, 3000:3400] += (2 * q.astype(np.float32).reshape(hkv, -1, d).mean(1, keepdims=True)).astype(np.float16)
+    b = psa_fast.KVBlocks.from_dense(cupy.asarray(keys), cupy.asarray(values), block_size=16)
+    q32 = cupy.asarray(q.astype(np.float32)[None])
+    names = ("num_used", "iterations", "reason", "out", "order", "first_len")
+    runs = {}
+    lift_grid_thresholds()
+    for grid in (0, 24):
+        monkeypatch.setattr(_kernels, "LOOP_GRID", grid)
+        plan = psa_fast.plan(b.cache, num_q_heads=hq, threshold=0.9, stop="ema", step=64, first_chunk=first)
+        assert plan.grid_ctas == grid
+        dec = plan.run(q32)
+        runs[grid] = {name: cupy.asnumpy(getattr(plan if name == "first_len" else dec, name)) for name in names}
+    cl, gr = runs[0], runs[24]
+    for name in ("first_len", "num_used", "iterations", "reason"):
+        np.testing.assert_array_equal(gr[name], cl[name], err_msg=name)
+    sizes = gr["first_len"][0].tolist()
+    used = [gr["order"][0, g, : int(gr["num_used"][0, g])].astype(np.int64) for g in range(hkv)]
+    res = psa_ref.AttentionResult(gr["out"][0], used, gr["iterations"][0],
+                                  [psa_fast.REASONS[r] for r in gr["reason"][0]], None, None, b.cache.nmax)
+    check_result(res, q, keys, values, threshold=0.9, stop="ema", step=64, block_size=16, metadata=b.cache.metadata,
+                 first_chunk=sizes if isinstance(first, str) else first)
+
+
 @pytest.mark.parametrize("d,hq,hkv", [(256, 4, 1), (128, 8, 2)])
 def test_grid_tags_keep_every_bit_over_launches_that_stop_early_and_late(monkeypatch, lift_grid_thresholds,
                                                                           kernel_switch, d, hq, hkv):
