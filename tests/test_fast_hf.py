@@ -159,13 +159,16 @@ def test_captured_step_equals_the_eager_step(kind, mode):
     assert float((captured - eager).abs().max()) <= tol
 
 
+@pytest.mark.parametrize("first", ["predicted", "estimated_stop"])
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
-def test_the_config_s_first_chunk_reaches_every_plan_and_is_captured(kind):
-    """PSAConfig(first_chunk="predicted") sizes every PSA layer's first ranked chunk from the estimates (DecodePlan's
-    first_chunk), eagerly and in a captured step, which replays the eager one as above."""
+def test_the_config_s_first_chunk_reaches_every_plan_and_is_captured(kind, first):
+    """PSAConfig(first_chunk=...) sizes every PSA layer's first ranked chunk from the estimates (DecodePlan's
+    first_chunk: "predicted" with the default rule, "estimated_stop" with ema on cuboid_mean), eagerly and in a
+    captured step, which replays the eager one as above."""
     ids = torch.randint(0, VOCAB, (3, 70), generator=torch.Generator().manual_seed(13)).cuda()
     model = tiny(kind, seed=4).cuda().to(torch.bfloat16)
-    psa_fast.hf.enable(model, hf.PSAConfig(threshold=0.9, block_size=4, step=4, first_chunk="predicted"))
+    rule = {} if first == "predicted" else dict(stop="ema", metadata="cuboid_mean")
+    psa_fast.hf.enable(model, hf.PSAConfig(threshold=0.9, block_size=4, step=4, first_chunk=first, **rule))
     try:
         eager_cache = psa_fast.hf.PagedCache(model, batch=3, max_tokens=80)
         eager = forced_logits(model, ids, 40, eager_cache)
@@ -174,7 +177,7 @@ def test_the_config_s_first_chunk_reaches_every_plan_and_is_captured(kind):
         captured = captured_logits(dec, ids, 40)
     finally:
         model.set_attn_implementation("sdpa")
-    assert eager_cache._plans and all(p.first_chunk == "predicted" for p in eager_cache._plans.values())
+    assert eager_cache._plans and all(p.first_chunk == first for p in eager_cache._plans.values())
     tol = 0.0 if kind == "llama" else 0.05 * float(eager.abs().max())  # window layers: as the test above
     assert float((captured - eager).abs().max()) <= tol
 

@@ -67,7 +67,8 @@ class PSAConfig:
         first_chunk: the first ranked iteration's size, as for [`psa_ref.attention`][psa_ref.attention]: None
             (default: ``step``), an integer, ``"predicted"`` (the prefix the estimates say holds ``threshold``;
             with the default rule its suffix sums are computed anyway, so on the GPU it costs one small launch) or
-            ``"estimated_stop"`` (``stop`` "ema" or "remaining"; the reference's backends only so far).
+            ``"estimated_stop"`` (``stop`` "ema" or "remaining"; on the GPU one more small launch,
+            ``psa_estimated_stop``).
         rank: how a shared selection ranks its blocks: ``"estimate"`` (default) or ``"share"``
             (see [`psa_ref.attention`][psa_ref.attention]; every backend runs both).
         sink_blocks: first blocks attended before the ranked ones (default 1: real models
