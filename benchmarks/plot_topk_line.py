@@ -6,9 +6,12 @@ at the copy ceiling, so a PSA row beats top-k of equal error only below that lin
 between a PSA point and the line at its own blocks is what PSA adds to top-k's step (benchmarks/NOTES.md, sixtieth
 session).
 
-    python benchmarks/plot_topk_line.py benchmarks/results_h100_s60_per_head_32k.jsonl \\
-        benchmarks/results_h100_s60_per_head_128k.jsonl benchmarks/results_h100_s60_llama8b.jsonl \\
+    python benchmarks/plot_topk_line.py benchmarks/results_h100_s61_per_head_32k.jsonl \\
+        benchmarks/results_h100_s61_per_head_128k.jsonl benchmarks/results_h100_s60_llama8b.jsonl \\
         --out docs/img/psa_topk_line_h100.png
+
+(the per-head files of the sixty-first session: top-k at its exact equal-error ``k``; the sixtieth's took it from
+a grid that could overshoot by a quarter)
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import re
 import numpy as np
 
 TOPK = re.compile(r"^top-k k=(\d+) \((?:error ≤ )?(.+?)(?: budget)?\)$")  # cuboid_mean rows only (no "(quant3)")
-PSA_ROWS = ("PSA τ=0.95", "PSA τ=0.95 per_head")
+PSA_ROWS = ("PSA τ=0.95", "PSA τ=0.95 per_head", "PSA τ=0.95 first chunk estimated_stop")
+LABELS = {"PSA τ=0.95": "PSA (shared)", "PSA τ=0.95 per_head": "PSA gqa=per_head",
+          "PSA τ=0.95 first chunk estimated_stop": "PSA, first chunk estimated_stop"}
 
 
 def load(paths: list[str], batch: int = 1) -> list[dict]:
@@ -93,7 +98,7 @@ def plot(rows: list[dict], out: str) -> dict[int, tuple[float, float, float]]:
         for i, (p, q) in enumerate(pr for pr in pairs(rows) if pr[0]["T"] == t):
             color = f"C{i}"
             profile = (f"{p['share']:.0%} profile" if p.get("share") is not None else f"{p.get('profile')} profile")
-            label = f"PSA {'gqa=per_head' if p['method'].endswith('per_head') else '(shared)'}, {profile}"
+            label = f"{LABELS[p['method']]}, {profile}"
             ax.scatter([blocks(p)], [p["us"]], s=40, color=color, marker="o", zorder=4, label=label)
             if q is not None:
                 ax.annotate("", xy=(blocks(q), q["us"]), xytext=(blocks(p), p["us"]),
