@@ -2965,6 +2965,20 @@ if [ "$PART" = s61e ]; then
       | tee "$OUT/s61e_ab.txt" | grep "^#\|SDPA\|splits")
   exit 0
 fi
+if [ "$PART" = s61f ]; then
+  # Sixty-first session: the per-head target's one-request row kernel by kernel (profile_decode_step --per-head, new):
+  # PSA's loop, the loop with the estimated-stop first chunk, top-k at PSA's error (k = 1,043, s61b) and at the
+  # estimated stop's budget (k = 717). s61b's step times: 50.4 / 52.3 / 42.7 / 35.3 µs. Predicted: the loop's
+  # psa_decode ~30 µs (1.66 decisions, clusters of 8 on 64 SMs) against top-k's split build ~20 + merge ~2.3 at
+  # 1,043; the estimate and the order the same ~11 in every variant. ~2 minutes.
+  (cd benchmarks && timeout 100 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 \
+      --variants ema,ema+stop,topk --topk 1043 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s61f.txt" \
+      | grep -E "^T=|psa_" | head -40
+   timeout 60 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 \
+      --variants topk --topk 717 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s61f_717.txt" \
+      | grep -E "^T=|psa_" | head -12)
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -1,10 +1,12 @@
 """Where one attention decode step's GPU time goes, kernel by kernel: torch.profiler (CUPTI also sees CuPy's
-launches) over repeated steps of one layer of captured K/V (bench_decode's ``--profile real`` data) or of drawn
-block masses (``--share``: bench_decode's ``--profile sparsity`` data), for PSA variants and dense. Prints, per
-variant, each kernel's launches per step, µs per launch and share of the step.
+launches) over repeated steps of one layer of captured K/V (bench_decode's ``--profile real`` data), of drawn
+block masses (``--share``: bench_decode's ``--profile sparsity`` data) or of heads that differ as the shipped trace's
+(``--per-head``: bench_decode's ``--profile per-head`` data, issue 14's per-head rows), for PSA variants and dense.
+Prints, per variant, each kernel's launches per step, µs per launch and share of the step.
 
     python benchmarks/profile_decode_step.py --kv gemma3_xml_l17_32k.npz --shape gemma3 --size 32768 --batches 32,1
     python benchmarks/profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 --variants dense
+    python benchmarks/profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 --variants ema,topk
 
 Variants (``--variants``, comma-separated): ``dense``; ``topk`` (``k = --topk`` blocks a group); ``NAME`` or
 ``NAME:sM`` with NAME ``default`` (the library's default rule on ``metadata="quant3"``), ``share`` (the same with
@@ -24,7 +26,8 @@ import collections
 import json
 import os
 
-from bench_decode import SHAPES, real_fill, rotating_layers, run_file, run_tags, scatter_slots, sparsity_fill
+from bench_decode import (SHAPES, real_fill, rotating_layers, run_file, run_tags, scatter_slots, sparsity_fill,
+                          trace_fill)
 
 VARIANT_RULES = ("default", "share", "ema", "default+first", "share+first", "ema+first", "ema+stop")
 # the variants on metadata="quant3"; the others on "cuboid_mean"
@@ -76,6 +79,9 @@ def main() -> None:
                          "server's scattered pool instead of a fresh cache's blocks in order")
     ap.add_argument("--share", type=float, default=None,
                     help="instead of --kv: drawn block masses whose ideal τ 0.95 budget is about this share")
+    ap.add_argument("--per-head", action="store_true",
+                    help="instead of --kv: block masses whose heads differ as the shipped trace's (bench_decode "
+                         "--profile per-head)")
     ap.add_argument("--shape", default="gemma3", choices=sorted(SHAPES))
     ap.add_argument("--size", type=int, default=32768, help="tokens (with --kv: a captured position + 1)")
     ap.add_argument("--batches", default="32,1")
@@ -92,8 +98,8 @@ def main() -> None:
                     help="time the steps only, without torch.profiler (under ncu, which also needs CUPTI)")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
-    if (args.kv is None) == (args.share is None):
-        ap.error("give the data: --kv TRACES or --share S")
+    if (args.kv is not None) + (args.share is not None) + args.per_head != 1:
+        ap.error("give the data: one of --kv TRACES, --share S or --per-head")
     if args.layers is not None and args.layers < 1:
         ap.error(f"--layers must be >= 1, got {args.layers}")
 
@@ -105,8 +111,14 @@ def main() -> None:
     from psa_ref.trace import load_trace
 
     shape = SHAPES[args.shape]
-    fill = (real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread) if args.kv
-            else sparsity_fill(shape, args.share, recent_blocks=2))
+    if args.kv:
+        fill = real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread)
+    elif args.per_head:
+        from psa_fast.synthetic import trace_block_profiles
+
+        fill = trace_fill(shape, trace_block_profiles(block_size=shape.s))
+    else:
+        fill = sparsity_fill(shape, args.share, recent_blocks=2)
     path = os.path.join(args.out, f"profile_decode_step_{shape.name}.jsonl")
     tags = run_tags()  # (the exp_kernels_attr.py values of this run, on every row)
     with run_file(path) as log:
