@@ -46,11 +46,15 @@ class _KeysAndValues:
         self.values[layer, request] = values
 
 
-def errors_and_topk(q, keys, values, *, step: int, tau: float, scale: float) -> dict:
+def errors_and_topk(q, keys, values, *, step: int, tau: float, scale: float, margins=()) -> dict:
     """``--errors``: each schedule's mean relative output error against dense attention, and top-k's ``k`` (on the
-    same estimates, bench_decode's ``equal_error_k``) at that error, for the plain loop and ``"estimated_stop"``."""
+    same estimates, bench_decode's ``equal_error_k``) at that error, for the plain loop, ``"estimated_stop"`` and
+    each of ``margins`` (each group's own first chunk, attended by psa_ref on that group alone, as in
+    ``group_decisions``; the outputs put together)."""
     import psa_ref
     from bench_decode import equal_error_k
+    from psa_ref.progressive import estimated_stop_first_chunk
+    from psa_ref.scoring import estimate, group_rank_key, processing_order
 
     blocks = psa_ref.KVBlocks.from_dense(keys, values, block_size=16, metadata="cuboid_mean", kv_layout="HND")
     dense = psa_ref.dense_attention(q, keys, values, scale=scale, kv_layout="HND")
@@ -61,13 +65,29 @@ def errors_and_topk(q, keys, values, *, step: int, tau: float, scale: float) -> 
     def topk_err(k):
         return rel(psa_ref.topk_attention(q, blocks, k, scale=scale).output)
 
+    def record(name, output, used):
+        err = rel(output)
+        out[f"{name}_err"] = np.array([err])
+        out[f"{name}_topk_k"] = np.array([equal_error_k(topk_err, err, max(1, int(round(used))), blocks.num_blocks)])
+
     out = {}
     for name, first in (("plain", None), ("est", "estimated_stop")):
         res = psa_ref.attention(q, blocks, tau, scale=scale, stop="ema", step=step, first_chunk=first)
-        err = rel(res.output)
-        budget = max(1, int(round(float(np.mean(res.num_used)))))
-        out[f"{name}_err"] = np.array([err])
-        out[f"{name}_topk_k"] = np.array([equal_error_k(topk_err, err, budget, blocks.num_blocks)])
+        record(name, res.output, float(np.mean(res.num_used)))
+    hkv, g = keys.shape[0], q.shape[0] // keys.shape[0]
+    scores = estimate(q, blocks, scale)
+    for m in margins:
+        outs, used = [], []
+        for kv in range(hkv):
+            sc = scores[kv * g:(kv + 1) * g]
+            order = processing_order(group_rank_key(sc, blocks.block_lengths), np.zeros(0, np.int64))
+            f = estimated_stop_first_chunk(sc, order, 0, blocks.block_lengths, tau, "ema", margin=m)
+            one = psa_ref.KVBlocks.from_dense(keys[kv:kv + 1], values[kv:kv + 1], block_size=16,
+                                              metadata="cuboid_mean", kv_layout="HND")
+            r = psa_ref.attention(q[kv * g:(kv + 1) * g], one, tau, scale=scale, stop="ema", step=step, first_chunk=f)
+            outs.append(r.output)
+            used.append(float(np.mean(r.num_used)))
+        record(f"ema{m:g}", np.concatenate(outs), float(np.mean(used)))
     return out
 
 
@@ -127,9 +147,11 @@ def summary(rows: list[dict]) -> str:
              line('first_chunk="estimated_stop"', cat["est_it"], cat["est_used"])]
     lines += [line(f"ema on estimates x {k[3:-3]}", cat[k], cat[k[:-3] + "_used"], cat[k[:-3] + "_first"])
               for k in cat if k.startswith("ema") and k.endswith("_it")]
-    for name, label in (("plain", "plain loop"), ("est", 'first_chunk="estimated_stop"')):
+    named = [("plain", "plain loop"), ("est", 'first_chunk="estimated_stop"')]
+    named += [(k[:-4], f"ema on estimates x {k[3:-4]}") for k in cat if k.startswith("ema") and k.endswith("_err")]
+    for name, label in named:
         if f"{name}_err" in cat:
-            used = cat[f"{name}_used" if name == "est" else "plain_used"].mean()
+            used = cat[f"{name}_used"].mean()
             k = cat[f"{name}_topk_k"].mean()
             lines.append(f"  {label:<28} error {cat[f'{name}_err'].mean():.4f}; top-k at that error reads "
                          f"{k / n:.1%} ({k / used:.2f}x the blocks)")
@@ -170,7 +192,7 @@ def main(argv=None) -> None:
         rows.append(group_decisions(q, keys, step=args.step, tau=args.tau, scale=shape.logit_scale, margins=margins))
         if args.errors:
             rows[-1].update(errors_and_topk(q, keys, cache.values[layer, 0].astype(np.float64), step=args.step,
-                                            tau=args.tau, scale=shape.logit_scale))
+                                            tau=args.tau, scale=shape.logit_scale, margins=margins))
         print(f"request {layer}, {summary(rows[-1:])}", flush=True)
     label = f"{args.profile}" + (f" {args.share:g}" if args.profile == "sparsity" else "")
     print(f"# {label}, {args.shape}, T {args.tokens}, step {args.step}, tau {args.tau}, all requests' {summary(rows)}")

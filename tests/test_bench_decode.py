@@ -1949,7 +1949,8 @@ def test_order_runs_emulation_gives_the_sort_order(seed):
 
 def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own_margin(capsys):
     """One request of the drawn 5% profile at 4K tokens: every schedule's line, and psa_ref's
-    first_chunk="estimated_stop" (margin 1.25) attends what the script's own x 1.25 first chunk does."""
+    first_chunk="estimated_stop" (margin 1.25) attends what the script's own x 1.25 first chunk does, at the same
+    error (the margins' errors put each group's output together)."""
     import exp_first_decisions as efd
 
     efd.main(["--profile", "sparsity", "--share", "0.05", "--tokens", "4096", "--requests", "1", "--step", "64",
@@ -1960,10 +1961,11 @@ def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own
     summary = [x for x in summary if x not in errors]
     rows = {x[:30].strip(): x for x in summary}  # the label column, 28 wide after two spaces
     assert set(rows) == {"plain loop", "predicted first chunk", 'first_chunk="estimated_stop"', "ema on estimates x 1.25"}
-    assert [x[:30].strip() for x in errors] == ["plain loop", 'first_chunk="estimated_stop"']
+    assert [x[:30].strip() for x in errors] == ["plain loop", 'first_chunk="estimated_stop"', "ema on estimates x 1.25"]
     assert all("top-k at that error reads" in x for x in errors)
     tail = (lambda x: x.split("decisions", 1)[1])
     assert tail(rows['first_chunk="estimated_stop"']) == tail(rows["ema on estimates x 1.25"])
+    assert errors[1][30:] == errors[2][30:]
     with pytest.raises(SystemExit):
         efd.main(["--step", "0"])
 
