@@ -53,6 +53,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from psa_ref.progressive import ESTIMATED_STOP_MARGIN as ESTIMATED_STOP_MARGIN_OWN  # the library's, before any run
 
 L2_BYTES = 60 * 2**20
 PER_GRAPH = 16  # calls captured in one CUDA graph per timing (see graph_us)
@@ -227,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the speculative rows' chunks past the margin (DecodePlan(speculate_extra=N x step); "
                         "default one step)")
     p.add_argument("--skip", default="", help=f"rows to leave out, of {','.join(SKIPPABLE)}")
+    p.add_argument("--estimated-stop-margin", type=float, default=None,
+                   help="the estimated-stop rows' margin: psa_ref.progressive.ESTIMATED_STOP_MARGIN for the run "
+                        "(default its own, 1.25); the rows' names then end in ' xM'")
     p.add_argument("--kv", default=None, help="--profile real: captured trace .npz files, comma-separated (a layer "
                                              "cut from a 32K capture by benchmarks/slice_trace.py fits one call)")
     p.add_argument("--spread", action="store_true",
@@ -235,6 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "tokens apart, and SDPA, which reads the whole pool, then attends their unused tails: its "
                         "time stands, its error column does not)")
     return p
+
+
+def first_chunk_label(first: str) -> str:
+    """A first-chunk row's mode as its name shows it: ``"estimated_stop xM"`` where the run set another margin than
+    psa_ref's own (``--estimated-stop-margin``), else the mode."""
+    from psa_ref import progressive
+
+    margin = progressive.ESTIMATED_STOP_MARGIN
+    return f"{first} x{margin:g}" if first == "estimated_stop" and margin != ESTIMATED_STOP_MARGIN_OWN else first
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -256,6 +269,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--reps must be >= 1, got {args.reps}")
     if args.speculate <= 0:
         parser.error(f"--speculate must be > 0, got {args.speculate}")
+    if args.estimated_stop_margin is not None and not args.estimated_stop_margin > 0:
+        parser.error(f"--estimated-stop-margin must be > 0, got {args.estimated_stop_margin}")
     if args.extra_chunks is not None and args.extra_chunks < 0:
         parser.error(f"--extra-chunks must be >= 0, got {args.extra_chunks}")
     if args.recent_blocks < 0:
@@ -733,7 +748,7 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
             for first, token, passes in (("predicted", "predicted", 3), ("estimated_stop", "estimated", 2)):
                 if token in skip:
                     continue
-                fname = f"{name} first chunk {first}"
+                fname = f"{name} first chunk {first_chunk_label(first)}"
                 gotf = attempt(fname, lambda first=first: timed(psa_fast.plan(
                     cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk=first,
                     scale=shape.scale)))
@@ -961,6 +976,10 @@ def main(argv=None) -> None:
 
     global CEILING_GBS, VERSIONS
     VERSIONS = args.versions
+    if args.estimated_stop_margin is not None:  # read by psa_ref and by each plan made after this
+        from psa_ref import progressive
+
+        progressive.ESTIMATED_STOP_MARGIN = args.estimated_stop_margin
     shape = args.shape
     stream = cupy.cuda.Stream(non_blocking=True)
     measured = copy_ceiling_gbs(stream)

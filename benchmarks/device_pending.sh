@@ -2979,6 +2979,19 @@ if [ "$PART" = s61f ]; then
       | grep -E "^T=|psa_" | head -12)
   exit 0
 fi
+if [ "$PART" = s61g ]; then
+  # Sixty-first session: the estimated stop at margin 1.1 in a batch (bench_decode --estimated-stop-margin, new). On the
+  # CPU (NOTES, sixty-first session) x 1.1 at B = 8's step reads fewer blocks than the plain loop at its error with
+  # the busiest group's decisions 7 -> 2 (32K) and 11 -> 1 (128K), on the same frontier as x 1.25 against top-k. s61b
+  # (x 1.25, v2's kernel): PSA / its top-k 0.92 at 32K B = 8, 0.81 at B = 32, 0.92 at 128K B = 8. Predicted at x 1.1:
+  # 32K B = 8 ~175-180 µs (plain 187.9, x 1.25 193.9), ratio to its top-k ~0.90; B = 32 ~560 (plain 576.8); 128K B = 8
+  # ~610 (plain 650.3). ~4 minutes.
+  (cd benchmarks && mkdir -p "$OUT/g" && timeout 400 python3 bench_decode.py --profile per-head --shape llama8b \
+      --sizes 32768:8,32768:32,131072:8 --reps 20 --estimated-stop-margin 1.1 \
+      --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank --out "$OUT/g" 2>&1 | tee "$OUT/s61g.log" \
+      | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/s61g.log")
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

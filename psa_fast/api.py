@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from psa_ref import _validate
+from psa_ref import _validate, progressive
 from psa_ref.blocks import METADATA_KINDS, to_hnd
-from psa_ref.progressive import (DEFAULT_STOP, ESTIMATED_STOP_MARGIN, SKETCH_RULES, check_first_chunk, resolve_stop,
-                                 warn_sketch_metadata)
+from psa_ref.progressive import DEFAULT_STOP, SKETCH_RULES, check_first_chunk, resolve_stop, warn_sketch_metadata
 from psa_ref.result import AttentionResult
 from psa_ref.scoring import RANKS
 
@@ -112,7 +111,8 @@ class DecodePlan:
             [`psa_ref.attention`][psa_ref.attention]: None (``step``), an integer, ``"predicted"``
             (from each head's estimates along the order, on the GPU; not with ``stop="certified"``,
             whose per-head buffer holds the bounds), ``"estimated_stop"`` (``stop`` "ema" or "remaining":
-            ``psa_estimated_stop`` runs the rule on each head's estimated masses along the order), or
+            ``psa_estimated_stop`` runs the rule on each head's estimated masses along the order, times
+            ``psa_ref.progressive.ESTIMATED_STOP_MARGIN`` as it is when the plan is made), or
             ``"previous"``: one ``step`` short of where the same
             layer's group stopped at its previous call
             ([`previous_first_chunk`][psa_ref.progressive.previous_first_chunk]; the plain schedule at the
@@ -318,6 +318,7 @@ class DecodePlan:
         # at tau 1 every block is read anyway)
         self._predicts_first = self.first_chunk == "predicted" and self.threshold < 1
         self._estimates_stop = self.first_chunk == "estimated_stop" and self.threshold < 1
+        self._estimated_stop_margin = progressive.ESTIMATED_STOP_MARGIN  # as it is when the plan is made
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
         # the loop's state after the speculated chunks (for the resumed loop)
         self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = self.spec_items = None
@@ -509,7 +510,7 @@ class DecodePlan:
             _kernels.estimated_stop_chunk(self.bounds, self.order_buf, self.cache.seq_lens[layer], self.first_len,
                                           s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,
                                           forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
-                                          stop=self.stop, margin=ESTIMATED_STOP_MARGIN)
+                                          stop=self.stop, margin=self._estimated_stop_margin)
         if self.speculate is not None:
             _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, self.spec_total,
                               s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,

@@ -122,7 +122,10 @@ DEFAULT_STOP = AUTO_STOP
 EMA_WEIGHT = 0.125  # weight of the newest block in AS_ema (stop="ema"); chosen in docs/accuracy.md
 # first_chunk="estimated_stop": the first ranked iteration is this many times the ranked blocks after which the stop
 # rule, run on the estimated block masses, first holds. 1.25 ended every group of bench_decode's drawn profiles
-# (Llama 5% at 32K and 128K, per-head at 32K) at its first decision, 1.0 only 44-50% (exp_first_decisions.py).
+# (Llama 5% at 32K and 128K, per-head at 32K) at its first decision, 1.0 only 44-50% (exp_first_decisions.py); 1.1
+# ends 97-100% at a slightly larger error, and at a batch's small steps reads fewer blocks than the plain loop at its
+# error (benchmarks/NOTES.md, sixty-first session). Read when the first chunk is sized (estimated_stop_first_chunk
+# without a margin) and when a psa_fast plan is made, so an experiment may set it for both.
 ESTIMATED_STOP_MARGIN = 1.25
 FIRST_CHUNK_MODES = ("predicted", "estimated_stop")
 ESTIMATED_STOP_RULES = ("ema", "remaining")  # the rules that need only block masses (and their count)
@@ -405,7 +408,7 @@ def predicted_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced: int
 
 
 def estimated_stop_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced: int, lengths: np.ndarray,
-                               threshold: float, stop: str, margin: float = ESTIMATED_STOP_MARGIN) -> int:
+                               threshold: float, stop: str, margin: float | None = None) -> int:
     """``first_chunk="estimated_stop"``: ``margin`` times the ranked blocks after which ``stop`` would stop if the
     estimated masses were the true ones.
 
@@ -426,7 +429,7 @@ def estimated_stop_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced
         threshold: ``tau``.
         stop: ``"ema"`` or ``"remaining"`` (``ESTIMATED_STOP_RULES``).
         margin: the factor on the estimated stop, ``> 0`` (``>= 1`` reads at least that prefix); the
-            result is at least one ranked block.
+            result is at least one ranked block. Default: ``ESTIMATED_STOP_MARGIN`` as it is at the call.
 
     Raises:
         ValueError: ``stop`` is another rule (they need bounds or sketches, not block masses).
@@ -438,6 +441,7 @@ def estimated_stop_first_chunk(scores: np.ndarray, order: np.ndarray, num_forced
         5
     """
     stop = _validate.choice(stop, "stop", ESTIMATED_STOP_RULES)
+    margin = ESTIMATED_STOP_MARGIN if margin is None else margin
     if not margin > 0:
         raise ValueError(f"margin must be > 0, got {margin!r}")
     n = order.size

@@ -1970,6 +1970,21 @@ def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own
         efd.main(["--step", "0"])
 
 
+def test_estimated_stop_margin_option_sets_the_library_margin_and_names_the_rows(monkeypatch):
+    """--estimated-stop-margin: a margin > 0 or a parser error; where the run's margin is not the library's own, the
+    estimated-stop rows' names carry it (the other first-chunk rows never do)."""
+    import bench_decode
+    from psa_ref import progressive
+
+    assert bench_decode.parse_args(["--estimated-stop-margin", "1.1"]).estimated_stop_margin == 1.1
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--estimated-stop-margin", "0"])
+    assert bench_decode.first_chunk_label("estimated_stop") == "estimated_stop"
+    monkeypatch.setattr(progressive, "ESTIMATED_STOP_MARGIN", 1.1)
+    assert bench_decode.first_chunk_label("estimated_stop") == "estimated_stop x1.1"
+    assert bench_decode.first_chunk_label("predicted") == "predicted"
+
+
 # --- bench_decode.equal_error_k: top-k's k at PSA's error -----------------------------------------------------------
 
 def test_equal_error_k_bisects_to_the_smallest_k_at_the_target():

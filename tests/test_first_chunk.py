@@ -134,6 +134,31 @@ def test_estimated_stop_first_chunk_by_hand():
         estimated_stop_first_chunk(s, order, 0, ones, 0.9, "ema", margin=0.0)
 
 
+def test_the_estimated_stop_margin_is_read_at_the_call(monkeypatch):
+    """ESTIMATED_STOP_MARGIN is read when a first chunk is sized, not when the module is loaded: an experiment that
+    sets it moves estimated_stop_first_chunk's default and psa_ref.attention(first_chunk="estimated_stop") with it."""
+    from psa_ref import progressive
+
+    s = np.log([[8.0, 4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625]])
+    order, ones = np.arange(8), np.ones(8)
+    monkeypatch.setattr(progressive, "ESTIMATED_STOP_MARGIN", 1.0)
+    assert estimated_stop_first_chunk(s, order, 0, ones, 0.9, "remaining") == 5
+    # one head whose estimates are its true block masses: keys of one token a block along q, values one-hot
+    d = 8
+    q = np.zeros((1, d))
+    q[0, 0] = 1.0
+    keys = np.zeros((1, 8, d))
+    keys[0, :, 0] = s[0]
+    values = np.eye(8, d)[None]
+    blocks = psa_ref.KVBlocks.from_dense(keys, values, block_size=1, kv_layout="HND")
+    used = {}
+    for margin in (1.0, 1.25):
+        monkeypatch.setattr(progressive, "ESTIMATED_STOP_MARGIN", margin)
+        res = psa_ref.attention(q, blocks, 0.9, scale=1.0, stop="remaining", step=8, first_chunk="estimated_stop")
+        used[margin] = int(np.asarray(res.num_used).ravel()[0])
+    assert used == {1.0: 5, 1.25: 7}, used  # ceil(5 x margin) ranked blocks, then the rule holds at that boundary
+
+
 @given(problems(dtypes=("float64",), max_tokens=120), st.floats(0.5, 0.99), st.sampled_from(("ema", "remaining")))
 def test_estimated_stop_is_where_the_step_one_loop_stops_when_estimates_are_exact(p, tau, stop):
     """With one token per block cuboid_mean's estimate is the logit itself, so the rule run on the estimated masses
