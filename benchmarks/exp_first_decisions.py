@@ -46,6 +46,34 @@ class _KeysAndValues:
         self.values[layer, request] = values
 
 
+def group_order(scores: np.ndarray, blocks) -> np.ndarray:
+    """A shared group's processing order from its heads' estimates ``scores [G, N]`` (no forced blocks)."""
+    from psa_ref.scoring import group_rank_key, processing_order
+
+    return processing_order(group_rank_key(scores, blocks.block_lengths), np.zeros(0, np.int64))
+
+
+def margin_runs(q, keys, values, blocks, *, step: int, tau: float, scale: float, margin: float) -> list:
+    """Each group's own first chunk, ``margin`` x the blocks after which ema, run on the estimated masses, holds (the
+    reference's estimated stop at another margin), attended by psa_ref on that group (KV head) alone: per group
+    ``(first chunk, AttentionResult)``. ``q [Hq, D]``, ``keys`` / ``values [Hkv, T, D]``, ``blocks`` theirs."""
+    import psa_ref
+    from psa_ref.progressive import estimated_stop_first_chunk
+    from psa_ref.scoring import estimate
+
+    g = q.shape[0] // keys.shape[0]
+    scores = estimate(q, blocks, scale)
+    runs = []
+    for kv in range(keys.shape[0]):
+        s = scores[kv * g:(kv + 1) * g]
+        f = estimated_stop_first_chunk(s, group_order(s, blocks), 0, blocks.block_lengths, tau, "ema", margin=margin)
+        one = psa_ref.KVBlocks.from_dense(keys[kv:kv + 1], values[kv:kv + 1], block_size=16, metadata="cuboid_mean",
+                                          kv_layout="HND")
+        runs.append((f, psa_ref.attention(q[kv * g:(kv + 1) * g], one, tau, scale=scale, stop="ema", step=step,
+                                          first_chunk=f)))
+    return runs
+
+
 def errors_and_topk(q, keys, values, *, step: int, tau: float, scale: float, margins=()) -> dict:
     """``--errors``: each schedule's mean relative output error against dense attention, and top-k's ``k`` (on the
     same estimates, bench_decode's ``equal_error_k``) at that error, for the plain loop, ``"estimated_stop"`` and
@@ -53,8 +81,6 @@ def errors_and_topk(q, keys, values, *, step: int, tau: float, scale: float, mar
     ``group_decisions``; the outputs put together)."""
     import psa_ref
     from bench_decode import equal_error_k
-    from psa_ref.progressive import estimated_stop_first_chunk
-    from psa_ref.scoring import estimate, group_rank_key, processing_order
 
     blocks = psa_ref.KVBlocks.from_dense(keys, values, block_size=16, metadata="cuboid_mean", kv_layout="HND")
     dense = psa_ref.dense_attention(q, keys, values, scale=scale, kv_layout="HND")
@@ -74,20 +100,10 @@ def errors_and_topk(q, keys, values, *, step: int, tau: float, scale: float, mar
     for name, first in (("plain", None), ("est", "estimated_stop")):
         res = psa_ref.attention(q, blocks, tau, scale=scale, stop="ema", step=step, first_chunk=first)
         record(name, res.output, float(np.mean(res.num_used)))
-    hkv, g = keys.shape[0], q.shape[0] // keys.shape[0]
-    scores = estimate(q, blocks, scale)
     for m in margins:
-        outs, used = [], []
-        for kv in range(hkv):
-            sc = scores[kv * g:(kv + 1) * g]
-            order = processing_order(group_rank_key(sc, blocks.block_lengths), np.zeros(0, np.int64))
-            f = estimated_stop_first_chunk(sc, order, 0, blocks.block_lengths, tau, "ema", margin=m)
-            one = psa_ref.KVBlocks.from_dense(keys[kv:kv + 1], values[kv:kv + 1], block_size=16,
-                                              metadata="cuboid_mean", kv_layout="HND")
-            r = psa_ref.attention(q[kv * g:(kv + 1) * g], one, tau, scale=scale, stop="ema", step=step, first_chunk=f)
-            outs.append(r.output)
-            used.append(float(np.mean(r.num_used)))
-        record(f"ema{m:g}", np.concatenate(outs), float(np.mean(used)))
+        runs = margin_runs(q, keys, values, blocks, step=step, tau=tau, scale=scale, margin=m)
+        record(f"ema{m:g}", np.concatenate([r.output for _, r in runs]),
+               float(np.mean([np.mean(r.num_used) for _, r in runs])))
     return out
 
 
@@ -97,8 +113,8 @@ def group_decisions(q, keys, *, step: int, tau: float, scale: float, margins=())
     first chunk ``margin`` x the blocks after which ema, run on the estimated masses, holds (``emaM_*``).
     ``q [Hq, D]``, ``keys [Hkv, T, D]``."""
     import psa_ref
-    from psa_ref.progressive import estimated_stop_first_chunk, predicted_first_chunk
-    from psa_ref.scoring import estimate, group_rank_key, processing_order
+    from psa_ref.progressive import predicted_first_chunk
+    from psa_ref.scoring import estimate
 
     values = np.zeros_like(keys)  # the stop decisions read the keys only
     blocks = psa_ref.KVBlocks.from_dense(keys, values, block_size=16, metadata="cuboid_mean", kv_layout="HND")
@@ -106,29 +122,18 @@ def group_decisions(q, keys, *, step: int, tau: float, scale: float, margins=())
     plain = psa_ref.attention(q, blocks, tau, **common)
     pred = psa_ref.attention(q, blocks, tau, first_chunk="predicted", **common)
     est = psa_ref.attention(q, blocks, tau, first_chunk="estimated_stop", **common)  # the reference's, margin 1.25
-    hkv, g = keys.shape[0], q.shape[0] // keys.shape[0]
+    g = q.shape[0] // keys.shape[0]
     scores = estimate(q, blocks, scale)  # [Hq, N]
-    groups = []  # per KV head: its heads' estimates, its order and its blocks alone
-    for kv in range(hkv):
-        s = scores[kv * g:(kv + 1) * g]
-        groups.append((s, processing_order(group_rank_key(s, blocks.block_lengths), np.zeros(0, np.int64)),
-                       psa_ref.KVBlocks.from_dense(keys[kv:kv + 1], values[kv:kv + 1], block_size=16,
-                                                   metadata="cuboid_mean", kv_layout="HND")))
-    first = [predicted_first_chunk(s, order, 0, blocks.block_lengths, tau) for s, order, _ in groups]
+    heads = [scores[kv * g:(kv + 1) * g] for kv in range(keys.shape[0])]  # per group (KV head) its heads' estimates
+    first = [predicted_first_chunk(s, group_order(s, blocks), 0, blocks.block_lengths, tau) for s in heads]
     out = dict(plain_it=np.asarray(plain.iterations), plain_used=np.asarray(plain.num_used),
                pred_it=np.asarray(pred.iterations), pred_used=np.asarray(pred.num_used), first=np.asarray(first),
                est_it=np.asarray(est.iterations), est_used=np.asarray(est.num_used), n=blocks.num_blocks)
-    # each group's own first chunk: margin x where ema, run on the estimated masses, holds (the reference's
-    # estimated stop at other margins), attended by psa_ref on that group alone
     for m in margins:
-        its, used, firsts = [], [], []
-        for kv, (s, order, one) in enumerate(groups):
-            f = estimated_stop_first_chunk(s, order, 0, blocks.block_lengths, tau, "ema", margin=m)
-            r = psa_ref.attention(q[kv * g:(kv + 1) * g], one, tau, first_chunk=f, **common)
-            its.append(int(np.asarray(r.iterations).ravel()[0]))
-            used.append(int(np.asarray(r.num_used).ravel()[0]))
-            firsts.append(f)
-        out[f"ema{m:g}_it"], out[f"ema{m:g}_used"], out[f"ema{m:g}_first"] = map(np.asarray, (its, used, firsts))
+        runs = margin_runs(q, keys, values, blocks, step=step, tau=tau, scale=scale, margin=m)
+        out[f"ema{m:g}_it"] = np.asarray([int(np.asarray(r.iterations).ravel()[0]) for _, r in runs])
+        out[f"ema{m:g}_used"] = np.asarray([int(np.asarray(r.num_used).ravel()[0]) for _, r in runs])
+        out[f"ema{m:g}_first"] = np.asarray([f for f, _ in runs])
     return out
 
 

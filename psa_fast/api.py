@@ -262,15 +262,14 @@ class DecodePlan:
         # and their suffix log-sum-exp along the order
         per_head = {"certified": "bounds", "sketch": "estimates", "sketch_avg": "estimates"}
         self._per_head = per_head.get(self.stop) if self.mode == "psa" else None
-        if (self.first_chunk in ("predicted", "estimated_stop") or self.speculate is not None
-                or (self.rank == "share" and self.g > 1)):
-            self._per_head = "estimates"  # the predictions sum (or walk) each head's estimates along the order; the
-            # share key normalises them per head
-        # the suffix pass along the order: for every use of the per-head values but first_chunk="estimated_stop",
-        # whose kernel reads the estimates and the order itself
-        self._suffix = self._per_head is not None and not (
-            self.first_chunk == "estimated_stop" and per_head.get(self.stop) is None and self.speculate is None
-            and not (self.rank == "share" and self.g > 1))
+        # each head's estimates for the predicted first chunk and speculation (summed along the order by the suffix
+        # pass), the share key (normalised per head) and the estimated stop (walked along the order by its own
+        # kernel, which needs no suffix pass)
+        estimates_with_suffix = (self.first_chunk == "predicted" or self.speculate is not None
+                                 or (self.rank == "share" and self.g > 1))
+        if estimates_with_suffix or self.first_chunk == "estimated_stop":
+            self._per_head = "estimates"
+        self._suffix = self._per_head is not None and (estimates_with_suffix or per_head.get(self.stop) is not None)
         self.bounds = cupy.empty((b, self.hq, nmax), f32) if self._per_head else None
         self.log_suffix = cupy.empty((b, self.hq, nmax + 1), f32) if self._per_head else None
         self.lmass = cupy.empty((b, self.hq, nmax), f32) if self._per_head == "estimates" else None
