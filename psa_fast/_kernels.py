@@ -1045,6 +1045,27 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
 DENSE_WIDE_MAX_GROUPS = 12
 
 
+# > 0: dense CTAs of 8 warps at head dim <= 64 (DENSE_WIDE_MAX_GROUPS) take this many prefetch stages when the batch
+# has more than DENSE_WIDE_STAGES_MIN_GROUPS groups (twice the CTAs an SM at 2, so pick_splits gives about twice the
+# splits). s60j (H100, A/B in one process, 8-warp CTAs at <= 12 groups only): level at SmolLM2 32K B = 3, 4; s61e's
+# sweep (H100): 8 warps x 2 stages the best shape at B = 3 and 5 (9 and 15 groups), 32K and 128K: B = 5 48.3 / 169.6
+# µs against the plan's 49.3 / 174.4 (4-warp CTAs: 15 groups pass DENSE_WIDE_MAX_GROUPS), while 8 warps x 3 stages at
+# 15 groups were level with the plan. 0: off, until the A/B of both switches together (device_pending.sh s62b).
+DENSE_WIDE_STAGES = 0
+DENSE_WIDE_STAGES_MIN_GROUPS = 6
+
+
+def default_stages(d: int, mode: str, warps: int, groups: int | None = None) -> int | None:
+    """Prefetch stages a decode CTA takes when the caller gives none: None (decode_config's DECODE_STAGES, fewer where
+    shared memory is short), or ``DENSE_WIDE_STAGES`` for the dense build's 8-warp CTAs at head dim <= 64 with more
+    than ``DENSE_WIDE_STAGES_MIN_GROUPS`` and at most ``DENSE_WIDE_MAX_GROUPS`` groups (``groups`` = B x Hkv, when
+    given) where that switch is on."""
+    if (DENSE_WIDE_STAGES and mode == "dense" and d <= 64 and warps == 8 and groups is not None
+            and DENSE_WIDE_STAGES_MIN_GROUPS < groups <= DENSE_WIDE_MAX_GROUPS):
+        return DENSE_WIDE_STAGES
+    return None
+
+
 def default_warps(d: int, mode: str, groups: int | None = None) -> int:
     """Warps per decode CTA when the caller gives none: 4 for dense and top-k at head dim <= 64 (small CTAs, several
     an SM: SmolLM2's shape 331 -> 198 µs at 32K, B = 32, benchmarks/NOTES.md), else 8; dense at D <= 64 with at
