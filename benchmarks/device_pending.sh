@@ -2992,19 +2992,6 @@ if [ "$PART" = s61g ]; then
       | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/s61g.log")
   exit 0
 fi
-if [ "$PART" = s62b ]; then
-  # Sixty-second session: s61e's sweep had 8 warps x 2 stages the best dense shape at SmolLM2 B = 3 and 5 (32K and
-  # 128K: 31.6 / 48.3 / 105.2 / 169.6 µs against the plan's 32.2 / 49.3 / 106.3 / 174.4), and 8 warps x 3 stages at
-  # 15 groups level with the plan's 4-warp CTAs (its A/B). Both switches together in one process, every combination,
-  # then again in the other order: DENSE_WIDE_STAGES 0 / 2 x DENSE_WIDE_MAX_GROUPS 12 / 15. Predicted for (2, 15)
-  # against (0, 12): B = 5 -1.0 µs at 32K (0.93 -> 0.95x SDPA), -4.8 at 128K; B = 3 -0.6 / -1.1; B = 4 level (s60j).
-  # If (2, 15) is ahead in both orders at B = 3 and 5 and level at B = 4, both become the defaults. ~3 minutes.
-  (cd benchmarks && for order in "0,2 12,15" "2,0 15,12"; do set -- $order
-     timeout 170 python3 exp_kernels_attr.py DENSE_WIDE_STAGES=$1 DENSE_WIDE_MAX_GROUPS=$2 -- exp_dense_tune.py \
-       --shape smollm2 --sizes 32768,131072 --batches 3,4,5 --default-only --reps 20 --out /tmp/s62b.jsonl 2>&1 \
-       | grep -v Warn; done | tee "$OUT/s62b_ab.txt" | grep "^#\|SDPA\|splits")
-  exit 0
-fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -1042,28 +1042,10 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
 # 32K 26.3 / 27.2 -> 26.1 / 25.9 and 128K 76.2 / 77.3 -> 75.3 / 75.8, 32K B = 1 and B = 4 level; at B = 8 (24
 # groups) 8 warps lose (s49 sweep). 0: never. On since s53, after the dense and split GPU tests passed with it
 # (device_pending.sh s52c: 37 passed with test_dense_wide_ctas_at_small_head_dims; the other suites' dense tests: 30).
-DENSE_WIDE_MAX_GROUPS = 12
-
-
-# > 0: dense CTAs of 8 warps at head dim <= 64 (DENSE_WIDE_MAX_GROUPS) take this many prefetch stages when the batch
-# has more than DENSE_WIDE_STAGES_MIN_GROUPS groups (twice the CTAs an SM at 2, so pick_splits gives about twice the
-# splits). s60j (H100, A/B in one process, 8-warp CTAs at <= 12 groups only): level at SmolLM2 32K B = 3, 4; s61e's
-# sweep (H100): 8 warps x 2 stages the best shape at B = 3 and 5 (9 and 15 groups), 32K and 128K: B = 5 48.3 / 169.6
-# µs against the plan's 49.3 / 174.4 (4-warp CTAs: 15 groups pass DENSE_WIDE_MAX_GROUPS), while 8 warps x 3 stages at
-# 15 groups were level with the plan. 0: off, until the A/B of both switches together (device_pending.sh s62b).
-DENSE_WIDE_STAGES = 0
-DENSE_WIDE_STAGES_MIN_GROUPS = 6
-
-
-def default_stages(d: int, mode: str, warps: int, groups: int | None = None) -> int | None:
-    """Prefetch stages a decode CTA takes when the caller gives none: None (decode_config's DECODE_STAGES, fewer where
-    shared memory is short), or ``DENSE_WIDE_STAGES`` for the dense build's 8-warp CTAs at head dim <= 64 with more
-    than ``DENSE_WIDE_STAGES_MIN_GROUPS`` and at most ``DENSE_WIDE_MAX_GROUPS`` groups (``groups`` = B x Hkv, when
-    given) where that switch is on."""
-    if (DENSE_WIDE_STAGES and mode == "dense" and d <= 64 and warps == 8 and groups is not None
-            and DENSE_WIDE_STAGES_MIN_GROUPS < groups <= DENSE_WIDE_MAX_GROUPS):
-        return DENSE_WIDE_STAGES
-    return None
+# 12 -> 15 in s62 (SmolLM2 B = 5, the last dense row under 0.95x SDPA on the H200: A/B in one process, both orders,
+# 32K 36.9 / 37.4 -> 36.4 / 36.4 µs against SDPA 33.8-34.6, 128K 121.1 / 121.8 -> 119.2 / 119.6; H100 s61e level at
+# 32K, 128K 175.2 / 173.4 -> 176.0 / 176.5; the H200's dense tests, 80, passed with it).
+DENSE_WIDE_MAX_GROUPS = 15
 
 
 def default_warps(d: int, mode: str, groups: int | None = None) -> int:

@@ -655,12 +655,15 @@ def test_dense_over_a_long_cache_within_twice_naive_fp32(scale):
     assert_within_twice_naive_fp32(out, q, k, v)
 
 
-@pytest.mark.parametrize("d,hkv", [(64, 3), (64, 1), (32, 2)])
+@pytest.mark.parametrize("d,hkv", [(64, 3), (64, 1), (32, 2), (64, 15)])
 def test_dense_wide_ctas_at_small_head_dims(monkeypatch, d, hkv):
-    """_kernels.DENSE_WIDE_MAX_GROUPS: dense at D <= 64 with few groups takes CTAs of 8 warps (fewer, longer splits)
-    instead of 4. Both within twice naive float32 attention's error of psa_ref's (the splits merge in another order),
-    and the wide plan really has 8 warps and fewer splits."""
+    """_kernels.DENSE_WIDE_MAX_GROUPS: dense at D <= 64 with few groups (up to 15: SmolLM2 at B = 5) takes CTAs of 8
+    warps (fewer, longer splits) instead of 4. Both within twice naive float32 attention's error of psa_ref's (the
+    splits merge in another order), and the wide plan really has 8 warps and fewer splits."""
     from psa_fast import _kernels
+
+    wide_max = _kernels.DENSE_WIDE_MAX_GROUPS
+    assert hkv <= wide_max
 
     rng = np.random.default_rng(d + hkv)
     t, hq = 9000, 3 * hkv
@@ -669,34 +672,10 @@ def test_dense_wide_ctas_at_small_head_dims(monkeypatch, d, hkv):
     v = rng.standard_normal((hkv, t, d)).astype(np.float16)
     cache = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v)).cache
     plans = {}
-    for wide in (0, 12):
+    for wide in (0, wide_max):
         monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", wide)
         plans[wide] = psa_fast.plan(cache, num_q_heads=hq, mode="dense")
-    assert (plans[0].warps, plans[12].warps) == (4, 8) and plans[12].splits < plans[0].splits
-    for p in plans.values():
-        assert_within_twice_naive_fp32(cupy.asnumpy(p.run(cupy.asarray(q[None])).out)[0], q, k, v)
-
-
-@pytest.mark.parametrize("hkv", [9, 15])
-def test_dense_wide_two_stage_ctas_at_small_head_dims(monkeypatch, hkv):
-    """_kernels.DENSE_WIDE_STAGES 2 with DENSE_WIDE_MAX_GROUPS 15 (s62b's candidate defaults): dense at D 64 with 9 and
-    15 groups (SmolLM2 at B = 3 and 5) takes 8-warp CTAs of 2 stages and more splits than with 3; both plans within
-    twice naive float32 attention's error of psa_ref's (the splits merge in another order)."""
-    from psa_fast import _kernels
-
-    rng = np.random.default_rng(hkv)
-    t, d, hq = 9000, 64, 3 * hkv
-    q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
-    k = rng.standard_normal((hkv, t, d)).astype(np.float16)
-    v = rng.standard_normal((hkv, t, d)).astype(np.float16)
-    cache = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v)).cache
-    monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", 15)
-    plans = {}
-    for stages in (0, 2):
-        monkeypatch.setattr(_kernels, "DENSE_WIDE_STAGES", stages)
-        plans[stages] = psa_fast.plan(cache, num_q_heads=hq, mode="dense")
-    assert plans[2].warps == 8 and plans[2].stages == 2 and plans[0].stages is None
-    assert plans[2].splits > plans[0].splits
+    assert (plans[0].warps, plans[wide_max].warps) == (4, 8) and plans[wide_max].splits < plans[0].splits
     for p in plans.values():
         assert_within_twice_naive_fp32(cupy.asnumpy(p.run(cupy.asarray(q[None])).out)[0], q, k, v)
 
