@@ -25,7 +25,9 @@
 //   stop       0: ema, 1: remaining
 #include "common.cuh"
 
-#define PSA_ES_THREADS 512
+#ifndef PSA_ES_THREADS
+#define PSA_ES_THREADS 512  // _kernels.ESTIMATED_STOP_THREADS (an experiment may define another)
+#endif
 #define PSA_ES_WARPS (PSA_ES_THREADS / 32)
 static_assert(PSA_ES_WARPS <= 32, "psa_estimated_stop: one warp scans the warps' totals");
 
