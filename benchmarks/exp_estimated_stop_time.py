@@ -7,7 +7,7 @@ graph's gap), on random estimates and a random order, for each blocks x batch x 
 launches that leave at once (tau 1: each CTA writes 0 and returns), which is the floor of launching it at all. A
 time that does not grow with the blocks is the kernel's fixed part (its loads' latency, scans and barriers); the
 growth with each position of a thread's run (blocks / threads) is its work a position. The sixty-second session ran
-it on v3 (its planes in shared memory, branch ``wip/estimated-stop-v3``) on an H200: 4.8-5.0 µs above the floor at
+it on v3 (its planes in shared memory, branch ``wip/estimated-stop-v3``) on an H200: 4.8-5.4 µs above the floor at
 64 and 512 blocks, 8.4-8.9 at 2,048, 26.5-29.5 at 8,192, staged or not, one request or eight: the work of ~1.4 µs a
 position runs on one SM a group (results_h200_s62.md).
 
