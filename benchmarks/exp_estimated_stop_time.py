@@ -76,5 +76,6 @@ def main() -> None:
                 print(f"| {n} | {b} | {threads} | {times[0]:.2f} | {times[1]:.2f} | {times[0] - times[1]:.2f} | "
                       f"{int(out[0, 0])} |", flush=True)
 
+
 if __name__ == "__main__":
     main()
