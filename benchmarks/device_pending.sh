@@ -2992,6 +2992,25 @@ if [ "$PART" = s61g ]; then
       | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/s61g.log")
   exit 0
 fi
+if [ "$PART" = s63a ]; then
+  # Prepared in the sixty-second session: where psa_estimated_stop's fixed ~5 µs goes (H200 s62: 4.8-5.4 µs above a
+  # launch that leaves at once at 64-512 blocks, where a count of its dependent loads, barriers and scan levels gives
+  # ~2), and its ~1.4 µs a position of a thread's run (~0.3 by instruction count). ncu of the kernel alone (v2, main)
+  # at 64 and 2,048 blocks, one request, with its stall reasons and source counters, and its SASS. ~3 minutes.
+  python3 -c "from psa_fast import _kernels; open('/tmp/es.cu', 'w').write(_kernels._source('estimated_stop.cu'))"
+  nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=16 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=1 -DPSA_WARPS=8 /tmp/es.cu \
+      -o /tmp/es.cubin && cuobjdump -sass /tmp/es.cubin > "$OUT/es_sass.txt" 2>&1
+  cd benchmarks
+  for n in 64 2048; do
+    timeout 100 ncu --clock-control none -k regex:psa_estimated_stop --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SourceCounters \
+        --section LaunchStats --section Occupancy --print-details all \
+        python3 exp_estimated_stop_time.py --blocks $n --batches 1 --launches 1 --reps 1 > "$OUT/ncu_es_$n.txt" 2>&1
+    echo "n=$n ncu rc=$?"; grep -E "Duration|Executed Ipc|Issue Active|Stall|Registers|Achieved Occ" \
+        "$OUT/ncu_es_$n.txt" | head -24
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
