@@ -2995,8 +2995,9 @@ fi
 if [ "$PART" = s63a ]; then
   # Prepared in the sixty-second session: where psa_estimated_stop's fixed ~5 µs goes (H200 s62: 4.8-5.4 µs above a
   # launch that leaves at once at 64-512 blocks, where a count of its dependent loads, barriers and scan levels gives
-  # ~2), and its ~1.4 µs a position of a thread's run (~0.45 by instruction count: ~200 a thread, 16 warps, 4 a cycle). ncu of the kernel alone (v2, main)
-  # at 64 and 2,048 blocks, one request, with its stall reasons and source counters, and its SASS. ~3 minutes.
+  # ~2), and its ~1.4 µs a position of a thread's run (~0.45 by instruction count: ~200 a thread, 16 warps, 4 a
+  # cycle). ncu of the kernel alone (v2, main) at 64 and 2,048 blocks, one request, with its stall reasons and source
+  # counters, and its SASS. ~3 minutes.
   python3 -c "from psa_fast import _kernels; open('/tmp/es.cu', 'w').write(_kernels._source('estimated_stop.cu'))"
   nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=16 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=1 -DPSA_WARPS=8 /tmp/es.cu \
       -o /tmp/es.cubin && cuobjdump -sass /tmp/es.cubin > "$OUT/es_sass.txt" 2>&1
