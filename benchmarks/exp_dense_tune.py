@@ -21,15 +21,14 @@ from bench_decode import (SHAPES, copy_ceiling_gbs, floor_us, kv_layer_bytes, pa
 def variants(d: int, s: int, g: int, default_splits: int, default_only: bool = False, groups: int | None = None,
              splits: list[int] | None = None):
     """(warps, stages, splits) to try, each launch shape once after ``decode_config`` fits it to shared memory;
-    splits None is the plan's default (about one wave over the SMs). ``default_only``: the plan's own shape for
-    ``groups`` (B x Hkv) groups; ``splits``: the plan's own shape at its default and at each of these splits."""
+    splits None is the plan's default (about one wave over the SMs). ``default_only``: the plan's own shape (warps and
+    stages None: whatever DecodePlan picks, so a launch rule switched on by exp_kernels_attr.py is what is timed);
+    ``splits``: the plan's own shape at its default and at each of these splits."""
     from psa_fast import _kernels
 
     if default_only or splits:
-        warps = _kernels.default_warps(d, "dense", groups)
-        shape = _kernels.decode_config(d=d, s=s, g=g, version=3, warps=warps)[1:3]
         for n in [None] + sorted(set(splits or [])):
-            yield (*shape, n)
+            yield None, None, n
         return
     split_options = [None] + sorted({max(1, default_splits // 2), default_splits * 2, default_splits * 4})
     seen = set()
@@ -92,7 +91,7 @@ def main() -> None:
             ref = [cupy.array(base.run(qs[i], i).out) for i in range(layers)]
             groups = b * shape.hkv
             fitted = _kernels.decode_config(d=cache.dp, s=shape.s, g=shape.hq // shape.hkv, version=3,
-                                            warps=_kernels.default_warps(cache.dp, "dense", groups))
+                                            warps=base.warps, stages=base.stages)  # the plan's own launch shape
             default_splits = _kernels.pick_splits(groups, n, fitted[1], fitted[3])
             print(f"T={t} B={b}: SDPA {sdpa:.1f} µs, floor {floor:.1f} µs (read-only {read_floor:.1f}), "
                   "default splits "
@@ -109,6 +108,9 @@ def main() -> None:
                 except Exception as exc:  # a launch shape this GPU or kernel refuses: say so, go on
                     print(f"  warps {warps} stages {stages} splits {splits}: {type(exc).__name__}: {str(exc)[:120]}")
                     continue
+                if warps is None:  # the plan's own shape: name what it picked
+                    warps, stages = _kernels.decode_config(d=cache.dp, s=shape.s, g=shape.hq // shape.hkv, version=3,
+                                                           warps=p.warps, stages=p.stages)[1:3]
                 row = dict(shape=shape.name, T=t, B=b, warps=warps, stages=stages, splits=splits,
                            plan_splits=p.splits, us=us, sdpa_us=sdpa,
                            floor_us=floor, read_floor_us=read_floor, rel_diff=err, ok=err <= 1e-3)
