@@ -3012,6 +3012,20 @@ if [ "$PART" = s63a ]; then
   done
   exit 0
 fi
+if [ "$PART" = s63b ]; then
+  # Prepared in the sixty-second session. s60j and s62b found 2 prefetch stages for SmolLM2's 8-warp dense CTAs
+  # "level", but exp_dense_tune.py --default-only pinned decode_config's 3 stages, so both arms timed 3 stages (the
+  # switch moved only the reference plan: hence their diff column 3.6e-07 against 0). Fixed (the plan now picks its
+  # shape). The sweeps, which set the stages themselves, had 8 warps x 2 stages the best shape at B = 3 and 5 (H100
+  # s61e: 31.6 / 48.3 / 105.2 / 169.6 µs against 32.2 / 49.3 / 106.3 / 174.4). A/B in one process (0 / 2 / 2 / 0),
+  # 9-15 groups (B = 3-5), then the GPU test of the 2-stage plans. Predicted: -0.5 to -1 µs at 32K B = 3 and 5,
+  # -1 to -5 at 128K; B = 4 within 0.5. Turn it on if both "2" runs beat both "0" runs at B = 3 and 5. ~3 minutes.
+  (cd benchmarks && timeout 200 python3 exp_kernels_attr.py DENSE_WIDE_STAGES=0,2,2,0 -- exp_dense_tune.py \
+      --shape smollm2 --sizes 32768,131072 --batches 3,4,5 --default-only --reps 20 --out "$OUT/s63b.jsonl" 2>&1 \
+      | grep -v Warn | tee "$OUT/s63b_ab.txt" | grep "^#\|SDPA\|splits")
+  gpu_tests t_s63b.log 120 tests/test_fast.py -k "dense_wide"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -1048,6 +1048,27 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
 DENSE_WIDE_MAX_GROUPS = 15
 
 
+# > 0: dense CTAs of 8 warps at head dim <= 64 (DENSE_WIDE_MAX_GROUPS) take this many prefetch stages when the batch
+# has more than DENSE_WIDE_STAGES_MIN_GROUPS groups (twice the CTAs an SM at 2, so pick_splits gives about twice the
+# splits). The sweeps, which set the stages themselves, have 8 warps x 2 stages the best shape at SmolLM2 B = 3 and 5
+# (H100 s61e, 32K and 128K: 31.6 / 48.3 / 105.2 / 169.6 µs against the plan's 32.2 / 49.3 / 106.3 / 174.4). The two
+# A/Bs in one process that found it level (s60j, s62b) did not time it: exp_dense_tune.py --default-only then pinned
+# decode_config's 3 stages (fixed in s62). 0: off, until device_pending.sh s63b's A/B.
+DENSE_WIDE_STAGES = 0
+DENSE_WIDE_STAGES_MIN_GROUPS = 6
+
+
+def default_stages(d: int, mode: str, warps: int, groups: int | None = None) -> int | None:
+    """Prefetch stages a decode CTA takes when the caller gives none: None (decode_config's DECODE_STAGES, fewer where
+    shared memory is short), or ``DENSE_WIDE_STAGES`` for the dense build's 8-warp CTAs at head dim <= 64 with more
+    than ``DENSE_WIDE_STAGES_MIN_GROUPS`` and at most ``DENSE_WIDE_MAX_GROUPS`` groups (``groups`` = B x Hkv, when
+    given) where that switch is on."""
+    if (DENSE_WIDE_STAGES and mode == "dense" and d <= 64 and warps == 8 and groups is not None
+            and DENSE_WIDE_STAGES_MIN_GROUPS < groups <= DENSE_WIDE_MAX_GROUPS):
+        return DENSE_WIDE_STAGES
+    return None
+
+
 def default_warps(d: int, mode: str, groups: int | None = None) -> int:
     """Warps per decode CTA when the caller gives none: 4 for dense and top-k at head dim <= 64 (small CTAs, several
     an SM: SmolLM2's shape 331 -> 198 µs at 32K, B = 32, benchmarks/NOTES.md), else 8; dense at D <= 64 with at

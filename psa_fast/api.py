@@ -195,7 +195,8 @@ class DecodePlan:
                       else _validate.integer(warps, "warps", minimum=1))
         self._auto_warps = warps is None  # speculate: the speculative attend's CTAs sized by _kernels.spec_shapes
         self.version = int(_validate.choice(str(version), "version", ("2", "3")))
-        self.stages = None if stages is None else _validate.integer(stages, "stages", minimum=2)
+        self.stages = (_kernels.default_stages(cache.dp, self.mode, self.warps, cache.batch * cache.num_kv_heads)
+                       if stages is None else _validate.integer(stages, "stages", minimum=2))
         self.splits, self.split_len, self.partial = self._plan_splits(splits, cluster)
         self.first_chunk = "previous" if first_chunk == "previous" else check_first_chunk(first_chunk, self.stop)
         if self.first_chunk is not None and self.mode != "psa":

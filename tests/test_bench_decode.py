@@ -556,6 +556,30 @@ def test_dense_tune_variants_fit_shared_memory_and_default_only_is_the_plans_sha
             assert splits in (None, 8, 32, 64)
 
 
+def test_dense_wide_stages_switch_picks_two_stages_only_where_asked(monkeypatch):
+    """_kernels.DENSE_WIDE_STAGES (off by default): 8-warp dense CTAs at D <= 64 with more than
+    DENSE_WIDE_STAGES_MIN_GROUPS and at most DENSE_WIDE_MAX_GROUPS groups take its stages, and their smaller shared
+    memory lets pick_splits give about twice the splits (SmolLM2 at B = 3: 14 -> 29, at B = 5: 8 -> 17, the s61e
+    sweep's shapes); every other plan keeps decode_config's default. No GPU needed: the SM count is the H100's."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", 15)
+    assert _kernels.DENSE_WIDE_STAGES == 0 and _kernels.default_stages(64, "dense", 8, 9) is None  # off: unchanged
+    monkeypatch.setattr(_kernels, "DENSE_WIDE_STAGES", 2)
+    assert [_kernels.default_stages(64, "dense", 8, n) for n in (7, 9, 12, 15)] == [2, 2, 2, 2]
+    for args in ((64, "dense", 8, 6), (64, "dense", 8, 16), (64, "dense", 4, 9), (128, "dense", 8, 9),
+                 (64, "topk", 8, 9), (64, "psa", 8, 9), (64, "dense", 8, None)):
+        assert _kernels.default_stages(*args) is None, args
+
+    def splits(stages, groups):
+        _, warps, got, smem = _kernels.decode_config(d=64, s=16, g=3, version=3, warps=8, stages=stages)
+        return got, _kernels.pick_splits(groups, 2048, warps, smem)
+
+    assert splits(None, 9) == (3, 14) and splits(2, 9) == (2, 29)
+    assert splits(None, 15) == (3, 8) and splits(2, 15) == (2, 17)
+
+
 def test_default_launch_shape_of_the_split_build(monkeypatch):
     """Dense and top-k at D <= 64 take CTAs of 4 warps and count several an SM; D 128 and 256 one (the sweep's
     best shapes, benchmarks/NOTES.md). No GPU needed: the SM count is the H200's."""

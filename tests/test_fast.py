@@ -680,6 +680,30 @@ def test_dense_wide_ctas_at_small_head_dims(monkeypatch, d, hkv):
         assert_within_twice_naive_fp32(cupy.asnumpy(p.run(cupy.asarray(q[None])).out)[0], q, k, v)
 
 
+@pytest.mark.parametrize("hkv", [9, 15])
+def test_dense_wide_two_stage_ctas_at_small_head_dims(monkeypatch, hkv):
+    """_kernels.DENSE_WIDE_STAGES 2 (off by default; device_pending.sh s63b's A/B): dense at D 64 with 9 and 15 groups
+    (SmolLM2 at B = 3 and 5) takes 8-warp CTAs of 2 stages and more splits than with 3; both plans within twice naive
+    float32 attention's error of psa_ref's (the splits merge in another order)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(hkv)
+    t, d, hq = 9000, 64, 3 * hkv
+    q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
+    k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    v = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    cache = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v)).cache
+    monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", 15)
+    plans = {}
+    for stages in (0, 2):
+        monkeypatch.setattr(_kernels, "DENSE_WIDE_STAGES", stages)
+        plans[stages] = psa_fast.plan(cache, num_q_heads=hq, mode="dense")
+    assert plans[2].warps == 8 and plans[2].stages == 2 and plans[0].stages is None
+    assert plans[2].splits > plans[0].splits
+    for p in plans.values():
+        assert_within_twice_naive_fp32(cupy.asnumpy(p.run(cupy.asarray(q[None])).out)[0], q, k, v)
+
+
 @settings(max_examples=80)
 @given(gpu_problems(), st.integers(1, 20))
 def test_topk_conforms(p, k):
