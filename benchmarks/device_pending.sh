@@ -3026,6 +3026,20 @@ if [ "$PART" = s63b ]; then
   gpu_tests t_s63b.log 120 tests/test_fast.py -k "dense_wide"
   exit 0
 fi
+if [ "$PART" = s63c ]; then
+  # Prepared in the sixty-second session: the per-head rows PSA loses on the H200 besides one request (s62: 32K B = 8
+  # 163.4 µs against top-k at its error, k = 884, 146.8; 128K B = 8 545.4 against 506.0), kernel by kernel, with
+  # top-k at PSA's budget (k = 598) beside them. Predicted: the loop's psa_decode ~120 of PSA's ~150 µs of kernels (64
+  # groups on clusters of 2, the busiest group's decisions last) against the split build's ~105 + merge ~4 at 884;
+  # the estimate and the order alike in both. ~2 minutes.
+  (cd benchmarks && timeout 100 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 8 \
+      --variants ema,topk --topk 884 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s63c.txt" \
+      | grep -E "^T=|psa_" | head -30
+   timeout 60 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 8 \
+      --variants topk --topk 598 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s63c_598.txt" \
+      | grep -E "^T=|psa_" | head -12)
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
