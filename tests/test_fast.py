@@ -655,6 +655,17 @@ def test_dense_over_a_long_cache_within_twice_naive_fp32(scale):
     assert_within_twice_naive_fp32(out, q, k, v)
 
 
+def _dense_small_head_problem(d, hkv, seed):
+    """One request of 9,000 tokens at head dim ``d`` with ``hkv`` KV heads of 3 query heads each: the float16 query
+    ``[3 hkv, d]``, keys and values ``[hkv, T, d]`` and their paged cache, for the launch-shape tests of dense."""
+    rng = np.random.default_rng(seed)
+    t, hq = 9000, 3 * hkv
+    q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
+    k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    v = rng.standard_normal((hkv, t, d)).astype(np.float16)
+    return q, k, v, psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v)).cache
+
+
 @pytest.mark.parametrize("d,hkv", [(64, 3), (64, 1), (32, 2), (64, 15)])
 def test_dense_wide_ctas_at_small_head_dims(monkeypatch, d, hkv):
     """_kernels.DENSE_WIDE_MAX_GROUPS: dense at D <= 64 with few groups (up to 15: SmolLM2 at B = 5) takes CTAs of 8
@@ -664,13 +675,8 @@ def test_dense_wide_ctas_at_small_head_dims(monkeypatch, d, hkv):
 
     wide_max = _kernels.DENSE_WIDE_MAX_GROUPS
     assert hkv <= wide_max
-
-    rng = np.random.default_rng(d + hkv)
-    t, hq = 9000, 3 * hkv
-    q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
-    k = rng.standard_normal((hkv, t, d)).astype(np.float16)
-    v = rng.standard_normal((hkv, t, d)).astype(np.float16)
-    cache = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v)).cache
+    q, k, v, cache = _dense_small_head_problem(d, hkv, seed=d + hkv)
+    hq = q.shape[0]
     plans = {}
     for wide in (0, wide_max):
         monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", wide)
@@ -687,12 +693,8 @@ def test_dense_wide_two_stage_ctas_at_small_head_dims(monkeypatch, hkv):
     float32 attention's error of psa_ref's (the splits merge in another order)."""
     from psa_fast import _kernels
 
-    rng = np.random.default_rng(hkv)
-    t, d, hq = 9000, 64, 3 * hkv
-    q = (rng.standard_normal((hq, d)) * 2).astype(np.float16)
-    k = rng.standard_normal((hkv, t, d)).astype(np.float16)
-    v = rng.standard_normal((hkv, t, d)).astype(np.float16)
-    cache = psa_fast.KVBlocks.from_dense(cupy.asarray(k), cupy.asarray(v)).cache
+    q, k, v, cache = _dense_small_head_problem(64, hkv, seed=hkv)
+    hq = q.shape[0]
     monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", 15)
     plans = {}
     for stages in (0, 2):
