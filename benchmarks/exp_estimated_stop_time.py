@@ -12,6 +12,11 @@ it on v3 (its planes in shared memory, branch ``wip/estimated-stop-v3``) on an H
 position runs on one SM a group (results_h200_s62.md).
 
     python benchmarks/exp_estimated_stop_time.py --blocks 64,512,2048,8192 --batches 1,8 --threads 256,512,1024
+
+``--windows 0,1`` times v2 (0: the whole order walked twice) beside v4 (1: windows, leaving after the first that
+holds), whose time depends on where the stop lies: ``--sorted`` draws the group's heads alike (a shared part plus a
+little of their own) and sorts the order by their mean, as the plan's processing order is, so the stop lies early
+as on real estimates (random estimates in a random order put it near the end). Both must give the same first_len.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ def main() -> None:
     ap.add_argument("--threads", default="512", help="CTA sizes (PSA_ES_THREADS), comma-separated")
     ap.add_argument("--groups", type=int, default=8, help="KV heads a request (Llama-3.1-8B: 8)")
     ap.add_argument("--g", type=int, default=4, help="query heads a group")
+    ap.add_argument("--windows", default="0", help="PSA_ES_WINDOWS values (0: v2, 1: v4), comma-separated")
+    ap.add_argument("--sorted", action="store_true", help="heads alike, the order sorted by their mean estimate")
     ap.add_argument("--launches", type=int, default=50, help="launches in one graph")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     blocks, batches = parse_ints(args.blocks, "--blocks"), parse_ints(args.batches, "--batches")
-    threads_list = parse_ints(args.threads, "--threads")
+    threads_list, windows_list = parse_ints(args.threads, "--threads"), parse_ints(args.windows, "--windows")
 
     import cupy
 
@@ -45,18 +52,25 @@ def main() -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     rng = np.random.default_rng(0)
     print(f"# psa_estimated_stop alone: {gn} groups of {g} heads a request, block size {s}, "
-          f"{args.launches} launches a graph, median of {args.reps}")
-    print("| blocks | B | threads | µs a launch | leaving at once | difference | first_len[0,0] |")
-    print("|---|---|---|---|---|---|---|")
+          f"{args.launches} launches a graph, median of {args.reps}"
+          + (", heads alike and the order sorted by their mean" if args.sorted else ", random order"))
+    print("| blocks | B | version | threads | µs a launch | leaving at once | difference | first_len[0,0] |")
+    print("|---|---|---|---|---|---|---|---|")
     for n in blocks:
         for b in batches:
-            vals = cupy.asarray(rng.standard_normal((b, gn * g, n)).astype(np.float32) * 3)
-            order = cupy.asarray(np.stack([np.stack([rng.permutation(n) for _ in range(gn)]) for _ in range(b)])
-                                 .astype(np.int32))
+            if args.sorted:
+                x = (rng.standard_normal((b, gn, 1, n)) * 3 + rng.standard_normal((b, gn, g, n)) * 0.5)
+                order_np = np.argsort(-x.mean(axis=2), axis=-1, kind="stable")
+                x = x.reshape(b, gn * g, n)
+            else:
+                x = rng.standard_normal((b, gn * g, n)) * 3
+                order_np = np.stack([np.stack([rng.permutation(n) for _ in range(gn)]) for _ in range(b)])
+            vals = cupy.asarray(x.astype(np.float32))
+            order = cupy.asarray(order_np.astype(np.int32))
             lens = cupy.full((b,), n * s, dtype=cupy.int32)
             out = cupy.zeros((b, gn), dtype=cupy.int32)
-            for threads in threads_list:
-                fn = _kernels.kernel("estimated_stop", d=16, s=s, g=g, es_threads=threads)
+            for windows, threads in ((w, th) for w in windows_list for th in threads_list):
+                fn = _kernels.kernel("estimated_stop", d=16, s=s, g=g, es_threads=threads, es_windows=windows)
 
                 def launch(tau, fn=fn, threads=threads):
                     fn((gn, b), (threads,), (vals, order, lens, out, np.int32(gn * g), np.int32(n), np.int32(1),
@@ -73,7 +87,7 @@ def main() -> None:
                 with stream:
                     launch(0.95)
                     stream.synchronize()
-                print(f"| {n} | {b} | {threads} | {times[0]:.2f} | {times[1]:.2f} | {times[0] - times[1]:.2f} | "
+                print(f"| {n} | {b} | {'v4' if windows else 'v2'} | {threads} | {times[0]:.2f} | {times[1]:.2f} | {times[0] - times[1]:.2f} | "
                       f"{int(out[0, 0])} |", flush=True)
 
 

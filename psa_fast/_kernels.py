@@ -1018,6 +1018,10 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 
 
 ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
+# psa_estimated_stop v4 (PSA_ES_WINDOWS): the order walked in windows of one position a thread, leaving after the
+# first window where a position holds, against v2 (0), which walks the whole order twice (benchmarks/NOTES.md,
+# sixty-third session).
+ESTIMATED_STOP_WINDOWS = 0
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 
 
@@ -1030,7 +1034,7 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
     from psa_ref.progressive import EMA_WEIGHT
 
     b, gn = first_len.shape
-    fn = kernel("estimated_stop", d=16, s=s, g=g)
+    fn = kernel("estimated_stop", d=16, s=s, g=g, es_windows=ESTIMATED_STOP_WINDOWS)
     fn((gn, b), (ESTIMATED_STOP_THREADS,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax),
                                             np.int32(forced), np.float32(threshold), np.float32(EMA_WEIGHT),
                                             np.int32(ESTIMATED_STOP_CODES[stop]), np.float32(margin)))

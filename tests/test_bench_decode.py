@@ -1972,6 +1972,24 @@ def test_order_runs_emulation_gives_the_sort_order(seed):
     assert emu.count_above(runs[0], int(words[300]) - 1) == 256 and emu.count_above(runs[0], int(words[300])) == 0
 
 
+def test_estimated_stop_emulations_give_the_reference_first_chunk():
+    """benchmarks/emu_estimated_stop.py: v2's runs (float64) give psa_ref's first chunk on every random group; v4's
+    windows (float32, the carried state rescaled to each window's running maximum) give it or a size the reference
+    gives at tau -+ 1e-4, and leave before the order's last window on most groups."""
+    import emu_estimated_stop as emu
+    from psa_ref.progressive import estimated_stop_first_chunk
+
+    assert emu.compare(150, 16, 1, windows=False)[0] == 0
+    bad, near, read = emu.compare(300, 8, 2, windows=True)
+    assert bad == near
+    assert read < 0.8
+    x = np.log(np.array([[8.0, 4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625]]))  # psa_ref's docstring example: 5 blocks
+    assert emu.emulate_windows(x, 8, 0, 0.9, "remaining", 1.0, 2) == (5, 3)  # the stop in window 3 of 4
+    # ascending masses: the running maximum grows at every window, so every window rescales the carried state
+    assert emu.emulate_windows(x[:, ::-1], 8, 0, 0.9, "remaining", 1.0, 2)[0] == \
+        estimated_stop_first_chunk(x[:, ::-1], np.arange(8), 0, np.ones(8), 0.9, "remaining", margin=1.0)
+
+
 # --- exp_first_decisions.py: decisions by first chunk on the drawn profiles (CPU) ---------------------------------
 
 def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own_margin(capsys):

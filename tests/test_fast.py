@@ -562,14 +562,19 @@ def test_share_key_equals_float64_at_many_blocks(g):
         assert (got[b, :, n:] == 7.0).all(), f"request {b}: a score past the end was written"
 
 
+@pytest.mark.parametrize("windows", [0, 1])
 @pytest.mark.parametrize("g", [3, 4])
 @pytest.mark.parametrize("stop", ["ema", "remaining"])
-def test_estimated_stop_kernel_at_many_blocks(g, stop):
-    """psa_estimated_stop on more blocks than its CTA has threads (runs of up to 6 positions a thread, every warp's
-    prefix composed) and ragged requests: each group's first chunk equals psa_ref's estimated_stop_first_chunk on the
-    same float32 estimates and order, or lies between the reference's sizes at tau -+ 1e-4 (budget: the kernel's
-    float32 masses and scans against float64, a relative error of a few 1e-5 on each ratio at 3,000 blocks)."""
+def test_estimated_stop_kernel_at_many_blocks(g, stop, windows, monkeypatch):
+    """psa_estimated_stop on more blocks than its CTA has threads (v2: runs of up to 6 positions a thread, every
+    warp's prefix composed; v4: up to 6 windows, the state carried between them) and ragged requests: each group's
+    first chunk equals psa_ref's estimated_stop_first_chunk on the same float32 estimates and order, or lies between
+    the reference's sizes at tau -+ 1e-4 (budget: the kernel's float32 masses and scans against float64, a relative
+    error of a few 1e-5 on each ratio at 3,000 blocks). Also in the reversed order, where the stop lies near the end
+    and each head's largest estimate comes last (v4 rescales the carried state at every window)."""
     from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_WINDOWS", windows)
     from psa_ref.progressive import ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk
     from psa_ref.scoring import forced_blocks, processing_order
 
@@ -587,8 +592,11 @@ def test_estimated_stop_kernel_at_many_blocks(g, stop):
         forced.append(forced_blocks(n, sink, recent))
         for gi in range(hkv):
             order[b, gi, :n] = processing_order(ests[b, gi * g : (gi + 1) * g, :n].max(axis=0), forced[b])
+    reversed_order = order.copy()
+    for b, t in enumerate(lens.tolist()):
+        reversed_order[b, :, : -(-t // s)] = order[b, :, : -(-t // s)][:, ::-1]
     got_dev = cupy.full((len(lens), hkv), -7, cupy.int32)
-    for tau in (0.8, 0.95):
+    for tau, order in ((0.8, order), (0.95, order), (0.95, reversed_order)):
         _kernels.estimated_stop_chunk(cupy.asarray(ests), cupy.asarray(order), cupy.asarray(lens), got_dev, s=s, g=g,
                                       hq=hq, nmax=nmax, forced=sink + recent, threshold=tau, stop=stop,
                                       margin=ESTIMATED_STOP_MARGIN)
