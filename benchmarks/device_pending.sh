@@ -3054,6 +3054,18 @@ if [ "$PART" = s63d ]; then
       | tee "$OUT/s63d_random.md"
   exit 0
 fi
+if [ "$PART" = s63e ]; then
+  # Written in the sixty-third session: the per-head rows where the estimated-stop first chunk's kernel decided the
+  # row (H200 s62 with v2: "first chunk estimated_stop" 48.6 / 124.8 / 597.5 µs at 32K B = 1, 128K B = 1, 128K B = 8
+  # against the plain loop's 45.3 / 109.6 / 545.4 and top-k at each row's error 35.3 / 100.1 / 568.0). With v4
+  # (s63d) predicted -6 µs at 32K B = 1 (~42.6), -25 at 128K B = 1 (~100: level with its top-k) and 128K B = 8 (~572,
+  # level). ~4 minutes.
+  (cd benchmarks && mkdir -p "$OUT/ph63" && timeout 400 python3 bench_decode.py --profile per-head --shape llama8b \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 --per-head \
+      --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank --out "$OUT/ph63" 2>&1 | tee "$OUT/ph63.log" \
+      | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph63.log")
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
