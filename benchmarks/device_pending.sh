@@ -3061,7 +3061,7 @@ if [ "$PART" = s63e ]; then
   # (s63d) predicted -6 µs at 32K B = 1 (~42.6), -25 at 128K B = 1 (~100: level with its top-k) and 128K B = 8 (~572,
   # level). ~4 minutes.
   (cd benchmarks && mkdir -p "$OUT/ph63" && timeout 400 python3 bench_decode.py --profile per-head --shape llama8b \
-      --sizes 32768:1,131072:1,131072:8 --reps 20 --per-head \
+      --sizes 32768:1,131072:1,131072:8 --reps 20 \
       --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank --out "$OUT/ph63" 2>&1 | tee "$OUT/ph63.log" \
       | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph63.log")
   exit 0
