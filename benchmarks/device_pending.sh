@@ -2999,14 +2999,16 @@ if [ "$PART" = s63a ]; then
   # cycle). ncu of the kernel alone (v2, main) at 64 and 2,048 blocks, one request, with its stall reasons and source
   # counters, and its SASS. ~3 minutes.
   python3 -c "from psa_fast import _kernels; open('/tmp/es.cu', 'w').write(_kernels._source('estimated_stop.cu'))"
-  nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=16 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=1 -DPSA_WARPS=8 /tmp/es.cu \
-      -o /tmp/es.cubin && cuobjdump -sass /tmp/es.cubin > "$OUT/es_sass.txt" 2>&1
+  # (since s63, $2 = 1 profiles v4, the windows, on the sorted draw: `s63a 1`)
+  nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=16 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=1 -DPSA_WARPS=8 \
+      -DPSA_ES_WINDOWS="${2:-0}" /tmp/es.cu -o /tmp/es.cubin && cuobjdump -sass /tmp/es.cubin > "$OUT/es_sass.txt" 2>&1
   cd benchmarks
   for n in 64 2048; do
     timeout 100 ncu --clock-control none -k regex:psa_estimated_stop --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SourceCounters \
         --section LaunchStats --section Occupancy --print-details all \
-        python3 exp_estimated_stop_time.py --blocks $n --batches 1 --launches 1 --reps 1 > "$OUT/ncu_es_$n.txt" 2>&1
+        python3 exp_estimated_stop_time.py --blocks $n --batches 1 --launches 1 --reps 1 --windows "${2:-0}" \
+        $([ "${2:-0}" = 1 ] && echo --sorted) > "$OUT/ncu_es_$n.txt" 2>&1
     echo "n=$n ncu rc=$?"; grep -E "Duration|Executed Ipc|Issue Active|Stall|Registers|Achieved Occ" \
         "$OUT/ncu_es_$n.txt" | head -24
   done
