@@ -3048,12 +3048,11 @@ if [ "$PART" = s63d ]; then
   # order rescales every window), the first-chunk conformance tests (v4), then the kernel alone
   # (exp_estimated_stop_time.py). Predicted (H200, one request, sorted order: the ema stop at 33% of 2,048 blocks, 27% of 8,192): v4 ~3 µs at 2,048 (v2
   # 9.3), ~5 at 8,192 (v2 30.2); the random order (stop near the end) about v2's or worse. ~4 minutes.
-  gpu_tests t_s63d.log 200 tests/test_fast.py tests/test_first_chunk.py -k "estimated_stop"
-  cd benchmarks
-  timeout 120 python3 exp_estimated_stop_time.py --blocks 64,2048,8192 --batches 1,8 --windows 0,1 \
+  (cd benchmarks && timeout 90 python3 exp_estimated_stop_time.py --blocks 64,2048,8192 --batches 1,8 --windows 0,1 \
       --threads 512,1024 --sorted 2>&1 | grep -v Warn | tee "$OUT/s63d_sorted.md"
-  timeout 60 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 2>&1 | grep -v Warn \
-      | tee "$OUT/s63d_random.md"
+   timeout 40 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 2>&1 | grep -v Warn \
+      | tee "$OUT/s63d_random.md")
+  gpu_tests t_s63d.log 200 tests/test_fast.py tests/test_first_chunk.py -k "estimated_stop"
   exit 0
 fi
 if [ "$PART" = s63e ]; then
