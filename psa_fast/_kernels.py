@@ -1021,7 +1021,7 @@ ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
 # psa_estimated_stop v4 (PSA_ES_WINDOWS): the order walked in windows of one position a thread, leaving after the
 # first window where a position holds, against v2 (0), which walks the whole order twice (benchmarks/NOTES.md,
 # sixty-third session).
-ESTIMATED_STOP_WINDOWS = 1
+ESTIMATED_STOP_WINDOWS = 0
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 
 
