@@ -3044,7 +3044,7 @@ if [ "$PART" = s63c ]; then
 fi
 if [ "$PART" = s63d ]; then
   # Written in the sixty-third session: psa_estimated_stop v4 (PSA_ES_WINDOWS 1: windows of one position a thread,
-  # leaving after the first window that holds; on in _kernels) against v2. Its kernel tests both ways (the reversed
+  # leaving after the first window that holds; off in _kernels until this runs) against v2. Its kernel tests both ways (the reversed
   # order rescales every window), the first-chunk conformance tests (v4), then the kernel alone
   # (exp_estimated_stop_time.py). Predicted (H200, one request, sorted order: the ema stop at 33% of 2,048 blocks, 27% of 8,192): v4 ~3 µs at 2,048 (v2
   # 9.3), ~5 at 8,192 (v2 30.2); the random order (stop near the end) about v2's or worse. ~4 minutes.
@@ -3052,7 +3052,11 @@ if [ "$PART" = s63d ]; then
       --threads 512,1024 --sorted 2>&1 | grep -v Warn | tee "$OUT/s63d_sorted.md"
    timeout 40 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 2>&1 | grep -v Warn \
       | tee "$OUT/s63d_random.md")
-  gpu_tests t_s63d.log 200 tests/test_fast.py tests/test_first_chunk.py -k "estimated_stop"
+  # the estimated-stop tests with v4 on (the kernel test runs both versions either way)
+  timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_WINDOWS = 1; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
+'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s63d.log" 2>&1
+  echo "GPU tests (v4) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s63d.log" | tail -8
   exit 0
 fi
 if [ "$PART" = s63e ]; then
