@@ -87,8 +87,8 @@ def main() -> None:
                 with stream:
                     launch(0.95)
                     stream.synchronize()
-                print(f"| {n} | {b} | {'v4' if windows else 'v2'} | {threads} | {times[0]:.2f} | {times[1]:.2f} | {times[0] - times[1]:.2f} | "
-                      f"{int(out[0, 0])} |", flush=True)
+                print(f"| {n} | {b} | {'v4' if windows else 'v2'} | {threads} | {times[0]:.2f} | {times[1]:.2f} | "
+                      f"{times[0] - times[1]:.2f} | {int(out[0, 0])} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -573,10 +573,10 @@ def test_estimated_stop_kernel_at_many_blocks(g, stop, windows, monkeypatch):
     error of a few 1e-5 on each ratio at 3,000 blocks). Also in the reversed order, where the stop lies near the end
     and each head's largest estimate comes last (v4 rescales the carried state at every window)."""
     from psa_fast import _kernels
-
-    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_WINDOWS", windows)
     from psa_ref.progressive import ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk
     from psa_ref.scoring import forced_blocks, processing_order
+
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_WINDOWS", windows)
 
     rng = np.random.default_rng(g + 10 * (stop == "ema"))
     s, nmax, hkv, sink, recent = 16, 3000, 2, 1, 2
@@ -596,8 +596,8 @@ def test_estimated_stop_kernel_at_many_blocks(g, stop, windows, monkeypatch):
     for b, t in enumerate(lens.tolist()):
         reversed_order[b, :, : -(-t // s)] = order[b, :, : -(-t // s)][:, ::-1]
     got_dev = cupy.full((len(lens), hkv), -7, cupy.int32)
-    for tau, order in ((0.8, order), (0.95, order), (0.95, reversed_order)):
-        _kernels.estimated_stop_chunk(cupy.asarray(ests), cupy.asarray(order), cupy.asarray(lens), got_dev, s=s, g=g,
+    for tau, walk in ((0.8, order), (0.95, order), (0.95, reversed_order)):
+        _kernels.estimated_stop_chunk(cupy.asarray(ests), cupy.asarray(walk), cupy.asarray(lens), got_dev, s=s, g=g,
                                       hq=hq, nmax=nmax, forced=sink + recent, threshold=tau, stop=stop,
                                       margin=ESTIMATED_STOP_MARGIN)
         got = cupy.asnumpy(got_dev)
@@ -605,7 +605,7 @@ def test_estimated_stop_kernel_at_many_blocks(g, stop, windows, monkeypatch):
             n = -(-t // s)
             lengths = np.minimum(s, t - np.arange(n) * s).astype(np.float64)
             for gi in range(hkv):
-                args = (ests[b, gi * g : (gi + 1) * g, :n].astype(np.float64), order[b, gi, :n].astype(np.int64),
+                args = (ests[b, gi * g : (gi + 1) * g, :n].astype(np.float64), walk[b, gi, :n].astype(np.int64),
                         forced[b].size, lengths)
                 want = estimated_stop_first_chunk(*args, tau, stop)
                 lo, hi = (estimated_stop_first_chunk(*args, tau + d, stop) for d in (-1e-4, 1e-4))
