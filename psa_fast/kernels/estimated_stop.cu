@@ -19,6 +19,7 @@
 // (~1,000 on one word): 15.9 µs for one Llama request at 32K on the H100 (s60i); this one, three barriers in all,
 // 8.5 µs there and 23.6 at 128K (s61a). Timed alone (H200, s62, exp_estimated_stop_time.py): ~5 µs fixed and
 // ~1.4 µs a position of a thread's run, staged in shared memory or not: its work on one SM a group, not its loads.
+// v4 (PSA_ES_WINDOWS 1, below; s63, not yet timed on a device) walks the order in windows and leaves at the stop.
 //   vals       [B, Hq, Nmax] float: each query head's estimate s_j of every block (the plan's per-head estimates)
 //   order      [B, Gn, Nmax] int: the group's processing order (forced blocks first)
 //   seq_lens   [B] int: tokens of each request (n = ceil(len / PSA_S) blocks; the last may be partial)
