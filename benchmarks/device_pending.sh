@@ -2033,6 +2033,17 @@ fi
 # (--spread), B = 1, 8, 32, the default rule with rank estimate and share, top-k at the same error, dense.
 # Issue 14's per-head profile (Llama's shape, B = 1 / 8 / 32, --per-head top-k rows) at $2 = 32 or 128 K tokens, the rows
 # of --skip $3 left out, logged under $OUT/$1 (run from the repository root).
+# profile_decode_step.py's kernel tables on the per-head profile (Llama, size $1, batch $2): the variants $3 with
+# top-k at k = $4, then top-k alone at k = $5, logged to $OUT/$6.txt and $OUT/$6_$5.txt. Run from benchmarks/.
+per_head_kernel_rows() {
+  local size="$1" b="$2" variants="$3" k1="$4" k2="$5" tag="$6"
+  timeout 100 python3 profile_decode_step.py --per-head --shape llama8b --size "$size" --batches "$b" \
+      --variants "$variants" --topk "$k1" --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/$tag.txt" \
+      | grep -E "^T=|psa_" | head -40
+  timeout 60 python3 profile_decode_step.py --per-head --shape llama8b --size "$size" --batches "$b" \
+      --variants topk --topk "$k2" --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/${tag}_$k2.txt" \
+      | grep -E "^T=|psa_" | head -12
+}
 per_head_rows() {
   local tag="$1" sizes="32768:1,32768:8,32768:32"
   [ "$2" = 128 ] && sizes="131072:1,131072:8,131072:32"
@@ -2971,12 +2982,7 @@ if [ "$PART" = s61f ]; then
   # estimated stop's budget (k = 717). s61b's step times: 50.4 / 52.3 / 42.7 / 35.3 µs. Predicted: the loop's
   # psa_decode ~30 µs (1.66 decisions, clusters of 8 on 64 SMs) against top-k's split build ~20 + merge ~2.3 at
   # 1,043; the estimate and the order the same ~11 in every variant. ~2 minutes.
-  (cd benchmarks && timeout 100 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 \
-      --variants ema,ema+stop,topk --topk 1043 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s61f.txt" \
-      | grep -E "^T=|psa_" | head -40
-   timeout 60 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 \
-      --variants topk --topk 717 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s61f_717.txt" \
-      | grep -E "^T=|psa_" | head -12)
+  (cd benchmarks && per_head_kernel_rows 32768 1 ema,ema+stop,topk 1043 717 s61f)
   exit 0
 fi
 if [ "$PART" = s61g ]; then
@@ -3034,20 +3040,16 @@ if [ "$PART" = s63c ]; then
   # top-k at PSA's budget (k = 598) beside them. Predicted: the loop's psa_decode ~120 of PSA's ~150 µs of kernels (64
   # groups on clusters of 2, the busiest group's decisions last) against the split build's ~105 + merge ~4 at 884;
   # the estimate and the order alike in both. ~2 minutes.
-  (cd benchmarks && timeout 100 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 8 \
-      --variants ema,topk --topk 884 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s63c.txt" \
-      | grep -E "^T=|psa_" | head -30
-   timeout 60 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 8 \
-      --variants topk --topk 598 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s63c_598.txt" \
-      | grep -E "^T=|psa_" | head -12)
+  (cd benchmarks && per_head_kernel_rows 32768 8 ema,topk 884 598 s63c)
   exit 0
 fi
 if [ "$PART" = s63d ]; then
   # Written in the sixty-third session: psa_estimated_stop v4 (PSA_ES_WINDOWS 1: windows of one position a thread,
-  # leaving after the first window that holds; off in _kernels until this runs) against v2. Its kernel tests both ways (the reversed
-  # order rescales every window), the first-chunk conformance tests (v4), then the kernel alone
-  # (exp_estimated_stop_time.py). Predicted (H200, one request, sorted order: the ema stop at 33% of 2,048 blocks, 27% of 8,192): v4 ~3 µs at 2,048 (v2
-  # 9.3), ~5 at 8,192 (v2 30.2); the random order (stop near the end) about v2's or worse. ~4 minutes.
+  # leaving after the first window that holds; off in _kernels until this runs) against v2: the kernel alone
+  # (exp_estimated_stop_time.py), then its tests with v4 on (the kernel test runs both versions; the reversed order
+  # rescales every window). Predicted (H200, one request, sorted order: the ema stop at 33% of 2,048 blocks, 27%
+  # of 8,192): v4 ~3 µs at 2,048 (v2 9.3), ~5 at 8,192 (v2 30.2); the random order (stop near the end) about v2's or
+  # worse. ~4 minutes.
   (cd benchmarks && timeout 90 python3 exp_estimated_stop_time.py --blocks 64,2048,8192 --batches 1,8 --windows 0,1 \
       --threads 512,1024 --sorted 2>&1 | grep -v Warn | tee "$OUT/s63d_sorted.md"
    timeout 40 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 2>&1 | grep -v Warn \
