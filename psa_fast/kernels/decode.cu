@@ -89,6 +89,12 @@
 // the one-warp build on the grid above leaves unless they reach `one_warp_from`; the other then runs a
 // compact grid, CTA i taking the i-th speculated chunk from `spec_items` (psa_spec_len's list, `gi *
 // spec_chunks + chunk`), and leaves when they do reach it, so the launch that leaves is small.
+// Pieces (PSA_SPEC_PIECES = P > 1, DecodePlan(speculate="first_chunk")): P CTAs share each chunk as a cluster's
+// would, though they are not one: blockIdx.x = chunk * P + piece, the piece is the CTA's rank, and the chunk's
+// positions go round-robin over all P * PSA_WARPS warps; each piece writes its own partial (entry chunk * P + piece)
+// and psa_spec_verify combines a chunk's pieces in piece order, as a cluster combines its CTAs in rank order. So a
+// large first chunk fills the GPU as the split build's splits do. With pieces `spec_len` may be null: the group's
+// speculated positions are then its forced and first ranked chunks, and no list is read.
 //
 // Split build (PSA_SPLIT = 1; dense and top-k, which need no verifier decision): one group's
 // positions [0, min(n, step)) are cut into gridDim.x splits of `split_len` positions, each attended
@@ -125,6 +131,9 @@
 #ifndef PSA_SPEC
 #define PSA_SPEC 0
 #endif
+#ifndef PSA_SPEC_PIECES
+#define PSA_SPEC_PIECES 1  // the speculative build's CTAs a chunk (below)
+#endif
 #ifndef PSA_RESUME
 #define PSA_RESUME 0
 #endif
@@ -139,6 +148,7 @@
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)),
               "the speculative build runs one CTA per chunk");
+static_assert(PSA_SPEC || PSA_SPEC_PIECES == 1, "pieces share the speculative build's chunks");
 static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
 static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
               "the grid build is the plain loop's, its CTAs not a cluster");
@@ -427,15 +437,6 @@ __host__ __device__ constexpr int grid_finish_threads(int threads, int pieces) {
 }
 #endif
 
-// Merge two shares of a chunk's statistics (max logit, mass and EMA terms relative to it, min log
-// block mass). Every warp that merges the same shares in the same order gets the same bits.
-__device__ __forceinline__ float4 combine_stats(float4 a, float4 b) {
-    const float nm = fmaxf(a.x, b.x);
-    if (nm == -PSA_INF) return make_float4(nm, 0.f, fminf(a.z, b.z), 0.f);
-    const float ea = __expf(a.x - nm), eb = __expf(b.x - nm);
-    return make_float4(nm, a.y * ea + b.y * eb, fminf(a.z, b.z), a.w * ea + b.w * eb);
-}
-
 // ---- one block's arithmetic, shared by the single and the paired loop ----
 // Lane layout of the MMA fragments: hh = lane / 4 is the fragment's row (a token or a channel), quad = lane % 4 its
 // column pair (heads 2 quad, 2 quad + 1). The lane's two heads are indexed e = 0, 1 below.
@@ -624,7 +625,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #if !PSA_QRAW
     const float q_mul = 1.f;  // unused: the plan's copy is scaled
 #endif
-    constexpr int NW = PSA_GROUP_CTAS * PSA_WARPS;
+    constexpr int NW = PSA_GROUP_CTAS * PSA_SPEC_PIECES * PSA_WARPS;  // warps sharing a chunk
     // The rings start on a 128-byte line. After the static shared memory (not a multiple of 128 bytes in most builds)
     // a 16-byte alignment started them off one, and every build was slower for it: one Gemma 3 request's grid build
     // by up to 4 µs, Llama's clusters at 128K B = 8 by 12 (NOTES.md, thirty-second session, s32d-g; why, not profiled:
@@ -634,8 +635,9 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     // The CTA's request, group and chunk: from the grid (chunk, Gn, B), or the compact list's entry blockIdx.x.
     // Each build leaves unless the chunks speculated pick its shape (above).
     const int Gn = Hq / PSA_G, spec_count = __ldg(spec_total);
-    int b = blockIdx.z, g = blockIdx.y, chunk = blockIdx.x;
-    if (spec_items) {
+    int b = blockIdx.z, g = blockIdx.y, chunk = blockIdx.x / PSA_SPEC_PIECES;
+    const unsigned int rank = blockIdx.x % PSA_SPEC_PIECES;  // the piece: this CTA's index among its chunk's
+    if (spec_items) {  // (the host lists chunks only for builds of one piece)
         if (spec_count >= one_warp_from || (int)blockIdx.x >= spec_count) return;
         const int item = __ldg(spec_items + blockIdx.x);
         chunk = item % spec_chunks;
@@ -646,8 +648,8 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     }
 #else
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
-#endif
     const unsigned int rank = PSA_GRID ? blockIdx.x : cluster_rank();  // this CTA's index within the group
+#endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if PSA_LOOP_CLOCK
     __shared__ long long lclk_store[16];
@@ -710,7 +712,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     const int n_all = (len + PSA_S - 1) / PSA_S, first_all = min(n_all, forced);
     const int first2_all = first_len ? min(n_all, first_all + __ldg(first_len + (long)b * Gn + g)) : first_all;
     const int base = chunk_start(chunk, first_all, first2_all, step);
-    if (base >= min(n_all, __ldg(spec_len + (long)b * Gn + g))) return;
+    if (base >= min(n_all, spec_len ? __ldg(spec_len + (long)b * Gn + g) : first2_all)) return;
     const int n = chunk_end(base, first_all, first2_all, step, n_all) - base;
     const int first = n;
 #else
@@ -1356,7 +1358,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     for (int idx = threadIdx.x; idx < PSA_G * PW; idx += blockDim.x) {
         const int h = idx / PW, d = idx % PW;
 #if PSA_SPEC
-        float* dst = partial + (((long)b * Hq + h0 + h) * spec_chunks + chunk) * PW;
+        float* dst = partial + ((((long)b * Hq + h0 + h) * spec_chunks + chunk) * PSA_SPEC_PIECES + rank) * PW;
 #else
         float* dst = partial + (((long)b * Hq + h0 + h) * gridDim.x + blockIdx.x) * PW;
 #endif

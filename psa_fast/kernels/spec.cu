@@ -14,9 +14,12 @@
 // chunks by prefix scans and every lane decides on its chunk. The scans sum in another order than the
 // loop's fold, so a decision can differ from the loop's where rounding straddles the threshold. The
 // output then needs one pass over the partials: the verifier's running max and mass are the merge's.
-//   partial    [B, Hq, Cmax, PSA_D + 4] float: per chunk O[D] (unnormalised), max logit, mass relative to
-//              it, min log block mass, moving-average terms (psa_decode's PSA_SPEC build)
-//   spec_len   [B, Gn] int: the speculated positions (psa_spec_len)
+//   partial    [B, Hq, Cmax, PSA_SPEC_PIECES, PSA_D + 4] float: per chunk (and piece) O[D] (unnormalised), max
+//              logit, mass relative to it, min log block mass, moving-average terms (psa_decode's PSA_SPEC build);
+//              a chunk's pieces are combined in piece order first (combine_stats, as the loop combines a cluster's
+//              CTAs), then the chunks are folded as below
+//   spec_len   [B, Gn] int: the speculated positions (psa_spec_len), or null: each group's forced and first ranked
+//              chunks (DecodePlan(speculate="first_chunk"))
 //   log_suffix, ordered, lmass, first_len: as psa_decode
 //   out [B, Hq, PSA_D], num_used / iterations / reason [B, Gn], mass_est [B, Hq]: written for groups that stop
 //   istate     [B, Gn, 4] int out: next position, iterations done, reason (-1: the loop goes on), and the
@@ -40,6 +43,10 @@
 #define PSA_CLOCK_ADD(acc, from)
 #endif
 
+#ifndef PSA_SPEC_PIECES
+#define PSA_SPEC_PIECES 1  // the speculative attend's CTAs (and partials) a chunk
+#endif
+
 #define PSA_VERIFY_THREADS 1024
 #define PSA_WIN (PSA_VERIFY_THREADS / 32)
 
@@ -55,7 +62,8 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 , long long* __restrict__ clocks
 #endif
                 ) {
-    constexpr int PW = PSA_D + 4;  // floats per chunk and head in `partial`
+    constexpr int PW = PSA_D + 4;  // floats per chunk (piece) and head in `partial`
+    constexpr int P = PSA_SPEC_PIECES;
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     PSA_CLOCK(t_start);
@@ -67,7 +75,7 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     const long gi = (long)b * Gn + g;
     const int len = seq_lens[b], n = (len + PSA_S - 1) / PSA_S, first = min(n, forced);
     const int first2 = first_len ? min(n, first + __ldg(first_len + gi)) : first;
-    const int C = min(Cmax, chunks_before(min(n, __ldg(spec_len + gi)), first, first2, step));
+    const int C = min(Cmax, chunks_before(min(n, spec_len ? __ldg(spec_len + gi) : first2), first, first2, step));
     const bool sketchy = stop == PSA_STOP_SKETCH || stop == PSA_STOP_SKETCH_AVG;
     const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
     const float next_share = stop == PSA_STOP_SKETCH_AVG ? sketch_share / (float)n : sketch_share;
@@ -94,9 +102,16 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             const int c = c0 + warp;
             const int end = chunk_end(chunk_start(c, first, first2, step), first, first2, step, n);
             if (lane == 0) s_end[warp] = end;
-            if (lane < PSA_G) {  // lane h: head h's partial statistics and tail
-                const float4 x =
-                    __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * PW + PSA_D));
+            if (lane < PSA_G) {  // lane h: head h's partial statistics (its pieces' combined) and tail
+                const float* pc = partial + ((row0 + lane) * Cmax + c) * P * PW + PSA_D;
+                float4 x = __ldcg(reinterpret_cast<const float4*>(pc));
+                if (P > 1) {
+                    float4 xp[P > 1 ? P - 1 : 1];  // (all loads issued before the first combine)
+#pragma unroll
+                    for (int p = 1; p < P; ++p) xp[p - 1] = __ldcg(reinterpret_cast<const float4*>(pc + p * PW));
+#pragma unroll
+                    for (int p = 1; p < P; ++p) x = combine_stats(x, xp[p - 1]);
+                }
                 const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
                 st[warp][lane][0] = x.x;
                 st[warp][lane][1] = x.y;
@@ -187,12 +202,12 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     // L) for the resumed loop.
     for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
         const int h = idx / PSA_D, d = idx % PSA_D;
-        const float* pr = partial + (row0 + h) * Cmax * PW;
+        const float* pr = partial + (row0 + h) * Cmax * P * PW;
         const float M = last < 0 ? -PSA_INF : s_M[h], L = last < 0 ? 0.f : s_L[h];
         float O = 0.f;
         if (M != -PSA_INF) {
 #pragma unroll 8
-            for (int c = 0; c <= last; ++c) {
+            for (int c = 0; c < (last + 1) * P; ++c) {  // (every piece of chunks 0 .. last)
                 const float m = __ldcg(pr + c * PW + PSA_D);
                 const float o = __ldcg(pr + c * PW + d);
                 O += m == -PSA_INF ? 0.f : o * __expf(m - M);

@@ -29,6 +29,16 @@ __device__ __forceinline__ int chunks_before(int x, int first, int first2, int s
     return nf + n2 + (x - first2 + step - 1) / step;
 }
 
+// Merge two shares of a chunk's statistics (max logit, mass and EMA terms relative to it, min log
+// block mass): a cluster's CTAs in rank order, a speculated chunk's pieces in piece order. Every warp that merges
+// the same shares in the same order gets the same bits.
+__device__ __forceinline__ float4 combine_stats(float4 a, float4 b) {
+    const float nm = fmaxf(a.x, b.x);
+    if (nm == -PSA_INF) return make_float4(nm, 0.f, fminf(a.z, b.z), 0.f);
+    const float ea = __expf(a.x - nm), eb = __expf(b.x - nm);
+    return make_float4(nm, a.y * ea + b.y * eb, fminf(a.z, b.z), a.w * ea + b.w * eb);
+}
+
 // Per head: the running max logit M, the attended mass AS_acc relative to M, the log of the lightest
 // attended block's mass (AS_min = exp(min - M)), the moving average AS_ema relative to M (stop = ema),
 // and the rule's estimated attended fraction AS_acc / (AS_acc + rest).
