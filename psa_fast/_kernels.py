@@ -778,6 +778,17 @@ def _clock_args(name: str, enabled: int, b: int, gn: int, words: int) -> tuple:
 
 
 SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_shapes)
+SPEC_PIECES_MAX = 64  # most CTAs a speculated chunk (spec_pieces; the grid build's LOOP_GRID for a group's loop)
+
+
+def spec_pieces(groups: int) -> int:
+    """CTAs a chunk for ``DecodePlan(speculate="first_chunk")`` over ``groups`` groups (B x Gn): the power of two at
+    or below ``num_sms() / groups``, from 1 to ``SPEC_PIECES_MAX``, so that each group's first ranked chunk (all of its
+    speculated blocks but the forced ones) takes about one wave of CTAs between them, as the split build's splits do
+    for top-k. One Llama request (8 groups, 132 SMs) takes 16 a chunk; a batch of 32 takes 1 (the loop's own share).
+    Not yet measured (benchmarks/NOTES.md, sixty-fourth session)."""
+    per_group = num_sms() // max(1, groups)
+    return 1 if per_group < 2 else min(SPEC_PIECES_MAX, 1 << (per_group.bit_length() - 1))
 
 
 def spec_one_warp_from() -> int:
@@ -806,7 +817,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
            q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None,
-           first_prev: bool = False, q_raw: tuple | None = None) -> None:
+           first_prev: bool = False, q_raw: tuple | None = None, spec_pieces: int = 1) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -833,6 +844,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``psa_spec_verify`` (the verifier over those chunks in order; groups that stop get their outputs and
     diagnostics, the others their loop state in ``istate [B, Gn, 4]`` int / ``vstate [B, Hq, 7 + Dp]``), and
     the ``PSA_RESUME`` build (the loop from there, ``cluster`` CTAs per group; done groups leave at once).
+    ``spec_pieces`` > 1 (``DecodePlan(speculate="first_chunk")``): that many CTAs share each chunk (grid ``(chunks *
+    spec_pieces, Gn, B)``, ``partial [B, Hq, chunks * spec_pieces, Dp + 4]``, no list); ``spec_len`` may then be None,
+    the speculated positions being each group's forced and first ranked chunks.
 
     ``grid_group = (ctas, xstats, xcount, xpart)`` (psa's plain loop, version 3, ``cluster`` 1) launches the
     ``PSA_GRID`` build: ``ctas`` CTAs a group that are not a cluster, exchanging each iteration's statistics through
@@ -920,25 +934,36 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         # every speculated chunk at once; the verifier over them; the loop resumed where they fell short
         spec_len_arr, partial, istate, vstate, chunks, spec_total, spec_warps, spec_items = spec
         gn = hq // g
+        pieces = int(spec_pieces)
+        if pieces < 1 or (pieces > 1 and spec_items is not None) or (spec_len_arr is None and spec_items is not None):
+            raise ValueError("spec_pieces > 1 and a null spec_len run the speculative build on the full grid, with no "
+                             f"list of chunks (got spec_pieces={spec_pieces}, spec_items given: "
+                             f"{spec_items is not None})")
+        if partial.shape[2] != chunks * pieces:
+            raise ValueError(f"spec's partial holds {partial.shape[2]} chunk entries a head; {chunks} chunks of "
+                             f"{pieces} pieces need {chunks * pieces}")
+        piece_define = {"spec_pieces": pieces} if pieces > 1 else {}
         build = functools.partial(_decode_build, d=d, s=s, g=g, warps=warps, stages=stages, smem=smem, **defines)
         # (warps, grid, items, one_warp_from) of each build launched: alone, a build never leaves; as a pair, the
         # several-warp build on the compact grid leaves from `one_warp_from` speculated chunks on, the one-warp
         # build below it (decode.cu)
         if spec_items is None:
-            launches = [(spec_warps, (chunks, gn, b), null, 0 if spec_warps == 1 else 2**31 - 1)]
+            launches = [(spec_warps, (chunks * pieces, gn, b), null, 0 if spec_warps == 1 else 2**31 - 1)]
         else:
             frm = int(spec_items.size)
             launches = [(spec_warps, (frm, 1, 1), spec_items, frm), (1, (chunks, gn, b), null, frm)]
+        spec_len_ptr = null if spec_len_arr is None else spec_len_arr
         for w, grid_w, items, one_warp_from in launches:
             _, sw, s_stages, s_smem = decode_config(d=d, s=s, g=g, version=3, warps=w, stages=stages)
             speculated = _decode_build(entry="decode_spec", cluster=1, spec=1, d=d, s=s, g=g, warps=sw,
-                                       stages=s_stages, smem=s_smem, **defines)
-            speculated(grid_w, (sw * 32,), args + (spec_len_arr, partial, spec_total, np.int32(one_warp_from), items,
+                                       stages=s_stages, smem=s_smem, **defines, **piece_define)
+            speculated(grid_w, (sw * 32,), args + (spec_len_ptr, partial, spec_total, np.int32(one_warp_from), items,
                                                    np.int32(chunks)), shared_mem=s_smem)
         ema_w, ordered, lmass, share, window = rule_args
-        verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify", **({"verify_clock": 1} if VERIFY_CLOCK else {}))
+        verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify", **piece_define,
+                        **({"verify_clock": 1} if VERIFY_CLOCK else {}))
         verify((gn, b), (SPEC_VERIFY_THREADS,), (
-            partial, spec_len_arr, seq_lens, null if log_suffix is None else log_suffix, ordered, lmass,
+            partial, spec_len_ptr, seq_lens, null if log_suffix is None else log_suffix, ordered, lmass,
             null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
             np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
             np.int32(step), np.int32(forced), ema_w, share, window, spec_total)

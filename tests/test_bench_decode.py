@@ -400,8 +400,11 @@ def test_profile_decode_step_variants():
     assert pds.parse_variants("ema+first:s1.0") == [("ema+first", 1.0)]  # ema's rule on cuboid_mean, not quant3
     assert "ema+first" not in pds.QUANT3_VARIANTS
     assert pds.parse_variants("ema+stop") == [("ema+stop", None)] and "ema+stop" not in pds.QUANT3_VARIANTS
+    # speculate="first_chunk": only where a variant has a first ranked chunk
+    assert pds.parse_variants("ema+stop:sfirst,default+first:sfirst") == [("ema+stop", "first_chunk"),
+                                                                         ("default+first", "first_chunk")]
     for bad, says in (("loop", "not dense"), ("default:2.0", "sM"), ("dense:s1", "not dense"), ("topk:s1", "topk"),
-                      (" , ", "no variant")):
+                      (" , ", "no variant"), ("ema:sfirst", "only the"), ("default:sfirsts", "sM")):
         with pytest.raises(ValueError, match=says):
             pds.parse_variants(bad)
 
@@ -964,6 +967,37 @@ def test_the_kernels_read_the_callers_query_only_where_built_to():
             _kernels.decode(q, *[None] * 11, **{**dict(d=64, s=16, g=4, hq=4, hkv=1, nmax=8, stop="ema",
                                                          threshold=0.9, step=8, forced=0, cluster=1,
                                                          q_mma=q, q_raw=(q, 1.0)), **other})
+
+
+def test_spec_pieces_give_the_groups_about_one_wave(monkeypatch):
+    """speculate="first_chunk": a chunk's CTAs are the power of two at or below SMs / groups, 1 to SPEC_PIECES_MAX: one
+    Llama request (8 groups) 16 (128 CTAs a chunk between them), per head (32) 4, B = 8 (64) 2, B = 32 1, Gemma 3's one
+    group the cap."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert [_kernels.spec_pieces(n) for n in (1, 2, 3, 8, 32, 64, 66, 67, 256)] == [64, 64, 32, 16, 4, 2, 2, 1, 1]
+    for n in range(1, 300):
+        p = _kernels.spec_pieces(n)
+        assert p & (p - 1) == 0 and 1 <= p <= _kernels.SPEC_PIECES_MAX
+        assert p == 1 or n * p <= 132  # never more than one wave of CTAs a chunk
+
+
+def test_decode_refuses_pieces_with_a_list_of_chunks():
+    """The speculative build's pieces run on the full grid: with psa_spec_len's compact list, or a partial buffer that
+    does not hold chunks x pieces entries a head, decode() raises before any launch."""
+    from psa_fast import _kernels
+
+    q = np.zeros((1, 4, 64), np.float32)
+    common = dict(d=64, s=16, g=4, hq=4, hkv=1, nmax=8, stop="ema", threshold=0.9, step=8, forced=0, cluster=1)
+    partial = np.zeros((1, 4, 2 * 4, 68), np.float32)  # 2 chunks x 4 pieces
+    items = np.zeros(8, np.int32)
+    for spec, pieces, says in (((None, partial, None, None, 2, None, 8, items), 4, "no list of chunks"),
+                               ((None, partial, None, None, 2, None, 8, None), 0, "spec_pieces"),
+                               ((None, partial, None, None, 2, None, 8, None), 2, "need 4")):
+        with pytest.raises(ValueError, match=says):
+            _kernels.decode(q, np.zeros(1, np.float16), *[None] * 10, **common, q_mma=q, spec=spec,
+                            spec_pieces=pieces)
 
 
 def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch):

@@ -338,6 +338,106 @@ def test_speculate_is_checked():
             psa_fast.plan(b.cache, num_q_heads=1, speculate=1.0, speculate_extra=bad)
 
 
+SPEC_FIRST = {"runs": 0, "same": 0, "resumed": 0}
+
+
+@settings(max_examples=120)
+@given(gpu_problems(), thresholds, st.sampled_from(["ema", "remaining", "sketch_avg"]), st.sampled_from([1, 2, 5, 64]),
+       st.sampled_from([3, "predicted", "estimated_stop"]), st.sampled_from([1, 3, 16]))
+def test_speculating_the_first_chunk_conforms_and_matches_the_loop(p, tau, stop, step, first, pieces):
+    """speculate="first_chunk": the forced chunk and the first ranked chunk attended at once, each by `pieces` CTAs
+    (forced through _kernels.spec_pieces), verified on the device, the loop resumed after them at the plan's step. The
+    result keeps the reference's contract with that first chunk, and the blocks and decision are the loop's own (the
+    same plan without speculate) except where the two merge orders round a stop decision differently."""
+    from unittest import mock
+
+    from psa_fast import _kernels
+
+    if first == "estimated_stop" and stop not in psa_ref.progressive.ESTIMATED_STOP_RULES:
+        stop = "ema"
+    b = blocks_of(p)
+    n = b.num_blocks
+    sink = min(p.sink_blocks, n)
+    recent = min(p.recent_blocks, n - sink)
+    opts = dict(threshold=tau, stop=stop, step=step, gqa=p.gqa, sink_blocks=sink, recent_blocks=recent,
+                first_chunk=first)
+    q = cupy.asarray(p.q.astype(np.float32)[None])
+    runs = []
+    with mock.patch.object(_kernels, "spec_pieces", lambda groups: pieces):
+        for spec in (None, "first_chunk"):
+            plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], speculate=spec, **opts)
+            dec = plan.run(q)
+            used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
+            sizes = cupy.asnumpy(plan.first_len[0]).tolist()
+            runs.append((used, cupy.asnumpy(dec.iterations[0]), cupy.asnumpy(dec.reason[0]), cupy.asnumpy(dec.out[0]),
+                         sizes, plan, dec))
+    used, iters, reasons, out, sizes, plan, dec = runs[1]
+    assert plan.spec_pieces == pieces and plan.spec_len is None and plan.step == step
+    res = psa_ref.AttentionResult(out, used, iters, [psa_fast.REASONS[r] for r in reasons], None, None, n)
+    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                 metadata=p.metadata, first_chunk=sizes if isinstance(first, str) else first, gqa=p.gqa,
+                 sink_blocks=sink, recent_blocks=recent)
+    # the speculated positions: each group's forced and first ranked chunks, no more
+    f = min(n, sink + recent)
+    f2 = [min(n, f + int(x)) for x in sizes]
+    np.testing.assert_array_equal(cupy.asnumpy(dec.num_speculated[0]), f2)
+    loop_used, loop_iters = runs[0][0], runs[0][1]
+    SPEC_FIRST["runs"] += 1
+    SPEC_FIRST["same"] += all(np.array_equal(a, c) for a, c in zip(used, loop_used)) and np.array_equal(iters,
+                                                                                                        loop_iters)
+    SPEC_FIRST["resumed"] += int(any(u.size > e for u, e in zip(used, f2)))
+
+
+def test_speculating_the_first_chunk_matches_the_loop_on_most_draws():
+    if SPEC_FIRST["runs"] < 50:
+        pytest.skip("runs after test_speculating_the_first_chunk_conforms_and_matches_the_loop")
+    assert SPEC_FIRST["same"] >= 0.95 * SPEC_FIRST["runs"], SPEC_FIRST
+    assert SPEC_FIRST["resumed"] >= 5, SPEC_FIRST  # the resumed loop ran in enough draws to be tested
+
+
+@pytest.mark.parametrize("pieces", [1, 16])
+@pytest.mark.parametrize("first_chunk", ["estimated_stop", 40])
+def test_a_first_chunk_in_pieces_keeps_the_loops_result(monkeypatch, pieces, first_chunk):
+    """One request, two KV heads of 188 blocks: the first ranked chunk (the estimated stop, or 40 blocks) speculated
+    by 1 or 16 CTAs (`spec_pieces`) attends the loop's blocks, stops at the loop's chunk and gives the loop's output up
+    to float rounding; the partials hold chunks x pieces entries a head, and the plan runs no psa_spec_len (no
+    spec_len) and keeps the loop's step."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(11)
+    t, d, hq = 3000, 128, 8
+    q = cupy.asarray(3 * rng.standard_normal((1, hq, d)).astype(np.float32))
+    blocks = psa_fast.KVBlocks.from_dense(cupy.asarray(rng.standard_normal((2, t, d)).astype(np.float16)),
+                                          cupy.asarray(rng.standard_normal((2, t, d)).astype(np.float16)))
+    opts = dict(num_q_heads=hq, step=24, stop="ema", first_chunk=first_chunk, sink_blocks=1, recent_blocks=2)
+    loop = psa_fast.plan(blocks.cache, **opts).run(q)
+    monkeypatch.setattr(_kernels, "spec_pieces", lambda groups: pieces)
+    p = psa_fast.plan(blocks.cache, speculate="first_chunk", **opts)
+    assert p.spec_pieces == pieces and p.spec_len is None and p.step == 24
+    assert p.spec_partial.shape == (1, hq, 2 * pieces, d + 4)  # the forced chunk and the first ranked one
+    dec = p.run(q)
+    for g in range(2):
+        np.testing.assert_array_equal(cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]),
+                                      cupy.asnumpy(loop.order[0, g, : int(loop.num_used[0, g])]))
+    np.testing.assert_array_equal(cupy.asnumpy(dec.iterations), cupy.asnumpy(loop.iterations))
+    np.testing.assert_array_equal(cupy.asnumpy(dec.reason), cupy.asnumpy(loop.reason))
+    np.testing.assert_allclose(cupy.asnumpy(dec.out), cupy.asnumpy(loop.out), rtol=0, atol=1e-4)  # merge orders
+    np.testing.assert_array_equal(cupy.asnumpy(dec.num_speculated[0]),
+                                  3 + cupy.asnumpy(p.first_len[0]).clip(max=blocks.num_blocks - 3))
+
+
+def test_speculate_first_chunk_is_checked():
+    b = psa_fast.KVBlocks.from_dense(cupy.ones((1, 64, 64), cupy.float16), cupy.ones((1, 64, 64), cupy.float16))
+    with pytest.raises(ValueError, match="give first_chunk too"):
+        psa_fast.plan(b.cache, num_q_heads=1, speculate="first_chunk")
+    with pytest.raises(ValueError, match="first_chunk='previous'"):
+        psa_fast.plan(b.cache, num_q_heads=1, speculate="first_chunk", first_chunk="previous")
+    with pytest.raises(ValueError, match="speculate_extra needs"):
+        psa_fast.plan(b.cache, num_q_heads=1, speculate="first_chunk", first_chunk=2, speculate_extra=4)
+    with pytest.raises(ValueError, match="speculate must be"):
+        psa_fast.plan(b.cache, num_q_heads=1, speculate="first", first_chunk=2)
+
+
 def _chunks_before(x: int, first: int, first2: int, step: int) -> int:
     """The chunks of the loop's schedule (forced, first ranked, then `step` positions) starting before x."""
     nf, n2 = int(first > 0), int(first2 > first)

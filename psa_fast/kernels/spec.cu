@@ -105,12 +105,15 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             if (lane < PSA_G) {  // lane h: head h's partial statistics (its pieces' combined) and tail
                 const float* pc = partial + ((row0 + lane) * Cmax + c) * P * PW + PSA_D;
                 float4 x = __ldcg(reinterpret_cast<const float4*>(pc));
-                if (P > 1) {
-                    float4 xp[P > 1 ? P - 1 : 1];  // (all loads issued before the first combine)
 #pragma unroll
-                    for (int p = 1; p < P; ++p) xp[p - 1] = __ldcg(reinterpret_cast<const float4*>(pc + p * PW));
+                for (int p0 = 1; p0 < P; p0 += 8) {  // 8 pieces' loads issued before they are combined in order
+                    float4 xp[8];
 #pragma unroll
-                    for (int p = 1; p < P; ++p) x = combine_stats(x, xp[p - 1]);
+                    for (int k = 0; k < 8; ++k)
+                        if (p0 + k < P) xp[k] = __ldcg(reinterpret_cast<const float4*>(pc + (p0 + k) * PW));
+#pragma unroll
+                    for (int k = 0; k < 8; ++k)
+                        if (p0 + k < P) x = combine_stats(x, xp[k]);
                 }
                 const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
                 st[warp][lane][0] = x.x;
