@@ -3073,6 +3073,22 @@ if [ "$PART" = s63e ]; then
       | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph63.log")
   exit 0
 fi
+if [ "$PART" = s64a ]; then
+  # Written in the sixty-fourth session (branch wip/speculate-first): DecodePlan(speculate="first_chunk"), the forced
+  # and first ranked chunks speculated by spec_pieces CTAs each (16 for one Llama request), verified once, the loop
+  # resumed only where the rule has not held. First its GPU tests (the existing speculation tests too: the one-piece
+  # build changed), then one request kernel by kernel. Predicted (H200): per-head 32K B = 1 ema+stop 48.6 -> ~44 µs
+  # (the loop's decode ~28 -> speculative attend ~18 + verify ~4 + a resumed launch that leaves ~2), level or a hair
+  # ahead of top-k at its error only if the estimated stop is v4's ~3 µs; Llama 5% 32K B = 1 ema+stop ~-2 µs.
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -W ignore -rf tests/test_fast.py \
+      -k "first_chunk or speculat or pieces" > "$OUT/t_s64a.log" 2>&1
+  echo "GPU tests (speculation) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s64a.log" | tail -8
+  (cd benchmarks && per_head_kernel_rows 32768 1 ema,ema+stop,ema+stop:sfirst 1043 717 s64a_ph
+   timeout 100 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 \
+      --variants ema,ema+stop,ema+stop:sfirst --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s64a_5pc.txt" \
+      | grep -E "^T=|psa_" | head -40)
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
