@@ -92,7 +92,8 @@ SHAPES = {
 }
 PROFILES = ("pooled", "per-head", "sparsity", "long-context", "real")
 DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
-SKIPPABLE = ("tau0.9", "remaining", "predicted", "estimated", "sketch", "topk", "stages", "speculate", "rank")
+SKIPPABLE = ("tau0.9", "remaining", "predicted", "estimated", "sfirst", "sketch", "topk", "stages", "speculate",
+             "rank")
 # The step after a predicted first chunk in the default rule's extra rows: on the real Gemma 3 layer 17 psa_ref's
 # sketch_avg with first_chunk="predicted" takes 2.8 iterations at steps 128-192 against 3.8 at 320 alone, reading
 # 36-38% of the blocks against 43% (benchmarks/exp_step_growth.py --firsts, thirty-ninth session).
@@ -756,6 +757,15 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     usf, outsf, readf = gotf
                     row(fname, usf, psa_floor(readf, passes=passes), mean_err(outsf), readf, 7)
                     main_targets.append((fname, mean_err(outsf), readf))
+                if first == "estimated_stop" and "sfirst" not in skip:  # the same chunk speculated in pieces
+                    sfname = f"{fname}, speculated"
+                    gotsf = attempt(sfname, lambda: timed(psa_fast.plan(
+                        cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk="estimated_stop",
+                        speculate="first_chunk", scale=shape.scale)))
+                    if gotsf is not None:
+                        ussf, outssf, readsf = gotsf
+                        row(sfname, ussf, psa_floor(readsf, passes=2), mean_err(outssf), readsf, 7)
+                        main_targets.append((sfname, mean_err(outssf), readsf))
             if "speculate" not in skip:  # every predicted chunk at once, verified after (DecodePlan(speculate=...))
                 sname = f"{name} {spec_name}"
                 gots = attempt(sname, lambda: timed(psa_fast.plan(
