@@ -712,6 +712,15 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
 
         psa = {}
         main_targets = []  # (name, error, blocks read) of the τ 0.95 rows on this cache that top-k is matched against
+
+        def first_chunk_row(label, tau, passes, groups=hkv, **options):
+            """A PSA row with a first chunk (``options`` for the plan), top-k matched against it as well."""
+            got = attempt(label, lambda: timed(psa_fast.plan(cache, num_q_heads=hq, mode="psa", threshold=tau,
+                                                             step=step, scale=shape.scale, **options)))
+            if got is not None:
+                us_f, outs_f, read_f = got
+                row(label, us_f, psa_floor(read_f, groups=groups, passes=passes), mean_err(outs_f), read_f, 7)
+                main_targets.append((label, mean_err(outs_f), read_f))
         for tau in (0.9, 0.95):
             if tau == 0.9 and "tau0.9" in skip:
                 continue
@@ -750,22 +759,9 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                 if token in skip:
                     continue
                 fname = f"{name} first chunk {first_chunk_label(first)}"
-                gotf = attempt(fname, lambda first=first: timed(psa_fast.plan(
-                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk=first,
-                    scale=shape.scale)))
-                if gotf is not None:
-                    usf, outsf, readf = gotf
-                    row(fname, usf, psa_floor(readf, passes=passes), mean_err(outsf), readf, 7)
-                    main_targets.append((fname, mean_err(outsf), readf))
+                first_chunk_row(fname, tau, passes, first_chunk=first)
                 if first == "estimated_stop" and "sfirst" not in skip:  # the same chunk speculated in pieces
-                    sfname = f"{fname}, speculated"
-                    gotsf = attempt(sfname, lambda: timed(psa_fast.plan(
-                        cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk="estimated_stop",
-                        speculate="first_chunk", scale=shape.scale)))
-                    if gotsf is not None:
-                        ussf, outssf, readsf = gotsf
-                        row(sfname, ussf, psa_floor(readsf, passes=2), mean_err(outssf), readsf, 7)
-                        main_targets.append((sfname, mean_err(outssf), readsf))
+                    first_chunk_row(f"{fname}, speculated", tau, passes, first_chunk=first, speculate="first_chunk")
             if "speculate" not in skip:  # every predicted chunk at once, verified after (DecodePlan(speculate=...))
                 sname = f"{name} {spec_name}"
                 gots = attempt(sname, lambda: timed(psa_fast.plan(
@@ -790,14 +786,8 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     main_targets.append((pname, mean_err(outsh), readh))
                 if "predicted" not in skip:  # each head's first chunk from its estimates: the busiest of many
                     # per-head groups decides less often (psa_ref, NOTES' fortieth session)
-                    fpname = f"{pname} first chunk predicted"
-                    gotfp = attempt(fpname, lambda: timed(psa_fast.plan(
-                        cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, gqa="per_head",
-                        first_chunk="predicted", scale=shape.scale)))
-                    if gotfp is not None:
-                        usfp, outsfp, readfp = gotfp
-                        row(fpname, usfp, psa_floor(readfp, groups=hq, passes=3), mean_err(outsfp), readfp, 7)
-                        main_targets.append((fpname, mean_err(outsfp), readfp))
+                    first_chunk_row(f"{pname} first chunk predicted", tau, 3, groups=hq, gqa="per_head",
+                                    first_chunk="predicted")
 
         if "sketch" not in skip:
             # the default rule on metadata="quant3" (stop="auto" = "sketch_avg"): the same KV (same fill, same layers)

@@ -249,6 +249,38 @@ def test_the_previous_stop_is_kept_per_layer_replayed_and_forgotten_on_request()
 SPECULATED = {"runs": 0, "same": 0, "resumed": 0}
 
 
+def _speculated_against_the_loop(p, tau, stop, step, first, speculate, tally) -> tuple:
+    """Run problem ``p`` through the plain loop's plan and the same plan with ``speculate``; check the speculated
+    result against the reference's contract (with the plan's first chunk sizes), count in ``tally`` the draws whose
+    blocks and iterations are the loop's, and return ``(used, plan, dec, first chunk sizes, n, forced)`` of the
+    speculated run."""
+    b = blocks_of(p)
+    n = b.num_blocks
+    sink = min(p.sink_blocks, n)
+    recent = min(p.recent_blocks, n - sink)
+    opts = dict(threshold=tau, stop=stop, step=step, gqa=p.gqa, sink_blocks=sink, recent_blocks=recent,
+                first_chunk=first)
+    q = cupy.asarray(p.q.astype(np.float32)[None])
+    runs = []
+    for spec in (None, speculate):
+        plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], speculate=spec, **opts)
+        dec = plan.run(q)
+        used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
+        sizes = None if first is None else cupy.asnumpy(plan.first_len[0]).tolist()
+        runs.append((used, cupy.asnumpy(dec.iterations[0]), cupy.asnumpy(dec.reason[0]), cupy.asnumpy(dec.out[0]),
+                     sizes, plan, dec))
+    used, iters, reasons, out, sizes, plan, dec = runs[1]
+    res = psa_ref.AttentionResult(out, used, iters, [psa_fast.REASONS[r] for r in reasons], None, None, n)
+    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
+                 metadata=p.metadata, first_chunk=sizes if isinstance(first, str) else first, gqa=p.gqa,
+                 sink_blocks=sink, recent_blocks=recent)
+    loop_used, loop_iters = runs[0][0], runs[0][1]
+    tally["runs"] += 1
+    tally["same"] += all(np.array_equal(a, c) for a, c in zip(used, loop_used)) and np.array_equal(iters, loop_iters)
+    assert all(u.size <= n for u in used)
+    return used, plan, dec, sizes, n, sink + recent
+
+
 @settings(max_examples=120)
 @given(gpu_problems(), thresholds, st.sampled_from([r for r in psa_fast.STOP_RULES if r != "certified"]),
        st.sampled_from([1, 2, 5, 64]), st.sampled_from([0.01, 0.5, 1.0, 1.5, 4.0]),
@@ -258,33 +290,9 @@ def test_speculative_schedule_conforms_and_matches_the_loop(p, tau, stop, step, 
     the loop resumed after them. A small margin makes most groups resume (both paths run). The result keeps
     the reference's contract, and the blocks and decision are the loop's own (the same plan without
     speculate) except where the two merge orders round a stop decision differently."""
-    b = blocks_of(p)
-    n = b.num_blocks
-    sink = min(p.sink_blocks, n)
-    recent = min(p.recent_blocks, n - sink)
-    opts = dict(threshold=tau, stop=stop, step=step, gqa=p.gqa, sink_blocks=sink, recent_blocks=recent,
-                first_chunk=first)
-    q = cupy.asarray(p.q.astype(np.float32)[None])
-    runs = []
-    for spec in (None, margin):
-        plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], speculate=spec, **opts)
-        dec = plan.run(q)
-        used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
-        sizes = None if first is None else cupy.asnumpy(plan.first_len[0]).tolist()
-        runs.append((used, cupy.asnumpy(dec.iterations[0]), cupy.asnumpy(dec.reason[0]), cupy.asnumpy(dec.out[0]),
-                     sizes, plan))
-    used, iters, reasons, out, sizes, plan = runs[1]
-    res = psa_ref.AttentionResult(out, used, iters, [psa_fast.REASONS[r] for r in reasons], None, None, n)
-    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
-                 metadata=p.metadata, first_chunk=sizes if first == "predicted" else first, gqa=p.gqa,
-                 sink_blocks=sink, recent_blocks=recent)
-    loop_used, loop_iters = runs[0][0], runs[0][1]
-    SPECULATED["runs"] += 1
-    SPECULATED["same"] += all(np.array_equal(a, c) for a, c in zip(used, loop_used)) and np.array_equal(iters,
-                                                                                                         loop_iters)
+    used, plan, *_ = _speculated_against_the_loop(p, tau, stop, step, first, margin, SPECULATED)
     spec_len = cupy.asnumpy(plan.spec_len[0])
     SPECULATED["resumed"] += int(np.any(np.array([u.size for u in used]) > spec_len))
-    assert all(u.size <= n for u in used)
 
 
 def test_speculative_schedule_matches_the_loop_on_most_draws():
@@ -355,36 +363,14 @@ def test_speculating_the_first_chunk_conforms_and_matches_the_loop(p, tau, stop,
 
     if first == "estimated_stop" and stop not in psa_ref.progressive.ESTIMATED_STOP_RULES:
         stop = "ema"
-    b = blocks_of(p)
-    n = b.num_blocks
-    sink = min(p.sink_blocks, n)
-    recent = min(p.recent_blocks, n - sink)
-    opts = dict(threshold=tau, stop=stop, step=step, gqa=p.gqa, sink_blocks=sink, recent_blocks=recent,
-                first_chunk=first)
-    q = cupy.asarray(p.q.astype(np.float32)[None])
-    runs = []
     with mock.patch.object(_kernels, "spec_pieces", lambda groups: pieces):
-        for spec in (None, "first_chunk"):
-            plan = psa_fast.plan(b.cache, num_q_heads=p.q.shape[0], speculate=spec, **opts)
-            dec = plan.run(q)
-            used = [cupy.asnumpy(dec.order[0, g, : int(dec.num_used[0, g])]).astype(np.int64) for g in range(plan.gn)]
-            sizes = cupy.asnumpy(plan.first_len[0]).tolist()
-            runs.append((used, cupy.asnumpy(dec.iterations[0]), cupy.asnumpy(dec.reason[0]), cupy.asnumpy(dec.out[0]),
-                         sizes, plan, dec))
-    used, iters, reasons, out, sizes, plan, dec = runs[1]
+        used, plan, dec, sizes, n, forced = _speculated_against_the_loop(p, tau, stop, step, first, "first_chunk",
+                                                                         SPEC_FIRST)
     assert plan.spec_pieces == pieces and plan.spec_len is None and plan.step == step
-    res = psa_ref.AttentionResult(out, used, iters, [psa_fast.REASONS[r] for r in reasons], None, None, n)
-    check_result(res, p.q, p.keys, p.values, threshold=tau, stop=stop, step=step, block_size=p.block_size,
-                 metadata=p.metadata, first_chunk=sizes if isinstance(first, str) else first, gqa=p.gqa,
-                 sink_blocks=sink, recent_blocks=recent)
     # the speculated positions: each group's forced and first ranked chunks, no more
-    f = min(n, sink + recent)
+    f = min(n, forced)
     f2 = [min(n, f + int(x)) for x in sizes]
     np.testing.assert_array_equal(cupy.asnumpy(dec.num_speculated[0]), f2)
-    loop_used, loop_iters = runs[0][0], runs[0][1]
-    SPEC_FIRST["runs"] += 1
-    SPEC_FIRST["same"] += all(np.array_equal(a, c) for a, c in zip(used, loop_used)) and np.array_equal(iters,
-                                                                                                        loop_iters)
     SPEC_FIRST["resumed"] += int(any(u.size > e for u, e in zip(used, f2)))
 
 
