@@ -3089,6 +3089,26 @@ if [ "$PART" = s64a ]; then
       | grep -E "^T=|psa_" | head -40)
   exit 0
 fi
+if [ "$PART" = s64b ]; then
+  # Written in the sixty-fourth session for a short lease (branch wip/speculate-first): s63d's essentials, then one
+  # request's per-head row kernel by kernel with the estimated stop v2 / v4 and its first chunk in the loop / in
+  # pieces (speculate="first_chunk"). Predicted (H200): v4 ~3 µs at 2,048 blocks (v2 9.3), ~5 at 8,192 (v2 30.2);
+  # per-head 32K B = 1 kernels: ema+stop ~53 (v2) -> ~47 (v4); in pieces ~-4 more. ~4.5 minutes.
+  (cd benchmarks && timeout 60 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 \
+      --threads 512 --sorted 2>&1 | grep -v Warn | tee "$OUT/s64b_es.md")
+  timeout 150 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_WINDOWS = 1; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
+'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s64b.log" 2>&1
+  echo "GPU tests (v4) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s64b.log" | tail -8
+  for w in 0 1; do
+    (cd benchmarks && timeout 80 python3 -c "import sys, runpy; from psa_fast import _kernels; \
+_kernels.ESTIMATED_STOP_WINDOWS = $w; sys.argv = ['profile_decode_step.py', '--per-head', '--shape', 'llama8b', \
+'--size', '32768', '--batches', '1', '--variants', 'ema+stop,ema+stop:sfirst', '--out', '$OUT']; \
+runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn | tee "$OUT/s64b_w$w.txt" \
+      | grep -E "^T=|psa_" | head -24)
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
