@@ -3130,6 +3130,20 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'te
   echo "GPU tests (v4) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s64b.log" | tail -8
   exit 0
 fi
+if [ "$PART" = s64d ]; then
+  # s64c cut to ~5.5 minutes for what the budget leaves: the speculation tests, v4's time, the per-head row with v4.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf tests/test_fast.py \
+      -k "first_chunk or speculat or pieces" > "$OUT/t_s64a.log" 2>&1
+  echo "GPU tests (speculation) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s64a.log" | tail -8
+  (cd benchmarks && timeout 50 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 \
+      --threads 512 --sorted 2>&1 | grep -v Warn | tee "$OUT/s64b_es.md")
+  (cd benchmarks && timeout 70 python3 -c "import sys, runpy; from psa_fast import _kernels; \
+_kernels.ESTIMATED_STOP_WINDOWS = 1; sys.argv = ['profile_decode_step.py', '--per-head', '--shape', 'llama8b', \
+'--size', '32768', '--batches', '1', '--variants', 'ema+stop,ema+stop:sfirst,topk', '--topk', '1043', '--out', \
+'$OUT']; runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn | tee "$OUT/s64b_w1.txt" \
+      | grep -E "^T=|psa_" | head -30)
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
