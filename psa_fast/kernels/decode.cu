@@ -715,6 +715,17 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     if (base >= min(n_all, spec_len ? __ldg(spec_len + (long)b * Gn + g) : first2_all)) return;
     const int n = chunk_end(base, first_all, first2_all, step, n_all) - base;
     const int first = n;
+    if (PSA_SPEC_PIECES > 1 && (int)rank * PSA_WARPS >= n) {
+        // A piece whose warps hold no position of the chunk (a forced chunk of a few blocks, a short first chunk):
+        // its partial says so at once (no mass, no output), without the start that loads the query and the stream.
+        constexpr int PW = PSA_D + 4;
+        for (int idx = threadIdx.x; idx < PSA_G * PW; idx += blockDim.x) {
+            const int h = idx / PW, d = idx % PW;
+            partial[((((long)b * Hq + h0 + h) * spec_chunks + chunk) * PSA_SPEC_PIECES + rank) * PW + d] =
+                d == PSA_D ? -PSA_INF : d == PSA_D + 2 ? PSA_INF : 0.f;
+        }
+        return;
+    }
 #else
     constexpr int base = 0;
     const int n = (len + PSA_S - 1) / PSA_S;
