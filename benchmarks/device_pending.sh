@@ -3144,6 +3144,17 @@ _kernels.ESTIMATED_STOP_WINDOWS = 1; sys.argv = ['profile_decode_step.py', '--pe
       | grep -E "^T=|psa_" | head -30)
   exit 0
 fi
+if [ "$PART" = s64e ]; then
+  # Written in the sixty-fourth session (branch wip/speculate-first; carry .gl/gemma3_xml_l17_32k.npz): the real Gemma
+  # 3 layer 17 at 32K (one KV head: 16 pieces a chunk at B = 8, 64 at B = 1), ema / ema with the estimated-stop first
+  # chunk / that chunk in pieces, kernel by kernel. The H200's s62: ema 31.5 / 75.7 µs, the estimated stop 42.5 / 74.5
+  # (B = 1 / 8; floors 6.4 / 43.3). Predicted: in pieces ~-5 µs at B = 8 where the first decision holds (the grid
+  # loop's per-iteration barrier ~3 µs and the busiest group's chunks one after another), level at B = 1. ~3 minutes.
+  (cd benchmarks && timeout 170 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 \
+      --size 32768 --batches 8,1 --variants ema,ema+stop,ema+stop:sfirst --out "$OUT" 2>&1 | grep -v Warn \
+      | tee "$OUT/s64e.txt" | grep -E "^T=|psa_" | head -40)
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
