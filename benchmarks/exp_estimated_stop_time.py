@@ -28,6 +28,15 @@ import numpy as np
 from bench_decode import capture, median_us, parse_ints
 
 
+def parse_versions(text: str) -> list[int]:
+    """``--windows``: ``"0,1"`` -> ``[0, 1]``, each 0 (v2) or 1 (v4); ValueError otherwise (bench_decode's parse_ints
+    takes positive integers only, so ``0,1`` failed there: the sixty-fourth session's first device call)."""
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out or any(x not in ("0", "1") for x in out):
+        raise ValueError(f"--windows must be comma-separated 0 (v2) and 1 (v4), got {text!r}")
+    return [int(x) for x in out]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", default="64,512,2048,8192", help="blocks a request (n), comma-separated")
@@ -41,7 +50,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     blocks, batches = parse_ints(args.blocks, "--blocks"), parse_ints(args.batches, "--batches")
-    threads_list, windows_list = parse_ints(args.threads, "--threads"), parse_ints(args.windows, "--windows")
+    threads_list, windows_list = parse_ints(args.threads, "--threads"), parse_versions(args.windows)
 
     import cupy
 

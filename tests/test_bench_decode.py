@@ -2119,3 +2119,14 @@ def test_topk_line_fits_the_rows_and_pairs_psa_with_top_k_at_its_error(tmp_path)
         ptl.load([str(src)], batch=8)
     with pytest.raises(ValueError, match="a line needs two"):
         ptl.fit_topk_line([r for r in rows if r["method"].startswith("top-k k=100 ")])
+
+
+def test_exp_estimated_stop_time_takes_both_versions():
+    """`--windows 0,1` times v2 beside v4: 0 is a version here, not a count (parse_ints refused it, so the sixty-third
+    session's device part failed at its first line); anything but 0 and 1 is refused by name."""
+    import exp_estimated_stop_time as es
+
+    assert es.parse_versions("0,1") == [0, 1] and es.parse_versions(" 1 ") == [1]
+    for bad in ("", "2", "0,v4", "-1"):
+        with pytest.raises(ValueError, match="--windows"):
+            es.parse_versions(bad)
