@@ -143,8 +143,8 @@ class DecodePlan:
             for top-k), with no pass over the estimates to size them; the verifier decides after each, and groups
             whose rule has not held go on in the loop at the plan's own ``step``. The plain loop's blocks and
             stop with that ``first_chunk``, up to float rounding. Made so that one request's large first chunk
-            (``"estimated_stop"``: a group's usual stop) is read over every SM, not its cluster's (not yet
-            measured on a GPU: benchmarks/NOTES.md, sixty-fourth session).
+            (``"estimated_stop"``: a group's usual stop) is read over every SM, not its cluster's; on an H100 it
+            is level with the loop at one request so far (benchmarks/NOTES.md, sixty-fourth session).
         speculate_extra: with a margin ``speculate``, the blocks speculated past ``m`` x the predicted ones (default
             ``step``: one chunk). A group the speculation leaves short resumes chunk by chunk, a barrier
             each; a few more chunks cost little and leave fewer groups short (benchmarks/NOTES.md,
