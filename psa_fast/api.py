@@ -280,7 +280,8 @@ class DecodePlan:
         # pass), the share key (normalised per head) and the estimated stop (walked along the order by its own
         # kernel, which needs no suffix pass)
         spec_margin = self.speculate is not None and not self._spec_first  # psa_spec_len sums the suffix
-        estimates_with_suffix = (self.first_chunk == "predicted" or spec_margin or (self.rank == "share" and self.g > 1))
+        estimates_with_suffix = (self.first_chunk == "predicted" or spec_margin
+                                 or (self.rank == "share" and self.g > 1))
         if estimates_with_suffix or self.first_chunk == "estimated_stop":
             self._per_head = "estimates"
         self._suffix = self._per_head is not None and (estimates_with_suffix or per_head.get(self.stop) is not None)
