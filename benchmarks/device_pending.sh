@@ -3044,6 +3044,9 @@ if [ "$PART" = s63c ]; then
   exit 0
 fi
 if [ "$PART" = s63d ]; then
+  # (Sixty-fourth session: v4 ran on the H100, 9.7 µs at 2,048 blocks, slower than v2; the switch now builds v5, its
+  # loads two to four windows ahead: predicted ~5 µs at 2,048 and ~8 at 8,192 on the H100. This command's first line
+  # had never parsed: fixed.)
   # Written in the sixty-third session: psa_estimated_stop v4 (PSA_ES_WINDOWS 1: windows of one position a thread,
   # leaving after the first window that holds; off in _kernels until this runs) against v2: the kernel alone
   # (exp_estimated_stop_time.py), then its tests with v4 on (the kernel test runs both versions; the reversed order

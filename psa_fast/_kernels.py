@@ -1044,9 +1044,10 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 
 
 ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
-# psa_estimated_stop v4 (PSA_ES_WINDOWS): the order walked in windows of one position a thread, leaving after the
-# first window where a position holds, against v2 (0), which walks the whole order twice (benchmarks/NOTES.md,
-# sixty-third session).
+# psa_estimated_stop v5 (1, PSA_ES_WINDOWS): the order walked in windows of one position a thread, leaving after the
+# first window where a position holds, its loads two to four windows ahead, against v2 (0), which walks the whole
+# order twice. Off: v4 (the same walk, its loads one window ahead) was slower than v2 on the H100 (sixty-fourth
+# session: 11.8 against 8.6 µs in a per-head step at 32K); v5 has not run (benchmarks/NOTES.md).
 ESTIMATED_STOP_WINDOWS = 0
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 

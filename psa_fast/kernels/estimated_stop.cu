@@ -19,7 +19,9 @@
 // (~1,000 on one word): 15.9 µs for one Llama request at 32K on the H100 (s60i); this one, three barriers in all,
 // 8.5 µs there and 23.6 at 128K (s61a). Timed alone (H200, s62, exp_estimated_stop_time.py): ~5 µs fixed and
 // ~1.4 µs a position of a thread's run, staged in shared memory or not: its work on one SM a group, not its loads.
-// v4 (PSA_ES_WINDOWS 1, below; s63, not yet timed on a device) walks the order in windows and leaves at the stop.
+// v4 (PSA_ES_WINDOWS 1, below; s63) walks the order in windows and leaves at the stop; on the H100 (s64) it was slower
+// than this (9.7 µs alone at 2,048 blocks, 11.8 against 8.6 in a per-head step): each window waited on its loads. v5
+// (the same switch; not yet timed) issues them two to four windows ahead.
 //   vals       [B, Hq, Nmax] float: each query head's estimate s_j of every block (the plan's per-head estimates)
 //   order      [B, Gn, Nmax] int: the group's processing order (forced blocks first)
 //   seq_lens   [B] int: tokens of each request (n = ceil(len / PSA_S) blocks; the last may be partial)
@@ -72,17 +74,17 @@ __device__ __forceinline__ EsState es_warp_scan(EsState v, int lane) {
 }
 
 #ifndef PSA_ES_WINDOWS
-#define PSA_ES_WINDOWS 0  // _kernels.ESTIMATED_STOP_WINDOWS: 1 = v4 (below), 0 = v2
+#define PSA_ES_WINDOWS 0  // _kernels.ESTIMATED_STOP_WINDOWS: 1 = v5 (below), 0 = v2
 #endif
 
 #if PSA_ES_WINDOWS
-// v4: the order in windows of one position a thread, in processing order, leaving after the first window where a
+// v5 (v4's walk, its loads further ahead): the order in windows of one position a thread, in processing order, leaving after the first window where a
 // position holds (the rule at position i reads nothing after i), so the kernel reads up to the stop's window and
 // one more, not the whole order twice. Each window's masses are relative to the running maximum of the windows read
 // so far (the carried state is rescaled when it grows: the rule's ratios do not depend on the reference). A window:
 // every head's maximum (barrier 1; the previous window's candidates are read after it), each position's state as
 // the scan of the window composed with the carried one (barrier 2), the test, each warp's first holding position.
-// The next window's order entry is in flight across barrier 1 and its estimates across barrier 2.
+// The loads run two to four windows ahead (below).
 extern "C" __global__ void __launch_bounds__(PSA_ES_THREADS)
 psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order, const int* __restrict__ seq_lens,
                    int* __restrict__ first_len, int Hq, int Nmax, int forced, float threshold, float ema_w, int stop,
@@ -118,11 +120,22 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
         carry[h] = es_identity();
         ref[h] = -PSA_INF;
     }
-    float x[PSA_G];
-    x_of(t, t < n ? __ldg(orow + t) : 0, x);
+    // The loads run ahead of the walk (v5; v4 issued them one window ahead, and each window then waited on their two
+    // dependent round trips, the order entry and the estimates it points to: ~3 µs a window on the H100, s64): the
+    // order entries of windows w + 2 and w + 3 are held at the top of window w, which issues the entry of window w + 4
+    // and the estimates of window w + 2, so each window's estimates were asked for two windows before it.
+    constexpr int T = PSA_ES_THREADS;
+    auto entry = [&](int p) { return p < n ? __ldg(orow + p) : 0; };
+    const int j0 = entry(t), j1 = entry(t + T);
+    int j2 = entry(t + 2 * T), j3 = entry(t + 3 * T);
+    float x[PSA_G], xn[PSA_G];  // the estimates of windows w and w + 1
+    x_of(t, j0, x);
+    x_of(t + T, j1, xn);
     for (int start = 0;; start += PSA_ES_THREADS) {
-        const int i = start + t, inext = i + PSA_ES_THREADS;
-        const int jnext = inext < n ? __ldg(orow + inext) : 0;  // in flight across barrier 1
+        const int i = start + t;
+        const int j4 = entry(i + 4 * T);
+        float xnn[PSA_G];
+        x_of(i + 2 * T, j2, xnn);
         // 1. every head's maximum over the window
         float top[PSA_G];
 #pragma unroll
@@ -144,8 +157,6 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
             if (t == 0) *out = n - f;
             return;
         }
-        float xn[PSA_G];
-        x_of(inext, jnext, xn);  // in flight across barrier 2
         EsState incl[PSA_G];
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {
@@ -179,7 +190,12 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
         const int mine = __reduce_min_sync(0xffffffffu, holds ? i : n);
         if (lane == 0) warp_best[warp] = mine;  // read after the next window's barrier 1
 #pragma unroll
-        for (int h = 0; h < PSA_G; ++h) x[h] = xn[h];
+        for (int h = 0; h < PSA_G; ++h) {
+            x[h] = xn[h];
+            xn[h] = xnn[h];
+        }
+        j2 = j3;
+        j3 = j4;
     }
 }
 #else
