@@ -13,10 +13,11 @@ position runs on one SM a group (results_h200_s62.md).
 
     python benchmarks/exp_estimated_stop_time.py --blocks 64,512,2048,8192 --batches 1,8 --threads 256,512,1024
 
-``--windows 0,1`` times v2 (0: the whole order walked twice) beside v4 (1: windows, leaving after the first that
-holds), whose time depends on where the stop lies: ``--sorted`` draws the group's heads alike (a shared part plus a
-little of their own) and sorts the order by their mean, as the plan's processing order is, so the stop lies early
-as on real estimates (random estimates in a random order put it near the end). Both must give the same first_len.
+``--windows 0,1`` times v2 (0: the whole order walked twice) beside the windowed walk (1: leaving after the first
+window that holds; v4 in the sixty-fourth session's H100 run, 9.7 µs at 2,048 blocks, v5 since), whose time depends
+on where the stop lies: ``--sorted`` draws the group's heads alike (a shared part plus a little of their own) and
+sorts the order by their mean, as the plan's processing order is, so the stop lies early as on real estimates
+(random estimates in a random order put it near the end). Both must give the same first_len.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from bench_decode import capture, median_us, parse_ints
 
 
 def parse_versions(text: str) -> list[int]:
-    """``--windows``: ``"0,1"`` -> ``[0, 1]``, each 0 (v2) or 1 (v4); ValueError otherwise (bench_decode's parse_ints
+    """``--windows``: ``"0,1"`` -> ``[0, 1]``, each 0 (v2) or 1 (v5); ValueError otherwise (bench_decode's parse_ints
     takes positive integers only, so ``0,1`` failed there: the sixty-fourth session's first device call)."""
     out = [x.strip() for x in text.split(",") if x.strip()]
     if not out or any(x not in ("0", "1") for x in out):
-        raise ValueError(f"--windows must be comma-separated 0 (v2) and 1 (v4), got {text!r}")
+        raise ValueError(f"--windows must be comma-separated 0 (v2) and 1 (v5), got {text!r}")
     return [int(x) for x in out]
 
 
@@ -96,7 +97,7 @@ def main() -> None:
                 with stream:
                     launch(0.95)
                     stream.synchronize()
-                print(f"| {n} | {b} | {'v4' if windows else 'v2'} | {threads} | {times[0]:.2f} | {times[1]:.2f} | "
+                print(f"| {n} | {b} | {'v5' if windows else 'v2'} | {threads} | {times[0]:.2f} | {times[1]:.2f} | "
                       f"{times[0] - times[1]:.2f} | {int(out[0, 0])} |", flush=True)
 
 

@@ -2122,7 +2122,7 @@ def test_topk_line_fits_the_rows_and_pairs_psa_with_top_k_at_its_error(tmp_path)
 
 
 def test_exp_estimated_stop_time_takes_both_versions():
-    """`--windows 0,1` times v2 beside v4: 0 is a version here, not a count (parse_ints refused it, so the sixty-third
+    """`--windows 0,1` times v2 beside v5: 0 is a version here, not a count (parse_ints refused it, so the sixty-third
     session's device part failed at its first line); anything but 0 and 1 is refused by name."""
     import exp_estimated_stop_time as es
 

@@ -78,13 +78,13 @@ __device__ __forceinline__ EsState es_warp_scan(EsState v, int lane) {
 #endif
 
 #if PSA_ES_WINDOWS
-// v5 (v4's walk, its loads further ahead): the order in windows of one position a thread, in processing order, leaving after the first window where a
-// position holds (the rule at position i reads nothing after i), so the kernel reads up to the stop's window and
-// one more, not the whole order twice. Each window's masses are relative to the running maximum of the windows read
-// so far (the carried state is rescaled when it grows: the rule's ratios do not depend on the reference). A window:
-// every head's maximum (barrier 1; the previous window's candidates are read after it), each position's state as
-// the scan of the window composed with the carried one (barrier 2), the test, each warp's first holding position.
-// The loads run two to four windows ahead (below).
+// v5 (v4's walk, its loads further ahead): the order in windows of one position a thread, in processing order,
+// leaving after the first window where a position holds (the rule at position i reads nothing after i), so the
+// kernel reads up to the stop's window and one more, not the whole order twice. Each window's masses are relative to
+// the running maximum of the windows read so far (the carried state is rescaled when it grows: the rule's ratios do
+// not depend on the reference). A window: every head's maximum (barrier 1; the previous window's candidates are read
+// after it), each position's state as the scan of the window composed with the carried one (barrier 2), the test,
+// each warp's first holding position. The loads run two to four windows ahead (below).
 extern "C" __global__ void __launch_bounds__(PSA_ES_THREADS)
 psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order, const int* __restrict__ seq_lens,
                    int* __restrict__ first_len, int Hq, int Nmax, int forced, float threshold, float ema_w, int stop,
