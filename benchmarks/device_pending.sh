@@ -3158,6 +3158,26 @@ if [ "$PART" = s64e ]; then
       | tee "$OUT/s64e.txt" | grep -E "^T=|psa_" | head -40)
   exit 0
 fi
+if [ "$PART" = s64f ]; then
+  # Written in the sixty-fourth session (branch wip/speculate-first): why the speculative build attends the first
+  # chunk ~5.5 µs slower than the split build's line at the same blocks (H100 s64: 26.8 µs at 33% of the blocks
+  # against ~21.3 from top-k's 22.2 at 35% and 29.5 at 50.9%). ncu of one launch of each, per-head 32K B = 1:
+  # psa_decode_spec (ema+stop:sfirst, 16 pieces) and top-k's split build at k = 717 (its budget). Candidates from the
+  # code: the start's dependent chain (length -> first_len -> chunk bounds -> order -> table), the verifier's
+  # combine and barrier in every CTA, the query copy. ~3 minutes.
+  cd benchmarks
+  for v in "ema+stop:sfirst psa_decode_spec" "topk ^psa_decode$"; do
+    set -- $v
+    timeout 80 ncu --clock-control none -k "regex:$2" --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+        --section SchedulerStats --section SourceCounters --print-details all \
+        python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 --variants "$1" \
+        --topk 717 --steps 2 --layers 1 --no-profiler --out "$OUT" > "$OUT/ncu_s64f_${1%%:*}.txt" 2>&1
+    echo "$1 ncu rc=$?"; grep -E "Duration|Executed Ipc|Issue Active|Stall|Registers|Achieved Occ|Grid Size|Block Size" \
+        "$OUT/ncu_s64f_${1%%:*}.txt" | head -30
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
