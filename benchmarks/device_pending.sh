@@ -3061,7 +3061,7 @@ if [ "$PART" = s63d ]; then
   timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_WINDOWS = 1; \
 sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
 'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s63d.log" 2>&1
-  echo "GPU tests (v4) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s63d.log" | tail -8
+  echo "GPU tests (v5) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s63d.log" | tail -8
   exit 0
 fi
 if [ "$PART" = s63e ]; then

@@ -681,11 +681,11 @@ def test_share_key_equals_float64_at_many_blocks(g):
 @pytest.mark.parametrize("stop", ["ema", "remaining"])
 def test_estimated_stop_kernel_at_many_blocks(g, stop, windows, monkeypatch):
     """psa_estimated_stop on more blocks than its CTA has threads (v2: runs of up to 6 positions a thread, every
-    warp's prefix composed; v4: up to 6 windows, the state carried between them) and ragged requests: each group's
+    warp's prefix composed; v5: up to 6 windows, the state carried between them) and ragged requests: each group's
     first chunk equals psa_ref's estimated_stop_first_chunk on the same float32 estimates and order, or lies between
     the reference's sizes at tau -+ 1e-4 (budget: the kernel's float32 masses and scans against float64, a relative
     error of a few 1e-5 on each ratio at 3,000 blocks). Also in the reversed order, where the stop lies near the end
-    and each head's largest estimate comes last (v4 rescales the carried state at every window)."""
+    and each head's largest estimate comes last (v5 rescales the carried state at every window)."""
     from psa_fast import _kernels
     from psa_ref.progressive import ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk
     from psa_ref.scoring import forced_blocks, processing_order
