@@ -3076,6 +3076,26 @@ if [ "$PART" = s63e ]; then
       | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph63.log")
   exit 0
 fi
+if [ "$PART" = s65a ]; then
+  # Sixty-fifth session: s63d cut to what decides v5 (~5 minutes). psa_estimated_stop v5 (PSA_ES_WINDOWS 1) against
+  # v2 alone (sorted order; predicted H100 ~5 µs at 2,048 blocks, ~8 at 8,192; v2 8.5 / ~30), its tests with v5 on,
+  # then the per-head 32K B = 1 step kernel by kernel with v2 and with v5 (s64: ema+stop 53.0 with v2, estimated
+  # stop 8.6; predicted with v5 ~49-50, estimated stop ~5).
+  (cd benchmarks && timeout 60 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1,8 --windows 0,1 \
+      --threads 512 --sorted 2>&1 | grep -v Warn | tee "$OUT/s65a_sorted.md")
+  timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_WINDOWS = 1; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
+'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s65a.log" 2>&1
+  echo "GPU tests (v5) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s65a.log" | tail -8
+  for w in 0 1; do
+    (cd benchmarks && mkdir -p "$OUT/w$w" && timeout 70 python3 -c "import sys, runpy; from psa_fast import _kernels; \
+_kernels.ESTIMATED_STOP_WINDOWS = $w; sys.argv = ['profile_decode_step.py', '--per-head', '--shape', 'llama8b', \
+'--size', '32768', '--batches', '1', '--variants', 'ema,ema+stop', '--out', '$OUT/w$w']; \
+runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn | tee "$OUT/s65a_w$w.txt" \
+      | grep -E "^T=|psa_" | head -20)
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
