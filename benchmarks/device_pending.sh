@@ -3096,6 +3096,19 @@ runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Wa
   done
   exit 0
 fi
+if [ "$PART" = s65b ]; then
+  # Sixty-fifth session: s63e's per-head rows with v5 on (run if s65a shows v5 ahead of v2 alone and in the step).
+  # H200 s62 with v2: "first chunk estimated_stop" 48.6 / 124.8 / 597.5 µs at 32K B = 1, 128K B = 1, 128K B = 8;
+  # the plain loop 45.3 / 109.6 / 545.4; top-k at each row's error 35.3 / 100.1 / 568.0. Predicted with v5 (H100,
+  # whose rows run ~5-10% slower): the estimated-stop row -3 to -4 µs at 32K B = 1 and -12 to -15 at 128K. ~4 minutes.
+  (cd benchmarks && mkdir -p "$OUT/ph65" && timeout 400 python3 -c "import sys, runpy; from psa_fast import _kernels; \
+_kernels.ESTIMATED_STOP_WINDOWS = 1; sys.argv = ['bench_decode.py', '--profile', 'per-head', '--shape', 'llama8b', \
+'--sizes', '32768:1,131072:1,131072:8', '--reps', '20', '--skip', \
+'tau0.9,remaining,stages,speculate,predicted,sketch,rank', '--out', '$OUT/ph65']; \
+runpy.run_path('bench_decode.py', run_name='__main__')" 2>&1 | tee "$OUT/ph65.log" | grep "^|" | cut -d'|' -f4-9,12-13 \
+      | grep . || tail -n 5 "$OUT/ph65.log")
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
