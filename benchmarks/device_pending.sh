@@ -3082,7 +3082,7 @@ if [ "$PART" = s65a ]; then
   # then the per-head 32K B = 1 step kernel by kernel with v2 and with v5 (s64: ema+stop 53.0 with v2, estimated
   # stop 8.6; predicted with v5 ~49-50, estimated stop ~5).
   (cd benchmarks && timeout 60 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1,8 --windows 0,1 \
-      --threads 512 --sorted 2>&1 | grep -v Warn | tee "$OUT/s65a_sorted.md")
+      --threads 512,1024 --sorted 2>&1 | grep -v Warn | tee "$OUT/s65a_sorted.md")
   timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_WINDOWS = 1; \
 sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
 'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s65a.log" 2>&1
