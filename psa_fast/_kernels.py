@@ -1018,11 +1018,6 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 
 
 ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
-# psa_estimated_stop v5 (1, PSA_ES_WINDOWS): the order walked in windows of one position a thread, leaving after the
-# first window where a position holds, its loads two to four windows ahead, against v2 (0), which walks the whole
-# order twice. Off: v4 (the same walk, its loads one window ahead) was slower than v2 on the H100 (sixty-fourth
-# session: 11.8 against 8.6 µs in a per-head step at 32K); v5 has not run (benchmarks/NOTES.md).
-ESTIMATED_STOP_WINDOWS = 0
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 
 
@@ -1035,7 +1030,7 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
     from psa_ref.progressive import EMA_WEIGHT
 
     b, gn = first_len.shape
-    fn = kernel("estimated_stop", d=16, s=s, g=g, es_windows=ESTIMATED_STOP_WINDOWS)
+    fn = kernel("estimated_stop", d=16, s=s, g=g)
     fn((gn, b), (ESTIMATED_STOP_THREADS,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax),
                                             np.int32(forced), np.float32(threshold), np.float32(EMA_WEIGHT),
                                             np.int32(ESTIMATED_STOP_CODES[stop]), np.float32(margin)))
@@ -1055,11 +1050,12 @@ DENSE_WIDE_MAX_GROUPS = 15
 
 # > 0: dense CTAs of 8 warps at head dim <= 64 (DENSE_WIDE_MAX_GROUPS) take this many prefetch stages when the batch
 # has more than DENSE_WIDE_STAGES_MIN_GROUPS groups (twice the CTAs an SM at 2, so pick_splits gives about twice the
-# splits). The sweeps, which set the stages themselves, have 8 warps x 2 stages the best shape at SmolLM2 B = 3 and 5
-# (H100 s61e, 32K and 128K: 31.6 / 48.3 / 105.2 / 169.6 µs against the plan's 32.2 / 49.3 / 106.3 / 174.4). The two
-# A/Bs in one process that found it level (s60j, s62b) did not time it: exp_dense_tune.py --default-only then pinned
-# decode_config's 3 stages (fixed in s62). 0: off, until device_pending.sh s63b's A/B.
-DENSE_WIDE_STAGES = 0
+# splits). The sweeps, which set the stages themselves, had 8 warps x 2 stages the best shape at SmolLM2 B = 3 and 5
+# (H100 s61e). The A/B in one process (H100 s65, device_pending.sh s63b, 0 / 2 / 2 / 0, µs): 32K B = 3 32.2 / 32.2 /
+# 32.2 / 32.8, B = 5 49.2 / 49.0 / 48.9 / 50.0; 128K B = 3 106.4 / 106.2 / 105.8 / 107.0, B = 5 175.9 / 170.2 / 170.9 /
+# 178.7 (0.93-0.94x -> 0.97x SDPA); B = 4 level (32K 39.9 / 40.4 / 40.4 / 40.4, 128K 137.8 / 137.7 / 137.8 / 138.6).
+# 0: off.
+DENSE_WIDE_STAGES = 2
 DENSE_WIDE_STAGES_MIN_GROUPS = 6
 
 
