@@ -3082,6 +3082,29 @@ if [ "$PART" = s65b ]; then
   # whose rows run ~5-10% slower): the estimated-stop row -3 to -4 µs at 32K B = 1 and -12 to -15 at 128K. ~4 minutes.
   retired "Not run: v5 lost to v2 in s65a, and the windowed walk is removed" results_h100_s65.md
 fi
+if [ "$PART" = s65c ]; then
+  # Sixty-fifth session: psa_estimated_stop v6 (ESTIMATED_STOP_CLUSTER: a group's order in slices over a cluster of
+  # CTAs). Its GPU tests with v6 on (the kernel test runs clusters of 1, 2 and 8 either way), the kernel alone (sorted
+  # order) at 1 / 2 / 8 CTAs a group, then the per-head step at 32K and 128K B = 1 with v2 and v6. Predicted (H100):
+  # alone, one request, 8 CTAs of 256: ~5 µs at 2,048 blocks (v2 8.4), ~6-7 at 8,192 (v2 23.7); in the step the
+  # estimated stop 8.6 -> ~5 (32K) and 23.6 -> ~7 (128K). ~5 minutes.
+  timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_CLUSTER = 8; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
+'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s65c.log" 2>&1
+  echo "GPU tests (v6) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s65c.log" | tail -8
+  (cd benchmarks && timeout 90 python3 exp_estimated_stop_time.py --blocks 64,2048,8192 --batches 1,8 \
+      --cluster 1,2,8 --cluster-threads 256,512 --sorted 2>&1 | grep -v Warn | tee "$OUT/s65c_alone.md")
+  for cl in 1 8; do
+    for size in 32768 131072; do
+      (cd benchmarks && mkdir -p "$OUT/c$cl" && timeout 80 python3 -c "import sys, runpy; \
+from psa_fast import _kernels; _kernels.ESTIMATED_STOP_CLUSTER = $cl; sys.argv = ['profile_decode_step.py', \
+'--per-head', '--shape', 'llama8b', '--size', '$size', '--batches', '1', '--variants', 'ema+stop', '--out', \
+'$OUT/c$cl']; runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn \
+        | tee "$OUT/s65c_c${cl}_$size.txt" | grep -E "^T=|psa_" | head -8)
+    done
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

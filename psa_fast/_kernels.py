@@ -1019,6 +1019,24 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 
 ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
+# > 1: psa_estimated_stop v6, a group's order in slices over a cluster of up to this many CTAs (a power of two <= 8)
+# of ESTIMATED_STOP_CLUSTER_THREADS, as many as keep the launch within the SMs (estimated_stop_cluster). v2's time
+# is its work on one SM a group (~1 instruction-cycle a position and head; H100 s65: 8.4 µs at 2,048 blocks, 23.7 at
+# 8,192), which v6 spreads over the cluster. 1: v2 (one CTA a group). Off until device_pending.sh s65c's A/B.
+ESTIMATED_STOP_CLUSTER = 1
+ESTIMATED_STOP_CLUSTER_THREADS = 256
+
+
+def estimated_stop_cluster(groups: int) -> int:
+    """CTAs a group of psa_estimated_stop for ``groups`` (B x Gn) groups: the largest power of two up to
+    ``ESTIMATED_STOP_CLUSTER`` whose ``groups x cluster`` CTAs fit the SMs, at least 1 (one request of Llama's 8
+    groups: 8; B = 8: 2 on 132 SMs; B >= 17: 1, v2)."""
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    cl = 1
+    while cl * 2 <= ESTIMATED_STOP_CLUSTER and groups * cl * 2 <= num_sms():
+        cl *= 2
+    return cl
 
 
 def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold, stop,
@@ -1030,10 +1048,16 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
     from psa_ref.progressive import EMA_WEIGHT
 
     b, gn = first_len.shape
-    fn = kernel("estimated_stop", d=16, s=s, g=g)
-    fn((gn, b), (ESTIMATED_STOP_THREADS,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax),
-                                            np.int32(forced), np.float32(threshold), np.float32(EMA_WEIGHT),
-                                            np.int32(ESTIMATED_STOP_CODES[stop]), np.float32(margin)))
+    cl = estimated_stop_cluster(b * gn)
+    if cl > 1:
+        threads = ESTIMATED_STOP_CLUSTER_THREADS
+        fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads)
+    else:
+        threads = ESTIMATED_STOP_THREADS
+        fn = kernel("estimated_stop", d=16, s=s, g=g)
+    fn((gn * cl, b), (threads,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax), np.int32(forced),
+                                  np.float32(threshold), np.float32(EMA_WEIGHT), np.int32(ESTIMATED_STOP_CODES[stop]),
+                                  np.float32(margin)))
 
 
 # Dense decoding at head dim <= 64 takes CTAs of 8 warps (not 4) when the batch has at most this many groups

@@ -582,6 +582,24 @@ def test_dense_wide_stages_switch_picks_two_stages_only_where_asked(monkeypatch)
     assert splits(None, 15) == (3, 8) and splits(2, 15) == (2, 17)
 
 
+def test_estimated_stop_cluster_fits_the_groups_in_the_sms(monkeypatch):
+    """_kernels.estimated_stop_cluster: v6's CTAs a group, the largest power of two up to ESTIMATED_STOP_CLUSTER whose
+    groups x cluster CTAs fit the SMs; 1 (v2) where the switch is 1 or the groups alone fill the GPU. No GPU needed:
+    the SM count is the H100's."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", 1)
+    assert [_kernels.estimated_stop_cluster(n) for n in (1, 8, 64)] == [1, 1, 1]
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", 8)
+    # Gemma 3's one group, Llama's 8 (one request), 16, 64 (B = 8), 66, 67 and 256 (B = 32) groups
+    assert [_kernels.estimated_stop_cluster(n) for n in (1, 8, 16, 64, 66, 67, 256)] == [8, 8, 8, 2, 2, 1, 1]
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", 4)
+    assert _kernels.estimated_stop_cluster(8) == 4
+    with pytest.raises(ValueError, match="groups"):
+        _kernels.estimated_stop_cluster(0)
+
+
 def test_default_launch_shape_of_the_split_build(monkeypatch):
     """Dense and top-k at D <= 64 take CTAs of 4 warps and count several an SM; D 128 and 256 one (the sweep's
     best shapes, benchmarks/NOTES.md). No GPU needed: the SM count is the H200's."""

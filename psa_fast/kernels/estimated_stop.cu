@@ -22,7 +22,14 @@
 // Walking the order in windows of one position a thread and leaving after the first window where the rule holds (v4,
 // s63; v5, its loads two to four windows ahead, s64) was slower on the H100: ~3 µs a window whether its loads were
 // one window ahead or three, 10.0 µs alone at 2,048 blocks against this version's 8.4, and 12.1 against 8.6 in a
-// per-head step at 32K (s65). Removed after s65; the code is in git (commit 3239828, PSA_ES_WINDOWS).
+// per-head step at 32K (s65). Removed after s65; the code is in git (commit 3239828, PSA_ES_WINDOWS). What those
+// runs showed instead: the time is work on one SM a group, not waiting (a window of 1,024 threads cost 1.27x one of
+// 512, and v2's time a position grows with its CTA: ~1 instruction-cycle a position and head in all).
+// v6 (PSA_CLUSTER > 1, _kernels.ESTIMATED_STOP_CLUSTER) spreads that work: the group's order in PSA_CLUSTER slices,
+// one a CTA of a cluster, each CTA v2 on its slice, with three exchanges over distributed shared memory (each
+// cluster_sync): the heads' maxima (every CTA takes the group's), each slice's fold (each CTA composes those of the
+// ranks before it, in rank order, before its threads' prefixes), and each CTA's candidate (into rank 0, which takes
+// the least). The sums are composed in another grouping than v2's (float32: the same tolerance against psa_ref).
 //   vals       [B, Hq, Nmax] float: each query head's estimate s_j of every block (the plan's per-head estimates)
 //   order      [B, Gn, Nmax] int: the group's processing order (forced blocks first)
 //   seq_lens   [B] int: tokens of each request (n = ceil(len / PSA_S) blocks; the last may be partial)
@@ -64,6 +71,18 @@ __device__ __forceinline__ EsState es_shfl(const EsState& v, int src) {
                    __shfl_sync(0xffffffffu, v.b, src), __shfl_sync(0xffffffffu, v.mn, src)};
 }
 
+#if PSA_CLUSTER > 1
+// Inclusive scan over the first PSA_CLUSTER lanes in lane order (the cluster's CTA totals, lane r: rank r).
+__device__ __forceinline__ EsState es_cluster_scan(EsState v, int lane) {
+#pragma unroll
+    for (int off = 1; off < PSA_CLUSTER; off <<= 1) {
+        const EsState o = es_shfl_up(v, off);
+        if (lane >= off) v = es_then(o, v);
+    }
+    return v;
+}
+#endif
+
 // Inclusive scan over a warp's lanes in lane order.
 __device__ __forceinline__ EsState es_warp_scan(EsState v, int lane) {
 #pragma unroll
@@ -74,23 +93,50 @@ __device__ __forceinline__ EsState es_warp_scan(EsState v, int lane) {
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(PSA_ES_THREADS)
+extern "C" __global__ void
+#if PSA_CLUSTER > 1
+__cluster_dims__(PSA_CLUSTER, 1, 1)
+#endif
+__launch_bounds__(PSA_ES_THREADS)
 psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order, const int* __restrict__ seq_lens,
                    int* __restrict__ first_len, int Hq, int Nmax, int forced, float threshold, float ema_w, int stop,
                    float margin) {
     __shared__ EsState warp_tot[PSA_G][PSA_ES_WARPS];
     __shared__ float warp_max[PSA_G][PSA_ES_WARPS];
     __shared__ int warp_best[PSA_ES_WARPS];
+#if PSA_CLUSTER > 1
+    // v6: the group's order in PSA_CLUSTER slices, one a CTA of the cluster (rank r: positions [p0, p1)); what the
+    // CTAs exchange: their heads' maxima, their slices' folds (each CTA composes those of the ranks before it), and
+    // their candidates (written into rank 0's cta_best)
+    __shared__ float cta_top[PSA_G];
+    __shared__ __align__(16) EsState cta_tot[PSA_G];
+    __shared__ int cta_best[PSA_CLUSTER];
+    const unsigned int rank = cluster_rank();
+    const int g = blockIdx.x / PSA_CLUSTER, b = blockIdx.y, Gn = gridDim.x / PSA_CLUSTER, h0 = g * PSA_G;
+#else
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
+#endif
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int len = seq_lens[b];
     const int n = (len + PSA_S - 1) / PSA_S, f = min(n, forced);
     if (n == f || threshold >= 1.f) {  // no ranked block, or every block read anyway: the plain schedule
+#if PSA_CLUSTER > 1
+        if (t == 0 && rank == 0) first_len[(long)b * Gn + g] = 0;  // (the same test in every CTA of the cluster)
+#else
         if (t == 0) first_len[(long)b * Gn + g] = 0;
+#endif
         return;
     }
+#if PSA_CLUSTER > 1
+    const int per = (n + PSA_CLUSTER - 1) / PSA_CLUSTER;
+    const int p0 = min(n, (int)rank * per), p1 = min(n, p0 + per);
+    const int R = (p1 - p0 + PSA_ES_THREADS - 1) / PSA_ES_THREADS;
+    const int i0 = min(p1, p0 + t * R), i1 = min(p1, i0 + R);
+#else
+    const int p0 = 0, p1 = n;
     const int R = (n + PSA_ES_THREADS - 1) / PSA_ES_THREADS;
     const int i0 = min(n, t * R), i1 = min(n, i0 + R);
+#endif
     const float keep = 1.f - ema_w;
     const int* orow = order + ((long)b * Gn + g) * Nmax;
     const float* v = vals + ((long)b * Hq + h0) * Nmax;  // head h's row: v + h Nmax
@@ -109,7 +155,7 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) top[h] = -PSA_INF;
 #pragma unroll 4
-    for (int i = t; i < n; i += PSA_ES_THREADS) {
+    for (int i = p0 + t; i < p1; i += PSA_ES_THREADS) {
         float x[PSA_G];
         x_at(i, x);
 #pragma unroll
@@ -128,6 +174,20 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
     }
+#if PSA_CLUSTER > 1
+    // the group's maximum: lane r reads rank r's
+    if (t == 0)
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) cta_top[h] = top[h];
+    cluster_sync();
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        float v = lane < PSA_CLUSTER ? dsmem_load(&cta_top[h], lane) : -PSA_INF;
+#pragma unroll
+        for (int off = PSA_CLUSTER / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+        top[h] = __shfl_sync(0xffffffffu, v, 0);
+    }
+#endif
     // 1. this thread's fold of its run, every head
     EsState st[PSA_G];
 #pragma unroll
@@ -152,7 +212,26 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
         const EsState tot = es_warp_scan(lane < PSA_ES_WARPS ? warp_tot[h][lane] : es_identity(), lane);
         const EsState before = es_shfl(tot, warp == 0 ? 0 : warp - 1);
         if (warp > 0) st[h] = es_then(before, st[h]);
+#if PSA_CLUSTER > 1
+        const EsState slice = es_shfl(tot, PSA_ES_WARPS - 1);  // this CTA's slice, folded
+        if (t == 0) cta_tot[h] = slice;
+#endif
     }
+#if PSA_CLUSTER > 1
+    // the slices of the ranks before this one, composed in rank order (lane r < rank: rank r's), before every
+    // thread's prefix
+    cluster_sync();
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        EsState v = es_identity();
+        if (lane < (int)rank) {
+            const float4 x = dsmem_load4(reinterpret_cast<const float4*>(&cta_tot[h]), lane);
+            v = EsState{x.x, x.y, x.z, x.w};
+        }
+        v = es_shfl(es_cluster_scan(v, lane), PSA_CLUSTER - 1);
+        st[h] = es_then(v, st[h]);
+    }
+#endif
     // 3. rewalk: each position's test, as the loop's at a boundary after it; the first that every head passes
     int mine = n;
     for (int i = i0; i < i1; ++i) {
@@ -174,8 +253,20 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
     mine = __reduce_min_sync(0xffffffffu, mine);
     if (lane == 0) warp_best[warp] = mine;
     __syncthreads();
+#if PSA_CLUSTER > 1
+    // every CTA's candidate into rank 0's cta_best[rank]; rank 0 takes the least (no CTA's shared memory is read
+    // after the barrier but rank 0's own, so the others may leave)
+    if (warp == 0) {
+        const int best = __reduce_min_sync(0xffffffffu, lane < PSA_ES_WARPS ? warp_best[lane] : n);
+        if (lane == 0) dsmem_store_int(&cta_best[rank], 0, best);
+    }
+    cluster_sync();
+    if (rank == 0 && warp == 0) {
+        int best = __reduce_min_sync(0xffffffffu, lane < PSA_CLUSTER ? cta_best[lane] : n);
+#else
     if (warp == 0) {
         int best = __reduce_min_sync(0xffffffffu, lane < PSA_ES_WARPS ? warp_best[lane] : n);
+#endif
         if (lane == 0) {
             const int ranked = best + 1 - f;  // best < n: the last position always holds (N_left = 0)
             const int sized = (int)ceilf(margin * (float)ranked - 1e-6f);
