@@ -1019,24 +1019,29 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 
 ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
-# > 1: psa_estimated_stop v6, a group's order in slices over a cluster of up to this many CTAs (a power of two <= 8)
-# of ESTIMATED_STOP_CLUSTER_THREADS, as many as keep the launch within the SMs (estimated_stop_cluster). v2's time
-# is its work on one SM a group (~1 instruction-cycle a position and head; H100 s65: 8.4 µs at 2,048 blocks, 23.7 at
-# 8,192), which v6 spreads over the cluster. 1: v2 (one CTA a group). Off until device_pending.sh s65c's A/B.
-ESTIMATED_STOP_CLUSTER = 1
+# > 1: psa_estimated_stop v6, a group's order in slices over a cluster of this many CTAs (a power of two <= 8) of
+# ESTIMATED_STOP_CLUSTER_THREADS, where the groups' clusters fit the SMs and a group has at least
+# ESTIMATED_STOP_CLUSTER_MIN_BLOCKS blocks (estimated_stop_cluster); elsewhere v2, one CTA a group. v2's time is its
+# work on one SM a group (H100 s65: 8.5 µs at 2,048 blocks, 23.9 at 8,192); v6 spreads it and pays ~3 µs for its three
+# cluster barriers. H100 s65 (sorted order, one request of 8 groups, 8 CTAs of 256): 64 blocks 4.7 -> 7.6 µs, 2,048
+# 8.5 -> 8.5, 8,192 23.9 -> 12.7; per-head step at 128K B = 1 23.9 -> 12.6 (the "first chunk estimated_stop" row
+# 138.0 -> 126.6 µs, level with top-k at its error, 129.8); clusters of 2 at B = 8 lost (2,048: 8.6 -> 11.0). 1: v2
+# everywhere.
+ESTIMATED_STOP_CLUSTER = 8
 ESTIMATED_STOP_CLUSTER_THREADS = 256
+ESTIMATED_STOP_CLUSTER_MIN_BLOCKS = 4096
 
 
-def estimated_stop_cluster(groups: int) -> int:
-    """CTAs a group of psa_estimated_stop for ``groups`` (B x Gn) groups: the largest power of two up to
-    ``ESTIMATED_STOP_CLUSTER`` whose ``groups x cluster`` CTAs fit the SMs, at least 1 (one request of Llama's 8
-    groups: 8; B = 8: 2 on 132 SMs; B >= 17: 1, v2)."""
-    if groups < 1:
-        raise ValueError(f"groups must be >= 1, got {groups}")
-    cl = 1
-    while cl * 2 <= ESTIMATED_STOP_CLUSTER and groups * cl * 2 <= num_sms():
-        cl *= 2
-    return cl
+def estimated_stop_cluster(groups: int, nmax: int) -> int:
+    """CTAs a group of psa_estimated_stop for ``groups`` (B x Gn) groups of up to ``nmax`` blocks:
+    ``ESTIMATED_STOP_CLUSTER`` (v6) where ``nmax >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS`` and ``groups x`` that many CTAs
+    fit the SMs (one Llama request of 8 groups from 64K tokens at block size 16; Gemma 3's one group), else 1 (v2)."""
+    if groups < 1 or nmax < 1:
+        raise ValueError(f"groups and nmax must be >= 1, got groups={groups}, nmax={nmax}")
+    cl = ESTIMATED_STOP_CLUSTER
+    if cl > 1 and nmax >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS and groups * cl <= num_sms():
+        return cl
+    return 1
 
 
 def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold, stop,
@@ -1048,7 +1053,7 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
     from psa_ref.progressive import EMA_WEIGHT
 
     b, gn = first_len.shape
-    cl = estimated_stop_cluster(b * gn)
+    cl = estimated_stop_cluster(b * gn, nmax)
     if cl > 1:
         threads = ESTIMATED_STOP_CLUSTER_THREADS
         fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads)

@@ -582,22 +582,24 @@ def test_dense_wide_stages_switch_picks_two_stages_only_where_asked(monkeypatch)
     assert splits(None, 15) == (3, 8) and splits(2, 15) == (2, 17)
 
 
-def test_estimated_stop_cluster_fits_the_groups_in_the_sms(monkeypatch):
-    """_kernels.estimated_stop_cluster: v6's CTAs a group, the largest power of two up to ESTIMATED_STOP_CLUSTER whose
-    groups x cluster CTAs fit the SMs; 1 (v2) where the switch is 1 or the groups alone fill the GPU. No GPU needed:
-    the SM count is the H100's."""
+def test_estimated_stop_cluster_only_where_it_paid(monkeypatch):
+    """_kernels.estimated_stop_cluster: v6's clusters (ESTIMATED_STOP_CLUSTER CTAs a group) only where every group's
+    cluster fits the SMs and the groups are long (ESTIMATED_STOP_CLUSTER_MIN_BLOCKS), where the H100 measured them
+    faster; v2 (1) elsewhere and when the switch is 1. No GPU needed: the SM count is the H100's."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert _kernels.ESTIMATED_STOP_CLUSTER == 8 and _kernels.ESTIMATED_STOP_CLUSTER_MIN_BLOCKS == 4096
+    # Llama 128K: one request (8 groups) and two (16) take clusters, B = 3 (24 groups: 192 CTAs) and B = 8 do not;
+    # Gemma 3's one group at 128K does; 32K (2,048 blocks) never
+    assert [_kernels.estimated_stop_cluster(n, 8192) for n in (1, 8, 16, 17, 24, 64)] == [8, 8, 8, 1, 1, 1]
+    assert [_kernels.estimated_stop_cluster(n, 2048) for n in (1, 8)] == [1, 1]
+    assert _kernels.estimated_stop_cluster(8, 4096) == 8 and _kernels.estimated_stop_cluster(8, 4095) == 1
     monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", 1)
-    assert [_kernels.estimated_stop_cluster(n) for n in (1, 8, 64)] == [1, 1, 1]
-    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", 8)
-    # Gemma 3's one group, Llama's 8 (one request), 16, 64 (B = 8), 66, 67 and 256 (B = 32) groups
-    assert [_kernels.estimated_stop_cluster(n) for n in (1, 8, 16, 64, 66, 67, 256)] == [8, 8, 8, 2, 2, 1, 1]
-    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", 4)
-    assert _kernels.estimated_stop_cluster(8) == 4
-    with pytest.raises(ValueError, match="groups"):
-        _kernels.estimated_stop_cluster(0)
+    assert _kernels.estimated_stop_cluster(8, 8192) == 1
+    for bad in ((0, 8192), (8, 0)):
+        with pytest.raises(ValueError, match="groups and nmax"):
+            _kernels.estimated_stop_cluster(*bad)
 
 
 def test_default_launch_shape_of_the_split_build(monkeypatch):

@@ -578,7 +578,8 @@ def test_estimated_stop_kernel_at_many_blocks(g, stop, cluster, monkeypatch):
     from psa_ref.scoring import forced_blocks, processing_order
 
     monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", cluster)
-    assert _kernels.estimated_stop_cluster(8) == cluster  # 4 requests x 2 groups: every cluster size fits the SMs
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER_MIN_BLOCKS", 1)  # v6 at 3,000 blocks too
+    assert _kernels.estimated_stop_cluster(8, 3000) == cluster  # 4 requests x 2 groups: every cluster fits the SMs
     rng = np.random.default_rng(g + 10 * (stop == "ema"))
     s, nmax, hkv, sink, recent = 16, 3000, 2, 1, 2
     hq = g * hkv
