@@ -1030,6 +1030,9 @@ ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 ESTIMATED_STOP_CLUSTER = 8
 ESTIMATED_STOP_CLUSTER_THREADS = 256
 ESTIMATED_STOP_CLUSTER_MIN_BLOCKS = 4096
+# 1: v6.1, one cluster barrier fewer (each CTA's masses relative to its own maximum, the maxima sent with the folds and
+# each fold rescaled when composed); 0: v6 (the maxima exchanged first). Off until device_pending.sh s65d's A/B.
+ESTIMATED_STOP_ONE_EXCHANGE = 0
 
 
 def estimated_stop_cluster(groups: int, nmax: int) -> int:
@@ -1056,7 +1059,8 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
     cl = estimated_stop_cluster(b * gn, nmax)
     if cl > 1:
         threads = ESTIMATED_STOP_CLUSTER_THREADS
-        fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads)
+        fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads,
+                    es_one_exchange=ESTIMATED_STOP_ONE_EXCHANGE)
     else:
         threads = ESTIMATED_STOP_THREADS
         fn = kernel("estimated_stop", d=16, s=s, g=g)

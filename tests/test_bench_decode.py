@@ -557,10 +557,11 @@ def test_dense_tune_variants_fit_shared_memory_and_default_only_is_the_plans_sha
 
 
 def test_dense_wide_stages_switch_picks_two_stages_only_where_asked(monkeypatch):
-    """_kernels.DENSE_WIDE_STAGES (2 by default since the H100 A/B of s65; 0 turns it off): 8-warp dense CTAs at D <= 64 with more than
-    DENSE_WIDE_STAGES_MIN_GROUPS and at most DENSE_WIDE_MAX_GROUPS groups take its stages, and their smaller shared
-    memory lets pick_splits give about twice the splits (SmolLM2 at B = 3: 14 -> 29, at B = 5: 8 -> 17, the s61e
-    sweep's shapes); every other plan keeps decode_config's default. No GPU needed: the SM count is the H100's."""
+    """_kernels.DENSE_WIDE_STAGES (2 by default since the H100 A/B of s65; 0 turns it off): 8-warp dense CTAs at
+    D <= 64 with more than DENSE_WIDE_STAGES_MIN_GROUPS and at most DENSE_WIDE_MAX_GROUPS groups take its stages, and
+    their smaller shared memory lets pick_splits give about twice the splits (SmolLM2 at B = 3: 14 -> 29, at B = 5:
+    8 -> 17, the s61e sweep's shapes); every other plan keeps decode_config's default. No GPU needed: the SM count is
+    the H100's."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)

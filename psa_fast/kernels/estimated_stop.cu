@@ -41,6 +41,9 @@
 #define PSA_ES_THREADS 512  // _kernels.ESTIMATED_STOP_THREADS (an experiment may define another)
 #endif
 #define PSA_ES_WARPS (PSA_ES_THREADS / 32)
+#ifndef PSA_ES_ONE_EXCHANGE
+#define PSA_ES_ONE_EXCHANGE 0  // v6.1 (_kernels.ESTIMATED_STOP_ONE_EXCHANGE): the maxima travel with the folds
+#endif
 static_assert(PSA_ES_WARPS <= 32, "psa_estimated_stop: one warp scans the warps' totals");
 
 // Running state of a prefix: attended mass, the moving average as the affine map (a, b), the lightest mass.
@@ -72,6 +75,12 @@ __device__ __forceinline__ EsState es_shfl(const EsState& v, int src) {
 }
 
 #if PSA_CLUSTER > 1
+// A state's masses times c (the reference they are relative to moved up by -log c): the sum, the moving average's
+// offset and the lightest mass scale, the affine map's factor does not (the identity stays the identity).
+__device__ __forceinline__ EsState es_scaled(const EsState& v, float c) {
+    return EsState{v.s * c, v.a, v.b * c, v.mn < PSA_INF ? v.mn * c : PSA_INF};
+}
+
 // Inclusive scan over the first PSA_CLUSTER lanes in lane order (the cluster's CTA totals, lane r: rank r).
 __device__ __forceinline__ EsState es_cluster_scan(EsState v, int lane) {
 #pragma unroll
@@ -174,7 +183,15 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
     }
-#if PSA_CLUSTER > 1
+#if PSA_CLUSTER > 1 && PSA_ES_ONE_EXCHANGE
+    // (v6.1: each CTA's masses relative to its own maximum, a finite reference even for a slice of -inf estimates;
+    // the maxima travel with the folds)
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        if (t == 0) cta_top[h] = top[h];
+        if (top[h] == -PSA_INF) top[h] = 0.f;
+    }
+#elif PSA_CLUSTER > 1
     // the group's maximum: lane r reads rank r's
     if (t == 0)
 #pragma unroll
@@ -217,7 +234,29 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
         if (t == 0) cta_tot[h] = slice;
 #endif
     }
-#if PSA_CLUSTER > 1
+#if PSA_CLUSTER > 1 && PSA_ES_ONE_EXCHANGE
+    // the slices of the ranks before this one, composed in rank order (lane r < rank: rank r's), before every
+    // thread's prefix, all relative to the largest maximum of ranks 0..rank (each rank's fold scaled by exp(its
+    // maximum - that), this CTA's threads' prefixes too); the rewalk's masses then take that reference
+    cluster_sync();
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        const float mine_top = lane < PSA_CLUSTER ? dsmem_load(&cta_top[h], lane) : -PSA_INF;
+        float ref = lane <= (int)rank ? mine_top : -PSA_INF;
+#pragma unroll
+        for (int off = PSA_CLUSTER / 2; off > 0; off >>= 1) ref = fmaxf(ref, __shfl_xor_sync(0xffffffffu, ref, off));
+        ref = __shfl_sync(0xffffffffu, ref, 0);
+        EsState v = es_identity();
+        if (lane < (int)rank) {
+            const float4 x = dsmem_load4(reinterpret_cast<const float4*>(&cta_tot[h]), lane);
+            v = es_scaled(EsState{x.x, x.y, x.z, x.w}, mine_top == -PSA_INF ? 0.f : expf(mine_top - ref));
+        }
+        v = es_shfl(es_cluster_scan(v, lane), PSA_CLUSTER - 1);
+        const float own = __shfl_sync(0xffffffffu, mine_top, rank);
+        st[h] = es_then(v, es_scaled(st[h], own == -PSA_INF ? 0.f : expf(own - ref)));
+        top[h] = ref == -PSA_INF ? 0.f : ref;
+    }
+#elif PSA_CLUSTER > 1
     // the slices of the ranks before this one, composed in rank order (lane r < rank: rank r's), before every
     // thread's prefix
     cluster_sync();
