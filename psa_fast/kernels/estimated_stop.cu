@@ -199,10 +199,10 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
     cluster_sync();
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
-        float v = lane < PSA_CLUSTER ? dsmem_load(&cta_top[h], lane) : -PSA_INF;
+        float m = lane < PSA_CLUSTER ? dsmem_load(&cta_top[h], lane) : -PSA_INF;
 #pragma unroll
-        for (int off = PSA_CLUSTER / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-        top[h] = __shfl_sync(0xffffffffu, v, 0);
+        for (int off = PSA_CLUSTER / 2; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        top[h] = __shfl_sync(0xffffffffu, m, 0);
     }
 #endif
     // 1. this thread's fold of its run, every head
@@ -241,19 +241,19 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
     cluster_sync();
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
-        const float mine_top = lane < PSA_CLUSTER ? dsmem_load(&cta_top[h], lane) : -PSA_INF;
-        float ref = lane <= (int)rank ? mine_top : -PSA_INF;
+        const float rank_top = lane < PSA_CLUSTER ? dsmem_load(&cta_top[h], lane) : -PSA_INF;  // lane r: rank r's
+        float ref = lane <= (int)rank ? rank_top : -PSA_INF;
 #pragma unroll
         for (int off = PSA_CLUSTER / 2; off > 0; off >>= 1) ref = fmaxf(ref, __shfl_xor_sync(0xffffffffu, ref, off));
         ref = __shfl_sync(0xffffffffu, ref, 0);
-        EsState v = es_identity();
+        EsState pre = es_identity();
         if (lane < (int)rank) {
             const float4 x = dsmem_load4(reinterpret_cast<const float4*>(&cta_tot[h]), lane);
-            v = es_scaled(EsState{x.x, x.y, x.z, x.w}, mine_top == -PSA_INF ? 0.f : expf(mine_top - ref));
+            pre = es_scaled(EsState{x.x, x.y, x.z, x.w}, rank_top == -PSA_INF ? 0.f : expf(rank_top - ref));
         }
-        v = es_shfl(es_cluster_scan(v, lane), PSA_CLUSTER - 1);
-        const float own = __shfl_sync(0xffffffffu, mine_top, rank);
-        st[h] = es_then(v, es_scaled(st[h], own == -PSA_INF ? 0.f : expf(own - ref)));
+        pre = es_shfl(es_cluster_scan(pre, lane), PSA_CLUSTER - 1);
+        const float own = __shfl_sync(0xffffffffu, rank_top, rank);
+        st[h] = es_then(pre, es_scaled(st[h], own == -PSA_INF ? 0.f : expf(own - ref)));
         top[h] = ref == -PSA_INF ? 0.f : ref;
     }
 #elif PSA_CLUSTER > 1
@@ -262,13 +262,13 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
     cluster_sync();
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
-        EsState v = es_identity();
+        EsState pre = es_identity();
         if (lane < (int)rank) {
             const float4 x = dsmem_load4(reinterpret_cast<const float4*>(&cta_tot[h]), lane);
-            v = EsState{x.x, x.y, x.z, x.w};
+            pre = EsState{x.x, x.y, x.z, x.w};
         }
-        v = es_shfl(es_cluster_scan(v, lane), PSA_CLUSTER - 1);
-        st[h] = es_then(v, st[h]);
+        pre = es_shfl(es_cluster_scan(pre, lane), PSA_CLUSTER - 1);
+        st[h] = es_then(pre, st[h]);
     }
 #endif
     // 3. rewalk: each position's test, as the loop's at a boundary after it; the first that every head passes
