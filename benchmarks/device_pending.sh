@@ -3005,16 +3005,16 @@ if [ "$PART" = s63a ]; then
   # cycle). ncu of the kernel alone (v2, main) at 64 and 2,048 blocks, one request, with its stall reasons and source
   # counters, and its SASS. ~3 minutes.
   python3 -c "from psa_fast import _kernels; open('/tmp/es.cu', 'w').write(_kernels._source('estimated_stop.cu'))"
-  # (since s63, $2 = 1 profiles v4, the windows, on the sorted draw: `s63a 1`)
+  # (`s63a sorted` profiles the sorted draw, where the stop lies early)
   nvcc -arch=sm_90 -std=c++17 -cubin -DPSA_D=16 -DPSA_S=16 -DPSA_G=4 -DPSA_CLUSTER=1 -DPSA_WARPS=8 \
-      -DPSA_ES_WINDOWS="${2:-0}" /tmp/es.cu -o /tmp/es.cubin && cuobjdump -sass /tmp/es.cubin > "$OUT/es_sass.txt" 2>&1
+      /tmp/es.cu -o /tmp/es.cubin && cuobjdump -sass /tmp/es.cubin > "$OUT/es_sass.txt" 2>&1
   cd benchmarks
   for n in 64 2048; do
     timeout 100 ncu --clock-control none -k regex:psa_estimated_stop --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SourceCounters \
         --section LaunchStats --section Occupancy --print-details all \
-        python3 exp_estimated_stop_time.py --blocks $n --batches 1 --launches 1 --reps 1 --windows "${2:-0}" \
-        $([ "${2:-0}" = 1 ] && echo --sorted) > "$OUT/ncu_es_$n.txt" 2>&1
+        python3 exp_estimated_stop_time.py --blocks $n --batches 1 --launches 1 --reps 1 \
+        $([ "${2:-}" = sorted ] && echo --sorted) > "$OUT/ncu_es_$n.txt" 2>&1
     echo "n=$n ncu rc=$?"; grep -E "Duration|Executed Ipc|Issue Active|Stall|Registers|Achieved Occ" \
         "$OUT/ncu_es_$n.txt" | head -24
   done
@@ -3053,16 +3053,8 @@ if [ "$PART" = s63d ]; then
   # rescales every window). Predicted (H200, one request, sorted order: the ema stop at 33% of 2,048 blocks, 27%
   # of 8,192): v4 ~3 µs at 2,048 (v2 9.3), ~5 at 8,192 (v2 30.2); the random order (stop near the end) about v2's or
   # worse. ~4 minutes.
-  (cd benchmarks && timeout 90 python3 exp_estimated_stop_time.py --blocks 64,2048,8192 --batches 1,8 --windows 0,1 \
-      --threads 512,1024 --sorted 2>&1 | grep -v Warn | tee "$OUT/s63d_sorted.md"
-   timeout 40 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 2>&1 | grep -v Warn \
-      | tee "$OUT/s63d_random.md")
   # the estimated-stop tests with v4 on (the kernel test runs both versions either way)
-  timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_WINDOWS = 1; \
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
-'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s63d.log" 2>&1
-  echo "GPU tests (v5) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s63d.log" | tail -8
-  exit 0
+  retired "Ran in s65 as s65a (H100): v5 lost to v2 (10.0 against 8.4 µs alone at 2,048 blocks); the windowed walk is removed" results_h100_s65.md
 fi
 if [ "$PART" = s63e ]; then
   # Written in the sixty-third session: the per-head rows where the estimated-stop first chunk's kernel decided the
@@ -3074,6 +3066,57 @@ if [ "$PART" = s63e ]; then
       --sizes 32768:1,131072:1,131072:8 --reps 20 \
       --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank --out "$OUT/ph63" 2>&1 | tee "$OUT/ph63.log" \
       | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph63.log")
+  exit 0
+fi
+if [ "$PART" = s65a ]; then
+  # Sixty-fifth session: s63d cut to what decides v5 (~5 minutes). psa_estimated_stop v5 (PSA_ES_WINDOWS 1) against
+  # v2 alone (sorted order; predicted H100 ~5 µs at 2,048 blocks, ~8 at 8,192; v2 8.5 / ~30), its tests with v5 on,
+  # then the per-head 32K B = 1 step kernel by kernel with v2 and with v5 (s64: ema+stop 53.0 with v2, estimated
+  # stop 8.6; predicted with v5 ~49-50, estimated stop ~5).
+  retired "Ran in s65 (H100): v5 lost to v2; the windowed walk is removed" results_h100_s65.md
+fi
+if [ "$PART" = s65b ]; then
+  # Sixty-fifth session: s63e's per-head rows with v5 on (run if s65a shows v5 ahead of v2 alone and in the step).
+  # H200 s62 with v2: "first chunk estimated_stop" 48.6 / 124.8 / 597.5 µs at 32K B = 1, 128K B = 1, 128K B = 8;
+  # the plain loop 45.3 / 109.6 / 545.4; top-k at each row's error 35.3 / 100.1 / 568.0. Predicted with v5 (H100,
+  # whose rows run ~5-10% slower): the estimated-stop row -3 to -4 µs at 32K B = 1 and -12 to -15 at 128K. ~4 minutes.
+  retired "Not run: v5 lost to v2 in s65a, and the windowed walk is removed" results_h100_s65.md
+fi
+if [ "$PART" = s65c ]; then
+  # Sixty-fifth session: psa_estimated_stop v6 (ESTIMATED_STOP_CLUSTER: a group's order in slices over a cluster of
+  # CTAs). Its GPU tests with v6 on (the kernel test runs clusters of 1, 2 and 8 either way), the kernel alone (sorted
+  # order) at 1 / 2 / 8 CTAs a group, then the per-head step at 32K and 128K B = 1 with v2 and v6. Predicted (H100):
+  # alone, one request, 8 CTAs of 256: ~5 µs at 2,048 blocks (v2 8.4), ~6-7 at 8,192 (v2 23.7); in the step the
+  # estimated stop 8.6 -> ~5 (32K) and 23.6 -> ~7 (128K). ~5 minutes.
+  timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_CLUSTER = 8; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
+'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s65c.log" 2>&1
+  echo "GPU tests (v6) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s65c.log" | tail -8
+  (cd benchmarks && timeout 90 python3 exp_estimated_stop_time.py --blocks 64,2048,8192 --batches 1,8 \
+      --cluster 1,2,8 --cluster-threads 256,512 --sorted 2>&1 | grep -v Warn | tee "$OUT/s65c_alone.md")
+  for cl in 1 8; do
+    for size in 32768 131072; do
+      (cd benchmarks && mkdir -p "$OUT/c$cl" && timeout 80 python3 -c "import sys, runpy; \
+from psa_fast import _kernels; _kernels.ESTIMATED_STOP_CLUSTER = $cl; sys.argv = ['profile_decode_step.py', \
+'--per-head', '--shape', 'llama8b', '--size', '$size', '--batches', '1', '--variants', 'ema+stop', '--out', \
+'$OUT/c$cl']; runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn \
+        | tee "$OUT/s65c_c${cl}_$size.txt" | grep -E "^T=|psa_" | head -8)
+    done
+  done
+  exit 0
+fi
+if [ "$PART" = s65d ]; then
+  # Sixty-fifth session: v6.1 (ESTIMATED_STOP_ONE_EXCHANGE: the maxima sent with the folds, one cluster barrier
+  # fewer) against v6 and v2: its GPU tests (the kernel test runs v6 and v6.1 either way), then the kernel alone,
+  # one request, sorted, at 64-8,192 blocks. Predicted (H100): ~1 µs below v6 at every size (64 blocks 7.6 -> ~6.6,
+  # 2,048 8.5 -> ~7.5 against v2's 8.5, 8,192 12.7 -> ~11.7). If it wins at 2,048, the rule's 4,096 blocks can come
+  # down. ~2 minutes.
+  timeout 150 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_ONE_EXCHANGE = 1; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
+'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s65d.log" 2>&1
+  echo "GPU tests (v6.1) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s65d.log" | tail -8
+  (cd benchmarks && timeout 80 python3 exp_estimated_stop_time.py --blocks 64,2048,4096,8192 --batches 1 \
+      --cluster 1,8 --cluster-threads 256 --one-exchange 0,1 --sorted 2>&1 | grep -v Warn | tee "$OUT/s65d_alone.md")
   exit 0
 fi
 if [ "$PART" = s64a ]; then
@@ -3097,55 +3140,16 @@ if [ "$PART" = s64b ]; then
   # request's per-head row kernel by kernel with the estimated stop v2 / v4 and its first chunk in the loop / in
   # pieces (speculate="first_chunk"). Predicted (H200): v4 ~3 µs at 2,048 blocks (v2 9.3), ~5 at 8,192 (v2 30.2);
   # per-head 32K B = 1 kernels: ema+stop ~53 (v2) -> ~47 (v4); in pieces ~-4 more. ~4.5 minutes.
-  (cd benchmarks && timeout 60 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 \
-      --threads 512 --sorted 2>&1 | grep -v Warn | tee "$OUT/s64b_es.md")
-  timeout 150 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_WINDOWS = 1; \
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
-'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s64b.log" 2>&1
-  echo "GPU tests (v4) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s64b.log" | tail -8
-  for w in 0 1; do
-    (cd benchmarks && timeout 80 python3 -c "import sys, runpy; from psa_fast import _kernels; \
-_kernels.ESTIMATED_STOP_WINDOWS = $w; sys.argv = ['profile_decode_step.py', '--per-head', '--shape', 'llama8b', \
-'--size', '32768', '--batches', '1', '--variants', 'ema+stop,ema+stop:sfirst', '--out', '$OUT']; \
-runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn | tee "$OUT/s64b_w$w.txt" \
-      | grep -E "^T=|psa_" | head -24)
-  done
-  exit 0
+  retired "Ran as s64d in s64 (H100); ESTIMATED_STOP_WINDOWS is gone since s65" results_h100_s64.md
 fi
 if [ "$PART" = s64c ]; then
   # s64a's tests and s64b in one call of under 600 s (one start for a lease that may not come twice), most needed
   # first; each piece's output is under $OUT as it finishes.
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore -rf tests/test_fast.py \
-      -k "first_chunk or speculat or pieces" > "$OUT/t_s64a.log" 2>&1
-  echo "GPU tests (speculation) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s64a.log" | tail -8
-  (cd benchmarks && timeout 50 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 \
-      --threads 512 --sorted 2>&1 | grep -v Warn | tee "$OUT/s64b_es.md")
-  for w in 0 1; do
-    (cd benchmarks && timeout 70 python3 -c "import sys, runpy; from psa_fast import _kernels; \
-_kernels.ESTIMATED_STOP_WINDOWS = $w; sys.argv = ['profile_decode_step.py', '--per-head', '--shape', 'llama8b', \
-'--size', '32768', '--batches', '1', '--variants', 'ema+stop,ema+stop:sfirst', '--out', '$OUT']; \
-runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn | tee "$OUT/s64b_w$w.txt" \
-      | grep -E "^T=|psa_" | head -24)
-  done
-  timeout 110 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_WINDOWS = 1; \
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
-'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s64b.log" 2>&1
-  echo "GPU tests (v4) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s64b.log" | tail -8
-  exit 0
+  retired "Ran as s64d in s64 (H100); ESTIMATED_STOP_WINDOWS is gone since s65" results_h100_s64.md
 fi
 if [ "$PART" = s64d ]; then
   # s64c cut to ~5.5 minutes for what the budget leaves: the speculation tests, v4's time, the per-head row with v4.
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore -rf tests/test_fast.py \
-      -k "first_chunk or speculat or pieces" > "$OUT/t_s64a.log" 2>&1
-  echo "GPU tests (speculation) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s64a.log" | tail -8
-  (cd benchmarks && timeout 50 python3 exp_estimated_stop_time.py --blocks 2048,8192 --batches 1 --windows 0,1 \
-      --threads 512 --sorted 2>&1 | grep -v Warn | tee "$OUT/s64b_es.md")
-  (cd benchmarks && timeout 70 python3 -c "import sys, runpy; from psa_fast import _kernels; \
-_kernels.ESTIMATED_STOP_WINDOWS = 1; sys.argv = ['profile_decode_step.py', '--per-head', '--shape', 'llama8b', \
-'--size', '32768', '--batches', '1', '--variants', 'ema+stop,ema+stop:sfirst,topk', '--topk', '1043', '--out', \
-'$OUT']; runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn | tee "$OUT/s64b_w1.txt" \
-      | grep -E "^T=|psa_" | head -30)
-  exit 0
+  retired "Ran in s64 (H100); ESTIMATED_STOP_WINDOWS is gone since s65" results_h100_s64.md
 fi
 if [ "$PART" = s64e ]; then
   # Written in the sixty-fourth session (branch wip/speculate-first; carry .gl/gemma3_xml_l17_32k.npz): the real Gemma

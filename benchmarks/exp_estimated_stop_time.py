@@ -13,11 +13,12 @@ position runs on one SM a group (results_h200_s62.md).
 
     python benchmarks/exp_estimated_stop_time.py --blocks 64,512,2048,8192 --batches 1,8 --threads 256,512,1024
 
-``--windows 0,1`` times v2 (0: the whole order walked twice) beside the windowed walk (1: leaving after the first
-window that holds; v4 in the sixty-fourth session's H100 run, 9.7 µs at 2,048 blocks, v5 since), whose time depends
-on where the stop lies: ``--sorted`` draws the group's heads alike (a shared part plus a little of their own) and
-sorts the order by their mean, as the plan's processing order is, so the stop lies early as on real estimates
-(random estimates in a random order put it near the end). Both must give the same first_len.
+``--sorted`` draws the group's heads alike (a shared part plus a little of their own) and sorts the order by their
+mean, as the plan's processing order is, so the stop lies early as on real estimates (random estimates in a random
+order put it near the end). ``--cluster 1,8`` times v2 (1) beside v6 (a cluster of that many CTAs a group, each a
+slice of the order; its CTAs take ``--cluster-threads``; ``--one-exchange 0,1`` adds v6.1). A windowed walk that left
+at the stop (v4, v5) was timed with this script in the sixty-fourth and sixty-fifth sessions (results_h100_s65.md)
+and removed: ~3 µs a window, slower than v2 at 2,048 blocks.
 """
 
 from __future__ import annotations
@@ -29,29 +30,32 @@ import numpy as np
 from bench_decode import capture, median_us, parse_ints
 
 
-def parse_versions(text: str) -> list[int]:
-    """``--windows``: ``"0,1"`` -> ``[0, 1]``, each 0 (v2) or 1 (v5); ValueError otherwise (bench_decode's parse_ints
-    takes positive integers only, so ``0,1`` failed there: the sixty-fourth session's first device call)."""
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    if not out or any(x not in ("0", "1") for x in out):
-        raise ValueError(f"--windows must be comma-separated 0 (v2) and 1 (v5), got {text!r}")
-    return [int(x) for x in out]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", default="64,512,2048,8192", help="blocks a request (n), comma-separated")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--threads", default="512", help="CTA sizes (PSA_ES_THREADS), comma-separated")
+    ap.add_argument("--threads", default="512", help="CTA sizes (PSA_ES_THREADS) of v2, comma-separated")
+    ap.add_argument("--cluster", default="1", help="CTAs a group, comma-separated: 1 (v2) or 2, 4, 8 (v6)")
+    ap.add_argument("--cluster-threads", default="256", help="CTA sizes of v6, comma-separated")
+    ap.add_argument("--one-exchange", default="0", help="v6's PSA_ES_ONE_EXCHANGE values (0: v6, 1: v6.1), "
+                    "comma-separated")
     ap.add_argument("--groups", type=int, default=8, help="KV heads a request (Llama-3.1-8B: 8)")
     ap.add_argument("--g", type=int, default=4, help="query heads a group")
-    ap.add_argument("--windows", default="0", help="PSA_ES_WINDOWS values (0: v2, 1: v4), comma-separated")
     ap.add_argument("--sorted", action="store_true", help="heads alike, the order sorted by their mean estimate")
     ap.add_argument("--launches", type=int, default=50, help="launches in one graph")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     blocks, batches = parse_ints(args.blocks, "--blocks"), parse_ints(args.batches, "--batches")
-    threads_list, windows_list = parse_ints(args.threads, "--threads"), parse_versions(args.windows)
+    threads_list = parse_ints(args.threads, "--threads")
+    clusters = parse_ints(args.cluster, "--cluster")
+    if any(c not in (1, 2, 4, 8) for c in clusters):
+        raise SystemExit(f"--cluster takes 1, 2, 4 and 8, got {args.cluster!r}")
+    exchanges = [int(x) for x in args.one_exchange.split(",")]
+    if any(x not in (0, 1) for x in exchanges):
+        raise SystemExit(f"--one-exchange takes 0 and 1, got {args.one_exchange!r}")
+    shapes = [(c, th, 0) for th in threads_list for c in clusters if c == 1]
+    shapes += [(c, th, x) for c in clusters if c > 1 for th in parse_ints(args.cluster_threads, "--cluster-threads")
+               for x in exchanges]
 
     import cupy
 
@@ -64,8 +68,9 @@ def main() -> None:
     print(f"# psa_estimated_stop alone: {gn} groups of {g} heads a request, block size {s}, "
           f"{args.launches} launches a graph, median of {args.reps}"
           + (", heads alike and the order sorted by their mean" if args.sorted else ", random order"))
-    print("| blocks | B | version | threads | µs a launch | leaving at once | difference | first_len[0,0] |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| blocks | B | CTAs a group | threads | version | µs a launch | leaving at once | difference "
+          "| first_len[0,0] |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in blocks:
         for b in batches:
             if args.sorted:
@@ -79,11 +84,12 @@ def main() -> None:
             order = cupy.asarray(order_np.astype(np.int32))
             lens = cupy.full((b,), n * s, dtype=cupy.int32)
             out = cupy.zeros((b, gn), dtype=cupy.int32)
-            for windows, threads in ((w, th) for w in windows_list for th in threads_list):
-                fn = _kernels.kernel("estimated_stop", d=16, s=s, g=g, es_threads=threads, es_windows=windows)
+            for cl, threads, x1 in shapes:
+                fn = _kernels.kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads,
+                                     es_one_exchange=x1)
 
-                def launch(tau, fn=fn, threads=threads):
-                    fn((gn, b), (threads,), (vals, order, lens, out, np.int32(gn * g), np.int32(n), np.int32(1),
+                def launch(tau, fn=fn, threads=threads, cl=cl):
+                    fn((gn * cl, b), (threads,), (vals, order, lens, out, np.int32(gn * g), np.int32(n), np.int32(1),
                                              np.float32(tau), np.float32(EMA_WEIGHT), np.int32(0), np.float32(1.25)))
 
                 times = []
@@ -97,7 +103,8 @@ def main() -> None:
                 with stream:
                     launch(0.95)
                     stream.synchronize()
-                print(f"| {n} | {b} | {'v5' if windows else 'v2'} | {threads} | {times[0]:.2f} | {times[1]:.2f} | "
+                version = "v2" if cl == 1 else "v6.1" if x1 else "v6"
+                print(f"| {n} | {b} | {cl} | {threads} | {version} | {times[0]:.2f} | {times[1]:.2f} | "
                       f"{times[0] - times[1]:.2f} | {int(out[0, 0])} |", flush=True)
 
 

@@ -7,6 +7,7 @@ Everything that depends on which packages are installed lives here, so the rest 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import numpy as np
 
@@ -39,8 +40,7 @@ def require_gpu() -> None:
     """Raise a clear ``RuntimeError`` where there is no GPU: CuPy missing, or no CUDA device."""
     if not gpu_available():
         try:
-            import cupy  # noqa: F401
-
+            importlib.import_module("cupy")  # only whether it imports: the error says why not
             why = "CuPy is installed but sees no CUDA device (cupy.cuda.is_available() is False)"
         except Exception as exc:  # ImportError, or a broken install
             why = f"CuPy cannot be imported ({type(exc).__name__}: {exc})"

@@ -1044,12 +1044,33 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 
 
 ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
-# psa_estimated_stop v5 (1, PSA_ES_WINDOWS): the order walked in windows of one position a thread, leaving after the
-# first window where a position holds, its loads two to four windows ahead, against v2 (0), which walks the whole
-# order twice. Off: v4 (the same walk, its loads one window ahead) was slower than v2 on the H100 (sixty-fourth
-# session: 11.8 against 8.6 µs in a per-head step at 32K); v5 has not run (benchmarks/NOTES.md).
-ESTIMATED_STOP_WINDOWS = 0
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
+# > 1: psa_estimated_stop v6, a group's order in slices over a cluster of this many CTAs (a power of two <= 8) of
+# ESTIMATED_STOP_CLUSTER_THREADS, where the groups' clusters fit the SMs and a group has at least
+# ESTIMATED_STOP_CLUSTER_MIN_BLOCKS blocks (estimated_stop_cluster); elsewhere v2, one CTA a group. v2's time is its
+# work on one SM a group (H100 s65: 8.5 µs at 2,048 blocks, 23.9 at 8,192); v6 spreads it and pays ~3 µs for its three
+# cluster barriers. H100 s65 (sorted order, one request of 8 groups, 8 CTAs of 256): 64 blocks 4.7 -> 7.6 µs, 2,048
+# 8.5 -> 8.5, 8,192 23.9 -> 12.7; per-head step at 128K B = 1 23.9 -> 12.6 (the "first chunk estimated_stop" row
+# 138.0 -> 126.6 µs, level with top-k at its error, 129.8); clusters of 2 at B = 8 lost (2,048: 8.6 -> 11.0). 1: v2
+# everywhere.
+ESTIMATED_STOP_CLUSTER = 8
+ESTIMATED_STOP_CLUSTER_THREADS = 256
+ESTIMATED_STOP_CLUSTER_MIN_BLOCKS = 4096
+# 1: v6.1, one cluster barrier fewer (each CTA's masses relative to its own maximum, the maxima sent with the folds and
+# each fold rescaled when composed); 0: v6 (the maxima exchanged first). Off until device_pending.sh s65d's A/B.
+ESTIMATED_STOP_ONE_EXCHANGE = 0
+
+
+def estimated_stop_cluster(groups: int, nmax: int) -> int:
+    """CTAs a group of psa_estimated_stop for ``groups`` (B x Gn) groups of up to ``nmax`` blocks:
+    ``ESTIMATED_STOP_CLUSTER`` (v6) where ``nmax >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS`` and ``groups x`` that many CTAs
+    fit the SMs (one Llama request of 8 groups from 64K tokens at block size 16; Gemma 3's one group), else 1 (v2)."""
+    if groups < 1 or nmax < 1:
+        raise ValueError(f"groups and nmax must be >= 1, got groups={groups}, nmax={nmax}")
+    cl = ESTIMATED_STOP_CLUSTER
+    if cl > 1 and nmax >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS and groups * cl <= num_sms():
+        return cl
+    return 1
 
 
 def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold, stop,
@@ -1061,10 +1082,17 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
     from psa_ref.progressive import EMA_WEIGHT
 
     b, gn = first_len.shape
-    fn = kernel("estimated_stop", d=16, s=s, g=g, es_windows=ESTIMATED_STOP_WINDOWS)
-    fn((gn, b), (ESTIMATED_STOP_THREADS,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax),
-                                            np.int32(forced), np.float32(threshold), np.float32(EMA_WEIGHT),
-                                            np.int32(ESTIMATED_STOP_CODES[stop]), np.float32(margin)))
+    cl = estimated_stop_cluster(b * gn, nmax)
+    if cl > 1:
+        threads = ESTIMATED_STOP_CLUSTER_THREADS
+        fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads,
+                    es_one_exchange=ESTIMATED_STOP_ONE_EXCHANGE)
+    else:
+        threads = ESTIMATED_STOP_THREADS
+        fn = kernel("estimated_stop", d=16, s=s, g=g)
+    fn((gn * cl, b), (threads,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax), np.int32(forced),
+                                  np.float32(threshold), np.float32(EMA_WEIGHT), np.int32(ESTIMATED_STOP_CODES[stop]),
+                                  np.float32(margin)))
 
 
 # Dense decoding at head dim <= 64 takes CTAs of 8 warps (not 4) when the batch has at most this many groups
@@ -1081,11 +1109,12 @@ DENSE_WIDE_MAX_GROUPS = 15
 
 # > 0: dense CTAs of 8 warps at head dim <= 64 (DENSE_WIDE_MAX_GROUPS) take this many prefetch stages when the batch
 # has more than DENSE_WIDE_STAGES_MIN_GROUPS groups (twice the CTAs an SM at 2, so pick_splits gives about twice the
-# splits). The sweeps, which set the stages themselves, have 8 warps x 2 stages the best shape at SmolLM2 B = 3 and 5
-# (H100 s61e, 32K and 128K: 31.6 / 48.3 / 105.2 / 169.6 µs against the plan's 32.2 / 49.3 / 106.3 / 174.4). The two
-# A/Bs in one process that found it level (s60j, s62b) did not time it: exp_dense_tune.py --default-only then pinned
-# decode_config's 3 stages (fixed in s62). 0: off, until device_pending.sh s63b's A/B.
-DENSE_WIDE_STAGES = 0
+# splits). The sweeps, which set the stages themselves, had 8 warps x 2 stages the best shape at SmolLM2 B = 3 and 5
+# (H100 s61e). The A/B in one process (H100 s65, device_pending.sh s63b, 0 / 2 / 2 / 0, µs): 32K B = 3 32.2 / 32.2 /
+# 32.2 / 32.8, B = 5 49.2 / 49.0 / 48.9 / 50.0; 128K B = 3 106.4 / 106.2 / 105.8 / 107.0, B = 5 175.9 / 170.2 / 170.9 /
+# 178.7 (0.93-0.94x -> 0.97x SDPA); B = 4 level (32K 39.9 / 40.4 / 40.4 / 40.4, 128K 137.8 / 137.7 / 137.8 / 138.6).
+# 0: off.
+DENSE_WIDE_STAGES = 2
 DENSE_WIDE_STAGES_MIN_GROUPS = 6
 
 

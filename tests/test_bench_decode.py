@@ -560,15 +560,18 @@ def test_dense_tune_variants_fit_shared_memory_and_default_only_is_the_plans_sha
 
 
 def test_dense_wide_stages_switch_picks_two_stages_only_where_asked(monkeypatch):
-    """_kernels.DENSE_WIDE_STAGES (off by default): 8-warp dense CTAs at D <= 64 with more than
-    DENSE_WIDE_STAGES_MIN_GROUPS and at most DENSE_WIDE_MAX_GROUPS groups take its stages, and their smaller shared
-    memory lets pick_splits give about twice the splits (SmolLM2 at B = 3: 14 -> 29, at B = 5: 8 -> 17, the s61e
-    sweep's shapes); every other plan keeps decode_config's default. No GPU needed: the SM count is the H100's."""
+    """_kernels.DENSE_WIDE_STAGES (2 by default since the H100 A/B of s65; 0 turns it off): 8-warp dense CTAs at
+    D <= 64 with more than DENSE_WIDE_STAGES_MIN_GROUPS and at most DENSE_WIDE_MAX_GROUPS groups take its stages, and
+    their smaller shared memory lets pick_splits give about twice the splits (SmolLM2 at B = 3: 14 -> 29, at B = 5:
+    8 -> 17, the s61e sweep's shapes); every other plan keeps decode_config's default. No GPU needed: the SM count is
+    the H100's."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
     monkeypatch.setattr(_kernels, "DENSE_WIDE_MAX_GROUPS", 15)
-    assert _kernels.DENSE_WIDE_STAGES == 0 and _kernels.default_stages(64, "dense", 8, 9) is None  # off: unchanged
+    assert _kernels.DENSE_WIDE_STAGES == 2  # on by default
+    monkeypatch.setattr(_kernels, "DENSE_WIDE_STAGES", 0)
+    assert _kernels.default_stages(64, "dense", 8, 9) is None  # off: decode_config's default
     monkeypatch.setattr(_kernels, "DENSE_WIDE_STAGES", 2)
     assert [_kernels.default_stages(64, "dense", 8, n) for n in (7, 9, 12, 15)] == [2, 2, 2, 2]
     for args in ((64, "dense", 8, 6), (64, "dense", 8, 16), (64, "dense", 4, 9), (128, "dense", 8, 9),
@@ -581,6 +584,26 @@ def test_dense_wide_stages_switch_picks_two_stages_only_where_asked(monkeypatch)
 
     assert splits(None, 9) == (3, 14) and splits(2, 9) == (2, 29)
     assert splits(None, 15) == (3, 8) and splits(2, 15) == (2, 17)
+
+
+def test_estimated_stop_cluster_only_where_it_paid(monkeypatch):
+    """_kernels.estimated_stop_cluster: v6's clusters (ESTIMATED_STOP_CLUSTER CTAs a group) only where every group's
+    cluster fits the SMs and the groups are long (ESTIMATED_STOP_CLUSTER_MIN_BLOCKS), where the H100 measured them
+    faster; v2 (1) elsewhere and when the switch is 1. No GPU needed: the SM count is the H100's."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert _kernels.ESTIMATED_STOP_CLUSTER == 8 and _kernels.ESTIMATED_STOP_CLUSTER_MIN_BLOCKS == 4096
+    # Llama 128K: one request (8 groups) and two (16) take clusters, B = 3 (24 groups: 192 CTAs) and B = 8 do not;
+    # Gemma 3's one group at 128K does; 32K (2,048 blocks) never
+    assert [_kernels.estimated_stop_cluster(n, 8192) for n in (1, 8, 16, 17, 24, 64)] == [8, 8, 8, 1, 1, 1]
+    assert [_kernels.estimated_stop_cluster(n, 2048) for n in (1, 8)] == [1, 1]
+    assert _kernels.estimated_stop_cluster(8, 4096) == 8 and _kernels.estimated_stop_cluster(8, 4095) == 1
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", 1)
+    assert _kernels.estimated_stop_cluster(8, 8192) == 1
+    for bad in ((0, 8192), (8, 0)):
+        with pytest.raises(ValueError, match="groups and nmax"):
+            _kernels.estimated_stop_cluster(*bad)
 
 
 def test_default_launch_shape_of_the_split_build(monkeypatch):
@@ -2006,22 +2029,13 @@ def test_order_runs_emulation_gives_the_sort_order(seed):
     assert emu.count_above(runs[0], int(words[300]) - 1) == 256 and emu.count_above(runs[0], int(words[300])) == 0
 
 
-def test_estimated_stop_emulations_give_the_reference_first_chunk():
-    """benchmarks/emu_estimated_stop.py: v2's runs (float64) give psa_ref's first chunk on every random group; v4's
-    windows (float32, the carried state rescaled to each window's running maximum) give it or a size the reference
-    gives at tau -+ 1e-4, and leave before the order's last window on most groups."""
+def test_estimated_stop_emulation_gives_the_reference_first_chunk():
+    """benchmarks/emu_estimated_stop.py: the kernel's runs, folds and rewalk (float64) give psa_ref's first chunk on
+    every random group, at two CTA sizes."""
     import emu_estimated_stop as emu
-    from psa_ref.progressive import estimated_stop_first_chunk
 
-    assert emu.compare(150, 16, 1, windows=False)[0] == 0
-    bad, near, read = emu.compare(300, 8, 2, windows=True)
-    assert bad == near
-    assert read < 0.8
-    x = np.log(np.array([[8.0, 4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625]]))  # psa_ref's docstring example: 5 blocks
-    assert emu.emulate_windows(x, 8, 0, 0.9, "remaining", 1.0, 2) == (5, 3)  # the stop in window 3 of 4
-    # ascending masses: the running maximum grows at every window, so every window rescales the carried state
-    assert emu.emulate_windows(x[:, ::-1], 8, 0, 0.9, "remaining", 1.0, 2)[0] == \
-        estimated_stop_first_chunk(x[:, ::-1], np.arange(8), 0, np.ones(8), 0.9, "remaining", margin=1.0)
+    assert emu.compare(150, 16, 1) == 0
+    assert emu.compare(100, 3, 2) == 0
 
 
 # --- exp_first_decisions.py: decisions by first chunk on the drawn profiles (CPU) ---------------------------------
@@ -2119,14 +2133,3 @@ def test_topk_line_fits_the_rows_and_pairs_psa_with_top_k_at_its_error(tmp_path)
         ptl.load([str(src)], batch=8)
     with pytest.raises(ValueError, match="a line needs two"):
         ptl.fit_topk_line([r for r in rows if r["method"].startswith("top-k k=100 ")])
-
-
-def test_exp_estimated_stop_time_takes_both_versions():
-    """`--windows 0,1` times v2 beside v5: 0 is a version here, not a count (parse_ints refused it, so the sixty-third
-    session's device part failed at its first line); anything but 0 and 1 is refused by name."""
-    import exp_estimated_stop_time as es
-
-    assert es.parse_versions("0,1") == [0, 1] and es.parse_versions(" 1 ") == [1]
-    for bad in ("", "2", "0,v4", "-1"):
-        with pytest.raises(ValueError, match="--windows"):
-            es.parse_versions(bad)

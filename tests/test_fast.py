@@ -676,22 +676,26 @@ def test_share_key_equals_float64_at_many_blocks(g):
         assert (got[b, :, n:] == 7.0).all(), f"request {b}: a score past the end was written"
 
 
-@pytest.mark.parametrize("windows", [0, 1])
+@pytest.mark.parametrize("cluster, one_exchange", [(1, 0), (2, 0), (8, 0), (2, 1), (8, 1)])
 @pytest.mark.parametrize("g", [3, 4])
 @pytest.mark.parametrize("stop", ["ema", "remaining"])
-def test_estimated_stop_kernel_at_many_blocks(g, stop, windows, monkeypatch):
-    """psa_estimated_stop on more blocks than its CTA has threads (v2: runs of up to 6 positions a thread, every
-    warp's prefix composed; v5: up to 6 windows, the state carried between them) and ragged requests: each group's
-    first chunk equals psa_ref's estimated_stop_first_chunk on the same float32 estimates and order, or lies between
-    the reference's sizes at tau -+ 1e-4 (budget: the kernel's float32 masses and scans against float64, a relative
-    error of a few 1e-5 on each ratio at 3,000 blocks). Also in the reversed order, where the stop lies near the end
-    and each head's largest estimate comes last (v5 rescales the carried state at every window)."""
+def test_estimated_stop_kernel_at_many_blocks(g, stop, cluster, one_exchange, monkeypatch):
+    """psa_estimated_stop on more blocks than its CTA has threads (runs of up to 6 positions a thread, every warp's
+    prefix composed; with ``cluster`` > 1, v6: the order in slices over that many CTAs a group, each slice's fold
+    composed after the ranks' before it; ``one_exchange``, v6.1: each slice relative to its own maximum, rescaled when
+    composed) and ragged requests: each group's first chunk equals psa_ref's
+    estimated_stop_first_chunk on the same float32 estimates and order, or lies between the reference's sizes at tau
+    -+ 1e-4 (budget: the kernel's float32 masses and scans against float64, a relative error of a few 1e-5 on each
+    ratio at 3,000 blocks). Also in the reversed order, where the stop lies near the end and each head's largest
+    estimate comes last."""
     from psa_fast import _kernels
     from psa_ref.progressive import ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk
     from psa_ref.scoring import forced_blocks, processing_order
 
-    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_WINDOWS", windows)
-
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", cluster)
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER_MIN_BLOCKS", 1)  # v6 at 3,000 blocks too
+    monkeypatch.setattr(_kernels, "ESTIMATED_STOP_ONE_EXCHANGE", one_exchange)
+    assert _kernels.estimated_stop_cluster(8, 3000) == cluster  # 4 requests x 2 groups: every cluster fits the SMs
     rng = np.random.default_rng(g + 10 * (stop == "ema"))
     s, nmax, hkv, sink, recent = 16, 3000, 2, 1, 2
     hq = g * hkv
@@ -810,9 +814,9 @@ def test_dense_wide_ctas_at_small_head_dims(monkeypatch, d, hkv):
 
 @pytest.mark.parametrize("hkv", [9, 15])
 def test_dense_wide_two_stage_ctas_at_small_head_dims(monkeypatch, hkv):
-    """_kernels.DENSE_WIDE_STAGES 2 (off by default; device_pending.sh s63b's A/B): dense at D 64 with 9 and 15 groups
-    (SmolLM2 at B = 3 and 5) takes 8-warp CTAs of 2 stages and more splits than with 3; both plans within twice naive
-    float32 attention's error of psa_ref's (the splits merge in another order)."""
+    """_kernels.DENSE_WIDE_STAGES 2 (the default since device_pending.sh s63b's A/B; 0 is off): dense at D 64 with 9
+    and 15 groups (SmolLM2 at B = 3 and 5) takes 8-warp CTAs of 2 stages and more splits than with 3; both plans within
+    twice naive float32 attention's error of psa_ref's (the splits merge in another order)."""
     from psa_fast import _kernels
 
     q, k, v, cache = _dense_small_head_problem(64, hkv, seed=hkv)

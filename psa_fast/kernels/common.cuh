@@ -234,6 +234,14 @@ __device__ __forceinline__ float dsmem_load(const float* local_ptr, unsigned int
 #endif
 }
 
+#if PSA_CLUSTER > 1
+// Write an int into the shared memory of CTA `rank` of this cluster, at what sits at `local_ptr` in this CTA's (seen
+// by `rank` after the next cluster_sync).
+__device__ __forceinline__ void dsmem_store_int(int* local_ptr, unsigned int rank, int v) {
+    asm volatile("st.shared::cluster.s32 [%0], %1;" :: "r"(dsmem_addr(local_ptr, rank)), "r"(v) : "memory");
+}
+#endif
+
 // A CTA's combine of its warps' outputs (after a barrier): for each head h and channel d, the warps' max logits
 // f_m[w][h], masses f_l[w][h] relative to them and unnormalised outputs f_o[(w PSA_G + h) PSA_D + d] into the CTA's
 // c_m[h], c_l[h] (relative to c_m) and c_o[h][d], in warp order; warps that attended nothing (-inf) add nothing.

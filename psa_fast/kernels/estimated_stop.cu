@@ -19,9 +19,17 @@
 // (~1,000 on one word): 15.9 µs for one Llama request at 32K on the H100 (s60i); this one, three barriers in all,
 // 8.5 µs there and 23.6 at 128K (s61a). Timed alone (H200, s62, exp_estimated_stop_time.py): ~5 µs fixed and
 // ~1.4 µs a position of a thread's run, staged in shared memory or not: its work on one SM a group, not its loads.
-// v4 (PSA_ES_WINDOWS 1, below; s63) walks the order in windows and leaves at the stop; on the H100 (s64) it was slower
-// than this (9.7 µs alone at 2,048 blocks, 11.8 against 8.6 in a per-head step): each window waited on its loads. v5
-// (the same switch; not yet timed) issues them two to four windows ahead.
+// Walking the order in windows of one position a thread and leaving after the first window where the rule holds (v4,
+// s63; v5, its loads two to four windows ahead, s64) was slower on the H100: ~3 µs a window whether its loads were
+// one window ahead or three, 10.0 µs alone at 2,048 blocks against this version's 8.4, and 12.1 against 8.6 in a
+// per-head step at 32K (s65). Removed after s65; the code is in git (commit 3239828, PSA_ES_WINDOWS). What those
+// runs showed instead: the time is work on one SM a group, not waiting (a window of 1,024 threads cost 1.27x one of
+// 512, and v2's time a position grows with its CTA: ~1 instruction-cycle a position and head in all).
+// v6 (PSA_CLUSTER > 1, _kernels.ESTIMATED_STOP_CLUSTER) spreads that work: the group's order in PSA_CLUSTER slices,
+// one a CTA of a cluster, each CTA v2 on its slice, with three exchanges over distributed shared memory (each
+// cluster_sync): the heads' maxima (every CTA takes the group's), each slice's fold (each CTA composes those of the
+// ranks before it, in rank order, before its threads' prefixes), and each CTA's candidate (into rank 0, which takes
+// the least). The sums are composed in another grouping than v2's (float32: the same tolerance against psa_ref).
 //   vals       [B, Hq, Nmax] float: each query head's estimate s_j of every block (the plan's per-head estimates)
 //   order      [B, Gn, Nmax] int: the group's processing order (forced blocks first)
 //   seq_lens   [B] int: tokens of each request (n = ceil(len / PSA_S) blocks; the last may be partial)
@@ -33,6 +41,9 @@
 #define PSA_ES_THREADS 512  // _kernels.ESTIMATED_STOP_THREADS (an experiment may define another)
 #endif
 #define PSA_ES_WARPS (PSA_ES_THREADS / 32)
+#ifndef PSA_ES_ONE_EXCHANGE
+#define PSA_ES_ONE_EXCHANGE 0  // v6.1 (_kernels.ESTIMATED_STOP_ONE_EXCHANGE): the maxima travel with the folds
+#endif
 static_assert(PSA_ES_WARPS <= 32, "psa_estimated_stop: one warp scans the warps' totals");
 
 // Running state of a prefix: attended mass, the moving average as the affine map (a, b), the lightest mass.
@@ -63,6 +74,24 @@ __device__ __forceinline__ EsState es_shfl(const EsState& v, int src) {
                    __shfl_sync(0xffffffffu, v.b, src), __shfl_sync(0xffffffffu, v.mn, src)};
 }
 
+#if PSA_CLUSTER > 1
+// A state's masses times c (the reference they are relative to moved up by -log c): the sum, the moving average's
+// offset and the lightest mass scale, the affine map's factor does not (the identity stays the identity).
+__device__ __forceinline__ EsState es_scaled(const EsState& v, float c) {
+    return EsState{v.s * c, v.a, v.b * c, v.mn < PSA_INF ? v.mn * c : PSA_INF};
+}
+
+// Inclusive scan over the first PSA_CLUSTER lanes in lane order (the cluster's CTA totals, lane r: rank r).
+__device__ __forceinline__ EsState es_cluster_scan(EsState v, int lane) {
+#pragma unroll
+    for (int off = 1; off < PSA_CLUSTER; off <<= 1) {
+        const EsState o = es_shfl_up(v, off);
+        if (lane >= off) v = es_then(o, v);
+    }
+    return v;
+}
+#endif
+
 // Inclusive scan over a warp's lanes in lane order.
 __device__ __forceinline__ EsState es_warp_scan(EsState v, int lane) {
 #pragma unroll
@@ -73,149 +102,50 @@ __device__ __forceinline__ EsState es_warp_scan(EsState v, int lane) {
     return v;
 }
 
-#ifndef PSA_ES_WINDOWS
-#define PSA_ES_WINDOWS 0  // _kernels.ESTIMATED_STOP_WINDOWS: 1 = v5 (below), 0 = v2
+extern "C" __global__ void
+#if PSA_CLUSTER > 1
+__cluster_dims__(PSA_CLUSTER, 1, 1)
 #endif
-
-#if PSA_ES_WINDOWS
-// v5 (v4's walk, its loads further ahead): the order in windows of one position a thread, in processing order,
-// leaving after the first window where a position holds (the rule at position i reads nothing after i), so the
-// kernel reads up to the stop's window and one more, not the whole order twice. Each window's masses are relative to
-// the running maximum of the windows read so far (the carried state is rescaled when it grows: the rule's ratios do
-// not depend on the reference). A window: every head's maximum (barrier 1; the previous window's candidates are read
-// after it), each position's state as the scan of the window composed with the carried one (barrier 2), the test,
-// each warp's first holding position. The loads run two to four windows ahead (below).
-extern "C" __global__ void __launch_bounds__(PSA_ES_THREADS)
+__launch_bounds__(PSA_ES_THREADS)
 psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order, const int* __restrict__ seq_lens,
                    int* __restrict__ first_len, int Hq, int Nmax, int forced, float threshold, float ema_w, int stop,
                    float margin) {
     __shared__ EsState warp_tot[PSA_G][PSA_ES_WARPS];
     __shared__ float warp_max[PSA_G][PSA_ES_WARPS];
     __shared__ int warp_best[PSA_ES_WARPS];
-    const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const int len = seq_lens[b];
-    const int n = (len + PSA_S - 1) / PSA_S, f = min(n, forced);
-    int* out = first_len + (long)b * Gn + g;
-    if (n == f || threshold >= 1.f) {  // no ranked block, or every block read anyway: the plain schedule
-        if (t == 0) *out = 0;
-        return;
-    }
-    const float keep = 1.f - ema_w;
-    const int* orow = order + ((long)b * Gn + g) * Nmax;
-    const float* v = vals + ((long)b * Hq + h0) * Nmax;  // head h's row: v + h Nmax
-    const float log_last = __logf((float)(len - (n - 1) * PSA_S));  // the last block's tokens (others: PSA_S)
-    const float log_full = __logf((float)PSA_S);
-    // every head's x at position i (block j = order[i]): its estimate plus the log of the block's tokens; -inf
-    // past the order (such a position holds no mass and is never a candidate)
-    auto x_of = [&](int i, int j, float (&x)[PSA_G]) {
-        const float lt = j == n - 1 ? log_last : log_full;
-#pragma unroll
-        for (int h = 0; h < PSA_G; ++h) x[h] = i < n ? __ldg(v + (long)h * Nmax + j) + lt : -PSA_INF;
-    };
-    EsState carry[PSA_G];  // every head's state after the windows read so far (the same in every thread)
-    float ref[PSA_G];      // the reference its masses are relative to: the largest x read so far
-#pragma unroll
-    for (int h = 0; h < PSA_G; ++h) {
-        carry[h] = es_identity();
-        ref[h] = -PSA_INF;
-    }
-    // The loads run ahead of the walk (v5; v4 issued them one window ahead, and each window then waited on their two
-    // dependent round trips, the order entry and the estimates it points to: ~3 µs a window on the H100, s64): the
-    // order entries of windows w + 2 and w + 3 are held at the top of window w, which issues the entry of window w + 4
-    // and the estimates of window w + 2, so each window's estimates were asked for two windows before it.
-    constexpr int T = PSA_ES_THREADS;
-    auto entry = [&](int p) { return p < n ? __ldg(orow + p) : 0; };
-    const int j0 = entry(t), j1 = entry(t + T);
-    int j2 = entry(t + 2 * T), j3 = entry(t + 3 * T);
-    float x[PSA_G], xn[PSA_G];  // the estimates of windows w and w + 1
-    x_of(t, j0, x);
-    x_of(t + T, j1, xn);
-    for (int start = 0;; start += PSA_ES_THREADS) {
-        const int i = start + t;
-        const int j4 = entry(i + 4 * T);
-        float xnn[PSA_G];
-        x_of(i + 2 * T, j2, xnn);
-        // 1. every head's maximum over the window
-        float top[PSA_G];
-#pragma unroll
-        for (int h = 0; h < PSA_G; ++h) {
-            top[h] = x[h];
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
-            if (lane == 0) warp_max[h][warp] = top[h];
-        }
-        __syncthreads();
-        if (start > 0) {  // the previous window's first holding position, if any: the walk ends there
-            const int best = __reduce_min_sync(0xffffffffu, lane < PSA_ES_WARPS ? warp_best[lane] : n);
-            if (best < n) {
-                if (t == 0) *out = min(n - f, max(1, (int)ceilf(margin * (float)(best + 1 - f) - 1e-6f)));
-                return;
-            }
-        }
-        if (start >= n) {  // unreachable: the order's last position holds (N_left = 0); a NaN estimate must not hang
-            if (t == 0) *out = n - f;
-            return;
-        }
-        EsState incl[PSA_G];
-#pragma unroll
-        for (int h = 0; h < PSA_G; ++h) {
-            top[h] = lane < PSA_ES_WARPS ? warp_max[h][lane] : -PSA_INF;
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
-            const float now = fmaxf(ref[h], top[h]);
-            if (ref[h] > -PSA_INF) {  // the carried masses relative to the new maximum (mn stays inf until a mass)
-                const float scale = expf(ref[h] - now);
-                carry[h].s *= scale;
-                carry[h].b *= scale;
-                carry[h].mn = carry[h].mn < PSA_INF ? carry[h].mn * scale : PSA_INF;
-            }
-            ref[h] = now;
-            // 2. this position's own state, scanned over the warp's lanes
-            const EsState own = i < n ? es_push(es_identity(), i, expf(x[h] - now), keep, ema_w) : es_identity();
-            incl[h] = es_warp_scan(own, lane);
-            if (lane == 31) warp_tot[h][warp] = incl[h];
-        }
-        __syncthreads();
-        bool holds = i < n && i >= f;
-#pragma unroll
-        for (int h = 0; h < PSA_G; ++h) {
-            const EsState tot = es_warp_scan(lane < PSA_ES_WARPS ? warp_tot[h][lane] : es_identity(), lane);
-            const EsState before = es_shfl(tot, warp == 0 ? 0 : warp - 1);
-            const EsState st = es_then(carry[h], warp > 0 ? es_then(before, incl[h]) : incl[h]);
-            const float rest = stop == 0 ? st.b : st.mn;
-            holds = holds && st.s / (st.s + (float)(n - 1 - i) * rest) >= threshold;
-            carry[h] = es_then(carry[h], es_shfl(tot, PSA_ES_WARPS - 1));
-        }
-        const int mine = __reduce_min_sync(0xffffffffu, holds ? i : n);
-        if (lane == 0) warp_best[warp] = mine;  // read after the next window's barrier 1
-#pragma unroll
-        for (int h = 0; h < PSA_G; ++h) {
-            x[h] = xn[h];
-            xn[h] = xnn[h];
-        }
-        j2 = j3;
-        j3 = j4;
-    }
-}
+#if PSA_CLUSTER > 1
+    // v6: the group's order in PSA_CLUSTER slices, one a CTA of the cluster (rank r: positions [p0, p1)); what the
+    // CTAs exchange: their heads' maxima, their slices' folds (each CTA composes those of the ranks before it), and
+    // their candidates (written into rank 0's cta_best)
+    __shared__ float cta_top[PSA_G];
+    __shared__ __align__(16) EsState cta_tot[PSA_G];
+    __shared__ int cta_best[PSA_CLUSTER];
+    const unsigned int rank = cluster_rank();
+    const int g = blockIdx.x / PSA_CLUSTER, b = blockIdx.y, Gn = gridDim.x / PSA_CLUSTER, h0 = g * PSA_G;
 #else
-extern "C" __global__ void __launch_bounds__(PSA_ES_THREADS)
-psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order, const int* __restrict__ seq_lens,
-                   int* __restrict__ first_len, int Hq, int Nmax, int forced, float threshold, float ema_w, int stop,
-                   float margin) {
-    __shared__ EsState warp_tot[PSA_G][PSA_ES_WARPS];
-    __shared__ float warp_max[PSA_G][PSA_ES_WARPS];
-    __shared__ int warp_best[PSA_ES_WARPS];
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
+#endif
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int len = seq_lens[b];
     const int n = (len + PSA_S - 1) / PSA_S, f = min(n, forced);
     if (n == f || threshold >= 1.f) {  // no ranked block, or every block read anyway: the plain schedule
+#if PSA_CLUSTER > 1
+        if (t == 0 && rank == 0) first_len[(long)b * Gn + g] = 0;  // (the same test in every CTA of the cluster)
+#else
         if (t == 0) first_len[(long)b * Gn + g] = 0;
+#endif
         return;
     }
+#if PSA_CLUSTER > 1
+    const int per = (n + PSA_CLUSTER - 1) / PSA_CLUSTER;
+    const int p0 = min(n, (int)rank * per), p1 = min(n, p0 + per);
+    const int R = (p1 - p0 + PSA_ES_THREADS - 1) / PSA_ES_THREADS;
+    const int i0 = min(p1, p0 + t * R), i1 = min(p1, i0 + R);
+#else
+    const int p0 = 0, p1 = n;
     const int R = (n + PSA_ES_THREADS - 1) / PSA_ES_THREADS;
     const int i0 = min(n, t * R), i1 = min(n, i0 + R);
+#endif
     const float keep = 1.f - ema_w;
     const int* orow = order + ((long)b * Gn + g) * Nmax;
     const float* v = vals + ((long)b * Hq + h0) * Nmax;  // head h's row: v + h Nmax
@@ -234,7 +164,7 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) top[h] = -PSA_INF;
 #pragma unroll 4
-    for (int i = t; i < n; i += PSA_ES_THREADS) {
+    for (int i = p0 + t; i < p1; i += PSA_ES_THREADS) {
         float x[PSA_G];
         x_at(i, x);
 #pragma unroll
@@ -253,6 +183,28 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
     }
+#if PSA_CLUSTER > 1 && PSA_ES_ONE_EXCHANGE
+    // (v6.1: each CTA's masses relative to its own maximum, a finite reference even for a slice of -inf estimates;
+    // the maxima travel with the folds)
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        if (t == 0) cta_top[h] = top[h];
+        if (top[h] == -PSA_INF) top[h] = 0.f;
+    }
+#elif PSA_CLUSTER > 1
+    // the group's maximum: lane r reads rank r's
+    if (t == 0)
+#pragma unroll
+        for (int h = 0; h < PSA_G; ++h) cta_top[h] = top[h];
+    cluster_sync();
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        float m = lane < PSA_CLUSTER ? dsmem_load(&cta_top[h], lane) : -PSA_INF;
+#pragma unroll
+        for (int off = PSA_CLUSTER / 2; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        top[h] = __shfl_sync(0xffffffffu, m, 0);
+    }
+#endif
     // 1. this thread's fold of its run, every head
     EsState st[PSA_G];
 #pragma unroll
@@ -277,7 +229,48 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
         const EsState tot = es_warp_scan(lane < PSA_ES_WARPS ? warp_tot[h][lane] : es_identity(), lane);
         const EsState before = es_shfl(tot, warp == 0 ? 0 : warp - 1);
         if (warp > 0) st[h] = es_then(before, st[h]);
+#if PSA_CLUSTER > 1
+        const EsState slice = es_shfl(tot, PSA_ES_WARPS - 1);  // this CTA's slice, folded
+        if (t == 0) cta_tot[h] = slice;
+#endif
     }
+#if PSA_CLUSTER > 1 && PSA_ES_ONE_EXCHANGE
+    // the slices of the ranks before this one, composed in rank order (lane r < rank: rank r's), before every
+    // thread's prefix, all relative to the largest maximum of ranks 0..rank (each rank's fold scaled by exp(its
+    // maximum - that), this CTA's threads' prefixes too); the rewalk's masses then take that reference
+    cluster_sync();
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        const float rank_top = lane < PSA_CLUSTER ? dsmem_load(&cta_top[h], lane) : -PSA_INF;  // lane r: rank r's
+        float ref = lane <= (int)rank ? rank_top : -PSA_INF;
+#pragma unroll
+        for (int off = PSA_CLUSTER / 2; off > 0; off >>= 1) ref = fmaxf(ref, __shfl_xor_sync(0xffffffffu, ref, off));
+        ref = __shfl_sync(0xffffffffu, ref, 0);
+        EsState pre = es_identity();
+        if (lane < (int)rank) {
+            const float4 x = dsmem_load4(reinterpret_cast<const float4*>(&cta_tot[h]), lane);
+            pre = es_scaled(EsState{x.x, x.y, x.z, x.w}, rank_top == -PSA_INF ? 0.f : expf(rank_top - ref));
+        }
+        pre = es_shfl(es_cluster_scan(pre, lane), PSA_CLUSTER - 1);
+        const float own = __shfl_sync(0xffffffffu, rank_top, rank);
+        st[h] = es_then(pre, es_scaled(st[h], own == -PSA_INF ? 0.f : expf(own - ref)));
+        top[h] = ref == -PSA_INF ? 0.f : ref;
+    }
+#elif PSA_CLUSTER > 1
+    // the slices of the ranks before this one, composed in rank order (lane r < rank: rank r's), before every
+    // thread's prefix
+    cluster_sync();
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) {
+        EsState pre = es_identity();
+        if (lane < (int)rank) {
+            const float4 x = dsmem_load4(reinterpret_cast<const float4*>(&cta_tot[h]), lane);
+            pre = EsState{x.x, x.y, x.z, x.w};
+        }
+        pre = es_shfl(es_cluster_scan(pre, lane), PSA_CLUSTER - 1);
+        st[h] = es_then(pre, st[h]);
+    }
+#endif
     // 3. rewalk: each position's test, as the loop's at a boundary after it; the first that every head passes
     int mine = n;
     for (int i = i0; i < i1; ++i) {
@@ -299,8 +292,20 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
     mine = __reduce_min_sync(0xffffffffu, mine);
     if (lane == 0) warp_best[warp] = mine;
     __syncthreads();
+#if PSA_CLUSTER > 1
+    // every CTA's candidate into rank 0's cta_best[rank]; rank 0 takes the least (no CTA's shared memory is read
+    // after the barrier but rank 0's own, so the others may leave)
+    if (warp == 0) {
+        const int best = __reduce_min_sync(0xffffffffu, lane < PSA_ES_WARPS ? warp_best[lane] : n);
+        if (lane == 0) dsmem_store_int(&cta_best[rank], 0, best);
+    }
+    cluster_sync();
+    if (rank == 0 && warp == 0) {
+        int best = __reduce_min_sync(0xffffffffu, lane < PSA_CLUSTER ? cta_best[lane] : n);
+#else
     if (warp == 0) {
         int best = __reduce_min_sync(0xffffffffu, lane < PSA_ES_WARPS ? warp_best[lane] : n);
+#endif
         if (lane == 0) {
             const int ranked = best + 1 - f;  // best < n: the last position always holds (N_left = 0)
             const int sized = (int)ceilf(margin * (float)ranked - 1e-6f);
@@ -308,4 +313,3 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
         }
     }
 }
-#endif  // PSA_ES_WINDOWS
