@@ -1020,7 +1020,7 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 # > 1: psa_estimated_stop v6, a group's order in slices over a cluster of this many CTAs (a power of two <= 8) of
-# ESTIMATED_STOP_CLUSTER_THREADS, where the groups' clusters fit the SMs and a group has at least
+# ESTIMATED_STOP_CLUSTER_THREADS, where the groups' clusters fit the SMs and the longest request has at least
 # ESTIMATED_STOP_CLUSTER_MIN_BLOCKS blocks (estimated_stop_cluster); elsewhere v2, one CTA a group. v2's time is its
 # work on one SM a group (H100 s65: 8.5 µs at 2,048 blocks, 23.9 at 8,192); v6 spreads it and pays ~3 µs for its three
 # cluster barriers. H100 s65 (sorted order, one request of 8 groups, 8 CTAs of 256): 64 blocks 4.7 -> 7.6 µs, 2,048
@@ -1048,15 +1048,18 @@ def estimated_stop_cluster(groups: int, nmax: int) -> int:
 
 
 def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold, stop,
-                         margin) -> None:
+                         margin, blocks=None) -> None:
     """``first_chunk="estimated_stop"``: each group's ranked blocks of its first ranked chunk, ``first_len [B, Gn]``,
     where ``stop`` ("ema" or "remaining") run on the estimated masses along the order first holds for every head,
     times ``margin`` (``psa_estimated_stop``; psa_ref.progressive.estimated_stop_first_chunk), from each head's
-    estimates ``vals [B, Hq, Nmax]`` and the order ``order_arr [B, Gn, Nmax]`` (no suffix pass)."""
+    estimates ``vals [B, Hq, Nmax]`` and the order ``order_arr [B, Gn, Nmax]`` (no suffix pass). ``blocks``: the
+    longest request's blocks as the host knows them (the version's rule, estimated_stop_cluster, reads it; ``nmax``
+    when None). Either version gives the same first chunks up to float32 rounding; a CUDA graph keeps the one chosen
+    when it was captured."""
     from psa_ref.progressive import EMA_WEIGHT
 
     b, gn = first_len.shape
-    cl = estimated_stop_cluster(b * gn, nmax)
+    cl = estimated_stop_cluster(b * gn, nmax if blocks is None else max(1, min(int(blocks), nmax)))
     if cl > 1:
         threads = ESTIMATED_STOP_CLUSTER_THREADS
         fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads,

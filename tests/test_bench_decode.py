@@ -603,6 +603,29 @@ def test_estimated_stop_cluster_only_where_it_paid(monkeypatch):
             _kernels.estimated_stop_cluster(*bad)
 
 
+def test_estimated_stop_launch_follows_the_longest_request(monkeypatch):
+    """_kernels.estimated_stop_chunk launches v6 (a cluster of 8 CTAs of 256 a group) or v2 (one CTA of 512) by the
+    longest request's blocks the host gives (``blocks``), the table's ``nmax`` when it gives none; a short request in a
+    long table keeps v2, whose fixed cost is ~3 µs lower (H100 s65). No GPU: the kernel is a recorder."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    launches = []
+
+    def fake_kernel(name, **opts):
+        assert name == "estimated_stop"
+        return lambda grid, block, args: launches.append((grid, block, opts.get("cluster", 1)))
+
+    monkeypatch.setattr(_kernels, "kernel", fake_kernel)
+    first_len = np.zeros((1, 8), np.int32)  # one request of 8 groups
+    common = dict(s=16, g=4, hq=32, nmax=8192, forced=3, threshold=0.95, stop="ema", margin=1.25)
+    for blocks, want in ((None, ((64, 1), (256,), 8)), (8192, ((64, 1), (256,), 8)), (4096, ((64, 1), (256,), 8)),
+                         (2048, ((8, 1), (512,), 1)), (1, ((8, 1), (512,), 1))):
+        launches.clear()
+        _kernels.estimated_stop_chunk(None, None, None, first_len, blocks=blocks, **common)
+        assert launches == [want], blocks
+
+
 def test_default_launch_shape_of_the_split_build(monkeypatch):
     """Dense and top-k at D <= 64 take CTAs of 4 warps and count several an SM; D 128 and 256 one (the sweep's
     best shapes, benchmarks/NOTES.md). No GPU needed: the SM count is the H200's."""
