@@ -30,6 +30,15 @@ import numpy as np
 from bench_decode import capture, median_us, parse_ints
 
 
+def parse_choices(text: str, name: str, allowed: tuple[int, ...]) -> list[int]:
+    """``"0,1"`` -> ``[0, 1]`` for option ``name``, each value one of ``allowed``; ValueError naming the option
+    otherwise."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items or any(x not in {str(a) for a in allowed} for x in items):
+        raise ValueError(f"{name} takes comma-separated values of {list(allowed)}, got {text!r}")
+    return [int(x) for x in items]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", default="64,512,2048,8192", help="blocks a request (n), comma-separated")
@@ -47,12 +56,8 @@ def main() -> None:
     args = ap.parse_args()
     blocks, batches = parse_ints(args.blocks, "--blocks"), parse_ints(args.batches, "--batches")
     threads_list = parse_ints(args.threads, "--threads")
-    clusters = parse_ints(args.cluster, "--cluster")
-    if any(c not in (1, 2, 4, 8) for c in clusters):
-        raise SystemExit(f"--cluster takes 1, 2, 4 and 8, got {args.cluster!r}")
-    exchanges = [int(x) for x in args.one_exchange.split(",")]
-    if any(x not in (0, 1) for x in exchanges):
-        raise SystemExit(f"--one-exchange takes 0 and 1, got {args.one_exchange!r}")
+    clusters = parse_choices(args.cluster, "--cluster", (1, 2, 4, 8))
+    exchanges = parse_choices(args.one_exchange, "--one-exchange", (0, 1))
     shapes = [(c, th, 0) for th in threads_list for c in clusters if c == 1]
     shapes += [(c, th, x) for c in clusters if c > 1 for th in parse_ints(args.cluster_threads, "--cluster-threads")
                for x in exchanges]

@@ -603,6 +603,19 @@ def test_estimated_stop_cluster_only_where_it_paid(monkeypatch):
             _kernels.estimated_stop_cluster(*bad)
 
 
+def test_exp_estimated_stop_time_checks_its_versions():
+    """benchmarks/exp_estimated_stop_time.py: --cluster takes 1, 2, 4, 8 and --one-exchange 0, 1; anything else is
+    refused with the option's name (0 is a value here, which bench_decode's parse_ints would refuse)."""
+    import exp_estimated_stop_time as es
+
+    assert es.parse_choices("1, 8", "--cluster", (1, 2, 4, 8)) == [1, 8]
+    assert es.parse_choices("0,1", "--one-exchange", (0, 1)) == [0, 1]
+    for text, name, allowed in (("3", "--cluster", (1, 2, 4, 8)), ("", "--cluster", (1, 2, 4, 8)),
+                                ("0,v6", "--one-exchange", (0, 1)), ("2", "--one-exchange", (0, 1))):
+        with pytest.raises(ValueError, match=name):
+            es.parse_choices(text, name, allowed)
+
+
 def test_estimated_stop_launch_follows_the_longest_request(monkeypatch):
     """_kernels.estimated_stop_chunk launches v6 (a cluster of 8 CTAs of 256 a group) or v2 (one CTA of 512) by the
     longest request's blocks the host gives (``blocks``), the table's ``nmax`` when it gives none; a short request in a
