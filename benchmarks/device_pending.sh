@@ -3057,6 +3057,8 @@ if [ "$PART" = s63d ]; then
   retired "Ran in s65 as s65a (H100): v5 lost to v2 (10.0 against 8.4 µs alone at 2,048 blocks); the windowed walk is removed" results_h100_s65.md
 fi
 if [ "$PART" = s63e ]; then
+  # (Since s65 the estimated stop takes v6, a cluster of 8 CTAs a group, at 128K one request: H100 s65 had that row
+  # at 126.6 µs against top-k's 129.8; on the H200, s62's 124.8 against 100.1 is predicted to become ~113.)
   # Written in the sixty-third session: the per-head rows where the estimated-stop first chunk's kernel decided the
   # row (H200 s62 with v2: "first chunk estimated_stop" 48.6 / 124.8 / 597.5 µs at 32K B = 1, 128K B = 1, 128K B = 8
   # against the plain loop's 45.3 / 109.6 / 545.4 and top-k at each row's error 35.3 / 100.1 / 568.0). With v4
