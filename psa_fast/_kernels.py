@@ -1033,6 +1033,10 @@ ESTIMATED_STOP_CLUSTER_MIN_BLOCKS = 4096
 # 1: v6.1, one cluster barrier fewer (each CTA's masses relative to its own maximum, the maxima sent with the folds and
 # each fold rescaled when composed); 0: v6 (the maxima exchanged first). Off until device_pending.sh s65d's A/B.
 ESTIMATED_STOP_ONE_EXCHANGE = 0
+# > 0: runs of up to this many positions keep the fold's masses in registers for the rewalk, and the tests multiply
+# instead of dividing (PSA_ES_CACHE; v2, v6 and v6.1 alike). Predicted (s65, NOTES): the work a position 1.27 -> ~0.8
+# µs, 2,048 blocks (v2) 8.5 -> ~6.6, 8,192 (v6) 12.7 -> ~11. 0: off, until device_pending.sh s65e's A/B.
+ESTIMATED_STOP_CACHE = 0
 
 
 def estimated_stop_cluster(groups: int, nmax: int) -> int:
@@ -1060,13 +1064,14 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
 
     b, gn = first_len.shape
     cl = estimated_stop_cluster(b * gn, nmax if blocks is None else max(1, min(int(blocks), nmax)))
+    cache = {"es_cache": ESTIMATED_STOP_CACHE} if ESTIMATED_STOP_CACHE else {}  # (off: the build's options as before)
     if cl > 1:
         threads = ESTIMATED_STOP_CLUSTER_THREADS
         fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads,
-                    es_one_exchange=ESTIMATED_STOP_ONE_EXCHANGE)
+                    es_one_exchange=ESTIMATED_STOP_ONE_EXCHANGE, **cache)
     else:
         threads = ESTIMATED_STOP_THREADS
-        fn = kernel("estimated_stop", d=16, s=s, g=g)
+        fn = kernel("estimated_stop", d=16, s=s, g=g, **cache)
     fn((gn * cl, b), (threads,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax), np.int32(forced),
                                   np.float32(threshold), np.float32(EMA_WEIGHT), np.int32(ESTIMATED_STOP_CODES[stop]),
                                   np.float32(margin)))
