@@ -1035,7 +1035,7 @@ ESTIMATED_STOP_CLUSTER_MIN_BLOCKS = 4096
 ESTIMATED_STOP_ONE_EXCHANGE = 0
 # > 0: runs of up to this many positions keep the fold's masses in registers for the rewalk, and the tests multiply
 # instead of dividing (PSA_ES_CACHE; v2, v6 and v6.1 alike). Predicted (s65, NOTES): the work a position 1.27 -> ~0.8
-# µs, 2,048 blocks (v2) 8.5 -> ~6.6, 8,192 (v6) 12.7 -> ~11. 0: off, until device_pending.sh s65e's A/B.
+# µs, 2,048 blocks (v2) 8.5 -> ~6.6, 8,192 (v6) 12.7 -> ~11. 0: off, until device_pending.sh s65d's A/B.
 ESTIMATED_STOP_CACHE = 0
 
 

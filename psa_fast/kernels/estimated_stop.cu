@@ -53,7 +53,6 @@
 static_assert(PSA_ES_WARPS <= 32, "psa_estimated_stop: one warp scans the warps' totals");
 
 // Running state of a prefix: attended mass, the moving average as the affine map (a, b), the lightest mass.
-// (es_holds below tests it.)
 struct EsState {
     float s, a, b, mn;
 };
