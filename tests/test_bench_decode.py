@@ -637,6 +637,14 @@ def test_estimated_stop_launch_follows_the_longest_request(monkeypatch):
         launches.clear()
         _kernels.estimated_stop_chunk(None, None, None, first_len, blocks=blocks, **common)
         assert launches == [want], blocks
+    # the cached rewalk's switch reaches both builds' options only when on (off, v2's options are as before)
+    options = []
+    monkeypatch.setattr(_kernels, "kernel", lambda name, **opts: (options.append(opts), lambda *a: None)[1])
+    for cache, blocks in ((0, 2048), (0, 8192), (4, 2048), (4, 8192)):
+        monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CACHE", cache)
+        _kernels.estimated_stop_chunk(None, None, None, first_len, blocks=blocks, **common)
+    assert [o.get("es_cache") for o in options] == [None, None, 4, 4]
+    assert "es_one_exchange" not in options[0] and options[1]["cluster"] == 8
 
 
 def test_default_launch_shape_of_the_split_build(monkeypatch):
