@@ -3057,6 +3057,8 @@ if [ "$PART" = s63d ]; then
   retired "Ran in s65 as s65a (H100): v5 lost to v2 (10.0 against 8.4 µs alone at 2,048 blocks); the windowed walk is removed" results_h100_s65.md
 fi
 if [ "$PART" = s63e ]; then
+  # (Since s65 the estimated stop takes v6, a cluster of 8 CTAs a group, at 128K one request: H100 s65 had that row
+  # at 126.6 µs against top-k's 129.8; on the H200, s62's 124.8 against 100.1 is predicted to become ~113.)
   # Written in the sixty-third session: the per-head rows where the estimated-stop first chunk's kernel decided the
   # row (H200 s62 with v2: "first chunk estimated_stop" 48.6 / 124.8 / 597.5 µs at 32K B = 1, 128K B = 1, 128K B = 8
   # against the plain loop's 45.3 / 109.6 / 545.4 and top-k at each row's error 35.3 / 100.1 / 568.0). With v4
@@ -3107,16 +3109,19 @@ from psa_fast import _kernels; _kernels.ESTIMATED_STOP_CLUSTER = $cl; sys.argv =
 fi
 if [ "$PART" = s65d ]; then
   # Sixty-fifth session: v6.1 (ESTIMATED_STOP_ONE_EXCHANGE: the maxima sent with the folds, one cluster barrier
-  # fewer) against v6 and v2: its GPU tests (the kernel test runs v6 and v6.1 either way), then the kernel alone,
-  # one request, sorted, at 64-8,192 blocks. Predicted (H100): ~1 µs below v6 at every size (64 blocks 7.6 -> ~6.6,
-  # 2,048 8.5 -> ~7.5 against v2's 8.5, 8,192 12.7 -> ~11.7). If it wins at 2,048, the rule's 4,096 blocks can come
-  # down. ~2 minutes.
-  timeout 150 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_ONE_EXCHANGE = 1; \
+  # fewer) against v6 and v2, each with and without the cached rewalk (ESTIMATED_STOP_CACHE 4): the GPU tests (the
+  # kernel test runs every combination either way), then the kernel alone, one request, sorted, at 64-8,192 blocks.
+  # Predicted (H100): v6.1 ~1 µs below v6 at every size (64 blocks 7.6 -> ~6.6, 2,048 8.5 -> ~7.5 against v2's 8.5,
+  # 8,192 12.7 -> ~11.7); the cache -1.5 to -2 µs where runs fit 4 positions (v2 at 2,048: 8.5 -> ~6.6; v6 at 8,192:
+  # 12.7 -> ~11), nothing where they do not (v2 at 8,192). If v6.1 wins at 2,048, the rule's 4,096 blocks can come
+  # down; if the cache wins, turn it on. ~3 minutes.
+  timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_ONE_EXCHANGE = 1; \
 sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
 'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s65d.log" 2>&1
   echo "GPU tests (v6.1) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s65d.log" | tail -8
-  (cd benchmarks && timeout 80 python3 exp_estimated_stop_time.py --blocks 64,2048,4096,8192 --batches 1 \
-      --cluster 1,8 --cluster-threads 256 --one-exchange 0,1 --sorted 2>&1 | grep -v Warn | tee "$OUT/s65d_alone.md")
+  (cd benchmarks && timeout 150 python3 exp_estimated_stop_time.py --blocks 64,2048,4096,8192 --batches 1 \
+      --cluster 1,8 --cluster-threads 256 --one-exchange 0,1 --cache 0,4 --sorted 2>&1 | grep -v Warn \
+      | tee "$OUT/s65d_alone.md")
   exit 0
 fi
 if [ "$PART" = s64a ]; then

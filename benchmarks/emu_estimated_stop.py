@@ -6,6 +6,10 @@ forced blocks, times the margin, is the first chunk. Checks random groups agains
 ``psa_ref.progressive.estimated_stop_first_chunk`` and prints the mismatches (0 expected, float64 here).
 
     python benchmarks/emu_estimated_stop.py --cases 300 --threads 64
+    python benchmarks/emu_estimated_stop.py --cases 300 --threads 8 --cluster 8 [--one-exchange]
+
+``--cluster`` emulates v6 (the order in slices over a cluster of CTAs) and ``--one-exchange`` v6.1 (each slice
+relative to its own maximum, rescaled when composed).
 
 (The windowed walk of v4 / v5 had its emulation here, ``--windows``, until the kernel was removed after the sixty-
 fifth session: it is in git at commit 3239828.)
@@ -48,9 +52,72 @@ def emulate(x: np.ndarray, n: int, forced: int, tau: float, stop: str, margin: f
     return min(n - forced, max(1, int(np.ceil(margin * (best + 1 - forced) - 1e-6))))
 
 
-def compare(cases: int, threads: int, seed: int) -> int:
+def emulate_cluster(x: np.ndarray, n: int, forced: int, tau: float, stop: str, margin: float, threads: int,
+                    cluster: int, one_exchange: bool = False) -> int:
+    """v6's first_len for one group (``one_exchange``: v6.1's): the order in ``cluster`` slices of ``ceil(n /
+    cluster)`` positions, each a CTA of ``threads`` threads running v2 on its slice. v6 takes the group's maximum as
+    every slice's reference; v6.1 folds each slice relative to its own maximum and, in rank r, scales the folds of ranks
+    0..r (and its threads' prefixes) by exp(their maximum - the largest of ranks 0..r) before composing them, then
+    rewalks against that reference. Float64, as :func:`emulate`."""
+    from psa_ref.progressive import EMA_WEIGHT
+
+    keep, w = 1.0 - EMA_WEIGHT, EMA_WEIGHT
+    identity = (0.0, 1.0, 0.0, np.inf)
+
+    def push(st, i, m):
+        a_i, b_i = (0.0, m) if i == 0 else (keep, w * m)
+        return (st[0] + m, st[1] * a_i, st[2] * a_i + b_i, min(st[3], m))
+
+    def then(lo, hi):
+        return (lo[0] + hi[0], lo[1] * hi[1], lo[2] * hi[1] + hi[2], min(lo[3], hi[3]))
+
+    def scaled(st, c):
+        return (st[0] * c, st[1], st[2] * c, st[3] * c if st[3] < np.inf else np.inf)
+
+    per = -(-n // cluster)
+    slices = [(min(n, r * per), min(n, r * per + per)) for r in range(cluster)]
+    holds_all = np.ones(n, bool)
+    for h in range(x.shape[0]):
+        tops = [x[h, p0:p1].max() if p1 > p0 else -np.inf for p0, p1 in slices]
+        ref = [(t if t > -np.inf else 0.0) if one_exchange else max(tops) for t in tops]  # each slice's fold's
+        runs = []  # per slice: (start, end, fold) of each thread's run, relative to the slice's reference
+        for (p0, p1), r0 in zip(slices, ref):
+            run = -(-(p1 - p0) // threads)
+            rs = []
+            for t in range(threads):
+                i0, i1 = min(p1, p0 + t * run), min(p1, p0 + t * run + run)
+                fold = identity
+                for i in range(i0, i1):
+                    fold = push(fold, i, np.exp(x[h, i] - r0))
+                rs.append((i0, i1, fold))
+            runs.append(rs)
+        for r, (p0, p1) in enumerate(slices):
+            big = max(tops[: r + 1]) if one_exchange else max(tops)  # the rewalk's reference
+            pre = identity
+            for k in range(r):
+                slice_fold = identity
+                for _, _, fold in runs[k]:
+                    slice_fold = then(slice_fold, fold)
+                if one_exchange:
+                    slice_fold = scaled(slice_fold, np.exp(tops[k] - big) if tops[k] > -np.inf else 0.0)
+                pre = then(pre, slice_fold)
+            own = (np.exp(tops[r] - big) if tops[r] > -np.inf else 0.0) if one_exchange else 1.0
+            before = identity  # this slice's threads' exclusive prefix
+            for i0, i1, fold in runs[r]:
+                st = then(pre, scaled(before, own))
+                for i in range(i0, i1):
+                    st = push(st, i, np.exp(x[h, i] - (big if big > -np.inf else 0.0)))
+                    rest = st[2] if stop == "ema" else st[3]
+                    if not st[0] / (st[0] + (n - 1 - i) * rest) >= tau:
+                        holds_all[i] = False
+                before = then(before, fold)
+    best = next(i for i in range(forced, n) if holds_all[i])
+    return min(n - forced, max(1, int(np.ceil(margin * (best + 1 - forced) - 1e-6))))
+
+
+def compare(cases: int, threads: int, seed: int, cluster: int = 1, one_exchange: bool = False) -> int:
     """Random groups (1-4 heads, 2-199 blocks, 0-2 forced, tau 0.5-0.99, both rules) against psa_ref: how many
-    first chunks differ."""
+    first chunks differ (v2, or with ``cluster`` > 1 v6 / v6.1)."""
     from psa_ref.progressive import ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk
 
     rng = np.random.default_rng(seed)
@@ -61,7 +128,11 @@ def compare(cases: int, threads: int, seed: int) -> int:
         x = rng.standard_normal((g, n)) * rng.choice([0.5, 2.0, 5.0])
         tau, stop = float(rng.uniform(0.5, 0.99)), str(rng.choice(["ema", "remaining"]))
         want = estimated_stop_first_chunk(x, np.arange(n), forced, np.ones(n), tau, stop)
-        bad += emulate(x, n, forced, tau, stop, ESTIMATED_STOP_MARGIN, threads) != want
+        if cluster > 1:
+            got = emulate_cluster(x, n, forced, tau, stop, ESTIMATED_STOP_MARGIN, threads, cluster, one_exchange)
+        else:
+            got = emulate(x, n, forced, tau, stop, ESTIMATED_STOP_MARGIN, threads)
+        bad += got != want
     return bad
 
 
@@ -70,8 +141,10 @@ def main(argv=None) -> None:
     ap.add_argument("--cases", type=int, default=300)
     ap.add_argument("--threads", type=int, default=64, help="threads of the emulated CTA (the kernel's: 512)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cluster", type=int, default=1, help="CTAs a group: 1 emulates v2, more v6")
+    ap.add_argument("--one-exchange", action="store_true", help="with --cluster: v6.1 (slices rescaled)")
     args = ap.parse_args(argv)
-    bad = compare(args.cases, args.threads, args.seed)
+    bad = compare(args.cases, args.threads, args.seed, args.cluster, args.one_exchange)
     print(f"{bad} of {args.cases} groups differ from psa_ref")
 
 

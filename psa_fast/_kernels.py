@@ -1046,7 +1046,7 @@ def first_chunk(log_suffix, seq_lens, first_len, *, s, g, hq, nmax, forced, thre
 ESTIMATED_STOP_THREADS = 512  # psa_estimated_stop's CTA (PSA_ES_THREADS)
 ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 # > 1: psa_estimated_stop v6, a group's order in slices over a cluster of this many CTAs (a power of two <= 8) of
-# ESTIMATED_STOP_CLUSTER_THREADS, where the groups' clusters fit the SMs and a group has at least
+# ESTIMATED_STOP_CLUSTER_THREADS, where the groups' clusters fit the SMs and the longest request has at least
 # ESTIMATED_STOP_CLUSTER_MIN_BLOCKS blocks (estimated_stop_cluster); elsewhere v2, one CTA a group. v2's time is its
 # work on one SM a group (H100 s65: 8.5 µs at 2,048 blocks, 23.9 at 8,192); v6 spreads it and pays ~3 µs for its three
 # cluster barriers. H100 s65 (sorted order, one request of 8 groups, 8 CTAs of 256): 64 blocks 4.7 -> 7.6 µs, 2,048
@@ -1059,6 +1059,10 @@ ESTIMATED_STOP_CLUSTER_MIN_BLOCKS = 4096
 # 1: v6.1, one cluster barrier fewer (each CTA's masses relative to its own maximum, the maxima sent with the folds and
 # each fold rescaled when composed); 0: v6 (the maxima exchanged first). Off until device_pending.sh s65d's A/B.
 ESTIMATED_STOP_ONE_EXCHANGE = 0
+# > 0: runs of up to this many positions keep the fold's masses in registers for the rewalk, and the tests multiply
+# instead of dividing (PSA_ES_CACHE; v2, v6 and v6.1 alike). Predicted (s65, NOTES): the work a position 1.27 -> ~0.8
+# µs, 2,048 blocks (v2) 8.5 -> ~6.6, 8,192 (v6) 12.7 -> ~11. 0: off, until device_pending.sh s65d's A/B.
+ESTIMATED_STOP_CACHE = 0
 
 
 def estimated_stop_cluster(groups: int, nmax: int) -> int:
@@ -1074,22 +1078,26 @@ def estimated_stop_cluster(groups: int, nmax: int) -> int:
 
 
 def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax, forced, threshold, stop,
-                         margin) -> None:
+                         margin, blocks=None) -> None:
     """``first_chunk="estimated_stop"``: each group's ranked blocks of its first ranked chunk, ``first_len [B, Gn]``,
     where ``stop`` ("ema" or "remaining") run on the estimated masses along the order first holds for every head,
     times ``margin`` (``psa_estimated_stop``; psa_ref.progressive.estimated_stop_first_chunk), from each head's
-    estimates ``vals [B, Hq, Nmax]`` and the order ``order_arr [B, Gn, Nmax]`` (no suffix pass)."""
+    estimates ``vals [B, Hq, Nmax]`` and the order ``order_arr [B, Gn, Nmax]`` (no suffix pass). ``blocks``: the
+    longest request's blocks as the host knows them (the version's rule, estimated_stop_cluster, reads it; ``nmax``
+    when None). Either version gives the same first chunks up to float32 rounding; a CUDA graph keeps the one chosen
+    when it was captured."""
     from psa_ref.progressive import EMA_WEIGHT
 
     b, gn = first_len.shape
-    cl = estimated_stop_cluster(b * gn, nmax)
+    cl = estimated_stop_cluster(b * gn, nmax if blocks is None else max(1, min(int(blocks), nmax)))
+    cache = {"es_cache": ESTIMATED_STOP_CACHE} if ESTIMATED_STOP_CACHE else {}  # (off: the build's options as before)
     if cl > 1:
         threads = ESTIMATED_STOP_CLUSTER_THREADS
         fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads,
-                    es_one_exchange=ESTIMATED_STOP_ONE_EXCHANGE)
+                    es_one_exchange=ESTIMATED_STOP_ONE_EXCHANGE, **cache)
     else:
         threads = ESTIMATED_STOP_THREADS
-        fn = kernel("estimated_stop", d=16, s=s, g=g)
+        fn = kernel("estimated_stop", d=16, s=s, g=g, **cache)
     fn((gn * cl, b), (threads,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax), np.int32(forced),
                                   np.float32(threshold), np.float32(EMA_WEIGHT), np.int32(ESTIMATED_STOP_CODES[stop]),
                                   np.float32(margin)))

@@ -529,10 +529,11 @@ class DecodePlan:
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
                                  forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold)
         if self._estimates_stop:
+            longest = -(-int(self.cache.host_lens[layer].max()) // self.cache.block_size)
             _kernels.estimated_stop_chunk(self.bounds, self.order_buf, self.cache.seq_lens[layer], self.first_len,
                                           s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,
                                           forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
-                                          stop=self.stop, margin=self._estimated_stop_margin)
+                                          stop=self.stop, margin=self._estimated_stop_margin, blocks=longest)
         if self.speculate is not None and not self._spec_first:
             _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, self.spec_total,
                               s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,

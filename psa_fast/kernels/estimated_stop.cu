@@ -41,6 +41,12 @@
 #define PSA_ES_THREADS 512  // _kernels.ESTIMATED_STOP_THREADS (an experiment may define another)
 #endif
 #define PSA_ES_WARPS (PSA_ES_THREADS / 32)
+#ifndef PSA_ES_CACHE
+// > 0 (_kernels.ESTIMATED_STOP_CACHE): a thread whose run has at most this many positions keeps the fold's masses in
+// registers for the rewalk (no second load and exponential a position and head), and every test multiplies instead of
+// dividing, s (1 - tau) >= tau N_left rest with s > 0 (the division's 0 / 0 is false); 0: v2's rewalk
+#define PSA_ES_CACHE 0
+#endif
 #ifndef PSA_ES_ONE_EXCHANGE
 #define PSA_ES_ONE_EXCHANGE 0  // v6.1 (_kernels.ESTIMATED_STOP_ONE_EXCHANGE): the maxima travel with the folds
 #endif
@@ -62,6 +68,17 @@ __device__ __forceinline__ EsState es_then(const EsState& lo, const EsState& hi)
 __device__ __forceinline__ EsState es_push(const EsState& st, int i, float m, float keep, float w) {
     const float ai = i == 0 ? 0.f : keep, bi = i == 0 ? m : w * m;
     return EsState{st.s + m, st.a * ai, st.b * ai + bi, fminf(st.mn, m)};
+}
+
+// The loop's test at a boundary after the position this state ends at, n_left blocks after it: AS_acc / (AS_acc +
+// N_left rest) >= tau, rest the moving average (stop 0, ema) or the lightest mass (1, remaining).
+__device__ __forceinline__ bool es_holds(const EsState& st, float n_left, int stop, float threshold) {
+    const float rest = stop == 0 ? st.b : st.mn;
+#if PSA_ES_CACHE
+    return st.s > 0.f && st.s * (1.f - threshold) >= threshold * (n_left * rest);
+#else
+    return st.s / (st.s + n_left * rest) >= threshold;
+#endif
 }
 
 __device__ __forceinline__ EsState es_shfl_up(const EsState& v, int off) {
@@ -209,6 +226,27 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
     EsState st[PSA_G];
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) st[h] = es_identity();
+#if PSA_ES_CACHE
+    float mc[PSA_ES_CACHE][PSA_G];  // the fold's masses where the run fits (R <= PSA_ES_CACHE), for the rewalk
+    float rescale[PSA_G];           // what the rewalk multiplies them by (v6.1: its reference moves)
+#pragma unroll
+    for (int h = 0; h < PSA_G; ++h) rescale[h] = 1.f;
+    if (R <= PSA_ES_CACHE) {
+#pragma unroll
+        for (int k = 0; k < PSA_ES_CACHE; ++k) {
+            const int i = i0 + k;
+            if (i < i1) {
+                float x[PSA_G];
+                x_at(i, x);
+#pragma unroll
+                for (int h = 0; h < PSA_G; ++h) {
+                    mc[k][h] = expf(x[h] - top[h]);
+                    st[h] = es_push(st[h], i, mc[k][h], keep, ema_w);
+                }
+            }
+        }
+    } else
+#endif
     for (int i = i0; i < i1; ++i) {
         float x[PSA_G];
         x_at(i, x);
@@ -253,8 +291,12 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
         }
         pre = es_shfl(es_cluster_scan(pre, lane), PSA_CLUSTER - 1);
         const float own = __shfl_sync(0xffffffffu, rank_top, rank);
-        st[h] = es_then(pre, es_scaled(st[h], own == -PSA_INF ? 0.f : expf(own - ref)));
+        const float c = own == -PSA_INF ? 0.f : expf(own - ref);
+        st[h] = es_then(pre, es_scaled(st[h], c));
         top[h] = ref == -PSA_INF ? 0.f : ref;
+#if PSA_ES_CACHE
+        rescale[h] = c;
+#endif
     }
 #elif PSA_CLUSTER > 1
     // the slices of the ranks before this one, composed in rank order (lane r < rank: rank r's), before every
@@ -273,6 +315,23 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
 #endif
     // 3. rewalk: each position's test, as the loop's at a boundary after it; the first that every head passes
     int mine = n;
+#if PSA_ES_CACHE
+    if (R <= PSA_ES_CACHE) {
+#pragma unroll
+        for (int k = 0; k < PSA_ES_CACHE; ++k) {
+            const int i = i0 + k;
+            if (i < i1 && mine == n) {
+                bool holds = true;
+#pragma unroll
+                for (int h = 0; h < PSA_G; ++h) {
+                    st[h] = es_push(st[h], i, mc[k][h] * rescale[h], keep, ema_w);
+                    holds = holds && es_holds(st[h], (float)(n - 1 - i), stop, threshold);
+                }
+                if (holds && i >= f) mine = i;
+            }
+        }
+    } else
+#endif
     for (int i = i0; i < i1; ++i) {
         float x[PSA_G];
         x_at(i, x);
@@ -280,9 +339,7 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
 #pragma unroll
         for (int h = 0; h < PSA_G; ++h) {
             st[h] = es_push(st[h], i, expf(x[h] - top[h]), keep, ema_w);
-            const float rest = stop == 0 ? st[h].b : st[h].mn;
-            const float n_left = (float)(n - 1 - i);
-            holds = holds && st[h].s / (st[h].s + n_left * rest) >= threshold;
+            holds = holds && es_holds(st[h], (float)(n - 1 - i), stop, threshold);
         }
         if (holds && i >= f) {
             mine = i;
