@@ -21,6 +21,24 @@ import argparse
 
 import numpy as np
 
+IDENTITY = (0.0, 1.0, 0.0, np.inf)  # a prefix's state: mass sum, the moving average's map (a, b), lightest mass
+
+
+def _push(st, i, m, keep, w):
+    """The state after the block at position ``i`` of mass ``m`` (kernel: es_push)."""
+    a_i, b_i = (0.0, m) if i == 0 else (keep, w * m)
+    return (st[0] + m, st[1] * a_i, st[2] * a_i + b_i, min(st[3], m))
+
+
+def _then(lo, hi):
+    """``lo`` then ``hi`` (kernel: es_then)."""
+    return (lo[0] + hi[0], lo[1] * hi[1], lo[2] * hi[1] + hi[2], min(lo[3], hi[3]))
+
+
+def _scaled(st, c):
+    """The masses of ``st`` times ``c`` (kernel: es_scaled)."""
+    return (st[0] * c, st[1], st[2] * c, st[3] * c if st[3] < np.inf else np.inf)
+
 
 def emulate(x: np.ndarray, n: int, forced: int, tau: float, stop: str, margin: float, threads: int) -> int:
     """The kernel's first_len for one group: ``x [G, N]`` the heads' estimated log masses in processing order."""
@@ -30,24 +48,19 @@ def emulate(x: np.ndarray, n: int, forced: int, tau: float, stop: str, margin: f
     run = -(-n // threads)
     top = x[:, :n].max(axis=1)  # the kernel's common reference: the CTA's largest x of the head
     holds_all = np.ones(n, bool)
-
-    def push(st, i, m):
-        a_i, b_i = (0.0, m) if i == 0 else (keep, w * m)
-        return (st[0] + m, st[1] * a_i, st[2] * a_i + b_i, min(st[3], m))
-
     for h in range(x.shape[0]):
         m = np.exp(x[h, :n] - top[h])
-        prefix = (0.0, 1.0, 0.0, np.inf)  # the identity
+        prefix = IDENTITY
         for t in range(threads):
-            fold = (0.0, 1.0, 0.0, np.inf)
+            fold = IDENTITY
             st = prefix
             for i in range(t * run, min(n, (t + 1) * run)):
-                fold = push(fold, i, m[i])
-                st = push(st, i, m[i])
+                fold = _push(fold, i, m[i], keep, w)
+                st = _push(st, i, m[i], keep, w)
                 rest = st[2] if stop == "ema" else st[3]
                 if not st[0] / (st[0] + (n - 1 - i) * rest) >= tau:
                     holds_all[i] = False
-            prefix = (prefix[0] + fold[0], prefix[1] * fold[1], prefix[2] * fold[1] + fold[2], min(prefix[3], fold[3]))
+            prefix = _then(prefix, fold)
     best = next(i for i in range(forced, n) if holds_all[i])
     return min(n - forced, max(1, int(np.ceil(margin * (best + 1 - forced) - 1e-6))))
 
@@ -62,18 +75,6 @@ def emulate_cluster(x: np.ndarray, n: int, forced: int, tau: float, stop: str, m
     from psa_ref.progressive import EMA_WEIGHT
 
     keep, w = 1.0 - EMA_WEIGHT, EMA_WEIGHT
-    identity = (0.0, 1.0, 0.0, np.inf)
-
-    def push(st, i, m):
-        a_i, b_i = (0.0, m) if i == 0 else (keep, w * m)
-        return (st[0] + m, st[1] * a_i, st[2] * a_i + b_i, min(st[3], m))
-
-    def then(lo, hi):
-        return (lo[0] + hi[0], lo[1] * hi[1], lo[2] * hi[1] + hi[2], min(lo[3], hi[3]))
-
-    def scaled(st, c):
-        return (st[0] * c, st[1], st[2] * c, st[3] * c if st[3] < np.inf else np.inf)
-
     per = -(-n // cluster)
     slices = [(min(n, r * per), min(n, r * per + per)) for r in range(cluster)]
     holds_all = np.ones(n, bool)
@@ -86,31 +87,31 @@ def emulate_cluster(x: np.ndarray, n: int, forced: int, tau: float, stop: str, m
             rs = []
             for t in range(threads):
                 i0, i1 = min(p1, p0 + t * run), min(p1, p0 + t * run + run)
-                fold = identity
+                fold = IDENTITY
                 for i in range(i0, i1):
-                    fold = push(fold, i, np.exp(x[h, i] - r0))
+                    fold = _push(fold, i, np.exp(x[h, i] - r0), keep, w)
                 rs.append((i0, i1, fold))
             runs.append(rs)
         for r, (p0, p1) in enumerate(slices):
             big = max(tops[: r + 1]) if one_exchange else max(tops)  # the rewalk's reference
-            pre = identity
+            pre = IDENTITY
             for k in range(r):
-                slice_fold = identity
+                slice_fold = IDENTITY
                 for _, _, fold in runs[k]:
-                    slice_fold = then(slice_fold, fold)
+                    slice_fold = _then(slice_fold, fold)
                 if one_exchange:
-                    slice_fold = scaled(slice_fold, np.exp(tops[k] - big) if tops[k] > -np.inf else 0.0)
-                pre = then(pre, slice_fold)
+                    slice_fold = _scaled(slice_fold, np.exp(tops[k] - big) if tops[k] > -np.inf else 0.0)
+                pre = _then(pre, slice_fold)
             own = (np.exp(tops[r] - big) if tops[r] > -np.inf else 0.0) if one_exchange else 1.0
-            before = identity  # this slice's threads' exclusive prefix
+            before = IDENTITY  # this slice's threads' exclusive prefix
             for i0, i1, fold in runs[r]:
-                st = then(pre, scaled(before, own))
+                st = _then(pre, _scaled(before, own))
                 for i in range(i0, i1):
-                    st = push(st, i, np.exp(x[h, i] - (big if big > -np.inf else 0.0)))
+                    st = _push(st, i, np.exp(x[h, i] - (big if big > -np.inf else 0.0)), keep, w)
                     rest = st[2] if stop == "ema" else st[3]
                     if not st[0] / (st[0] + (n - 1 - i) * rest) >= tau:
                         holds_all[i] = False
-                before = then(before, fold)
+                before = _then(before, fold)
     best = next(i for i in range(forced, n) if holds_all[i])
     return min(n - forced, max(1, int(np.ceil(margin * (best + 1 - forced) - 1e-6))))
 

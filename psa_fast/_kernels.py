@@ -1039,14 +1039,15 @@ ESTIMATED_STOP_ONE_EXCHANGE = 0
 ESTIMATED_STOP_CACHE = 0
 
 
-def estimated_stop_cluster(groups: int, nmax: int) -> int:
-    """CTAs a group of psa_estimated_stop for ``groups`` (B x Gn) groups of up to ``nmax`` blocks:
-    ``ESTIMATED_STOP_CLUSTER`` (v6) where ``nmax >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS`` and ``groups x`` that many CTAs
-    fit the SMs (one Llama request of 8 groups from 64K tokens at block size 16; Gemma 3's one group), else 1 (v2)."""
-    if groups < 1 or nmax < 1:
-        raise ValueError(f"groups and nmax must be >= 1, got groups={groups}, nmax={nmax}")
+def estimated_stop_cluster(groups: int, blocks: int) -> int:
+    """CTAs a group of psa_estimated_stop for ``groups`` (B x Gn) groups whose longest request has ``blocks`` blocks:
+    ``ESTIMATED_STOP_CLUSTER`` (v6) where ``blocks >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS`` and ``groups x`` that many
+    CTAs fit the SMs (one Llama request of 8 groups from 64K tokens at block size 16; Gemma 3's one group), else 1
+    (v2)."""
+    if groups < 1 or blocks < 1:
+        raise ValueError(f"groups and blocks must be >= 1, got groups={groups}, blocks={blocks}")
     cl = ESTIMATED_STOP_CLUSTER
-    if cl > 1 and nmax >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS and groups * cl <= num_sms():
+    if cl > 1 and blocks >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS and groups * cl <= num_sms():
         return cl
     return 1
 

@@ -599,7 +599,7 @@ def test_estimated_stop_cluster_only_where_it_paid(monkeypatch):
     monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", 1)
     assert _kernels.estimated_stop_cluster(8, 8192) == 1
     for bad in ((0, 8192), (8, 0)):
-        with pytest.raises(ValueError, match="groups and nmax"):
+        with pytest.raises(ValueError, match="groups and blocks"):
             _kernels.estimated_stop_cluster(*bad)
 
 
