@@ -40,6 +40,18 @@ def _scaled(st, c):
     return (st[0] * c, st[1], st[2] * c, st[3] * c if st[3] < np.inf else np.inf)
 
 
+def _holds(st, n_left, stop, tau) -> bool:
+    """The loop's test at a boundary after the state's last position (kernel: es_holds, its division form)."""
+    rest = st[2] if stop == "ema" else st[3]
+    return st[0] / (st[0] + n_left * rest) >= tau
+
+
+def _first_len(holds_all, n, forced, margin) -> int:
+    """The first position past the forced blocks where every head holds, as first_len (times the margin)."""
+    best = next(i for i in range(forced, n) if holds_all[i])
+    return min(n - forced, max(1, int(np.ceil(margin * (best + 1 - forced) - 1e-6))))
+
+
 def emulate(x: np.ndarray, n: int, forced: int, tau: float, stop: str, margin: float, threads: int) -> int:
     """The kernel's first_len for one group: ``x [G, N]`` the heads' estimated log masses in processing order."""
     from psa_ref.progressive import EMA_WEIGHT
@@ -57,12 +69,10 @@ def emulate(x: np.ndarray, n: int, forced: int, tau: float, stop: str, margin: f
             for i in range(t * run, min(n, (t + 1) * run)):
                 fold = _push(fold, i, m[i], keep, w)
                 st = _push(st, i, m[i], keep, w)
-                rest = st[2] if stop == "ema" else st[3]
-                if not st[0] / (st[0] + (n - 1 - i) * rest) >= tau:
+                if not _holds(st, n - 1 - i, stop, tau):
                     holds_all[i] = False
             prefix = _then(prefix, fold)
-    best = next(i for i in range(forced, n) if holds_all[i])
-    return min(n - forced, max(1, int(np.ceil(margin * (best + 1 - forced) - 1e-6))))
+    return _first_len(holds_all, n, forced, margin)
 
 
 def emulate_cluster(x: np.ndarray, n: int, forced: int, tau: float, stop: str, margin: float, threads: int,
@@ -108,12 +118,10 @@ def emulate_cluster(x: np.ndarray, n: int, forced: int, tau: float, stop: str, m
                 st = _then(pre, _scaled(before, own))
                 for i in range(i0, i1):
                     st = _push(st, i, np.exp(x[h, i] - (big if big > -np.inf else 0.0)), keep, w)
-                    rest = st[2] if stop == "ema" else st[3]
-                    if not st[0] / (st[0] + (n - 1 - i) * rest) >= tau:
+                    if not _holds(st, n - 1 - i, stop, tau):
                         holds_all[i] = False
                 before = _then(before, fold)
-    best = next(i for i in range(forced, n) if holds_all[i])
-    return min(n - forced, max(1, int(np.ceil(margin * (best + 1 - forced) - 1e-6))))
+    return _first_len(holds_all, n, forced, margin)
 
 
 def compare(cases: int, threads: int, seed: int, cluster: int = 1, one_exchange: bool = False) -> int:
