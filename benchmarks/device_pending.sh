@@ -3124,6 +3124,31 @@ sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'te
       | tee "$OUT/s65d_alone.md")
   exit 0
 fi
+if [ "$PART" = s66a ]; then
+  # Sixty-sixth session: the per-head step at 32K and 128K B = 1 (ema+stop, kernel by kernel) under three settings of
+  # the estimated stop, so that s65d's alone timings can be checked in place in the same lease: the default (v6 at
+  # 128K, v2 at 32K), the cached rewalk alone (ESTIMATED_STOP_CACHE 4), and v6.1 with the cache and clusters from
+  # 2,048 blocks (so 32K takes v6.1 too). s65c (H100): estimated stop 8.6 (32K, v2) and 12.6 (128K, v6) µs; predicted
+  # with the cache ~6.6 / ~11, with v6.1 + cache ~6.5 / ~10. ~4 minutes.
+  for cfg in default:0:0:4096 cache:0:4:4096 one_cache:1:4:2048; do
+    IFS=: read -r name one cache minb <<< "$cfg"
+    for size in 32768 131072; do
+      (cd benchmarks && mkdir -p "$OUT/$name" && timeout 80 python3 -c "import sys, runpy; \
+from psa_fast import _kernels; _kernels.ESTIMATED_STOP_ONE_EXCHANGE = $one; _kernels.ESTIMATED_STOP_CACHE = $cache; \
+_kernels.ESTIMATED_STOP_CLUSTER_MIN_BLOCKS = $minb; sys.argv = ['profile_decode_step.py', '--per-head', '--shape', \
+'llama8b', '--size', '$size', '--batches', '1', '--variants', 'ema+stop', '--out', '$OUT/$name']; \
+runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn \
+        | tee "$OUT/s66a_${name}_$size.txt" | grep -E "^T=|psa_" | head -8 | sed "s/^/$name $size: /")
+    done
+  done
+  # then the GPU tests of the estimated stop with all three on (s65d ran them with v6.1 alone)
+  timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_ONE_EXCHANGE = 1; \
+_kernels.ESTIMATED_STOP_CACHE = 4; _kernels.ESTIMATED_STOP_CLUSTER_MIN_BLOCKS = 2048; \
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
+'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s66a.log" 2>&1
+  echo "GPU tests (v6.1 + cache from 2,048 blocks) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s66a.log" | tail -8
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
