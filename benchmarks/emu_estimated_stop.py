@@ -6,10 +6,12 @@ forced blocks, times the margin, is the first chunk. Checks random groups agains
 ``psa_ref.progressive.estimated_stop_first_chunk`` and prints the mismatches (0 expected, float64 here).
 
     python benchmarks/emu_estimated_stop.py --cases 300 --threads 64
-    python benchmarks/emu_estimated_stop.py --cases 300 --threads 8 --cluster 8 [--one-exchange]
+    python benchmarks/emu_estimated_stop.py --cases 300 --threads 8 --cluster 8
 
-``--cluster`` emulates v6 (the order in slices over a cluster of CTAs) and ``--one-exchange`` v6.1 (each slice
-relative to its own maximum, rescaled when composed).
+``--cluster`` emulates v6 (the order in slices over a cluster of CTAs, each slice relative to its own maximum,
+rescaled when composed). Its first form, every slice relative to the group's maximum (one more cluster barrier in the
+kernel, measured slower in the sixty-sixth session), had its emulation here as ``--cluster`` without
+``--one-exchange`` until then.
 
 (The windowed walk of v4 / v5 had its emulation here, ``--windows``, until the kernel was removed after the sixty-
 fifth session: it is in git at commit 3239828.)
@@ -76,12 +78,11 @@ def emulate(x: np.ndarray, n: int, forced: int, tau: float, stop: str, margin: f
 
 
 def emulate_cluster(x: np.ndarray, n: int, forced: int, tau: float, stop: str, margin: float, threads: int,
-                    cluster: int, one_exchange: bool = False) -> int:
-    """v6's first_len for one group (``one_exchange``: v6.1's): the order in ``cluster`` slices of ``ceil(n /
-    cluster)`` positions, each a CTA of ``threads`` threads running v2 on its slice. v6 takes the group's maximum as
-    every slice's reference; v6.1 folds each slice relative to its own maximum and, in rank r, scales the folds of ranks
-    0..r (and its threads' prefixes) by exp(their maximum - the largest of ranks 0..r) before composing them, then
-    rewalks against that reference. Float64, as :func:`emulate`."""
+                    cluster: int) -> int:
+    """v6's first_len for one group: the order in ``cluster`` slices of ``ceil(n / cluster)`` positions, each a CTA of
+    ``threads`` threads running v2 on its slice relative to its own maximum; rank r scales the folds of ranks 0..r (and
+    its threads' prefixes) by exp(their maximum - the largest of ranks 0..r) before composing them, then rewalks
+    against that reference. Float64, as :func:`emulate`."""
     from psa_ref.progressive import EMA_WEIGHT
 
     keep, w = 1.0 - EMA_WEIGHT, EMA_WEIGHT
@@ -90,7 +91,7 @@ def emulate_cluster(x: np.ndarray, n: int, forced: int, tau: float, stop: str, m
     holds_all = np.ones(n, bool)
     for h in range(x.shape[0]):
         tops = [x[h, p0:p1].max() if p1 > p0 else -np.inf for p0, p1 in slices]
-        ref = [(t if t > -np.inf else 0.0) if one_exchange else max(tops) for t in tops]  # each slice's fold's
+        ref = [t if t > -np.inf else 0.0 for t in tops]  # each slice's fold's
         runs = []  # per slice: (start, end, fold) of each thread's run, relative to the slice's reference
         for (p0, p1), r0 in zip(slices, ref):
             run = -(-(p1 - p0) // threads)
@@ -103,16 +104,15 @@ def emulate_cluster(x: np.ndarray, n: int, forced: int, tau: float, stop: str, m
                 rs.append((i0, i1, fold))
             runs.append(rs)
         for r, (p0, p1) in enumerate(slices):
-            big = max(tops[: r + 1]) if one_exchange else max(tops)  # the rewalk's reference
+            big = max(tops[: r + 1])  # the rewalk's reference
             pre = IDENTITY
             for k in range(r):
                 slice_fold = IDENTITY
                 for _, _, fold in runs[k]:
                     slice_fold = _then(slice_fold, fold)
-                if one_exchange:
-                    slice_fold = _scaled(slice_fold, np.exp(tops[k] - big) if tops[k] > -np.inf else 0.0)
+                slice_fold = _scaled(slice_fold, np.exp(tops[k] - big) if tops[k] > -np.inf else 0.0)
                 pre = _then(pre, slice_fold)
-            own = (np.exp(tops[r] - big) if tops[r] > -np.inf else 0.0) if one_exchange else 1.0
+            own = np.exp(tops[r] - big) if tops[r] > -np.inf else 0.0
             before = IDENTITY  # this slice's threads' exclusive prefix
             for i0, i1, fold in runs[r]:
                 st = _then(pre, _scaled(before, own))
@@ -124,9 +124,9 @@ def emulate_cluster(x: np.ndarray, n: int, forced: int, tau: float, stop: str, m
     return _first_len(holds_all, n, forced, margin)
 
 
-def compare(cases: int, threads: int, seed: int, cluster: int = 1, one_exchange: bool = False) -> int:
+def compare(cases: int, threads: int, seed: int, cluster: int = 1) -> int:
     """Random groups (1-4 heads, 2-199 blocks, 0-2 forced, tau 0.5-0.99, both rules) against psa_ref: how many
-    first chunks differ (v2, or with ``cluster`` > 1 v6 / v6.1)."""
+    first chunks differ (v2, or with ``cluster`` > 1 v6)."""
     from psa_ref.progressive import ESTIMATED_STOP_MARGIN, estimated_stop_first_chunk
 
     rng = np.random.default_rng(seed)
@@ -138,7 +138,7 @@ def compare(cases: int, threads: int, seed: int, cluster: int = 1, one_exchange:
         tau, stop = float(rng.uniform(0.5, 0.99)), str(rng.choice(["ema", "remaining"]))
         want = estimated_stop_first_chunk(x, np.arange(n), forced, np.ones(n), tau, stop)
         if cluster > 1:
-            got = emulate_cluster(x, n, forced, tau, stop, ESTIMATED_STOP_MARGIN, threads, cluster, one_exchange)
+            got = emulate_cluster(x, n, forced, tau, stop, ESTIMATED_STOP_MARGIN, threads, cluster)
         else:
             got = emulate(x, n, forced, tau, stop, ESTIMATED_STOP_MARGIN, threads)
         bad += got != want
@@ -151,9 +151,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=64, help="threads of the emulated CTA (the kernel's: 512)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cluster", type=int, default=1, help="CTAs a group: 1 emulates v2, more v6")
-    ap.add_argument("--one-exchange", action="store_true", help="with --cluster: v6.1 (slices rescaled)")
     args = ap.parse_args(argv)
-    bad = compare(args.cases, args.threads, args.seed, args.cluster, args.one_exchange)
+    bad = compare(args.cases, args.threads, args.seed, args.cluster)
     print(f"{bad} of {args.cases} groups differ from psa_ref")
 
 
