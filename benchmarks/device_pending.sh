@@ -3115,14 +3115,16 @@ if [ "$PART" = s65d ]; then
   # 8,192 12.7 -> ~11.7); the cache -1.5 to -2 µs where runs fit 4 positions (v2 at 2,048: 8.5 -> ~6.6; v6 at 8,192:
   # 12.7 -> ~11), nothing where they do not (v2 at 8,192). If v6.1 wins at 2,048, the rule's 4,096 blocks can come
   # down; if the cache wins, turn it on. ~3 minutes.
-  timeout 200 python3 -c "import sys, pytest; from psa_fast import _kernels; _kernels.ESTIMATED_STOP_ONE_EXCHANGE = 1; \
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-W', 'ignore', '-rf', 'tests/test_fast.py', \
-'tests/test_first_chunk.py', '-k', 'estimated_stop']))" > "$OUT/t_s65d.log" 2>&1
-  echo "GPU tests (v6.1) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s65d.log" | tail -8
-  (cd benchmarks && timeout 150 python3 exp_estimated_stop_time.py --blocks 64,2048,4096,8192 --batches 1 \
-      --cluster 1,8 --cluster-threads 256 --one-exchange 0,1 --cache 0,4 --sorted 2>&1 | grep -v Warn \
-      | tee "$OUT/s65d_alone.md")
-  exit 0
+  retired "Ran in s66 (H100): v6.1 and the cached rewalk won and are the kernel now" results_h100_s66.md
+fi
+if [ "$PART" = s66a ]; then
+  # Sixty-sixth session: the per-head step at 32K and 128K B = 1 (ema+stop, kernel by kernel) under three settings of
+  # the estimated stop, so that s65d's alone timings can be checked in place in the same lease: the default (v6 at
+  # 128K, v2 at 32K), the cached rewalk alone (ESTIMATED_STOP_CACHE 4), and v6.1 with the cache and clusters from
+  # 2,048 blocks (so 32K takes v6.1 too). s65c (H100): estimated stop 8.6 (32K, v2) and 12.6 (128K, v6) µs; predicted
+  # with the cache ~6.6 / ~11, with v6.1 + cache ~6.5 / ~10. ~4 minutes.
+  # Then the GPU tests of the estimated stop with all three on (s65d ran them with v6.1 alone).
+  retired "Ran in s66 (H100): v6.1 with the cache is the kernel now" results_h100_s66.md
 fi
 if [ "$PART" = s64a ]; then
   # Written in the sixty-fourth session (branch wip/speculate-first): DecodePlan(speculate="first_chunk"), the forced

@@ -16,10 +16,11 @@ position runs on one SM a group (results_h200_s62.md).
 ``--sorted`` draws the group's heads alike (a shared part plus a little of their own) and sorts the order by their
 mean, as the plan's processing order is, so the stop lies early as on real estimates (random estimates in a random
 order put it near the end). ``--cluster 1,8`` times v2 (1) beside v6 (a cluster of that many CTAs a group, each a
-slice of the order; its CTAs take ``--cluster-threads``; ``--one-exchange 0,1`` adds v6.1; ``--cache 0,4`` each
-with the fold's masses kept for the rewalk). A windowed walk that left
-at the stop (v4, v5) was timed with this script in the sixty-fourth and sixty-fifth sessions (results_h100_s65.md)
-and removed: ~3 µs a window, slower than v2 at 2,048 blocks.
+slice of the order; its CTAs take ``--cluster-threads``). A windowed walk that left at the stop (v4, v5) was timed
+with this script in the sixty-fourth and sixty-fifth sessions (results_h100_s65.md) and removed: ~3 µs a window,
+slower than v2 at 2,048 blocks. The sixty-sixth session timed v6 with three cluster barriers against v6.1's two, and
+the rewalk with and without the fold's masses kept in registers (results_h100_s66.md); the winners are the kernel now
+and those switches are gone.
 """
 
 from __future__ import annotations
@@ -47,10 +48,6 @@ def main() -> None:
     ap.add_argument("--threads", default="512", help="CTA sizes (PSA_ES_THREADS) of v2, comma-separated")
     ap.add_argument("--cluster", default="1", help="CTAs a group, comma-separated: 1 (v2) or 2, 4, 8 (v6)")
     ap.add_argument("--cluster-threads", default="256", help="CTA sizes of v6, comma-separated")
-    ap.add_argument("--one-exchange", default="0", help="v6's PSA_ES_ONE_EXCHANGE values (0: v6, 1: v6.1), "
-                    "comma-separated")
-    ap.add_argument("--cache", default="0", help="PSA_ES_CACHE values (0: off, 4: runs of up to 4 positions keep "
-                    "their masses), comma-separated")
     ap.add_argument("--groups", type=int, default=8, help="KV heads a request (Llama-3.1-8B: 8)")
     ap.add_argument("--g", type=int, default=4, help="query heads a group")
     ap.add_argument("--sorted", action="store_true", help="heads alike, the order sorted by their mean estimate")
@@ -60,11 +57,8 @@ def main() -> None:
     blocks, batches = parse_ints(args.blocks, "--blocks"), parse_ints(args.batches, "--batches")
     threads_list = parse_ints(args.threads, "--threads")
     clusters = parse_choices(args.cluster, "--cluster", (1, 2, 4, 8))
-    exchanges = parse_choices(args.one_exchange, "--one-exchange", (0, 1))
-    caches = parse_choices(args.cache, "--cache", (0, 1, 2, 4, 8))
-    shapes = [(c, th, 0, k) for th in threads_list for c in clusters if c == 1 for k in caches]
-    shapes += [(c, th, x, k) for c in clusters if c > 1 for th in parse_ints(args.cluster_threads, "--cluster-threads")
-               for x in exchanges for k in caches]
+    shapes = [(c, th) for th in threads_list for c in clusters if c == 1]
+    shapes += [(c, th) for c in clusters if c > 1 for th in parse_ints(args.cluster_threads, "--cluster-threads")]
 
     import cupy
 
@@ -77,9 +71,9 @@ def main() -> None:
     print(f"# psa_estimated_stop alone: {gn} groups of {g} heads a request, block size {s}, "
           f"{args.launches} launches a graph, median of {args.reps}"
           + (", heads alike and the order sorted by their mean" if args.sorted else ", random order"))
-    print("| blocks | B | CTAs a group | threads | version | cache | µs a launch | leaving at once | difference "
+    print("| blocks | B | CTAs a group | threads | version | µs a launch | leaving at once | difference "
           "| first_len[0,0] |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in blocks:
         for b in batches:
             if args.sorted:
@@ -93,9 +87,8 @@ def main() -> None:
             order = cupy.asarray(order_np.astype(np.int32))
             lens = cupy.full((b,), n * s, dtype=cupy.int32)
             out = cupy.zeros((b, gn), dtype=cupy.int32)
-            for cl, threads, x1, k in shapes:
-                fn = _kernels.kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads,
-                                     es_one_exchange=x1, es_cache=k)
+            for cl, threads in shapes:
+                fn = _kernels.kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads)
 
                 def launch(tau, fn=fn, threads=threads, cl=cl):
                     fn((gn * cl, b), (threads,), (vals, order, lens, out, np.int32(gn * g), np.int32(n), np.int32(1),
@@ -112,8 +105,8 @@ def main() -> None:
                 with stream:
                     launch(0.95)
                     stream.synchronize()
-                version = "v2" if cl == 1 else "v6.1" if x1 else "v6"
-                print(f"| {n} | {b} | {cl} | {threads} | {version} | {k} | {times[0]:.2f} | {times[1]:.2f} | "
+                version = "v2" if cl == 1 else "v6"
+                print(f"| {n} | {b} | {cl} | {threads} | {version} | {times[0]:.2f} | {times[1]:.2f} | "
                       f"{times[0] - times[1]:.2f} | {int(out[0, 0])} |", flush=True)
 
 

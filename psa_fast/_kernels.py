@@ -1048,31 +1048,25 @@ ESTIMATED_STOP_CODES = {"ema": 0, "remaining": 1}
 # > 1: psa_estimated_stop v6, a group's order in slices over a cluster of this many CTAs (a power of two <= 8) of
 # ESTIMATED_STOP_CLUSTER_THREADS, where the groups' clusters fit the SMs and the longest request has at least
 # ESTIMATED_STOP_CLUSTER_MIN_BLOCKS blocks (estimated_stop_cluster); elsewhere v2, one CTA a group. v2's time is its
-# work on one SM a group (H100 s65: 8.5 µs at 2,048 blocks, 23.9 at 8,192); v6 spreads it and pays ~3 µs for its three
-# cluster barriers. H100 s65 (sorted order, one request of 8 groups, 8 CTAs of 256): 64 blocks 4.7 -> 7.6 µs, 2,048
-# 8.5 -> 8.5, 8,192 23.9 -> 12.7; per-head step at 128K B = 1 23.9 -> 12.6 (the "first chunk estimated_stop" row
-# 138.0 -> 126.6 µs, level with top-k at its error, 129.8); clusters of 2 at B = 8 lost (2,048: 8.6 -> 11.0). 1: v2
-# everywhere.
+# work on one SM a group; v6 spreads it and pays ~3 µs for its two cluster barriers. H100 s66 (sorted order, one
+# request of 8 groups, v2 on 512 threads, v6 on 8 CTAs of 256, both with the cached rewalk): 64 blocks 4.5 / 7.8 µs,
+# 2,048 7.2 / 8.3, 4,096 12.0 / 9.0, 8,192 20.7 / 10.2; per-head step at 128K B = 1 the estimated stop 10.3 µs (v2
+# 23.9 in s65) and the "first chunk estimated_stop" row 127.5 against top-k at its error 132.1; clusters of 2 at B = 8
+# lost (s65, 2,048: 8.6 -> 11.0). 1: v2 everywhere.
 ESTIMATED_STOP_CLUSTER = 8
 ESTIMATED_STOP_CLUSTER_THREADS = 256
 ESTIMATED_STOP_CLUSTER_MIN_BLOCKS = 4096
-# 1: v6.1, one cluster barrier fewer (each CTA's masses relative to its own maximum, the maxima sent with the folds and
-# each fold rescaled when composed); 0: v6 (the maxima exchanged first). Off until device_pending.sh s65d's A/B.
-ESTIMATED_STOP_ONE_EXCHANGE = 0
-# > 0: runs of up to this many positions keep the fold's masses in registers for the rewalk, and the tests multiply
-# instead of dividing (PSA_ES_CACHE; v2, v6 and v6.1 alike). Predicted (s65, NOTES): the work a position 1.27 -> ~0.8
-# µs, 2,048 blocks (v2) 8.5 -> ~6.6, 8,192 (v6) 12.7 -> ~11. 0: off, until device_pending.sh s65d's A/B.
-ESTIMATED_STOP_CACHE = 0
 
 
-def estimated_stop_cluster(groups: int, nmax: int) -> int:
-    """CTAs a group of psa_estimated_stop for ``groups`` (B x Gn) groups of up to ``nmax`` blocks:
-    ``ESTIMATED_STOP_CLUSTER`` (v6) where ``nmax >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS`` and ``groups x`` that many CTAs
-    fit the SMs (one Llama request of 8 groups from 64K tokens at block size 16; Gemma 3's one group), else 1 (v2)."""
-    if groups < 1 or nmax < 1:
-        raise ValueError(f"groups and nmax must be >= 1, got groups={groups}, nmax={nmax}")
+def estimated_stop_cluster(groups: int, blocks: int) -> int:
+    """CTAs a group of psa_estimated_stop for ``groups`` (B x Gn) groups whose longest request has ``blocks`` blocks:
+    ``ESTIMATED_STOP_CLUSTER`` (v6) where ``blocks >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS`` and ``groups x`` that many
+    CTAs fit the SMs (one Llama request of 8 groups from 64K tokens at block size 16; Gemma 3's one group), else 1
+    (v2)."""
+    if groups < 1 or blocks < 1:
+        raise ValueError(f"groups and blocks must be >= 1, got groups={groups}, blocks={blocks}")
     cl = ESTIMATED_STOP_CLUSTER
-    if cl > 1 and nmax >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS and groups * cl <= num_sms():
+    if cl > 1 and blocks >= ESTIMATED_STOP_CLUSTER_MIN_BLOCKS and groups * cl <= num_sms():
         return cl
     return 1
 
@@ -1090,14 +1084,12 @@ def estimated_stop_chunk(vals, order_arr, seq_lens, first_len, *, s, g, hq, nmax
 
     b, gn = first_len.shape
     cl = estimated_stop_cluster(b * gn, nmax if blocks is None else max(1, min(int(blocks), nmax)))
-    cache = {"es_cache": ESTIMATED_STOP_CACHE} if ESTIMATED_STOP_CACHE else {}  # (off: the build's options as before)
     if cl > 1:
         threads = ESTIMATED_STOP_CLUSTER_THREADS
-        fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads,
-                    es_one_exchange=ESTIMATED_STOP_ONE_EXCHANGE, **cache)
+        fn = kernel("estimated_stop", d=16, s=s, g=g, cluster=cl, es_threads=threads)
     else:
         threads = ESTIMATED_STOP_THREADS
-        fn = kernel("estimated_stop", d=16, s=s, g=g, **cache)
+        fn = kernel("estimated_stop", d=16, s=s, g=g)
     fn((gn * cl, b), (threads,), (vals, order_arr, seq_lens, first_len, np.int32(hq), np.int32(nmax), np.int32(forced),
                                   np.float32(threshold), np.float32(EMA_WEIGHT), np.int32(ESTIMATED_STOP_CODES[stop]),
                                   np.float32(margin)))

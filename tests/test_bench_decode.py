@@ -602,19 +602,19 @@ def test_estimated_stop_cluster_only_where_it_paid(monkeypatch):
     monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CLUSTER", 1)
     assert _kernels.estimated_stop_cluster(8, 8192) == 1
     for bad in ((0, 8192), (8, 0)):
-        with pytest.raises(ValueError, match="groups and nmax"):
+        with pytest.raises(ValueError, match="groups and blocks"):
             _kernels.estimated_stop_cluster(*bad)
 
 
 def test_exp_estimated_stop_time_checks_its_versions():
-    """benchmarks/exp_estimated_stop_time.py: --cluster takes 1, 2, 4, 8 and --one-exchange 0, 1; anything else is
-    refused with the option's name (0 is a value here, which bench_decode's parse_ints would refuse)."""
+    """benchmarks/exp_estimated_stop_time.py: --cluster takes 1, 2, 4, 8; anything else is refused with the option's
+    name (parse_choices also takes 0 where it is allowed, which bench_decode's parse_ints would refuse)."""
     import exp_estimated_stop_time as es
 
     assert es.parse_choices("1, 8", "--cluster", (1, 2, 4, 8)) == [1, 8]
-    assert es.parse_choices("0,1", "--one-exchange", (0, 1)) == [0, 1]
+    assert es.parse_choices("0,1", "--flag", (0, 1)) == [0, 1]
     for text, name, allowed in (("3", "--cluster", (1, 2, 4, 8)), ("", "--cluster", (1, 2, 4, 8)),
-                                ("0,v6", "--one-exchange", (0, 1)), ("2", "--one-exchange", (0, 1))):
+                                ("0,v6", "--flag", (0, 1)), ("2", "--flag", (0, 1))):
         with pytest.raises(ValueError, match=name):
             es.parse_choices(text, name, allowed)
 
@@ -640,14 +640,6 @@ def test_estimated_stop_launch_follows_the_longest_request(monkeypatch):
         launches.clear()
         _kernels.estimated_stop_chunk(None, None, None, first_len, blocks=blocks, **common)
         assert launches == [want], blocks
-    # the cached rewalk's switch reaches both builds' options only when on (off, v2's options are as before)
-    options = []
-    monkeypatch.setattr(_kernels, "kernel", lambda name, **opts: (options.append(opts), lambda *a: None)[1])
-    for cache, blocks in ((0, 2048), (0, 8192), (4, 2048), (4, 8192)):
-        monkeypatch.setattr(_kernels, "ESTIMATED_STOP_CACHE", cache)
-        _kernels.estimated_stop_chunk(None, None, None, first_len, blocks=blocks, **common)
-    assert [o.get("es_cache") for o in options] == [None, None, 4, 4]
-    assert "es_one_exchange" not in options[0] and options[1]["cluster"] == 8
 
 
 def test_default_launch_shape_of_the_split_build(monkeypatch):
@@ -2084,20 +2076,20 @@ def test_estimated_stop_emulation_gives_the_reference_first_chunk():
 
 @pytest.mark.parametrize("cluster, threads", [(2, 3), (8, 8), (8, 1)])
 def test_estimated_stop_emulation_in_slices_gives_the_reference_first_chunk(cluster, threads):
-    """benchmarks/emu_estimated_stop.py: v6's slices (the group's maximum as every slice's reference) and v6.1's (each
-    slice relative to its own maximum, the folds rescaled to the largest of the ranks so far when composed) give
-    psa_ref's first chunk on every random group (float64). When written, leaving out the rescaling of a slice's threads'
-    prefixes made 75 of 300 groups differ (8 slices of 8 threads, seed 1), so the comparison can fail."""
+    """benchmarks/emu_estimated_stop.py: v6's slices (each relative to its own maximum, the folds rescaled to the
+    largest of the ranks so far when composed) give psa_ref's first chunk on every random group (float64). When
+    written, leaving out the rescaling of a slice's threads' prefixes made 75 of 300 groups differ (8 slices of 8
+    threads, seed 1), so the comparison can fail."""
     import emu_estimated_stop as emu
 
-    assert emu.compare(120, threads, 3, cluster, one_exchange=False) == 0
-    assert emu.compare(120, threads, 4, cluster, one_exchange=True) == 0
+    assert emu.compare(120, threads, 3, cluster) == 0
+    assert emu.compare(120, threads, 4, cluster) == 0
     # ascending masses: every rank's maximum exceeds the ones before it, so each composition rescales
     x = np.log(np.array([[0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0]]))
     from psa_ref.progressive import estimated_stop_first_chunk
 
     want = estimated_stop_first_chunk(x, np.arange(8), 0, np.ones(8), 0.9, "remaining", margin=1.0)
-    assert emu.emulate_cluster(x, 8, 0, 0.9, "remaining", 1.0, threads, cluster, one_exchange=True) == want
+    assert emu.emulate_cluster(x, 8, 0, 0.9, "remaining", 1.0, threads, cluster) == want
 
 
 # --- exp_first_decisions.py: decisions by first chunk on the drawn profiles (CPU) ---------------------------------

@@ -26,10 +26,16 @@
 // runs showed instead: the time is work on one SM a group, not waiting (a window of 1,024 threads cost 1.27x one of
 // 512, and v2's time a position grows with its CTA: ~1 instruction-cycle a position and head in all).
 // v6 (PSA_CLUSTER > 1, _kernels.ESTIMATED_STOP_CLUSTER) spreads that work: the group's order in PSA_CLUSTER slices,
-// one a CTA of a cluster, each CTA v2 on its slice, with three exchanges over distributed shared memory (each
-// cluster_sync): the heads' maxima (every CTA takes the group's), each slice's fold (each CTA composes those of the
-// ranks before it, in rank order, before its threads' prefixes), and each CTA's candidate (into rank 0, which takes
+// one a CTA of a cluster, each CTA v2 on its slice relative to its own maxima, with two exchanges over distributed
+// shared memory (each a cluster_sync): each slice's maxima and fold (each CTA takes the largest maximum of the ranks
+// up to its own as its reference and composes the folds of the ranks before it, each scaled by exp(its maximum -
+// that), in rank order, before its threads' prefixes, also scaled), and each CTA's candidate (into rank 0, which takes
 // the least). The sums are composed in another grouping than v2's (float32: the same tolerance against psa_ref).
+// H100 s65 / s66, alone, one request of 8 groups, sorted: v6 with a third exchange (the maxima first) 64 blocks 7.6 µs
+// (v2 4.7), 2,048 8.5 (8.5), 8,192 12.6 (24.0); without it (v6.1, this code) 7.4 / 8.2 / 11.7, 4,096 9.4 (v2 13.6).
+// Every version's rewalk keeps the fold's masses in registers where a thread's run has at most PSA_ES_CACHE positions
+// (no second load and exponential a position and head), and every test multiplies instead of dividing (below): s66,
+// v2 2,048 blocks 8.5 -> 7.2 µs, 8,192 24.0 -> 20.7; v6.1 8,192 11.7 -> 10.2.
 //   vals       [B, Hq, Nmax] float: each query head's estimate s_j of every block (the plan's per-head estimates)
 //   order      [B, Gn, Nmax] int: the group's processing order (forced blocks first)
 //   seq_lens   [B] int: tokens of each request (n = ceil(len / PSA_S) blocks; the last may be partial)
@@ -41,15 +47,9 @@
 #define PSA_ES_THREADS 512  // _kernels.ESTIMATED_STOP_THREADS (an experiment may define another)
 #endif
 #define PSA_ES_WARPS (PSA_ES_THREADS / 32)
-#ifndef PSA_ES_CACHE
-// > 0 (_kernels.ESTIMATED_STOP_CACHE): a thread whose run has at most this many positions keeps the fold's masses in
-// registers for the rewalk (no second load and exponential a position and head), and every test multiplies instead of
-// dividing, s (1 - tau) >= tau N_left rest with s > 0 (the division's 0 / 0 is false); 0: v2's rewalk
-#define PSA_ES_CACHE 0
-#endif
-#ifndef PSA_ES_ONE_EXCHANGE
-#define PSA_ES_ONE_EXCHANGE 0  // v6.1 (_kernels.ESTIMATED_STOP_ONE_EXCHANGE): the maxima travel with the folds
-#endif
+// a thread whose run has at most this many positions keeps the fold's masses in registers for the rewalk (4 floats a
+// head: 2,048 blocks over 512 threads, 8,192 over a cluster of 8 CTAs of 256)
+#define PSA_ES_CACHE 4
 static_assert(PSA_ES_WARPS <= 32, "psa_estimated_stop: one warp scans the warps' totals");
 
 // Running state of a prefix: attended mass, the moving average as the affine map (a, b), the lightest mass.
@@ -71,14 +71,11 @@ __device__ __forceinline__ EsState es_push(const EsState& st, int i, float m, fl
 }
 
 // The loop's test at a boundary after the position this state ends at, n_left blocks after it: AS_acc / (AS_acc +
-// N_left rest) >= tau, rest the moving average (stop 0, ema) or the lightest mass (1, remaining).
+// N_left rest) >= tau, rest the moving average (stop 0, ema) or the lightest mass (1, remaining), multiplied out:
+// s (1 - tau) >= tau N_left rest with s > 0 (the division's 0 / 0 is false).
 __device__ __forceinline__ bool es_holds(const EsState& st, float n_left, int stop, float threshold) {
     const float rest = stop == 0 ? st.b : st.mn;
-#if PSA_ES_CACHE
     return st.s > 0.f && st.s * (1.f - threshold) >= threshold * (n_left * rest);
-#else
-    return st.s / (st.s + n_left * rest) >= threshold;
-#endif
 }
 
 __device__ __forceinline__ EsState es_shfl_up(const EsState& v, int off) {
@@ -132,8 +129,8 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
     __shared__ int warp_best[PSA_ES_WARPS];
 #if PSA_CLUSTER > 1
     // v6: the group's order in PSA_CLUSTER slices, one a CTA of the cluster (rank r: positions [p0, p1)); what the
-    // CTAs exchange: their heads' maxima, their slices' folds (each CTA composes those of the ranks before it), and
-    // their candidates (written into rank 0's cta_best)
+    // CTAs exchange: their heads' maxima with their slices' folds (each CTA composes those of the ranks before it),
+    // then their candidates (written into rank 0's cta_best)
     __shared__ float cta_top[PSA_G];
     __shared__ __align__(16) EsState cta_tot[PSA_G];
     __shared__ int cta_best[PSA_CLUSTER];
@@ -200,35 +197,21 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) top[h] = fmaxf(top[h], __shfl_xor_sync(0xffffffffu, top[h], off));
     }
-#if PSA_CLUSTER > 1 && PSA_ES_ONE_EXCHANGE
-    // (v6.1: each CTA's masses relative to its own maximum, a finite reference even for a slice of -inf estimates;
-    // the maxima travel with the folds)
+#if PSA_CLUSTER > 1
+    // (each CTA's masses relative to its own maximum, a finite reference even for a slice of -inf estimates; the
+    // maxima travel with the folds)
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) {
         if (t == 0) cta_top[h] = top[h];
         if (top[h] == -PSA_INF) top[h] = 0.f;
-    }
-#elif PSA_CLUSTER > 1
-    // the group's maximum: lane r reads rank r's
-    if (t == 0)
-#pragma unroll
-        for (int h = 0; h < PSA_G; ++h) cta_top[h] = top[h];
-    cluster_sync();
-#pragma unroll
-    for (int h = 0; h < PSA_G; ++h) {
-        float m = lane < PSA_CLUSTER ? dsmem_load(&cta_top[h], lane) : -PSA_INF;
-#pragma unroll
-        for (int off = PSA_CLUSTER / 2; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-        top[h] = __shfl_sync(0xffffffffu, m, 0);
     }
 #endif
     // 1. this thread's fold of its run, every head
     EsState st[PSA_G];
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) st[h] = es_identity();
-#if PSA_ES_CACHE
     float mc[PSA_ES_CACHE][PSA_G];  // the fold's masses where the run fits (R <= PSA_ES_CACHE), for the rewalk
-    float rescale[PSA_G];           // what the rewalk multiplies them by (v6.1: its reference moves)
+    float rescale[PSA_G];           // what the rewalk multiplies them by (v6: its reference moves)
 #pragma unroll
     for (int h = 0; h < PSA_G; ++h) rescale[h] = 1.f;
     if (R <= PSA_ES_CACHE) {
@@ -245,13 +228,13 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
                 }
             }
         }
-    } else
-#endif
-    for (int i = i0; i < i1; ++i) {
-        float x[PSA_G];
-        x_at(i, x);
+    } else {
+        for (int i = i0; i < i1; ++i) {
+            float x[PSA_G];
+            x_at(i, x);
 #pragma unroll
-        for (int h = 0; h < PSA_G; ++h) st[h] = es_push(st[h], i, expf(x[h] - top[h]), keep, ema_w);
+            for (int h = 0; h < PSA_G; ++h) st[h] = es_push(st[h], i, expf(x[h] - top[h]), keep, ema_w);
+        }
     }
     // 2. the prefix of everything before this thread: the earlier lanes, then the earlier warps
 #pragma unroll
@@ -272,7 +255,7 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
         if (t == 0) cta_tot[h] = slice;
 #endif
     }
-#if PSA_CLUSTER > 1 && PSA_ES_ONE_EXCHANGE
+#if PSA_CLUSTER > 1
     // the slices of the ranks before this one, composed in rank order (lane r < rank: rank r's), before every
     // thread's prefix, all relative to the largest maximum of ranks 0..rank (each rank's fold scaled by exp(its
     // maximum - that), this CTA's threads' prefixes too); the rewalk's masses then take that reference
@@ -294,28 +277,11 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
         const float c = own == -PSA_INF ? 0.f : expf(own - ref);
         st[h] = es_then(pre, es_scaled(st[h], c));
         top[h] = ref == -PSA_INF ? 0.f : ref;
-#if PSA_ES_CACHE
         rescale[h] = c;
-#endif
-    }
-#elif PSA_CLUSTER > 1
-    // the slices of the ranks before this one, composed in rank order (lane r < rank: rank r's), before every
-    // thread's prefix
-    cluster_sync();
-#pragma unroll
-    for (int h = 0; h < PSA_G; ++h) {
-        EsState pre = es_identity();
-        if (lane < (int)rank) {
-            const float4 x = dsmem_load4(reinterpret_cast<const float4*>(&cta_tot[h]), lane);
-            pre = EsState{x.x, x.y, x.z, x.w};
-        }
-        pre = es_shfl(es_cluster_scan(pre, lane), PSA_CLUSTER - 1);
-        st[h] = es_then(pre, st[h]);
     }
 #endif
     // 3. rewalk: each position's test, as the loop's at a boundary after it; the first that every head passes
     int mine = n;
-#if PSA_ES_CACHE
     if (R <= PSA_ES_CACHE) {
 #pragma unroll
         for (int k = 0; k < PSA_ES_CACHE; ++k) {
@@ -330,20 +296,20 @@ psa_estimated_stop(const float* __restrict__ vals, const int* __restrict__ order
                 if (holds && i >= f) mine = i;
             }
         }
-    } else
-#endif
-    for (int i = i0; i < i1; ++i) {
-        float x[PSA_G];
-        x_at(i, x);
-        bool holds = true;
+    } else {
+        for (int i = i0; i < i1; ++i) {
+            float x[PSA_G];
+            x_at(i, x);
+            bool holds = true;
 #pragma unroll
-        for (int h = 0; h < PSA_G; ++h) {
-            st[h] = es_push(st[h], i, expf(x[h] - top[h]), keep, ema_w);
-            holds = holds && es_holds(st[h], (float)(n - 1 - i), stop, threshold);
-        }
-        if (holds && i >= f) {
-            mine = i;
-            break;
+            for (int h = 0; h < PSA_G; ++h) {
+                st[h] = es_push(st[h], i, expf(x[h] - top[h]), keep, ema_w);
+                holds = holds && es_holds(st[h], (float)(n - 1 - i), stop, threshold);
+            }
+            if (holds && i >= f) {
+                mine = i;
+                break;
+            }
         }
     }
     mine = __reduce_min_sync(0xffffffffu, mine);
