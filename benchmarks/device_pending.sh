@@ -3189,6 +3189,26 @@ if [ "$PART" = s64f ]; then
   done
   exit 0
 fi
+if [ "$PART" = s66b ]; then
+  # Sixty-sixth session (branch wip/speculate-first): s64f again without the cache flush. s64f (H100 s66) had the
+  # speculative attend at 25.63 µs against top-k's split build at k = 717 24.77 under ncu's default cache control
+  # (every cache flushed before the launch), while the graph had 26.8 against 22.1. Here ncu leaves the caches as the
+  # kernels before it left them (--cache-control none) and skips past a warm-up step, so the two see the L2 the
+  # graph gives them. Predicted: top-k's build ~22-23 µs with L2 hits on the order and table, the spec build ~26;
+  # then the source counters say which loads of the spec build's start miss. ~3 minutes.
+  cd benchmarks
+  for v in "ema+stop:sfirst psa_decode_spec" "topk ^psa_decode$"; do
+    set -- $v
+    timeout 80 ncu --clock-control none --cache-control none -k "regex:$2" --launch-skip 4 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
+        --section SourceCounters --print-details all \
+        python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 --variants "$1" \
+        --topk 717 --steps 3 --layers 1 --no-profiler --out "$OUT" > "$OUT/ncu_s66b_${1%%[:+]*}.txt" 2>&1
+    echo "$1 ncu rc=$?"; grep -E "Duration|L2 Hit|Issue Active|Stall (Long|Wait|Barrier)" \
+        "$OUT/ncu_s66b_${1%%[:+]*}.txt" | head -12
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
