@@ -3209,6 +3209,31 @@ if [ "$PART" = s66b ]; then
   done
   exit 0
 fi
+if [ "$PART" = s67a ]; then
+  # Sixty-seventh session (branch wip/speculate-first): the first ranked chunks in contiguous pieces, shared out by
+  # the groups' blocks over one wave of CTAs (_kernels.SPEC_BALANCE 1), against as many pieces a group (0; s64's
+  # share-out, now contiguous). CPU (exp_first_decisions.py): with the estimated stop the busiest of one per-head
+  # request's 8 groups reads 1.81x the mean, and s64's attend (16 pieces a group) took 26.8 µs where top-k's split
+  # build takes ~21 at the same share. Predicted (H100, per-head 32K B = 1, kernels): the speculative attend ~17-19
+  # µs balanced (~26-27 not), the verify 6-8 (up to 64 pieces to combine), ema+stop:sfirst 58 -> ~50 against the
+  # loop's ~52 and top-k at its error ~42. First the speculation GPU tests (the new one checks the device's piece
+  # counts against the host's mirror). ~7 minutes.
+  timeout 330 python3 -m pytest -q -p no:cacheprovider -W ignore -rf tests/test_fast.py \
+      -k "first_chunk or speculat or pieces" > "$OUT/t_s67a.log" 2>&1
+  echo "GPU tests (speculation) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s67a.log" | tail -8
+  cd benchmarks
+  for bal in 1 0 1; do
+    echo "== SPEC_BALANCE $bal"
+    timeout 100 python3 -c "import runpy, sys; from psa_fast import _kernels; _kernels.SPEC_BALANCE = $bal; \
+sys.argv = ['profile_decode_step.py', '--per-head', '--shape', 'llama8b', '--size', '32768', '--batches', '1', \
+'--variants', 'ema+stop,ema+stop:sfirst', '--topk', '1043', '--out', '$OUT']; \
+runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn | tee "$OUT/s67a_bal$bal.txt" \
+        | grep -E "^T=|psa_" | head -30
+  done
+  timeout 60 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 --variants topk \
+      --topk 717 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s67a_717.txt" | grep -E "^T=|psa_" | head -12
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

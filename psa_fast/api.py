@@ -138,13 +138,14 @@ class DecodePlan:
             (``DecodeOutput.num_speculated``). Pays with one or few KV heads and many chunks (docs/gpu.md);
             memory: ``[B, Hq, chunks, D + 4]`` float32 partials. Not with ``stop="certified"``.
             ``"first_chunk"`` (with ``first_chunk`` an integer, ``"predicted"`` or ``"estimated_stop"``):
-            exactly the forced chunk and the first ranked chunk are speculated, each by several CTAs (pieces:
-            ``_kernels.spec_pieces``, about one wave over the SMs between the groups, as the split build's splits
-            for top-k), with no pass over the estimates to size them; the verifier decides after each, and groups
-            whose rule has not held go on in the loop at the plan's own ``step``. The plain loop's blocks and
-            stop with that ``first_chunk``, up to float rounding. Made so that one request's large first chunk
-            (``"estimated_stop"``: a group's usual stop) is read over every SM, not its cluster's; on an H100 it
-            is level with the loop at one request so far (benchmarks/NOTES.md, sixty-fourth session).
+            exactly the forced chunk and the first ranked chunk are speculated, the latter in pieces (one wave
+            of CTAs over the SMs, shared out by the groups' first chunks' blocks: ``_kernels.spec_share``; as the
+            split build's splits for top-k), with no pass over the estimates to size them; the verifier decides
+            after each, and groups whose rule has not held go on in the loop at the plan's own ``step``. The
+            plain loop's blocks and stop with that ``first_chunk``, up to float rounding. Made so that one
+            request's large first chunk (``"estimated_stop"``: a group's usual stop) is read over every SM, not
+            its cluster's; on an H100 it was level with the loop at one request with as many pieces a group
+            (benchmarks/NOTES.md, sixty-fourth session).
         speculate_extra: with a margin ``speculate``, the blocks speculated past ``m`` x the predicted ones (default
             ``step``: one chunk). A group the speculation leaves short resumes chunk by chunk, a barrier
             each; a few more chunks cost little and leave fewer groups short (benchmarks/NOTES.md,
@@ -337,11 +338,13 @@ class DecodePlan:
         # the loop's state after the speculated chunks (for the resumed loop)
         self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = self.spec_items = None
         self.spec_pieces = 1
+        self._spec_share = None
         if self.speculate is not None:
             forced = self.sink_blocks + self.recent_blocks
             if self._spec_first:  # the forced chunk and the first ranked one, each in pieces; no list, no spec_len
                 self.spec_chunks = (forced > 0) + 1
-                self.spec_pieces = _kernels.spec_pieces(b * self.gn)
+                self._spec_share = _kernels.spec_share(b * self.gn, forced > 0)
+                self.spec_pieces = self._spec_share.pmax
                 self.spec_warps = self.warps
             else:
                 self.spec_chunks = (forced > 0) + (self.first_chunk is not None) + -(-nmax // self.step)
@@ -569,7 +572,7 @@ class DecodePlan:
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,
                                                                   self.spec_warps, self.spec_items),
-                        spec_pieces=self.spec_pieces, **self._shape())
+                        spec_pieces=self._spec_share, **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, num_used, self.iterations, self.reason,
                             self.mass_estimate, None if self.istate is None else self.istate[..., 3])
 

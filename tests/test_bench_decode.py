@@ -1042,18 +1042,53 @@ def test_spec_pieces_give_the_groups_about_one_wave(monkeypatch):
         assert p == 1 or n * p <= 132  # never more than one wave of CTAs a chunk
 
 
+def test_spec_share_fills_one_wave_and_shares_it_by_blocks(monkeypatch):
+    """speculate="first_chunk" with SPEC_BALANCE: one wave of CTAs (an SM each) less a CTA a group for the forced
+    chunks, at least one a group, the rest shared by blocks; without it every group's chunk takes spec_pieces. The
+    host's mirror of the device's count (spec_ranked_pieces) gives every group 1 to pmax pieces and never more than
+    its blocks, fits the CTAs, and cuts no uncapped group's chunk into pieces longer than W / extra blocks (the busiest
+    group's pieces as long as the rest's)."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert _kernels.spec_share(8, True) == (132, 64, 116)
+    assert _kernels.spec_share(8, False) == (132, 64, 124)
+    assert _kernels.spec_share(100, False) == (132, 33, 32)
+    assert _kernels.spec_share(256, True) == (512, 1, 0)  # more groups than SMs: a CTA a chunk
+    monkeypatch.setattr(_kernels, "SPEC_BALANCE", 0)
+    assert _kernels.spec_share(8, True) == (8 + 8 * 16, 16, -1)
+    np.testing.assert_array_equal(_kernels.spec_ranked_pieces([5, 40, 0], -1, 16), [5, 16, 1])
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        groups = int(rng.integers(1, 140))
+        forced = bool(rng.integers(0, 2))
+        monkeypatch.setattr(_kernels, "SPEC_BALANCE", 1)
+        ctas, pmax, extra = _kernels.spec_share(groups, forced)
+        w = rng.integers(0, 3000, groups) * (rng.random(groups) < 0.9)
+        p = _kernels.spec_ranked_pieces(w, extra, pmax)
+        assert p.min() >= 1 and p.max() <= pmax and np.all((p <= w) | (w == 0))
+        assert p.sum() + (groups if forced else 0) <= ctas
+        free = (p < pmax) & (p < w)
+        if w.sum() > 0 and extra > 0:
+            assert np.all(w[free] / p[free] < w.sum() / extra)
+
+
 def test_decode_refuses_pieces_with_a_list_of_chunks():
-    """The speculative build's pieces run on the full grid: with psa_spec_len's compact list, or a partial buffer that
-    does not hold chunks x pieces entries a head, decode() raises before any launch."""
+    """The speculative build's pieces run with no spec_len and no list: with psa_spec_len's compact list or a spec_len,
+    a null spec_len without pieces, or a partial buffer that does not hold chunks x pieces entries a head, decode()
+    raises before any launch."""
     from psa_fast import _kernels
 
     q = np.zeros((1, 4, 64), np.float32)
     common = dict(d=64, s=16, g=4, hq=4, hkv=1, nmax=8, stop="ema", threshold=0.9, step=8, forced=0, cluster=1)
     partial = np.zeros((1, 4, 2 * 4, 68), np.float32)  # 2 chunks x 4 pieces
-    items = np.zeros(8, np.int32)
-    for spec, pieces, says in (((None, partial, None, None, 2, None, 8, items), 4, "no list of chunks"),
-                               ((None, partial, None, None, 2, None, 8, None), 0, "spec_pieces"),
-                               ((None, partial, None, None, 2, None, 8, None), 2, "need 4")):
+    items, lens = np.zeros(8, np.int32), np.zeros((1, 1), np.int32)
+    four, two = _kernels.SpecShare(8, 4, 4), _kernels.SpecShare(4, 2, 2)
+    for spec, pieces, says in (((None, partial, None, None, 2, None, 8, items), four, "no list of chunks"),
+                               ((lens, partial, None, None, 2, None, 8, None), four, "spec_len given: True"),
+                               ((None, partial, None, None, 2, None, 8, None), None, "spec_len given: False"),
+                               ((None, partial, None, None, 2, None, 8, None), _kernels.SpecShare(4, 0, 0), "pmax must be"),
+                               ((None, partial, None, None, 2, None, 8, None), two, "need 4")):
         with pytest.raises(ValueError, match=says):
             _kernels.decode(q, np.zeros(1, np.float16), *[None] * 10, **common, q_mma=q, spec=spec,
                             spec_pieces=pieces)

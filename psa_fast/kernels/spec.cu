@@ -16,8 +16,9 @@
 // output then needs one pass over the partials: the verifier's running max and mass are the merge's.
 //   partial    [B, Hq, Cmax, PSA_SPEC_PIECES, PSA_D + 4] float: per chunk (and piece) O[D] (unnormalised), max
 //              logit, mass relative to it, min log block mass, moving-average terms (psa_decode's PSA_SPEC build);
-//              a chunk's pieces are combined in piece order first (combine_stats, as the loop combines a cluster's
-//              CTAs), then the chunks are folded as below
+//              a chunk's pieces (the forced chunk one, the first ranked chunk as many as verifier.cuh's
+//              spec_pieces_of gives with `spec_extra`) are combined in piece order first (combine_stats, as the loop
+//              combines a cluster's CTAs), then the chunks are folded as below
 //   spec_len   [B, Gn] int: the speculated positions (psa_spec_len), or null: each group's forced and first ranked
 //              chunks (DecodePlan(speculate="first_chunk"))
 //   log_suffix, ordered, lmass, first_len: as psa_decode
@@ -57,13 +58,13 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
                 float* __restrict__ mass_est, int* __restrict__ istate, float* __restrict__ vstate, int Hq, int Nmax,
                 int Cmax, int stop, float threshold, int step, int forced, float ema_w, float sketch_share,
-                int sketch_window, int* __restrict__ spec_total
+                int sketch_window, int* __restrict__ spec_total, int spec_extra
 #if PSA_VERIFY_CLOCK
                 , long long* __restrict__ clocks
 #endif
                 ) {
     constexpr int PW = PSA_D + 4;  // floats per chunk (piece) and head in `partial`
-    constexpr int P = PSA_SPEC_PIECES;
+    constexpr int P = PSA_SPEC_PIECES;  // the partials' entries a chunk
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     PSA_CLOCK(t_start);
@@ -81,6 +82,15 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     const float next_share = stop == PSA_STOP_SKETCH_AVG ? sketch_share / (float)n : sketch_share;
     const float log_keep = __logf(1.f - ema_w);
     const long row0 = (long)b * Hq + h0;  // the group's first head
+    // Pieces: the first ranked chunk's (the attend's count, from every group's blocks); every other chunk has one
+    __shared__ int s_pieces;
+    if (P > 1 && threadIdx.x < 32) {
+        const long long total = spec_blocks_total(first_len, seq_lens, Gn * gridDim.y, Gn, forced);
+        if (threadIdx.x == 0) s_pieces = spec_pieces_of(first2 - first, total, spec_extra, P);
+    }
+    __syncthreads();
+    const int ranked_pieces = P > 1 ? s_pieces : 1;
+    auto pieces_of = [&](int c) { return c == (first > 0) ? ranked_pieces : 1; };  // chunk c's
 
     // Per chunk of the window and head: tm, ts, tmin, te, log_tail, w_true, w_sketch, next_sketch; per chunk
     // its end; per head the window's decisions as a bit mask.
@@ -105,15 +115,15 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             if (lane < PSA_G) {  // lane h: head h's partial statistics (its pieces' combined) and tail
                 const float* pc = partial + ((row0 + lane) * Cmax + c) * P * PW + PSA_D;
                 float4 x = __ldcg(reinterpret_cast<const float4*>(pc));
+                const int pn = pieces_of(c);
+                for (int p0 = 1; p0 < pn; p0 += 4) {  // 4 pieces' loads issued before they are combined in order
+                    float4 xp[4];
 #pragma unroll
-                for (int p0 = 1; p0 < P; p0 += 8) {  // 8 pieces' loads issued before they are combined in order
-                    float4 xp[8];
+                    for (int k = 0; k < 4; ++k)
+                        if (p0 + k < pn) xp[k] = __ldcg(reinterpret_cast<const float4*>(pc + (p0 + k) * PW));
 #pragma unroll
-                    for (int k = 0; k < 8; ++k)
-                        if (p0 + k < P) xp[k] = __ldcg(reinterpret_cast<const float4*>(pc + (p0 + k) * PW));
-#pragma unroll
-                    for (int k = 0; k < 8; ++k)
-                        if (p0 + k < P) x = combine_stats(x, xp[k]);
+                    for (int k = 0; k < 4; ++k)
+                        if (p0 + k < pn) x = combine_stats(x, xp[k]);
                 }
                 const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
                 st[warp][lane][0] = x.x;
@@ -209,11 +219,14 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
         const float M = last < 0 ? -PSA_INF : s_M[h], L = last < 0 ? 0.f : s_L[h];
         float O = 0.f;
         if (M != -PSA_INF) {
+            for (int c = 0; c <= last; ++c) {  // every piece of chunks 0 .. last
+                const int pn = pieces_of(c);
 #pragma unroll 8
-            for (int c = 0; c < (last + 1) * P; ++c) {  // (every piece of chunks 0 .. last)
-                const float m = __ldcg(pr + c * PW + PSA_D);
-                const float o = __ldcg(pr + c * PW + d);
-                O += m == -PSA_INF ? 0.f : o * __expf(m - M);
+                for (int p = 0; p < pn; ++p) {
+                    const float m = __ldcg(pr + (c * P + p) * PW + PSA_D);
+                    const float o = __ldcg(pr + (c * P + p) * PW + d);
+                    O += m == -PSA_INF ? 0.f : o * __expf(m - M);
+                }
             }
         }
         if (why >= 0) {
