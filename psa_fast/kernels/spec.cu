@@ -82,15 +82,17 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     const float next_share = stop == PSA_STOP_SKETCH_AVG ? sketch_share / (float)n : sketch_share;
     const float log_keep = __logf(1.f - ema_w);
     const long row0 = (long)b * Hq + h0;  // the group's first head
+#if PSA_SPEC_PIECES > 1
     // Pieces: the first ranked chunk's (the attend's count, from every group's blocks); every other chunk has one
     __shared__ int s_pieces;
-    if (P > 1 && threadIdx.x < 32) {
+    if (threadIdx.x < 32) {
         const long long total = spec_blocks_total(first_len, seq_lens, Gn * gridDim.y, Gn, forced);
         if (threadIdx.x == 0) s_pieces = spec_pieces_of(first2 - first, total, spec_extra, P);
     }
     __syncthreads();
-    const int ranked_pieces = P > 1 ? s_pieces : 1;
+    const int ranked_pieces = s_pieces;
     auto pieces_of = [&](int c) { return c == (first > 0) ? ranked_pieces : 1; };  // chunk c's
+#endif
 
     // Per chunk of the window and head: tm, ts, tmin, te, log_tail, w_true, w_sketch, next_sketch; per chunk
     // its end; per head the window's decisions as a bit mask.
@@ -112,19 +114,45 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             const int c = c0 + warp;
             const int end = chunk_end(chunk_start(c, first, first2, step), first, first2, step, n);
             if (lane == 0) s_end[warp] = end;
-            if (lane < PSA_G) {  // lane h: head h's partial statistics (its pieces' combined) and tail
-                const float* pc = partial + ((row0 + lane) * Cmax + c) * P * PW + PSA_D;
-                float4 x = __ldcg(reinterpret_cast<const float4*>(pc));
-                const int pn = pieces_of(c);
-                for (int p0 = 1; p0 < pn; p0 += 4) {  // 4 pieces' loads issued before they are combined in order
+#if PSA_SPEC_PIECES > 1
+            // Pieces: J lanes a head, lane j combining the chunk's pieces j, j + J, ... in order (loads four at a
+            // time), then the head's lanes combined pairwise at growing distances (lane j with j + 1, then j + 2 ...)
+            constexpr int J = 32 / PSA_G;
+            const int hp = lane / J, j = lane % J, pn = pieces_of(c);
+            float4 x = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);  // no piece yet
+            if (hp < PSA_G) {
+                const float* pc = partial + ((row0 + hp) * Cmax + c) * P * PW + PSA_D;
+                for (int p0 = j; p0 < pn; p0 += 4 * J) {
                     float4 xp[4];
 #pragma unroll
                     for (int k = 0; k < 4; ++k)
-                        if (p0 + k < pn) xp[k] = __ldcg(reinterpret_cast<const float4*>(pc + (p0 + k) * PW));
+                        if (p0 + k * J < pn) xp[k] = __ldcg(reinterpret_cast<const float4*>(pc + (p0 + k * J) * PW));
 #pragma unroll
                     for (int k = 0; k < 4; ++k)
-                        if (p0 + k < pn) x = combine_stats(x, xp[k]);
+                        if (p0 + k * J < pn) x = combine_stats(x, xp[k]);
                 }
+            }
+#pragma unroll
+            for (int off = 1; off < J; off <<= 1) {
+                float4 y;
+                y.x = __shfl_down_sync(0xffffffffu, x.x, off);
+                y.y = __shfl_down_sync(0xffffffffu, x.y, off);
+                y.z = __shfl_down_sync(0xffffffffu, x.z, off);
+                y.w = __shfl_down_sync(0xffffffffu, x.w, off);
+                if (j % (2 * off) == 0 && j + off < J) x = combine_stats(x, y);
+            }
+            if (hp < PSA_G && j == 0) {  // head hp's partial statistics (its pieces' combined) and tail
+                const float lt = tail ? __ldg(log_suffix + (row0 + hp) * (Nmax + 1) + end) : 0.f;
+                st[warp][hp][0] = x.x;
+                st[warp][hp][1] = x.y;
+                st[warp][hp][2] = x.z;
+                st[warp][hp][3] = x.w;
+                st[warp][hp][4] = lt;
+            }
+#else
+            if (lane < PSA_G) {  // lane h: head h's partial statistics and tail
+                const float4 x =
+                    __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * P * PW + PSA_D));
                 const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
                 st[warp][lane][0] = x.x;
                 st[warp][lane][1] = x.y;
@@ -132,6 +160,7 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 st[warp][lane][3] = x.w;
                 st[warp][lane][4] = lt;
             }
+#endif
             if (sketchy) {  // the calibration window's sums and the next block's sketch mass, as psa_decode's
                 float wt[PSA_G], ws[PSA_G], nx[PSA_G];
                 sketch_window_sums(lmass, ordered, row0, Nmax, first, end, n, sketch_window, wt, ws, nx);
@@ -213,22 +242,8 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     // The output of chunks [0, last]: the verifier's running max M and mass L (relative to M) are the
     // merge's, so one pass adds O_c e^(m_c - M); normalised if the loop ended here, else kept (with M and
     // L) for the resumed loop.
-    for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
-        const int h = idx / PSA_D, d = idx % PSA_D;
-        const float* pr = partial + (row0 + h) * Cmax * P * PW;
+    auto put = [&](int h, int d, float O) {
         const float M = last < 0 ? -PSA_INF : s_M[h], L = last < 0 ? 0.f : s_L[h];
-        float O = 0.f;
-        if (M != -PSA_INF) {
-            for (int c = 0; c <= last; ++c) {  // every piece of chunks 0 .. last
-                const int pn = pieces_of(c);
-#pragma unroll 8
-                for (int p = 0; p < pn; ++p) {
-                    const float m = __ldcg(pr + (c * P + p) * PW + PSA_D);
-                    const float o = __ldcg(pr + (c * P + p) * PW + d);
-                    O += m == -PSA_INF ? 0.f : o * __expf(m - M);
-                }
-            }
-        }
         if (why >= 0) {
             out[(row0 + h) * PSA_D + d] = O / L;
         } else {
@@ -236,7 +251,57 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             vs[7 + d] = O;
             if (d == 0) { vs[5] = M; vs[6] = L; }
         }
+    };
+#if PSA_SPEC_PIECES > 1
+    // Pieces: K threads an output element where they fit, thread k adding pieces k, k + K, ... of each chunk; their
+    // sums then added in k order.
+    constexpr int E = PSA_G * PSA_D, K = E < PSA_VERIFY_THREADS ? PSA_VERIFY_THREADS / E : 1;
+    __shared__ float s_part[K > 1 ? E * K : 1];
+    for (int idx = threadIdx.x; idx < E * K; idx += blockDim.x) {
+        const int e = idx / K, k = idx % K, h = e / PSA_D, d = e % PSA_D;
+        const float* pr = partial + (row0 + h) * Cmax * P * PW;
+        const float M = last < 0 ? -PSA_INF : s_M[h];
+        float O = 0.f;
+        if (M != -PSA_INF) {
+            for (int c = 0; c <= last; ++c) {  // every piece of chunks 0 .. last
+                const int pn = pieces_of(c);
+#pragma unroll 8
+                for (int p = k; p < pn; p += K) {
+                    const float m = __ldcg(pr + (c * P + p) * PW + PSA_D);
+                    const float o = __ldcg(pr + (c * P + p) * PW + d);
+                    O += m == -PSA_INF ? 0.f : o * __expf(m - M);
+                }
+            }
+        }
+        if (K > 1) s_part[idx] = O;
+        else put(h, d, O);
     }
+    if (K > 1) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            float O = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; ++k) O += s_part[e * K + k];
+            put(e / PSA_D, e % PSA_D, O);
+        }
+    }
+#else
+    for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
+        const int h = idx / PSA_D, d = idx % PSA_D;
+        const float* pr = partial + (row0 + h) * Cmax * P * PW;
+        const float M = last < 0 ? -PSA_INF : s_M[h];
+        float O = 0.f;
+        if (M != -PSA_INF) {
+#pragma unroll 8
+            for (int c = 0; c <= last; ++c) {
+                const float m = __ldcg(pr + c * PW + PSA_D);
+                const float o = __ldcg(pr + c * PW + d);
+                O += m == -PSA_INF ? 0.f : o * __expf(m - M);
+            }
+        }
+        put(h, d, O);
+    }
+#endif
 #if PSA_VERIFY_CLOCK
     __syncthreads();
     if (threadIdx.x == 0) {
