@@ -3234,6 +3234,10 @@ runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Wa
   done
   timeout 60 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 --variants topk \
       --topk 717 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s67a_717.txt" | grep -E "^T=|psa_" | head -12
+  # 128K one request (the busiest group 1.89x the mean on the CPU; the loop runs v6 clusters of 8 there)
+  timeout 90 python3 profile_decode_step.py --per-head --shape llama8b --size 131072 --batches 1 \
+      --variants ema+stop,ema+stop:sfirst --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s67a_128k.txt" \
+      | grep -E "^T=|psa_" | head -30
   exit 0
 fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
