@@ -3214,12 +3214,11 @@ if [ "$PART" = s67a ]; then
   # the groups' blocks over one wave of CTAs (_kernels.SPEC_BALANCE 1), against as many pieces a group (0; s64's
   # share-out, now contiguous). CPU (exp_first_decisions.py): with the estimated stop the busiest of one per-head
   # request's 8 groups reads 1.81x the mean, and s64's attend (16 pieces a group) took 26.8 µs where top-k's split
-  # build takes ~21 at the same share. Predicted (H100, per-head 32K B = 1, kernels): the speculative attend -1 to -8
-  # µs balanced against not (the low end if, as s46 found for the grid build, the light groups hand their bandwidth
-  # to the busiest, and s66's ncu had the attend within 1 µs of top-k's build under a cold cache; the high end if the
-  # busiest group's 16 CTAs bound it), the verify ~4-6 (its pieces now gathered over the lanes), ema+stop:sfirst 58 ->
-  # ~48-55 against the loop's ~52 and top-k at its error ~42. First the speculation GPU tests (the new one checks the
-  # device's piece counts against the host's mirror). ~7 minutes.
+  # build takes ~21 at the same share. Predicted (H100, per-head 32K B = 1, kernels): the speculative attend -4 to -6
+  # µs balanced against not (~21 against ~26: a CTA of this build streams at most ~6 blocks a µs, so the busiest
+  # group's 16 CTAs bound s64's share-out; NOTES, sixty-seventh session), the verify ~4-6 (its pieces now gathered
+  # over the lanes), ema+stop:sfirst 58 -> ~50 against the loop's ~52 and top-k at its error ~42. First the
+  # speculation GPU tests (the new one checks the device's piece counts against the host's mirror). ~7 minutes.
   timeout 300 python3 -m pytest -q -p no:cacheprovider -W ignore -rf tests/test_fast.py \
       -k "first_chunk or speculat or pieces" > "$OUT/t_s67a.log" 2>&1
   echo "GPU tests (speculation) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s67a.log" | tail -8
