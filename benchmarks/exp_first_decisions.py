@@ -147,11 +147,16 @@ def summary(rows: list[dict]) -> str:
         return (f"{head} decisions {it.mean():.2f} (one: {(it == 1).mean():4.0%}, max {it.max()}), attends "
                 f"{used.mean() / n:.1%}")
 
+    def busiest(key):  # a request's step waits for its busiest group: its blocks over the request's mean, averaged
+        return np.mean([r[key].max() / max(r[key].mean(), 1e-9) for r in rows])
+
     lines = [f"groups {cat['plain_it'].size}:", line("plain loop", cat["plain_it"], cat["plain_used"]),
              line("predicted first chunk", cat["pred_it"], cat["pred_used"], cat["first"]),
              line('first_chunk="estimated_stop"', cat["est_it"], cat["est_used"])]
     lines += [line(f"ema on estimates x {k[3:-3]}", cat[k], cat[k[:-3] + "_used"], cat[k[:-3] + "_first"])
               for k in cat if k.startswith("ema") and k.endswith("_it")]
+    lines.append(f"  busiest group's blocks over its request's mean: plain loop {busiest('plain_used'):.2f}, "
+                 f"estimated_stop {busiest('est_used'):.2f}")
     named = [("plain", "plain loop"), ("est", 'first_chunk="estimated_stop"')]
     named += [(k[:-4], f"ema on estimates x {k[3:-4]}") for k in cat if k.startswith("ema") and k.endswith("_err")]
     for name, label in named:

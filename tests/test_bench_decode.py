@@ -2130,9 +2130,9 @@ def test_estimated_stop_emulation_in_slices_gives_the_reference_first_chunk(clus
 # --- exp_first_decisions.py: decisions by first chunk on the drawn profiles (CPU) ---------------------------------
 
 def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own_margin(capsys):
-    """One request of the drawn 5% profile at 4K tokens: every schedule's line, and psa_ref's
-    first_chunk="estimated_stop" (margin 1.25) attends what the script's own x 1.25 first chunk does, at the same
-    error (the margins' errors put each group's output together)."""
+    """One request of the drawn 5% profile at 4K tokens: every schedule's line, the busiest group's blocks over the
+    mean (at least 1), and psa_ref's first_chunk="estimated_stop" (margin 1.25) attends what the script's own x 1.25
+    first chunk does, at the same error (the margins' errors put each group's output together)."""
     import exp_first_decisions as efd
 
     efd.main(["--profile", "sparsity", "--share", "0.05", "--tokens", "4096", "--requests", "1", "--step", "64",
@@ -2140,8 +2140,12 @@ def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own
     out = capsys.readouterr().out.splitlines()
     summary = out[out.index(next(x for x in out if x.startswith("# sparsity 0.05"))) + 1:]
     errors = [x for x in summary if " error " in x]
-    summary = [x for x in summary if x not in errors]
+    (busiest,) = [x for x in summary if x.startswith("  busiest group's")]
+    summary = [x for x in summary if x not in errors and x != busiest]
     rows = {x[:30].strip(): x for x in summary}  # the label column, 28 wide after two spaces
+    # the busiest group reads at least its request's mean (one request: the ratio itself, two decimals)
+    ratios = [float(x.strip(" ,")) for x in busiest.split("loop")[1].split("estimated_stop")]
+    assert len(ratios) == 2 and all(r >= 1.0 for r in ratios)
     assert set(rows) == {"plain loop", "predicted first chunk", 'first_chunk="estimated_stop"', "ema on estimates x 1.25"}
     assert [x[:30].strip() for x in errors] == ["plain loop", 'first_chunk="estimated_stop"', "ema on estimates x 1.25"]
     assert all("top-k at that error reads" in x for x in errors)
