@@ -141,26 +141,23 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 y.w = __shfl_down_sync(0xffffffffu, x.w, off);
                 if (j % (2 * off) == 0 && j + off < J) x = combine_stats(x, y);
             }
-            if (hp < PSA_G && j == 0) {  // head hp's partial statistics (its pieces' combined) and tail
-                const float lt = tail ? __ldg(log_suffix + (row0 + hp) * (Nmax + 1) + end) : 0.f;
-                st[warp][hp][0] = x.x;
-                st[warp][hp][1] = x.y;
-                st[warp][hp][2] = x.z;
-                st[warp][hp][3] = x.w;
-                st[warp][hp][4] = lt;
-            }
+            const int head = hp;
+            const bool writes = hp < PSA_G && j == 0;
 #else
-            if (lane < PSA_G) {  // lane h: head h's partial statistics and tail
-                const float4 x =
-                    __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * P * PW + PSA_D));
-                const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
-                st[warp][lane][0] = x.x;
-                st[warp][lane][1] = x.y;
-                st[warp][lane][2] = x.z;
-                st[warp][lane][3] = x.w;
-                st[warp][lane][4] = lt;
-            }
+            const int head = lane;  // lane h: head h's partial statistics
+            const bool writes = lane < PSA_G;
+            const float4 x = writes
+                ? __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + head) * Cmax + c) * P * PW + PSA_D))
+                : make_float4(0.f, 0.f, 0.f, 0.f);
 #endif
+            if (writes) {  // the head's partial statistics (its pieces' combined) and tail
+                const float lt = tail ? __ldg(log_suffix + (row0 + head) * (Nmax + 1) + end) : 0.f;
+                st[warp][head][0] = x.x;
+                st[warp][head][1] = x.y;
+                st[warp][head][2] = x.z;
+                st[warp][head][3] = x.w;
+                st[warp][head][4] = lt;
+            }
             if (sketchy) {  // the calibration window's sums and the next block's sketch mass, as psa_decode's
                 float wt[PSA_G], ws[PSA_G], nx[PSA_G];
                 sketch_window_sums(lmass, ordered, row0, Nmax, first, end, n, sketch_window, wt, ws, nx);
