@@ -9,7 +9,8 @@ loop at ``--step``, the loop with ``first_chunk="predicted"`` or ``"estimated_st
 group's own first chunk of ``--margins`` x where ema holds on the estimated masses, all ``stop="ema"`` on
 ``cuboid_mean`` with no forced blocks, as bench_decode's rows; per group the decisions (iterations), the blocks
 attended and the predicted chunk. Prints, per profile, the mean and the share of groups stopping at the first
-decision, and the blocks attended against the plain loop's.
+decision, the blocks attended against the plain loop's, and how many more blocks than its request's mean the busiest
+group attends (a request's step waits for it).
 
     python benchmarks/exp_first_decisions.py --profile sparsity --share 0.05 --tokens 32768 --step 384
     python benchmarks/exp_first_decisions.py --profile per-head --tokens 32768 --step 384
