@@ -810,11 +810,10 @@ def spec_share(groups: int, forced: bool) -> SpecShare:
     """How ``DecodePlan(speculate="first_chunk")`` attends ``groups`` groups' (B x Gn) first chunks. With
     ``SPEC_BALANCE`` one wave of CTAs (an SM each, ``num_sms()``, less a CTA a group for the forced chunks, at least
     one a group) is shared out by the ranked blocks of each group's first chunk (verifier.cuh's spec_pieces_of on the
-    device, ``spec_ranked_pieces`` its host mirror),
-    so that the busiest group, whose pieces set the launch's time, has as many blocks a piece as the rest (per-head
-    Llama 32K B = 1: its first chunk ~1.8x the mean, benchmarks/NOTES.md, sixty-seventh session); else each group's
-    chunk takes ``spec_pieces(groups)``. ``pmax`` 1 (as many groups as SMs) runs a CTA a chunk on the grid (chunks,
-    Gn, B) instead."""
+    device, ``spec_ranked_pieces`` its host mirror), so that the busiest group, whose pieces set the launch's time,
+    has as many blocks a piece as the rest (per-head Llama 32K B = 1: its first chunk ~1.8x the mean,
+    benchmarks/NOTES.md, sixty-seventh session); else each group's chunk takes ``spec_pieces(groups)``. ``pmax`` 1 (as
+    many groups as SMs) runs a CTA a chunk on the grid (chunks, Gn, B) instead."""
     f = groups if forced else 0
     if not SPEC_BALANCE:
         p = spec_pieces(groups)
