@@ -43,7 +43,8 @@ def _scaled(st, c):
 
 
 def _holds(st, n_left, stop, tau) -> bool:
-    """The loop's test at a boundary after the state's last position (kernel: es_holds, its division form)."""
+    """The loop's test at a boundary after the state's last position, as a division (the kernel's es_holds multiplies
+    it out; in float64 the two agree, the division's 0 / 0 being false as the product's s > 0 is)."""
     rest = st[2] if stop == "ema" else st[3]
     return st[0] / (st[0] + n_left * rest) >= tau
 
