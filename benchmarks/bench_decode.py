@@ -92,7 +92,8 @@ SHAPES = {
 }
 PROFILES = ("pooled", "per-head", "sparsity", "long-context", "real")
 DEFAULT_SHARES = "0.02,0.05,0.1,0.2,0.3"
-SKIPPABLE = ("tau0.9", "remaining", "predicted", "estimated", "sketch", "topk", "stages", "speculate", "rank")
+SKIPPABLE = ("tau0.9", "remaining", "predicted", "estimated", "sfirst", "sketch", "topk", "stages", "speculate",
+             "rank")
 # The step after a predicted first chunk in the default rule's extra rows: on the real Gemma 3 layer 17 psa_ref's
 # sketch_avg with first_chunk="predicted" takes 2.8 iterations at steps 128-192 against 3.8 at 320 alone, reading
 # 36-38% of the blocks against 43% (benchmarks/exp_step_growth.py --firsts, thirty-ninth session).
@@ -711,6 +712,15 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
 
         psa = {}
         main_targets = []  # (name, error, blocks read) of the τ 0.95 rows on this cache that top-k is matched against
+
+        def first_chunk_row(label, tau, passes, groups=hkv, **options):
+            """A PSA row with a first chunk (``options`` for the plan), top-k matched against it as well."""
+            got = attempt(label, lambda: timed(psa_fast.plan(cache, num_q_heads=hq, mode="psa", threshold=tau,
+                                                             step=step, scale=shape.scale, **options)))
+            if got is not None:
+                us_f, outs_f, read_f = got
+                row(label, us_f, psa_floor(read_f, groups=groups, passes=passes), mean_err(outs_f), read_f, 7)
+                main_targets.append((label, mean_err(outs_f), read_f))
         for tau in (0.9, 0.95):
             if tau == 0.9 and "tau0.9" in skip:
                 continue
@@ -749,13 +759,9 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                 if token in skip:
                     continue
                 fname = f"{name} first chunk {first_chunk_label(first)}"
-                gotf = attempt(fname, lambda first=first: timed(psa_fast.plan(
-                    cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, first_chunk=first,
-                    scale=shape.scale)))
-                if gotf is not None:
-                    usf, outsf, readf = gotf
-                    row(fname, usf, psa_floor(readf, passes=passes), mean_err(outsf), readf, 7)
-                    main_targets.append((fname, mean_err(outsf), readf))
+                first_chunk_row(fname, tau, passes, first_chunk=first)
+                if first == "estimated_stop" and "sfirst" not in skip:  # the same chunk speculated in pieces
+                    first_chunk_row(f"{fname}, speculated", tau, passes, first_chunk=first, speculate="first_chunk")
             if "speculate" not in skip:  # every predicted chunk at once, verified after (DecodePlan(speculate=...))
                 sname = f"{name} {spec_name}"
                 gots = attempt(sname, lambda: timed(psa_fast.plan(
@@ -780,14 +786,8 @@ def _rows(shape: Shape, t: int, b: int, fill, reps: int, stream, log, *, ceiling
                     main_targets.append((pname, mean_err(outsh), readh))
                 if "predicted" not in skip:  # each head's first chunk from its estimates: the busiest of many
                     # per-head groups decides less often (psa_ref, NOTES' fortieth session)
-                    fpname = f"{pname} first chunk predicted"
-                    gotfp = attempt(fpname, lambda: timed(psa_fast.plan(
-                        cache, num_q_heads=hq, mode="psa", threshold=tau, step=step, gqa="per_head",
-                        first_chunk="predicted", scale=shape.scale)))
-                    if gotfp is not None:
-                        usfp, outsfp, readfp = gotfp
-                        row(fpname, usfp, psa_floor(readfp, groups=hq, passes=3), mean_err(outsfp), readfp, 7)
-                        main_targets.append((fpname, mean_err(outsfp), readfp))
+                    first_chunk_row(f"{pname} first chunk predicted", tau, 3, groups=hq, gqa="per_head",
+                                    first_chunk="predicted")
 
         if "sketch" not in skip:
             # the default rule on metadata="quant3" (stop="auto" = "sketch_avg"): the same KV (same fill, same layers)

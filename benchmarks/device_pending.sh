@@ -3126,6 +3126,119 @@ if [ "$PART" = s66a ]; then
   # Then the GPU tests of the estimated stop with all three on (s65d ran them with v6.1 alone).
   retired "Ran in s66 (H100): v6.1 with the cache is the kernel now" results_h100_s66.md
 fi
+if [ "$PART" = s64a ]; then
+  # Written in the sixty-fourth session (branch wip/speculate-first): DecodePlan(speculate="first_chunk"), the forced
+  # and first ranked chunks speculated by spec_pieces CTAs each (16 for one Llama request), verified once, the loop
+  # resumed only where the rule has not held. First its GPU tests (the existing speculation tests too: the one-piece
+  # build changed), then one request kernel by kernel. Predicted (H200): per-head 32K B = 1 ema+stop 48.6 -> ~44 µs
+  # (the loop's decode ~28 -> speculative attend ~18 + verify ~4 + a resumed launch that leaves ~2), level or a hair
+  # ahead of top-k at its error only if the estimated stop is v4's ~3 µs; Llama 5% 32K B = 1 ema+stop ~-2 µs.
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -W ignore -rf tests/test_fast.py \
+      -k "first_chunk or speculat or pieces" > "$OUT/t_s64a.log" 2>&1
+  echo "GPU tests (speculation) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s64a.log" | tail -8
+  (cd benchmarks && per_head_kernel_rows 32768 1 ema,ema+stop,ema+stop:sfirst 1043 717 s64a_ph
+   timeout 100 python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 \
+      --variants ema,ema+stop,ema+stop:sfirst --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s64a_5pc.txt" \
+      | grep -E "^T=|psa_" | head -40)
+  exit 0
+fi
+if [ "$PART" = s64b ]; then
+  # Written in the sixty-fourth session for a short lease (branch wip/speculate-first): s63d's essentials, then one
+  # request's per-head row kernel by kernel with the estimated stop v2 / v4 and its first chunk in the loop / in
+  # pieces (speculate="first_chunk"). Predicted (H200): v4 ~3 µs at 2,048 blocks (v2 9.3), ~5 at 8,192 (v2 30.2);
+  # per-head 32K B = 1 kernels: ema+stop ~53 (v2) -> ~47 (v4); in pieces ~-4 more. ~4.5 minutes.
+  retired "Ran as s64d in s64 (H100); ESTIMATED_STOP_WINDOWS is gone since s65" results_h100_s64.md
+fi
+if [ "$PART" = s64c ]; then
+  # s64a's tests and s64b in one call of under 600 s (one start for a lease that may not come twice), most needed
+  # first; each piece's output is under $OUT as it finishes.
+  retired "Ran as s64d in s64 (H100); ESTIMATED_STOP_WINDOWS is gone since s65" results_h100_s64.md
+fi
+if [ "$PART" = s64d ]; then
+  # s64c cut to ~5.5 minutes for what the budget leaves: the speculation tests, v4's time, the per-head row with v4.
+  retired "Ran in s64 (H100); ESTIMATED_STOP_WINDOWS is gone since s65" results_h100_s64.md
+fi
+if [ "$PART" = s64e ]; then
+  # Written in the sixty-fourth session (branch wip/speculate-first; carry .gl/gemma3_xml_l17_32k.npz): the real Gemma
+  # 3 layer 17 at 32K (one KV head: 16 pieces a chunk at B = 8, 64 at B = 1), ema / ema with the estimated-stop first
+  # chunk / that chunk in pieces, kernel by kernel. The H200's s62: ema 31.5 / 75.7 µs, the estimated stop 42.5 / 74.5
+  # (B = 1 / 8; floors 6.4 / 43.3). Predicted: in pieces ~-5 µs at B = 8 where the first decision holds (the grid
+  # loop's per-iteration barrier ~3 µs and the busiest group's chunks one after another), level at B = 1. ~3 minutes.
+  (cd benchmarks && timeout 170 python3 profile_decode_step.py --kv ../.gl/gemma3_xml_l17_32k.npz --shape gemma3 \
+      --size 32768 --batches 8,1 --variants ema,ema+stop,ema+stop:sfirst --out "$OUT" 2>&1 | grep -v Warn \
+      | tee "$OUT/s64e.txt" | grep -E "^T=|psa_" | head -40)
+  exit 0
+fi
+if [ "$PART" = s64f ]; then
+  # Written in the sixty-fourth session (branch wip/speculate-first): why the speculative build attends the first
+  # chunk ~5.5 µs slower than the split build's line at the same blocks (H100 s64: 26.8 µs at 33% of the blocks
+  # against ~21.3 from top-k's 22.2 at 35% and 29.5 at 50.9%). ncu of one launch of each, per-head 32K B = 1:
+  # psa_decode_spec (ema+stop:sfirst, 16 pieces) and top-k's split build at k = 717 (its budget). Candidates from the
+  # code: the start's dependent chain (length -> first_len -> chunk bounds -> order -> table), the verifier's
+  # combine and barrier in every CTA, the query copy. ~3 minutes.
+  cd benchmarks
+  for v in "ema+stop:sfirst psa_decode_spec" "topk ^psa_decode$"; do
+    set -- $v
+    timeout 80 ncu --clock-control none -k "regex:$2" --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+        --section SchedulerStats --section SourceCounters --print-details all \
+        python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 --variants "$1" \
+        --topk 717 --steps 2 --layers 1 --no-profiler --out "$OUT" > "$OUT/ncu_s64f_${1%%:*}.txt" 2>&1
+    echo "$1 ncu rc=$?"; grep -E "Duration|Executed Ipc|Issue Active|Stall|Registers|Achieved Occ|Grid Size|Block Size" \
+        "$OUT/ncu_s64f_${1%%:*}.txt" | head -30
+  done
+  exit 0
+fi
+if [ "$PART" = s66b ]; then
+  # Sixty-sixth session (branch wip/speculate-first): s64f again without the cache flush. s64f (H100 s66) had the
+  # speculative attend at 25.63 µs against top-k's split build at k = 717 24.77 under ncu's default cache control
+  # (every cache flushed before the launch), while the graph had 26.8 against 22.1. Here ncu leaves the caches as the
+  # kernels before it left them (--cache-control none) and skips past a warm-up step, so the two see the L2 the
+  # graph gives them. Predicted: top-k's build ~22-23 µs with L2 hits on the order and table, the spec build ~26;
+  # then the source counters say which loads of the spec build's start miss. ~3 minutes.
+  cd benchmarks
+  for v in "ema+stop:sfirst psa_decode_spec" "topk ^psa_decode$"; do
+    set -- $v
+    timeout 80 ncu --clock-control none --cache-control none -k "regex:$2" --launch-skip 4 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
+        --section SourceCounters --print-details all \
+        python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 --variants "$1" \
+        --topk 717 --steps 3 --layers 1 --no-profiler --out "$OUT" > "$OUT/ncu_s66b_${1%%[:+]*}.txt" 2>&1
+    echo "$1 ncu rc=$?"; grep -E "Duration|L2 Hit|Issue Active|Stall (Long|Wait|Barrier)" \
+        "$OUT/ncu_s66b_${1%%[:+]*}.txt" | head -12
+  done
+  exit 0
+fi
+if [ "$PART" = s67a ]; then
+  # Sixty-seventh session (branch wip/speculate-first): the first ranked chunks in contiguous pieces, shared out by
+  # the groups' blocks over one wave of CTAs (_kernels.SPEC_BALANCE 1), against as many pieces a group (0; s64's
+  # share-out, now contiguous). CPU (exp_first_decisions.py): with the estimated stop the busiest of one per-head
+  # request's 8 groups reads 1.81x the mean, and s64's attend (16 pieces a group) took 26.8 µs where top-k's split
+  # build takes ~21 at the same share. Predicted (H100, per-head 32K B = 1, kernels): the speculative attend -4 to -6
+  # µs balanced against not (~21 against ~26: a CTA of this build streams at most ~6 blocks a µs, so the busiest
+  # group's 16 CTAs bound s64's share-out; NOTES, sixty-seventh session), the verify ~4-6 (its pieces now gathered
+  # over the lanes), ema+stop:sfirst 58 -> ~50 against the loop's ~52 and top-k at its error ~42. First the
+  # speculation GPU tests (the new one checks the device's piece counts against the host's mirror). ~7 minutes.
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -W ignore -rf tests/test_fast.py \
+      -k "first_chunk or speculat or pieces" > "$OUT/t_s67a.log" 2>&1
+  echo "GPU tests (speculation) rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/t_s67a.log" | tail -8
+  cd benchmarks
+  for bal in 1 0 1; do
+    echo "== SPEC_BALANCE $bal"
+    timeout 100 python3 -c "import runpy, sys; from psa_fast import _kernels; _kernels.SPEC_BALANCE = $bal; \
+sys.argv = ['profile_decode_step.py', '--per-head', '--shape', 'llama8b', '--size', '32768', '--batches', '1', \
+'--variants', 'ema+stop,ema+stop:sfirst', '--topk', '1043', '--out', '$OUT']; \
+runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Warn | tee "$OUT/s67a_bal$bal.txt" \
+        | grep -E "^T=|psa_" | head -30
+  done
+  timeout 60 python3 profile_decode_step.py --per-head --shape llama8b --size 32768 --batches 1 --variants topk \
+      --topk 717 --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s67a_717.txt" | grep -E "^T=|psa_" | head -12
+  # 128K one request (the busiest group 1.89x the mean on the CPU; the loop runs v6 clusters of 8 there)
+  timeout 90 python3 profile_decode_step.py --per-head --shape llama8b --size 131072 --batches 1 \
+      --variants ema+stop,ema+stop:sfirst --out "$OUT" 2>&1 | grep -v Warn | tee "$OUT/s67a_128k.txt" \
+      | grep -E "^T=|psa_" | head -30
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -10,7 +10,8 @@ Prints, per variant, each kernel's launches per step, µs per launch and share o
 
 Variants (``--variants``, comma-separated): ``dense``; ``topk`` (``k = --topk`` blocks a group); ``NAME`` or
 ``NAME:sM`` with NAME ``default`` (the library's default rule on ``metadata="quant3"``), ``share`` (the same with
-``rank="share"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)``; ``default+first``,
+``rank="share"``) or ``ema`` (on ``cuboid_mean``), ``sM`` ``DecodePlan(speculate=M)`` and ``sfirst``
+``DecodePlan(speculate="first_chunk")`` (with a ``+first`` or ``+stop`` variant, at the loop's step); ``default+first``,
 ``share+first`` and ``ema+first``: those with ``first_chunk="predicted"`` (the first ranked chunk from the estimates);
 ``ema+stop``: ``ema`` with ``first_chunk="estimated_stop"``.
 Steps as in bench_decode: the loop's the plan's ``step="auto"``, speculating ``_kernels.spec_step`` (``max(16,
@@ -34,8 +35,9 @@ VARIANT_RULES = ("default", "share", "ema", "default+first", "share+first", "ema
 QUANT3_VARIANTS = ("default", "share", "default+first", "share+first")
 
 
-def parse_variants(text: str) -> list[tuple[str, float | None]]:
-    """``"dense,default:s1.0,ema"`` -> ``[("dense", None), ("default", 1.0), ("ema", None)]``."""
+def parse_variants(text: str) -> list[tuple[str, float | str | None]]:
+    """``"dense,default:s1.0,ema+stop:sfirst"`` -> ``[("dense", None), ("default", 1.0), ("ema+stop",
+    "first_chunk")]``."""
     out = []
     for item in (x.strip() for x in text.split(",")):
         if not item:
@@ -46,8 +48,15 @@ def parse_variants(text: str) -> list[tuple[str, float | None]]:
             continue
         if name not in VARIANT_RULES:
             raise ValueError(f"--variants: {name!r} is not dense, topk or one of {', '.join(VARIANT_RULES)}")
+        if spec == "sfirst":
+            if not name.endswith(("+first", "+stop")):
+                raise ValueError(f"--variants: {item!r}: sfirst speculates the first ranked chunk, which only the "
+                                 "+first and +stop variants have")
+            out.append((name, "first_chunk"))
+            continue
         if spec and not (spec.startswith("s") and spec[1:].replace(".", "", 1).isdigit()):
-            raise ValueError(f"--variants: {item!r}: the speculation margin is written sM, e.g. default:s1.0")
+            raise ValueError(f"--variants: {item!r}: speculation is written sM (a margin, e.g. default:s1.0) or "
+                             "sfirst")
         out.append((name, float(spec[1:]) if spec else None))
     if not out:
         raise ValueError("--variants names no variant")
@@ -136,6 +145,7 @@ def main() -> None:
             step = "auto"  # the loop: the plan's pick (until 2026-12-02: max(8 x cluster, blocks / 64))
             spec_step = _kernels.spec_step(n)  # speculating: chunks of a few blocks a warp, one CTA each
             for name, spec in variants:
+                margin = isinstance(spec, float)  # (speculate="first_chunk" runs at the loop's step)
                 metadata = "quant3" if name in QUANT3_VARIANTS else "cuboid_mean"
                 cache, q = caches[metadata], qs[metadata]
                 if name == "dense":
@@ -148,8 +158,8 @@ def main() -> None:
                                       rank="share" if name.startswith("share") else "estimate",
                                       first_chunk=("predicted" if name.endswith("+first") else
                                                    "estimated_stop" if name.endswith("+stop") else None),
-                                      step=spec_step if spec else step, speculate=spec,
-                                      speculate_extra=(None if spec is None or args.extra_chunks is None
+                                      step=spec_step if margin else step, speculate=spec,
+                                      speculate_extra=(None if not margin or args.extra_chunks is None
                                                        else args.extra_chunks * spec_step))
 
                 def run(i, p=p, q=q):  # step i: layer i % layers
@@ -179,7 +189,7 @@ def main() -> None:
                 events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
                 rows = kernel_table(events, args.steps)
                 label = (name + (f" k={args.topk}" if name == "topk" else "") + (f" speculate {spec}" if spec else "")
-                         + (f" +{args.extra_chunks} chunks" if spec and args.extra_chunks is not None else "")
+                         + (f" +{args.extra_chunks} chunks" if margin and args.extra_chunks is not None else "")
                          + (" scattered" if args.scatter else "")
                          + (" spread" if args.spread else ""))
                 gpu_us = sum(r["us_per_step"] for r in rows)

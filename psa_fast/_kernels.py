@@ -10,6 +10,7 @@ import functools
 import math
 import re
 from importlib import resources
+from typing import NamedTuple
 
 import numpy as np
 
@@ -778,6 +779,57 @@ def _clock_args(name: str, enabled: int, b: int, gn: int, words: int) -> tuple:
 
 
 SPEC_ONE_WARP_WAVES = 4  # speculative CTAs of one warp from this many speculated chunks an SM on (spec_shapes)
+SPEC_PIECES_MAX = 64  # most CTAs a speculated chunk (spec_pieces; the grid build's LOOP_GRID for a group's loop)
+
+
+def spec_pieces(groups: int) -> int:
+    """CTAs a chunk for ``DecodePlan(speculate="first_chunk")`` over ``groups`` groups (B x Gn): the power of two at
+    or below ``num_sms() / groups``, from 1 to ``SPEC_PIECES_MAX``, so that each group's first ranked chunk (all of its
+    speculated blocks but the forced ones) takes about one wave of CTAs between them, as the split build's splits do
+    for top-k. One Llama request (8 groups, 132 SMs) takes 16 a chunk; a batch of 32 takes 1 (the loop's own share).
+    H100 (benchmarks/NOTES.md, sixty-fourth session): one Llama request's per-head step at 16 a chunk is level with the
+    loop (58.0 against 56.4 µs of kernels)."""
+    per_group = num_sms() // max(1, groups)
+    return 1 if per_group < 2 else min(SPEC_PIECES_MAX, 1 << (per_group.bit_length() - 1))
+
+
+# speculate="first_chunk": the groups share the attend's CTAs by the blocks of their first ranked chunks (1), or each
+# takes spec_pieces (0: the sixty-fourth session's share-out, for A/Bs)
+SPEC_BALANCE = 1
+
+
+class SpecShare(NamedTuple):
+    """The speculative attend's CTAs for ``DecodePlan(speculate="first_chunk")`` (``spec_share``)."""
+
+    ctas: int   # the 1-D grid: a CTA for each group's forced chunk (where there are forced blocks), then the pieces
+    pmax: int   # the most pieces of a chunk (PSA_SPEC_PIECES): the partials' entries a chunk and head
+    extra: int  # CTAs past one a group that the groups share by blocks (spec_extra), or -1: each takes pmax
+
+
+def spec_share(groups: int, forced: bool) -> SpecShare:
+    """How ``DecodePlan(speculate="first_chunk")`` attends ``groups`` groups' (B x Gn) first chunks. With
+    ``SPEC_BALANCE`` one wave of CTAs (an SM each, ``num_sms()``, less a CTA a group for the forced chunks, at least
+    one a group) is shared out by the ranked blocks of each group's first chunk (verifier.cuh's spec_pieces_of on the
+    device, ``spec_ranked_pieces`` its host mirror), so that the busiest group, whose pieces set the launch's time,
+    has as many blocks a piece as the rest (per-head Llama 32K B = 1: its first chunk ~1.8x the mean,
+    benchmarks/NOTES.md, sixty-seventh session); else each group's chunk takes ``spec_pieces(groups)``. ``pmax`` 1 (as
+    many groups as SMs) runs a CTA a chunk on the grid (chunks, Gn, B) instead."""
+    f = groups if forced else 0
+    if not SPEC_BALANCE:
+        p = spec_pieces(groups)
+        return SpecShare(f + groups * p, p, -1)
+    first = max(groups, num_sms() - f)
+    return SpecShare(f + first, max(1, min(SPEC_PIECES_MAX, 1 + first - groups)), first - groups)
+
+
+def spec_ranked_pieces(blocks, extra: int, pmax: int) -> np.ndarray:
+    """Each group's pieces of its first ranked chunk, ``blocks`` the ranked blocks of each (verifier.cuh's
+    spec_pieces_of, on the host for tests): ``1 + extra * w // sum(w)`` with ``extra`` >= 0, else ``pmax``; at most
+    ``pmax`` and the group's blocks, at least 1."""
+    w = np.asarray(blocks, np.int64)
+    total = int(w.sum())
+    p = np.full(w.shape, pmax, np.int64) if extra < 0 else 1 + (extra * w // total if total > 0 else 0 * w)
+    return np.maximum(1, np.minimum(np.minimum(p, pmax), w))
 
 
 def spec_one_warp_from() -> int:
@@ -806,7 +858,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
            q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None,
-           first_prev: bool = False, q_raw: tuple | None = None) -> None:
+           first_prev: bool = False, q_raw: tuple | None = None, spec_pieces: SpecShare | None = None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -833,6 +885,9 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``psa_spec_verify`` (the verifier over those chunks in order; groups that stop get their outputs and
     diagnostics, the others their loop state in ``istate [B, Gn, 4]`` int / ``vstate [B, Hq, 7 + Dp]``), and
     the ``PSA_RESUME`` build (the loop from there, ``cluster`` CTAs per group; done groups leave at once).
+    ``spec_pieces`` (``DecodePlan(speculate="first_chunk")``, a ``SpecShare``): each group's forced and first ranked
+    chunks are speculated (``spec_len`` None, no list), the first ranked ones in pieces on a 1-D grid of
+    ``spec_pieces.ctas`` where its ``pmax`` > 1 (``partial [B, Hq, chunks * pmax, Dp + 4]``; decode.cu).
 
     ``grid_group = (ctas, xstats, xcount, xpart)`` (psa's plain loop, version 3, ``cluster`` 1) launches the
     ``PSA_GRID`` build: ``ctas`` CTAs a group that are not a cluster, exchanging each iteration's statistics through
@@ -920,28 +975,45 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         # every speculated chunk at once; the verifier over them; the loop resumed where they fell short
         spec_len_arr, partial, istate, vstate, chunks, spec_total, spec_warps, spec_items = spec
         gn = hq // g
+        cut = spec_pieces or SpecShare(0, 1, 0)  # (one CTA a chunk: the margin's schedule)
+        pieces = int(cut.pmax)
+        if pieces < 1:
+            raise ValueError(f"spec_pieces.pmax must be >= 1, got {spec_pieces}")
+        if (spec_pieces is not None and spec_items is not None) or (spec_len_arr is None) != (spec_pieces is not None):
+            raise ValueError("spec_pieces (speculate='first_chunk') runs the speculative build with no spec_len and no "
+                             f"list of chunks, and only it has no spec_len (got spec_pieces={spec_pieces}, spec_len "
+                             f"given: {spec_len_arr is not None}, spec_items given: {spec_items is not None})")
+        if partial.shape[2] != chunks * pieces:
+            raise ValueError(f"spec's partial holds {partial.shape[2]} chunk entries a head; {chunks} chunks of "
+                             f"{pieces} pieces need {chunks * pieces}")
+        piece_define = {"spec_pieces": pieces} if pieces > 1 else {}
         build = functools.partial(_decode_build, d=d, s=s, g=g, warps=warps, stages=stages, smem=smem, **defines)
         # (warps, grid, items, one_warp_from) of each build launched: alone, a build never leaves; as a pair, the
         # several-warp build on the compact grid leaves from `one_warp_from` speculated chunks on, the one-warp
         # build below it (decode.cu)
-        if spec_items is None:
+        if pieces > 1:  # the pieces' 1-D grid (decode.cu)
+            launches = [(spec_warps, (int(cut.ctas), 1, 1), null, 0 if spec_warps == 1 else 2**31 - 1)]
+        elif spec_items is None:
             launches = [(spec_warps, (chunks, gn, b), null, 0 if spec_warps == 1 else 2**31 - 1)]
         else:
             frm = int(spec_items.size)
             launches = [(spec_warps, (frm, 1, 1), spec_items, frm), (1, (chunks, gn, b), null, frm)]
+        spec_len_ptr = null if spec_len_arr is None else spec_len_arr
         for w, grid_w, items, one_warp_from in launches:
             _, sw, s_stages, s_smem = decode_config(d=d, s=s, g=g, version=3, warps=w, stages=stages)
             speculated = _decode_build(entry="decode_spec", cluster=1, spec=1, d=d, s=s, g=g, warps=sw,
-                                       stages=s_stages, smem=s_smem, **defines)
-            speculated(grid_w, (sw * 32,), args + (spec_len_arr, partial, spec_total, np.int32(one_warp_from), items,
-                                                   np.int32(chunks)), shared_mem=s_smem)
+                                       stages=s_stages, smem=s_smem, **defines, **piece_define)
+            speculated(grid_w, (sw * 32,), args + (spec_len_ptr, partial, spec_total, np.int32(one_warp_from), items,
+                                                   np.int32(chunks), np.int32(b * gn), np.int32(cut.extra)),
+                       shared_mem=s_smem)
         ema_w, ordered, lmass, share, window = rule_args
-        verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify", **({"verify_clock": 1} if VERIFY_CLOCK else {}))
+        verify = kernel("spec", d=d, s=s, g=g, entry="spec_verify", **piece_define,
+                        **({"verify_clock": 1} if VERIFY_CLOCK else {}))
         verify((gn, b), (SPEC_VERIFY_THREADS,), (
-            partial, spec_len_arr, seq_lens, null if log_suffix is None else log_suffix, ordered, lmass,
+            partial, spec_len_ptr, seq_lens, null if log_suffix is None else log_suffix, ordered, lmass,
             null if first_len is None else first_len, out, num_used, iterations, reason, mass_est, istate, vstate,
             np.int32(hq), np.int32(nmax), np.int32(chunks), np.int32(STOP_CODES[stop]), np.float32(threshold),
-            np.int32(step), np.int32(forced), ema_w, share, window, spec_total)
+            np.int32(step), np.int32(forced), ema_w, share, window, spec_total, np.int32(cut.extra))
            + _clock_args("verify_clocks", VERIFY_CLOCK, b, gn, 8))
         rc = resume_cluster(cluster, step, warps)
         resumed = build(entry="decode_resume", cluster=rc, resume=1, **({"loop_clock": 1} if LOOP_CLOCK else {}))

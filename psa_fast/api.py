@@ -137,7 +137,16 @@ class DecodePlan:
             the output differs by float rounding. Blocks speculated past the stop are read and not attended
             (``DecodeOutput.num_speculated``). Pays with one or few KV heads and many chunks (docs/gpu.md);
             memory: ``[B, Hq, chunks, D + 4]`` float32 partials. Not with ``stop="certified"``.
-        speculate_extra: with ``speculate``, the blocks speculated past ``m`` x the predicted ones (default
+            ``"first_chunk"`` (with ``first_chunk`` an integer, ``"predicted"`` or ``"estimated_stop"``):
+            exactly the forced chunk and the first ranked chunk are speculated, the latter in pieces (one wave
+            of CTAs over the SMs, shared out by the groups' first chunks' blocks: ``_kernels.spec_share``; as the
+            split build's splits for top-k), with no pass over the estimates to size them; the verifier decides
+            after each, and groups whose rule has not held go on in the loop at the plan's own ``step``. The
+            plain loop's blocks and stop with that ``first_chunk``, up to float rounding. Made so that one
+            request's large first chunk (``"estimated_stop"``: a group's usual stop) is read over every SM, not
+            its cluster's; on an H100 it was level with the loop at one request with as many pieces a group
+            (benchmarks/NOTES.md, sixty-fourth session).
+        speculate_extra: with a margin ``speculate``, the blocks speculated past ``m`` x the predicted ones (default
             ``step``: one chunk). A group the speculation leaves short resumes chunk by chunk, a barrier
             each; a few more chunks cost little and leave fewer groups short (benchmarks/NOTES.md,
             ``exp_spec_coverage.py``).
@@ -156,7 +165,7 @@ class DecodePlan:
                  stop: str = DEFAULT_STOP, step: int | str = "auto", k: int = 8, gqa: str = "shared",
                  sink_blocks: int = 0, recent_blocks: int = 0, scale: float | None = None, cluster: int | None = None,
                  warps: int | None = None, version: int = 3, stages: int | None = None, splits: int | None = None,
-                 first_chunk: int | str | None = None, speculate: float | None = None,
+                 first_chunk: int | str | None = None, speculate: float | str | None = None,
                  speculate_extra: int | None = None, rank: str = "estimate"):
         import cupy
 
@@ -210,6 +219,11 @@ class DecodePlan:
         if self.first_chunk == "previous" and self.speculate is not None:
             raise ValueError("first_chunk='previous' sizes the plain loop's first chunk; speculate runs another "
                              "schedule (leave one of them None)")
+        # speculate="first_chunk": the forced and first ranked chunks speculated in pieces, no psa_spec_len
+        self._spec_first = self.speculate == "first_chunk"
+        if self._spec_first and self.first_chunk is None:
+            raise ValueError("speculate='first_chunk' speculates the first ranked chunk: give first_chunk too (an "
+                             "integer, 'predicted' or 'estimated_stop')")
         # the plain loop on more CTAs a group than a cluster holds, or where the GPU cannot hold every group's cluster
         # at once (decode.cu's grid build, _kernels.pick_grid)
         block_bytes = 2 * cache.block_size * cache.dp * 2  # a block's K and V
@@ -225,11 +239,11 @@ class DecodePlan:
         if step == "auto":
             step = _kernels.pick_step(cache.batch, self.gn, cache.nmax, cluster=self.grid_ctas or self.cluster,
                                       warps=loop_warps, block_bytes=block_bytes,
-                                      speculate=self.speculate is not None, pairs=pairs,
+                                      speculate=self.speculate is not None and not self._spec_first, pairs=pairs,
                                       predicted=self.first_chunk == "predicted" and self.stop in SKETCH_RULES)
         self.step = step
-        if speculate_extra is not None and self.speculate is None:
-            raise ValueError("speculate_extra needs speculate (a margin)")
+        if speculate_extra is not None and (self.speculate is None or self._spec_first):
+            raise ValueError("speculate_extra needs speculate (a margin), not None or 'first_chunk'")
         self.speculate_extra = (self.step if speculate_extra is None
                                 else _validate.integer(speculate_extra, "speculate_extra", minimum=0))
         self.rank = _validate.choice(rank, "rank", RANKS)
@@ -266,7 +280,8 @@ class DecodePlan:
         # each head's estimates for the predicted first chunk and speculation (summed along the order by the suffix
         # pass), the share key (normalised per head) and the estimated stop (walked along the order by its own
         # kernel, which needs no suffix pass)
-        estimates_with_suffix = (self.first_chunk == "predicted" or self.speculate is not None
+        spec_margin = self.speculate is not None and not self._spec_first  # psa_spec_len sums the suffix
+        estimates_with_suffix = (self.first_chunk == "predicted" or spec_margin
                                  or (self.rank == "share" and self.g > 1))
         if estimates_with_suffix or self.first_chunk == "estimated_stop":
             self._per_head = "estimates"
@@ -322,18 +337,27 @@ class DecodePlan:
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
         # the loop's state after the speculated chunks (for the resumed loop)
         self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = self.spec_items = None
+        self.spec_pieces = 1
+        self._spec_share = None
         if self.speculate is not None:
             forced = self.sink_blocks + self.recent_blocks
-            self.spec_chunks = (forced > 0) + (self.first_chunk is not None) + -(-nmax // self.step)
-            self.spec_len = cupy.empty((b, self.gn), i32)
-            self.spec_total = cupy.zeros(1, i32)  # chunks speculated this step (psa_spec_len; 0 between steps)
-            # the speculative attend's CTA shapes; with two, psa_spec_len lists the chunks for the compact grid
-            shapes = (_kernels.spec_shapes(b * self.gn * self.spec_chunks, self.warps) if self._auto_warps
-                      else (self.warps,))
-            self.spec_warps = shapes[0]
-            if len(shapes) > 1:
-                self.spec_items = cupy.empty(_kernels.spec_one_warp_from(), i32)
-            self.spec_partial = cupy.empty((b, self.hq, self.spec_chunks, dp + 4), f32)
+            if self._spec_first:  # the forced chunk and the first ranked one, each in pieces; no list, no spec_len
+                self.spec_chunks = (forced > 0) + 1
+                self._spec_share = _kernels.spec_share(b * self.gn, forced > 0)
+                self.spec_pieces = self._spec_share.pmax
+                self.spec_warps = self.warps
+            else:
+                self.spec_chunks = (forced > 0) + (self.first_chunk is not None) + -(-nmax // self.step)
+                self.spec_len = cupy.empty((b, self.gn), i32)
+                # the speculative attend's CTA shapes; with two, psa_spec_len lists the chunks for the compact grid
+                shapes = (_kernels.spec_shapes(b * self.gn * self.spec_chunks, self.warps) if self._auto_warps
+                          else (self.warps,))
+                self.spec_warps = shapes[0]
+                if len(shapes) > 1:
+                    self.spec_items = cupy.empty(_kernels.spec_one_warp_from(), i32)
+            # chunks speculated this step (psa_spec_len; 0 between steps; read by the attend, reset by the verifier)
+            self.spec_total = cupy.zeros(1, i32)
+            self.spec_partial = cupy.empty((b, self.hq, self.spec_chunks * self.spec_pieces, dp + 4), f32)
             self.istate = cupy.empty((b, self.gn, 4), i32)
             self.vstate = cupy.empty((b, self.hq, 7 + dp), f32)
 
@@ -341,8 +365,9 @@ class DecodePlan:
         """``speculate`` checked against the mode, rule and kernel version."""
         if speculate is None:
             return None
-        if isinstance(speculate, bool) or not isinstance(speculate, (int, float)) or not speculate > 0:
-            raise ValueError(f"speculate must be None or a margin > 0 (e.g. 1.25), got {speculate!r}")
+        if speculate != "first_chunk" and (isinstance(speculate, bool) or not isinstance(speculate, (int, float))
+                                           or not speculate > 0):
+            raise ValueError(f"speculate must be None, a margin > 0 (e.g. 1.25) or 'first_chunk', got {speculate!r}")
         if self.mode != "psa":
             raise ValueError(f"speculate runs PSA's loop; mode={self.mode!r} has none")
         if self.stop == "certified":
@@ -350,7 +375,7 @@ class DecodePlan:
                                       "buffer holds the min/max bounds, not the estimates the prediction needs)")
         if self.version != 3:
             raise ValueError("speculate needs decode version 3")
-        return float(speculate)
+        return speculate if speculate == "first_chunk" else float(speculate)
 
     def _plan_splits(self, splits, cluster) -> tuple:
         """``(splits, positions per split, partial-output buffer or None)``; sets ``cluster`` to 1 when split."""
@@ -512,7 +537,7 @@ class DecodePlan:
                                           s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,
                                           forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
                                           stop=self.stop, margin=self._estimated_stop_margin, blocks=longest)
-        if self.speculate is not None:
+        if self.speculate is not None and not self._spec_first:
             _kernels.spec_len(self.log_suffix, self.cache.seq_lens[layer], self.spec_len, self.spec_total,
                               s=self.cache.block_size, g=self.g, hq=self.hq, nmax=self.cache.nmax,
                               forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
@@ -547,7 +572,7 @@ class DecodePlan:
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,
                                                                   self.spec_warps, self.spec_items),
-                        **self._shape())
+                        spec_pieces=self._spec_share, **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, num_used, self.iterations, self.reason,
                             self.mass_estimate, None if self.istate is None else self.istate[..., 3])
 
@@ -730,7 +755,7 @@ def _result(dec: DecodeOutput, p: DecodePlan, blocks: KVBlocks, q3, single: bool
 def attention(q, blocks: KVBlocks, threshold: float = 0.95, *, scale: float | None = None, stop: str = DEFAULT_STOP,
               step: int | str = 1, gqa: str = "shared", sink_blocks: int = 0, recent_blocks: int = 0,
               exact_mass: bool = False, first_chunk: int | str | None = None, rank: str = "estimate",
-              speculate: float | None = None) -> AttentionResult:
+              speculate: float | str | None = None) -> AttentionResult:
     """Progressive sparse attention on the GPU; the arguments and result of [`psa_ref.attention`][psa_ref.attention].
 
     ``q`` is ``[D]`` or ``[Hq, D]`` (float16/32/64 or bfloat16, CuPy or CUDA torch); ``output`` is float32 on

@@ -400,8 +400,11 @@ def test_profile_decode_step_variants():
     assert pds.parse_variants("ema+first:s1.0") == [("ema+first", 1.0)]  # ema's rule on cuboid_mean, not quant3
     assert "ema+first" not in pds.QUANT3_VARIANTS
     assert pds.parse_variants("ema+stop") == [("ema+stop", None)] and "ema+stop" not in pds.QUANT3_VARIANTS
+    # speculate="first_chunk": only where a variant has a first ranked chunk
+    assert pds.parse_variants("ema+stop:sfirst,default+first:sfirst") == [("ema+stop", "first_chunk"),
+                                                                         ("default+first", "first_chunk")]
     for bad, says in (("loop", "not dense"), ("default:2.0", "sM"), ("dense:s1", "not dense"), ("topk:s1", "topk"),
-                      (" , ", "no variant")):
+                      (" , ", "no variant"), ("ema:sfirst", "only the"), ("default:sfirsts", "sM")):
         with pytest.raises(ValueError, match=says):
             pds.parse_variants(bad)
 
@@ -1023,6 +1026,72 @@ def test_the_kernels_read_the_callers_query_only_where_built_to():
             _kernels.decode(q, *[None] * 11, **{**dict(d=64, s=16, g=4, hq=4, hkv=1, nmax=8, stop="ema",
                                                          threshold=0.9, step=8, forced=0, cluster=1,
                                                          q_mma=q, q_raw=(q, 1.0)), **other})
+
+
+def test_spec_pieces_give_the_groups_about_one_wave(monkeypatch):
+    """speculate="first_chunk": a chunk's CTAs are the power of two at or below SMs / groups, 1 to SPEC_PIECES_MAX: one
+    Llama request (8 groups) 16 (128 CTAs a chunk between them), per head (32) 4, B = 8 (64) 2, B = 32 1, Gemma 3's one
+    group the cap."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert [_kernels.spec_pieces(n) for n in (1, 2, 3, 8, 32, 64, 66, 67, 256)] == [64, 64, 32, 16, 4, 2, 2, 1, 1]
+    for n in range(1, 300):
+        p = _kernels.spec_pieces(n)
+        assert p & (p - 1) == 0 and 1 <= p <= _kernels.SPEC_PIECES_MAX
+        assert p == 1 or n * p <= 132  # never more than one wave of CTAs a chunk
+
+
+def test_spec_share_fills_one_wave_and_shares_it_by_blocks(monkeypatch):
+    """speculate="first_chunk" with SPEC_BALANCE: one wave of CTAs (an SM each) less a CTA a group for the forced
+    chunks, at least one a group, the rest shared by blocks; without it every group's chunk takes spec_pieces. The
+    host's mirror of the device's count (spec_ranked_pieces) gives every group 1 to pmax pieces and never more than
+    its blocks, fits the CTAs, and cuts no uncapped group's chunk into pieces longer than W / extra blocks (the busiest
+    group's pieces as long as the rest's)."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)
+    assert _kernels.spec_share(8, True) == (132, 64, 116)
+    assert _kernels.spec_share(8, False) == (132, 64, 124)
+    assert _kernels.spec_share(100, False) == (132, 33, 32)
+    assert _kernels.spec_share(256, True) == (512, 1, 0)  # more groups than SMs: a CTA a chunk
+    monkeypatch.setattr(_kernels, "SPEC_BALANCE", 0)
+    assert _kernels.spec_share(8, True) == (8 + 8 * 16, 16, -1)
+    np.testing.assert_array_equal(_kernels.spec_ranked_pieces([5, 40, 0], -1, 16), [5, 16, 1])
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        groups = int(rng.integers(1, 140))
+        forced = bool(rng.integers(0, 2))
+        monkeypatch.setattr(_kernels, "SPEC_BALANCE", 1)
+        ctas, pmax, extra = _kernels.spec_share(groups, forced)
+        w = rng.integers(0, 3000, groups) * (rng.random(groups) < 0.9)
+        p = _kernels.spec_ranked_pieces(w, extra, pmax)
+        assert p.min() >= 1 and p.max() <= pmax and np.all((p <= w) | (w == 0))
+        assert p.sum() + (groups if forced else 0) <= ctas
+        free = (p < pmax) & (p < w)
+        if w.sum() > 0 and extra > 0:
+            assert np.all(w[free] / p[free] < w.sum() / extra)
+
+
+def test_decode_refuses_pieces_with_a_list_of_chunks():
+    """The speculative build's pieces run with no spec_len and no list: with psa_spec_len's compact list or a spec_len,
+    a null spec_len without pieces, or a partial buffer that does not hold chunks x pieces entries a head, decode()
+    raises before any launch."""
+    from psa_fast import _kernels
+
+    q = np.zeros((1, 4, 64), np.float32)
+    common = dict(d=64, s=16, g=4, hq=4, hkv=1, nmax=8, stop="ema", threshold=0.9, step=8, forced=0, cluster=1)
+    partial = np.zeros((1, 4, 2 * 4, 68), np.float32)  # 2 chunks x 4 pieces
+    items, lens = np.zeros(8, np.int32), np.zeros((1, 1), np.int32)
+    four, two = _kernels.SpecShare(8, 4, 4), _kernels.SpecShare(4, 2, 2)
+    for spec, pieces, says in (((None, partial, None, None, 2, None, 8, items), four, "no list of chunks"),
+                               ((lens, partial, None, None, 2, None, 8, None), four, "spec_len given: True"),
+                               ((None, partial, None, None, 2, None, 8, None), None, "spec_len given: False"),
+                               ((None, partial, None, None, 2, None, 8, None), _kernels.SpecShare(4, 0, 0), "pmax must be"),
+                               ((None, partial, None, None, 2, None, 8, None), two, "need 4")):
+        with pytest.raises(ValueError, match=says):
+            _kernels.decode(q, np.zeros(1, np.float16), *[None] * 10, **common, q_mma=q, spec=spec,
+                            spec_pieces=pieces)
 
 
 def test_pick_cluster_covers_the_sms_once_up_to_the_largest_cluster(monkeypatch):

@@ -89,6 +89,14 @@
 // the one-warp build on the grid above leaves unless they reach `one_warp_from`; the other then runs a
 // compact grid, CTA i taking the i-th speculated chunk from `spec_items` (psa_spec_len's list, `gi *
 // spec_chunks + chunk`), and leaves when they do reach it, so the launch that leaves is small.
+// Pieces (PSA_SPEC_PIECES > 1, DecodePlan(speculate="first_chunk")): only each group's forced chunk and first
+// ranked chunk are speculated (`spec_len` null, no list), on a 1-D grid: CTAs [0, F) take the forced chunks (F =
+// `spec_groups` = B x Gn where there are forced blocks, else 0), the rest the first ranked chunks cut into contiguous
+// pieces, group after group, as many a group as verifier.cuh's spec_pieces_of gives (by its blocks where `spec_extra`
+// >= 0, so that the busiest group's pieces are as long as the others'; at most PSA_SPEC_PIECES). A piece is attended
+// as the chunk it belongs to would be (its moving-average coefficients by position in the whole chunk) and writes its
+// own partial (entry chunk * PSA_SPEC_PIECES + piece); psa_spec_verify combines a chunk's pieces in piece order, as a
+// cluster combines its CTAs in rank order. So a large first chunk fills the GPU as the split build's splits do.
 //
 // Split build (PSA_SPLIT = 1; dense and top-k, which need no verifier decision): one group's
 // positions [0, min(n, step)) are cut into gridDim.x splits of `split_len` positions, each attended
@@ -125,6 +133,9 @@
 #ifndef PSA_SPEC
 #define PSA_SPEC 0
 #endif
+#ifndef PSA_SPEC_PIECES
+#define PSA_SPEC_PIECES 1  // the speculative build's CTAs a chunk (below)
+#endif
 #ifndef PSA_RESUME
 #define PSA_RESUME 0
 #endif
@@ -139,6 +150,7 @@
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
 static_assert(!(PSA_SPEC && (PSA_SPLIT || PSA_STATEFUL || PSA_CLUSTER > 1)),
               "the speculative build runs one CTA per chunk");
+static_assert(PSA_SPEC || PSA_SPEC_PIECES == 1, "pieces share the speculative build's chunks");
 static_assert(!(PSA_OFFLOAD && PSA_RESUME), "offload and resume are different builds");
 static_assert(!(PSA_GRID && (PSA_CLUSTER > 1 || PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
               "the grid build is the plain loop's, its CTAs not a cluster");
@@ -427,15 +439,6 @@ __host__ __device__ constexpr int grid_finish_threads(int threads, int pieces) {
 }
 #endif
 
-// Merge two shares of a chunk's statistics (max logit, mass and EMA terms relative to it, min log
-// block mass). Every warp that merges the same shares in the same order gets the same bits.
-__device__ __forceinline__ float4 combine_stats(float4 a, float4 b) {
-    const float nm = fmaxf(a.x, b.x);
-    if (nm == -PSA_INF) return make_float4(nm, 0.f, fminf(a.z, b.z), 0.f);
-    const float ea = __expf(a.x - nm), eb = __expf(b.x - nm);
-    return make_float4(nm, a.y * ea + b.y * eb, fminf(a.z, b.z), a.w * ea + b.w * eb);
-}
-
 // ---- one block's arithmetic, shared by the single and the paired loop ----
 // Lane layout of the MMA fragments: hh = lane / 4 is the fragment's row (a token or a channel), quad = lane % 4 its
 // column pair (heads 2 quad, 2 quad + 1). The lane's two heads are indexed e = 0, 1 below.
@@ -609,7 +612,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #endif
 #if PSA_SPEC
            , const int* __restrict__ spec_len, float* __restrict__ partial, const int* __restrict__ spec_total,
-           int one_warp_from, const int* __restrict__ spec_items, int spec_chunks
+           int one_warp_from, const int* __restrict__ spec_items, int spec_chunks, int spec_groups, int spec_extra
 #endif
 #if PSA_GRID
            , xstat_t* __restrict__ xstats, unsigned int* __restrict__ xcount, float* __restrict__ xpart
@@ -624,16 +627,60 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #if !PSA_QRAW
     const float q_mul = 1.f;  // unused: the plan's copy is scaled
 #endif
-    constexpr int NW = PSA_GROUP_CTAS * PSA_WARPS;
+    constexpr int NW = PSA_GROUP_CTAS * PSA_WARPS;  // warps sharing a chunk
     // The rings start on a 128-byte line. After the static shared memory (not a multiple of 128 bytes in most builds)
     // a 16-byte alignment started them off one, and every build was slower for it: one Gemma 3 request's grid build
     // by up to 4 µs, Llama's clusters at 128K B = 8 by 12 (NOTES.md, thirty-second session, s32d-g; why, not profiled:
     // the swizzle keeps a phase's eight 16-byte pieces on distinct banks at any 16-byte offset).
     extern __shared__ __align__(128) unsigned char dyn_smem[];
 #if PSA_SPEC
-    // The CTA's request, group and chunk: from the grid (chunk, Gn, B), or the compact list's entry blockIdx.x.
-    // Each build leaves unless the chunks speculated pick its shape (above).
-    const int Gn = Hq / PSA_G, spec_count = __ldg(spec_total);
+    // The CTA's request, group and chunk: from the grid (chunk, Gn, B), the compact list's entry blockIdx.x, or (pieces)
+    // the 1-D grid's share-out. Each build leaves unless the chunks speculated pick its shape (above).
+    const int Gn = Hq / PSA_G;
+    constexpr unsigned int rank = 0;  // (one CTA a chunk or piece)
+#if PSA_SPEC_PIECES > 1
+    // Pieces: the forced chunk of group blockIdx.x, or the piece blockIdx.x - F of the groups' first ranked chunks,
+    // found by warp 0's scan of the groups' piece counts.
+    const bool spec_forced = forced > 0 && (int)blockIdx.x < spec_groups;
+    int spec_piece = 0, spec_npieces = 1, chunk = 0;
+    int b = blockIdx.x / Gn, g = blockIdx.x % Gn;
+    if (!spec_forced) {
+        __shared__ int s_piece[3];  // group (-1: the CTA has none), piece, pieces
+        if (threadIdx.x < 32) {
+            const long long total = spec_blocks_total(first_len, seq_lens, spec_groups, Gn, forced);
+            const int idx = (int)blockIdx.x - (forced > 0 ? spec_groups : 0), lane = threadIdx.x;
+            if (lane == 0) s_piece[0] = -1;
+            __syncwarp();
+            for (int g0 = 0, before = 0; g0 < spec_groups && before <= idx; g0 += 32) {
+                const int gi = g0 + lane;
+                const int w = gi < spec_groups ? spec_ranked_blocks(first_len, seq_lens, gi, Gn, forced) : 0;
+                const int p = gi < spec_groups ? spec_pieces_of(w, total, spec_extra, PSA_SPEC_PIECES) : 0;
+                int incl = p;  // the lanes' inclusive scan of the pieces
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const int x = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o) incl += x;
+                }
+                const int start = before + incl - p;
+                if (p > 0 && idx >= start && idx < start + p) {
+                    s_piece[0] = gi;
+                    s_piece[1] = idx - start;
+                    s_piece[2] = p;
+                }
+                before += __shfl_sync(0xffffffffu, incl, 31);
+            }
+        }
+        __syncthreads();
+        if (s_piece[0] < 0) return;  // past the last piece
+        b = s_piece[0] / Gn;
+        g = s_piece[0] % Gn;
+        spec_piece = s_piece[1];
+        spec_npieces = s_piece[2];
+        chunk = 1;  // the first ranked chunk: entry 1, or 0 below where the request has no forced chunk
+    }
+#else
+    constexpr int spec_piece = 0, spec_npieces = 1;
+    const int spec_count = __ldg(spec_total);
     int b = blockIdx.z, g = blockIdx.y, chunk = blockIdx.x;
     if (spec_items) {
         if (spec_count >= one_warp_from || (int)blockIdx.x >= spec_count) return;
@@ -644,10 +691,11 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     } else if ((spec_count >= one_warp_from) != (PSA_WARPS == 1)) {
         return;
     }
+#endif
 #else
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
-#endif
     const unsigned int rank = PSA_GRID ? blockIdx.x : cluster_rank();  // this CTA's index within the group
+#endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if PSA_LOOP_CLOCK
     __shared__ long long lclk_store[16];
@@ -709,10 +757,30 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     // starts before the group's speculated positions (psa_spec_len); the others leave at once.
     const int n_all = (len + PSA_S - 1) / PSA_S, first_all = min(n_all, forced);
     const int first2_all = first_len ? min(n_all, first_all + __ldg(first_len + (long)b * Gn + g)) : first_all;
-    const int base = chunk_start(chunk, first_all, first2_all, step);
-    if (base >= min(n_all, __ldg(spec_len + (long)b * Gn + g))) return;
-    const int n = chunk_end(base, first_all, first2_all, step, n_all) - base;
+#if PSA_SPEC_PIECES > 1
+    if (first_all == 0) {  // the request has no forced chunk: its forced CTA leaves, its first ranked chunk is entry 0
+        if (spec_forced) return;
+        chunk = 0;
+    }
+#endif
+    const int base_c = chunk_start(chunk, first_all, first2_all, step);
+    if (base_c >= min(n_all, spec_len ? __ldg(spec_len + (long)b * Gn + g) : first2_all)) return;
+    const int n_c = chunk_end(base_c, first_all, first2_all, step, n_all) - base_c;
+    // This CTA's positions [spec_off, spec_off + n) of the chunk (a piece, or all of it)
+    const int spec_off = spec_piece_start(spec_piece, spec_npieces, n_c);
+    const int base = base_c + spec_off, n = spec_piece_start(spec_piece + 1, spec_npieces, n_c) - spec_off;
     const int first = n;
+    if (PSA_SPEC_PIECES > 1 && n <= 0) {
+        // A piece that holds no position of the chunk (the counts never give more pieces than blocks): its partial
+        // says so at once (no mass, no output), without the start that loads the query and the stream.
+        constexpr int PW = PSA_D + 4;
+        for (int idx = threadIdx.x; idx < PSA_G * PW; idx += blockDim.x) {
+            const int h = idx / PW, d = idx % PW;
+            partial[((((long)b * Hq + h0 + h) * spec_chunks + chunk) * PSA_SPEC_PIECES + spec_piece) * PW + d] =
+                d == PSA_D ? -PSA_INF : d == PSA_D + 2 ? PSA_INF : 0.f;
+        }
+        return;
+    }
 #else
     constexpr int base = 0;
     const int n = (len + PSA_S - 1) / PSA_S;
@@ -974,7 +1042,13 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
         // This warp's share of the chunk for heads 2 quad + e (e = 0, 1): max logit, mass relative to it, min
         // log block mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
         float cm[2] = {-PSA_INF, -PSA_INF}, cs[2] = {0.f, 0.f}, cmin[2] = {PSA_INF, PSA_INF}, ce[2] = {0.f, 0.f};
-        const int clen = end - pos;
+        // fold_block's coefficients are by position in the chunk [fpos, fpos + clen): the speculative build's whole
+        // chunk, of which a piece holds [spec_off, spec_off + n) (the others: [pos, end))
+#if PSA_SPEC
+        const int fpos = pos - spec_off, clen = n_c;
+#else
+        const int fpos = pos, clen = end - pos;
+#endif
 
         for (; cur < end; ++consumed) {
             const int j = PSA_BLOCK_AT(consumed, cur);
@@ -996,9 +1070,9 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
                 float sacc[PSA_SP / 16][4], sacc2[PSA_SP / 16][4], bm[2], bs[2], bm2[2], bs2[2];
                 block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
                 block_logits(stk2, qa, q_has_lo, min(PSA_S, len - j2 * PSA_S), qk_scale, lane, sacc2, bm2, bs2);
-                fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
+                fold_block(cur, fpos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
                            (long)b * Hq + h0, Nmax, base, lane);
-                fold_block(cur2, pos, clen, it, log_keep, ema_w, bm2, bs2, cm, cs, cmin, ce, sketchy, lmass,
+                fold_block(cur2, fpos, clen, it, log_keep, ema_w, bm2, bs2, cm, cs, cmin, ce, sketchy, lmass,
                            (long)b * Hq + h0, Nmax, base, lane);
                 float top[2], c_new[2], c_new2[2];
 #pragma unroll
@@ -1023,7 +1097,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
             const kv_t* stk = stage(consumed);
             float sacc[PSA_SP / 16][4], bm[2], bs[2];
             block_logits(stk, qa, q_has_lo, min(PSA_S, len - j * PSA_S), qk_scale, lane, sacc, bm, bs);
-            fold_block(cur, pos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
+            fold_block(cur, fpos, clen, it, log_keep, ema_w, bm, bs, cm, cs, cmin, ce, sketchy, lmass,
                        (long)b * Hq + h0, Nmax, base, lane);
             move_max(bm, wm, wl, oacc);
             float c_new[2];
@@ -1356,7 +1430,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     for (int idx = threadIdx.x; idx < PSA_G * PW; idx += blockDim.x) {
         const int h = idx / PW, d = idx % PW;
 #if PSA_SPEC
-        float* dst = partial + (((long)b * Hq + h0 + h) * spec_chunks + chunk) * PW;
+        float* dst = partial + ((((long)b * Hq + h0 + h) * spec_chunks + chunk) * PSA_SPEC_PIECES + spec_piece) * PW;
 #else
         float* dst = partial + (((long)b * Hq + h0 + h) * gridDim.x + blockIdx.x) * PW;
 #endif

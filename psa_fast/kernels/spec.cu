@@ -14,9 +14,13 @@
 // chunks by prefix scans and every lane decides on its chunk. The scans sum in another order than the
 // loop's fold, so a decision can differ from the loop's where rounding straddles the threshold. The
 // output then needs one pass over the partials: the verifier's running max and mass are the merge's.
-//   partial    [B, Hq, Cmax, PSA_D + 4] float: per chunk O[D] (unnormalised), max logit, mass relative to
-//              it, min log block mass, moving-average terms (psa_decode's PSA_SPEC build)
-//   spec_len   [B, Gn] int: the speculated positions (psa_spec_len)
+//   partial    [B, Hq, Cmax, PSA_SPEC_PIECES, PSA_D + 4] float: per chunk (and piece) O[D] (unnormalised), max
+//              logit, mass relative to it, min log block mass, moving-average terms (psa_decode's PSA_SPEC build);
+//              a chunk's pieces (the forced chunk one, the first ranked chunk as many as verifier.cuh's
+//              spec_pieces_of gives with `spec_extra`) are combined in piece order first (combine_stats, as the loop
+//              combines a cluster's CTAs), then the chunks are folded as below
+//   spec_len   [B, Gn] int: the speculated positions (psa_spec_len), or null: each group's forced and first ranked
+//              chunks (DecodePlan(speculate="first_chunk"))
 //   log_suffix, ordered, lmass, first_len: as psa_decode
 //   out [B, Hq, PSA_D], num_used / iterations / reason [B, Gn], mass_est [B, Hq]: written for groups that stop
 //   istate     [B, Gn, 4] int out: next position, iterations done, reason (-1: the loop goes on), and the
@@ -40,6 +44,10 @@
 #define PSA_CLOCK_ADD(acc, from)
 #endif
 
+#ifndef PSA_SPEC_PIECES
+#define PSA_SPEC_PIECES 1  // the speculative attend's CTAs (and partials) a chunk
+#endif
+
 #define PSA_VERIFY_THREADS 1024
 #define PSA_WIN (PSA_VERIFY_THREADS / 32)
 
@@ -50,12 +58,13 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 int* __restrict__ num_used, int* __restrict__ iterations, int* __restrict__ reason,
                 float* __restrict__ mass_est, int* __restrict__ istate, float* __restrict__ vstate, int Hq, int Nmax,
                 int Cmax, int stop, float threshold, int step, int forced, float ema_w, float sketch_share,
-                int sketch_window, int* __restrict__ spec_total
+                int sketch_window, int* __restrict__ spec_total, int spec_extra
 #if PSA_VERIFY_CLOCK
                 , long long* __restrict__ clocks
 #endif
                 ) {
-    constexpr int PW = PSA_D + 4;  // floats per chunk and head in `partial`
+    constexpr int PW = PSA_D + 4;  // floats per chunk (piece) and head in `partial`
+    constexpr int P = PSA_SPEC_PIECES;  // the partials' entries a chunk
     const int g = blockIdx.x, b = blockIdx.y, Gn = gridDim.x, h0 = g * PSA_G;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     PSA_CLOCK(t_start);
@@ -67,12 +76,23 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     const long gi = (long)b * Gn + g;
     const int len = seq_lens[b], n = (len + PSA_S - 1) / PSA_S, first = min(n, forced);
     const int first2 = first_len ? min(n, first + __ldg(first_len + gi)) : first;
-    const int C = min(Cmax, chunks_before(min(n, __ldg(spec_len + gi)), first, first2, step));
+    const int C = min(Cmax, chunks_before(min(n, spec_len ? __ldg(spec_len + gi) : first2), first, first2, step));
     const bool sketchy = stop == PSA_STOP_SKETCH || stop == PSA_STOP_SKETCH_AVG;
     const bool tail = stop == PSA_STOP_CERTIFIED || sketchy;
     const float next_share = stop == PSA_STOP_SKETCH_AVG ? sketch_share / (float)n : sketch_share;
     const float log_keep = __logf(1.f - ema_w);
     const long row0 = (long)b * Hq + h0;  // the group's first head
+#if PSA_SPEC_PIECES > 1
+    // Pieces: the first ranked chunk's (the attend's count, from every group's blocks); every other chunk has one
+    __shared__ int s_pieces;
+    if (threadIdx.x < 32) {
+        const long long total = spec_blocks_total(first_len, seq_lens, Gn * gridDim.y, Gn, forced);
+        if (threadIdx.x == 0) s_pieces = spec_pieces_of(first2 - first, total, spec_extra, P);
+    }
+    __syncthreads();
+    const int ranked_pieces = s_pieces;
+    auto pieces_of = [&](int c) { return c == (first > 0) ? ranked_pieces : 1; };  // chunk c's
+#endif
 
     // Per chunk of the window and head: tm, ts, tmin, te, log_tail, w_true, w_sketch, next_sketch; per chunk
     // its end; per head the window's decisions as a bit mask.
@@ -94,15 +114,49 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
             const int c = c0 + warp;
             const int end = chunk_end(chunk_start(c, first, first2, step), first, first2, step, n);
             if (lane == 0) s_end[warp] = end;
-            if (lane < PSA_G) {  // lane h: head h's partial statistics and tail
-                const float4 x =
-                    __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + lane) * Cmax + c) * PW + PSA_D));
-                const float lt = tail ? __ldg(log_suffix + (row0 + lane) * (Nmax + 1) + end) : 0.f;
-                st[warp][lane][0] = x.x;
-                st[warp][lane][1] = x.y;
-                st[warp][lane][2] = x.z;
-                st[warp][lane][3] = x.w;
-                st[warp][lane][4] = lt;
+#if PSA_SPEC_PIECES > 1
+            // Pieces: J lanes a head, lane j combining the chunk's pieces j, j + J, ... in order (loads four at a
+            // time), then the head's lanes combined pairwise at growing distances (lane j with j + 1, then j + 2 ...)
+            constexpr int J = 32 / PSA_G;
+            const int hp = lane / J, j = lane % J, pn = pieces_of(c);
+            float4 x = make_float4(-PSA_INF, 0.f, PSA_INF, 0.f);  // no piece yet
+            if (hp < PSA_G) {
+                const float* pc = partial + ((row0 + hp) * Cmax + c) * P * PW + PSA_D;
+                for (int p0 = j; p0 < pn; p0 += 4 * J) {
+                    float4 xp[4];
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+                        if (p0 + k * J < pn) xp[k] = __ldcg(reinterpret_cast<const float4*>(pc + (p0 + k * J) * PW));
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+                        if (p0 + k * J < pn) x = combine_stats(x, xp[k]);
+                }
+            }
+#pragma unroll
+            for (int off = 1; off < J; off <<= 1) {
+                float4 y;
+                y.x = __shfl_down_sync(0xffffffffu, x.x, off);
+                y.y = __shfl_down_sync(0xffffffffu, x.y, off);
+                y.z = __shfl_down_sync(0xffffffffu, x.z, off);
+                y.w = __shfl_down_sync(0xffffffffu, x.w, off);
+                if (j % (2 * off) == 0 && j + off < J) x = combine_stats(x, y);
+            }
+            const int head = hp;
+            const bool writes = hp < PSA_G && j == 0;
+#else
+            const int head = lane;  // lane h: head h's partial statistics
+            const bool writes = lane < PSA_G;
+            const float4 x = writes
+                ? __ldcg(reinterpret_cast<const float4*>(partial + ((row0 + head) * Cmax + c) * P * PW + PSA_D))
+                : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
+            if (writes) {  // the head's partial statistics (its pieces' combined) and tail
+                const float lt = tail ? __ldg(log_suffix + (row0 + head) * (Nmax + 1) + end) : 0.f;
+                st[warp][head][0] = x.x;
+                st[warp][head][1] = x.y;
+                st[warp][head][2] = x.z;
+                st[warp][head][3] = x.w;
+                st[warp][head][4] = lt;
             }
             if (sketchy) {  // the calibration window's sums and the next block's sketch mass, as psa_decode's
                 float wt[PSA_G], ws[PSA_G], nx[PSA_G];
@@ -185,10 +239,54 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
     // The output of chunks [0, last]: the verifier's running max M and mass L (relative to M) are the
     // merge's, so one pass adds O_c e^(m_c - M); normalised if the loop ended here, else kept (with M and
     // L) for the resumed loop.
+    auto put = [&](int h, int d, float O) {
+        const float M = last < 0 ? -PSA_INF : s_M[h], L = last < 0 ? 0.f : s_L[h];
+        if (why >= 0) {
+            out[(row0 + h) * PSA_D + d] = O / L;
+        } else {
+            float* vs = vstate + (row0 + h) * (7 + PSA_D);
+            vs[7 + d] = O;
+            if (d == 0) { vs[5] = M; vs[6] = L; }
+        }
+    };
+#if PSA_SPEC_PIECES > 1
+    // Pieces: K threads an output element where they fit, thread k adding pieces k, k + K, ... of each chunk; their
+    // sums then added in k order.
+    constexpr int E = PSA_G * PSA_D, K = E < PSA_VERIFY_THREADS ? PSA_VERIFY_THREADS / E : 1;
+    __shared__ float s_part[K > 1 ? E * K : 1];
+    for (int idx = threadIdx.x; idx < E * K; idx += blockDim.x) {
+        const int e = idx / K, k = idx % K, h = e / PSA_D, d = e % PSA_D;
+        const float* pr = partial + (row0 + h) * Cmax * P * PW;
+        const float M = last < 0 ? -PSA_INF : s_M[h];
+        float O = 0.f;
+        if (M != -PSA_INF) {
+            for (int c = 0; c <= last; ++c) {  // every piece of chunks 0 .. last
+                const int pn = pieces_of(c);
+#pragma unroll 8
+                for (int p = k; p < pn; p += K) {
+                    const float m = __ldcg(pr + (c * P + p) * PW + PSA_D);
+                    const float o = __ldcg(pr + (c * P + p) * PW + d);
+                    O += m == -PSA_INF ? 0.f : o * __expf(m - M);
+                }
+            }
+        }
+        if (K > 1) s_part[idx] = O;
+        else put(h, d, O);
+    }
+    if (K > 1) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            float O = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; ++k) O += s_part[e * K + k];
+            put(e / PSA_D, e % PSA_D, O);
+        }
+    }
+#else
     for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
         const int h = idx / PSA_D, d = idx % PSA_D;
-        const float* pr = partial + (row0 + h) * Cmax * PW;
-        const float M = last < 0 ? -PSA_INF : s_M[h], L = last < 0 ? 0.f : s_L[h];
+        const float* pr = partial + (row0 + h) * Cmax * P * PW;
+        const float M = last < 0 ? -PSA_INF : s_M[h];
         float O = 0.f;
         if (M != -PSA_INF) {
 #pragma unroll 8
@@ -198,14 +296,9 @@ psa_spec_verify(const float* __restrict__ partial, const int* __restrict__ spec_
                 O += m == -PSA_INF ? 0.f : o * __expf(m - M);
             }
         }
-        if (why >= 0) {
-            out[(row0 + h) * PSA_D + d] = O / L;
-        } else {
-            float* vs = vstate + (row0 + h) * (7 + PSA_D);
-            vs[7 + d] = O;
-            if (d == 0) { vs[5] = M; vs[6] = L; }
-        }
+        put(h, d, O);
     }
+#endif
 #if PSA_VERIFY_CLOCK
     __syncthreads();
     if (threadIdx.x == 0) {

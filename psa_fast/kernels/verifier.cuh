@@ -29,6 +29,52 @@ __device__ __forceinline__ int chunks_before(int x, int first, int first2, int s
     return nf + n2 + (x - first2 + step - 1) / step;
 }
 
+// Pieces (DecodePlan(speculate="first_chunk"), PSA_SPEC_PIECES = the most a chunk): a group's forced chunk is one
+// CTA's, and its first ranked chunk, of w blocks, is cut into P contiguous pieces of w / P blocks (rounded down at
+// each cut), each a CTA's. With `extra` >= 0 the groups share the launch's CTAs by their blocks: P = 1 + extra w / W
+// (rounded down; W every group's w, `extra` the CTAs past one a group), so the busiest group's pieces are no longer
+// than the rest; with `extra` < 0 every group takes `pmax`. Never more pieces than blocks, nor more than `pmax`. The
+// attend (psa_decode's PSA_SPEC build) and the verifier (psa_spec_verify) compute the same counts from the same
+// integers.
+__device__ __forceinline__ int spec_ranked_blocks(const int* __restrict__ first_len, const int* __restrict__ seq_lens,
+                                                  long gi, int Gn, int forced) {
+    const int n = (__ldg(seq_lens + gi / Gn) + PSA_S - 1) / PSA_S, first = min(n, forced);
+    return min(n, first + __ldg(first_len + gi)) - first;
+}
+
+__device__ __forceinline__ int spec_pieces_of(int w, long long total, int extra, int pmax) {
+    const int p = extra < 0 ? pmax : 1 + (total > 0 ? (int)((long long)extra * w / total) : 0);
+    return max(1, min(min(p, pmax), w));
+}
+
+// Every group's ranked blocks of its first chunk, summed over the warp's lanes (each lane a stride of the groups; the
+// sum returned in every lane). Called by one whole warp.
+__device__ __forceinline__ long long spec_blocks_total(const int* __restrict__ first_len,
+                                                       const int* __restrict__ seq_lens, int groups, int Gn,
+                                                       int forced) {
+    long long total = 0;
+    for (int gi = threadIdx.x & 31; gi < groups; gi += 32)
+        total += spec_ranked_blocks(first_len, seq_lens, gi, Gn, forced);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    return total;
+}
+
+// The first position of piece `piece` of P in a chunk of n positions (piece P: n).
+__device__ __forceinline__ int spec_piece_start(int piece, int pieces, int n) {
+    return (int)((long long)piece * n / pieces);
+}
+
+// Merge two shares of a chunk's statistics (max logit, mass and EMA terms relative to it, min log
+// block mass): a cluster's CTAs in rank order, a speculated chunk's pieces in piece order. Every warp that merges
+// the same shares in the same order gets the same bits.
+__device__ __forceinline__ float4 combine_stats(float4 a, float4 b) {
+    const float nm = fmaxf(a.x, b.x);
+    if (nm == -PSA_INF) return make_float4(nm, 0.f, fminf(a.z, b.z), 0.f);
+    const float ea = __expf(a.x - nm), eb = __expf(b.x - nm);
+    return make_float4(nm, a.y * ea + b.y * eb, fminf(a.z, b.z), a.w * ea + b.w * eb);
+}
+
 // Per head: the running max logit M, the attended mass AS_acc relative to M, the log of the lightest
 // attended block's mass (AS_min = exp(min - M)), the moving average AS_ema relative to M (stop = ema),
 // and the rule's estimated attended fraction AS_acc / (AS_acc + rest).
