@@ -3239,6 +3239,30 @@ runpy.run_path('profile_decode_step.py', run_name='__main__')" 2>&1 | grep -v Wa
       | grep -E "^T=|psa_" | head -30
   exit 0
 fi
+if [ "$PART" = s68a ]; then
+  # Sixty-eighth session: where the loop's rate a CTA goes at one request (s67: ~6 blocks a µs a CTA of the decode
+  # build, ~48 GB/s an SM, about half of what 8 warps could issue). ncu's full set on psa_decode past a warm-up step,
+  # caches and clocks as the graph leaves them, Llama 5% 32K B = 1 (`ema`, the loop on clusters of 8) and the split
+  # build's top-k at about PSA's share (k = 395, ~19% of 2,048 blocks) for comparison; then each instruction's stall
+  # samples (SASS, csv) so the chain that holds a warp can be read off-device. Predicted from s24 (6 x 4 slower than
+  # 8 x 3 at the same ring) and s64f (long scoreboard 4.8-5.7 an instruction in both builds): the loop's stalls
+  # mostly long scoreboard at the cp.async wait and the first mma after it, issue active ~13%. ~3 minutes.
+  cd benchmarks
+  for v in "ema ^psa_decode$ loop" "topk ^psa_decode$ topk"; do
+    set -- $v
+    timeout 150 ncu --clock-control none --cache-control none -k "regex:$2" --launch-skip 4 --launch-count 1 \
+        --set full --import-source yes -o "$OUT/s68a_$3" \
+        python3 profile_decode_step.py --share 0.05 --shape llama8b --size 32768 --batches 1 --variants "$1" \
+        --topk 395 --steps 3 --layers 1 --no-profiler --out "$OUT" > "$OUT/ncu_s68a_$3.log" 2>&1
+    echo "$3 ncu rc=$?"
+    ncu -i "$OUT/s68a_$3.ncu-rep" --page details --print-details all > "$OUT/s68a_$3_details.txt" 2>&1
+    ncu -i "$OUT/s68a_$3.ncu-rep" --page source --csv --print-source sass > "$OUT/s68a_$3_sass.csv" 2>&1
+    grep -E "Duration|Registers Per|Grid Size|Block Size|Issue Active|Issued Warp|Stall (Long|Wait|Barrier|Short|MIO|Math|Not Sel|Selected|LG|Branch|Dispatch|No Inst|Membar|Sleep|Tex|Drain)|DRAM Throughput|L2 Hit|Achieved Occ|Theoretical Occ|Executed Ipc A" \
+        "$OUT/s68a_$3_details.txt" | head -40
+    wc -c "$OUT/s68a_$3_sass.csv"
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
