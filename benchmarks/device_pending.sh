@@ -3264,24 +3264,10 @@ if [ "$PART" = s68a ]; then
   exit 0
 fi
 if [ "$PART" = s68b ]; then
-  # Sixty-eighth session: the K/V lines of a warp's stream asked into L2 ahead of their copies (_kernels.DECODE_L2_AHEAD,
-  # PSA_L2_AHEAD; off by default, default builds byte-identical). s68a (ncu, K/V in L2): a third of the pair loop's
-  # stall samples wait at cp.async.wait_group for the pair's second block, issued at the top of the same pair. With
-  # the lines in L2 when the copy goes out, that wait is L2's latency, not HBM's. Predicted (H100): the loop's decode
-  # at one request -10 to -25% of its attend (~9 µs of the Llama 5% 32K B = 1 step's ~20 µs of decode: -1 to -2 µs;
-  # per-head 32K B = 1 decode 32.5 -> ~26-29); 128K B = 8 (bound by HBM) level; dense and top-k (split build, one
-  # request) -1 to -3 µs. First the bit-for-bit tests (outputs with and without it), then A/B 0 / 2 / 2 / 0 on
-  # exp_step's loop rows (graphs, layers rotating), then profile_decode_step's kernels (per-head ema+stop and top-k,
-  # dense) at 0 and 2. ~5 minutes.
-  gpu_tests t_s68b.log 200 tests/test_fast.py -k "l2_prefetch or windowed_stream"
-  cd benchmarks
-  timeout 200 python3 exp_kernels_attr.py "DECODE_L2_AHEAD=0,2,2,0" -- exp_step.py --share 0.05 --shape llama8b \
-      --sizes 32768:1,131072:1,131072:8 --steps auto --modes loop --reps 20 2>&1 | grep -v Warn \
-      | tee "$OUT/s68b_llama.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
-  timeout 150 python3 exp_kernels_attr.py "DECODE_L2_AHEAD=0,2" -- profile_decode_step.py --per-head --shape llama8b \
-      --size 32768 --batches 1 --variants ema+stop,topk,dense --topk 717 --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | tee "$OUT/s68b_kernels.txt" | grep "^#\|^T=\|psa_decode\|psa_merge"
-  exit 0
+  # Sixty-eighth session: the K/V lines of a warp's stream asked into L2 ahead of their copies (PSA_L2_AHEAD, two
+  # entries ahead, code in 3476f7b). Predicted -1 to -2 µs at Llama 5% 32K B = 1, level at 128K B = 8.
+  retired "Ran in s68 (H100): slower everywhere (+4% to +8%, dense and top-k too); PSA_L2_AHEAD is removed" \
+      results_h100_s68.md
 fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call

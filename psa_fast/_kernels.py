@@ -710,11 +710,6 @@ DECODE_PAIR = 1  # 1: a decode warp attends two blocks of a chunk at once where 
 # loop at 128K from 81.5 to 78.6 µs but made Gemma 3's D 256 builds (4 warps, more registers) 1-2 µs slower
 # (benchmarks/NOTES.md, twenty-sixth session).
 DECODE_STREAM_WINDOW = 128
-# > 0: the windowed decode builds ask L2 for the K/V lines of the block this many entries of a warp's stream past the
-# one whose copies it issues, within the chunk being attended (PSA_L2_AHEAD, decode.cu); 0: off (the builds as
-# before). Written in the sixty-eighth session after ncu put a third of the loop's stall samples at the wait for a
-# pair's second block; off until measured (benchmarks/NOTES.md).
-DECODE_L2_AHEAD = 0
 SPEC_VERIFY_THREADS = 1024  # psa_spec_verify's CTA (PSA_VERIFY_THREADS in spec.cu)
 
 
@@ -952,8 +947,6 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
         defines["pair"] = DECODE_PAIR
         defines["stream_window"] = int(d <= DECODE_STREAM_WINDOW)
-        if DECODE_L2_AHEAD > 0 and d <= DECODE_STREAM_WINDOW:
-            defines["l2_ahead"] = int(DECODE_L2_AHEAD)
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 
         assert SKETCH_WINDOW <= 32, "the verifier gives each window position one lane"

@@ -635,43 +635,6 @@ def test_the_windowed_stream_attends_what_the_one_ahead_stream_does(monkeypatch,
                                       err_msg=name)
 
 
-@pytest.mark.parametrize("mode,stop,opts,batch,d", [
-    ("psa", "ema", dict(step=150), 1, 128), ("psa", "sketch", dict(step=4), 2, 64),
-    ("psa", "ema", dict(step=16, first_chunk="estimated_stop"), 2, 128),
-    ("psa", "ema", dict(step=16, speculate=1.0), 2, 64),
-    ("psa", "ema", dict(step=16, first_chunk="estimated_stop", speculate="first_chunk"), 2, 128),
-    ("dense", "ema", dict(splits=7), 3, 128), ("topk", "ema", dict(splits=7, k=200), 3, 64)])
-def test_the_l2_prefetch_ahead_changes_no_result(monkeypatch, mode, stop, opts, batch, d):
-    """_kernels.DECODE_L2_AHEAD (PSA_L2_AHEAD in decode.cu) only asks L2 for lines that a later copy reads: every
-    result is bit for bit the one without it, for the loop (pairs; chunks of 4, so that the prefetched entry often
-    lies past its chunk's end and the windows are refilled), a first chunk, both speculative schedules with the
-    resumed loop, and the split build (dense, top-k) on a ragged batch; ahead by 1, 5 and 27 (the most the stream's
-    two windows allow)."""
-    from psa_fast import _kernels
-
-    rng = np.random.default_rng(d + batch)
-    hkv, hq = 2, 8
-    lens = [700 * 16 + 5, 90 * 16 + 3, 300 * 16][:batch]
-    cache = psa_fast.PagedKVCache(num_layers=1, batch=batch, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
-                                  metadata="quant3" if stop == "sketch" else "cuboid_mean")
-    for b, t in enumerate(lens):
-        k = rng.standard_normal((hkv, t, d)).astype(np.float16)
-        k[:, 16 * 20: 16 * 60] += np.float16(0.5) * rng.standard_normal(d).astype(np.float16)  # a heavier stretch
-        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
-    q = cupy.asarray(2 * rng.standard_normal((batch, hq, d)).astype(np.float32))
-    kw = dict(mode=mode, num_q_heads=hq, **opts)
-    if mode == "psa":
-        kw.update(threshold=0.9, stop=stop)
-    runs = {}
-    for ahead in (0, 1, 5, 27):
-        monkeypatch.setattr(_kernels, "DECODE_L2_AHEAD", ahead)
-        runs[ahead] = psa_fast.plan(cache, **kw).run(q)
-    for ahead in (1, 5, 27):
-        for name in ("out", "num_used", "iterations", "reason"):
-            np.testing.assert_array_equal(cupy.asnumpy(getattr(runs[ahead], name)),
-                                          cupy.asnumpy(getattr(runs[0], name)), err_msg=f"{name}, ahead {ahead}")
-
-
 def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
     """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
     the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""

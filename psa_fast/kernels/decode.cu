@@ -145,17 +145,6 @@
 #ifndef PSA_GRID
 #define PSA_GRID 0  // _kernels.LOOP_GRID: a group's CTAs spread over the grid, not a cluster (below); 0: a cluster
 #endif
-#ifndef PSA_L2_AHEAD
-// > 0 (_kernels.DECODE_L2_AHEAD; windowed stream only): each time a warp issues the copies of its stream's entry m,
-// it also asks L2 for the K and V lines of entry m + PSA_L2_AHEAD (prefetch.global.L2), where that entry lies before
-// the end of the chunk being attended (or of the first ranked chunk, during the forced one). The ring holds a block in
-// flight a warp while a pair is attended (three stages); the copy of a pair's second block waits out the memory's
-// latency every pair (ncu, sixty-eighth session: a third of the loop's stall samples at that wait with K/V in L2). The
-// prefetch costs no shared memory: by the time the copy is issued its lines are in L2. Nothing read or computed changes.
-#define PSA_L2_AHEAD 0
-#endif
-#define PSA_L2_AHEAD_ON (PSA_L2_AHEAD > 0 && PSA_STREAM_WINDOW)
-static_assert(PSA_L2_AHEAD < 28, "the prefetched entry must lie in the stream's two windows held (PSA_STREAM_WINDOW)");
 #define PSA_STATEFUL (PSA_OFFLOAD || PSA_RESUME)  // the loop starts from (and the offload build saves) istate/vstate
 #define PSA_GROUP_CTAS (PSA_GRID ? PSA_GRID : PSA_CLUSTER)  // CTAs of one group
 static_assert(!(PSA_SPLIT && (PSA_OFFLOAD || PSA_CLUSTER > 1)), "the split build runs one CTA per split");
@@ -570,18 +559,6 @@ __device__ __forceinline__ void block_output(const kv_t* stv, float (&sacc)[PSA_
 // A stage's V tile follows its K tile.
 __device__ __forceinline__ const kv_t* ring_v(const kv_t* stk) { return stk + PSA_SP * PSA_D; }
 
-#if PSA_L2_AHEAD_ON
-// PSA_L2_AHEAD: the lanes of a warp ask L2 for the 128-byte lines of one block's K (kb) and V (vb) tiles.
-__device__ __forceinline__ void l2_prefetch_block(const kv_t* kb, const kv_t* vb, int lane) {
-    constexpr int bytes = PSA_S * PSA_D * (int)sizeof(kv_t);
-#pragma unroll
-    for (int o = 128 * lane; o < bytes; o += 32 * 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(kb) + o));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(vb) + o));
-    }
-}
-#endif
-
 #if PSA_DECIDE_PREFETCH_ON
 // PSA_DECIDE_PREFETCH, called by one warp after its part of the chunk ending at `end`: lanes 3 h, 3 h + 1 and 3 h + 2
 // ask L2 for the lines of head h (row row0 + h) that the decision reads and no CTA writes in the loop: in `ordered` the
@@ -944,12 +921,6 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     // copies' immediate offsets, where the general form recomputed rows, chunks and swizzles for every copy.
     constexpr bool lane_copies = 32 % PSA_NC == 0 && (PSA_S * PSA_NC) % 32 == 0;
     const unsigned int dst0 = 2 * PSA_D * (lane / PSA_NC) + 16 * ((lane % PSA_NC) ^ ((lane / PSA_NC) & PSA_SWZ));
-#if PSA_L2_AHEAD_ON
-    // The positions below which entries are prefetched into L2: the end of the chunk at `at`, or of the first ranked
-    // chunk while the forced one is attended (a group rarely stops after the forced blocks alone).
-    auto l2_limit = [&](int at) { return min(lim, boundary_end(at < first ? first : at, first, first2, step, n)); };
-    int l2_end = l2_limit(pos);
-#endif
 #if PSA_STREAM_WINDOW
     // issue(): copy the stream's next entry into the next stage (the argument serves the other stream).
     auto issue = [&](bool) {
@@ -983,12 +954,6 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
                 }
             }
         }
-#if PSA_L2_AHEAD_ON
-        if (entry(issued + PSA_L2_AHEAD, w_pos0, w_pos1) < l2_end) {
-            const long slot = entry(issued + PSA_L2_AHEAD, w_slot0, w_slot1);
-            l2_prefetch_block(k_pool + slot * (PSA_S * PSA_D), v_pool + slot * (PSA_S * PSA_D), lane);
-        }
-#endif
         cp_async_commit();  // one group per element, empty past the end, so group counts stay aligned
         ++issued;
 #if !PSA_STREAM_WINDOW
@@ -1074,9 +1039,6 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     while (why < 0) {
         PSA_LMARK(2);
         const int end = boundary_end(pos, first, first2, step, n);  // (pos: a chunk boundary)
-#if PSA_L2_AHEAD_ON
-        l2_end = l2_limit(pos);
-#endif
         // This warp's share of the chunk for heads 2 quad + e (e = 0, 1): max logit, mass relative to it, min
         // log block mass, and (stop = ema) its blocks' terms of the moving average, relative to the same max.
         float cm[2] = {-PSA_INF, -PSA_INF}, cs[2] = {0.f, 0.f}, cmin[2] = {PSA_INF, PSA_INF}, ce[2] = {0.f, 0.f};
