@@ -3281,6 +3281,28 @@ if [ "$PART" = s68c ]; then
       | tee "$OUT/s68c_l17_steps.txt" | grep "^#\|^| [0-9]* | [0-9]* | loop"
   exit 0
 fi
+if [ "$PART" = s68d ]; then
+  # Sixty-eighth session: s68a with the K/V streamed from HBM (profile_decode_step's layers in turn, as the benchmarks
+  # run), the loop at Llama 5% 32K B = 1 and per head with the estimated stop (one chunk a group, the busiest group
+  # ~1.8x the mean): how the stall samples move from the L2 case (pair loop 29% of samples, a third of them at the
+  # wait for the pair's second block; the cluster barriers' MEMBAR.ALL.GPU / ERRBAR ~9%). Predicted: the pair loop's
+  # share and its wait grow (HBM's latency, ~2x L2's), the barriers' share shrinks. ~2 minutes.
+  cd benchmarks
+  for v in "--share 0.05 ema loop5" "--per-head ema+stop headstop"; do
+    set -- $v
+    if [ "$1" = --share ]; then data="--share 0.05"; var=$3; tag=$4; else data="--per-head"; var=$2; tag=$3; fi
+    timeout 150 ncu --clock-control none --cache-control none -k "regex:^psa_decode$" --launch-skip 6 \
+        --launch-count 1 --set full -o "$OUT/s68d_$tag" python3 profile_decode_step.py $data --shape llama8b \
+        --size 32768 --batches 1 --variants "$var" --steps 4 --no-profiler --out "$OUT" > "$OUT/ncu_s68d_$tag.log" 2>&1
+    echo "$tag ncu rc=$?"
+    ncu -i "$OUT/s68d_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/s68d_${tag}_sass.csv" 2>&1
+    ncu -i "$OUT/s68d_$tag.ncu-rep" --page details --print-details all 2>&1 | grep -E \
+        "Duration|Grid Size|Issue Active|Stall (Long|Wait|Barrier|Membar|Selected)|DRAM Throughput|L2 Hit Rate  " \
+        | sed "s/  */ /g" | sort -u
+    rm -f "$OUT/s68d_$tag.ncu-rep"
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
