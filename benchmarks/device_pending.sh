@@ -3303,6 +3303,12 @@ if [ "$PART" = s68d ]; then
   done
   exit 0
 fi
+if [ "$PART" = s68e ]; then
+  # Sixty-eighth session, branch wip/l2-bulk (480f25f): s68b's prefetch as the copy engine's bulk prefetch
+  # (cp.async.bulk.prefetch.L2, one lane, two instructions a block). Predicted per-head 32K B = 1 decode 31.9 -> ~27.
+  retired "Ran in s68 (H100): slower too (per-head decode 32.2 -> 33.5 / 34.7 at 2 / 4 ahead; Llama rows +1-4%)" \
+      results_h100_s68.md
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
