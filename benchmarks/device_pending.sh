@@ -3309,6 +3309,26 @@ if [ "$PART" = s68e ]; then
   retired "Ran in s68 (H100): slower too (per-head decode 32.2 -> 33.5 / 34.7 at 2 / 4 ahead; Llama rows +1-4%)" \
       results_h100_s68.md
 fi
+if [ "$PART" = s68f ]; then
+  # Sixty-eighth session: does the prefetch ring's depth bound the loop at one request? s68d (ncu, K/V from HBM):
+  # per-head 32K B = 1 with the estimated stop, 57% of the pair loop's samples wait for the pair's second block
+  # (three stages: one block in flight a warp while it attends two); but L2 prefetches ahead (s68b, s68e) lost, and
+  # s24 (H200, the 5% profile, an older loop) found 6 x 4 no faster than 6 x 3. Here warps x stages 8 x 3 (the plan),
+  # 6 x 3, 6 x 4 (a pair's blocks copied a pair ahead), 4 x 6, 8 x 3, kernel by kernel. Predicted if depth bounds it:
+  # 6 x 4 ~24-28 µs of decode against 6 x 3's ~40 (per-head); if not, 6 x 4 ~ 6 x 3 ~ 8/6 x 8 x 3's. ~2 minutes.
+  cd benchmarks
+  for ws in "8 3" "6 3" "6 4" "4 6" "8 3"; do
+    set -- $ws
+    for data in "--per-head ema+stop" "--share 0.05 ema"; do
+      set -- $ws $data
+      if [ "$3" = --share ]; then d="--share $4"; v=$5; else d="--per-head"; v=$4; fi
+      timeout 60 python3 profile_decode_step.py $d --shape llama8b --size 32768 --batches 1 --variants "$v" \
+          --warps $1 --stages $2 --steps 10 --out /tmp 2>&1 | grep -v Warn | tee -a "$OUT/s68f.txt" \
+          | grep "^T=\|psa_decode "
+    done
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

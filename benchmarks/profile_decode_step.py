@@ -102,6 +102,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None,
                     help="layers the steps rotate over (default: bench_decode.rotating_layers; 1: the same layer "
                          "every step, as before 2026-12-04)")
+    ap.add_argument("--warps", type=int, default=None, help="PSA variants: DecodePlan(warps=...) (default: the plan's)")
+    ap.add_argument("--stages", type=int, default=None,
+                    help="PSA variants: DecodePlan(stages=...), the prefetch ring's depth a warp (default: the plan's)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-profiler", action="store_true",
                     help="time the steps only, without torch.profiler (under ncu, which also needs CUPTI)")
@@ -160,7 +163,8 @@ def main() -> None:
                                                    "estimated_stop" if name.endswith("+stop") else None),
                                       step=spec_step if margin else step, speculate=spec,
                                       speculate_extra=(None if not margin or args.extra_chunks is None
-                                                       else args.extra_chunks * spec_step))
+                                                       else args.extra_chunks * spec_step),
+                                      warps=args.warps, stages=args.stages)
 
                 def run(i, p=p, q=q):  # step i: layer i % layers
                     return p.run(q[i % layers], i % layers)
@@ -191,6 +195,8 @@ def main() -> None:
                 label = (name + (f" k={args.topk}" if name == "topk" else "") + (f" speculate {spec}" if spec else "")
                          + (f" +{args.extra_chunks} chunks" if margin and args.extra_chunks is not None else "")
                          + (" scattered" if args.scatter else "")
+                         + (f" {args.warps or 'plan'} warps x {args.stages or 'plan'} stages"
+                            if name not in ("dense", "topk") and (args.warps or args.stages) else "")
                          + (" spread" if args.spread else ""))
                 gpu_us = sum(r["us_per_step"] for r in rows)
                 print(f"\nT={args.size} B={b} {label}: {wall_us:.1f} µs a step back to back (CUDA events), "
