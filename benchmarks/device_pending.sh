@@ -3329,6 +3329,19 @@ if [ "$PART" = s68f ]; then
   done
   exit 0
 fi
+if [ "$PART" = s68g ]; then
+  # Sixty-eighth session: what one SM can stream alone. s68f: the loop's decode at one request moves little with its
+  # warps and ring (per-head 32K B = 1: 8 x 3 32.0 µs, 6 x 3 35.4, 6 x 4 34.3, 4 x 6 35.2), so the busiest group's
+  # 8 SMs look capped by something per SM. exp_split_waves.py's plain cp.async stream on 1-132 CTAs of 8 warps (one
+  # request's 134 MB shared out), rings of 2 x 2 / 4 / 16 copies a thread: GB/s a CTA. Predicted: ~50-60 GB/s a CTA
+  # up to ~50 CTAs whatever the ring past 2 x 4, then the HBM ceiling shared. ~1 minute.
+  cd benchmarks
+  for u in 2 4 16; do
+    timeout 60 python3 exp_split_waves.py --groups-per-request 1 --batches 1 --splits 1,2,4,8,16,32,64,132 \
+        --unroll $u --reps 5 2>&1 | grep -v Warn | tee -a "$OUT/s68g.txt" | grep "^#\|^| 1 "
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
