@@ -3342,6 +3342,17 @@ if [ "$PART" = s68g ]; then
   done
   exit 0
 fi
+if [ "$PART" = s68h ]; then
+  # Sixty-eighth session: the attend alone at Llama 32K B = 1 (exp_order_rate.py: the order set by hand, the loop told
+  # to read every block), memory order against a random permutation. If the loop's ~48 GB/s a CTA (s68f, s68g) came
+  # from the scattered blocks' latency, the identity order would read much faster; predicted within 10% (s59, Gemma
+  # B = 8: 6%). The loop at threshold 1 over 2,048 blocks a group, 64 CTAs: ~44 µs if a CTA keeps ~48 GB/s (the
+  # ceiling shared by 64), as dense's split build over all of them. ~1 minute.
+  cd benchmarks
+  timeout 120 python3 exp_order_rate.py --shape llama8b --sizes 32768 --batches 1 --ks 684,2048 --steps 384,2048 \
+      --orders identity,random --reps 10 2>&1 | grep -v Warn | tee "$OUT/s68h.txt" | grep "^#\||"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
