@@ -114,6 +114,10 @@ def main() -> None:
         ap.error("give the data: one of --kv TRACES, --share S or --per-head")
     if args.layers is not None and args.layers < 1:
         ap.error(f"--layers must be >= 1, got {args.layers}")
+    if args.warps is not None and args.warps < 1:
+        ap.error(f"--warps must be >= 1, got {args.warps}")
+    if args.stages is not None and args.stages < 2:
+        ap.error(f"--stages must be >= 2 (a prefetch ring), got {args.stages}")
 
     import cupy
     import torch

@@ -435,6 +435,17 @@ def test_profile_decode_step_rejects_no_layers(monkeypatch, capsys):
     assert exc.value.code == 2 and "--layers must be >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag,value,message", [("--warps", "0", "--warps must be >= 1, got 0"),
+                                                ("--stages", "1", "--stages must be >= 2 (a prefetch ring), got 1")])
+def test_profile_decode_step_rejects_a_launch_shape_that_cannot_run(monkeypatch, capsys, flag, value, message):
+    import profile_decode_step as pds
+
+    monkeypatch.setattr("sys.argv", ["profile_decode_step.py", "--share", "0.05", flag, value])
+    with pytest.raises(SystemExit) as exc:
+        pds.main()
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_exp_step_spread_needs_captured_kv(monkeypatch, capsys):
     import exp_step
 
