@@ -3353,6 +3353,27 @@ if [ "$PART" = s68h ]; then
       --orders identity,random --reps 10 2>&1 | grep -v Warn | tee "$OUT/s68h.txt" | grep "^#\||"
   exit 0
 fi
+if [ "$PART" = s69a ]; then
+  # Prepared in the sixty-eighth session (not yet run): where a pair's time goes a warp, and where the speculated
+  # first chunk's verify goes. (1) The loop clock (PSA_LOOP_CLOCK builds) at one request, per-head with the estimated
+  # stop and Llama 5% `ema`, at 8 x 3 (the plan) and 4 x 6 warps x stages: s68f had their decode within 10% (32.0 /
+  # 35.2 µs per head), so a warp's attend a block should be ~2x faster at 4 warps; the clock says whether the start,
+  # the decision or the finish moves too. (2) psa_spec_verify's clock with the first chunks in pieces (per-head 32K
+  # B = 1; s67: 7.8 µs in the step): predicted the gather and output hold most of it (s17's split: start 0.9, gather
+  # 8.3, scans 2.0, decisions 2.0, output 2.9 for the margin schedule). ~2 minutes.
+  cd benchmarks
+  for ws in "8 3" "4 6"; do
+    set -- $ws
+    timeout 60 python3 exp_verify_clock.py --per-head --shape llama8b --size 32768 --batches 1 --stop ema \
+        --speculate 0 --first-chunk estimated_stop --step auto --loop --per-group --warps $1 --stages $2 2>&1 \
+        | grep -v Warn | tee -a "$OUT/s69a.txt"
+    timeout 60 python3 exp_verify_clock.py --share 0.05 --shape llama8b --size 32768 --batches 1 --stop ema \
+        --speculate 0 --step auto --loop --warps $1 --stages $2 2>&1 | grep -v Warn | tee -a "$OUT/s69a.txt"
+  done
+  timeout 60 python3 exp_verify_clock.py --per-head --shape llama8b --size 32768 --batches 1 --stop ema \
+      --speculate first_chunk --first-chunk estimated_stop --step auto 2>&1 | grep -v Warn | tee -a "$OUT/s69a.txt"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

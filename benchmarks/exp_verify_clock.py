@@ -12,6 +12,13 @@ The fifteenth session's v2 (one gathering round) changed nothing; this says whic
 verifier, or with ``--speculate 0`` the plain loop; per group that ran, its start, the chunks' attention, the
 barriers after them and the decisions (summed over its iterations), the finish, and the iterations;
 ``--first-chunk predicted`` with the plain loop starts each group with the chunk its estimates predict.
+
+``--speculate first_chunk --first-chunk estimated_stop`` times the verify of the first chunks speculated in pieces
+(``DecodePlan(speculate="first_chunk")``); ``--per-head`` draws bench_decode's per-head profile; ``--warps`` and
+``--stages`` set the plan's launch shape (the loop's pair at 4 and 8 warps, sixty-eighth session):
+
+    python benchmarks/exp_verify_clock.py --per-head --shape llama8b --batches 1 --stop ema --speculate 0 \
+        --first-chunk estimated_stop --step auto --loop --warps 4 --stages 6
 """
 
 from __future__ import annotations
@@ -77,6 +84,20 @@ def loop_table(clocks: np.ndarray, khz: float, grid: bool = False) -> list[str]:
     return rows
 
 
+def parse_speculate(text: str, error) -> float | str | None:
+    """``--speculate``: ``"first_chunk"``, a margin > 0, or 0 (None: the plain loop); ``error`` (the parser's) on
+    anything else."""
+    if text == "first_chunk":
+        return text
+    try:
+        margin = float(text)
+    except ValueError:
+        margin = -1.0
+    if not margin >= 0:
+        error(f"--speculate must be a margin >= 0 (0: none) or first_chunk, got {text!r}")
+    return margin or None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kv", default=None, help="captured trace .npz files, comma-separated (bench_decode --kv)")
@@ -84,40 +105,62 @@ def main() -> None:
                     help="instead of --kv: drawn block masses whose ideal τ 0.95 budget is about this share")
     ap.add_argument("--stop", default="auto", choices=("auto", "ema"),
                     help="the rule: auto (sketch_avg on quant3) or ema (on cuboid_mean)")
-    ap.add_argument("--step", type=int, default=None, help="blocks an iteration (default max(16, blocks / 256))")
+    ap.add_argument("--per-head", action="store_true",
+                    help="instead of --kv / --share: block masses whose heads differ as the shipped trace's "
+                         "(bench_decode --profile per-head)")
+    ap.add_argument("--step", default=None,
+                    help="blocks an iteration, or auto (the plan's pick; default: _kernels.spec_step's chunks)")
     ap.add_argument("--spread", action="store_true", help="a batch of different decode steps (profile_decode_step)")
     ap.add_argument("--shape", default="gemma3")
     ap.add_argument("--size", type=int, default=32768)
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--speculate", type=float, default=1.0)
+    ap.add_argument("--speculate", default="1.0",
+                    help="a margin (0: none, the plain loop) or first_chunk (DecodePlan(speculate='first_chunk'))")
     ap.add_argument("--steps", type=int, default=5, help="steps run before the clocks are read (the last counts)")
     ap.add_argument("--loop", action="store_true", help="time the loop (resumed, or plain with --speculate 0)")
-    ap.add_argument("--first-chunk", default=None, choices=("predicted",),
-                    help="the plan's first ranked chunk (DecodePlan(first_chunk=...); with --loop --speculate 0)")
+    ap.add_argument("--first-chunk", default=None, choices=("predicted", "estimated_stop"),
+                    help="the plan's first ranked chunk (DecodePlan(first_chunk=...)); --speculate first_chunk needs "
+                         "one")
+    ap.add_argument("--warps", type=int, default=None, help="DecodePlan(warps=...) (default: the plan's)")
+    ap.add_argument("--stages", type=int, default=None, help="DecodePlan(stages=...) (default: the plan's)")
     ap.add_argument("--rank", default="estimate", choices=("estimate", "share"),
                     help="how shared groups rank their blocks (DecodePlan(rank=...))")
     ap.add_argument("--per-group", action="store_true",
                     help="with --loop: also each group's µs of the kernel and of its attention, and its blocks used")
     args = ap.parse_args()
-    if (args.kv is None) == (args.share is None):
-        ap.error("give the data: --kv TRACES or --share S")
+    if (args.kv is not None) + (args.share is not None) + args.per_head != 1:
+        ap.error("give the data: one of --kv TRACES, --share S or --per-head")
+    speculate = parse_speculate(args.speculate, ap.error)
+    if speculate == "first_chunk" and args.first_chunk is None:
+        ap.error("--speculate first_chunk speculates the first ranked chunk: give --first-chunk too")
+    if args.step is not None and args.step != "auto" and not (args.step.isdigit() and int(args.step) > 0):
+        ap.error(f"--step must be a positive integer or auto, got {args.step!r}")
+    if args.warps is not None and args.warps < 1:
+        ap.error(f"--warps must be >= 1, got {args.warps}")
+    if args.stages is not None and args.stages < 2:
+        ap.error(f"--stages must be >= 2 (a prefetch ring), got {args.stages}")
 
     import cupy
-    from bench_decode import SHAPES, real_fill, sparsity_fill
+    from bench_decode import SHAPES, real_fill, sparsity_fill, trace_fill
 
     import psa_fast
     from psa_fast import _kernels
     from psa_ref.trace import load_trace
 
     shape = SHAPES[args.shape]
-    fill = (real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread) if args.kv
-            else sparsity_fill(shape, args.share, recent_blocks=2))
+    if args.kv:
+        fill = real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread)
+    elif args.per_head:
+        from psa_fast.synthetic import trace_block_profiles
+
+        fill = trace_fill(shape, trace_block_profiles(block_size=shape.s))
+    else:
+        fill = sparsity_fill(shape, args.share, recent_blocks=2)
     khz = float(cupy.cuda.Device().attributes["ClockRate"])
     if args.loop:
         _kernels.LOOP_CLOCK = 1
     else:
         _kernels.VERIFY_CLOCK = 1
-    speculate = args.speculate or None
     try:
         for b in (int(x) for x in args.batches.split(",")):
             cache = psa_fast.PagedKVCache(num_layers=1, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
@@ -125,8 +168,10 @@ def main() -> None:
                                           metadata="quant3" if args.stop == "auto" else "cuboid_mean")
             q = fill(cache, 0)
             p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
-                              stop=args.stop, step=args.step or _kernels.spec_step(cache.nmax), speculate=speculate,
-                              first_chunk=args.first_chunk, rank=args.rank)
+                              stop=args.stop, speculate=speculate, first_chunk=args.first_chunk, rank=args.rank,
+                              step=("auto" if args.step == "auto" else int(args.step) if args.step
+                                    else _kernels.spec_step(cache.nmax)),
+                              warps=args.warps, stages=args.stages)
             for _ in range(args.steps):
                 p.run(q, 0)
             cupy.cuda.Device().synchronize()

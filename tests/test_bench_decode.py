@@ -816,6 +816,35 @@ def test_verify_clock_phase_table_converts_cycles_at_the_sm_clock():
         evc.phase_table(np.zeros((0, 8)), khz=1e6)
 
 
+def test_verify_clock_speculate_takes_a_margin_none_or_first_chunk():
+    import exp_verify_clock as evc
+
+    def error(message):
+        raise ValueError(message)
+
+    assert evc.parse_speculate("first_chunk", error) == "first_chunk"
+    assert evc.parse_speculate("1.25", error) == 1.25
+    assert evc.parse_speculate("0", error) is None  # the plain loop
+    for bad in ("-1", "nan", "first", ""):
+        with pytest.raises(ValueError, match="--speculate must be a margin >= 0"):
+            evc.parse_speculate(bad, error)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--share", "0.05", "--per-head"], "give the data: one of --kv TRACES, --share S or --per-head"),
+    (["--per-head", "--speculate", "first_chunk"], "--speculate first_chunk speculates the first ranked chunk"),
+    (["--per-head", "--step", "0"], "--step must be a positive integer or auto, got '0'"),
+    (["--per-head", "--warps", "0"], "--warps must be >= 1, got 0"),
+    (["--per-head", "--stages", "1"], "--stages must be >= 2 (a prefetch ring), got 1")])
+def test_verify_clock_rejects_bad_arguments(monkeypatch, capsys, argv, message):
+    import exp_verify_clock as evc
+
+    monkeypatch.setattr("sys.argv", ["exp_verify_clock.py", *argv])
+    with pytest.raises(SystemExit) as exc:
+        evc.main()
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_loop_clock_table_counts_only_the_groups_that_ran():
     import exp_verify_clock as evc
 
