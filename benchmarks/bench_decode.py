@@ -948,6 +948,25 @@ def real_fill(shape: Shape, traces, *, xp=None, spread: bool = False):
     return fill
 
 
+def data_fill(shape: Shape, *, kv: str | None = None, spread: bool = False, per_head: bool = False,
+              share: float | None = None):
+    """The ``fill(cache, layer)`` a profiling script's data options name: captured traces (``kv``, comma-separated
+    .npz paths; ``spread`` as ``real_fill``'s), the per-head profile (``per_head``: ``trace_fill`` of the shipped
+    trace's block profiles) or drawn masses whose ideal τ 0.95 budget is about ``share`` (two recent blocks forced).
+    Exactly one of them; a ValueError otherwise."""
+    if (kv is not None) + per_head + (share is not None) != 1:
+        raise ValueError("give one of kv (captured traces), per_head or share")
+    if kv is not None:
+        from psa_ref.trace import load_trace
+
+        return real_fill(shape, [load_trace(path) for path in kv.split(",")], spread=spread)
+    if per_head:
+        from psa_fast.synthetic import trace_block_profiles
+
+        return trace_fill(shape, trace_block_profiles(block_size=shape.s))
+    return sparsity_fill(shape, share, recent_blocks=2)
+
+
 def scatter_slots(cache, *, seed: int = 0, xp=None) -> None:
     """Move every block of ``cache`` to a random slot of its pool, data preserved: ``block_table`` is remapped,
     ``k_pool`` and ``v_pool`` permuted alike, the metadata (indexed by block, not slot) untouched. A fresh

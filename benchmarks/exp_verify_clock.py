@@ -141,21 +141,12 @@ def main() -> None:
         ap.error(f"--stages must be >= 2 (a prefetch ring), got {args.stages}")
 
     import cupy
-    from bench_decode import SHAPES, real_fill, sparsity_fill, trace_fill
+    from bench_decode import SHAPES, data_fill
 
     import psa_fast
     from psa_fast import _kernels
-    from psa_ref.trace import load_trace
-
     shape = SHAPES[args.shape]
-    if args.kv:
-        fill = real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread)
-    elif args.per_head:
-        from psa_fast.synthetic import trace_block_profiles
-
-        fill = trace_fill(shape, trace_block_profiles(block_size=shape.s))
-    else:
-        fill = sparsity_fill(shape, args.share, recent_blocks=2)
+    fill = data_fill(shape, kv=args.kv, spread=args.spread, per_head=args.per_head, share=args.share)
     khz = float(cupy.cuda.Device().attributes["ClockRate"])
     if args.loop:
         _kernels.LOOP_CLOCK = 1

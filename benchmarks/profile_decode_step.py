@@ -27,8 +27,7 @@ import collections
 import json
 import os
 
-from bench_decode import (SHAPES, real_fill, rotating_layers, run_file, run_tags, scatter_slots, sparsity_fill,
-                          trace_fill)
+from bench_decode import SHAPES, data_fill, rotating_layers, run_file, run_tags, scatter_slots
 
 VARIANT_RULES = ("default", "share", "ema", "default+first", "share+first", "ema+first", "ema+stop")
 # the variants on metadata="quant3"; the others on "cuboid_mean"
@@ -124,17 +123,8 @@ def main() -> None:
 
     import psa_fast
     from psa_fast import _kernels
-    from psa_ref.trace import load_trace
-
     shape = SHAPES[args.shape]
-    if args.kv:
-        fill = real_fill(shape, [load_trace(p) for p in args.kv.split(",")], spread=args.spread)
-    elif args.per_head:
-        from psa_fast.synthetic import trace_block_profiles
-
-        fill = trace_fill(shape, trace_block_profiles(block_size=shape.s))
-    else:
-        fill = sparsity_fill(shape, args.share, recent_blocks=2)
+    fill = data_fill(shape, kv=args.kv, spread=args.spread, per_head=args.per_head, share=args.share)
     path = os.path.join(args.out, f"profile_decode_step_{shape.name}.jsonl")
     tags = run_tags()  # (the exp_kernels_attr.py values of this run, on every row)
     with run_file(path) as log:

@@ -159,6 +159,19 @@ def test_sparsity_fill_uses_each_profile_once():
     np.testing.assert_array_equal(q_again, qs[1])
 
 
+def test_data_fill_takes_exactly_one_source():
+    """bench_decode.data_fill (profile_decode_step.py's and exp_verify_clock.py's data options): one of captured
+    traces, the per-head profile or a drawn share; none or two is a ValueError. The per-head and share fills are
+    built without a GPU (their draws happen at the first fill)."""
+    shape = bd.Shape("tiny", 4, 2, 64)
+    for bad in ({}, dict(per_head=True, share=0.1), dict(kv="x.npz", share=0.1)):
+        with pytest.raises(ValueError, match="give one of kv"):
+            bd.data_fill(shape, **bad)
+    assert callable(bd.data_fill(shape, per_head=True)) and callable(bd.data_fill(shape, share=0.1))
+    with pytest.raises(FileNotFoundError):
+        bd.data_fill(shape, kv="/nonexistent/trace.npz")
+
+
 def fake_rows():
     rows = []
     for b, sdpa in ((1, 40.0), (8, 300.0)):
