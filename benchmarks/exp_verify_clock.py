@@ -145,6 +145,7 @@ def main() -> None:
 
     import psa_fast
     from psa_fast import _kernels
+
     shape = SHAPES[args.shape]
     fill = data_fill(shape, kv=args.kv, spread=args.spread, per_head=args.per_head, share=args.share)
     khz = float(cupy.cuda.Device().attributes["ClockRate"])
