@@ -3374,6 +3374,23 @@ if [ "$PART" = s69a ]; then
       --speculate first_chunk --first-chunk estimated_stop --step auto 2>&1 | grep -v Warn | tee -a "$OUT/s69a.txt"
   exit 0
 fi
+if [ "$PART" = s69b ]; then
+  # Prepared in the sixty-eighth session (not yet run): the grid build's 16 CTAs a group instead of a cluster's 8 at
+  # one Llama request of 32K, where pick_grid keeps clusters (a group's K and V, 16 MiB, under GRID_MIN_GROUP_MIB 32;
+  # s33d on the 5% profile: clusters 32.1 µs, grid 35.2). s68 found one request's time in the busiest group's tail at
+  # the loop's rate a CTA (~48 GB/s); with the estimated stop on the per-head profile that group reads ~1.8x the mean,
+  # so twice its CTAs should shorten the tail more than the grid's barrier and finish cost. Predicted: per-head ES
+  # decode 32.0 -> ~24-26 µs (step ~51.5 -> ~45; top-k at its error 43.1), the 5% profile +1 to +3 (as s33d). A/B
+  # 32 / 0 / 0 / 32, kernels a step. ~2 minutes.
+  cd benchmarks
+  timeout 200 python3 exp_kernels_attr.py "GRID_MIN_GROUP_MIB=32,0,0,32" -- profile_decode_step.py --per-head \
+      --shape llama8b --size 32768 --batches 1 --variants ema+stop,ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | tee "$OUT/s69b_per_head.txt" | grep "^#\|^T=\|psa_decode"
+  timeout 150 python3 exp_kernels_attr.py "GRID_MIN_GROUP_MIB=32,0,0,32" -- profile_decode_step.py --share 0.05 \
+      --shape llama8b --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | tee "$OUT/s69b_5.txt" | grep "^#\|^T=\|psa_decode"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
