@@ -3379,10 +3379,11 @@ if [ "$PART" = s69b ]; then
   # one Llama request of 32K, where pick_grid keeps clusters (a group's K and V, 16 MiB, under GRID_MIN_GROUP_MIB 32;
   # s33d on the 5% profile: clusters 32.1 µs, grid 35.2). s68 found one request's time in the busiest group's tail at
   # the loop's rate a CTA (~48 GB/s); with the estimated stop on the per-head profile that group reads ~1.8x the mean,
-  # so twice its CTAs should shorten the tail more than the grid's barrier and finish cost. A fluid model (8 groups,
-  # the busiest 1.81x the mean, a CTA at most 48 GB/s, HBM 2.5 TB/s shared) gives 28.4 -> 21.2 µs of streaming.
-  # Predicted: per-head ES decode 32.0 -> ~25-29 µs (step ~51.5 -> ~45-48; top-k at its error 43.1), the 5%
-  # profile +1 to +3 (as s33d). A/B 32 / 0 / 0 / 32, kernels a step. ~2 minutes.
+  # so twice its CTAs should shorten the tail more than the grid's barrier and finish cost. exp_first_decisions.py
+  # --fluid (psa_ref's groups, a CTA at most 48 GB/s, HBM 2.5 TB/s shared): per-head ES streams 23.0 µs on clusters
+  # of 8, 17.0 on the grid's 16 (x 1.18 for the GPU's 33% against psa_ref's 27.9%: -7 µs); the 5% plain loop 12.1 ->
+  # 11.1, where s33d measured the grid +3 µs, so the grid's start, barriers and finish cost ~4 more. Predicted:
+  # per-head ES decode 32.0 -> ~28-30 µs, the 5% profile +2 to +4. A/B 32 / 0 / 0 / 32, kernels a step. ~2 minutes.
   cd benchmarks
   timeout 200 python3 exp_kernels_attr.py "GRID_MIN_GROUP_MIB=32,0,0,32" -- profile_decode_step.py --per-head \
       --shape llama8b --size 32768 --batches 1 --variants ema+stop,ema --steps 10 --out /tmp 2>&1 | grep -v Warn \

@@ -14,6 +14,12 @@ group attends (a request's step waits for it).
 
     python benchmarks/exp_first_decisions.py --profile sparsity --share 0.05 --tokens 32768 --step 384
     python benchmarks/exp_first_decisions.py --profile per-head --tokens 32768 --step 384
+
+``--fluid`` adds a model of one request's streaming (sixty-eighth session, H100): each group's blocks attended (K
+and V) on its CTAs, every CTA at most ``--cta-gbs`` (the loop's rate a CTA, s68f) and HBM's ``--ceiling-gbs`` shared
+evenly by the CTAs still streaming (s68h: the loop reaches 83% of the copy ceiling on 64 CTAs). It prints the µs until
+the last group is done with a cluster of 8 CTAs a group, the grid build's ``SMs // groups`` a group, and the SMs
+shared out by the groups' blocks.
 """
 
 from __future__ import annotations
@@ -138,6 +144,64 @@ def group_decisions(q, keys, *, step: int, tau: float, scale: float, margins=())
     return out
 
 
+def fluid_stream_us(group_bytes, ctas, cta_gbs: float, ceiling_gbs: float) -> float:
+    """µs until every group has streamed its ``group_bytes``, group g on ``ctas[g]`` CTAs, each CTA at
+    ``min(cta_gbs, ceiling_gbs / CTAs still streaming)`` GB/s: HBM shared evenly, a CTA capped at its own rate. A group
+    with bytes needs at least one CTA (a ValueError otherwise)."""
+    left = np.asarray(group_bytes, dtype=np.float64).copy()
+    c = np.asarray(ctas, dtype=np.float64)
+    if left.shape != c.shape or (left < 0).any() or ((left > 0) & (c < 1)).any():
+        raise ValueError("group_bytes and ctas: one entry a group, bytes >= 0, a CTA or more where bytes > 0")
+    t = 0.0
+    active = left > 0
+    while active.any():
+        per_cta = min(cta_gbs, ceiling_gbs / c[active].sum()) * 1e3  # bytes a µs
+        rate = np.where(active, per_cta * c, 0.0)
+        g = int(np.argmin(np.where(active, left / np.maximum(rate, 1e-30), np.inf)))  # the next group done
+        dt = left[g] / rate[g]
+        left = np.where(active, left - rate * dt, 0.0)
+        left[g] = 0.0
+        active = left > 1e-9 * max(1.0, float(np.asarray(group_bytes).max()))
+        t += dt
+    return t
+
+
+def shared_out_ctas(blocks, total: int) -> np.ndarray:
+    """``total`` CTAs shared out by ``blocks`` (each group with blocks gets at least one, the rest by largest
+    remainder, as ``_kernels.spec_share`` shares its pieces); groups without blocks get none."""
+    w = np.asarray(blocks, dtype=np.float64)
+    live = w > 0
+    if live.sum() > total:
+        raise ValueError(f"{int(live.sum())} groups with blocks need at least as many CTAs, got {total}")
+    ctas = live.astype(np.int64)
+    extra = total - int(ctas.sum())
+    if extra > 0 and live.any():
+        share = extra * w / w.sum()
+        ctas += np.floor(share).astype(np.int64)
+        rest = extra - int(np.floor(share).sum())
+        ctas[np.argsort(-(share - np.floor(share)), kind="stable")[:rest]] += 1
+    return ctas
+
+
+def fluid_lines(rows: list[dict], *, block_bytes: int, sms: int, cta_gbs: float, ceiling_gbs: float) -> str:
+    """One line a schedule (the plain loop, the estimated stop): the mean over requests of ``fluid_stream_us`` with a
+    cluster of 8 CTAs a group, the grid build's ``sms // groups`` a group, and ``sms`` shared out by blocks."""
+    lines = [f"  fluid model (a CTA <= {cta_gbs:g} GB/s, HBM {ceiling_gbs:g} GB/s shared, {sms} SMs): µs streaming"]
+    for key, label in (("plain_used", "plain loop"), ("est_used", 'first_chunk="estimated_stop"')):
+        got = {"clusters of 8": [], "grid": [], "shared out by blocks": []}
+        for r in rows:
+            used = np.asarray(r[key])
+            groups = used.size
+            got["clusters of 8"].append(fluid_stream_us(used * block_bytes, np.full(groups, 8), cta_gbs,
+                                                        ceiling_gbs))
+            got["grid"].append(fluid_stream_us(used * block_bytes, np.full(groups, max(1, sms // groups)), cta_gbs,
+                                               ceiling_gbs))
+            got["shared out by blocks"].append(fluid_stream_us(used * block_bytes, shared_out_ctas(used, sms),
+                                                               cta_gbs, ceiling_gbs))
+        lines.append(f"    {label:<28} " + ", ".join(f"{k} {np.mean(v):.1f}" for k, v in got.items()))
+    return "\n".join(lines)
+
+
 def summary(rows: list[dict]) -> str:
     """The groups pooled over requests: one line per schedule (first chunk, decisions, blocks attended)."""
     cat = {k: np.concatenate([r[k] for r in rows]) for k in rows[0] if k != "n"}
@@ -182,10 +246,17 @@ def main(argv=None) -> None:
     ap.add_argument("--margins", default="1.0,1.25,1.5", help="margins on ema run on the estimates ('' for none)")
     ap.add_argument("--errors", action="store_true",
                     help="also each schedule's output error against dense, and top-k's k at that error")
+    ap.add_argument("--fluid", action="store_true", help="also the fluid model of one request's streaming (above)")
+    ap.add_argument("--sms", type=int, default=132, help="--fluid: the GPU's SMs (H100 SXM: 132)")
+    ap.add_argument("--cta-gbs", type=float, default=48.0, help="--fluid: a loop CTA's rate, GB/s (H100, s68)")
+    ap.add_argument("--ceiling-gbs", type=float, default=2500.0,
+                    help="--fluid: HBM shared by the CTAs, GB/s (H100: the loop's 83%% of ~3,040, s68h)")
     args = ap.parse_args(argv)
     margins = [float(x) for x in args.margins.split(",") if x.strip()]
     if args.requests < 1 or args.step < 1 or args.tokens < 16:
         ap.error("--requests and --step must be >= 1, --tokens >= 16")
+    if args.sms < 1 or not args.cta_gbs > 0 or not args.ceiling_gbs > 0:
+        ap.error("--sms must be >= 1, --cta-gbs and --ceiling-gbs > 0")
 
     from bench_decode import SHAPES
     from psa_fast.synthetic import HostCache
@@ -207,6 +278,9 @@ def main(argv=None) -> None:
         print(f"request {layer}, {summary(rows[-1:])}", flush=True)
     label = f"{args.profile}" + (f" {args.share:g}" if args.profile == "sparsity" else "")
     print(f"# {label}, {args.shape}, T {args.tokens}, step {args.step}, tau {args.tau}, all requests' {summary(rows)}")
+    if args.fluid:
+        print(fluid_lines(rows, block_bytes=2 * shape.s * shape.d * 2, sms=args.sms, cta_gbs=args.cta_gbs,
+                          ceiling_gbs=args.ceiling_gbs))
 
 
 if __name__ == "__main__":

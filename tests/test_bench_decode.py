@@ -1136,11 +1136,11 @@ def test_decode_refuses_pieces_with_a_list_of_chunks():
     common = dict(d=64, s=16, g=4, hq=4, hkv=1, nmax=8, stop="ema", threshold=0.9, step=8, forced=0, cluster=1)
     partial = np.zeros((1, 4, 2 * 4, 68), np.float32)  # 2 chunks x 4 pieces
     items, lens = np.zeros(8, np.int32), np.zeros((1, 1), np.int32)
-    four, two = _kernels.SpecShare(8, 4, 4), _kernels.SpecShare(4, 2, 2)
+    four, two, none = _kernels.SpecShare(8, 4, 4), _kernels.SpecShare(4, 2, 2), _kernels.SpecShare(4, 0, 0)
     for spec, pieces, says in (((None, partial, None, None, 2, None, 8, items), four, "no list of chunks"),
                                ((lens, partial, None, None, 2, None, 8, None), four, "spec_len given: True"),
                                ((None, partial, None, None, 2, None, 8, None), None, "spec_len given: False"),
-                               ((None, partial, None, None, 2, None, 8, None), _kernels.SpecShare(4, 0, 0), "pmax must be"),
+                               ((None, partial, None, None, 2, None, 8, None), none, "pmax must be"),
                                ((None, partial, None, None, 2, None, 8, None), two, "need 4")):
         with pytest.raises(ValueError, match=says):
             _kernels.decode(q, np.zeros(1, np.float16), *[None] * 10, **common, q_mma=q, spec=spec,
@@ -2207,6 +2207,44 @@ def test_first_decisions_reports_each_schedule_and_the_reference_matches_its_own
     assert errors[1][30:] == errors[2][30:]
     with pytest.raises(SystemExit):
         efd.main(["--step", "0"])
+
+
+def test_fluid_stream_model_shares_hbm_then_caps_each_cta():
+    """exp_first_decisions.fluid_stream_us: two groups of 8 CTAs, HBM 1,000 GB/s shared, a CTA at most 100 GB/s. While
+    both stream each CTA gets 1000 / 16 = 62.5 GB/s; the light group (0.5 MB) ends at 1 µs, having read 0.5 MB of
+    the heavy one's 2 MB; the heavy one's 8 CTAs then run at their cap (800 GB/s) through the 1.5 MB left: 1.875 µs
+    more. CTAs shared out by blocks (one each, the other 18 by 1 : 4 with the largest remainder: 5 and 15) keep HBM
+    busy to the end: 2.5 µs, the HBM line."""
+    import exp_first_decisions as efd
+
+    assert efd.fluid_stream_us([0.5e6, 2e6], [8, 8], 100.0, 1000.0) == pytest.approx(1.0 + 1.5e6 / 800e3)
+    assert efd.fluid_stream_us([0.5e6, 2e6], [8, 8], 1000.0, 1000.0) == pytest.approx(2.5)  # HBM-bound throughout
+    ctas = efd.shared_out_ctas([1, 4], 20)
+    assert ctas.tolist() == [5, 15]
+    assert efd.fluid_stream_us([0.5e6, 2e6], ctas, 100.0, 1000.0) == pytest.approx(2.5)
+    assert efd.fluid_stream_us([0.0, 2e6], [0, 4], 100.0, 1000.0) == pytest.approx(5.0)  # a group with none: no CTA
+    assert efd.shared_out_ctas([0, 3, 1], 6).tolist() == [0, 4, 2]  # at least one each, the rest by remainder
+    with pytest.raises(ValueError, match="a CTA or more"):
+        efd.fluid_stream_us([1e6], [0], 100.0, 1000.0)
+    with pytest.raises(ValueError, match="need at least as many CTAs"):
+        efd.shared_out_ctas([1, 1, 1], 2)
+
+
+def test_first_decisions_fluid_prints_each_schedule_under_three_launch_shapes(capsys):
+    """--fluid: after the summary, the model's line and one line a schedule with the three launch shapes' µs (each a
+    positive number; HBM at 2,500 GB/s bounds them from below by the request's bytes)."""
+    import exp_first_decisions as efd
+
+    efd.main(["--profile", "sparsity", "--share", "0.05", "--tokens", "4096", "--requests", "1", "--step", "64",
+              "--margins", "", "--fluid"])
+    out = capsys.readouterr().out.splitlines()
+    at = next(i for i, x in enumerate(out) if x.startswith("  fluid model (a CTA <= 48 GB/s, HBM 2500 GB/s shared"))
+    for line, label in zip(out[at + 1:at + 3], ("plain loop", 'first_chunk="estimated_stop"')):
+        assert line.strip().startswith(label)
+        values = [float(part.rsplit(" ", 1)[1]) for part in line.strip()[len(label):].split(",")]
+        assert len(values) == 3 and all(v > 0 for v in values)
+    with pytest.raises(SystemExit):
+        efd.main(["--fluid", "--cta-gbs", "0"])
 
 
 def test_estimated_stop_margin_option_sets_the_library_margin_and_names_the_rows(monkeypatch):

@@ -634,8 +634,8 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     // the swizzle keeps a phase's eight 16-byte pieces on distinct banks at any 16-byte offset).
     extern __shared__ __align__(128) unsigned char dyn_smem[];
 #if PSA_SPEC
-    // The CTA's request, group and chunk: from the grid (chunk, Gn, B), the compact list's entry blockIdx.x, or (pieces)
-    // the 1-D grid's share-out. Each build leaves unless the chunks speculated pick its shape (above).
+    // The CTA's request, group and chunk: from the grid (chunk, Gn, B), the compact list's entry blockIdx.x, or
+    // (pieces) the 1-D grid's share-out. Each build leaves unless the chunks speculated pick its shape (above).
     const int Gn = Hq / PSA_G;
     constexpr unsigned int rank = 0;  // (one CTA a chunk or piece)
 #if PSA_SPEC_PIECES > 1
