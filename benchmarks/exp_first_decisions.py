@@ -166,26 +166,13 @@ def fluid_stream_us(group_bytes, ctas, cta_gbs: float, ceiling_gbs: float) -> fl
     return t
 
 
-def shared_out_ctas(blocks, total: int) -> np.ndarray:
-    """``total`` CTAs shared out by ``blocks`` (each group with blocks gets at least one, the rest by largest
-    remainder, as ``_kernels.spec_share`` shares its pieces); groups without blocks get none."""
-    w = np.asarray(blocks, dtype=np.float64)
-    live = w > 0
-    if live.sum() > total:
-        raise ValueError(f"{int(live.sum())} groups with blocks need at least as many CTAs, got {total}")
-    ctas = live.astype(np.int64)
-    extra = total - int(ctas.sum())
-    if extra > 0 and live.any():
-        share = extra * w / w.sum()
-        ctas += np.floor(share).astype(np.int64)
-        rest = extra - int(np.floor(share).sum())
-        ctas[np.argsort(-(share - np.floor(share)), kind="stable")[:rest]] += 1
-    return ctas
-
-
 def fluid_lines(rows: list[dict], *, block_bytes: int, sms: int, cta_gbs: float, ceiling_gbs: float) -> str:
     """One line a schedule (the plain loop, the estimated stop): the mean over requests of ``fluid_stream_us`` with a
-    cluster of 8 CTAs a group, the grid build's ``sms // groups`` a group, and ``sms`` shared out by blocks."""
+    cluster of 8 CTAs a group, the grid build's ``sms // groups`` a group, and ``sms`` shared out by blocks as
+    ``speculate="first_chunk"`` shares its pieces (``_kernels.spec_ranked_pieces``: one a group, the other
+    ``sms - groups`` by blocks, at most ``SPEC_PIECES_MAX`` a group)."""
+    from psa_fast import _kernels
+
     lines = [f"  fluid model (a CTA <= {cta_gbs:g} GB/s, HBM {ceiling_gbs:g} GB/s shared, {sms} SMs): µs streaming"]
     for key, label in (("plain_used", "plain loop"), ("est_used", 'first_chunk="estimated_stop"')):
         got = {"clusters of 8": [], "grid": [], "shared out by blocks": []}
@@ -196,8 +183,8 @@ def fluid_lines(rows: list[dict], *, block_bytes: int, sms: int, cta_gbs: float,
                                                         ceiling_gbs))
             got["grid"].append(fluid_stream_us(used * block_bytes, np.full(groups, max(1, sms // groups)), cta_gbs,
                                                ceiling_gbs))
-            got["shared out by blocks"].append(fluid_stream_us(used * block_bytes, shared_out_ctas(used, sms),
-                                                               cta_gbs, ceiling_gbs))
+            shared = _kernels.spec_ranked_pieces(used, max(0, sms - groups), _kernels.SPEC_PIECES_MAX)
+            got["shared out by blocks"].append(fluid_stream_us(used * block_bytes, shared, cta_gbs, ceiling_gbs))
         lines.append(f"    {label:<28} " + ", ".join(f"{k} {np.mean(v):.1f}" for k, v in got.items()))
     return "\n".join(lines)
 

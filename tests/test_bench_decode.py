@@ -2213,21 +2213,20 @@ def test_fluid_stream_model_shares_hbm_then_caps_each_cta():
     """exp_first_decisions.fluid_stream_us: two groups of 8 CTAs, HBM 1,000 GB/s shared, a CTA at most 100 GB/s. While
     both stream each CTA gets 1000 / 16 = 62.5 GB/s; the light group (0.5 MB) ends at 1 µs, having read 0.5 MB of
     the heavy one's 2 MB; the heavy one's 8 CTAs then run at their cap (800 GB/s) through the 1.5 MB left: 1.875 µs
-    more. CTAs shared out by blocks (one each, the other 18 by 1 : 4 with the largest remainder: 5 and 15) keep HBM
-    busy to the end: 2.5 µs, the HBM line."""
+    more. 20 CTAs shared out by blocks as speculate="first_chunk" shares its pieces (one each, the other 18 by
+    1 : 4, rounded down: 4 and 15) keep HBM busy to the end: 2.5 µs, the HBM line."""
     import exp_first_decisions as efd
+
+    from psa_fast import _kernels
 
     assert efd.fluid_stream_us([0.5e6, 2e6], [8, 8], 100.0, 1000.0) == pytest.approx(1.0 + 1.5e6 / 800e3)
     assert efd.fluid_stream_us([0.5e6, 2e6], [8, 8], 1000.0, 1000.0) == pytest.approx(2.5)  # HBM-bound throughout
-    ctas = efd.shared_out_ctas([1, 4], 20)
-    assert ctas.tolist() == [5, 15]
+    ctas = _kernels.spec_ranked_pieces([100, 400], 18, _kernels.SPEC_PIECES_MAX)  # (never more CTAs than blocks)
+    assert ctas.tolist() == [4, 15]
     assert efd.fluid_stream_us([0.5e6, 2e6], ctas, 100.0, 1000.0) == pytest.approx(2.5)
     assert efd.fluid_stream_us([0.0, 2e6], [0, 4], 100.0, 1000.0) == pytest.approx(5.0)  # a group with none: no CTA
-    assert efd.shared_out_ctas([0, 3, 1], 6).tolist() == [0, 4, 2]  # at least one each, the rest by remainder
     with pytest.raises(ValueError, match="a CTA or more"):
         efd.fluid_stream_us([1e6], [0], 100.0, 1000.0)
-    with pytest.raises(ValueError, match="need at least as many CTAs"):
-        efd.shared_out_ctas([1, 1, 1], 2)
 
 
 def test_first_decisions_fluid_prints_each_schedule_under_three_launch_shapes(capsys):
