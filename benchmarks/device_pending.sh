@@ -3393,6 +3393,33 @@ if [ "$PART" = s69b ]; then
       | tee "$OUT/s69b_5.txt" | grep "^#\|^T=\|psa_decode"
   exit 0
 fi
+if [ "$PART" = s69c ]; then
+  # Sixty-ninth session: the cluster builds' exchanges by push (_kernels.DECODE_PUSH, PSA_PUSH in decode.cu): each
+  # decision's CTA totals and the finish's terms written into the receivers' shared memory by st.async and counted on
+  # their mbarriers, in place of cluster_sync (whose release fence compiles to MEMBAR.ALL.GPU + ERRBAR: 7-9% of one
+  # request's decode samples, s68a / s68d) and the remote reads after it. First the bit-for-bit GPU test (6 cases; no
+  # timing if it fails), then A/B 0 / 1 / 1 / 0 kernel by kernel, then the loop clock with it. Predicted (the loop
+  # clock's barrier ~1.4 µs an iteration, finish ~2.3): one request -1.0 to -1.5 µs of decode a step (Llama 5% 32K
+  # B = 1 21.6 -> ~20.3, per-head estimated stop 32.4 -> ~31, 128K B = 1 -1.5 to -2.5); batches on clusters of 2
+  # ~-0.5 µs an iteration. ~4 minutes.
+  timeout 240 python3 -m pytest -q -x tests/test_fast.py -k "pushed_exchanges" 2>&1 | tail -5 | tee "$OUT/s69c.txt"
+  grep -q " passed" "$OUT/s69c.txt" && ! grep -q "failed\|error" "$OUT/s69c.txt" || exit 0
+  cd benchmarks
+  for args in "--share 0.05 --size 32768 --batches 1 --variants ema" \
+              "--per-head --size 32768 --batches 1 --variants ema+stop" \
+              "--share 0.05 --size 131072 --batches 1 --variants ema" \
+              "--share 0.05 --size 131072 --batches 8 --variants ema"; do
+    timeout 150 python3 exp_kernels_attr.py "DECODE_PUSH=0,1,1,0" -- profile_decode_step.py $args --shape llama8b \
+        --steps 10 --out /tmp 2>&1 | grep -v Warn | tee -a "$OUT/s69c.txt" | grep "^#\|^T=\|psa_decode "
+  done
+  timeout 100 python3 exp_kernels_attr.py "DECODE_PUSH=0,1,1,0" -- profile_decode_step.py --share 0.05 \
+      --shape smollm2 --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | tee -a "$OUT/s69c.txt" | grep "^#\|^T=\|psa_decode "
+  timeout 100 python3 exp_kernels_attr.py "DECODE_PUSH=0,1" -- exp_verify_clock.py --share 0.05 --shape llama8b \
+      --size 32768 --batches 1 --stop ema --speculate 0 --step auto --loop 2>&1 | grep -v Warn \
+      | tee -a "$OUT/s69c.txt"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -705,6 +705,10 @@ DECODE_STAGES = 3  # cp.async ring depth per warp (decode v2, v3)
 SMEM_LIMIT = 227 * 1024
 DECODE_VERSION = 3
 DECODE_PAIR = 1  # 1: a decode warp attends two blocks of a chunk at once where it has two (PSA_PAIR, decode.cu)
+# 1: the loop builds on clusters exchange each decision's CTA totals, and the finish's terms where they fit 16 KiB of
+# rank 0's shared memory, by st.async pushes counted on mbarriers instead of cluster barriers and remote reads
+# (PSA_PUSH, decode.cu; no MEMBAR.ALL.GPU in those builds). The same bits. 0: cluster_sync (sixty-ninth session: A/B).
+DECODE_PUSH = 0
 # The largest (padded) head dimension whose decode builds load each warp's order and block-table entries a window
 # of 32 ahead by its lanes (PSA_STREAM_WINDOW, decode.cu); 0: none. On the H200 the window took Llama's one-request
 # loop at 128K from 81.5 to 78.6 µs but made Gemma 3's D 256 builds (4 warps, more registers) 1-2 µs slower
@@ -946,6 +950,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if version == 3:
         defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
         defines["pair"] = DECODE_PAIR
+        if DECODE_PUSH and cluster > 1:
+            defines["push"] = 1
         defines["stream_window"] = int(d <= DECODE_STREAM_WINDOW)
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW
 

@@ -635,6 +635,44 @@ def test_the_windowed_stream_attends_what_the_one_ahead_stream_does(monkeypatch,
                                       err_msg=name)
 
 
+@pytest.mark.parametrize("stop,speculate,step,cluster,batch,hkv,d", [
+    ("ema", None, 4, 8, 2, 2, 128), ("ema", None, 150, 16, 1, 2, 64), ("sketch", None, 8, 8, 2, 2, 64),
+    ("certified", None, 16, 4, 3, 2, 64), ("ema", 1.0, 16, None, 3, 2, 128), ("ema", None, 16, 4, 2, 1, 256)])
+def test_pushed_exchanges_keep_every_bit(monkeypatch, stop, speculate, step, cluster, batch, hkv, d):
+    """The cluster builds' exchanges by push (_kernels.DECODE_PUSH, PSA_PUSH in decode.cu: each decision's CTA totals
+    and the finish's terms written into the receivers' shared memory by st.async and counted on their mbarriers)
+    combine the same terms in the same rank order as cluster_sync and remote reads: every result bit for bit. Many
+    decisions (step 4: both parities' mbarriers cycle), clusters of 4, 8 and 16, the sketch and certified rules'
+    decisions, the speculative attend with the loop resumed on smaller clusters (requests that stopped within their
+    speculated chunks leave the resumed launch at once), ragged batches with a short request (CTAs with no block:
+    -inf terms), and Gemma 3's head dim (D 256 on clusters: rank 0's buffers would exceed 16 KiB, so only the
+    decisions push)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(69)
+    hq = 4 * hkv
+    lens = [700 * 16 + 5, 40 * 16 + 3, 300 * 16][:batch]
+    metadata = {"sketch": "quant3", "certified": "minmax"}.get(stop, "cuboid_mean")
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=batch, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
+                                  metadata=metadata)
+    for b, t in enumerate(lens):
+        k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+        k[:, 16 * 20: 16 * 60] += np.float16(0.5) * rng.standard_normal(d).astype(np.float16)  # a heavier stretch
+        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
+    q = cupy.asarray(2 * rng.standard_normal((batch, hq, d)).astype(np.float32))
+    runs, plans = {}, {}
+    for push in (0, 1):
+        monkeypatch.setattr(_kernels, "DECODE_PUSH", push)
+        plans[push] = psa_fast.plan(cache, num_q_heads=hq, threshold=0.9, stop=stop, step=step, cluster=cluster,
+                                    speculate=speculate)
+        runs[push] = plans[push].run(q)
+    assert plans[1].cluster > 1 and plans[1].grid_ctas == 0  # (the builds that push)
+    assert int(cupy.asnumpy(runs[0].iterations).max()) > 1  # decisions after the first
+    for name in ("out", "num_used", "iterations", "reason", "mass_estimate"):
+        np.testing.assert_array_equal(cupy.asnumpy(getattr(runs[1], name)), cupy.asnumpy(getattr(runs[0], name)),
+                                      err_msg=name)
+
+
 def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
     """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
     the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""

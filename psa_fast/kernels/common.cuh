@@ -242,6 +242,59 @@ __device__ __forceinline__ void dsmem_store_int(int* local_ptr, unsigned int ran
 }
 #endif
 
+#if PSA_CLUSTER > 1
+// Exchanges by push (decode.cu's PSA_PUSH builds): a CTA writes into another CTA's shared memory with st.async, whose
+// completion counts its bytes on the receiver's mbarrier; the receiver waits on its own mbarrier (acquire at cluster
+// scope) and reads its own shared memory. Unlike cluster_sync, no release fence (barrier.cluster.arrive.release
+// compiles to MEMBAR.ALL.GPU + ERRBAR: 7-9% of one request's decode samples, ncu, sixty-eighth session), no wait for
+// the slowest CTA of the cluster where only its data is needed, and no round trip of remote reads after the barrier.
+__device__ __forceinline__ unsigned int smem_addr(const void* p) {
+    return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned int arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(arrivals) : "memory");
+}
+
+// Orders this thread's mbar_init before other CTAs' use of the mbarriers (with the cluster barrier that follows).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// Arrive on the mbarrier's current phase, which then completes once `bytes` more have been pushed into it (pushes
+// may land before this: the transaction count runs negative until it).
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// Wait until the mbarrier's phase of parity `parity` has completed; what was pushed in it is then visible.
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned int parity) {
+    const unsigned int a = smem_addr(bar);
+    unsigned int done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(a), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// Write v at what sits at `local_ptr` in this CTA's shared memory, in CTA `rank`'s, counted on rank's copy of `bar`.
+__device__ __forceinline__ void push4(const void* local_ptr, unsigned int rank, float4 v, const unsigned long long* bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                 :: "r"(dsmem_addr(local_ptr, rank)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w),
+                    "r"(dsmem_addr(bar, rank)) : "memory");
+}
+
+__device__ __forceinline__ void push2(const void* local_ptr, unsigned int rank, float2 v, const unsigned long long* bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 :: "r"(dsmem_addr(local_ptr, rank)), "f"(v.x), "f"(v.y), "r"(dsmem_addr(bar, rank)) : "memory");
+}
+
+// cluster_sync in two halves, without the release fence: for the mbarriers' initialisation only.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+#endif
+
 // A CTA's combine of its warps' outputs (after a barrier): for each head h and channel d, the warps' max logits
 // f_m[w][h], masses f_l[w][h] relative to them and unnormalised outputs f_o[(w PSA_G + h) PSA_D + d] into the CTA's
 // c_m[h], c_l[h] (relative to c_m) and c_o[h][d], in warp order; warps that attended nothing (-inf) add nothing.
@@ -264,18 +317,9 @@ __device__ __forceinline__ void combine_warps(const float (*f_m)[PSA_G], const f
     }
 }
 
-// Rank 0's combine of a cluster's outputs for head h, channel d: each CTA's max logit m, mass l relative to it
-// and unnormalised output o (its c_m[h], c_l[h], c_o[h][d]) into the cluster's (M, L, O), L and O relative to M.
-// CTAs that attended nothing (m = -inf) are skipped. Every CTA's three words are requested before any is used:
-// one round trip to the cluster's shared memory, not one a CTA (~0.1 µs each, in the kernel's finish).
-__device__ __forceinline__ float3 cluster_combine(const float* c_m, const float* c_l, const float* c_o) {
-    float rm[PSA_CLUSTER], rl[PSA_CLUSTER], ro[PSA_CLUSTER];
-#pragma unroll
-    for (int r = 0; r < PSA_CLUSTER; ++r) {
-        rm[r] = dsmem_load(c_m, r);
-        rl[r] = dsmem_load(c_l, r);
-        ro[r] = dsmem_load(c_o, r);
-    }
+// The combine of the cluster's terms (rank r's max logit rm[r], mass rl[r] and output ro[r]), in rank order.
+__device__ __forceinline__ float3 cluster_terms(const float (&rm)[PSA_CLUSTER], const float (&rl)[PSA_CLUSTER],
+                                               const float (&ro)[PSA_CLUSTER]) {
     float M = -PSA_INF;
 #pragma unroll
     for (int r = 0; r < PSA_CLUSTER; ++r) M = fmaxf(M, rm[r]);
@@ -288,4 +332,19 @@ __device__ __forceinline__ float3 cluster_combine(const float* c_m, const float*
         O += ro[r] * e;
     }
     return make_float3(M, L, O);
+}
+
+// Rank 0's combine of a cluster's outputs for head h, channel d: each CTA's max logit m, mass l relative to it
+// and unnormalised output o (its c_m[h], c_l[h], c_o[h][d]) into the cluster's (M, L, O), L and O relative to M.
+// CTAs that attended nothing (m = -inf) are skipped. Every CTA's three words are requested before any is used:
+// one round trip to the cluster's shared memory, not one a CTA (~0.1 µs each, in the kernel's finish).
+__device__ __forceinline__ float3 cluster_combine(const float* c_m, const float* c_l, const float* c_o) {
+    float rm[PSA_CLUSTER], rl[PSA_CLUSTER], ro[PSA_CLUSTER];
+#pragma unroll
+    for (int r = 0; r < PSA_CLUSTER; ++r) {
+        rm[r] = dsmem_load(c_m, r);
+        rl[r] = dsmem_load(c_l, r);
+        ro[r] = dsmem_load(c_o, r);
+    }
+    return cluster_terms(rm, rl, ro);
 }

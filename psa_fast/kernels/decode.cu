@@ -223,6 +223,18 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_GRID_TAGS_ON (PSA_GRID && PSA_GRID <= PSA_GRID_TAGS && !PSA_SKETCH_RULE)
 #define PSA_DECIDE_PREFETCH_ON (PSA_DECIDE_PREFETCH && !PSA_SPEC && !PSA_SPLIT)
 #define PSA_DECIDE_OVERLAP_ON (PSA_DECIDE_OVERLAP && !PSA_SPEC && !PSA_SPLIT)
+#ifndef PSA_PUSH
+// 1: the cluster's exchanges by push (common.cuh's push4 / mbar_wait; _kernels.DECODE_PUSH). Each decision: warp 0
+// writes the CTA's chunk totals into every CTA's cta_stats[parity][rank] by st.async and each CTA waits on its own
+// mbarrier of that parity for all of them, then reads them from its own shared memory (no cluster_sync, whose release
+// fence is a MEMBAR.ALL.GPU, and no remote reads). The finish, where rank 0's receiving buffers fit
+// PSA_PUSH_FINISH_BYTES: every CTA pushes its combined terms into rank 0's and leaves; rank 0 waits for them (no
+// cluster_sync before it, none at the end). The same terms combined in the same order: the same bits.
+#define PSA_PUSH 0
+#endif
+#define PSA_PUSH_ON (PSA_PUSH && PSA_CLUSTER > 1 && !PSA_GRID && !PSA_SPLIT && !PSA_SPEC)
+#define PSA_PUSH_FINISH_BYTES 16384
+#define PSA_PUSH_FINISH_ON (PSA_PUSH_ON && PSA_CLUSTER * PSA_G * PSA_D * 4 <= PSA_PUSH_FINISH_BYTES)
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
 #define PSA_LOOP_CLOCK 0
@@ -830,6 +842,25 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #define PSA_FIRST_POS(e) first_position(gw, from, e, first, first2, step, n)
     constexpr int from = 0;
 #endif
+#if PSA_PUSH_ON
+    // The pushes' mbarriers: the decision's two (by the parity of this launch's decisions) and rank 0's finish, each
+    // armed for its first phase before any CTA of the cluster may push into it (the cluster's arrival here, its wait
+    // before the loop).
+    __shared__ __align__(8) unsigned long long push_bar[3];
+    constexpr unsigned int PUSH_STATS_BYTES = PSA_CLUSTER * PSA_G * sizeof(float4);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int i = 0; i < 3; ++i) mbar_init(&push_bar[i], 1);
+        mbar_expect(&push_bar[0], PUSH_STATS_BYTES);
+        mbar_expect(&push_bar[1], PUSH_STATS_BYTES);
+#if PSA_PUSH_FINISH_ON
+        if (rank == 0) mbar_expect(&push_bar[2], PSA_CLUSTER * PSA_G * (PSA_D + 2) * sizeof(float));
+#endif
+        mbar_init_fence();
+    }
+    cluster_arrive_relaxed();
+    int pushes = 0;  // decisions so far in this launch
+#endif
     const int hh = lane >> 2;   // the row of this lane's fragments (token or channel; the head of Q's fragments)
     const int quad = lane & 3;  // its column pair within a tile: heads 2 quad, 2 quad + 1 (tokens or channels of B)
     kv_t* ring = reinterpret_cast<kv_t*>(dyn_smem) + warp * (PSA_STAGES * PSA_STAGE_HALVES);
@@ -999,6 +1030,8 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #if PSA_GRID
     __shared__ float4 grid_tot[PSA_G];  // the group's totals of an iteration (warp h's combine of head h)
     const long gid = (long)b * Gn + g;
+#elif PSA_PUSH_ON
+    __shared__ float4 cta_stats[2][PSA_CLUSTER][PSA_G];  // [parity][rank]: every CTA's totals, pushed by its warp 0
 #else
     __shared__ float4 cta_stats[2][PSA_G];
 #endif
@@ -1035,6 +1068,9 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #define PSA_ADVANCE(next, after, e) cur = next_position(after, e, gw, NW, first, first2, step, lim)
 #endif
     PSA_LMARK(1);
+#if PSA_PUSH_ON
+    cluster_wait();  // every CTA's mbarriers armed
+#endif
     // Each pass attends chunk `it` = [pos, end), publishes its statistics and decides.
     while (why < 0) {
         PSA_LMARK(2);
@@ -1175,6 +1211,10 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
                 xstats_publish(xstats + xstat_entry(gid, it, rank, lane) * PSA_XSTAT_ELEMS, t, it + 1);
 #elif PSA_GRID
                 xstats[xstat_entry(gid, it, rank, lane)] = t;
+#elif PSA_PUSH_ON
+#pragma unroll
+                for (int r = 0; r < PSA_CLUSTER; ++r)
+                    push4(&cta_stats[pushes & 1][rank][lane], r, t, &push_bar[pushes & 1]);
 #else
                 cta_stats[it & 1][lane] = t;
 #endif
@@ -1192,6 +1232,11 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
             // (no barrier: the combine below polls the statistics' words themselves)
 #elif PSA_GRID
             group_sync(xcount + 2 * gid, PSA_GRID * (it + 1));
+#elif PSA_PUSH_ON
+            mbar_wait(&push_bar[pushes & 1], (pushes >> 1) & 1);
+            // armed again for the decision after next: no thread of this CTA still waits for this phase when a push
+            // of that one lands (it follows this CTA's own push of the next decision, after a __syncthreads)
+            if (threadIdx.x == 0) mbar_expect(&push_bar[pushes & 1], PUSH_STATS_BYTES);
 #else
             cluster_sync();
 #endif
@@ -1242,10 +1287,18 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
             if (lane < PSA_G) {
                 float4 c[PSA_CLUSTER];
 #pragma unroll
-                for (int r = 0; r < PSA_CLUSTER; ++r) c[r] = dsmem_load4(&cta_stats[it & 1][lane], r);
+                for (int r = 0; r < PSA_CLUSTER; ++r)
+#if PSA_PUSH_ON
+                    c[r] = cta_stats[pushes & 1][r][lane];
+#else
+                    c[r] = dsmem_load4(&cta_stats[it & 1][lane], r);
+#endif
 #pragma unroll
                 for (int r = 0; r < PSA_CLUSTER; ++r) lt = combine_stats(lt, c[r]);
             }
+#if PSA_PUSH_ON
+            ++pushes;
+#endif
 #endif
             // (every lane decides every head: the heads' totals from shared memory (grid) or from their lanes)
             float tm[PSA_G], ts[PSA_G], tmin[PSA_G], te[PSA_G];
@@ -1404,7 +1457,12 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     __syncthreads();  // every warp is done with its ring
     float* f_o = reinterpret_cast<float*>(dyn_smem);  // [PSA_WARPS][PSA_G][PSA_D], reusing the rings
     __shared__ float f_m[PSA_WARPS][PSA_G], f_l[PSA_WARPS][PSA_G];
+#if PSA_PUSH_FINISH_ON
+    __shared__ float c_m[PSA_G], c_l[PSA_G];
+    __shared__ __align__(16) float c_o[PSA_G][PSA_D];  // (pushed as float4)
+#else
     __shared__ float c_m[PSA_G], c_l[PSA_G], c_o[PSA_G][PSA_D];
+#endif
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const int h = 2 * quad + e;
@@ -1439,7 +1497,19 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     }
     return;
 #endif
+#if PSA_PUSH_FINISH_ON
+    // every CTA's terms into rank 0's r_ml[rank], r_o[rank] (rank 0's own as well); rank 0 waits for all of them
+    __shared__ __align__(16) float r_o[PSA_CLUSTER][PSA_G * PSA_D];
+    __shared__ __align__(8) float2 r_ml[PSA_CLUSTER][PSA_G];
+    __syncthreads();  // c_m, c_l, c_o complete
+    for (int i = threadIdx.x; i < PSA_G * PSA_D / 4; i += blockDim.x)
+        push4(&r_o[rank][4 * i], 0, reinterpret_cast<const float4*>(&c_o[0][0])[i], &push_bar[2]);
+    if (threadIdx.x < PSA_G) push2(&r_ml[rank][threadIdx.x], 0, make_float2(c_m[threadIdx.x], c_l[threadIdx.x]),
+                                   &push_bar[2]);
+    if (rank == 0) mbar_wait(&push_bar[2], 0);
+#else
     cluster_sync();
+#endif
     PSA_LMARK(14);
     if (rank == 0) {
 #if PSA_OFFLOAD
@@ -1449,7 +1519,18 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #endif
         for (int idx = threadIdx.x; idx < PSA_G * PSA_D; idx += blockDim.x) {
             const int h = idx / PSA_D, d = idx % PSA_D;
+#if PSA_PUSH_FINISH_ON
+            float rm[PSA_CLUSTER], rl[PSA_CLUSTER], ro[PSA_CLUSTER];
+#pragma unroll
+            for (int r = 0; r < PSA_CLUSTER; ++r) {
+                rm[r] = r_ml[r][h].x;
+                rl[r] = r_ml[r][h].y;
+                ro[r] = r_o[r][h * PSA_D + d];
+            }
+            const float3 mlo = cluster_terms(rm, rl, ro);
+#else
             const float3 mlo = cluster_combine(&c_m[h], &c_l[h], &c_o[h][d]);
+#endif
             float L = mlo.y, O = mlo.z;
 #if PSA_STATEFUL
             const float M = mlo.x;
@@ -1542,7 +1623,9 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
         for (int i = 12; i < 16; ++i) ck[i] = lclk[i] - lclk[8];  // the finish's marks, from its start
     }
 #endif
+#if !PSA_PUSH_FINISH_ON
     cluster_sync();  // no CTA leaves while rank 0 may still read its shared memory
+#endif
 }
 
 #if PSA_SPLIT
