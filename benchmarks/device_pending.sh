@@ -3415,9 +3415,12 @@ if [ "$PART" = s69c ]; then
   timeout 100 python3 exp_kernels_attr.py "DECODE_PUSH=0,1,1,0" -- profile_decode_step.py --share 0.05 \
       --shape smollm2 --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
       | tee -a "$OUT/s69c.txt" | grep "^#\|^T=\|psa_decode "
-  timeout 100 python3 exp_kernels_attr.py "DECODE_PUSH=0,1" -- exp_verify_clock.py --share 0.05 --shape llama8b \
-      --size 32768 --batches 1 --stop ema --speculate 0 --step auto --loop 2>&1 | grep -v Warn \
-      | tee -a "$OUT/s69c.txt"
+  # the loop clock with K/V from HBM (exp_verify_clock.py --layers 0: the layers in turn, as the profiler's rows)
+  for data in "--share 0.05" "--per-head --first-chunk estimated_stop"; do
+    timeout 100 python3 exp_kernels_attr.py "DECODE_PUSH=0,1" -- exp_verify_clock.py $data --shape llama8b \
+        --size 32768 --batches 1 --stop ema --speculate 0 --step auto --loop --layers 0 2>&1 | grep -v Warn \
+        | tee -a "$OUT/s69c.txt"
+  done
   exit 0
 fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed

@@ -19,6 +19,11 @@ barriers after them and the decisions (summed over its iterations), the finish, 
 
     python benchmarks/exp_verify_clock.py --per-head --shape llama8b --batches 1 --stop ema --speculate 0 \
         --first-chunk estimated_stop --step auto --loop --warps 4 --stages 6
+
+By default one layer is replayed, so a step after the first reads much of its K/V from L2 (the clocks then run
+below the profiler's µs, which rotate over layers). ``--layers 0`` rotates over ``bench_decode.rotating_layers``
+layers as profile_decode_step.py does, so that the step whose clocks are read takes its K/V from HBM
+(``--layers N``: N layers).
 """
 
 from __future__ import annotations
@@ -125,6 +130,9 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=None, help="DecodePlan(stages=...) (default: the plan's)")
     ap.add_argument("--rank", default="estimate", choices=("estimate", "share"),
                     help="how shared groups rank their blocks (DecodePlan(rank=...))")
+    ap.add_argument("--layers", type=int, default=1,
+                    help="layers the steps rotate over (1: one layer, K/V partly in L2; 0: bench_decode."
+                         "rotating_layers, K/V from HBM as in profile_decode_step.py)")
     ap.add_argument("--per-group", action="store_true",
                     help="with --loop: also each group's µs of the kernel and of its attention, and its blocks used")
     args = ap.parse_args()
@@ -139,9 +147,11 @@ def main() -> None:
         ap.error(f"--warps must be >= 1, got {args.warps}")
     if args.stages is not None and args.stages < 2:
         ap.error(f"--stages must be >= 2 (a prefetch ring), got {args.stages}")
+    if args.layers < 0:
+        ap.error(f"--layers must be >= 0 (0: bench_decode.rotating_layers), got {args.layers}")
 
     import cupy
-    from bench_decode import SHAPES, data_fill
+    from bench_decode import SHAPES, data_fill, rotating_layers
 
     import psa_fast
     from psa_fast import _kernels
@@ -155,22 +165,25 @@ def main() -> None:
         _kernels.VERIFY_CLOCK = 1
     try:
         for b in (int(x) for x in args.batches.split(",")):
-            cache = psa_fast.PagedKVCache(num_layers=1, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
+            layers = args.layers or rotating_layers(shape, args.size, b)
+            cache = psa_fast.PagedKVCache(num_layers=layers, batch=b, num_kv_heads=shape.hkv, head_dim=shape.d,
                                           max_tokens=args.size, block_size=shape.s,
                                           metadata="quant3" if args.stop == "auto" else "cuboid_mean")
-            q = fill(cache, 0)
+            qs = [fill(cache, layer) for layer in range(layers)]
             p = psa_fast.plan(cache, num_q_heads=shape.hq, mode="psa", threshold=0.95, scale=shape.scale,
                               stop=args.stop, speculate=speculate, first_chunk=args.first_chunk, rank=args.rank,
                               step=("auto" if args.step == "auto" else int(args.step) if args.step
                                     else _kernels.spec_step(cache.nmax)),
                               warps=args.warps, stages=args.stages)
-            for _ in range(args.steps):
-                p.run(q, 0)
+            steps = max(args.steps, layers + 1)  # (every layer's step compiled and warm before the one read)
+            for i in range(steps):
+                p.run(qs[i % layers], i % layers)
             cupy.cuda.Device().synchronize()
             what = "the loop" if args.loop else "psa_spec_verify"
             print(f"\nT={args.size} B={b} {shape.name} {args.stop} rank {args.rank} step {p.step} speculate {speculate}"
                   f"{'' if args.first_chunk is None else ', first chunk ' + args.first_chunk}"
                   f"{' spread' if args.spread else ''}, {what}, cluster {p.cluster}, grid {p.grid_ctas}, "
+                  f"{layers} layer{'s in turn' if layers > 1 else ''}, "
                   f"SM clock {khz / 1e3:.0f} MHz (its maximum)")
             print("| phase | mean µs | largest µs |\n|---|---|---|")
             if args.loop:

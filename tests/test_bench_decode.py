@@ -848,7 +848,8 @@ def test_verify_clock_speculate_takes_a_margin_none_or_first_chunk():
     (["--per-head", "--speculate", "first_chunk"], "--speculate first_chunk speculates the first ranked chunk"),
     (["--per-head", "--step", "0"], "--step must be a positive integer or auto, got '0'"),
     (["--per-head", "--warps", "0"], "--warps must be >= 1, got 0"),
-    (["--per-head", "--stages", "1"], "--stages must be >= 2 (a prefetch ring), got 1")])
+    (["--per-head", "--stages", "1"], "--stages must be >= 2 (a prefetch ring), got 1"),
+    (["--per-head", "--layers", "-1"], "--layers must be >= 0 (0: bench_decode.rotating_layers), got -1")])
 def test_verify_clock_rejects_bad_arguments(monkeypatch, capsys, argv, message):
     import exp_verify_clock as evc
 
