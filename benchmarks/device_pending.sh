@@ -3423,6 +3423,20 @@ if [ "$PART" = s69c ]; then
   done
   exit 0
 fi
+if [ "$PART" = s69d ] || [ "$PART" = s69e ]; then
+  # Sixty-ninth session: the GPU suites with the push builds on (_kernels.DECODE_PUSH set to 1 in this call's copy
+  # of the tree only), before it becomes the default: s69d tests/test_fast.py (all1's, ~8 minutes), s69e the other
+  # suites whose PSA plans run on clusters (bfloat16, stop rules, first chunks, the transformers integration).
+  sed -i 's/^DECODE_PUSH = 0$/DECODE_PUSH = 1/' psa_fast/_kernels.py
+  grep -q "^DECODE_PUSH = 1$" psa_fast/_kernels.py || { echo "$PART: no 'DECODE_PUSH = 0' line to set"; exit 0; }
+  if [ "$PART" = s69d ]; then
+    gpu_tests t_s69d.log 560 tests/test_fast.py "${@:2}"
+  else
+    gpu_tests t_s69e.log 560 tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py \
+        tests/test_fast_hf.py "${@:2}"
+  fi
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
