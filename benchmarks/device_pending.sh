@@ -3416,11 +3416,16 @@ if [ "$PART" = s69c ]; then
       --shape smollm2 --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
       | tee -a "$OUT/s69c.txt" | grep "^#\|^T=\|psa_decode "
   # the loop clock with K/V from HBM (exp_verify_clock.py --layers 0: the layers in turn, as the profiler's rows)
-  for data in "--share 0.05" "--per-head --first-chunk estimated_stop"; do
+  for data in "--share 0.05" "--per-head --first-chunk estimated_stop --per-group"; do
     timeout 100 python3 exp_kernels_attr.py "DECODE_PUSH=0,1" -- exp_verify_clock.py $data --shape llama8b \
         --size 32768 --batches 1 --stop ema --speculate 0 --step auto --loop --layers 0 2>&1 | grep -v Warn \
         | tee -a "$OUT/s69c.txt"
   done
+  # and the grid build's 16 CTAs a group by the same clock (s69b: its decode level with the clusters'; the fluid
+  # model gave its attend 17 µs against the clusters' 23): which phase takes what the SMs gave
+  timeout 100 python3 exp_kernels_attr.py "GRID_MIN_GROUP_MIB=0" -- exp_verify_clock.py --per-head --first-chunk \
+      estimated_stop --per-group --shape llama8b --size 32768 --batches 1 --stop ema --speculate 0 --step auto \
+      --loop --layers 0 2>&1 | grep -v Warn | tee -a "$OUT/s69c.txt"
   exit 0
 fi
 if [ "$PART" = s69d ] || [ "$PART" = s69e ]; then
