@@ -708,7 +708,23 @@ DECODE_PAIR = 1  # 1: a decode warp attends two blocks of a chunk at once where 
 # 1: the loop builds on clusters exchange each decision's CTA totals, and the finish's terms where they fit 16 KiB of
 # rank 0's shared memory, by st.async pushes counted on mbarriers instead of cluster barriers and remote reads
 # (PSA_PUSH, decode.cu; no MEMBAR.ALL.GPU in those builds). The same bits. 0: cluster_sync (sixty-ninth session: A/B).
+# Only where the receiving buffers fit beside the build's rings (push_fits).
 DECODE_PUSH = 0
+PUSH_FINISH_BYTES = 16384  # decode.cu's PSA_PUSH_FINISH_BYTES: rank 0's finish buffers, at most
+STATIC_SMEM_RESERVE = 4096  # the loop builds' other static shared memory (3,072 bytes at Llama's shape), rounded up
+
+
+def push_fits(*, cluster: int, g: int, d: int, smem: int) -> bool:
+    """Whether a loop build on clusters of ``cluster`` CTAs (``g`` query heads a group, head dim ``d``, ``smem`` bytes
+    of rings) can take the push exchanges (``DECODE_PUSH``): its static buffers (each decision's CTA totals by parity
+    and rank, and rank 0's finish buffers where they fit ``PUSH_FINISH_BYTES``) beside the rings and the build's other
+    static shared memory within ``SMEM_LIMIT``. Llama-3.1-8B's shape (clusters of 8, G 4, D 128, 192 KiB of rings):
+    17.5 KiB more, 212 KiB in all."""
+    if cluster < 2:
+        return False
+    finish = cluster * g * d * 4
+    pushed = 2 * cluster * g * 16 + (finish + cluster * g * 8 if finish <= PUSH_FINISH_BYTES else 0)
+    return smem + pushed + STATIC_SMEM_RESERVE <= SMEM_LIMIT
 # The largest (padded) head dimension whose decode builds load each warp's order and block-table entries a window
 # of 32 ahead by its lanes (PSA_STREAM_WINDOW, decode.cu); 0: none. On the H200 the window took Llama's one-request
 # loop at 128K from 81.5 to 78.6 µs but made Gemma 3's D 256 builds (4 warps, more registers) 1-2 µs slower
@@ -950,7 +966,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     if version == 3:
         defines["qparts"] = 1 if q_exact and q_mma is not None else (3 if bf16 else 2)
         defines["pair"] = DECODE_PAIR
-        if DECODE_PUSH and cluster > 1:
+        if DECODE_PUSH and push_fits(cluster=cluster, g=g, d=d, smem=smem):
             defines["push"] = 1
         defines["stream_window"] = int(d <= DECODE_STREAM_WINDOW)
         from psa_ref.progressive import EMA_WEIGHT, SKETCH_AVG_SHARE, SKETCH_NEXT_SHARE, SKETCH_WINDOW

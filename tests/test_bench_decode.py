@@ -610,6 +610,25 @@ def test_dense_wide_stages_switch_picks_two_stages_only_where_asked(monkeypatch)
     assert splits(None, 15) == (3, 8) and splits(2, 15) == (2, 17)
 
 
+def test_push_fits_beside_the_rings():
+    """_kernels.push_fits: the push exchanges' static buffers (each decision's totals by parity and rank; rank 0's finish
+    buffers where they fit PUSH_FINISH_BYTES) beside the build's rings within the shared-memory limit. Llama's loop
+    build at one request takes them (192 KiB of rings + 17.5 KiB); a one-CTA build never (no cluster); rings that
+    leave too little room do not; Gemma 3's D 256 on clusters of 8 needs only the decisions' 1 KiB (its finish
+    buffers, 32 KiB, are not pushed)."""
+    from psa_fast import _kernels
+
+    _, _, _, rings = _kernels.decode_config(d=128, s=16, g=4, version=3)
+    assert rings == 196608 and _kernels.push_fits(cluster=8, g=4, d=128, smem=rings)
+    assert not _kernels.push_fits(cluster=1, g=4, d=128, smem=rings)
+    room = _kernels.SMEM_LIMIT - _kernels.STATIC_SMEM_RESERVE
+    llama = 2 * 8 * 4 * 16 + 8 * 4 * 128 * 4 + 8 * 4 * 8  # decisions, finish outputs, finish (max, mass) pairs
+    assert _kernels.push_fits(cluster=8, g=4, d=128, smem=room - llama)
+    assert not _kernels.push_fits(cluster=8, g=4, d=128, smem=room - llama + 1)
+    assert _kernels.push_fits(cluster=8, g=4, d=256, smem=room - 2 * 8 * 4 * 16)  # decisions only
+    assert not _kernels.push_fits(cluster=8, g=4, d=256, smem=room - 2 * 8 * 4 * 16 + 1)
+
+
 def test_estimated_stop_cluster_only_where_it_paid(monkeypatch):
     """_kernels.estimated_stop_cluster: v6's clusters (ESTIMATED_STOP_CLUSTER CTAs a group) only where every group's
     cluster fits the SMs and the groups are long (ESTIMATED_STOP_CLUSTER_MIN_BLOCKS), where the H100 measured them

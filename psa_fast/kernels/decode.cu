@@ -233,7 +233,7 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_PUSH 0
 #endif
 #define PSA_PUSH_ON (PSA_PUSH && PSA_CLUSTER > 1 && !PSA_GRID && !PSA_SPLIT && !PSA_SPEC)
-#define PSA_PUSH_FINISH_BYTES 16384
+#define PSA_PUSH_FINISH_BYTES 16384  // _kernels.PUSH_FINISH_BYTES (push_fits sizes the static buffers by it)
 #define PSA_PUSH_FINISH_ON (PSA_PUSH_ON && PSA_CLUSTER * PSA_G * PSA_D * 4 <= PSA_PUSH_FINISH_BYTES)
 #define PSA_VSTATE (7 + PSA_D)  // floats per head of vstate: M, acc, min, ema, frac, oM, oL, O[D]
 #ifndef PSA_LOOP_CLOCK
