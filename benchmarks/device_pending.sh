@@ -3442,6 +3442,18 @@ if [ "$PART" = s69d ] || [ "$PART" = s69e ]; then
   fi
   exit 0
 fi
+if [ "$PART" = s69f ]; then
+  # Prepared in the sixty-ninth session (not yet run): what a launch of the loop's shape costs with nothing to do.
+  # s69c's loop clock from HBM read 17.2 µs (rank 0's first clock read to its last) where the profiler read 21.6 for
+  # Llama's one request at 32K. exp_launch_shape.py: empty kernels of 8 groups of 1 or 8 CTAs (256 threads; 0, 96,
+  # 212 KiB of dynamic shared memory), and with one cluster barrier (release, or relaxed). Predicted: ~1.5-2.5 µs a
+  # launch in a graph, +0.5-1 for clusters of 8 with 212 KiB; a barrier with its release +0.3-0.5 over a relaxed
+  # one. ~1 minute.
+  cd benchmarks
+  timeout 100 python3 exp_launch_shape.py --groups 8 --clusters 1,8 --smem 0,96,212 --bodies empty,sync,relaxed \
+      2>&1 | grep -v Warn | tee "$OUT/s69f.txt"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

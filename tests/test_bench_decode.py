@@ -2336,3 +2336,35 @@ def test_topk_line_fits_the_rows_and_pairs_psa_with_top_k_at_its_error(tmp_path)
         ptl.load([str(src)], batch=8)
     with pytest.raises(ValueError, match="a line needs two"):
         ptl.fit_topk_line([r for r in rows if r["method"].startswith("top-k k=100 ")])
+
+
+def test_launch_shape_probe_sources_and_configurations():
+    """benchmarks/exp_launch_shape.py: its kernel carries the cluster's dims and the body asked for (a cluster
+    barrier with its release, or relaxed); barriers only on clusters; bad sizes and bodies are refused by name."""
+    import exp_launch_shape as els
+
+    src = els.launch_source(8, "sync")
+    assert "__cluster_dims__(8, 1, 1)" in src and "arrive.release" in src
+    assert "arrive.relaxed" in els.launch_source(16, "relaxed")
+    assert "__cluster_dims__" not in els.launch_source(1, "empty") and "barrier" not in els.launch_source(1, "empty")
+    for cluster, body, message in ((1, "sync", "needs cluster >= 2"), (3, "empty", "power of two"),
+                                   (32, "empty", "up to 16"), (8, "spin", "body must be one of")):
+        with pytest.raises(ValueError, match=message):
+            els.launch_source(cluster, body)
+    assert els.configurations([1, 8], [0, 212], ["empty", "sync"]) == [
+        (1, 0, "empty"), (1, 212, "empty"), (8, 0, "empty"), (8, 0, "sync"), (8, 212, "empty"), (8, 212, "sync")]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--clusters", "8,x"], "--clusters and --smem take comma-separated integers"),
+    (["--threads", "100"], "--threads a multiple of 32"),
+    (["--smem", "0,300"], "--smem takes KiB in [0, 227]"),
+    (["--clusters", "6"], "power of two"),
+    (["--bodies", "empty,spin"], "body must be one of")])
+def test_launch_shape_probe_rejects_bad_arguments(monkeypatch, capsys, argv, message):
+    import exp_launch_shape as els
+
+    monkeypatch.setattr("sys.argv", ["exp_launch_shape.py", *argv])
+    with pytest.raises(SystemExit) as exc:
+        els.main()
+    assert exc.value.code == 2 and message in capsys.readouterr().err
