@@ -611,9 +611,9 @@ def test_dense_wide_stages_switch_picks_two_stages_only_where_asked(monkeypatch)
 
 
 def test_push_fits_beside_the_rings():
-    """_kernels.push_fits: the push exchanges' static buffers (each decision's totals by parity and rank; rank 0's finish
-    buffers where they fit PUSH_FINISH_BYTES) beside the build's rings within the shared-memory limit. Llama's loop
-    build at one request takes them (192 KiB of rings + 17.5 KiB); a one-CTA build never (no cluster); rings that
+    """_kernels.push_fits: the push exchanges' static buffers (each decision's totals by parity and rank; rank 0's
+    finish buffers where they fit PUSH_FINISH_BYTES) beside the build's rings within the shared-memory limit. Llama's
+    loop build at one request takes them (192 KiB of rings + 17.5 KiB); a one-CTA build never (no cluster); rings that
     leave too little room do not; Gemma 3's D 256 on clusters of 8 needs only the decisions' 1 KiB (its finish
     buffers, 32 KiB, are not pushed)."""
     from psa_fast import _kernels

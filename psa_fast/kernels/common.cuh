@@ -245,9 +245,9 @@ __device__ __forceinline__ void dsmem_store_int(int* local_ptr, unsigned int ran
 #if PSA_CLUSTER > 1
 // Exchanges by push (decode.cu's PSA_PUSH builds): a CTA writes into another CTA's shared memory with st.async, whose
 // completion counts its bytes on the receiver's mbarrier; the receiver waits on its own mbarrier (acquire at cluster
-// scope) and reads its own shared memory. Unlike cluster_sync, no release fence (barrier.cluster.arrive.release
-// compiles to MEMBAR.ALL.GPU + ERRBAR: 7-9% of one request's decode samples, ncu, sixty-eighth session), no wait for
-// the slowest CTA of the cluster where only its data is needed, and no round trip of remote reads after the barrier.
+// scope) and reads its own shared memory. Unlike cluster_sync: no release fence (barrier.cluster.arrive.release
+// compiles to MEMBAR.ALL.GPU + ERRBAR: 7-9% of one request's decode samples, ncu, sixty-eighth session), no round
+// trip of remote reads after it, and a CTA whose data are sent and that waits for none may leave.
 __device__ __forceinline__ unsigned int smem_addr(const void* p) {
     return static_cast<unsigned int>(__cvta_generic_to_shared(p));
 }
@@ -262,7 +262,8 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 // Arrive on the mbarrier's current phase, which then completes once `bytes` more have been pushed into it (pushes
 // may land before this: the transaction count runs negative until it).
 __device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned int bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
 }
 
 // Wait until the mbarrier's phase of parity `parity` has completed; what was pushed in it is then visible.
@@ -276,13 +277,15 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned int 
 }
 
 // Write v at what sits at `local_ptr` in this CTA's shared memory, in CTA `rank`'s, counted on rank's copy of `bar`.
-__device__ __forceinline__ void push4(const void* local_ptr, unsigned int rank, float4 v, const unsigned long long* bar) {
+__device__ __forceinline__ void push4(const void* local_ptr, unsigned int rank, float4 v,
+                                      const unsigned long long* bar) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
                  :: "r"(dsmem_addr(local_ptr, rank)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w),
                     "r"(dsmem_addr(bar, rank)) : "memory");
 }
 
-__device__ __forceinline__ void push2(const void* local_ptr, unsigned int rank, float2 v, const unsigned long long* bar) {
+__device__ __forceinline__ void push2(const void* local_ptr, unsigned int rank, float2 v,
+                                      const unsigned long long* bar) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
                  :: "r"(dsmem_addr(local_ptr, rank)), "f"(v.x), "f"(v.y), "r"(dsmem_addr(bar, rank)) : "memory");
 }
