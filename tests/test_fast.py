@@ -667,6 +667,9 @@ def test_pushed_exchanges_keep_every_bit(monkeypatch, stop, speculate, step, clu
                                     speculate=speculate)
         runs[push] = plans[push].run(q)
     assert plans[1].cluster > 1 and plans[1].grid_ctas == 0  # (the builds that push)
+    rings = _kernels.decode_config(d=cache.dp, s=cache.block_size, g=plans[1].g, version=3, warps=plans[1].warps,
+                                   stages=plans[1].stages)[3]
+    assert _kernels.push_fits(cluster=plans[1].cluster, g=plans[1].g, d=cache.dp, smem=rings)  # (so they did push)
     assert int(cupy.asnumpy(runs[0].iterations).max()) > 1  # decisions after the first
     for name in ("out", "num_used", "iterations", "reason", "mass_estimate"):
         np.testing.assert_array_equal(cupy.asnumpy(getattr(runs[1], name)), cupy.asnumpy(getattr(runs[0], name)),
