@@ -3454,6 +3454,26 @@ if [ "$PART" = s69f ]; then
       2>&1 | grep -v Warn | tee "$OUT/s69f.txt"
   exit 0
 fi
+if [ "$PART" = s70b ]; then
+  # Seventieth session (branch wip/l2-first): psa_order_runs asks each group's first chunk into L2 as it places its
+  # blocks (_kernels.ORDER_L2_FIRST_MIB, order_runs.cu PSA_L2_FIRST: one cp.async.bulk.prefetch.L2 a K / V tile), so
+  # that HBM streams the decode's first blocks while the order ends, the decode launches and its CTAs set up (~3 µs
+  # of the loop's start at one request, s69a; the one-request attend reads near the HBM's rate, so a head start
+  # should come off it). Not s68's prefetch inside the decode (A entries ahead of the same warp's copies: lost).
+  # Predicted (H100): Llama 5% 32K B = 1 psa_decode 20.0 -> 17.5-18.5, psa_order_runs +0-0.5; SmolLM2 32K B = 1
+  # 12.5 -> ~11.5; top-k's split build at one request -1 to -2; a step -1.5 to -2.5. First the bit test (order and
+  # every output the same bits), then A/B 0 / 16 / 16 / 0 MiB in one process a row. ~4 minutes.
+  timeout 200 python3 -m pytest -q -x tests/test_fast.py -k "first_chunk_into_l2" 2>&1 | tail -5 | tee "$OUT/s70b.txt"
+  grep -q " passed" "$OUT/s70b.txt" && ! grep -q " failed" "$OUT/s70b.txt" || exit 0
+  cd benchmarks
+  for args in "--shape llama8b --variants ema" "--shape llama8b --variants topk --topk 410" \
+              "--shape smollm2 --variants ema" "--shape gemma3 --variants ema"; do
+    timeout 120 python3 exp_kernels_attr.py "ORDER_L2_FIRST_MIB=0,16,16,0" -- profile_decode_step.py --share 0.05 \
+        --size 32768 --batches 1 $args --steps 10 --out /tmp 2>&1 | grep -v Warn | tee -a "$OUT/s70b.txt" \
+        | grep "^#\|^T=\|psa_"
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -557,8 +557,21 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
     return min(methods, key=lambda m: order_cost_us(m, b, gn, nmax))
 
 
+# MiB of K/V that psa_order_runs asks into L2 as it places the blocks of each group's first chunk (the step's first
+# blocks to be attended: forced + the first ranked chunk, or top-k's k), all groups together; 0: none
+# (order_runs.cu's PSA_L2_FIRST, l2_first_blocks). Seventieth session, an experiment (benchmarks/NOTES.md).
+ORDER_L2_FIRST_MIB = 0
+
+
+def l2_first_blocks(groups: int, first: int, tile_bytes: int) -> int:
+    """Positions of each of ``groups`` groups' orders whose K and V tiles (``tile_bytes`` each) psa_order_runs asks
+    into L2: the first chunk's ``first`` blocks, at most ``ORDER_L2_FIRST_MIB`` MiB for all groups; 0: none."""
+    cap = int(ORDER_L2_FIRST_MIB * 2**20) // max(1, 2 * tile_bytes * groups)
+    return max(0, min(first, cap))
+
+
 def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
-          want_suffix, workspace=None, ordered=None, method=None) -> None:
+          want_suffix, workspace=None, ordered=None, method=None, l2_first=None) -> None:
     """The processing order ``[B, Gn, Nmax]`` and, if ``want_suffix``, the suffix log-sum-exp of the
     per-head ``bounds`` along it (``log_suffix [B, Hq, Nmax + 1]``, ``psa_order_suffix``), and with ``ordered``
     (``[B, Hq, Nmax]``) the summed terms themselves by position, ``log n_j + bounds_j`` (the sketch rules' window
@@ -569,7 +582,10 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     binary search in them (``psa_order_runs``); one CTA a group sorts its keys by radix passes
     (``psa_order_radix``) or by bitonic merges (``psa_order``); or a group is split: ``psa_order_slice`` sorts
     slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``[B, Gn, npad]`` uint64) and
-    ``psa_order_merge`` places every key at its rank."""
+    ``psa_order_merge`` places every key at its rank.
+
+    ``l2_first`` = ``(block_table, k_pool, v_pool, blocks)``: ``psa_order_runs`` asks the K and V tiles of the
+    blocks it places at positions below ``blocks`` into L2 (the decode's first chunk; other methods ignore it)."""
     b, gn, _ = scores.shape
     npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
@@ -597,9 +613,13 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)),
             shared_mem=tiles * 128)
     elif method == "runs":  # a CTA a run of the longest group, each of its warps sorting one of the group's runs
-        kernel("order_runs", d=16, s=s, g=g, warps=RUN_BLOCKS // 32)(
-            (-(-nmax // RUN_BLOCKS), gn, b), (RUN_BLOCKS,),
-            (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)))
+        args = (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks))
+        prefetch = l2_first is not None and l2_first[3] > 0
+        if prefetch:
+            table, k_pool, v_pool, blocks = l2_first
+            args += (table, k_pool, v_pool, np.uint32(k_pool.strides[0]), np.int32(blocks))
+        kernel("order_runs", d=16, s=s, g=g, warps=RUN_BLOCKS // 32, **({"l2_first": 1} if prefetch else {}))(
+            (-(-nmax // RUN_BLOCKS), gn, b), (RUN_BLOCKS,), args)
     elif method == "radix":
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)

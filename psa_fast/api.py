@@ -523,10 +523,13 @@ class DecodePlan:
                                 g=self.g, nmax=self.cache.nmax, sink_blocks=self.sink_blocks,
                                 recent_blocks=self.recent_blocks, head=self.k)
             return
-        _kernels.order(self.scores, self.cache.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
+        c = self.cache
+        first = self._l2_first_blocks()
+        _kernels.order(self.scores, c.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
                        sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
                        want_suffix=self._suffix, workspace=self.sort_workspace,
-                       ordered=self.sketch_ordered, **self._shape())
+                       ordered=self.sketch_ordered, **self._shape(),
+                       l2_first=(c.block_table[layer], c.k_pool, c.v_pool, first) if first else None)
         if self._predicts_first:
             _kernels.first_chunk(self.log_suffix, self.cache.seq_lens[layer], self.first_len, s=self.cache.block_size,
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
@@ -543,6 +546,21 @@ class DecodePlan:
                               forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
                               margin=self.speculate, extra=self.speculate_extra, step=self.step,
                               first_len=self.first_len, spec_items=self.spec_items, chunks=self.spec_chunks)
+
+    def _l2_first_blocks(self) -> int:
+        """Positions of each group's order whose K/V the order kernel asks into L2 (``_kernels.ORDER_L2_FIRST_MIB``):
+        the decode's first chunk where the plan knows it (top-k's k; PSA's forced blocks and its first ranked chunk,
+        an integer ``first_chunk`` or the step), within the MiB; 0 where off or unknown."""
+        if not _kernels.ORDER_L2_FIRST_MIB:
+            return 0
+        if self.mode == "topk":
+            first = self.k
+        elif self.first_chunk is None or isinstance(self.first_chunk, int):
+            first = self.sink_blocks + self.recent_blocks + (self.first_chunk or self.step)
+        else:
+            return 0
+        c = self.cache
+        return _kernels.l2_first_blocks(c.batch * c.num_kv_heads, first, c.k_pool.strides[0])
 
     def attend(self, layer: int, q_raw=None) -> DecodeOutput:
         """Stage 3: the progressive loop with its verifier (or top-k / dense) in one kernel, of the scaled

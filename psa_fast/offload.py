@@ -422,6 +422,11 @@ class OffloadDecoder(DecodePlan):
             except Exception:
                 pass
 
+    def _l2_first_blocks(self) -> int:
+        """0: the block table here names blocks of the host store, not pool slots, so the order kernel asks nothing
+        into L2 (``_kernels.ORDER_L2_FIRST_MIB``); the loader brings each iteration's blocks in."""
+        return 0
+
     def _reset_state(self) -> None:
         """One launch: every group running from position 0, the verifier and output state empty,
         the token advanced to this step's (the device's count of steps, as ``self._token`` on the

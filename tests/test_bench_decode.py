@@ -629,6 +629,22 @@ def test_push_fits_beside_the_rings():
     assert not _kernels.push_fits(cluster=8, g=4, d=256, smem=room - 2 * 8 * 4 * 16 + 1)
 
 
+def test_l2_first_blocks_keeps_the_first_chunk_within_the_budget(monkeypatch):
+    """_kernels.l2_first_blocks: the positions of each group's order whose K and V tiles psa_order_runs asks into L2,
+    the first chunk's blocks but no more than ORDER_L2_FIRST_MIB for all groups together (K and V, a tile each); 0
+    with the switch at 0. Llama at one request (8 groups, tiles of 4 KiB) and 16 MiB: 256 positions a group."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_MIB", 0)
+    assert _kernels.l2_first_blocks(8, 400, 4096) == 0
+    monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_MIB", 16)
+    assert _kernels.l2_first_blocks(8, 400, 4096) == 256 and _kernels.l2_first_blocks(8, 100, 4096) == 100
+    assert _kernels.l2_first_blocks(64, 400, 4096) == 32  # eight requests share the budget
+    assert _kernels.l2_first_blocks(8, 0, 4096) == 0
+    cap = _kernels.l2_first_blocks(3, 10**6, 2048)
+    assert cap * 3 * 2 * 2048 <= 16 * 2**20 < (cap + 1) * 3 * 2 * 2048
+
+
 def test_estimated_stop_cluster_only_where_it_paid(monkeypatch):
     """_kernels.estimated_stop_cluster: v6's clusters (ESTIMATED_STOP_CLUSTER CTAs a group) only where every group's
     cluster fits the SMs and the groups are long (ESTIMATED_STOP_CLUSTER_MIN_BLOCKS), where the H100 measured them

@@ -676,6 +676,39 @@ def test_pushed_exchanges_keep_every_bit(monkeypatch, stop, speculate, step, clu
                                       err_msg=name)
 
 
+@pytest.mark.parametrize("mode,first_chunk,mib", [("psa", None, 16), ("psa", 5, 16), ("psa", None, 0.05),
+                                                   ("topk", None, 16)])
+def test_order_asking_the_first_chunk_into_l2_keeps_every_bit(monkeypatch, mode, first_chunk, mib):
+    """_kernels.ORDER_L2_FIRST_MIB: psa_order_runs asks the K and V tiles of each group's first chunk into L2 as it
+    places them (PSA's forced blocks and first ranked chunk, or top-k's k; within the MiB: 0.05 MiB here takes only
+    part of the chunk). The order and every result are the same bits as without it, ragged requests included (the
+    short one's group has fewer blocks than the chunk)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(70)
+    hkv, d, lens = 2, 128, [1500 * 16 + 7, 30 * 16 + 1]
+    hq = 4 * hkv
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=2, num_kv_heads=hkv, head_dim=d, max_tokens=max(lens))
+    for b, t in enumerate(lens):
+        cache.prefill(0, b, cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)),
+                      cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
+    q = cupy.asarray(2 * rng.standard_normal((2, hq, d)).astype(np.float32))
+    monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
+    monkeypatch.setattr(_kernels, "topk_uses_head", lambda *a, **k: False)  # (top-k: the full order, by runs)
+    runs, firsts = {}, {}
+    for value in (0, mib):
+        monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_MIB", value)
+        options = dict(mode="topk", k=300) if mode == "topk" else dict(threshold=0.9, step=64, first_chunk=first_chunk)
+        p = psa_fast.plan(cache, num_q_heads=hq, **options)
+        firsts[value] = p._l2_first_blocks()
+        runs[value] = p.run(q)
+    want = 300 if mode == "topk" else p.sink_blocks + p.recent_blocks + (first_chunk or 64)
+    assert firsts[0] == 0 and 0 < firsts[mib] <= want and (firsts[mib] == want) == (mib == 16)
+    for name in ("order", "out", "num_used", "iterations", "reason", "mass_estimate"):
+        np.testing.assert_array_equal(cupy.asnumpy(getattr(runs[mib], name)), cupy.asnumpy(getattr(runs[0], name)),
+                                      err_msg=name)
+
+
 def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
     """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
     the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""

@@ -21,7 +21,17 @@
 //   scores   [B, Gn, Nmax] float (psa_estimate);  seq_lens [B] int
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's n blocks
 // Launch: grid (ceil(Nmax / 256), Gn, B), 256 threads (PSA_WARPS 8), Nmax <= 2,048 (_kernels.RUNS_MAX_BLOCKS).
+//
+// PSA_L2_FIRST (_kernels.ORDER_L2_FIRST_MIB): each block placed at a position below `l2_first` has its K and V tiles
+// asked into L2 (cp.async.bulk.prefetch.L2, one instruction a tile) as it is placed, so that HBM streams the decode's
+// first chunk while this kernel ends, the next one starts and the decode's CTAs set up, instead of idling until the
+// decode's first copies. The order written is the same.
+//   block_table [B, Gn, Nmax] int: slot of each block (Gn = Hkv);  k_pool, v_pool: slots of `tile_bytes` each
 #include "common.cuh"
+
+#ifndef PSA_L2_FIRST
+#define PSA_L2_FIRST 0
+#endif
 
 #define PSA_RUN 256                // words a run (a warp's)
 #define PSA_RUN_KPL (PSA_RUN / 32)  // words a lane, consecutive: word r of lane l is the run's word 8 l + r
@@ -83,7 +93,12 @@ __device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN],
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
-               int sink_blocks, int recent_blocks) {
+               int sink_blocks, int recent_blocks
+#if PSA_L2_FIRST
+               , const int* __restrict__ block_table, const char* __restrict__ k_pool,
+               const char* __restrict__ v_pool, unsigned int tile_bytes, int l2_first
+#endif
+               ) {
     __shared__ __align__(16) unsigned int runs[PSA_WARPS][PSA_RUN];   // the group's runs, each sorted descending
     __shared__ __align__(16) unsigned int words[PSA_RUN];  // this CTA's run (`mine`) by block index
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y, mine = blockIdx.x;
@@ -96,6 +111,11 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
     float x[PSA_RUN_KPL];
 #pragma unroll
     for (int r = 0; r < PSA_RUN_KPL; ++r) x[r] = first + r < Nmax ? __ldg(srow + first + r) : 0.f;
+#if PSA_L2_FIRST
+    // the slot of the block this thread places (if any), asked for now: its load waits beside the sort's work
+    const int own = mine * PSA_RUN + threadIdx.x;
+    const int slot = own < Nmax ? __ldg(block_table + ((long)b * Gn + g) * Nmax + own) : 0;
+#endif
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
     const int nruns = (n + PSA_RUN - 1) / PSA_RUN;
     // every warp sorts, whether or not its run holds blocks (the shuffles then need no divergence handling)
@@ -149,4 +169,12 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
     if (from - above > 1)  // another block of this run has the word: those of lower index come first
         for (int u = 0; u < t; ++u) rank += words[u] == w;
     orow[rank] = i;
+#if PSA_L2_FIRST
+    if (rank < l2_first) {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_pool + (long)slot * tile_bytes),
+                     "r"(tile_bytes) : "memory");
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_pool + (long)slot * tile_bytes),
+                     "r"(tile_bytes) : "memory");
+    }
+#endif
 }
