@@ -3474,6 +3474,13 @@ if [ "$PART" = s70b ]; then
   done
   exit 0
 fi
+if [ "$PART" = s70a ]; then
+  # Seventieth session, on wip/push-default (DECODE_PUSH = 1 by default there): the whole of tests/test_fast.py with
+  # the push builds, which s69d would have run by setting the switch in the call's copy (~8 minutes).
+  grep -q "^DECODE_PUSH = 1$" psa_fast/_kernels.py || { echo "s70a: DECODE_PUSH is not 1 in this tree"; exit 0; }
+  gpu_tests t_s70a.log 560 tests/test_fast.py "${@:2}"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -48,18 +48,19 @@ PRESETS = {
 _LLAMA = dict(D=128, S=16, G=4, WARPS=8, STAGES=3, QPARTS=2, PAIR=1, STREAM_WINDOW=1)
 _SMOL = dict(D=64, S=16, G=3, WARPS=8, STAGES=3, QPARTS=2, PAIR=1, STREAM_WINDOW=1)
 _GEMMA = dict(D=256, S=16, G=4, WARPS=4, STAGES=2, QPARTS=2, PAIR=1, STREAM_WINDOW=0)
+# The builds on clusters exchange by push (PUSH=1: _kernels.DECODE_PUSH, where push_fits).
 BUILDS = {
-    "llama_loop": dict(_LLAMA, CLUSTER=8),
+    "llama_loop": dict(_LLAMA, CLUSTER=8, PUSH=1),
     "llama_split": dict(_LLAMA, CLUSTER=1, SPLIT=1),
     "llama_grid": dict(_LLAMA, CLUSTER=1, GRID=16),
     "llama_spec": dict(_LLAMA, CLUSTER=1, SPEC=1),
-    "llama_resume": dict(_LLAMA, CLUSTER=2, RESUME=1),
+    "llama_resume": dict(_LLAMA, CLUSTER=2, RESUME=1, PUSH=1),
     "llama_offload": dict(_LLAMA, CLUSTER=1, OFFLOAD=1),
-    "llama_bf16": dict(_LLAMA, CLUSTER=8, BF16=1, QPARTS=3),
-    "llama_first_prev": dict(_LLAMA, CLUSTER=8, FIRST_PREV=1),
-    "smollm2_loop": dict(_SMOL, CLUSTER=8),
+    "llama_bf16": dict(_LLAMA, CLUSTER=8, BF16=1, QPARTS=3, PUSH=1),
+    "llama_first_prev": dict(_LLAMA, CLUSTER=8, FIRST_PREV=1, PUSH=1),
+    "smollm2_loop": dict(_SMOL, CLUSTER=8, PUSH=1),
     "smollm2_split": dict(_SMOL, CLUSTER=1, SPLIT=1, WARPS=4),
-    "gemma3_loop": dict(_GEMMA, CLUSTER=8),
+    "gemma3_loop": dict(_GEMMA, CLUSTER=8, PUSH=1),
     "gemma3_grid": dict(_GEMMA, CLUSTER=1, GRID=16),
     "gemma3_split": dict(_GEMMA, CLUSTER=1, SPLIT=1),
 }

@@ -730,9 +730,9 @@ DECODE_PAIR = 1  # 1: a decode warp attends two blocks of a chunk at once where 
 # (PSA_PUSH, decode.cu; no MEMBAR.ALL.GPU in those builds). The same bits. Only where the receiving buffers fit beside
 # the build's rings (push_fits). H100, sixty-ninth session (psa_decode µs, off -> on): Llama 5% 32K B = 1 21.6 -> 20.0,
 # per-head 32K B = 1 32.1 -> 30.6, SmolLM2 32K B = 1 14.0 -> 12.5, Llama 128K B = 8 234.7 -> 231.5; the grid build
-# (Llama 128K B = 1) has no cluster barrier and is unchanged. Off (cluster_sync) until every GPU suite has run with it
-# (benchmarks/NOTES.md, sixty-ninth session).
-DECODE_PUSH = 0
+# (Llama 128K B = 1) has no cluster barrier and is unchanged (benchmarks/NOTES.md, sixty-ninth session). On since the
+# seventieth, after every GPU suite ran with it; 0: cluster_sync and remote reads, as before.
+DECODE_PUSH = 1
 PUSH_FINISH_BYTES = 16384  # decode.cu's PSA_PUSH_FINISH_BYTES: rank 0's finish buffers, at most
 STATIC_SMEM_RESERVE = 4096  # the loop builds' other static shared memory (3,072 bytes at Llama's shape), rounded up
 

@@ -1702,7 +1702,8 @@ def test_sass_size_builds_are_the_librarys():
     """sass_size.py's BUILDS (the decode builds whose digests a switch must leave unchanged) launch as
     psa_fast._kernels.decode would build them: warps and stages from decode_config for the warps the plan asks
     (default_warps: dense at D 64 takes 4), the windowed stream where the head dim allows it, pairs as the library
-    sets them; every build named once, at each of the three head dims."""
+    sets them, the push exchanges on the clusters where they fit; every build named once, at each of the three head
+    dims."""
     import sass_size
     from psa_fast import _kernels
 
@@ -1714,6 +1715,9 @@ def test_sass_size_builds_are_the_librarys():
         assert (b["WARPS"], b["STAGES"]) == (warps, stages), name
         assert b["STREAM_WINDOW"] == int(b["D"] <= _kernels.DECODE_STREAM_WINDOW), name
         assert b["PAIR"] == _kernels.DECODE_PAIR and b["QPARTS"] == (3 if b.get("BF16") else 2), name
+        smem = _kernels.decode_config(d=b["D"], s=b["S"], g=b["G"], version=3, warps=want)[3]
+        pushes = bool(_kernels.DECODE_PUSH) and _kernels.push_fits(cluster=b["CLUSTER"], g=b["G"], d=b["D"], smem=smem)
+        assert b.get("PUSH", 0) == int(pushes), name
 
 
 def test_sass_mix_groups_the_source_page_by_opcode_and_by_times_run(tmp_path):

@@ -1457,12 +1457,8 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     __syncthreads();  // every warp is done with its ring
     float* f_o = reinterpret_cast<float*>(dyn_smem);  // [PSA_WARPS][PSA_G][PSA_D], reusing the rings
     __shared__ float f_m[PSA_WARPS][PSA_G], f_l[PSA_WARPS][PSA_G];
-#if PSA_PUSH_FINISH_ON
     __shared__ float c_m[PSA_G], c_l[PSA_G];
-    __shared__ __align__(16) float c_o[PSA_G][PSA_D];  // (pushed as float4)
-#else
-    __shared__ float c_m[PSA_G], c_l[PSA_G], c_o[PSA_G][PSA_D];
-#endif
+    __shared__ __align__(PSA_PUSH_FINISH_ON ? 16 : 4) float c_o[PSA_G][PSA_D];  // (pushed as float4)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const int h = 2 * quad + e;
