@@ -558,14 +558,22 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
 
 
 # MiB of K/V that psa_order_runs asks into L2 as it places the blocks of each group's first chunk (the step's first
-# blocks to be attended: forced + the first ranked chunk, or top-k's k), all groups together; 0: none
-# (order_runs.cu's PSA_L2_FIRST, l2_first_blocks). Seventieth session, an experiment (benchmarks/NOTES.md).
-ORDER_L2_FIRST_MIB = 0
+# blocks to be attended: forced + the first ranked chunk, or top-k's k), all groups together, where a batch has at
+# most ORDER_L2_FIRST_MAX_GROUPS groups; 0: none (order_runs.cu's PSA_L2_FIRST, l2_first_blocks). The decode's first
+# copies then find their tiles in L2. H200, seventieth session (benchmarks/NOTES.md), Llama 5% 32K B = 1: psa_decode
+# 17.5 -> 16.7 µs and psa_order_runs 5.3 -> 5.4 at 2 MiB (at 16 MiB 16.3 and 6.1: the order kernel pays for every
+# tile asked, the decode gains little past each warp's first blocks); steps (graphs) 29.4 -> 29.0, top-k at PSA's
+# error 26.0 -> 25.8, B = 4 62.3 -> 61.5; B = 8 (64 groups) 90.2 -> 91.1, hence the limit.
+ORDER_L2_FIRST_MIB = 2
+ORDER_L2_FIRST_MAX_GROUPS = 32
 
 
 def l2_first_blocks(groups: int, first: int, tile_bytes: int) -> int:
     """Positions of each of ``groups`` groups' orders whose K and V tiles (``tile_bytes`` each) psa_order_runs asks
-    into L2: the first chunk's ``first`` blocks, at most ``ORDER_L2_FIRST_MIB`` MiB for all groups; 0: none."""
+    into L2: the first chunk's ``first`` blocks, at most ``ORDER_L2_FIRST_MIB`` MiB for all groups; 0: none, or more
+    than ``ORDER_L2_FIRST_MAX_GROUPS`` groups."""
+    if groups > ORDER_L2_FIRST_MAX_GROUPS:
+        return 0
     cap = int(ORDER_L2_FIRST_MIB * 2**20) // max(1, 2 * tile_bytes * groups)
     return max(0, min(first, cap))
 

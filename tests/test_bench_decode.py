@@ -632,14 +632,18 @@ def test_push_fits_beside_the_rings():
 def test_l2_first_blocks_keeps_the_first_chunk_within_the_budget(monkeypatch):
     """_kernels.l2_first_blocks: the positions of each group's order whose K and V tiles psa_order_runs asks into L2,
     the first chunk's blocks but no more than ORDER_L2_FIRST_MIB for all groups together (K and V, a tile each); 0
-    with the switch at 0. Llama at one request (8 groups, tiles of 4 KiB) and 16 MiB: 256 positions a group."""
+    with the switch at 0 and past ORDER_L2_FIRST_MAX_GROUPS groups. Llama at one request (8 groups, tiles of 4 KiB):
+    32 positions a group at the default 2 MiB, 256 at 16 MiB."""
     from psa_fast import _kernels
 
+    assert (_kernels.ORDER_L2_FIRST_MIB, _kernels.ORDER_L2_FIRST_MAX_GROUPS) == (2, 32)
+    assert _kernels.l2_first_blocks(8, 400, 4096) == 32
     monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_MIB", 0)
     assert _kernels.l2_first_blocks(8, 400, 4096) == 0
     monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_MIB", 16)
     assert _kernels.l2_first_blocks(8, 400, 4096) == 256 and _kernels.l2_first_blocks(8, 100, 4096) == 100
-    assert _kernels.l2_first_blocks(64, 400, 4096) == 32  # eight requests share the budget
+    assert _kernels.l2_first_blocks(32, 400, 4096) == 64  # four requests share the budget
+    assert _kernels.l2_first_blocks(33, 400, 4096) == 0  # past the groups where it paid
     assert _kernels.l2_first_blocks(8, 0, 4096) == 0
     cap = _kernels.l2_first_blocks(3, 10**6, 2048)
     assert cap * 3 * 2 * 2048 <= 16 * 2**20 < (cap + 1) * 3 * 2 * 2048
