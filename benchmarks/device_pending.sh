@@ -3481,6 +3481,26 @@ if [ "$PART" = s70a ]; then
   gpu_tests t_s70a.log 560 tests/test_fast.py "${@:2}"
   exit 0
 fi
+if [ "$PART" = s70c ]; then
+  # Prepared in the seventieth session (not yet run): the order's L2 first chunk from every placing kernel
+  # (_kernels.ORDER_L2_FIRST_ALL = 1: psa_order_rank, which orders one request of Gemma 3 and the one-group rows, and
+  # psa_order_merge, the slices' second half at 128K), where s70b measured psa_order_runs only. Default builds of both
+  # are byte-identical with it off. The bit test (8 cases: runs, rank, slices; PSA and top-k), then A/B in one
+  # process a row, ALL 0 / 1 with 2 and 4 MiB. Predicted: decode -0.5 to -1 µs at one request (s70b: the first
+  # copies' latency, ~1 µs of Llama's 32K decode), the order +0.1-0.3; Gemma 3 32K B = 1 (rank) 5% and per-head Llama
+  # 128K B = 1. ~4 minutes.
+  timeout 200 python3 -m pytest -q -x tests/test_fast.py -k "first_chunk_into_l2" 2>&1 | tail -5 | tee "$OUT/s70c.txt"
+  grep -q " passed" "$OUT/s70c.txt" && ! grep -q " failed" "$OUT/s70c.txt" || exit 0
+  cd benchmarks
+  for args in "--share 0.05 --shape gemma3 --size 32768 --variants ema" \
+              "--share 0.05 --shape llama8b --size 131072 --variants ema" \
+              "--per-head --shape llama8b --size 131072 --variants ema,topk --topk 2896"; do
+    timeout 150 python3 exp_kernels_attr.py "ORDER_L2_FIRST_ALL=0,1" "ORDER_L2_FIRST_MIB=2,4" -- \
+        profile_decode_step.py $args --batches 1 --steps 10 --out /tmp 2>&1 | grep -v Warn | tee -a "$OUT/s70c.txt" \
+        | grep "^#\|^T=\|psa_"
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

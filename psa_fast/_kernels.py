@@ -566,6 +566,9 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
 # error 26.0 -> 25.8, B = 4 62.3 -> 61.5; B = 8 (64 groups) 90.2 -> 91.1, hence the limit.
 ORDER_L2_FIRST_MIB = 2
 ORDER_L2_FIRST_MAX_GROUPS = 32
+# 1: psa_order_rank and psa_order_merge ask too (one request of Gemma 3, Llama at 128K); 0: psa_order_runs only, where
+# it was measured (prepared in the seventieth session: device_pending.sh s70c)
+ORDER_L2_FIRST_ALL = 0
 
 
 def l2_first_blocks(groups: int, first: int, tile_bytes: int) -> int:
@@ -592,8 +595,9 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     slices of ``slice_keys`` blocks on many CTAs into ``workspace`` (``[B, Gn, npad]`` uint64) and
     ``psa_order_merge`` places every key at its rank.
 
-    ``l2_first`` = ``(block_table, k_pool, v_pool, blocks)``: ``psa_order_runs`` asks the K and V tiles of the
-    blocks it places at positions below ``blocks`` into L2 (the decode's first chunk; other methods ignore it)."""
+    ``l2_first`` = ``(block_table, k_pool, v_pool, blocks)``: the kernel that places the blocks (``psa_order_runs``,
+    ``psa_order_rank``, ``psa_order_merge``; the one-CTA sorts ignore it) asks the K and V tiles of those at positions
+    below ``blocks`` into L2 (the decode's first chunk)."""
     b, gn, _ = scores.shape
     npad = _pow2(nmax, 2)
     method = method or order_method(b, gn, nmax, workspace=workspace is not None)
@@ -614,20 +618,24 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     if method != "rank" and npad > MAX_SMEM_SORT:
         raise NotImplementedError(f"ordering more than {MAX_SMEM_SORT} blocks per head is not implemented yet "
                                   f"(got {nmax}); use a larger block_size")
+    # the placing kernels' PSA_L2_FIRST: its define and its arguments after theirs
+    placing = ("runs", "rank", "slices") if ORDER_L2_FIRST_ALL else ("runs",)
+    asks = {"l2_first": 1} if l2_first is not None and l2_first[3] > 0 and method in placing else {}
+    if asks:
+        table, k_pool, v_pool, blocks = l2_first
+        asked = (table, k_pool, v_pool, np.uint32(k_pool.strides[0]), np.int32(blocks))
+    else:
+        asked = ()
     if method == "rank":
         tiles = -(-nmax // 32)
-        kernel("order_rank", d=16, s=s, g=g, warps=RANK_WARPS, rank_own=RANK_OWN)(
+        kernel("order_rank", d=16, s=s, g=g, warps=RANK_WARPS, rank_own=RANK_OWN, **asks)(
             (-(-tiles // RANK_OWN), gn, b), (RANK_WARPS * 32,),
-            (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)),
+            (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)) + asked,
             shared_mem=tiles * 128)
     elif method == "runs":  # a CTA a run of the longest group, each of its warps sorting one of the group's runs
-        args = (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks))
-        prefetch = l2_first is not None and l2_first[3] > 0
-        if prefetch:
-            table, k_pool, v_pool, blocks = l2_first
-            args += (table, k_pool, v_pool, np.uint32(k_pool.strides[0]), np.int32(blocks))
-        kernel("order_runs", d=16, s=s, g=g, warps=RUN_BLOCKS // 32, **({"l2_first": 1} if prefetch else {}))(
-            (-(-nmax // RUN_BLOCKS), gn, b), (RUN_BLOCKS,), args)
+        kernel("order_runs", d=16, s=s, g=g, warps=RUN_BLOCKS // 32, **asks)(
+            (-(-nmax // RUN_BLOCKS), gn, b), (RUN_BLOCKS,),
+            (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)) + asked)
     elif method == "radix":
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)
@@ -641,11 +649,11 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
         fn = kernel("order_slice", d=16, s=s, g=g, npad=sl)
         fn((p, gn, b), (sl,), (scores, seq_lens, workspace, np.int32(nmax), np.int32(sink_blocks),
                                np.int32(recent_blocks)), shared_mem=sl * 8)
-        merge = _with_smem(kernel("order_merge", d=16, s=s, g=g), npad * 8)  # the group's keys
+        merge = _with_smem(kernel("order_merge", d=16, s=s, g=g, **asks), npad * 8)  # the group's keys
         t = ORDER_MERGE_THREADS
         # a thread a padded key (npad >= nmax, so they also write the -1s past each group's blocks)
         merge((-(-npad // t), gn, b), (t,), (workspace, seq_lens, out_order, np.int32(nmax), np.int32(p),
-                                             np.int32(sl)), shared_mem=npad * 8)
+                                             np.int32(sl)) + asked, shared_mem=npad * 8)
     else:
         sn = max(npad, 32)
         threads = min(ORDER_THREADS, sn)

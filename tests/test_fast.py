@@ -676,13 +676,15 @@ def test_pushed_exchanges_keep_every_bit(monkeypatch, stop, speculate, step, clu
                                       err_msg=name)
 
 
-@pytest.mark.parametrize("mode,first_chunk,mib", [("psa", None, 16), ("psa", 5, 16), ("psa", None, 0.05),
-                                                   ("topk", None, 16)])
-def test_order_asking_the_first_chunk_into_l2_keeps_every_bit(monkeypatch, mode, first_chunk, mib):
-    """_kernels.ORDER_L2_FIRST_MIB: psa_order_runs asks the K and V tiles of each group's first chunk into L2 as it
-    places them (PSA's forced blocks and first ranked chunk, or top-k's k; within the MiB: 0.05 MiB here takes only
-    part of the chunk). The order and every result are the same bits as without it, ragged requests included (the
-    short one's group has fewer blocks than the chunk)."""
+@pytest.mark.parametrize("mode,first_chunk,mib,method", [
+    ("psa", None, 16, "runs"), ("psa", 5, 16, "runs"), ("psa", None, 0.05, "runs"), ("topk", None, 16, "runs"),
+    ("psa", None, 16, "rank"), ("topk", None, 16, "rank"), ("psa", None, 16, "slices"), ("topk", None, 0.05, "slices")])
+def test_order_asking_the_first_chunk_into_l2_keeps_every_bit(monkeypatch, mode, first_chunk, mib, method):
+    """_kernels.ORDER_L2_FIRST_MIB: the kernel that places the blocks (psa_order_runs; with ORDER_L2_FIRST_ALL also
+    psa_order_rank and psa_order_merge) asks the K and V tiles of each group's first chunk into L2 as it places them
+    (PSA's forced blocks and first ranked chunk, or top-k's k; within the MiB: 0.05 MiB here takes only part of the
+    chunk). The order and every result are the same bits as without it, ragged requests included (the short one's
+    group has fewer blocks than the chunk)."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(70)
@@ -693,8 +695,9 @@ def test_order_asking_the_first_chunk_into_l2_keeps_every_bit(monkeypatch, mode,
         cache.prefill(0, b, cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)),
                       cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
     q = cupy.asarray(2 * rng.standard_normal((2, hq, d)).astype(np.float32))
-    monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
-    monkeypatch.setattr(_kernels, "topk_uses_head", lambda *a, **k: False)  # (top-k: the full order, by runs)
+    monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: method)
+    monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_ALL", 1)
+    monkeypatch.setattr(_kernels, "topk_uses_head", lambda *a, **k: False)  # (top-k: the full order)
     runs, firsts = {}, {}
     for value in (0, mib):
         monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_MIB", value)

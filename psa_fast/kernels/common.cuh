@@ -351,3 +351,24 @@ __device__ __forceinline__ float3 cluster_combine(const float* c_m, const float*
     }
     return cluster_terms(rm, rl, ro);
 }
+
+// The order kernels' PSA_L2_FIRST (_kernels.ORDER_L2_FIRST_MIB): the thread that places a block at a position below
+// `l2_first` asks its K and V tiles into L2, one bulk prefetch a tile by the copy engine (tiles of `tile_bytes`, a
+// multiple of 16, at `slot` of each pool; the block's slot from block_table [B, Gn, Nmax], Gn = Hkv), so that the
+// decode's first copies find them there. The order written is the same.
+#ifndef PSA_L2_FIRST
+#define PSA_L2_FIRST 0
+#endif
+#if PSA_L2_FIRST
+#define PSA_L2_FIRST_PARAMS                                                                                        \
+    , const int *__restrict__ block_table, const char *__restrict__ k_pool, const char *__restrict__ v_pool,       \
+        unsigned int tile_bytes, int l2_first
+__device__ __forceinline__ void l2_ask_block(const char* k_pool, const char* v_pool, int slot, unsigned int bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_pool + (long)slot * bytes), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_pool + (long)slot * bytes), "r"(bytes)
+                 : "memory");
+}
+#else
+#define PSA_L2_FIRST_PARAMS
+#endif

@@ -6,6 +6,8 @@
 //   sorted   [B, Gn, P * SL] u64: P slices of SL keys (SL a power of two), each sorted descending
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's N_b blocks
 //   dynamic shared memory: P * SL keys (the group's, <= 16,384: 128 KiB)
+// PSA_L2_FIRST (common.cuh): the blocks placed among the decode's first ones have their K and V asked into L2 (each
+// block's slot loaded before its searches).
 //
 // Each CTA first copies its group's keys into shared memory, all loads in flight at once, and then searches
 // there. (Until the thirty-first session the searches read the keys through L1: a search's probes after the first
@@ -17,7 +19,7 @@ typedef unsigned long long u64;
 
 extern "C" __global__ void __launch_bounds__(256)
 psa_order_merge(const u64* __restrict__ sorted, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
-                int P, int SL) {
+                int P, int SL PSA_L2_FIRST_PARAMS) {
     extern __shared__ __align__(16) u64 sk[];
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
@@ -32,6 +34,10 @@ psa_order_merge(const u64* __restrict__ sorted, const int* __restrict__ seq_lens
     if (e >= total) return;
     const u64 key = sk[e];
     if (key == 0ull) return;  // padding
+#define PSA_KEY_BLOCK(key) ((int)(0xFFFFFFFFu - (unsigned int)((key) & 0xFFFFFFFFull)))  // the key's block index
+#if PSA_L2_FIRST
+    const int slot = __ldg(block_table + ((long)b * Gn + g) * Nmax + PSA_KEY_BLOCK(key));
+#endif
     const int mine = e / SL;
     int rank = e - mine * SL;
     // Each other slice's count of keys above `key` by binary lifting, eight slices at once (eight independent
@@ -57,5 +63,8 @@ psa_order_merge(const u64* __restrict__ sorted, const int* __restrict__ seq_lens
             if (p0 + i < P && p0 + i != mine) rank += count[i];
         }
     }
-    orow[rank] = (int)(0xFFFFFFFFu - (unsigned int)(key & 0xFFFFFFFFull));
+    orow[rank] = PSA_KEY_BLOCK(key);
+#if PSA_L2_FIRST
+    if (rank < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);
+#endif
 }

@@ -20,7 +20,8 @@
 //   scores   [B, Gn, Nmax] float (psa_estimate);  seq_lens [B] int
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's n blocks
 // Launch: grid (ceil(Nmax / (32 PSA_RANK_OWN)), Gn, B), PSA_WARPS * 32 threads, ceil(Nmax / 32) * 128 bytes
-// of dynamic shared memory.
+// of dynamic shared memory. PSA_L2_FIRST (common.cuh): the blocks placed among the decode's first ones have their K
+// and V asked into L2 by the lane that writes them (their slots loaded before the count).
 #include "common.cuh"
 
 #ifndef PSA_RANK_CARRY
@@ -80,7 +81,7 @@ static_assert(PSA_RANK_BATCH > 0, "PSA_RANK_BATCH: scores loaded at a time");
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
-               int sink_blocks, int recent_blocks) {
+               int sink_blocks, int recent_blocks PSA_L2_FIRST_PARAMS) {
     extern __shared__ __align__(16) unsigned int words[];  // the group's tiles * 32 score words
     __shared__ int part[PSA_WARPS][PSA_RO][32];
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y;
@@ -118,6 +119,14 @@ psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_len
     }
     __syncthreads();
 
+#if PSA_L2_FIRST
+    int slot[PSA_RO];  // (warp 0, which writes the owned blocks: their slots, waited for only at the end)
+#pragma unroll
+    for (int r = 0; r < PSA_RO; ++r) {
+        const int i = (t0 + r) * 32 + lane;
+        slot[r] = warp == 0 && i < n ? __ldg(block_table + ((long)b * Gn + g) * Nmax + i) : 0;
+    }
+#endif
     unsigned int w[PSA_RO];
     int c[PSA_RO];
 #pragma unroll
@@ -154,6 +163,9 @@ psa_order_rank(const float* __restrict__ scores, const int* __restrict__ seq_len
             for (int v = 0; v < PSA_WARPS; ++v) pos += part[v][r][lane];
             if (i < n) orow[pos] = i;
             else if (i < Nmax) orow[i] = -1;
+#if PSA_L2_FIRST
+            if (i < n && pos < l2_first) l2_ask_block(k_pool, v_pool, slot[r], tile_bytes);
+#endif
         }
     }
 }

@@ -21,17 +21,8 @@
 //   scores   [B, Gn, Nmax] float (psa_estimate);  seq_lens [B] int
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's n blocks
 // Launch: grid (ceil(Nmax / 256), Gn, B), 256 threads (PSA_WARPS 8), Nmax <= 2,048 (_kernels.RUNS_MAX_BLOCKS).
-//
-// PSA_L2_FIRST (_kernels.ORDER_L2_FIRST_MIB): each block placed at a position below `l2_first` has its K and V tiles
-// asked into L2 (cp.async.bulk.prefetch.L2, one instruction a tile) as it is placed, so that HBM streams the decode's
-// first chunk while this kernel ends, the next one starts and the decode's CTAs set up, instead of idling until the
-// decode's first copies. The order written is the same.
-//   block_table [B, Gn, Nmax] int: slot of each block (Gn = Hkv);  k_pool, v_pool: slots of `tile_bytes` each
+// PSA_L2_FIRST (common.cuh): the blocks placed among the decode's first ones have their K and V asked into L2.
 #include "common.cuh"
-
-#ifndef PSA_L2_FIRST
-#define PSA_L2_FIRST 0
-#endif
 
 #define PSA_RUN 256                // words a run (a warp's)
 #define PSA_RUN_KPL (PSA_RUN / 32)  // words a lane, consecutive: word r of lane l is the run's word 8 l + r
@@ -93,12 +84,7 @@ __device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN],
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
-               int sink_blocks, int recent_blocks
-#if PSA_L2_FIRST
-               , const int* __restrict__ block_table, const char* __restrict__ k_pool,
-               const char* __restrict__ v_pool, unsigned int tile_bytes, int l2_first
-#endif
-               ) {
+               int sink_blocks, int recent_blocks PSA_L2_FIRST_PARAMS) {
     __shared__ __align__(16) unsigned int runs[PSA_WARPS][PSA_RUN];   // the group's runs, each sorted descending
     __shared__ __align__(16) unsigned int words[PSA_RUN];  // this CTA's run (`mine`) by block index
     const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y, mine = blockIdx.x;
@@ -170,11 +156,6 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
         for (int u = 0; u < t; ++u) rank += words[u] == w;
     orow[rank] = i;
 #if PSA_L2_FIRST
-    if (rank < l2_first) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_pool + (long)slot * tile_bytes),
-                     "r"(tile_bytes) : "memory");
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_pool + (long)slot * tile_bytes),
-                     "r"(tile_bytes) : "memory");
-    }
+    if (rank < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);
 #endif
 }
