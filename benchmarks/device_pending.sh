@@ -3482,7 +3482,9 @@ if [ "$PART" = s70a ]; then
   exit 0
 fi
 if [ "$PART" = s70c ]; then
-  # Prepared in the seventieth session (not yet run): the order's L2 first chunk from every placing kernel
+  # Ran in part in the seventieth session (H100: the bit test, 8 passed; Gemma 3's and Llama 128K's rows with 2 MiB,
+  # results_h200_s70.md section 9: the order kernels' cost ate the decode's gain; ORDER_L2_FIRST_ALL stays 0).
+  # Written then: the order's L2 first chunk from every placing kernel
   # (_kernels.ORDER_L2_FIRST_ALL = 1: psa_order_rank, which orders one request of Gemma 3 and the one-group rows, and
   # psa_order_merge, the slices' second half at 128K), where s70b measured psa_order_runs only. Default builds of both
   # are byte-identical with it off. The bit test (8 cases: runs, rank, slices; PSA and top-k), then A/B in one

@@ -566,8 +566,9 @@ def order_method(b: int, gn: int, nmax: int, *, workspace: bool = True) -> str:
 # error 26.0 -> 25.8, B = 4 62.3 -> 61.5; B = 8 (64 groups) 90.2 -> 91.1, hence the limit.
 ORDER_L2_FIRST_MIB = 2
 ORDER_L2_FIRST_MAX_GROUPS = 32
-# 1: psa_order_rank and psa_order_merge ask too (one request of Gemma 3, Llama at 128K); 0: psa_order_runs only, where
-# it was measured (prepared in the seventieth session: device_pending.sh s70c)
+# 1: psa_order_rank and psa_order_merge ask too (one request of Gemma 3, Llama at 128K); 0: psa_order_runs only. H100,
+# seventieth session (kernels, 0 -> 1): Gemma 3 5% 32K B = 1 decode 14.85 -> 14.4 but psa_order_rank 3.6 -> 4.2 (sum
+# level), Llama 5% 128K B = 1 decode 51.9 -> 51.4 and psa_order_merge 8.8 -> 9.1 (sum -0.45): off.
 ORDER_L2_FIRST_ALL = 0
 
 
