@@ -1325,6 +1325,52 @@ def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
+def test_order_launches_pass_every_parameter_with_and_without_the_l2_first_chunk(monkeypatch, tmp_path):
+    """The kernels that place the order's blocks (psa_order_runs, psa_order_rank, psa_order_merge after
+    psa_order_slice) take as many arguments as _kernels.order passes, with the L2 first chunk asked (PSA_L2_FIRST:
+    the block table, both pools, the tile's bytes and the positions) and without, compiled to PTX with each launch's
+    own defines (nvcc, no GPU). With ORDER_L2_FIRST_ALL 0 only psa_order_runs asks."""
+    from psa_fast import _kernels
+
+    launches = []
+
+    def build(name, *, d, s, g, entry=None, **defines):
+        def launch(grid, block, args, **kw):
+            launches.append((name, entry or name, dict(defines, d=d, s=s, g=g), args))
+        return launch
+
+    monkeypatch.setattr(_kernels, "kernel", build)
+    monkeypatch.setattr(_kernels, "_with_smem", lambda fn, smem: fn)
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)  # (slice_keys: the H100's)
+    b, gn, nmax = 2, 2, 1500
+    scores, seq = np.zeros((b, gn, nmax), np.float32), np.zeros(b, np.int32)
+    order = np.zeros((b, gn, nmax), np.int32)
+    pool = np.zeros((64, 16, 128), np.float16)
+    l2 = (order, pool, pool, 32)
+    workspace = np.zeros((b, gn, 2048), np.uint64)
+    for every in (0, 1):
+        monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_ALL", every)
+        for method in ("runs", "rank", "slices"):
+            for asked in (None, l2):
+                _kernels.order(scores, seq, order, None, None, s=16, g=4, hq=8, nmax=nmax, sink_blocks=1,
+                               recent_blocks=1, want_suffix=False, workspace=workspace, method=method, l2_first=asked)
+    placing = [(n, d.get("l2_first", 0)) for n, _, d, _ in launches if n != "order_slice"]
+    assert placing == [
+        ("order_runs", 0), ("order_runs", 1), ("order_rank", 0), ("order_rank", 0), ("order_merge", 0),
+        ("order_merge", 0), ("order_runs", 0), ("order_runs", 1), ("order_rank", 0), ("order_rank", 1),
+        ("order_merge", 0), ("order_merge", 1)]
+    for name, entry, defines, args in launches:
+        src = tmp_path / f"{name}.cu"
+        src.write_text(_kernels._source(f"{name}.cu"))
+        flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in defines.items()]
+        ptx = tmp_path / f"{name}.ptx"
+        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
+        text = ptx.read_text()
+        head = text[text.index(f".entry psa_{entry}("):]
+        assert head[:head.index(")")].count(".param") == len(args), (name, defines, len(args))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
 def test_suffix_and_first_chunk_launches_pass_every_parameter(monkeypatch, tmp_path):
     """psa_order_suffix (plain and tiled) and psa_first_chunk take as many arguments as _kernels.suffix and
     _kernels.first_chunk pass, compiled to PTX with each launch's own defines (nvcc, no GPU): a missing or extra
