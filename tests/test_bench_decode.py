@@ -1324,12 +1324,9 @@ def test_decode_passes_every_parameter_of_the_build_it_launches(monkeypatch, tmp
         assert params == len(args), (kwargs.keys(), params, len(args))
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
-def test_order_launches_pass_every_parameter_with_and_without_the_l2_first_chunk(monkeypatch, tmp_path):
-    """The kernels that place the order's blocks (psa_order_runs, psa_order_rank, psa_order_merge after
-    psa_order_slice) take as many arguments as _kernels.order passes, with the L2 first chunk asked (PSA_L2_FIRST:
-    the block table, both pools, the tile's bytes and the positions) and without, compiled to PTX with each launch's
-    own defines (nvcc, no GPU). With ORDER_L2_FIRST_ALL 0 only psa_order_runs asks."""
+def _record_kernel_launches(monkeypatch) -> list:
+    """psa_fast._kernels.kernel replaced by a stand-in (no GPU): each launch recorded as ``(file name, entry,
+    defines with d / s / g, arguments)``."""
     from psa_fast import _kernels
 
     launches = []
@@ -1340,6 +1337,34 @@ def test_order_launches_pass_every_parameter_with_and_without_the_l2_first_chunk
         return launch
 
     monkeypatch.setattr(_kernels, "kernel", build)
+    return launches
+
+
+def _assert_launches_pass_every_parameter(launches, tmp_path) -> None:
+    """Each recorded launch's kernel, compiled to PTX with its own defines (nvcc), takes as many parameters as the
+    launch passes arguments."""
+    from psa_fast import _kernels
+
+    for name, entry, defines, args in launches:
+        src = tmp_path / f"{name}.cu"
+        src.write_text(_kernels._source(f"{name}.cu"))
+        flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in defines.items()]
+        ptx = tmp_path / f"{name}.ptx"
+        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
+        text = ptx.read_text()
+        head = text[text.index(f".entry psa_{entry}("):]
+        assert head[:head.index(")")].count(".param") == len(args), (entry, defines, len(args))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
+def test_order_launches_pass_every_parameter_with_and_without_the_l2_first_chunk(monkeypatch, tmp_path):
+    """The kernels that place the order's blocks (psa_order_runs, psa_order_rank, psa_order_merge after
+    psa_order_slice) take as many arguments as _kernels.order passes, with the L2 first chunk asked (PSA_L2_FIRST:
+    the block table, both pools, the tile's bytes and the positions) and without, compiled to PTX with each launch's
+    own defines (nvcc, no GPU). With ORDER_L2_FIRST_ALL 0 only psa_order_runs asks."""
+    from psa_fast import _kernels
+
+    launches = _record_kernel_launches(monkeypatch)
     monkeypatch.setattr(_kernels, "_with_smem", lambda fn, smem: fn)
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)  # (slice_keys: the H100's)
     b, gn, nmax = 2, 2, 1500
@@ -1359,15 +1384,7 @@ def test_order_launches_pass_every_parameter_with_and_without_the_l2_first_chunk
         ("order_runs", 0), ("order_runs", 1), ("order_rank", 0), ("order_rank", 0), ("order_merge", 0),
         ("order_merge", 0), ("order_runs", 0), ("order_runs", 1), ("order_rank", 0), ("order_rank", 1),
         ("order_merge", 0), ("order_merge", 1)]
-    for name, entry, defines, args in launches:
-        src = tmp_path / f"{name}.cu"
-        src.write_text(_kernels._source(f"{name}.cu"))
-        flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in defines.items()]
-        ptx = tmp_path / f"{name}.ptx"
-        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
-        text = ptx.read_text()
-        head = text[text.index(f".entry psa_{entry}("):]
-        assert head[:head.index(")")].count(".param") == len(args), (name, defines, len(args))
+    _assert_launches_pass_every_parameter(launches, tmp_path)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
@@ -1377,14 +1394,7 @@ def test_suffix_and_first_chunk_launches_pass_every_parameter(monkeypatch, tmp_p
     argument would otherwise be found only on the device."""
     from psa_fast import _kernels
 
-    launches = []
-
-    def build(name, *, d, s, g, entry=None, **defines):
-        def launch(grid, block, args, **kw):
-            launches.append((name, entry or name, dict(defines, d=d, s=s, g=g), args))
-        return launch
-
-    monkeypatch.setattr(_kernels, "kernel", build)
+    launches = _record_kernel_launches(monkeypatch)
     b, hq, g, nmax = 2, 8, 4, 64
     seq, order = np.zeros(b, np.int32), np.zeros((b, hq // g, nmax), np.int32)
     vals, log_suffix = np.zeros((b, hq, nmax), np.float32), np.zeros((b, hq, nmax + 1), np.float32)
@@ -1394,15 +1404,7 @@ def test_suffix_and_first_chunk_launches_pass_every_parameter(monkeypatch, tmp_p
         _kernels.suffix(order, seq, vals, log_suffix, s=16, g=g, hq=hq, nmax=nmax, ordered=vals)
     _kernels.first_chunk(log_suffix, seq, first_len, s=16, g=g, hq=hq, nmax=nmax, forced=1, threshold=0.9)
     assert len(launches) == 3 and launches[0][2]["suffix_tiled"] == 0 and launches[1][2]["suffix_tiled"] == 1
-    for name, entry, defines, args in launches:
-        src = tmp_path / f"{name}.cu"
-        src.write_text(_kernels._source(f"{name}.cu"))
-        flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in defines.items()]
-        ptx = tmp_path / "k.ptx"
-        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
-        text = ptx.read_text()
-        head = text[text.index(f".entry psa_{entry}("):]
-        assert head[:head.index(")")].count(".param") == len(args), (entry, defines)
+    _assert_launches_pass_every_parameter(launches, tmp_path)
 
 
 def test_pick_grid_takes_the_grid_build_where_the_clusters_would_wait(monkeypatch):
