@@ -3503,6 +3503,24 @@ if [ "$PART" = s70c ]; then
   done
   exit 0
 fi
+if [ "$PART" = s70e ]; then
+  # Prepared in the seventieth session (not yet run): the H200 rows of record that s70 left at the sixty-second
+  # session's figures, on today's defaults (push exchanges, the order's L2 first chunk). (a) Dense against SDPA at
+  # the boundary rows (issue 14: >= 0.95x everywhere; s62: SmolLM2 32K B = 4 0.946x in one run): SmolLM2 and Llama
+  # 32K B = 1-5 and 8, the plan's own launch shape. (b) Per-head PSA against top-k at its error at 32K B = 8 and 32
+  # (s62: 1.11 / 0.90; s70 had B = 1 only). Predicted: dense unchanged (no dense change since s62); per-head B = 8 /
+  # 32 within 1-2% of s62 (the push build is a cluster build's; B = 32 runs clusters of 2). ~7 minutes.
+  mkdir -p "$OUT/ph70"
+  for sh in smollm2 llama8b; do
+    (cd benchmarks && timeout 150 python3 exp_dense_tune.py --shape $sh --sizes 32768 --batches 1,2,3,4,5,8 \
+        --default-only --reps 20 --out "$OUT/dense_record_${sh}_s70.jsonl" 2>&1 | grep -v Warn \
+        | tee -a "$OUT/s70e_dense.txt")
+  done
+  (cd benchmarks && timeout 240 python3 bench_decode.py --profile per-head --shape llama8b --sizes 32768:8,32768:32 \
+      --reps 20 --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank --out "$OUT/ph70" 2>&1 \
+      | tee "$OUT/ph70.log" | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph70.log")
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
