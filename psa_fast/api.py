@@ -517,7 +517,8 @@ class DecodePlan:
         per-head values along it). Top-k needs only the first ``k`` positions: where the cost models say it is
         faster (``_kernels.topk_uses_head``: many groups and a short head), a radix select finds them and only they are
         sorted, and the positions past ``k`` keep what they held; else the full order is written (the same first
-        ``k``)."""
+        ``k``). Where ``_l2_first_blocks`` allows, the kernel that places the blocks also asks the K and V of the
+        decode's first ones into L2."""
         if self._topk_head:
             _kernels.order_head(self.scores, self.cache.seq_lens[layer], self.order_buf, s=self.cache.block_size,
                                 g=self.g, nmax=self.cache.nmax, sink_blocks=self.sink_blocks,
