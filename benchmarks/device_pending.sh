@@ -3521,6 +3521,18 @@ if [ "$PART" = s70e ]; then
       | tee "$OUT/ph70.log" | grep "^|" | cut -d'|' -f4-9,12-13 | grep . || tail -n 5 "$OUT/ph70.log")
   exit 0
 fi
+if [ "$PART" = s70f ]; then
+  # Prepared in the seventieth session (not yet run): the order's L2 first chunk (on at 2 MiB for batches of up to 32
+  # groups since s70, decided on an H200) A/B on whichever card comes, in graphs: Llama 5% 32K B = 1 / 4 / 8 (8 is past
+  # the group limit: level expected) and top-k at PSA's error beside. Predicted (H100, slower HBM, so a larger share
+  # of the first copies' wait): B = 1 -0.4 to -0.8 µs, B = 4 -0.5 to -1, B = 8 level. ~2 minutes.
+  cd benchmarks
+  timeout 200 python3 exp_kernels_attr.py "ORDER_L2_FIRST_MIB=0,2,2,0" -- bench_decode.py --profile sparsity \
+      --shares 0.05 --shape llama8b --sizes 32768:1,32768:4,32768:8 --reps 20 \
+      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
+      | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s70f.txt"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
