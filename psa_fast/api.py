@@ -334,6 +334,7 @@ class DecodePlan:
         self._predicts_first = self.first_chunk == "predicted" and self.threshold < 1
         self._estimates_stop = self.first_chunk == "estimated_stop" and self.threshold < 1
         self._estimated_stop_margin = progressive.ESTIMATED_STOP_MARGIN  # as it is when the plan is made
+        self._l2_first = self._l2_first_blocks()  # (the order kernel's L2 first chunk, fixed by the plan)
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
         # the loop's state after the speculated chunks (for the resumed loop)
         self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = self.spec_items = None
@@ -517,20 +518,19 @@ class DecodePlan:
         per-head values along it). Top-k needs only the first ``k`` positions: where the cost models say it is
         faster (``_kernels.topk_uses_head``: many groups and a short head), a radix select finds them and only they are
         sorted, and the positions past ``k`` keep what they held; else the full order is written (the same first
-        ``k``). Where ``_l2_first_blocks`` allows, the kernel that places the blocks also asks the K and V of the
-        decode's first ones into L2."""
+        ``k``). Where the plan allows it (``_l2_first_blocks``, when it was made), the kernel that places the blocks
+        also asks the K and V of the decode's first ones into L2."""
         if self._topk_head:
             _kernels.order_head(self.scores, self.cache.seq_lens[layer], self.order_buf, s=self.cache.block_size,
                                 g=self.g, nmax=self.cache.nmax, sink_blocks=self.sink_blocks,
                                 recent_blocks=self.recent_blocks, head=self.k)
             return
         c = self.cache
-        first = self._l2_first_blocks()
         _kernels.order(self.scores, c.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
                        sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
                        want_suffix=self._suffix, workspace=self.sort_workspace,
                        ordered=self.sketch_ordered, **self._shape(),
-                       l2_first=(c.block_table[layer], c.k_pool, c.v_pool, first) if first else None)
+                       l2_first=(c.block_table[layer], c.k_pool, c.v_pool, self._l2_first) if self._l2_first else None)
         if self._predicts_first:
             _kernels.first_chunk(self.log_suffix, self.cache.seq_lens[layer], self.first_len, s=self.cache.block_size,
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
