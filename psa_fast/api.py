@@ -551,8 +551,9 @@ class DecodePlan:
     def _l2_first_blocks(self) -> int:
         """Positions of each group's order whose K/V the order kernel asks into L2 (``_kernels.ORDER_L2_FIRST_MIB``):
         the decode's first chunk where the plan knows it (top-k's k; PSA's forced blocks and its first ranked chunk,
-        an integer ``first_chunk`` or the step), within the MiB; 0 where off or unknown."""
-        if not _kernels.ORDER_L2_FIRST_MIB:
+        an integer ``first_chunk`` or the step), within the MiB; 0 where off or unknown, and where a group is not a
+        KV head (``gqa="per_head"``: the order kernels look a block's slot up as ``block_table[b, group]``)."""
+        if not _kernels.ORDER_L2_FIRST_MIB or self.gn != self.cache.num_kv_heads:
             return 0
         if self.mode == "topk":
             first = self.k

@@ -712,6 +712,29 @@ def test_order_asking_the_first_chunk_into_l2_keeps_every_bit(monkeypatch, mode,
                                       err_msg=name)
 
 
+def test_per_head_plans_ask_no_first_chunk_into_l2(monkeypatch):
+    """The order kernels find a block's K/V slot as block_table[b, group], a KV head's table: with gqa="per_head" a
+    group is a query head (Hq of them, not Hkv), so such a plan asks nothing into L2 (it read other heads' and other
+    layers' slots, past the layer's table for the last layer), and the shared plan of the same cache does."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_MIB", 16)
+    rng = np.random.default_rng(71)
+    hkv, d, t = 2, 128, 600 * 16
+    cache = psa_fast.PagedKVCache(num_layers=2, batch=1, num_kv_heads=hkv, head_dim=d, max_tokens=t)
+    for layer in range(2):
+        cache.prefill(layer, 0, cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)),
+                      cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
+    shared = psa_fast.plan(cache, num_q_heads=4 * hkv, threshold=0.9, step=64)
+    per_head = psa_fast.plan(cache, num_q_heads=4 * hkv, threshold=0.9, step=64, gqa="per_head")
+    assert shared._l2_first_blocks() > 0 and per_head.gn == 4 * hkv
+    assert per_head._l2_first_blocks() == 0
+    q = cupy.asarray(rng.standard_normal((1, 4 * hkv, d)).astype(np.float32))
+    out = per_head.run(q, layer=1)  # (the last layer: its table's end)
+    cupy.cuda.Device().synchronize()
+    assert np.isfinite(cupy.asnumpy(out.out)).all()
+
+
 def test_speculate_extra_sets_the_speculated_positions_and_keeps_the_loops_result():
     """speculate_extra: the blocks speculated past margin x the predicted ones. None: one step; 0: none past
     the margin; a huge value: every block (spec_len = n). The blocks attended and the iterations stay the loop's."""
