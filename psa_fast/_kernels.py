@@ -624,6 +624,9 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
     asks = {"l2_first": 1} if l2_first is not None and l2_first[3] > 0 and method in placing else {}
     if asks:
         table, k_pool, v_pool, blocks = l2_first
+        if tuple(table.shape) != (b, gn, nmax):  # (the kernels find a block's slot as table[b, group, block])
+            raise ValueError(f"l2_first's block table must have shape [B, Gn, Nmax] = {(b, gn, nmax)}, a group a KV "
+                             f"head (gqa='shared'), got {tuple(table.shape)}")
         asked = (table, k_pool, v_pool, np.uint32(k_pool.strides[0]), np.int32(blocks))
     else:
         asked = ()

@@ -1387,6 +1387,26 @@ def test_order_launches_pass_every_parameter_with_and_without_the_l2_first_chunk
     _assert_launches_pass_every_parameter(launches, tmp_path)
 
 
+def test_order_refuses_an_l2_first_chunk_whose_table_is_not_one_a_group(monkeypatch):
+    """_kernels.order(l2_first=...): the placing kernels look a block's slot up as block_table[b, group, block], so a
+    table of another shape (per-head groups over a KV head's table: Gn = Hq, the table's Hkv) is refused with a
+    ValueError naming the shape it needs, not read past its groups; without l2_first the same call launches."""
+    from psa_fast import _kernels
+
+    launches = _record_kernel_launches(monkeypatch)
+    b, hkv, gn, nmax = 1, 2, 8, 1500
+    scores, seq = np.zeros((b, gn, nmax), np.float32), np.zeros(b, np.int32)
+    order = np.zeros((b, gn, nmax), np.int32)
+    pool = np.zeros((64, 16, 128), np.float16)
+    kv_table = np.zeros((b, hkv, nmax), np.int32)
+    call = dict(s=16, g=1, hq=gn, nmax=nmax, sink_blocks=1, recent_blocks=1, want_suffix=False, method="runs")
+    with pytest.raises(ValueError, match=r"\[B, Gn, Nmax\] = \(1, 8, 1500\)"):
+        _kernels.order(scores, seq, order, None, None, l2_first=(kv_table, pool, pool, 32), **call)
+    assert launches == []
+    _kernels.order(scores, seq, order, None, None, l2_first=None, **call)
+    assert [(name, defines.get("l2_first", 0)) for name, _, defines, _ in launches] == [("order_runs", 0)]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
 def test_suffix_and_first_chunk_launches_pass_every_parameter(monkeypatch, tmp_path):
     """psa_order_suffix (plain and tiled) and psa_first_chunk take as many arguments as _kernels.suffix and
