@@ -3535,6 +3535,23 @@ if [ "$PART" = s70f ]; then
       | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s70f.txt"
   exit 0
 fi
+if [ "$PART" = s72a ]; then
+  # Seventy-second session: the 2% profile with the estimated stop, on the H200 (NOTES s71, item 4). CPU (psa_ref,
+  # exp_first_decisions.py): at 128K B = 1 the plain loop attends 12.5% of the blocks in one decision, the estimated
+  # stop 7.1% (busiest group 1.60x its request's mean); at 32K 18.8% and 7.5% (1.47x). Predicted (H200): 128K B = 1
+  # the estimated-stop row -3 to -5 µs against the plain loop (~6.8 µs of K/V skipped, its kernel ~2 µs dearer than
+  # the plain order's share at 128K, the busiest group reading ~1.6x the mean); 32K B = 1 level (3.5 µs skipped
+  # against 6-7 µs of its kernel). Then (a) of s70e: dense against SDPA at the boundary rows. ~5 minutes.
+  (cd benchmarks && timeout 260 python3 bench_decode.py --profile sparsity --shares 0.02 --shape llama8b \
+      --sizes 32768:1,131072:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,sfirst \
+      --out "$OUT/p2" 2>&1 | tee "$OUT/s72a.log" | grep "^|" || tail -n 5 "$OUT/s72a.log")
+  for sh in smollm2 llama8b; do
+    (cd benchmarks && timeout 150 python3 exp_dense_tune.py --shape $sh --sizes 32768 --batches 1,2,3,4,5,8 \
+        --default-only --reps 20 --out "$OUT/dense_record_${sh}_s72.jsonl" 2>&1 | grep -v Warn \
+        | tee -a "$OUT/s72a_dense.txt")
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
