@@ -3538,10 +3538,12 @@ fi
 if [ "$PART" = s72a ]; then
   # Seventy-second session: the 2% profile with the estimated stop, on the H200 (NOTES s71, item 4). CPU (psa_ref,
   # exp_first_decisions.py): at 128K B = 1 the plain loop attends 12.5% of the blocks in one decision, the estimated
-  # stop 7.1% (busiest group 1.60x its request's mean); at 32K 18.8% and 7.5% (1.47x). Predicted (H200): 128K B = 1
-  # the estimated-stop row -3 to -5 µs against the plain loop (~6.8 µs of K/V skipped, its kernel ~2 µs dearer than
-  # the plain order's share at 128K, the busiest group reading ~1.6x the mean); 32K B = 1 level (3.5 µs skipped
-  # against 6-7 µs of its kernel). Then (a) of s70e: dense against SDPA at the boundary rows. ~5 minutes.
+  # stop 7.1% (busiest group 1.60x its request's mean); at 32K 18.8% and 7.5% (1.47x). At step 128 the plain loop
+  # still attends 6.6% (4.25 decisions): ~7% is what ema needs on these estimates, and the estimated stop gets it in
+  # one decision. Predicted (H200): 128K B = 1 the estimated-stop row level to +5 µs against the plain loop (the
+  # blocks it skips, 67 -> 39 MB, are worth 2-7 µs of the decode, by HBM or by the busiest group's 786 blocks
+  # against 1,024; its kernel costs ~8 µs at 8,192 blocks, v6.1); 32K B = 1 level (3.5 µs skipped against 6-7 µs of
+  # its kernel). Then (a) of s70e: dense against SDPA at the boundary rows. ~5 minutes.
   (cd benchmarks && timeout 260 python3 bench_decode.py --profile sparsity --shares 0.02 --shape llama8b \
       --sizes 32768:1,131072:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,sfirst \
       --out "$OUT/p2" 2>&1 | tee "$OUT/s72a.log" | grep "^|" || tail -n 5 "$OUT/s72a.log")
