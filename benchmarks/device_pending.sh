@@ -3543,9 +3543,10 @@ if [ "$PART" = s72a ]; then
   # one decision. Predicted (H200): 128K B = 1 the estimated-stop row level to +5 µs against the plain loop (the
   # blocks it skips, 67 -> 39 MB, are worth 2-7 µs of the decode, by HBM or by the busiest group's 786 blocks
   # against 1,024; its kernel costs ~8 µs at 8,192 blocks, v6.1); 32K B = 1 level (3.5 µs skipped against 6-7 µs of
-  # its kernel). Then (a) of s70e: dense against SDPA at the boundary rows. ~5 minutes.
+  # its kernel); the same first chunk speculated in pieces over every SM (no busiest group) -3 to -6 µs against the
+  # estimated-stop row at 128K. Then (a) of s70e: dense against SDPA at the boundary rows. ~5 minutes.
   (cd benchmarks && timeout 260 python3 bench_decode.py --profile sparsity --shares 0.02 --shape llama8b \
-      --sizes 32768:1,131072:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,sfirst \
+      --sizes 32768:1,131072:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch \
       --out "$OUT/p2" 2>&1 | tee "$OUT/s72a.log" | grep "^|" || tail -n 5 "$OUT/s72a.log")
   for sh in smollm2 llama8b; do
     (cd benchmarks && timeout 150 python3 exp_dense_tune.py --shape $sh --sizes 32768 --batches 1,2,3,4,5,8 \
