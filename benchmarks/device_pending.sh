@@ -3555,6 +3555,16 @@ if [ "$PART" = s72a ]; then
   done
   exit 0
 fi
+if [ "$PART" = s72b ]; then
+  # Seventy-second session: s70e's part (b) alone (its part (a) is in s72a). Per-head PSA against top-k at its error
+  # at 32K B = 8 and 32 on today's defaults (s62, H200: 1.11 / 0.90; the push exchanges since). Predicted within 1-2%
+  # of s62. ~4 minutes.
+  mkdir -p "$OUT/ph72"
+  (cd benchmarks && timeout 300 python3 bench_decode.py --profile per-head --shape llama8b --sizes 32768:8,32768:32 \
+      --reps 20 --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank --out "$OUT/ph72" 2>&1 \
+      | tee "$OUT/s72b.log" | grep "^|" || tail -n 5 "$OUT/s72b.log")
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
