@@ -12,6 +12,11 @@ session).
 
 (the per-head files of the sixty-first session: top-k at its exact equal-error ``k``; the sixtieth's took it from
 a grid that could overshoot by a quarter)
+
+``--table`` prints instead, for every batch size in the files, each PSA row beside top-k at its error and their
+ratio (issue 14's per-head line: PSA faster than top-k at equal error, so a ratio below 1):
+
+    python benchmarks/plot_topk_line.py benchmarks/results_h100_s72_per_head.jsonl --table
 """
 
 from __future__ import annotations
@@ -23,22 +28,26 @@ import re
 import numpy as np
 
 TOPK = re.compile(r"^top-k k=(\d+) \((?:error ≤ )?(.+?)(?: budget)?\)$")  # cuboid_mean rows only (no "(quant3)")
-PSA_ROWS = ("PSA τ=0.95", "PSA τ=0.95 per_head", "PSA τ=0.95 first chunk estimated_stop")
+PSA_ROWS = ("PSA τ=0.95", "PSA τ=0.95 per_head", "PSA τ=0.95 first chunk estimated_stop",
+            "PSA τ=0.95 first chunk estimated_stop, speculated")
 LABELS = {"PSA τ=0.95": "PSA (shared)", "PSA τ=0.95 per_head": "PSA gqa=per_head",
-          "PSA τ=0.95 first chunk estimated_stop": "PSA, first chunk estimated_stop"}
+          "PSA τ=0.95 first chunk estimated_stop": "PSA, first chunk estimated_stop",
+          "PSA τ=0.95 first chunk estimated_stop, speculated": "PSA, first chunk estimated_stop, speculated"}
 
 
-def load(paths: list[str], batch: int = 1) -> list[dict]:
-    """Rows of ``batch`` requests with a method and a time, each tagged with its file's ``profile`` (and ``share``)."""
+def load(paths: list[str], batch: int | None = 1) -> list[dict]:
+    """Rows of ``batch`` requests (None: every batch) with a method and a time, each tagged with its file's
+    ``profile`` (and ``share``)."""
     rows = []
     for path in paths:
         with open(path) as f:
             for line in f:
                 r = json.loads(line)
-                if r.get("B") == batch and "method" in r and "us" in r:
+                if (batch is None or r.get("B") == batch) and "method" in r and "us" in r:
                     rows.append(r)
     if not rows:
-        raise ValueError(f"no rows of B = {batch} with a method and a time in {', '.join(paths)}")
+        which = "any B" if batch is None else f"B = {batch}"
+        raise ValueError(f"no rows of {which} with a method and a time in {', '.join(paths)}")
     return rows
 
 
@@ -67,17 +76,38 @@ def fit_topk_line(rows: list[dict]) -> dict[int, tuple[float, float, float]]:
 
 
 def pairs(rows: list[dict]) -> list[tuple[dict, dict | None]]:
-    """Each PSA row (``PSA_ROWS``) with the top-k row at its error from the same file and size (None if absent)."""
+    """Each PSA row (``PSA_ROWS``) with the top-k row at its error from the same file, size and batch (None if
+    absent)."""
     out = []
     for r in rows:
         if r["method"] not in PSA_ROWS:
             continue
         want = f"(error ≤ {r['method']})"
-        match = [x for x in rows if x["T"] == r["T"] and x.get("profile") == r.get("profile")
+        match = [x for x in rows if x["T"] == r["T"] and x.get("B") == r.get("B")
+                 and x.get("profile") == r.get("profile")
                  and x.get("share") == r.get("share") and x["method"].startswith("top-k k=")
                  and x["method"].endswith(want)]
         out.append((r, match[0] if match else None))
     return out
+
+
+def ratio_table(rows: list[dict]) -> str:
+    """A markdown table: per context size and batch, each PSA row's µs beside top-k's at its error (``k``), their
+    ratio, and the least ratio of that size and batch in bold. PSA rows without a top-k row at their error are left
+    out."""
+    lines = ["| T | B | PSA row | µs | top-k at its error | µs | PSA ÷ top-k |", "|---|---|---|---|---|---|---|"]
+    cells: dict[tuple[int, int], list[tuple[dict, dict, float]]] = {}
+    for p, q in pairs(rows):
+        if q is not None:
+            cells.setdefault((p["T"], p["B"]), []).append((p, q, p["us"] / q["us"]))
+    for (t, b), found in sorted(cells.items()):
+        best = min(ratio for _, _, ratio in found)
+        for p, q, ratio in found:
+            k = TOPK.match(q["method"]).group(1)
+            shown = f"**{ratio:.2f}**" if ratio == best else f"{ratio:.2f}"
+            lines.append(f"| {t // 1024}K | {b} | {LABELS[p['method']]} | {p['us']:.1f} | k = {k} | {q['us']:.1f} "
+                         f"| {shown} |")
+    return "\n".join(lines)
 
 
 def plot(rows: list[dict], out: str) -> dict[int, tuple[float, float, float]]:
@@ -122,7 +152,12 @@ def main(argv=None) -> None:
     ap.add_argument("files", nargs="+", help="bench_decode .jsonl files")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--out", default="psa_topk_line.png")
+    ap.add_argument("--table", action="store_true",
+                    help="print PSA ÷ top-k at equal error for every batch in the files instead of the plot")
     args = ap.parse_args(argv)
+    if args.table:
+        print(ratio_table(load(args.files, batch=None)))
+        return
     for t, (slope, fixed, resid) in plot(load(args.files, args.batch), args.out).items():
         print(f"T={t}: top-k {fixed:.1f} µs + {slope:.4f} µs a block (largest residual {resid:.1f} µs)")
     print(f"wrote {args.out}")

@@ -2430,6 +2430,35 @@ def test_topk_line_fits_the_rows_and_pairs_psa_with_top_k_at_its_error(tmp_path)
         ptl.fit_topk_line([r for r in rows if r["method"].startswith("top-k k=100 ")])
 
 
+def test_topk_line_table_gives_each_psa_row_its_ratio_to_top_k_at_its_error(tmp_path, capsys):
+    """plot_topk_line.py --table: PSA rows paired with top-k at their own error within the same size and batch (a
+    top-k row of another batch is never taken), the ratio PSA ÷ top-k, the least of each size and batch in bold."""
+    import plot_topk_line as ptl
+
+    def row(t, b, method, us):
+        return dict(T=t, B=b, profile="per-head", share=None, method=method, us=us, frac=0.3)
+
+    es = "PSA τ=0.95 first chunk estimated_stop, speculated"
+    rows = [row(32768, 1, "PSA τ=0.95", 48.0), row(32768, 1, "top-k k=1043 (error ≤ PSA τ=0.95)", 40.0),
+            row(32768, 1, es, 50.0), row(32768, 1, f"top-k k=1038 (error ≤ {es})", 50.0),
+            row(32768, 8, "PSA τ=0.95", 180.0), row(32768, 8, "top-k k=884 (error ≤ PSA τ=0.95)", 200.0),
+            row(131072, 8, "PSA τ=0.95", 640.0),  # its top-k row is missing: left out
+            row(131072, 1, "top-k k=9 (error ≤ PSA τ=0.95)", 1.0)]
+    table = ptl.ratio_table(rows).splitlines()
+    assert table[2:] == [
+        "| 32K | 1 | PSA (shared) | 48.0 | k = 1043 | 40.0 | 1.20 |",
+        "| 32K | 1 | PSA, first chunk estimated_stop, speculated | 50.0 | k = 1038 | 50.0 | **1.00** |",
+        "| 32K | 8 | PSA (shared) | 180.0 | k = 884 | 200.0 | **0.90** |"]
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ptl.main([str(src), "--table"])
+    assert capsys.readouterr().out.strip().splitlines() == table
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="no rows of any B"):
+        ptl.load([str(empty)], batch=None)
+
+
 def test_launch_shape_probe_sources_and_configurations():
     """benchmarks/exp_launch_shape.py: its kernel carries the cluster's dims and the body asked for (a cluster
     barrier with its release, or relaxed); barriers only on clusters; bad sizes and bodies are refused by name."""
