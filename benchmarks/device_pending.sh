@@ -3565,6 +3565,28 @@ if [ "$PART" = s72b ]; then
       | tee "$OUT/s72b.log" | grep "^|" || tail -n 5 "$OUT/s72b.log")
   exit 0
 fi
+if [ "$PART" = s72c ]; then
+  # Seventy-second session, for a short lease: on an H200 first the rows of record that s72a / s72b / ph1 measured on
+  # the H100 (the 2% profile at one request with the estimated stop; the per-head profile at 32K B = 1 and 128K
+  # B = 1, 8), ~90 s; then, on either card, `all2`'s suites (every GPU suite but tests/test_fast.py, which ran on
+  # the H100 in s72: 356 passed) within $2 seconds (default 380). Predicted on the H200 as s70: the 2% 128K B = 1
+  # plain loop ~50-55 µs (the H100's 65.7 x its HBM ratio ~0.7 on the streaming part), per-head 32K B = 1 PSA ÷
+  # top-k ~1.2-1.3 (s70 1.26).
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    mkdir -p "$OUT/p2" "$OUT/ph"
+    (cd benchmarks && timeout 120 python3 bench_decode.py --profile sparsity --shares 0.02 --shape llama8b \
+        --sizes 32768:1,131072:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch \
+        --out "$OUT/p2" 2>&1 | grep "^|" | cut -d'|' -f5-12)
+    (cd benchmarks && timeout 150 python3 bench_decode.py --profile per-head --shape llama8b \
+        --sizes 32768:1,131072:1,131072:8 --reps 20 --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank \
+        --out "$OUT/ph" > /dev/null 2>&1; PYTHONPATH=..:. python3 plot_topk_line.py "$OUT/ph/bench_decode_per_head.jsonl" \
+        --table)
+  fi
+  gpu_tests t_s72c.log "${2:-380}" tests/test_fast_bf16.py tests/test_stop_rules.py tests/test_first_chunk.py \
+      tests/test_fast_hf.py tests/test_fast_offload.py tests/test_fast_distributed.py tests/test_fast_metadata.py \
+      tests/test_fast_pool.py
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
