@@ -3536,7 +3536,8 @@ if [ "$PART" = s70f ]; then
   exit 0
 fi
 if [ "$PART" = s72a ]; then
-  # Seventy-second session: the 2% profile with the estimated stop, on the H200 (NOTES s71, item 4). CPU (psa_ref,
+  # Seventy-second session (ran on an H100, results_h100_s72.md; s72c has its rows for an H200): the 2% profile with
+  # the estimated stop (NOTES s71, item 4). CPU (psa_ref,
   # exp_first_decisions.py): at 128K B = 1 the plain loop attends 12.5% of the blocks in one decision, the estimated
   # stop 7.1% (busiest group 1.60x its request's mean); at 32K 18.8% and 7.5% (1.47x). At step 128 the plain loop
   # still attends 6.6% (4.25 decisions): ~7% is what ema needs on these estimates, and the estimated stop gets it in
@@ -3556,7 +3557,7 @@ if [ "$PART" = s72a ]; then
   exit 0
 fi
 if [ "$PART" = s72b ]; then
-  # Seventy-second session: s70e's part (b) alone (its part (a) is in s72a). Per-head PSA against top-k at its error
+  # Seventy-second session (ran on an H100, results_h100_s72.md): s70e's part (b) alone (its part (a) is in s72a). Per-head PSA against top-k at its error
   # at 32K B = 8 and 32 on today's defaults (s62, H200: 1.11 / 0.90; the push exchanges since). Predicted within 1-2%
   # of s62. ~4 minutes.
   mkdir -p "$OUT/ph72"
