@@ -2489,3 +2489,29 @@ def test_launch_shape_probe_rejects_bad_arguments(monkeypatch, capsys, argv, mes
     with pytest.raises(SystemExit) as exc:
         els.main()
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+# --- benchmarks/NOTES.md's plan for the next session against device_pending.sh -------------------------------------
+
+def _planned_parts(notes: str) -> list[str]:
+    """The ``device_pending.sh NAME`` parts that the last "Prepared for the next session" section of ``notes`` runs."""
+    start = notes.rindex("**Prepared for the next session")
+    return re.findall(r"device_pending\.sh\s+([A-Za-z0-9_]+)", notes[start:])
+
+
+def _parts(script: str) -> set[str]:
+    """The part names of device_pending.sh (its ``if [ "$PART" = NAME ]`` blocks)."""
+    return set(re.findall(r'"\$PART" = ([A-Za-z0-9_]+) \]', script))
+
+
+def test_the_next_sessions_device_parts_are_on_main():
+    """Every device part the notes plan for the next session exists on this checkout: a new checkout carries main
+    only, and the seventy-first session's plan named parts of a branch that did not reach the next one."""
+    notes = (BENCH / "NOTES.md").read_text()
+    parts = _parts((BENCH / "device_pending.sh").read_text())
+    assert {"all1", "all2", "run"} <= parts and len(parts) > 100
+    planned = _planned_parts(notes)
+    assert planned and set(planned) <= parts, sorted(set(planned) - parts)
+    # the check sees a part that is missing, and reads the last plan only
+    stale = "**Prepared for the next session (x).** run `device_pending.sh s99z`.\n"
+    assert _planned_parts(notes + "\n" + stale) == ["s99z"] and "s99z" not in parts
