@@ -326,6 +326,19 @@ def table(rows: list[dict], ceiling_gbs: float) -> str:
     return "\n".join(lines)
 
 
+def report(rows: list[dict], ceiling_gbs: float) -> str:
+    """The table printed last, then, where the run has top-k at a PSA row's error, each such PSA row beside it
+    (``plot_topk_line.ratio_table``: issue 14's line, PSA faster than top-k at equal error, is a ratio below 1)."""
+    from plot_topk_line import pairs, ratio_table
+
+    text = table(rows, ceiling_gbs)
+    timed = [r for r in rows if "method" in r and "us" in r]
+    if any(q is not None for _, q in pairs(timed)):
+        text += "\n\nEach PSA row against top-k at that row's error (least ratio of a size and batch in bold):\n\n"
+        text += ratio_table(timed)
+    return text
+
+
 # --- timing -----------------------------------------------------------------------------------------
 
 def median_us(fn_launch, stream, reps: int, rotate: int) -> float:
@@ -1043,7 +1056,7 @@ def main(argv=None) -> None:
                                    skip=args.skip, per_head=args.per_head, tags=tags,
                                    speculate=(args.speculate, args.extra_chunks))
     print(f"\n{len(rows)} rows in {time.time() - start:.0f} s\n")
-    text = table(rows, measured)
+    text = report(rows, measured)
     with run_file(os.path.join(args.out, f"{stem}.md")) as f:
         f.write((f"<!-- {run['kernels_attr']} -->\n" if run else "") + text + "\n")
     print(text)

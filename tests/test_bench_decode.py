@@ -141,6 +141,20 @@ def test_output_names_and_printing():
     assert "mean 2.0% of blocks" in ideal and "p90 3.1%" in ideal
 
 
+def test_report_adds_psa_against_top_k_at_its_error_where_the_run_has_it():
+    """bench_decode's closing report: the row table, then (only where top-k ran at a PSA row's error) each such PSA row
+    with its ratio to that top-k row."""
+    base = dict(T=32768, B=1, shape="llama8b", profile="per-head", share=None, floor_bytes=1, floor_us=10.0,
+                step_floor=2.0, gbs=1.0, pct=0.5, speedup=1.0, err=0.001, frac=0.3, ideal=0.1, launches=1, note="")
+    psa = dict(base, method="PSA τ=0.95", us=48.0)
+    topk = dict(base, method="top-k k=1043 (error ≤ PSA τ=0.95)", us=40.0)
+    alone = bd.report([psa], 3000.0)
+    assert alone == bd.table([psa], 3000.0) and "PSA ÷ top-k" not in alone
+    both = bd.report([psa, topk], 3000.0)
+    assert both.startswith(bd.table([psa, topk], 3000.0))
+    assert both.splitlines()[-1] == "| 32K | 1 | PSA (shared) | 48.0 | k = 1043 | 40.0 | **1.20** |"
+
+
 def test_sparsity_fill_uses_each_profile_once():
     """The bench's data path on the CPU: every (layer, request, KV head) gets its own profile, so the mean
     ideal share of the whole cache is the target's."""
