@@ -329,13 +329,13 @@ def table(rows: list[dict], ceiling_gbs: float) -> str:
 def report(rows: list[dict], ceiling_gbs: float) -> str:
     """The table printed last, then, where the run has top-k at a PSA row's error, each such PSA row beside it
     (``plot_topk_line.ratio_table``: issue 14's line, PSA faster than top-k at equal error, is a ratio below 1)."""
-    from plot_topk_line import pairs, ratio_table
+    from plot_topk_line import ratio_table
 
     text = table(rows, ceiling_gbs)
-    timed = [r for r in rows if "method" in r and "us" in r]
-    if any(q is not None for _, q in pairs(timed)):
+    versus = ratio_table(rows)
+    if versus.count("\n") > 1:  # more than its two header lines
         text += "\n\nEach PSA row against top-k at that row's error (least ratio of a size and batch in bold):\n\n"
-        text += ratio_table(timed)
+        text += versus
     return text
 
 
