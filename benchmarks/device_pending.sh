@@ -3588,6 +3588,25 @@ if [ "$PART" = s72c ]; then
       tests/test_fast_pool.py
   exit 0
 fi
+if [ "$PART" = s73a ]; then
+  # Seventy-third session: the estimate and the order in one launch (psa_estimate_order, _kernels.ESTIMATE_ORDER,
+  # off), rebuilt on main from NOTES s71 (s71d's branch was lost). The bit test first (7 cases, the switch against
+  # psa_estimate_mma + psa_order_runs), then the kernels (profile_decode_step, Llama 5% 32K B = 1 and 4, ema and top-k)
+  # and the steps in graphs (bench_decode, Llama 5% 32K B = 1 / 4, SmolLM2 32K B = 1), ESTIMATE_ORDER 0 / 8 / 16 / 0
+  # in one process. Predicted (H100, as s71d): 8 warps estimate + order 11.1 -> ~10.7 µs, a step -0.5; 16 warps
+  # (one tile a warp, one round trip of loads instead of two) ~9.5 µs, a step -1 to -1.5; B = 4 the same order;
+  # H200 ~0.8x those. ~3 minutes.
+  gpu_tests t_s73a.log 150 tests/test_fast.py -k "estimate_and_order_in_one_launch or order_asking_the_first_chunk"
+  cd benchmarks
+  timeout 150 python3 exp_kernels_attr.py ESTIMATE_ORDER=0,8,16,0 -- profile_decode_step.py --share 0.05 \
+      --shape llama8b --size 32768 --batches 1,4 --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode \|sum" | tee "$OUT/s73a_kernels.txt"
+  timeout 240 python3 exp_kernels_attr.py ESTIMATE_ORDER=0,8,16,0 -- bench_decode.py --profile sparsity \
+      --shares 0.05 --shape llama8b --sizes 32768:1,32768:4 --reps 20 \
+      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
+      | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s73a.txt"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

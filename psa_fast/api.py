@@ -335,6 +335,11 @@ class DecodePlan:
         self._estimates_stop = self.first_chunk == "estimated_stop" and self.threshold < 1
         self._estimated_stop_margin = progressive.ESTIMATED_STOP_MARGIN  # as it is when the plan is made
         self._l2_first = self._l2_first_blocks()  # (the order kernel's L2 first chunk, fixed by the plan)
+        # stages 1 and 2 in one launch (psa_estimate_order) where _kernels.fuses_estimate_order: estimate() launches it
+        # and order() has nothing of its own left to launch
+        self._estimate_order = (self.mode != "dense" and not self._topk_head and _kernels.fuses_estimate_order(
+            b, self.gn, nmax, kind=cache.metadata, per_head=self._per_head, g=self.g, hq=self.hq,
+            hkv=cache.num_kv_heads, d=dp, group_scores=self._group_scores, workspace=ws is not None))
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
         # the loop's state after the speculated chunks (for the resumed loop)
         self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = self.spec_items = None
@@ -503,8 +508,16 @@ class DecodePlan:
     def estimate(self, layer: int, q_raw=None) -> None:
         """Stage 1: every block's estimate (and per head: min/max bounds for ``certified``, the
         estimates for ``sketch``), of the scaled ``q``, or of the caller's ``q_raw`` (checked, C-contiguous; the
-        tensor cores' estimate scales it by the same float32 product)."""
+        tensor cores' estimate scales it by the same float32 product). Where the plan runs stages 1 and 2 as one
+        launch (``_kernels.fuses_estimate_order``, off by default), this writes the order too."""
         c = self.cache
+        if self._estimate_order:
+            _kernels.estimate_order(self.q if q_raw is None else q_raw, c.meta[layer], c.seq_lens[layer], self.scores,
+                                    self.order_buf, d=c.dp, hkv=c.num_kv_heads, kind=c.metadata,
+                                    sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
+                                    q_scale=None if q_raw is None else self.scale, l2_first=self._l2_first_args(layer),
+                                    **self._shape())
+            return
         _kernels.estimate(self.q if q_raw is None else q_raw, c.meta[layer], c.lohi[layer], c.seq_lens[layer],
                           self.scores, self.bounds, d=c.dp, hkv=c.num_kv_heads, kind=c.metadata,
                           per_head=self._per_head, codes=None if c.codes is None else c.codes[layer],
@@ -526,11 +539,11 @@ class DecodePlan:
                                 recent_blocks=self.recent_blocks, head=self.k)
             return
         c = self.cache
-        _kernels.order(self.scores, c.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
-                       sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
-                       want_suffix=self._suffix, workspace=self.sort_workspace,
-                       ordered=self.sketch_ordered, **self._shape(),
-                       l2_first=(c.block_table[layer], c.k_pool, c.v_pool, self._l2_first) if self._l2_first else None)
+        if not self._estimate_order:  # (else estimate() wrote the order)
+            _kernels.order(self.scores, c.seq_lens[layer], self.order_buf, self.bounds, self.log_suffix,
+                           sink_blocks=self.sink_blocks, recent_blocks=self.recent_blocks,
+                           want_suffix=self._suffix, workspace=self.sort_workspace,
+                           ordered=self.sketch_ordered, l2_first=self._l2_first_args(layer), **self._shape())
         if self._predicts_first:
             _kernels.first_chunk(self.log_suffix, self.cache.seq_lens[layer], self.first_len, s=self.cache.block_size,
                                  g=self.g, hq=self.hq, nmax=self.cache.nmax,
@@ -547,6 +560,11 @@ class DecodePlan:
                               forced=self.sink_blocks + self.recent_blocks, threshold=self.threshold,
                               margin=self.speculate, extra=self.speculate_extra, step=self.step,
                               first_len=self.first_len, spec_items=self.spec_items, chunks=self.spec_chunks)
+
+    def _l2_first_args(self, layer: int):
+        """The order kernels' ``l2_first`` for ``layer``: ``(block_table, k_pool, v_pool, blocks)``, or None."""
+        c = self.cache
+        return (c.block_table[layer], c.k_pool, c.v_pool, self._l2_first) if self._l2_first else None
 
     def _l2_first_blocks(self) -> int:
         """Positions of each group's order whose K/V the order kernel asks into L2 (``_kernels.ORDER_L2_FIRST_MIB``):

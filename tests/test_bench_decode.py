@@ -1401,6 +1401,77 @@ def test_order_launches_pass_every_parameter_with_and_without_the_l2_first_chunk
     _assert_launches_pass_every_parameter(launches, tmp_path)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
+def test_estimate_order_launches_a_cluster_a_group_with_every_parameter(monkeypatch, tmp_path):
+    """_kernels.estimate_order (psa_estimate_order: the estimate and the order in one launch) launches a cluster of one
+    CTA a run of 256 blocks for each group (grid (runs, Gn, B), PSA_CLUSTER = runs), ESTIMATE_ORDER warps a CTA (8 at
+    D 256, where 16 would spill), and passes as many arguments as the kernel takes with the caller's query (its scale)
+    or the scaled copy, with the L2 first chunk asked or not (nvcc, no GPU)."""
+    from psa_fast import _kernels
+
+    launches = []
+
+    def build(name, *, d, s, g, entry=None, **defines):
+        def launch(grid, block, args, **kw):
+            launches.append((name, entry or name, dict(defines, d=d, s=s, g=g), args, grid, block))
+        return launch
+
+    monkeypatch.setattr(_kernels, "kernel", build)
+    monkeypatch.setattr(_kernels, "_raw_query_code", lambda q, shape, what: _kernels._QRAW_CODES[q.dtype])  # (no .ptr)
+    pool = np.zeros((64, 16, 128), np.float16)
+    shapes = []
+    for warps, d, g, hkv, b, nmax, kind in [(8, 128, 4, 2, 1, 1500, "cuboid_mean"), (16, 64, 3, 3, 2, 200, "mean"),
+                                            (16, 256, 4, 1, 1, 2048, "cuboid_mean")]:
+        monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", warps)
+        hq = g * hkv
+        for raw in (False, True):
+            q = np.zeros((b, hq, d), np.float16 if raw else np.float32)
+            for l2 in (None, (np.zeros((b, hkv, nmax), np.int32), pool, pool, 32)):
+                _kernels.estimate_order(q, None, None, None, None, d=d, s=16, g=g, hq=hq, hkv=hkv, nmax=nmax,
+                                        kind=kind, sink_blocks=1, recent_blocks=2, q_scale=0.1 if raw else None,
+                                        l2_first=l2)
+                shapes.append((launches[-1][4], launches[-1][5], launches[-1][2]["cluster"],
+                               launches[-1][2].get("qraw", 0), launches[-1][2].get("l2_first", 0)))
+    assert {sh[:3] for sh in shapes} == {((6, 2, 1), (256,), 6), ((1, 3, 2), (512,), 1), ((8, 1, 1), (256,), 8)}
+    assert [sh[3:] for sh in shapes[:4]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    _assert_launches_pass_every_parameter([launch[:4] for launch in launches], tmp_path)
+
+
+def test_estimate_order_is_fused_only_where_it_gives_the_same_results(monkeypatch):
+    """_kernels.fuses_estimate_order: off by default (ESTIMATE_ORDER 0); on, only for group scores on the tensor cores'
+    estimate (cuboid_mean, mean; groups of at most 4 heads, not one launch a KV head's query heads), no per-head
+    values (the certified bounds, the sketch rules', the estimated stop's and the predicted first chunk's estimates),
+    orders that order_method gives to psa_order_runs, and at most ESTIMATE_ORDER_MAX_GROUPS groups. estimate_order
+    refuses what it cannot do with a ValueError naming it."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "num_sms", lambda: 132)  # (order_method's costs: the H100's)
+    llama = dict(kind="cuboid_mean", per_head=None, g=4, hq=32, hkv=8, d=128)
+    assert not _kernels.fuses_estimate_order(1, 8, 2048, **llama)  # off by default
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", 8)
+    assert _kernels.order_method(1, 8, 2048) == "runs" and _kernels.fuses_estimate_order(1, 8, 2048, **llama)
+    assert _kernels.fuses_estimate_order(4, 8, 2048, **llama) and _kernels.fuses_estimate_order(1, 8, 1024, **llama)
+    assert _kernels.fuses_estimate_order(1, 3, 2048, kind="mean", per_head=None, g=3, hq=9, hkv=3, d=64)
+    assert not _kernels.fuses_estimate_order(8, 8, 2048, **llama)  # 64 groups
+    assert not _kernels.fuses_estimate_order(1, 8, 8192, **llama)  # (128K: past the runs' 2,048 blocks)
+    for other in (dict(per_head="estimates"), dict(per_head="bounds"), dict(kind="quant3"), dict(kind="minmax"),
+                  dict(g=8, hq=64)):
+        assert not _kernels.fuses_estimate_order(1, 8, 2048, **{**llama, **other}), other
+    per_head = dict(llama, g=1)  # per-head selection: one launch a KV head scores its 4 query heads
+    assert not _kernels.fuses_estimate_order(1, 32, 2048, **per_head, group_scores=object())
+    monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "rank")
+    assert not _kernels.fuses_estimate_order(1, 8, 2048, **llama)
+    q = np.zeros((1, 32, 128), np.float32)
+    call = dict(d=128, s=16, g=4, hq=32, hkv=8, nmax=2048, kind="cuboid_mean", sink_blocks=0, recent_blocks=0)
+    for change, match in [(dict(kind="minmax"), "cuboid_mean or mean"), (dict(nmax=2049), "up to 2048 blocks"),
+                          (dict(l2_first=(np.zeros((1, 32, 2048), np.int32), q, q, 8)), r"\[B, Gn, Nmax\]")]:
+        with pytest.raises(ValueError, match=match):
+            _kernels.estimate_order(q, None, None, None, None, **{**call, **change})
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", 4)
+    with pytest.raises(ValueError, match="ESTIMATE_ORDER must be 0 .off., 8 or 16"):
+        _kernels.estimate_order(q, None, None, None, None, **call)
+
+
 def test_order_refuses_an_l2_first_chunk_whose_table_is_not_one_a_group(monkeypatch):
     """_kernels.order(l2_first=...): the placing kernels look a block's slot up as block_table[b, group, block], so a
     table of another shape (per-head groups over a KV head's table: Gn = Hq, the table's Hkv) is refused with a

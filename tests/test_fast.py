@@ -712,6 +712,52 @@ def test_order_asking_the_first_chunk_into_l2_keeps_every_bit(monkeypatch, mode,
                                       err_msg=name)
 
 
+@pytest.mark.parametrize("warps,hkv,hq,d,metadata,lens,query,options", [
+    (8, 2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 30 * 16 + 1), "float16", dict(threshold=0.9, step=64)),
+    (16, 2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 30 * 16 + 1), "float32", dict(threshold=0.9, step=64)),
+    (16, 3, 9, 64, "mean", (2048 * 16, 700 * 16 + 9), "scaled", dict(threshold=0.95, sink_blocks=1, recent_blocks=2)),
+    (8, 1, 4, 256, "cuboid_mean", (2000 * 16 + 3,), "float16", dict(threshold=0.9, step=32, first_chunk=40)),
+    (16, 2, 8, 128, "cuboid_mean", (200 * 16 + 5, 180 * 16), "float16", dict(threshold=0.9, step=16)),
+    (8, 2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 600 * 16 + 1), "float16", dict(mode="topk", k=300)),
+    (16, 2, 8, 128, "cuboid_mean", (1024 * 16, 1023 * 16 + 1), "float32", dict(mode="topk", k=64, sink_blocks=2))])
+def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv, hq, d, metadata, lens, query,
+                                                         options):
+    """_kernels.ESTIMATE_ORDER (psa_estimate_order: a group's cluster scores its runs of 256 blocks, sorts each and
+    pushes it to the others, which place their blocks) gives the same scores, order and results bit for bit as
+    psa_estimate_mma then psa_order_runs: 8 and 16 warps a CTA, Llama's, SmolLM2's (mean metadata, D 64) and Gemma 3's
+    (D 256) shapes, ragged requests (a short one's CTAs past its runs), one run a group (no cluster), sink and recent
+    blocks, top-k's full order, the caller's float16 or float32 query or the scaled copy, the L2 first chunk at 2 and
+    16 MiB (its tiles asked as the blocks are placed)."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(73)
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=len(lens), num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
+                                  metadata=metadata)
+    for b, t in enumerate(lens):
+        k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+        k[:, 16 * 20: 16 * 90] += np.float16(0.4) * rng.standard_normal(d).astype(np.float16)  # a heavier stretch
+        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
+    q = 2 * rng.standard_normal((len(lens), hq, d))
+    q = cupy.asarray(q.astype(np.float32 if query != "float16" else np.float16))
+    monkeypatch.setattr(_kernels, "QUERY_BRANCH", 0 if query == "scaled" else 1)
+    monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
+    monkeypatch.setattr(_kernels, "topk_uses_head", lambda *a, **k: False)  # (top-k: the full order)
+    runs = {}
+    for switch, mib in [(0, 2), (warps, 2), (warps, 16), (0, 16)]:
+        monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", switch)
+        monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_MIB", mib)
+        p = psa_fast.plan(cache, num_q_heads=hq, **options)
+        assert p._estimate_order == bool(switch)
+        dec = p.run(q)
+        runs[switch, mib] = {name: cupy.asnumpy(getattr(dec, name)) for name in
+                             ("order", "out", "num_used", "iterations", "reason", "mass_estimate")}
+        runs[switch, mib]["scores"] = cupy.asnumpy(p.scores)
+    for mib in (2, 16):
+        for name, want in runs[0, mib].items():
+            np.testing.assert_array_equal(runs[warps, mib][name], want, err_msg=f"{name} at {mib} MiB")
+    assert (runs[0, 2]["order"][..., 0] >= 0).all()  # (a real order was compared)
+
+
 def test_per_head_plans_ask_no_first_chunk_into_l2(monkeypatch):
     """The order kernels find a block's K/V slot as block_table[b, group], a KV head's table: with gqa="per_head" a
     group is a query head (Hq of them, not Hkv), so such a plan asks nothing into L2 (it read other heads' and other

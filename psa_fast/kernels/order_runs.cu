@@ -22,65 +22,9 @@
 //   order    [B, Gn, Nmax] int out: block indices in processing order; -1 past the group's n blocks
 // Launch: grid (ceil(Nmax / 256), Gn, B), 256 threads (PSA_WARPS 8), Nmax <= 2,048 (_kernels.RUNS_MAX_BLOCKS).
 // PSA_L2_FIRST (common.cuh): the blocks placed among the decode's first ones have their K and V asked into L2.
-#include "common.cuh"
+#include "runs.cuh"
 
-#define PSA_RUN 256                // words a run (a warp's)
-#define PSA_RUN_KPL (PSA_RUN / 32)  // words a lane, consecutive: word r of lane l is the run's word 8 l + r
 static_assert(PSA_WARPS * 32 == PSA_RUN, "psa_order_runs: a CTA's threads place one run's blocks, one each");
-
-// Sort the warp's 256 words (k: this lane's 8, blocked: word r of lane l is the run's e = 8 l + r) descending by the
-// "flip" form of the bitonic network: merging two sorted halves of size kk / 2 compares e with e ^ (kk - 1) (the second
-// half read backwards), then e with e ^ j for j = kk / 4 .. 1, and every compare-exchange keeps the larger word at the
-// lower e. No stage has a direction to choose: distances below 8 are a min and a max within a lane, the others a
-// shuffle with lane ^ (distance / 8) (the flip also reading the partner's slot 7 - r) and a min or a max.
-__device__ __forceinline__ void warp_sort_desc(unsigned int (&k)[PSA_RUN_KPL], int lane) {
-#pragma unroll
-    for (int kk = 2; kk <= PSA_RUN; kk <<= 1) {
-#pragma unroll
-        for (int j = kk >> 1; j > 0; j >>= 1) {
-            const int dist = j == kk >> 1 ? kk - 1 : j;  // the partner is e ^ dist
-            if (dist < PSA_RUN_KPL) {
-#pragma unroll
-                for (int r = 0; r < PSA_RUN_KPL; ++r) {
-                    const int rp = r ^ dist;
-                    if (rp > r) {
-                        const unsigned int a = k[r], c = k[rp];
-                        k[r] = max(a, c);
-                        k[rp] = min(a, c);
-                    }
-                }
-            } else {
-                const int lane_mask = dist / PSA_RUN_KPL, slot_mask = dist % PSA_RUN_KPL;  // slot_mask 7 or 0
-                const bool lower = (lane & (j / PSA_RUN_KPL)) == 0;  // the pair's lower e: its highest differing bit
-                unsigned int other[PSA_RUN_KPL];
-#pragma unroll
-                for (int r = 0; r < PSA_RUN_KPL; ++r)
-                    other[r] = __shfl_xor_sync(0xffffffffu, k[r ^ slot_mask], lane_mask);
-#pragma unroll
-                for (int r = 0; r < PSA_RUN_KPL; ++r) k[r] = lower ? max(k[r], other[r]) : min(k[r], other[r]);
-            }
-        }
-    }
-}
-
-// How many words of run which[q] of `runs` (each sorted descending) are above thr[q], the Q searches in lock-step (Q
-// independent shared-memory loads a round): binary lifting over the first 255 positions, then one probe for the 256th
-// (as psa_order_merge counts).
-template <int Q>
-__device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN], const int (&which)[Q],
-                                            const unsigned int (&thr)[Q], int (&c)[Q]) {
-#pragma unroll
-    for (int q = 0; q < Q; ++q) c[q] = 0;
-#pragma unroll
-    for (int half = PSA_RUN / 2; half > 0; half >>= 1)
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-            const int at = c[q] + half;
-            c[q] = runs[which[q]][at - 1] > thr[q] ? at : c[q];
-        }
-#pragma unroll
-    for (int q = 0; q < Q; ++q) c[q] += runs[which[q]][c[q]] > thr[q];
-}
 
 extern "C" __global__ void __launch_bounds__(PSA_WARPS * 32)
 psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_lens, int* __restrict__ order, int Nmax,
@@ -132,28 +76,7 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
         if (i < Nmax) orow[i] = -1;
         return;
     }
-    // Every run's count at once (runs past the group's hold only zeros and count none), run `mine` twice: the words
-    // above w and above w - 1 (from there on, the equal ones). Runs before `mine` count above w - 1 too.
-    const unsigned int w = words[t];
-    int which[PSA_WARPS + 1], c[PSA_WARPS + 1];
-    unsigned int thr[PSA_WARPS + 1];
-#pragma unroll
-    for (int r = 0; r < PSA_WARPS; ++r) {
-        which[r] = r;
-        thr[r] = r < mine ? w - 1u : w;
-    }
-    which[PSA_WARPS] = mine;
-    thr[PSA_WARPS] = w - 1u;
-    count_above(runs, which, thr, c);
-    int rank = 0, above = 0;
-#pragma unroll
-    for (int r = 0; r < PSA_WARPS; ++r) {
-        rank += r < mine && w == 0u ? PSA_RUN : c[r];  // (w - 1 wrapped: all of the run)
-        above = r == mine ? c[r] : above;
-    }
-    const int from = w == 0u ? PSA_RUN : c[PSA_WARPS];
-    if (from - above > 1)  // another block of this run has the word: those of lower index come first
-        for (int u = 0; u < t; ++u) rank += words[u] == w;
+    const int rank = run_rank<PSA_WARPS>(runs, words, t, mine);
     orow[rank] = i;
 #if PSA_L2_FIRST
     if (rank < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);

@@ -1,0 +1,132 @@
+// Stages 1 and 2 on the GPU in one launch, for one request's short orders: psa_estimate_mma's group scores and
+// psa_order_runs' order, the same bits as the two launches. At Llama's one request the two stages cost ~10 µs for 8 MB
+// of metadata and 16,384 scores, both latency-bound, and the scores make a round trip through global memory between
+// them; here they stay in shared memory.
+//
+// A group is a cluster of R = ceil(Nmax / 256) CTAs (R <= 8), CTA `mine` owning run `mine` (blocks 256 mine ..
+// 256 mine + 255, psa_order_runs' run). Each CTA's warps score its run's blocks (estimate_mma.cuh: 8 warps two tiles of
+// 16 each, 16 warps one) into shared memory as psa_order_runs' words (orderable() of the score, 0xFFFFFFFF for sink and
+// recent blocks), then warp 0 sorts the run (runs.cuh) and pushes it into every placing CTA of the cluster by st.async,
+// counted on the receiver's mbarrier (armed at the start; no cluster barrier after the sort), and each of the first
+// 256 threads places one block of its own run at its rank among the R sorted runs, as psa_order_runs does. CTAs whose
+// run holds none of the request's blocks (n = ceil(seq_len / S) of them) score nothing, send nothing and write -1s.
+//
+//   q        [B, Hq, PSA_D]            as psa_estimate_mma's (PSA_QRAW: the caller's query times q_scale)
+//   meta     [B, Hkv, Nmax, 2, PSA_D]  half (cuboid_mean: centre, radius; mean: mean, -)
+//   scores   [B, Gn, Nmax] float out:  the group scores (max over the group's heads; -inf from n on)
+//   order    [B, Gn, Nmax] int out:    block indices in processing order; -1 past the group's n blocks
+// Launch: grid (R, Gn, B), cluster (R, 1, 1) (PSA_CLUSTER = R), PSA_WARPS 8 or 16 warps; Nmax <= 256 R.
+// PSA_L2_FIRST (common.cuh): the blocks placed among the decode's first ones have their K and V asked into L2.
+// _kernels.estimate_order launches it where _kernels.fuses_estimate_order (ESTIMATE_ORDER, off by default).
+#include "estimate_mma.cuh"
+#include "runs.cuh"
+
+static_assert(PSA_BOUNDS == 0, "psa_estimate_order writes the group scores only");
+static_assert(PSA_WARPS == 8 || PSA_WARPS == 16, "psa_estimate_order: 8 warps score two tiles each, 16 one each");
+static_assert(PSA_CLUSTER >= 1 && PSA_CLUSTER <= 8, "psa_estimate_order: a group's runs, one a CTA, at most 8");
+#define PSA_WARP_RUN (PSA_RUN / PSA_WARPS)  // blocks a warp scores
+
+extern "C" __global__ void __cluster_dims__(PSA_CLUSTER, 1, 1) __launch_bounds__(PSA_WARPS * 32)
+psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta, const int* __restrict__ seq_lens,
+                   float* __restrict__ scores, int* __restrict__ order, int Hq, int Hkv, int Nmax, int sink_blocks,
+                   int recent_blocks
+#if PSA_QRAW
+                   , float q_scale
+#endif
+                   PSA_L2_FIRST_PARAMS) {
+#if !PSA_QRAW
+    const float q_scale = 1.f;  // unused: the plan's query is scaled
+#endif
+    __shared__ __align__(16) unsigned int runs[PSA_CLUSTER][PSA_RUN];  // the group's runs, each sorted descending
+    __shared__ __align__(16) unsigned int words[PSA_RUN];              // this CTA's run by block index
+    __shared__ __align__(8) unsigned long long bar;                   // counts the runs pushed into `runs`
+    const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y, mine = blockIdx.x;  // (the cluster spans x: its rank)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
+#if PSA_CLUSTER > 1
+    if (t == 0) {
+        mbar_init(&bar, 1);
+        mbar_init_fence();
+    }
+    cluster_arrive_relaxed();  // (waited for before the first push)
+#endif
+    const long row = ((long)b * Gn + g) * Nmax;
+    const int base = mine * PSA_RUN;
+#if PSA_L2_FIRST
+    // the slot of the block this thread places (if any), asked for now: its load waits beside the estimate's work
+    const int slot = t < PSA_RUN && base + t < Nmax ? __ldg(block_table + row + base + t) : 0;
+#endif
+    const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
+    const int nruns = (n + PSA_RUN - 1) / PSA_RUN;
+    if (mine >= nruns) {  // no block of the request: scores -inf, positions past the group's runs -1
+        for (int p = base + t; p < min(base + PSA_RUN, Nmax); p += PSA_WARPS * 32) {
+            scores[row + p] = -PSA_INF;
+            order[row + p] = -1;
+        }
+        return;
+    }
+#if PSA_CLUSTER > 1
+    if (t == 0) mbar_expect(&bar, nruns * PSA_RUN * sizeof(unsigned int));  // the runs of the group's placing CTAs
+#endif
+
+    // the estimate of this warp's blocks into `scores` and, as words, into `words`
+    const int jw = base + warp * PSA_WARP_RUN, jend = min(jw + PSA_WARP_RUN, Nmax);
+    if (jw < n) {
+        const int h0 = g * PSA_G;
+        estimate_tiles(
+            q, meta, b, h0, h0 / (Hq / Hkv), Hq, Hkv, Nmax, n, jw, jend, q_scale, lane,
+            [&](int j, float s) {
+                scores[row + j] = s;
+                words[j - base] = j < sink_blocks || j >= n - recent_blocks ? 0xFFFFFFFFu : orderable(s);
+            },
+            [](int, int, float) {});
+    } else {
+        for (int j = jw + lane; j < jend; j += 32) scores[row + j] = -PSA_INF;
+    }
+    __syncthreads();
+
+    if (warp == 0) {  // sort the run (words past n are 0) and send it to every placing CTA
+        unsigned int k[PSA_RUN_KPL];
+#pragma unroll
+        for (int r = 0; r < PSA_RUN_KPL; ++r) {
+            const int e = lane * PSA_RUN_KPL + r;
+            k[r] = base + e < n ? words[e] : 0u;
+        }
+        warp_sort_desc(k, lane);
+#if PSA_CLUSTER > 1
+        cluster_wait();  // every CTA's mbarrier initialised
+        const float4 lo = make_float4(__uint_as_float(k[0]), __uint_as_float(k[1]), __uint_as_float(k[2]),
+                                      __uint_as_float(k[3]));
+        const float4 hi = make_float4(__uint_as_float(k[4]), __uint_as_float(k[5]), __uint_as_float(k[6]),
+                                      __uint_as_float(k[7]));
+        for (int dst = 0; dst < nruns; ++dst) {
+            push4(&runs[mine][lane * PSA_RUN_KPL], dst, lo, &bar);
+            push4(&runs[mine][lane * PSA_RUN_KPL + 4], dst, hi, &bar);
+        }
+#else
+        uint4* rrow = reinterpret_cast<uint4*>(&runs[0][lane * PSA_RUN_KPL]);
+        rrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
+        rrow[1] = make_uint4(k[4], k[5], k[6], k[7]);
+#endif
+    }
+#if PSA_CLUSTER > 1
+    else {
+        cluster_wait();  // (every thread arrived; each waits once)
+    }
+    // runs past the request's hold zeros (they count none), as psa_order_runs' warps past n sort zeros
+    for (int e = t; e < (PSA_CLUSTER - nruns) * PSA_RUN; e += PSA_WARPS * 32) runs[nruns + e / PSA_RUN][e % PSA_RUN] = 0u;
+    mbar_wait(&bar, 0);
+#endif
+    __syncthreads();
+
+    const int i = base + t;
+    if (t >= PSA_RUN || i >= Nmax) return;
+    if (i >= n) {  // padding: blocks n .. of the last run take positions n .., one each
+        order[row + i] = -1;
+        return;
+    }
+    const int rank = run_rank<PSA_CLUSTER>(runs, words, t, mine);
+    order[row + rank] = i;
+#if PSA_L2_FIRST
+    if (rank < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);
+#endif
+}

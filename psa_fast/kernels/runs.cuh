@@ -1,0 +1,91 @@
+// psa_order_runs' sort of a warp's run of 256 words and its binary searches in sorted runs (order_runs.cu's header
+// comment describes the method), shared with psa_estimate_order (estimate_order.cu).
+#pragma once
+#include "common.cuh"
+
+#define PSA_RUN 256                // words a run (a warp's)
+#define PSA_RUN_KPL (PSA_RUN / 32)  // words a lane, consecutive: word r of lane l is the run's word 8 l + r
+
+// Sort the warp's 256 words (k: this lane's 8, blocked: word r of lane l is the run's e = 8 l + r) descending by the
+// "flip" form of the bitonic network: merging two sorted halves of size kk / 2 compares e with e ^ (kk - 1) (the second
+// half read backwards), then e with e ^ j for j = kk / 4 .. 1, and every compare-exchange keeps the larger word at the
+// lower e. No stage has a direction to choose: distances below 8 are a min and a max within a lane, the others a
+// shuffle with lane ^ (distance / 8) (the flip also reading the partner's slot 7 - r) and a min or a max.
+__device__ __forceinline__ void warp_sort_desc(unsigned int (&k)[PSA_RUN_KPL], int lane) {
+#pragma unroll
+    for (int kk = 2; kk <= PSA_RUN; kk <<= 1) {
+#pragma unroll
+        for (int j = kk >> 1; j > 0; j >>= 1) {
+            const int dist = j == kk >> 1 ? kk - 1 : j;  // the partner is e ^ dist
+            if (dist < PSA_RUN_KPL) {
+#pragma unroll
+                for (int r = 0; r < PSA_RUN_KPL; ++r) {
+                    const int rp = r ^ dist;
+                    if (rp > r) {
+                        const unsigned int a = k[r], c = k[rp];
+                        k[r] = max(a, c);
+                        k[rp] = min(a, c);
+                    }
+                }
+            } else {
+                const int lane_mask = dist / PSA_RUN_KPL, slot_mask = dist % PSA_RUN_KPL;  // slot_mask 7 or 0
+                const bool lower = (lane & (j / PSA_RUN_KPL)) == 0;  // the pair's lower e: its highest differing bit
+                unsigned int other[PSA_RUN_KPL];
+#pragma unroll
+                for (int r = 0; r < PSA_RUN_KPL; ++r)
+                    other[r] = __shfl_xor_sync(0xffffffffu, k[r ^ slot_mask], lane_mask);
+#pragma unroll
+                for (int r = 0; r < PSA_RUN_KPL; ++r) k[r] = lower ? max(k[r], other[r]) : min(k[r], other[r]);
+            }
+        }
+    }
+}
+
+// How many words of run which[q] of `runs` (each sorted descending) are above thr[q], the Q searches in lock-step (Q
+// independent shared-memory loads a round): binary lifting over the first 255 positions, then one probe for the 256th
+// (as psa_order_merge counts).
+template <int Q>
+__device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN], const int (&which)[Q],
+                                            const unsigned int (&thr)[Q], int (&c)[Q]) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q) c[q] = 0;
+#pragma unroll
+    for (int half = PSA_RUN / 2; half > 0; half >>= 1)
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+            const int at = c[q] + half;
+            c[q] = runs[which[q]][at - 1] > thr[q] ? at : c[q];
+        }
+#pragma unroll
+    for (int q = 0; q < Q; ++q) c[q] += runs[which[q]][c[q]] > thr[q];
+}
+
+// The position in the group's order of word w, the t-th of run `mine` (its words by block index in `words`), among
+// R runs each sorted descending (runs past the group's hold only zeros and count none): every run's count at once, run
+// `mine` twice (the words above w and above w - 1, from there on the equal ones); runs before `mine` count above
+// w - 1 too (their equal words have lower block indices).
+template <int R>
+__device__ __forceinline__ int run_rank(const unsigned int (*runs)[PSA_RUN], const unsigned int* words, int t,
+                                        int mine) {
+    const unsigned int w = words[t];
+    int which[R + 1], c[R + 1];
+    unsigned int thr[R + 1];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        which[r] = r;
+        thr[r] = r < mine ? w - 1u : w;
+    }
+    which[R] = mine;
+    thr[R] = w - 1u;
+    count_above(runs, which, thr, c);
+    int rank = 0, above = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        rank += r < mine && w == 0u ? PSA_RUN : c[r];  // (w - 1 wrapped: all of the run)
+        above = r == mine ? c[r] : above;
+    }
+    const int from = w == 0u ? PSA_RUN : c[R];
+    if (from - above > 1)  // another block of this run has the word: those of lower index come first
+        for (int u = 0; u < t; ++u) rank += words[u] == w;
+    return rank;
+}
