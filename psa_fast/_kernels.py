@@ -456,28 +456,31 @@ ESTIMATE_ORDER_MAX_GROUPS = 32  # at most this many groups of a batch (its clust
 
 def fuses_estimate_order(b: int, gn: int, nmax: int, *, kind: str, per_head, g: int, hq: int, hkv: int, d: int,
                          group_scores=None, workspace: bool = True) -> bool:
-    """Whether a plan's estimate and order run as one launch (``estimate_order``): ``ESTIMATE_ORDER`` on, group scores
-    only (``per_head`` None, not one launch a KV head's query heads) on the tensor cores' estimate, an order that
-    ``order_method`` gives to ``psa_order_runs`` (at most ``RUNS_MAX_BLOCKS`` a group), and at most
-    ``ESTIMATE_ORDER_MAX_GROUPS`` groups."""
+    """Whether a plan's estimate and order run as one launch (``estimate_order``): ``ESTIMATE_ORDER`` on, no per-head
+    values beside the scores (``per_head`` None) on the tensor cores' estimate (shared groups of at most 4 heads, or
+    per-head selection with at most 4 query heads a KV head), an order that ``order_method`` gives to
+    ``psa_order_runs`` (at most ``RUNS_MAX_BLOCKS`` a group), and at most ``ESTIMATE_ORDER_MAX_GROUPS`` groups."""
     return (ESTIMATE_ORDER != 0 and per_head is None and b * gn <= ESTIMATE_ORDER_MAX_GROUPS
-            and not _fuses_heads(g, hq, hkv, per_head, group_scores)
-            and estimate_on_tensor_cores(kind, per_head, g, hq, hkv, d, False)
+            and estimate_on_tensor_cores(kind, per_head, g, hq, hkv, d, _fuses_heads(g, hq, hkv, per_head,
+                                                                                      group_scores))
             and nmax <= RUNS_MAX_BLOCKS and order_method(b, gn, nmax, workspace=workspace) == "runs")
 
 
 def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nmax, kind, sink_blocks, recent_blocks,
                    q_scale: float | None = None, l2_first=None) -> None:
-    """``psa_estimate_order``: ``estimate`` (group scores into ``scores [B, Gn, Nmax]``) and ``order`` (``out_order
-    [B, Gn, Nmax]``, method ``runs``) in one launch, the same bits as the two: a group a cluster of one CTA a run of
-    ``RUN_BLOCKS`` blocks (``ESTIMATE_ORDER`` warps a CTA), scoring its run, sorting it and pushing it into the
-    cluster's other CTAs, each then placing its own run's blocks. ``q_scale`` and ``l2_first`` as in ``estimate`` and
-    ``order``."""
+    """``psa_estimate_order``: ``estimate`` (the scores ``[B, Gn, Nmax]``) and ``order`` (``out_order [B, Gn, Nmax]``,
+    method ``runs``) in one launch, the same bits as the two: a group a cluster of one CTA a run of ``RUN_BLOCKS``
+    blocks (``ESTIMATE_ORDER`` warps a CTA), scoring its run, sorting it and pushing it into the cluster's other CTAs,
+    each then placing its own run's blocks. Per-head selection (``g`` 1) with several query heads a KV head: a cluster
+    a KV head scores all of them (as ``estimate``'s one launch a KV head) and makes each its own order. ``q_scale`` and
+    ``l2_first`` as in ``estimate`` and ``order``."""
     if ESTIMATE_ORDER not in (8, 16):
         raise ValueError(f"_kernels.ESTIMATE_ORDER must be 0 (off), 8 or 16 warps a CTA, got {ESTIMATE_ORDER!r}")
-    if kind not in ("cuboid_mean", "mean") or g > 4 or (2 * d if kind == "cuboid_mean" else d) % 32:
-        raise ValueError(f"estimate_order scores on the tensor cores: cuboid_mean or mean metadata, groups of at most "
-                         f"4 heads; got kind={kind!r}, g={g}, d={d}")
+    heads = hq // hkv if g == 1 else 1  # orders a cluster makes: each query head's of a KV head, or the group's
+    launch_g = heads if heads > 1 else g
+    if kind not in ("cuboid_mean", "mean") or launch_g > 4 or (2 * d if kind == "cuboid_mean" else d) % 32:
+        raise ValueError(f"estimate_order scores on the tensor cores: cuboid_mean or mean metadata, at most 4 heads "
+                         f"a launch; got kind={kind!r}, {launch_g} heads, d={d}")
     if nmax > RUNS_MAX_BLOCKS:
         raise ValueError(f"estimate_order orders up to {RUNS_MAX_BLOCKS} blocks a group (got nmax={nmax})")
     b, gn = q.shape[0], hq // g
@@ -488,17 +491,17 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
     asked = ()
     if l2_first is not None and l2_first[3] > 0:
         table, k_pool, v_pool, blocks = l2_first
-        if tuple(table.shape) != (b, gn, nmax):
+        if heads > 1 or tuple(table.shape) != (b, gn, nmax):
             raise ValueError(f"l2_first's block table must have shape [B, Gn, Nmax] = {(b, gn, nmax)}, a group a KV "
                              f"head (gqa='shared'), got {tuple(table.shape)}")
         defines["l2_first"] = 1
         asked = (table, k_pool, v_pool, np.uint32(k_pool.strides[0]), np.int32(blocks))
     runs = -(-nmax // RUN_BLOCKS)
-    chunks = ESTIMATE_MMA_CHUNK_GROUP if g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate's)
+    chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate's)
     warps = ESTIMATE_ORDER if d <= 128 else 8  # (ptxas: 16 warps' 128 registers a thread spill at D 256)
-    fn = kernel("estimate_order", d=d, s=s, g=g, cluster=runs, warps=warps, kind=KIND_CODES[kind], est_kg=chunks,
-                bounds=0, **defines)
-    fn((runs, gn, b), (warps * 32,),
+    fn = kernel("estimate_order", d=d, s=s, g=launch_g, cluster=runs, warps=warps, kind=KIND_CODES[kind],
+                est_kg=chunks, bounds=BOUND_CODES["estimates" if heads > 1 else None], eo_heads=heads, **defines)
+    fn((runs, hq // launch_g, b), (warps * 32,),
        (q, meta, seq_lens, scores, out_order, np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(sink_blocks),
         np.int32(recent_blocks)) + raw + asked)
 

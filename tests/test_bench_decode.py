@@ -1404,9 +1404,10 @@ def test_order_launches_pass_every_parameter_with_and_without_the_l2_first_chunk
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
 def test_estimate_order_launches_a_cluster_a_group_with_every_parameter(monkeypatch, tmp_path):
     """_kernels.estimate_order (psa_estimate_order: the estimate and the order in one launch) launches a cluster of one
-    CTA a run of 256 blocks for each group (grid (runs, Gn, B), PSA_CLUSTER = runs), ESTIMATE_ORDER warps a CTA (8 at
-    D 256, where 16 would spill), and passes as many arguments as the kernel takes with the caller's query (its scale)
-    or the scaled copy, with the L2 first chunk asked or not (nvcc, no GPU)."""
+    CTA a run of 256 blocks for each group (grid (runs, Gn, B), PSA_CLUSTER = runs), or for per-head selection one a
+    KV head making each of its query heads' orders; ESTIMATE_ORDER warps a CTA (8 at D 256, where 16 would spill);
+    and passes as many arguments as the kernel takes with the caller's query (its scale) or the scaled copy, with the
+    L2 first chunk asked or not (nvcc, no GPU)."""
     from psa_fast import _kernels
 
     launches = []
@@ -1421,19 +1422,22 @@ def test_estimate_order_launches_a_cluster_a_group_with_every_parameter(monkeypa
     pool = np.zeros((64, 16, 128), np.float16)
     shapes = []
     for warps, d, g, hkv, b, nmax, kind in [(8, 128, 4, 2, 1, 1500, "cuboid_mean"), (16, 64, 3, 3, 2, 200, "mean"),
-                                            (16, 256, 4, 1, 1, 2048, "cuboid_mean")]:
+                                            (16, 256, 4, 1, 1, 2048, "cuboid_mean"), (8, 128, 1, 2, 1, 1500, "mean")]:
         monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", warps)
-        hq = g * hkv
+        hq = (g if g > 1 else 4) * hkv  # (g 1: per-head selection, 4 query heads a KV head)
         for raw in (False, True):
             q = np.zeros((b, hq, d), np.float16 if raw else np.float32)
-            for l2 in (None, (np.zeros((b, hkv, nmax), np.int32), pool, pool, 32)):
+            for l2 in (None, (np.zeros((b, hkv, nmax), np.int32), pool, pool, 32))[: 1 if g == 1 else 2]:
                 _kernels.estimate_order(q, None, None, None, None, d=d, s=16, g=g, hq=hq, hkv=hkv, nmax=nmax,
                                         kind=kind, sink_blocks=1, recent_blocks=2, q_scale=0.1 if raw else None,
                                         l2_first=l2)
-                shapes.append((launches[-1][4], launches[-1][5], launches[-1][2]["cluster"],
-                               launches[-1][2].get("qraw", 0), launches[-1][2].get("l2_first", 0)))
+                if g > 1:
+                    shapes.append((launches[-1][4], launches[-1][5], launches[-1][2]["cluster"],
+                                   launches[-1][2].get("qraw", 0), launches[-1][2].get("l2_first", 0)))
     assert {sh[:3] for sh in shapes} == {((6, 2, 1), (256,), 6), ((1, 3, 2), (512,), 1), ((8, 1, 1), (256,), 8)}
     assert [sh[3:] for sh in shapes[:4]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    per_head = [launch[2] for launch in launches[-2:]]  # a cluster a KV head (grid y 2), 4 orders, each head's scores
+    assert [(d["g"], d["eo_heads"], d["bounds"]) for d in per_head] == [(4, 4, 2)] * 2
     _assert_launches_pass_every_parameter([launch[:4] for launch in launches], tmp_path)
 
 
@@ -1457,14 +1461,18 @@ def test_estimate_order_is_fused_only_where_it_gives_the_same_results(monkeypatc
     for other in (dict(per_head="estimates"), dict(per_head="bounds"), dict(kind="quant3"), dict(kind="minmax"),
                   dict(g=8, hq=64)):
         assert not _kernels.fuses_estimate_order(1, 8, 2048, **{**llama, **other}), other
-    per_head = dict(llama, g=1)  # per-head selection: one launch a KV head scores its 4 query heads
-    assert not _kernels.fuses_estimate_order(1, 32, 2048, **per_head, group_scores=object())
+    per_head = dict(llama, g=1)  # per-head selection: a cluster a KV head scores its 4 query heads, orders each
+    assert _kernels.fuses_estimate_order(1, 32, 2048, **per_head, group_scores=object())
+    assert not _kernels.fuses_estimate_order(1, 64, 2048, **dict(per_head, hq=64), group_scores=object())  # 8 a KV head
+    assert not _kernels.fuses_estimate_order(2, 32, 2048, **per_head, group_scores=object())  # 64 groups
     monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "rank")
     assert not _kernels.fuses_estimate_order(1, 8, 2048, **llama)
     q = np.zeros((1, 32, 128), np.float32)
     call = dict(d=128, s=16, g=4, hq=32, hkv=8, nmax=2048, kind="cuboid_mean", sink_blocks=0, recent_blocks=0)
     for change, match in [(dict(kind="minmax"), "cuboid_mean or mean"), (dict(nmax=2049), "up to 2048 blocks"),
-                          (dict(l2_first=(np.zeros((1, 32, 2048), np.int32), q, q, 8)), r"\[B, Gn, Nmax\]")]:
+                          (dict(g=1, hq=64), "at most 4 heads a launch; got kind='cuboid_mean', 8 heads"),
+                          (dict(l2_first=(np.zeros((1, 32, 2048), np.int32), q, q, 8)), r"\[B, Gn, Nmax\]"),
+                          (dict(g=1, l2_first=(np.zeros((1, 8, 2048), np.int32), q, q, 8)), r"\[B, Gn, Nmax\]")]:
         with pytest.raises(ValueError, match=match):
             _kernels.estimate_order(q, None, None, None, None, **{**call, **change})
     monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", 4)

@@ -11,19 +11,30 @@
 // 256 threads places one block of its own run at its rank among the R sorted runs, as psa_order_runs does. CTAs whose
 // run holds none of the request's blocks (n = ceil(seq_len / S) of them) score nothing, send nothing and write -1s.
 //
+// PSA_EO_HEADS (H) orders per cluster: 1, the group's (its PSA_G heads' maximum, gqa="shared"); or PSA_G, one for
+// each of the group's heads (gqa="per_head": each head its own order, the KV head's rows read once for all of them,
+// as psa_estimate_mma's launch a KV head): H runs a CTA, sorted by warps 0 .. H - 1, every block placed H times.
+//
 //   q        [B, Hq, PSA_D]            as psa_estimate_mma's (PSA_QRAW: the caller's query times q_scale)
 //   meta     [B, Hkv, Nmax, 2, PSA_D]  half (cuboid_mean: centre, radius; mean: mean, -)
-//   scores   [B, Gn, Nmax] float out:  the group scores (max over the group's heads; -inf from n on)
+//   scores   [B, Gn, Nmax] float out:  the group scores (H 1: max over the group's heads; H PSA_G: each head's own
+//                                      estimate, Gn = Hq); -inf from n on
 //   order    [B, Gn, Nmax] int out:    block indices in processing order; -1 past the group's n blocks
-// Launch: grid (R, Gn, B), cluster (R, 1, 1) (PSA_CLUSTER = R), PSA_WARPS 8 or 16 warps; Nmax <= 256 R.
+// Launch: grid (R, Hq / PSA_G, B), cluster (R, 1, 1) (PSA_CLUSTER = R), PSA_WARPS 8 or 16 warps; Nmax <= 256 R.
 // PSA_L2_FIRST (common.cuh): the blocks placed among the decode's first ones have their K and V asked into L2.
 // _kernels.estimate_order launches it where _kernels.fuses_estimate_order (ESTIMATE_ORDER, off by default).
 #include "estimate_mma.cuh"
 #include "runs.cuh"
 
-static_assert(PSA_BOUNDS == 0, "psa_estimate_order writes the group scores only");
+#ifndef PSA_EO_HEADS
+#define PSA_EO_HEADS 1
+#endif
+#define PSA_H PSA_EO_HEADS
+static_assert(PSA_BOUNDS == (PSA_H > 1 ? 2 : 0), "psa_estimate_order: the heads' own estimates (BOUNDS 2) for H > 1");
+static_assert(PSA_H == 1 || PSA_H == PSA_G, "psa_estimate_order orders the group (H 1) or each of its heads (H G)");
 static_assert(PSA_WARPS == 8 || PSA_WARPS == 16, "psa_estimate_order: 8 warps score two tiles each, 16 one each");
 static_assert(PSA_CLUSTER >= 1 && PSA_CLUSTER <= 8, "psa_estimate_order: a group's runs, one a CTA, at most 8");
+static_assert(PSA_H == 1 || !PSA_L2_FIRST, "psa_estimate_order: the L2 first chunk for group orders only");
 #define PSA_WARP_RUN (PSA_RUN / PSA_WARPS)  // blocks a warp scores
 
 extern "C" __global__ void __cluster_dims__(PSA_CLUSTER, 1, 1) __launch_bounds__(PSA_WARPS * 32)
@@ -37,10 +48,12 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
 #if !PSA_QRAW
     const float q_scale = 1.f;  // unused: the plan's query is scaled
 #endif
-    __shared__ __align__(16) unsigned int runs[PSA_CLUSTER][PSA_RUN];  // the group's runs, each sorted descending
-    __shared__ __align__(16) unsigned int words[PSA_RUN];              // this CTA's run by block index
-    __shared__ __align__(8) unsigned long long bar;                   // counts the runs pushed into `runs`
-    const int b = blockIdx.z, g = blockIdx.y, Gn = gridDim.y, mine = blockIdx.x;  // (the cluster spans x: its rank)
+    // each order's runs, each sorted descending, and this CTA's run by block index
+    __shared__ __align__(16) unsigned int runs[PSA_H][PSA_CLUSTER][PSA_RUN];
+    __shared__ __align__(16) unsigned int words[PSA_H][PSA_RUN];
+    __shared__ __align__(8) unsigned long long bar;  // counts the runs pushed into `runs`
+    const int b = blockIdx.z, g = blockIdx.y, mine = blockIdx.x;  // (the cluster spans x: its rank)
+    const int Gn = gridDim.y * PSA_H;  // the orders of a request
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
 #if PSA_CLUSTER > 1
     if (t == 0) {
@@ -49,7 +62,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
     }
     cluster_arrive_relaxed();  // (waited for before the first push)
 #endif
-    const long row = ((long)b * Gn + g) * Nmax;
+    const long row = ((long)b * Gn + g * PSA_H) * Nmax;  // order h's row: row + h Nmax
     const int base = mine * PSA_RUN;
 #if PSA_L2_FIRST
     // the slot of the block this thread places (if any), asked for now: its load waits beside the estimate's work
@@ -57,39 +70,54 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
 #endif
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
     const int nruns = (n + PSA_RUN - 1) / PSA_RUN;
+    const int run_end = min(base + PSA_RUN, Nmax);
     if (mine >= nruns) {  // no block of the request: scores -inf, positions past the group's runs -1
-        for (int p = base + t; p < min(base + PSA_RUN, Nmax); p += PSA_WARPS * 32) {
-            scores[row + p] = -PSA_INF;
-            order[row + p] = -1;
+        for (int p = t; p < PSA_H * PSA_RUN; p += PSA_WARPS * 32) {
+            const int h = p / PSA_RUN, i = base + p % PSA_RUN;
+            if (i < run_end) {
+                scores[row + (long)h * Nmax + i] = -PSA_INF;
+                order[row + (long)h * Nmax + i] = -1;
+            }
         }
         return;
     }
 #if PSA_CLUSTER > 1
-    if (t == 0) mbar_expect(&bar, nruns * PSA_RUN * sizeof(unsigned int));  // the runs of the group's placing CTAs
+    if (t == 0) mbar_expect(&bar, PSA_H * nruns * PSA_RUN * sizeof(unsigned int));  // the placing CTAs' runs
 #endif
 
     // the estimate of this warp's blocks into `scores` and, as words, into `words`
+    auto word = [&](int j, float s) {
+        return j < sink_blocks || j >= n - recent_blocks ? 0xFFFFFFFFu : orderable(s);
+    };
     const int jw = base + warp * PSA_WARP_RUN, jend = min(jw + PSA_WARP_RUN, Nmax);
     if (jw < n) {
         const int h0 = g * PSA_G;
         estimate_tiles(
             q, meta, b, h0, h0 / (Hq / Hkv), Hq, Hkv, Nmax, n, jw, jend, q_scale, lane,
             [&](int j, float s) {
-                scores[row + j] = s;
-                words[j - base] = j < sink_blocks || j >= n - recent_blocks ? 0xFFFFFFFFu : orderable(s);
+                if (PSA_H == 1) {
+                    scores[row + j] = s;
+                    words[0][j - base] = word(j, s);
+                }
             },
-            [](int, int, float) {});
+            [&](int h, int j, float est) {
+                scores[row + (long)h * Nmax + j] = est;
+                words[h][j - base] = word(j, est);
+            });
     } else {
-        for (int j = jw + lane; j < jend; j += 32) scores[row + j] = -PSA_INF;
+        for (int p = lane; p < PSA_H * PSA_WARP_RUN; p += 32) {
+            const int j = jw + p % PSA_WARP_RUN;
+            if (j < jend) scores[row + (long)(p / PSA_WARP_RUN) * Nmax + j] = -PSA_INF;
+        }
     }
     __syncthreads();
 
-    if (warp == 0) {  // sort the run (words past n are 0) and send it to every placing CTA
+    if (warp < PSA_H) {  // warp h sorts order h's run (words past n are 0) and sends it to every placing CTA
         unsigned int k[PSA_RUN_KPL];
 #pragma unroll
         for (int r = 0; r < PSA_RUN_KPL; ++r) {
             const int e = lane * PSA_RUN_KPL + r;
-            k[r] = base + e < n ? words[e] : 0u;
+            k[r] = base + e < n ? words[warp][e] : 0u;
         }
         warp_sort_desc(k, lane);
 #if PSA_CLUSTER > 1
@@ -99,11 +127,11 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
         const float4 hi = make_float4(__uint_as_float(k[4]), __uint_as_float(k[5]), __uint_as_float(k[6]),
                                       __uint_as_float(k[7]));
         for (int dst = 0; dst < nruns; ++dst) {
-            push4(&runs[mine][lane * PSA_RUN_KPL], dst, lo, &bar);
-            push4(&runs[mine][lane * PSA_RUN_KPL + 4], dst, hi, &bar);
+            push4(&runs[warp][mine][lane * PSA_RUN_KPL], dst, lo, &bar);
+            push4(&runs[warp][mine][lane * PSA_RUN_KPL + 4], dst, hi, &bar);
         }
 #else
-        uint4* rrow = reinterpret_cast<uint4*>(&runs[0][lane * PSA_RUN_KPL]);
+        uint4* rrow = reinterpret_cast<uint4*>(&runs[warp][0][lane * PSA_RUN_KPL]);
         rrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
         rrow[1] = make_uint4(k[4], k[5], k[6], k[7]);
 #endif
@@ -113,20 +141,25 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
         cluster_wait();  // (every thread arrived; each waits once)
     }
     // runs past the request's hold zeros (they count none), as psa_order_runs' warps past n sort zeros
-    for (int e = t; e < (PSA_CLUSTER - nruns) * PSA_RUN; e += PSA_WARPS * 32) runs[nruns + e / PSA_RUN][e % PSA_RUN] = 0u;
+    const int past = (PSA_CLUSTER - nruns) * PSA_RUN;
+    for (int e = t; e < PSA_H * past; e += PSA_WARPS * 32)
+        runs[e / past][nruns + e % past / PSA_RUN][e % PSA_RUN] = 0u;
     mbar_wait(&bar, 0);
 #endif
     __syncthreads();
 
-    const int i = base + t;
-    if (t >= PSA_RUN || i >= Nmax) return;
-    if (i >= n) {  // padding: blocks n .. of the last run take positions n .., one each
-        order[row + i] = -1;
-        return;
-    }
-    const int rank = run_rank<PSA_CLUSTER>(runs, words, t, mine);
-    order[row + rank] = i;
+    // each of the run's blocks placed in each order, one (order, block) a thread at a time
+    for (int p = t; p < PSA_H * PSA_RUN; p += PSA_WARPS * 32) {
+        const int h = p / PSA_RUN, u = p % PSA_RUN, i = base + u;
+        if (i >= run_end) continue;
+        if (i >= n) {  // padding: blocks n .. of the last run take positions n .., one each
+            order[row + (long)h * Nmax + i] = -1;
+            continue;
+        }
+        const int rank = run_rank<PSA_CLUSTER>(runs[h], words[h], u, mine);
+        order[row + (long)h * Nmax + rank] = i;
 #if PSA_L2_FIRST
-    if (rank < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);
+        if (rank < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);
 #endif
+    }
 }
