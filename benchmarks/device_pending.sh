@@ -3612,6 +3612,16 @@ if [ "$PART" = s73a ]; then
       | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s73a.txt"
   exit 0
 fi
+if [ "$PART" = s73b ]; then
+  # Seventy-third session, only if s73a's bit test passed and a switch setting won: the GPU suites with
+  # _kernels.ESTIMATE_ORDER = $2 (8 or 16) set in this call's copy, so that every plan that can fuses (conformance,
+  # stop rules, top-k, per-head, first chunks, the offload decoder, the transformers integration), within $3 seconds
+  # (default 540): tests/test_fast.py first, then the offload and transformers suites.
+  sed -i "s/^ESTIMATE_ORDER = 0$/ESTIMATE_ORDER = ${2:?ESTIMATE_ORDER value}/" psa_fast/_kernels.py
+  grep -q "^ESTIMATE_ORDER = $2$" psa_fast/_kernels.py || { echo "s73b: could not set ESTIMATE_ORDER"; exit 0; }
+  gpu_tests t_s73b.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py tests/test_fast_hf.py
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -445,7 +445,6 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         np.int32(nmax)) + raw)
 
 
-
 # psa_estimate_order (estimate_order.cu): the estimate and the order in one launch where fuses_estimate_order, with this
 # many warps a CTA (8: two tiles of 16 blocks a warp, 16: one); 0: off (psa_estimate_mma, then psa_order_runs). The
 # same bits either way. Seventy-first session, H100, 8 warps (a branch, lost; rebuilt in the seventy-third): Llama 5%
@@ -504,6 +503,7 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
     fn((runs, hq // launch_g, b), (warps * 32,),
        (q, meta, seq_lens, scores, out_order, np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(sink_blocks),
         np.int32(recent_blocks)) + raw + asked)
+
 
 # psa_share_key: threads a CTA (one CTA per group and request)
 SHARE_THREADS = 512
