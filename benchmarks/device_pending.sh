@@ -3593,7 +3593,7 @@ if [ "$PART" = s73a ]; then
   # off), rebuilt on main from NOTES s71 (s71d's branch was lost), now also for per-head selection (a cluster a KV
   # head scoring its 4 query heads and making each its own order). The bit test first (9 cases, the switch against
   # psa_estimate_mma + psa_order_runs; the part stops if it fails), then the kernels (profile_decode_step: Llama 5%
-  # 32K B = 1 and 4, ema and top-k; per-head 32K B = 1) and the steps in graphs (bench_decode, Llama 5% 32K B = 1 / 4),
+  # 32K B = 1 and 4, ema and top-k; per-head 32K B = 1) and the steps in graphs (bench_decode, Llama 5% 32K B = 1),
   # ESTIMATE_ORDER 0 / 8 / 16 / 0 in one process. Predicted (H100, as s71d): 8 warps estimate + order 11.1 -> ~10.7
   # µs, a step -0.5; 16 warps (one tile a warp, one round trip of loads instead of two) ~9.5 µs, a step -1 to -1.5;
   # B = 4 the same order; per-head 32K B = 1 estimate 5.3 + order 4.9 -> ~8 (16 warps). H200 ~0.8x those. ~5 minutes.
@@ -3607,7 +3607,7 @@ if [ "$PART" = s73a ]; then
       --shape llama8b --size 32768 --batches 1 --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
       | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode " | tee "$OUT/s73a_kernels_per_head.txt"
   timeout 200 python3 exp_kernels_attr.py ESTIMATE_ORDER=0,8,16,0 -- bench_decode.py --profile sparsity \
-      --shares 0.05 --shape llama8b --sizes 32768:1,32768:4 --reps 20 \
+      --shares 0.05 --shape llama8b --sizes 32768:1 --reps 20 \
       --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
       | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s73a.txt"
   exit 0
