@@ -2466,6 +2466,57 @@ def test_estimated_stop_margin_option_sets_the_library_margin_and_names_the_rows
     assert bench_decode.first_chunk_label("predicted") == "predicted"
 
 
+# --- exp_metadata_rank.py: how well each summary orders the drawn profiles, and what each rule reads (CPU) ---------
+
+def test_metadata_rank_block_masses_and_oracle_prefix_by_hand():
+    """exp_metadata_rank: a block's log mass is the log-sum-exp of its tokens' scaled logits (a partial last block
+    holds its own tokens only; query head h reads KV head h // (Hq / Hkv)); the oracle prefix is the fewest leading
+    blocks after which every head holds tau of its mass; the attended mass is the least head's share."""
+    import exp_metadata_rank as emr
+
+    rng = np.random.default_rng(0)
+    q, keys = rng.standard_normal((4, 8)), rng.standard_normal((2, 37, 8))
+    got = emr.block_log_masses(q, keys, 0.5, 16)
+    assert got.shape == (4, 3)
+    for h in range(4):
+        logits = 0.5 * keys[h // 2] @ q[h]
+        want = [np.log(np.exp(logits[a:a + 16]).sum()) for a in (0, 16, 32)]
+        np.testing.assert_allclose(got[h], want, rtol=1e-12)
+    # two heads, four blocks: head 0's mass 0.7 / 0.1 / 0.1 / 0.1, head 1's 0.1 / 0.1 / 0.1 / 0.7
+    log_mass = np.log(np.array([[0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7]]))
+    assert emr.oracle_prefix(np.array([0, 3, 1, 2]), log_mass, 0.85) == 3  # 0.9 for both after three blocks
+    assert emr.oracle_prefix(np.array([0, 3, 1, 2]), log_mass, 0.75) == 2  # 0.8 after two
+    assert emr.oracle_prefix(np.array([0, 1, 2, 3]), log_mass, 0.75) == 4  # head 1 holds 0.3 until its heavy block
+    assert emr.oracle_prefix(np.array([0, 3, 1, 2]), log_mass, 0.5) == 2
+    assert emr.attended_mass(np.array([0, 3, 1, 2]), 2, log_mass) == pytest.approx(0.8)
+    assert emr.attended_mass(np.array([0, 1, 2, 3]), 2, log_mass) == pytest.approx(0.2)
+    assert emr.true_order(log_mass).tolist() == [0, 3, 1, 2]  # by the larger share, ties by lower index
+
+
+def test_metadata_rank_reports_every_summary_and_its_rules(capsys):
+    """One request of the drawn 5% profile at 4K tokens: a row for the true order, each metadata's order and each rule
+    meant for it (certified on minmax only, the sketch rules on quant3; ema and remaining everywhere). The oracle
+    prefixes hold tau by construction, so no metadata's order reads fewer blocks than the true one; every rule reads
+    at least its order's oracle prefix (it stops once its own test holds, and the forced blocks come first)."""
+    import exp_metadata_rank as emr
+
+    emr.main(["--share", "0.05", "--tokens", "4096", "--requests", "1", "--metadata", "cuboid_mean,minmax,quant3",
+              "--stops", "ema,certified,sketch_avg", "--step", "4"])
+    out = capsys.readouterr().out.splitlines()
+    rows = {x.split("|")[1].strip(): float(x.split("|")[2].strip(" %")) for x in out
+            if x.startswith("| ") and "%" in x}
+    assert set(rows) == {"true", "cuboid_mean order", "cuboid_mean ema", "minmax order", "minmax ema",
+                         "minmax certified", "quant3 order", "quant3 ema", "quant3 sketch_avg"}
+    for kind in ("cuboid_mean", "minmax", "quant3"):
+        assert rows[f"{kind} order"] >= rows["true"] > 0
+        assert rows[f"{kind} ema"] >= rows[f"{kind} order"] - 1e-9
+    assert rows["minmax certified"] >= rows["minmax order"]
+    with pytest.raises(SystemExit):
+        emr.main(["--stops", "nope"])
+    with pytest.raises(SystemExit):
+        emr.main(["--metadata", "cuboid"])
+
+
 # --- bench_decode.equal_error_k: top-k's k at PSA's error -----------------------------------------------------------
 
 def test_equal_error_k_bisects_to_the_smallest_k_at_the_target():
