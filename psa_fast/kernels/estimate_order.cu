@@ -7,8 +7,8 @@
 // 256 mine + 255, psa_order_runs' run). Each CTA's warps score its run's blocks (estimate_mma.cuh: 8 warps two tiles of
 // 16 each, 16 warps one) into shared memory as psa_order_runs' words (orderable() of the score, 0xFFFFFFFF for sink and
 // recent blocks), then warp 0 sorts the run (runs.cuh) and pushes it into every placing CTA of the cluster by st.async,
-// counted on the receiver's mbarrier (armed at the start; no cluster barrier after the sort), and each of the first
-// 256 threads places one block of its own run at its rank among the R sorted runs, as psa_order_runs does. CTAs whose
+// counted on the receiver's mbarrier (armed at the start; no cluster barrier after the sort), and the CTA's threads
+// place its run's blocks at their ranks among the R sorted runs, as psa_order_runs does (a block a thread). CTAs whose
 // run holds none of the request's blocks (n = ceil(seq_len / S) of them) score nothing, send nothing and write -1s.
 //
 // PSA_EO_HEADS (H) orders per cluster: 1, the group's (its PSA_G heads' maximum, gqa="shared"); or PSA_G, one for

@@ -1,5 +1,5 @@
-// psa_order_runs' sort of a warp's run of 256 words and its binary searches in sorted runs (order_runs.cu's header
-// comment describes the method), shared with psa_estimate_order (estimate_order.cu).
+// psa_order_runs' sort of a warp's run of 256 words, its binary searches in sorted runs and a block's rank from them
+// (order_runs.cu's header comment describes the method), shared with psa_estimate_order (estimate_order.cu).
 #pragma once
 #include "common.cuh"
 
