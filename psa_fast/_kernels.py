@@ -447,10 +447,12 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
 
 # psa_estimate_order (estimate_order.cu): the estimate and the order in one launch where fuses_estimate_order, with this
 # many warps a CTA (8: two tiles of 16 blocks a warp, 16: one); 0: off (psa_estimate_mma, then psa_order_runs). The
-# same bits either way. Seventy-first session, H100, 8 warps (a branch, lost; rebuilt in the seventy-third): Llama 5%
-# 32K B = 1 estimate + order 11.1 -> 10.7 µs of kernels, a step 31.7 -> 31.0 (benchmarks/NOTES.md)
+# same bits either way. H100, seventy-third session (s73a; benchmarks/NOTES.md), Llama 5% 32K B = 1, off / 8 / 16:
+# estimate + order 11.0 / 10.9 / 10.5 µs of kernels; steps (graphs) PSA 31.6 / 31.4 / 31.1, top-k at PSA's error
+# 28.35 / 27.9 / 27.4. B = 4 (32 groups) loses: 23.0 / 25.1 / 30.7 µs of kernels. Per-head 32K B = 1 level (10.1 /
+# 10.2 / 10.0). Off until every GPU suite has run with it on (device_pending.sh s73b)
 ESTIMATE_ORDER = 0
-ESTIMATE_ORDER_MAX_GROUPS = 32  # at most this many groups of a batch (its clusters in one wave at 2,048 blocks)
+ESTIMATE_ORDER_MAX_GROUPS = 8  # at most this many groups of a batch (one Llama request; 32 lost, s73a)
 
 
 def fuses_estimate_order(b: int, gn: int, nmax: int, *, kind: str, per_head, g: int, hq: int, hkv: int, d: int,

@@ -1454,14 +1454,19 @@ def test_estimate_order_is_fused_only_where_it_gives_the_same_results(monkeypatc
     assert not _kernels.fuses_estimate_order(1, 8, 2048, **llama)  # off by default
     monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", 8)
     assert _kernels.order_method(1, 8, 2048) == "runs" and _kernels.fuses_estimate_order(1, 8, 2048, **llama)
-    assert _kernels.fuses_estimate_order(4, 8, 2048, **llama) and _kernels.fuses_estimate_order(1, 8, 1024, **llama)
+    assert _kernels.fuses_estimate_order(1, 8, 1024, **llama)
     assert _kernels.fuses_estimate_order(1, 3, 2048, kind="mean", per_head=None, g=3, hq=9, hkv=3, d=64)
+    assert _kernels.ESTIMATE_ORDER_MAX_GROUPS == 8  # (one Llama request: 32 groups lost on the H100, s73a)
+    assert not _kernels.fuses_estimate_order(2, 8, 2048, **llama)  # 16 groups
+    per_head = dict(llama, g=1)  # per-head selection: a cluster a KV head scores its 4 query heads, orders each
+    assert not _kernels.fuses_estimate_order(1, 32, 2048, **per_head, group_scores=object())  # 32 groups
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)
+    assert _kernels.fuses_estimate_order(4, 8, 2048, **llama)
     assert not _kernels.fuses_estimate_order(8, 8, 2048, **llama)  # 64 groups
     assert not _kernels.fuses_estimate_order(1, 8, 8192, **llama)  # (128K: past the runs' 2,048 blocks)
     for other in (dict(per_head="estimates"), dict(per_head="bounds"), dict(kind="quant3"), dict(kind="minmax"),
                   dict(g=8, hq=64)):
         assert not _kernels.fuses_estimate_order(1, 8, 2048, **{**llama, **other}), other
-    per_head = dict(llama, g=1)  # per-head selection: a cluster a KV head scores its 4 query heads, orders each
     assert _kernels.fuses_estimate_order(1, 32, 2048, **per_head, group_scores=object())
     assert not _kernels.fuses_estimate_order(1, 64, 2048, **dict(per_head, hq=64), group_scores=object())  # 8 a KV head
     assert not _kernels.fuses_estimate_order(2, 32, 2048, **per_head, group_scores=object())  # 64 groups

@@ -744,6 +744,7 @@ def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv
     q = cupy.asarray(q.astype(np.float32 if query != "float16" else np.float16))
     monkeypatch.setattr(_kernels, "QUERY_BRANCH", 0 if query == "scaled" else 1)
     monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)  # (the per-head case's 16 groups fuse too)
     monkeypatch.setattr(_kernels, "topk_uses_head", lambda *a, **k: False)  # (top-k: the full order)
     runs = {}
     for switch, mib in [(0, 2), (warps, 2), (warps, 16), (0, 16)]:
@@ -1174,6 +1175,7 @@ def test_the_tensor_core_estimate_gives_the_same_bits_at_any_blocks_a_warp(monke
     rng = np.random.default_rng(d + hq)
     lens = [1500 * 16 + 7, 333]
     cache, data = ragged_cache(rng, lens, hq=hq, hkv=hkv, d=d, s=16, metadata=metadata)
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", 0)  # (psa_estimate_mma's own launch, not the fused one)
     plan = psa_fast.plan(cache, num_q_heads=hq, gqa=gqa, stop="ema", step=8)
     plan.run(cupy.asarray(np.stack([q for q, _, _ in data])))
     assert _kernels.ESTIMATE_MMA_WARP_BLOCKS == 0
