@@ -489,14 +489,8 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
     if q_scale is not None:
         defines["qraw"] = _raw_query_code(q, (b, hq, d), "estimate_order(q_scale=...)")
         raw = (np.float32(q_scale),)
-    asked = ()
-    if l2_first is not None and l2_first[3] > 0:
-        table, k_pool, v_pool, blocks = l2_first
-        if heads > 1 or tuple(table.shape) != (b, gn, nmax):
-            raise ValueError(f"l2_first's block table must have shape [B, Gn, Nmax] = {(b, gn, nmax)}, a group a KV "
-                             f"head (gqa='shared'), got {tuple(table.shape)}")
-        defines["l2_first"] = 1
-        asked = (table, k_pool, v_pool, np.uint32(k_pool.strides[0]), np.int32(blocks))
+    asks, asked = _l2_first_launch(l2_first, b, gn, nmax)  # (per-head orders: Gn = Hq, not the table's Hkv)
+    defines.update(asks)
     runs = -(-nmax // RUN_BLOCKS)
     chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate's)
     warps = ESTIMATE_ORDER if d <= 128 else 8  # (ptxas: 16 warps' 128 registers a thread spill at D 256)
@@ -644,6 +638,20 @@ def l2_first_blocks(groups: int, first: int, tile_bytes: int) -> int:
     return max(0, min(first, cap))
 
 
+def _l2_first_launch(l2_first, b: int, gn: int, nmax: int) -> tuple[dict, tuple]:
+    """A placing kernel's PSA_L2_FIRST define and its arguments after the kernel's own for ``l2_first`` = ``(block_table,
+    k_pool, v_pool, blocks)`` (``({}, ())`` where None or no blocks). The kernels find a block's slot as
+    ``table[b, group, block]``, so a table that is not ``[B, Gn, Nmax]`` (per-head groups over a KV head's table) is a
+    ValueError."""
+    if l2_first is None or l2_first[3] <= 0:
+        return {}, ()
+    table, k_pool, v_pool, blocks = l2_first
+    if tuple(table.shape) != (b, gn, nmax):
+        raise ValueError(f"l2_first's block table must have shape [B, Gn, Nmax] = {(b, gn, nmax)}, a group a KV "
+                         f"head (gqa='shared'), got {tuple(table.shape)}")
+    return {"l2_first": 1}, (table, k_pool, v_pool, np.uint32(k_pool.strides[0]), np.int32(blocks))
+
+
 def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, sink_blocks, recent_blocks,
           want_suffix, workspace=None, ordered=None, method=None, l2_first=None) -> None:
     """The processing order ``[B, Gn, Nmax]`` and, if ``want_suffix``, the suffix log-sum-exp of the
@@ -683,15 +691,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
                                   f"(got {nmax}); use a larger block_size")
     # the placing kernels' PSA_L2_FIRST: its define and its arguments after theirs
     placing = ("runs", "rank", "slices") if ORDER_L2_FIRST_ALL else ("runs",)
-    asks = {"l2_first": 1} if l2_first is not None and l2_first[3] > 0 and method in placing else {}
-    if asks:
-        table, k_pool, v_pool, blocks = l2_first
-        if tuple(table.shape) != (b, gn, nmax):  # (the kernels find a block's slot as table[b, group, block])
-            raise ValueError(f"l2_first's block table must have shape [B, Gn, Nmax] = {(b, gn, nmax)}, a group a KV "
-                             f"head (gqa='shared'), got {tuple(table.shape)}")
-        asked = (table, k_pool, v_pool, np.uint32(k_pool.strides[0]), np.int32(blocks))
-    else:
-        asked = ()
+    asks, asked = _l2_first_launch(l2_first, b, gn, nmax) if method in placing else ({}, ())
     if method == "rank":
         tiles = -(-nmax // 32)
         kernel("order_rank", d=16, s=s, g=g, warps=RANK_WARPS, rank_own=RANK_OWN, **asks)(

@@ -20,10 +20,9 @@ static_assert(PSA_EST_WARP_BLOCKS % 16 == 0, "a warp scores whole tiles of 16 bl
 static_assert(PSA_K % 32 == 0 && PSA_KC % PSA_KG == 0, "estimate_mma reads rows in chunks of 32 channels");
 static_assert(!PSA_BF16, "metadata is float16");
 
-
-// Score blocks jw .. jend - 1 (whole tiles of 16 from jw; at most Nmax) of KV head kv's metadata rows `rows` for the
-// group of heads whose query starts at `qg` (PSA_G heads of PSA_D channels): best(j, s) receives block j's group
-// score (the maximum over the heads; -inf from n_blocks on) from one lane, head(h, j, est) each head's own estimate
+// Score blocks jw .. jend - 1 (whole tiles of 16 from jw; at most Nmax) of request b's KV head kv (its metadata rows
+// in `meta`) for the PSA_G query heads from h0 (their rows of `q`): best_out(j, s) receives block j's group score (the
+// maximum over the heads; -inf from n_blocks on) from one lane, head_out(h, j, est) each head's own estimate
 // (PSA_BOUNDS 2 only).
 template <class Best, class Head>
 __device__ __forceinline__ void estimate_tiles(const q_in_t* q, const __half* meta, int b,
