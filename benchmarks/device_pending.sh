@@ -3622,6 +3622,24 @@ if [ "$PART" = s73b ]; then
   gpu_tests t_s73b.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py tests/test_fast_hf.py
   exit 0
 fi
+if [ "$PART" = s74a ]; then
+  # Seventy-fourth session: psa_estimate_order's placement with each thread's orders searched in lock-step
+  # (runs.cuh run_ranks: per-head selection places a block in 4 orders, 4 a thread at 8 warps and 2 at 16, formerly
+  # one after another; psa_order_runs byte-identical). The bit test first (the part stops if it fails), then the
+  # per-head and shared kernels, ESTIMATE_ORDER 0 / 8 / 16 / 0 in one process. Predicted (H100; H200 ~0.8x): per-head
+  # 32K B = 1 estimate + order 10.2 -> ~9.7 µs (8 warps), 10.0 -> ~9.8 (16 warps); the shared rows as s73a (10.5 at
+  # 16 warps). ~1.5 minutes.
+  gpu_tests t_s74a.log 200 tests/test_fast.py -k "estimate_and_order_in_one_launch or order_asking_the_first_chunk"
+  grep -q " passed" "$OUT/t_s74a.log" && ! grep -q "failed\|error" "$OUT/t_s74a.log" || { tail -n 40 "$OUT/t_s74a.log"; exit 0; }
+  cd benchmarks
+  timeout 100 python3 exp_kernels_attr.py ESTIMATE_ORDER=0,8,16,0 -- profile_decode_step.py --per-head \
+      --shape llama8b --size 32768 --batches 1 --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode " | tee "$OUT/s74a_kernels_per_head.txt"
+  timeout 100 python3 exp_kernels_attr.py ESTIMATE_ORDER=0,16,0 -- profile_decode_step.py --share 0.05 \
+      --shape llama8b --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode " | tee "$OUT/s74a_kernels.txt"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -721,14 +721,17 @@ def test_order_asking_the_first_chunk_into_l2_keeps_every_bit(monkeypatch, mode,
     (8, 2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 600 * 16 + 1), "float16", dict(mode="topk", k=300)),
     (16, 2, 8, 128, "cuboid_mean", (1024 * 16, 1023 * 16 + 1), "float32", dict(mode="topk", k=64, sink_blocks=2)),
     (16, 2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 30 * 16 + 1), "float16", dict(threshold=0.9, gqa="per_head")),
-    (8, 1, 3, 64, "mean", (900 * 16 + 3,), "scaled", dict(threshold=0.95, step=32, gqa="per_head", sink_blocks=1))])
+    (8, 1, 3, 64, "mean", (900 * 16 + 3,), "scaled", dict(threshold=0.95, step=32, gqa="per_head", sink_blocks=1)),
+    (16, 1, 3, 64, "mean", (900 * 16 + 3, 300 * 16), "float16", dict(threshold=0.9, gqa="per_head", recent_blocks=3)),
+    (8, 1, 4, 256, "cuboid_mean", (1100 * 16 + 5,), "float16", dict(threshold=0.9, step=32, gqa="per_head"))])
 def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv, hq, d, metadata, lens, query,
                                                          options):
     """_kernels.ESTIMATE_ORDER (psa_estimate_order: a group's cluster scores its runs of 256 blocks, sorts each and
     pushes it to the others, which place their blocks) gives the same scores, order and results bit for bit as
     psa_estimate_mma then psa_order_runs: 8 and 16 warps a CTA, Llama's, SmolLM2's (mean metadata, D 64) and Gemma 3's
     (D 256) shapes, ragged requests (a short one's CTAs past its runs), one run a group (no cluster), sink and recent
-    blocks, top-k's full order, per-head selection (a cluster a KV head, each query head its own order), the caller's
+    blocks, top-k's full order, per-head selection (a cluster a KV head, each query head its own order; a thread
+    places its block in 1 to 4 orders, the last one's threads past the heads in none), the caller's
     float16 or float32 query or the scaled copy, the L2 first chunk at 2 and 16 MiB (its tiles asked as the blocks
     are placed)."""
     from psa_fast import _kernels

@@ -13,7 +13,8 @@
 //
 // PSA_EO_HEADS (H) orders per cluster: 1, the group's (its PSA_G heads' maximum, gqa="shared"); or PSA_G, one for
 // each of the group's heads (gqa="per_head": each head its own order, the KV head's rows read once for all of them,
-// as psa_estimate_mma's launch a KV head): H runs a CTA, sorted by warps 0 .. H - 1, every block placed H times.
+// as psa_estimate_mma's launch a KV head): H runs a CTA, sorted by warps 0 .. H - 1, every block placed H times (a thread's
+// placements in several orders searched in lock-step, runs.cuh run_ranks).
 //
 //   q        [B, Hq, PSA_D]            as psa_estimate_mma's (PSA_QRAW: the caller's query times q_scale)
 //   meta     [B, Hkv, Nmax, 2, PSA_D]  half (cuboid_mean: centre, radius; mean: mean, -)
@@ -148,18 +149,26 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
 #endif
     __syncthreads();
 
-    // each of the run's blocks placed in each order, one (order, block) a thread at a time
-    for (int p = t; p < PSA_H * PSA_RUN; p += PSA_WARPS * 32) {
-        const int h = p / PSA_RUN, u = p % PSA_RUN, i = base + u;
-        if (i >= run_end) continue;
-        if (i >= n) {  // padding: blocks n .. of the last run take positions n .., one each
-            order[row + (long)h * Nmax + i] = -1;
-            continue;
-        }
-        const int rank = run_rank<PSA_CLUSTER>(runs[h], words[h], u, mine);
-        order[row + (long)h * Nmax + rank] = i;
-#if PSA_L2_FIRST
-        if (rank < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);
-#endif
+    // each of the run's blocks placed in each order: thread t places block u = t % 256 of the run in orders
+    // t / 256 + k THREADS / 256 (K of them, the placements' searches in lock-step; orders past H none)
+    constexpr int THREADS = PSA_WARPS * 32, K = (PSA_H * PSA_RUN + THREADS - 1) / THREADS;
+    const int u = t % PSA_RUN, i = base + u;
+    int o[K], rank[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) o[k] = min(t / PSA_RUN + k * (THREADS / PSA_RUN), PSA_H - 1);
+    const int placed = min(K, (PSA_H - t / PSA_RUN + THREADS / PSA_RUN - 1) / (THREADS / PSA_RUN));  // o[k] < H
+    if (i >= run_end || placed <= 0) return;
+    if (i >= n) {  // padding: blocks n .. of the last run take positions n .., one each
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+            if (k < placed) order[row + (long)o[k] * Nmax + i] = -1;
+        return;
     }
+    run_ranks<PSA_CLUSTER, K>(&runs[0][0], &words[0][0], u, mine, o, rank);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+        if (k < placed) order[row + (long)o[k] * Nmax + rank[k]] = i;
+#if PSA_L2_FIRST
+    if (rank[0] < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);  // (H 1: the one order)
+#endif
 }

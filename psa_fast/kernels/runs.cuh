@@ -60,32 +60,51 @@ __device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN],
     for (int q = 0; q < Q; ++q) c[q] += runs[which[q]][c[q]] > thr[q];
 }
 
+// The positions of block t of run `mine` in K orders at once, order o[k]'s R runs (each sorted descending) at
+// runs[o[k] R ..] and its run `mine` by block index at words[o[k] PSA_RUN ..]: for each order, the block's word w
+// counted in every run (run `mine` twice: the words above w and above w - 1, from there on the equal ones; runs
+// before `mine` count above w - 1 too, their equal words having lower block indices; runs past the group's hold only
+// zeros and count none), the K (R + 1) searches of one count_above in lock-step.
+template <int R, int K>
+__device__ __forceinline__ void run_ranks(const unsigned int (*runs)[PSA_RUN], const unsigned int* words, int t,
+                                          int mine, const int (&o)[K], int (&rank)[K]) {
+    constexpr int Q = R + 1;  // searches an order
+    unsigned int w[K], thr[K * Q];
+    int which[K * Q], c[K * Q];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        w[k] = words[o[k] * PSA_RUN + t];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            which[k * Q + r] = o[k] * R + r;
+            thr[k * Q + r] = r < mine ? w[k] - 1u : w[k];
+        }
+        which[k * Q + R] = o[k] * R + mine;
+        thr[k * Q + R] = w[k] - 1u;
+    }
+    count_above(runs, which, thr, c);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        int above = 0;
+        rank[k] = 0;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            rank[k] += r < mine && w[k] == 0u ? PSA_RUN : c[k * Q + r];  // (w - 1 wrapped: all of the run)
+            above = r == mine ? c[k * Q + r] : above;
+        }
+        const int from = w[k] == 0u ? PSA_RUN : c[k * Q + R];
+        if (from - above > 1)  // another block of this run has the word: those of lower index come first
+            for (int u = 0; u < t; ++u) rank[k] += words[o[k] * PSA_RUN + u] == w[k];
+    }
+}
+
 // The position in the group's order of word w, the t-th of run `mine` (its words by block index in `words`), among
-// R runs each sorted descending (runs past the group's hold only zeros and count none): every run's count at once, run
-// `mine` twice (the words above w and above w - 1, from there on the equal ones); runs before `mine` count above
-// w - 1 too (their equal words have lower block indices).
+// R runs each sorted descending: run_ranks for one order.
 template <int R>
 __device__ __forceinline__ int run_rank(const unsigned int (*runs)[PSA_RUN], const unsigned int* words, int t,
                                         int mine) {
-    const unsigned int w = words[t];
-    int which[R + 1], c[R + 1];
-    unsigned int thr[R + 1];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        which[r] = r;
-        thr[r] = r < mine ? w - 1u : w;
-    }
-    which[R] = mine;
-    thr[R] = w - 1u;
-    count_above(runs, which, thr, c);
-    int rank = 0, above = 0;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        rank += r < mine && w == 0u ? PSA_RUN : c[r];  // (w - 1 wrapped: all of the run)
-        above = r == mine ? c[r] : above;
-    }
-    const int from = w == 0u ? PSA_RUN : c[R];
-    if (from - above > 1)  // another block of this run has the word: those of lower index come first
-        for (int u = 0; u < t; ++u) rank += words[u] == w;
-    return rank;
+    const int o[1] = {0};
+    int rank[1];
+    run_ranks<R, 1>(runs, words, t, mine, o, rank);
+    return rank[0];
 }
