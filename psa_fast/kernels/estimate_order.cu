@@ -13,8 +13,8 @@
 //
 // PSA_EO_HEADS (H) orders per cluster: 1, the group's (its PSA_G heads' maximum, gqa="shared"); or PSA_G, one for
 // each of the group's heads (gqa="per_head": each head its own order, the KV head's rows read once for all of them,
-// as psa_estimate_mma's launch a KV head): H runs a CTA, sorted by warps 0 .. H - 1, every block placed H times (a thread's
-// placements in several orders searched in lock-step, runs.cuh run_ranks).
+// as psa_estimate_mma's launch a KV head): H runs a CTA, sorted by warps 0 .. H - 1, every block placed H times (a
+// thread's placements in several orders searched in lock-step, runs.cuh run_ranks).
 //
 //   q        [B, Hq, PSA_D]            as psa_estimate_mma's (PSA_QRAW: the caller's query times q_scale)
 //   meta     [B, Hkv, Nmax, 2, PSA_D]  half (cuboid_mean: centre, radius; mean: mean, -)
