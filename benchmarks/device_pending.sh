@@ -3628,7 +3628,7 @@ if [ "$PART" = s74a ]; then
   # one after another; psa_order_runs byte-identical). The bit test first (the part stops if it fails), then the
   # per-head and shared kernels, ESTIMATE_ORDER 0 / 8 / 16 / 0 in one process. Predicted (H100; H200 ~0.8x): per-head
   # 32K B = 1 estimate + order 10.2 -> ~9.7 µs (8 warps), 10.0 -> ~9.8 (16 warps); the shared rows as s73a (10.5 at
-  # 16 warps). ~1.5 minutes.
+  # 16 warps). Then the fused kernel's phases by the clock (exp_eo_clock.py). ~2.5 minutes.
   gpu_tests t_s74a.log 200 tests/test_fast.py -k "estimate_and_order_in_one_launch or order_asking_the_first_chunk"
   grep -q " passed" "$OUT/t_s74a.log" && ! grep -q "failed\|error" "$OUT/t_s74a.log" || { tail -n 40 "$OUT/t_s74a.log"; exit 0; }
   cd benchmarks
@@ -3638,6 +3638,11 @@ if [ "$PART" = s74a ]; then
   timeout 100 python3 exp_kernels_attr.py ESTIMATE_ORDER=0,16,0 -- profile_decode_step.py --share 0.05 \
       --shape llama8b --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
       | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode " | tee "$OUT/s74a_kernels.txt"
+  # where the fused kernel's time goes (PSA_EO_CLOCK): each CTA's phases, shared 5% and per-head, 8 and 16 warps
+  timeout 60 python3 exp_eo_clock.py --shape llama8b --size 32768 --batches 1 --share 0.05 --warps 8,16 2>&1 \
+      | grep -v Warn | tee "$OUT/s74a_clock.txt"
+  timeout 60 python3 exp_eo_clock.py --shape llama8b --size 32768 --batches 1 --per-head --warps 8,16 2>&1 \
+      | grep -v Warn | tee -a "$OUT/s74a_clock.txt"
   exit 0
 fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed

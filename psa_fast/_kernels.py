@@ -453,6 +453,8 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
 # 10.2 / 10.0). Off until every GPU suite has run with it on (device_pending.sh s73b)
 ESTIMATE_ORDER = 0
 ESTIMATE_ORDER_MAX_GROUPS = 8  # at most this many groups of a batch (one Llama request; 32 lost, s73a)
+EO_CLOCK = 0  # 1: psa_estimate_order's PSA_EO_CLOCK build, each CTA's phases in eo_clocks (benchmarks/exp_eo_clock.py)
+eo_clocks = None  # [B, Gn / H, R, 8] int64 of the last estimate_order launch under EO_CLOCK (estimate_order.cu)
 
 
 def fuses_estimate_order(b: int, gn: int, nmax: int, *, kind: str, per_head, g: int, hq: int, hkv: int, d: int,
@@ -494,11 +496,13 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
     runs = -(-nmax // RUN_BLOCKS)
     chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate's)
     warps = ESTIMATE_ORDER if d <= 128 else 8  # (ptxas: 16 warps' 128 registers a thread spill at D 256)
+    if EO_CLOCK:
+        defines["eo_clock"] = 1
     fn = kernel("estimate_order", d=d, s=s, g=launch_g, cluster=runs, warps=warps, kind=KIND_CODES[kind],
                 est_kg=chunks, bounds=BOUND_CODES["estimates" if heads > 1 else None], eo_heads=heads, **defines)
     fn((runs, hq // launch_g, b), (warps * 32,),
        (q, meta, seq_lens, scores, out_order, np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(sink_blocks),
-        np.int32(recent_blocks)) + raw + asked)
+        np.int32(recent_blocks)) + raw + asked + _clock_args("eo_clocks", EO_CLOCK, b, hq // launch_g, runs, 8))
 
 
 # psa_share_key: threads a CTA (one CTA per group and request)
@@ -892,14 +896,15 @@ LOOP_CLOCK = 0  # 1: the loop builds (plain, resumed, grid) with PSA_LOOP_CLOCK,
 loop_clocks = None  # [B, Gn, 16] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
 
 
-def _clock_args(name: str, enabled: int, b: int, gn: int, words: int) -> tuple:
-    """Under a clock flag (``LOOP_CLOCK``, ``VERIFY_CLOCK``): a fresh ``[B, Gn, words]`` int64 array, kept as the
-    module's ``name`` (``loop_clocks``, ``verify_clocks``) for the caller to read, as the kernel's last argument."""
+def _clock_args(name: str, enabled: int, *shape: int) -> tuple:
+    """Under a clock flag (``LOOP_CLOCK``, ``VERIFY_CLOCK``, ``EO_CLOCK``): a fresh int64 array of ``shape`` (``[B,
+    Gn, words]``, ``eo_clocks``' ``[B, Gn / H, R, 8]``), kept as the module's ``name`` (``loop_clocks``,
+    ``verify_clocks``, ``eo_clocks``) for the caller to read, as the kernel's last argument."""
     if not enabled:
         return ()
     import cupy
 
-    globals()[name] = clocks = cupy.zeros((b, gn, words), np.int64)
+    globals()[name] = clocks = cupy.zeros(shape, np.int64)
     return (clocks,)
 
 

@@ -37,6 +37,23 @@ static_assert(PSA_WARPS == 8 || PSA_WARPS == 16, "psa_estimate_order: 8 warps sc
 static_assert(PSA_CLUSTER >= 1 && PSA_CLUSTER <= 8, "psa_estimate_order: a group's runs, one a CTA, at most 8");
 static_assert(PSA_H == 1 || !PSA_L2_FIRST, "psa_estimate_order: the L2 first chunk for group orders only");
 #define PSA_WARP_RUN (PSA_RUN / PSA_WARPS)  // blocks a warp scores
+#ifndef PSA_EO_CLOCK
+#define PSA_EO_CLOCK 0
+#endif
+// PSA_EO_CLOCK = 1 (benchmarks/exp_eo_clock.py; not for production): thread 0 of each CTA writes eo_clocks [B, Gn / H,
+// R, 8]: the global timer (ns) at its start and at its end, then the SM clock's cycles from the start to: the run
+// scored (after the CTA's barrier), the run sorted (warp 0), its pushes issued, every run received (after the CTA's
+// barrier), its own placements written; and 1 (the CTA had blocks to place). CTAs past the request's runs write 0s.
+#if PSA_EO_CLOCK
+__device__ __forceinline__ long long globaltimer_ns() {
+    long long v;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    return v;
+}
+#define PSA_EMARK(i) if (t == 0) eclk[i] = clock64() - eclk0
+#else
+#define PSA_EMARK(i)
+#endif
 
 extern "C" __global__ void __cluster_dims__(PSA_CLUSTER, 1, 1) __launch_bounds__(PSA_WARPS * 32)
 psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta, const int* __restrict__ seq_lens,
@@ -45,7 +62,11 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
 #if PSA_QRAW
                    , float q_scale
 #endif
-                   PSA_L2_FIRST_PARAMS) {
+                   PSA_L2_FIRST_PARAMS
+#if PSA_EO_CLOCK
+                   , long long* __restrict__ eo_clocks
+#endif
+                   ) {
 #if !PSA_QRAW
     const float q_scale = 1.f;  // unused: the plan's query is scaled
 #endif
@@ -56,6 +77,11 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
     const int b = blockIdx.z, g = blockIdx.y, mine = blockIdx.x;  // (the cluster spans x: its rank)
     const int Gn = gridDim.y * PSA_H;  // the orders of a request
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
+#if PSA_EO_CLOCK
+    long long* eclk = eo_clocks + (((long)b * gridDim.y + g) * gridDim.x + mine) * 8;
+    const long long eclk0 = clock64();
+    if (t == 0) eclk[0] = globaltimer_ns();
+#endif
 #if PSA_CLUSTER > 1
     if (t == 0) {
         mbar_init(&bar, 1);
@@ -72,6 +98,10 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
     const int nruns = (n + PSA_RUN - 1) / PSA_RUN;
     const int run_end = min(base + PSA_RUN, Nmax);
+#if PSA_EO_CLOCK
+    if (t == 0 && mine >= nruns)
+        for (int i = 0; i < 8; ++i) eclk[i] = 0;
+#endif
     if (mine >= nruns) {  // no block of the request: scores -inf, positions past the group's runs -1
         for (int p = t; p < PSA_H * PSA_RUN; p += PSA_WARPS * 32) {
             const int h = p / PSA_RUN, i = base + p % PSA_RUN;
@@ -112,6 +142,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
         }
     }
     __syncthreads();
+    PSA_EMARK(2);
 
     if (warp < PSA_H) {  // warp h sorts order h's run (words past n are 0) and sends it to every placing CTA
         unsigned int k[PSA_RUN_KPL];
@@ -121,6 +152,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
             k[r] = base + e < n ? words[warp][e] : 0u;
         }
         warp_sort_desc(k, lane);
+        PSA_EMARK(3);
 #if PSA_CLUSTER > 1
         cluster_wait();  // every CTA's mbarrier initialised
         const float4 lo = make_float4(__uint_as_float(k[0]), __uint_as_float(k[1]), __uint_as_float(k[2]),
@@ -131,6 +163,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
             push4(&runs[warp][mine][lane * PSA_RUN_KPL], dst, lo, &bar);
             push4(&runs[warp][mine][lane * PSA_RUN_KPL + 4], dst, hi, &bar);
         }
+        PSA_EMARK(4);
 #else
         uint4* rrow = reinterpret_cast<uint4*>(&runs[warp][0][lane * PSA_RUN_KPL]);
         rrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
@@ -148,6 +181,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
     mbar_wait(&bar, 0);
 #endif
     __syncthreads();
+    PSA_EMARK(5);
 
     // each of the run's blocks placed in each order: thread t places block u = t % 256 of the run in orders
     // t / 256 + k THREADS / 256 (K of them, the placements' searches in lock-step; orders past H none)
@@ -168,6 +202,13 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
 #pragma unroll
     for (int k = 0; k < K; ++k)
         if (k < placed) order[row + (long)o[k] * Nmax + rank[k]] = i;
+#if PSA_EO_CLOCK
+    if (t == 0) {
+        eclk[6] = clock64() - eclk0;
+        eclk[7] = 1;
+        eclk[1] = globaltimer_ns();
+    }
+#endif
 #if PSA_L2_FIRST
     if (rank[0] < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);  // (H 1: the one order)
 #endif
