@@ -450,8 +450,9 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
 # same bits either way. H100, seventy-third session (s73a; benchmarks/NOTES.md), Llama 5% 32K B = 1, off / 8 / 16:
 # estimate + order 11.0 / 10.9 / 10.5 µs of kernels; steps (graphs) PSA 31.6 / 31.4 / 31.1, top-k at PSA's error
 # 28.35 / 27.9 / 27.4. B = 4 (32 groups) loses: 23.0 / 25.1 / 30.7 µs of kernels. Per-head 32K B = 1 level (10.1 /
-# 10.2 / 10.0). Off until every GPU suite has run with it on (device_pending.sh s73b)
-ESTIMATE_ORDER = 0
+# 10.2 / 10.0). On (16) since the seventy-fourth session: every GPU suite passed with it on (H100: s73's 183 and
+# s74b's 217 tests, s74a's bit test 19), and s74a again: PSA's kernels 31.7 -> 31.0 µs, estimate + order 11.1 -> 10.5
+ESTIMATE_ORDER = 16
 ESTIMATE_ORDER_MAX_GROUPS = 8  # at most this many groups of a batch (one Llama request; 32 lost, s73a)
 EO_CLOCK = 0  # 1: psa_estimate_order's PSA_EO_CLOCK build, each CTA's phases in eo_clocks (benchmarks/exp_eo_clock.py)
 eo_clocks = None  # [B, Gn / H, R, 8] int64 of the last estimate_order launch under EO_CLOCK (estimate_order.cu)

@@ -1462,16 +1462,18 @@ def test_estimate_order_launches_a_cluster_a_group_with_every_parameter(monkeypa
 
 
 def test_estimate_order_is_fused_only_where_it_gives_the_same_results(monkeypatch):
-    """_kernels.fuses_estimate_order: off by default (ESTIMATE_ORDER 0); on, only for group scores on the tensor cores'
-    estimate (cuboid_mean, mean; groups of at most 4 heads, not one launch a KV head's query heads), no per-head
-    values (the certified bounds, the sketch rules', the estimated stop's and the predicted first chunk's estimates),
-    orders that order_method gives to psa_order_runs, and at most ESTIMATE_ORDER_MAX_GROUPS groups. estimate_order
-    refuses what it cannot do with a ValueError naming it."""
+    """_kernels.fuses_estimate_order: on by default (ESTIMATE_ORDER 16; 0 turns it off), only for group scores on the
+    tensor cores' estimate (cuboid_mean, mean; groups of at most 4 heads, not one launch a KV head's query heads), no
+    per-head values (the certified bounds, the sketch rules', the estimated stop's and the predicted first chunk's
+    estimates), orders that order_method gives to psa_order_runs, and at most ESTIMATE_ORDER_MAX_GROUPS groups.
+    estimate_order refuses what it cannot do with a ValueError naming it."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "num_sms", lambda: 132)  # (order_method's costs: the H100's)
     llama = dict(kind="cuboid_mean", per_head=None, g=4, hq=32, hkv=8, d=128)
-    assert not _kernels.fuses_estimate_order(1, 8, 2048, **llama)  # off by default
+    assert _kernels.ESTIMATE_ORDER == 16 and _kernels.fuses_estimate_order(1, 8, 2048, **llama)  # on by default
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", 0)
+    assert not _kernels.fuses_estimate_order(1, 8, 2048, **llama)  # off
     monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", 8)
     assert _kernels.order_method(1, 8, 2048) == "runs" and _kernels.fuses_estimate_order(1, 8, 2048, **llama)
     assert _kernels.fuses_estimate_order(1, 8, 1024, **llama)
