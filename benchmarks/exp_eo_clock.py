@@ -19,19 +19,21 @@ import argparse
 import numpy as np
 
 EO_MARKS = ("scored", "sorted (warp 0)", "pushed (warp 0)", "every run received", "placed (thread 0)")
+EARLY_MARKS = ("the request's length read", "warp 0's tiles scored")  # (words 8, 9: within "scored")
 
 
 def eo_table(clocks: np.ndarray, khz: float) -> list[str]:
-    """Rows ``mark | mean µs | largest µs`` from ``clocks [..., 8]`` (per CTA: global timer ns at start and end, SM
-    cycles from the start to each of ``EO_MARKS``, 1 where the CTA placed blocks) at an SM clock of ``khz`` kHz, over
-    the CTAs that placed blocks; then the launch's spread by the global timer: the last CTA's start and the last
-    CTA's end after the first start (µs)."""
-    c = np.asarray(clocks, dtype=np.float64).reshape(-1, 8)
+    """Rows ``mark | mean µs | largest µs`` from ``clocks [..., 10]`` (per CTA: global timer ns at start and end, SM
+    cycles from the start to each of ``EO_MARKS``, 1 where the CTA placed blocks, cycles to each of ``EARLY_MARKS``)
+    at an SM clock of ``khz`` kHz, over the CTAs that placed blocks, in time order; then the launch's spread by the
+    global timer: the last CTA's start and the last CTA's end after the first start (µs)."""
+    c = np.asarray(clocks, dtype=np.float64).reshape(-1, 10)
     c = c[c[:, 7] == 1]
     if c.shape[0] == 0:
         raise ValueError("clocks: no CTA placed blocks")
-    us = c[:, 2:7] / (khz * 1e-3)
-    rows = [f"| {name} | {us[:, i].mean():.2f} | {us[:, i].max():.2f} |" for i, name in enumerate(EO_MARKS)]
+    us = np.concatenate([c[:, 8:10], c[:, 2:7]], axis=1) / (khz * 1e-3)
+    rows = [f"| {name} | {us[:, i].mean():.2f} | {us[:, i].max():.2f} |"
+            for i, name in enumerate(EARLY_MARKS + EO_MARKS)]
     first = c[:, 0].min()
     rows.append(f"| starts spread (global timer) | {(c[:, 0] - first).mean() / 1e3:.2f} | "
                 f"{(c[:, 0] - first).max() / 1e3:.2f} |")

@@ -455,7 +455,7 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
 ESTIMATE_ORDER = 16
 ESTIMATE_ORDER_MAX_GROUPS = 8  # at most this many groups of a batch (one Llama request; 32 lost, s73a)
 EO_CLOCK = 0  # 1: psa_estimate_order's PSA_EO_CLOCK build, each CTA's phases in eo_clocks (benchmarks/exp_eo_clock.py)
-eo_clocks = None  # [B, Gn / H, R, 8] int64 of the last estimate_order launch under EO_CLOCK (estimate_order.cu)
+eo_clocks = None  # [B, Gn / H, R, 10] int64 of the last estimate_order launch under EO_CLOCK (estimate_order.cu)
 
 
 def fuses_estimate_order(b: int, gn: int, nmax: int, *, kind: str, per_head, g: int, hq: int, hkv: int, d: int,
@@ -499,11 +499,12 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
     warps = ESTIMATE_ORDER if d <= 128 else 8  # (ptxas: 16 warps' 128 registers a thread spill at D 256)
     if EO_CLOCK:
         defines["eo_clock"] = 1
+    defines.update(_run_swizzle())
     fn = kernel("estimate_order", d=d, s=s, g=launch_g, cluster=runs, warps=warps, kind=KIND_CODES[kind],
                 est_kg=chunks, bounds=BOUND_CODES["estimates" if heads > 1 else None], eo_heads=heads, **defines)
     fn((runs, hq // launch_g, b), (warps * 32,),
        (q, meta, seq_lens, scores, out_order, np.int32(hq), np.int32(hkv), np.int32(nmax), np.int32(sink_blocks),
-        np.int32(recent_blocks)) + raw + asked + _clock_args("eo_clocks", EO_CLOCK, b, hq // launch_g, runs, 8))
+        np.int32(recent_blocks)) + raw + asked + _clock_args("eo_clocks", EO_CLOCK, b, hq // launch_g, runs, 10))
 
 
 # psa_share_key: threads a CTA (one CTA per group and request)
@@ -517,6 +518,11 @@ def share_key(ests, seq_lens, scores, *, s, g, hq, nmax) -> None:
     b = ests.shape[0]
     fn = kernel("share", d=16, s=s, g=g, entry="share_key", share_threads=SHARE_THREADS)
     fn((hq // g, b), (SHARE_THREADS,), (ests, seq_lens, scores, np.int32(hq), np.int32(nmax)))
+
+
+def _run_swizzle() -> dict:
+    """The sorted runs' PSA_RUN_SWIZZLE define where ``RUN_SWIZZLE`` is on (none otherwise: the builds of before)."""
+    return {"run_swizzle": 1} if RUN_SWIZZLE else {}
 
 
 def _pow2(x: int, least: int) -> int:
@@ -543,6 +549,10 @@ RANK_SHORT_CHAIN = (0.0009, 1.15)  # ... and for short groups: a block's µs, le
 RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared memory (32 KiB)
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
 RUN_BLOCKS = 256  # psa_order_runs' run (PSA_RUN): the blocks one warp sorts, and one CTA places
+# 1: the sorted runs' rows swizzled in shared memory (runs.cuh PSA_RUN_SWIZZLE, psa_order_runs and
+# psa_estimate_order): a warp's binary searches 4.7 -> 1.34 shared-memory wavefronts a load (CPU model); the fused
+# kernel's placement took 1.7 of its ~8.3 µs (H100 clock, s74a). 0: off (prep s74, device_pending.sh s74c)
+RUN_SWIZZLE = 0
 RUNS_MAX_BLOCKS = 8 * RUN_BLOCKS  # psa_order_runs: a group's words in at most 8 runs, one a warp of each CTA
 # order_method weighs psa_order_runs (1) or leaves it to callers who name it (0: the methods before the fifty-seventh
 # session; a switch for A/Bs)
@@ -704,7 +714,7 @@ def order(scores, seq_lens, out_order, bounds, log_suffix, *, s, g, hq, nmax, si
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)) + asked,
             shared_mem=tiles * 128)
     elif method == "runs":  # a CTA a run of the longest group, each of its warps sorting one of the group's runs
-        kernel("order_runs", d=16, s=s, g=g, warps=RUN_BLOCKS // 32, **asks)(
+        kernel("order_runs", d=16, s=s, g=g, warps=RUN_BLOCKS // 32, **asks, **_run_swizzle())(
             (-(-nmax // RUN_BLOCKS), gn, b), (RUN_BLOCKS,),
             (scores, seq_lens, out_order, np.int32(nmax), np.int32(sink_blocks), np.int32(recent_blocks)) + asked)
     elif method == "radix":
@@ -899,7 +909,7 @@ loop_clocks = None  # [B, Gn, 16] int64 of the last loop launch under LOOP_CLOCK
 
 def _clock_args(name: str, enabled: int, *shape: int) -> tuple:
     """Under a clock flag (``LOOP_CLOCK``, ``VERIFY_CLOCK``, ``EO_CLOCK``): a fresh int64 array of ``shape`` (``[B,
-    Gn, words]``, ``eo_clocks``' ``[B, Gn / H, R, 8]``), kept as the module's ``name`` (``loop_clocks``,
+    Gn, words]``, ``eo_clocks``' ``[B, Gn / H, R, 10]``), kept as the module's ``name`` (``loop_clocks``,
     ``verify_clocks``, ``eo_clocks``) for the caller to read, as the kernel's last argument."""
     if not enabled:
         return ()

@@ -920,16 +920,18 @@ def test_eo_clock_table_counts_only_the_ctas_that_placed_blocks():
     from psa_fast import _kernels
 
     assert _kernels.EO_CLOCK == 0  # the production builds have no clock reads
-    clocks = np.zeros((1, 2, 3, 8), np.int64)
-    clocks[0, 0, 0] = [1_000, 9_000, 2000, 3000, 3500, 5000, 6000, 1]
-    clocks[0, 1, 0] = [3_000, 13_000, 4000, 5000, 5500, 7000, 10000, 1]  # (CTAs 1, 2 of each group: no blocks)
+    clocks = np.zeros((1, 2, 3, 10), np.int64)
+    clocks[0, 0, 0] = [1_000, 9_000, 2000, 3000, 3500, 5000, 6000, 1, 500, 1500]
+    clocks[0, 1, 0] = [3_000, 13_000, 4000, 5000, 5500, 7000, 10000, 1, 700, 3500]  # (CTAs 1, 2: no blocks)
     rows = eoc.eo_table(clocks, khz=1e6)  # 1 GHz: 1,000 cycles a µs
-    assert rows[0] == "| scored | 3.00 | 4.00 |"
-    assert rows[4] == "| placed (thread 0) | 8.00 | 10.00 |"
-    assert rows[5] == "| starts spread (global timer) | 1.00 | 2.00 |"
-    assert rows[6] == "| ends after the first start (global timer) | 10.00 | 12.00 |"
+    assert rows[0] == "| the request's length read | 0.60 | 0.70 |"
+    assert rows[1] == "| warp 0's tiles scored | 2.50 | 3.50 |"
+    assert rows[2] == "| scored | 3.00 | 4.00 |"
+    assert rows[6] == "| placed (thread 0) | 8.00 | 10.00 |"
+    assert rows[7] == "| starts spread (global timer) | 1.00 | 2.00 |"
+    assert rows[8] == "| ends after the first start (global timer) | 10.00 | 12.00 |"
     with pytest.raises(ValueError, match="no CTA placed"):
-        eoc.eo_table(np.zeros((1, 1, 2, 8), np.int64), khz=1e6)
+        eoc.eo_table(np.zeros((1, 1, 2, 10), np.int64), khz=1e6)
 
 
 def test_loop_clock_table_counts_only_the_groups_that_ran():

@@ -765,6 +765,45 @@ def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv
     assert (runs[0, 2]["order"][..., 0] >= 0).all()  # (a real order was compared)
 
 
+@pytest.mark.parametrize("fused,hkv,hq,lens,options", [
+    (0, 2, 8, (1500 * 16 + 7, 30 * 16 + 1), dict(threshold=0.9, step=64, sink_blocks=2, recent_blocks=3)),
+    (16, 2, 8, (1500 * 16 + 7, 30 * 16 + 1), dict(threshold=0.9, step=64, sink_blocks=2, recent_blocks=3)),
+    (0, 2, 8, (2048 * 16, 700 * 16 + 9), dict(mode="topk", k=300)),
+    (16, 2, 8, (2048 * 16,), dict(mode="topk", k=300)),
+    (16, 1, 4, (1100 * 16 + 5,), dict(threshold=0.9, step=32, gqa="per_head"))])
+def test_swizzled_runs_give_the_same_orders(monkeypatch, fused, hkv, hq, lens, options):
+    """_kernels.RUN_SWIZZLE (runs.cuh: the sorted runs' words at swizzled slots of shared memory, which the binary
+    searches read) changes no bit of psa_order_runs' or psa_estimate_order's orders: every output and the scores
+    equal the plain layout's, for ragged requests, sink and recent blocks (equal words: the tie scan), a stretch of
+    repeated keys (ties inside and across runs), top-k's full order and per-head orders."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(74)
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=len(lens), num_kv_heads=hkv, head_dim=128, max_tokens=max(lens))
+    for b, t in enumerate(lens):
+        k = rng.standard_normal((hkv, t, 128)).astype(np.float16)
+        k[:, 16 * 300: 16 * 340] = k[:, 16 * 299: 16 * 299 + 1]  # 40 blocks of one key each: equal scores
+        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, 128)).astype(np.float16)))
+    q = cupy.asarray(2 * rng.standard_normal((len(lens), hq, 128)).astype(np.float32))
+    monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER", fused)
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)
+    monkeypatch.setattr(_kernels, "topk_uses_head", lambda *a, **k: False)  # (top-k: the full order)
+    runs = {}
+    for swizzle in (0, 1):
+        monkeypatch.setattr(_kernels, "RUN_SWIZZLE", swizzle)
+        p = psa_fast.plan(cache, num_q_heads=hq, **options)
+        assert p._estimate_order == bool(fused)
+        dec = p.run(q)
+        runs[swizzle] = {name: cupy.asnumpy(getattr(dec, name)) for name in
+                         ("order", "out", "num_used", "iterations", "reason", "mass_estimate")}
+        runs[swizzle]["scores"] = cupy.asnumpy(p.scores)
+    for name, want in runs[0].items():
+        np.testing.assert_array_equal(runs[1][name], want, err_msg=name)
+    order = runs[0]["order"][0, 0]
+    assert (np.sort(order[order >= 0]) == np.arange(-(-lens[0] // 16))).all()  # (a full order was compared)
+
+
 def test_per_head_plans_ask_no_first_chunk_into_l2(monkeypatch):
     """The order kernels find a block's K/V slot as block_table[b, group], a KV head's table: with gqa="per_head" a
     group is a query head (Hq of them, not Hkv), so such a plan asks nothing into L2 (it read other heads' and other

@@ -41,9 +41,10 @@ static_assert(PSA_H == 1 || !PSA_L2_FIRST, "psa_estimate_order: the L2 first chu
 #define PSA_EO_CLOCK 0
 #endif
 // PSA_EO_CLOCK = 1 (benchmarks/exp_eo_clock.py; not for production): thread 0 of each CTA writes eo_clocks [B, Gn / H,
-// R, 8]: the global timer (ns) at its start and at its end, then the SM clock's cycles from the start to: the run
+// R, 10]: the global timer (ns) at its start and at its end, then the SM clock's cycles from the start to: the run
 // scored (after the CTA's barrier), the run sorted (warp 0), its pushes issued, every run received (after the CTA's
-// barrier), its own placements written; and 1 (the CTA had blocks to place). CTAs past the request's runs write 0s.
+// barrier), its own placements written; 1 (the CTA had blocks to place); then the cycles to the request's length
+// read and to warp 0's tiles scored. CTAs past the request's runs write 0s.
 #if PSA_EO_CLOCK
 __device__ __forceinline__ long long globaltimer_ns() {
     long long v;
@@ -78,7 +79,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
     const int Gn = gridDim.y * PSA_H;  // the orders of a request
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
 #if PSA_EO_CLOCK
-    long long* eclk = eo_clocks + (((long)b * gridDim.y + g) * gridDim.x + mine) * 8;
+    long long* eclk = eo_clocks + (((long)b * gridDim.y + g) * gridDim.x + mine) * 10;
     const long long eclk0 = clock64();
     if (t == 0) eclk[0] = globaltimer_ns();
 #endif
@@ -100,7 +101,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
     const int run_end = min(base + PSA_RUN, Nmax);
 #if PSA_EO_CLOCK
     if (t == 0 && mine >= nruns)
-        for (int i = 0; i < 8; ++i) eclk[i] = 0;
+        for (int i = 0; i < 10; ++i) eclk[i] = 0;
 #endif
     if (mine >= nruns) {  // no block of the request: scores -inf, positions past the group's runs -1
         for (int p = t; p < PSA_H * PSA_RUN; p += PSA_WARPS * 32) {
@@ -115,6 +116,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
 #if PSA_CLUSTER > 1
     if (t == 0) mbar_expect(&bar, PSA_H * nruns * PSA_RUN * sizeof(unsigned int));  // the placing CTAs' runs
 #endif
+    PSA_EMARK(8);
 
     // the estimate of this warp's blocks into `scores` and, as words, into `words`
     auto word = [&](int j, float s) {
@@ -135,6 +137,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
                 scores[row + (long)h * Nmax + j] = est;
                 words[h][j - base] = word(j, est);
             });
+        PSA_EMARK(9);
     } else {
         for (int p = lane; p < PSA_H * PSA_WARP_RUN; p += 32) {
             const int j = jw + p % PSA_WARP_RUN;
@@ -153,6 +156,7 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
         }
         warp_sort_desc(k, lane);
         PSA_EMARK(3);
+        run_lane_order(k, lane);
 #if PSA_CLUSTER > 1
         cluster_wait();  // every CTA's mbarrier initialised
         const float4 lo = make_float4(__uint_as_float(k[0]), __uint_as_float(k[1]), __uint_as_float(k[2]),

@@ -66,6 +66,7 @@ psa_order_runs(const float* __restrict__ scores, const int* __restrict__ seq_len
         if (p < Nmax) orow[p] = -1;
         return;
     }
+    run_lane_order(k, lane);
     uint4* rrow = reinterpret_cast<uint4*>(&runs[warp][lane * PSA_RUN_KPL]);
     rrow[0] = make_uint4(k[0], k[1], k[2], k[3]);
     rrow[1] = make_uint4(k[4], k[5], k[6], k[7]);

@@ -5,6 +5,34 @@
 
 #define PSA_RUN 256                // words a run (a warp's)
 #define PSA_RUN_KPL (PSA_RUN / 32)  // words a lane, consecutive: word r of lane l is the run's word 8 l + r
+#ifndef PSA_RUN_SWIZZLE
+#define PSA_RUN_SWIZZLE 0
+#endif
+
+// Where a sorted run's row in shared memory holds its word e. The binary searches of a warp's 32 blocks in one run
+// diverge to addresses 32, 64 or 128 words apart, all in one bank: 4.7 shared-memory wavefronts a search load on
+// random words (CPU model, NOTES s74). PSA_RUN_SWIZZLE 1 XORs word e's low three bits with its 32-word row (e / 32):
+// 1.34 wavefronts, every lane's 8 words still one aligned group of 8 (run_lane_order puts them in that order).
+__device__ __forceinline__ int run_slot(int e) { return PSA_RUN_SWIZZLE ? e ^ ((e >> 5) & 7) : e; }
+
+// This lane's sorted words k (word r is the run's word e = 8 lane + r) in the order its row's slots 8 lane .. 8 lane
+// + 7 hold them (run_slot): k[j] becomes word j ^ (lane / 4), by three conditional swaps. Nothing without the swizzle.
+__device__ __forceinline__ void run_lane_order(unsigned int (&k)[PSA_RUN_KPL], int lane) {
+#if PSA_RUN_SWIZZLE
+    const int x = (lane >> 2) & 7;
+#pragma unroll
+    for (int bit = 4; bit > 0; bit >>= 1) {
+        const bool flip = (x & bit) != 0;
+#pragma unroll
+        for (int j = 0; j < PSA_RUN_KPL; ++j)
+            if ((j & bit) == 0) {
+                const unsigned int a = k[j], c = k[j | bit];
+                k[j] = flip ? c : a;
+                k[j | bit] = flip ? a : c;
+            }
+    }
+#endif
+}
 
 // Sort the warp's 256 words (k: this lane's 8, blocked: word r of lane l is the run's e = 8 l + r) descending by the
 // "flip" form of the bitonic network: merging two sorted halves of size kk / 2 compares e with e ^ (kk - 1) (the second
@@ -41,9 +69,9 @@ __device__ __forceinline__ void warp_sort_desc(unsigned int (&k)[PSA_RUN_KPL], i
     }
 }
 
-// How many words of run which[q] of `runs` (each sorted descending) are above thr[q], the Q searches in lock-step (Q
-// independent shared-memory loads a round): binary lifting over the first 255 positions, then one probe for the 256th
-// (as psa_order_merge counts).
+// How many words of run which[q] of `runs` (each sorted descending, word e in slot run_slot(e)) are above thr[q], the
+// Q searches in lock-step (Q independent shared-memory loads a round): binary lifting over the first 255 positions,
+// then one probe for the 256th (as psa_order_merge counts).
 template <int Q>
 __device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN], const int (&which)[Q],
                                             const unsigned int (&thr)[Q], int (&c)[Q]) {
@@ -54,10 +82,10 @@ __device__ __forceinline__ void count_above(const unsigned int (*runs)[PSA_RUN],
 #pragma unroll
         for (int q = 0; q < Q; ++q) {
             const int at = c[q] + half;
-            c[q] = runs[which[q]][at - 1] > thr[q] ? at : c[q];
+            c[q] = runs[which[q]][run_slot(at - 1)] > thr[q] ? at : c[q];
         }
 #pragma unroll
-    for (int q = 0; q < Q; ++q) c[q] += runs[which[q]][c[q]] > thr[q];
+    for (int q = 0; q < Q; ++q) c[q] += runs[which[q]][run_slot(c[q])] > thr[q];
 }
 
 // The positions of block t of run `mine` in K orders at once, order o[k]'s R runs (each sorted descending) at
