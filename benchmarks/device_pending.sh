@@ -3658,24 +3658,26 @@ if [ "$PART" = s74b ]; then
   exit 0
 fi
 if [ "$PART" = s74c ]; then
-  # Seventy-fourth session: the sorted runs swizzled in shared memory (_kernels.RUN_SWIZZLE, runs.cuh: a warp's
+  # Seventy-fourth session: (1) the sorted runs swizzled in shared memory (_kernels.RUN_SWIZZLE, runs.cuh: a warp's
   # binary searches 4.7 -> 1.34 wavefronts a load, CPU model). s74a's clock (H100, Llama 5% 32K B = 1, 16 warps):
   # the fused kernel's CTAs score until 4.5 µs, sort 0.9, push 0.2, wait 0.4, place 1.7 (thread 0), end 8.3; the
   # placement's ~81 search loads a thread x 4.7 wavefronts x 8 warps ~ 3,000 cycles ~ 1.5 µs. Predicted (H100): the
   # placement 1.7 -> ~0.6 µs, psa_estimate_order 10.5 -> ~9.5, psa_order_runs 4.8 -> ~3.9 (B = 1, unfused) and 8.3 ->
-  # ~7.3 (B = 4), a PSA step -1 µs. The swizzle test first (the part stops if it fails), then the clock with the two
-  # new early marks (the length read, warp 0's tiles scored), the kernels and the steps, RUN_SWIZZLE 0 / 1 / 1 / 0 in
-  # one process. ~3 minutes.
-  gpu_tests t_s74c.log 200 tests/test_fast.py -k "swizzled_runs or estimate_and_order_in_one_launch"
+  # ~7.3 (B = 4), a PSA step -1 µs. (2) the fused kernel's rows requested before the request's length
+  # (ESTIMATE_ORDER_EARLY): the length's read is the new clock mark "the request's length read"; predicted scoring
+  # -0.3 to -0.8 µs (its latency, if it is on the path). The test first (the part stops if it fails), then the clock,
+  # the kernels and the steps, (RUN_SWIZZLE, ESTIMATE_ORDER_EARLY) 00 01 10 11 00 01 in one process. ~4 minutes.
+  gpu_tests t_s74c.log 200 tests/test_fast.py -k "swizzled_runs_and_early or estimate_and_order_in_one_launch"
   grep -q " passed" "$OUT/t_s74c.log" && ! grep -q "failed\|error" "$OUT/t_s74c.log" || { tail -n 40 "$OUT/t_s74c.log"; exit 0; }
   cd benchmarks
-  timeout 60 python3 exp_kernels_attr.py RUN_SWIZZLE=0,1 -- exp_eo_clock.py --shape llama8b --size 32768 \
+  local_ab="RUN_SWIZZLE=0,1,0 ESTIMATE_ORDER_EARLY=0,1"
+  timeout 90 python3 exp_kernels_attr.py $local_ab -- exp_eo_clock.py --shape llama8b --size 32768 \
       --batches 1 --share 0.05 --warps 16 2>&1 | grep -v Warn | tee "$OUT/s74c_clock.txt"
-  timeout 150 python3 exp_kernels_attr.py RUN_SWIZZLE=0,1,1,0 -- profile_decode_step.py --share 0.05 \
+  timeout 150 python3 exp_kernels_attr.py $local_ab -- profile_decode_step.py --share 0.05 \
       --shape llama8b --size 32768 --batches 1,4 --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
       | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode " | tee "$OUT/s74c_kernels.txt"
-  timeout 200 python3 exp_kernels_attr.py RUN_SWIZZLE=0,1,1,0 -- bench_decode.py --profile sparsity \
-      --shares 0.05 --shape llama8b --sizes 32768:1,32768:4 --reps 20 \
+  timeout 150 python3 exp_kernels_attr.py $local_ab -- bench_decode.py --profile sparsity \
+      --shares 0.05 --shape llama8b --sizes 32768:1 --reps 20 \
       --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
       | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s74c.txt"
   exit 0

@@ -454,6 +454,10 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
 # s74b's 217 tests, s74a's bit test 19), and s74a again: PSA's kernels 31.7 -> 31.0 µs, estimate + order 11.1 -> 10.5
 ESTIMATE_ORDER = 16
 ESTIMATE_ORDER_MAX_GROUPS = 8  # at most this many groups of a batch (one Llama request; 32 lost, s73a)
+# 1: psa_estimate_order requests each warp's metadata rows before the request's length arrives (PSA_EO_EARLY: the CTAs
+# past a request's runs score their rows too, then leave). s74a's clock: the CTAs score until 4.5 µs. 0: off (prep
+# s74, device_pending.sh s74c)
+ESTIMATE_ORDER_EARLY = 0
 EO_CLOCK = 0  # 1: psa_estimate_order's PSA_EO_CLOCK build, each CTA's phases in eo_clocks (benchmarks/exp_eo_clock.py)
 eo_clocks = None  # [B, Gn / H, R, 10] int64 of the last estimate_order launch under EO_CLOCK (estimate_order.cu)
 
@@ -499,6 +503,8 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
     warps = ESTIMATE_ORDER if d <= 128 else 8  # (ptxas: 16 warps' 128 registers a thread spill at D 256)
     if EO_CLOCK:
         defines["eo_clock"] = 1
+    if ESTIMATE_ORDER_EARLY:
+        defines["eo_early"] = 1
     defines.update(_run_swizzle())
     fn = kernel("estimate_order", d=d, s=s, g=launch_g, cluster=runs, warps=warps, kind=KIND_CODES[kind],
                 est_kg=chunks, bounds=BOUND_CODES["estimates" if heads > 1 else None], eo_heads=heads, **defines)

@@ -771,11 +771,13 @@ def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv
     (0, 2, 8, (2048 * 16, 700 * 16 + 9), dict(mode="topk", k=300)),
     (16, 2, 8, (2048 * 16,), dict(mode="topk", k=300)),
     (16, 1, 4, (1100 * 16 + 5,), dict(threshold=0.9, step=32, gqa="per_head"))])
-def test_swizzled_runs_give_the_same_orders(monkeypatch, fused, hkv, hq, lens, options):
+def test_swizzled_runs_and_early_rows_give_the_same_orders(monkeypatch, fused, hkv, hq, lens, options):
     """_kernels.RUN_SWIZZLE (runs.cuh: the sorted runs' words at swizzled slots of shared memory, which the binary
-    searches read) changes no bit of psa_order_runs' or psa_estimate_order's orders: every output and the scores
-    equal the plain layout's, for ragged requests, sink and recent blocks (equal words: the tie scan), a stretch of
-    repeated keys (ties inside and across runs), top-k's full order and per-head orders."""
+    searches read) and ESTIMATE_ORDER_EARLY (psa_estimate_order's rows requested before the request's length, the
+    CTAs past a short request's runs scoring theirs before they leave) change no bit of psa_order_runs' or
+    psa_estimate_order's orders: every output and the scores equal the plain kernels', for ragged requests, sink and
+    recent blocks (equal words: the tie scan), a stretch of repeated keys (ties inside a run), top-k's full order and
+    per-head orders."""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(74)
@@ -790,17 +792,19 @@ def test_swizzled_runs_give_the_same_orders(monkeypatch, fused, hkv, hq, lens, o
     monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)
     monkeypatch.setattr(_kernels, "topk_uses_head", lambda *a, **k: False)  # (top-k: the full order)
     runs = {}
-    for swizzle in (0, 1):
+    for swizzle, early in [(0, 0), (1, 0), (0, 1), (1, 1)]:
         monkeypatch.setattr(_kernels, "RUN_SWIZZLE", swizzle)
+        monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_EARLY", early)
         p = psa_fast.plan(cache, num_q_heads=hq, **options)
         assert p._estimate_order == bool(fused)
         dec = p.run(q)
-        runs[swizzle] = {name: cupy.asnumpy(getattr(dec, name)) for name in
-                         ("order", "out", "num_used", "iterations", "reason", "mass_estimate")}
-        runs[swizzle]["scores"] = cupy.asnumpy(p.scores)
-    for name, want in runs[0].items():
-        np.testing.assert_array_equal(runs[1][name], want, err_msg=name)
-    order = runs[0]["order"][0, 0]
+        runs[swizzle, early] = {name: cupy.asnumpy(getattr(dec, name)) for name in
+                                ("order", "out", "num_used", "iterations", "reason", "mass_estimate")}
+        runs[swizzle, early]["scores"] = cupy.asnumpy(p.scores)
+    for variant in [(1, 0), (0, 1), (1, 1)]:
+        for name, want in runs[0, 0].items():
+            np.testing.assert_array_equal(runs[variant][name], want, err_msg=f"{name}, (swizzle, early) {variant}")
+    order = runs[0, 0]["order"][0, 0]
     assert (np.sort(order[order >= 0]) == np.arange(-(-lens[0] // 16))).all()  # (a full order was compared)
 
 

@@ -37,6 +37,9 @@ static_assert(PSA_WARPS == 8 || PSA_WARPS == 16, "psa_estimate_order: 8 warps sc
 static_assert(PSA_CLUSTER >= 1 && PSA_CLUSTER <= 8, "psa_estimate_order: a group's runs, one a CTA, at most 8");
 static_assert(PSA_H == 1 || !PSA_L2_FIRST, "psa_estimate_order: the L2 first chunk for group orders only");
 #define PSA_WARP_RUN (PSA_RUN / PSA_WARPS)  // blocks a warp scores
+#ifndef PSA_EO_EARLY
+#define PSA_EO_EARLY 0  // 1: rows requested before the request's length is read (_kernels.ESTIMATE_ORDER_EARLY)
+#endif
 #ifndef PSA_EO_CLOCK
 #define PSA_EO_CLOCK 0
 #endif
@@ -99,11 +102,13 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
     const int n = (seq_lens[b] + PSA_S - 1) / PSA_S;
     const int nruns = (n + PSA_RUN - 1) / PSA_RUN;
     const int run_end = min(base + PSA_RUN, Nmax);
+    // no block of the request: scores -inf, positions past the group's runs -1 (without PSA_EO_EARLY before the
+    // scoring; with it after, every CTA having scored its rows)
+    auto leave = [&]() {
 #if PSA_EO_CLOCK
-    if (t == 0 && mine >= nruns)
-        for (int i = 0; i < 10; ++i) eclk[i] = 0;
+        if (t == 0)
+            for (int i = 0; i < 10; ++i) eclk[i] = 0;
 #endif
-    if (mine >= nruns) {  // no block of the request: scores -inf, positions past the group's runs -1
         for (int p = t; p < PSA_H * PSA_RUN; p += PSA_WARPS * 32) {
             const int h = p / PSA_RUN, i = base + p % PSA_RUN;
             if (i < run_end) {
@@ -111,19 +116,26 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
                 order[row + (long)h * Nmax + i] = -1;
             }
         }
+    };
+#if !PSA_EO_EARLY
+    if (mine >= nruns) {
+        leave();
         return;
     }
 #if PSA_CLUSTER > 1
     if (t == 0) mbar_expect(&bar, PSA_H * nruns * PSA_RUN * sizeof(unsigned int));  // the placing CTAs' runs
 #endif
     PSA_EMARK(8);
+#endif
 
-    // the estimate of this warp's blocks into `scores` and, as words, into `words`
+    // the estimate of this warp's blocks into `scores` and, as words, into `words`; with PSA_EO_EARLY the warp's
+    // rows are requested before the request's length arrives (its load is waited for only where the scores become
+    // words): every warp with rows scores them, -inf past n
     auto word = [&](int j, float s) {
         return j < sink_blocks || j >= n - recent_blocks ? 0xFFFFFFFFu : orderable(s);
     };
     const int jw = base + warp * PSA_WARP_RUN, jend = min(jw + PSA_WARP_RUN, Nmax);
-    if (jw < n) {
+    if (jw < (PSA_EO_EARLY ? Nmax : n)) {
         const int h0 = g * PSA_G;
         estimate_tiles(
             q, meta, b, h0, h0 / (Hq / Hkv), Hq, Hkv, Nmax, n, jw, jend, q_scale, lane,
@@ -144,6 +156,16 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
             if (j < jend) scores[row + (long)(p / PSA_WARP_RUN) * Nmax + j] = -PSA_INF;
         }
     }
+#if PSA_EO_EARLY
+    if (mine >= nruns) {
+        leave();
+        return;
+    }
+#if PSA_CLUSTER > 1
+    if (t == 0) mbar_expect(&bar, PSA_H * nruns * PSA_RUN * sizeof(unsigned int));  // (pushes may have come)
+#endif
+    PSA_EMARK(8);
+#endif
     __syncthreads();
     PSA_EMARK(2);
 
