@@ -3682,6 +3682,17 @@ if [ "$PART" = s74c ]; then
       | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s74c.txt"
   exit 0
 fi
+if [ "$PART" = s74d ]; then
+  # Seventy-fourth session, for the seventy-fifth: every GPU suite that places blocks with _kernels.RUN_SWIZZLE = 1
+  # set in this call's copy (s74c, H100: the swizzle test and the fused bit test 16 passed; placement 1.74 -> 0.95 µs
+  # by the clock, psa_estimate_order 10.5 -> 9.7 µs, psa_order_runs at B = 4 8.2 -> 7.2, PSA step 31.1 -> 30.4, top-k
+  # 27.5 -> 26.7). In s74 the first try ran 180 s, all compiling, 4 tests. tests/test_fast.py first, then the
+  # offload and transformers suites, within $2 seconds (default 560). If they pass, RUN_SWIZZLE 1 becomes the default.
+  sed -i "s/^RUN_SWIZZLE = 0$/RUN_SWIZZLE = 1/" psa_fast/_kernels.py
+  grep -q "^RUN_SWIZZLE = 1$" psa_fast/_kernels.py || { echo "s74d: could not set RUN_SWIZZLE"; exit 0; }
+  gpu_tests t_s74d.log "${2:-560}" tests/test_fast.py tests/test_fast_offload.py tests/test_fast_hf.py
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

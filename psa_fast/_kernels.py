@@ -455,8 +455,9 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
 ESTIMATE_ORDER = 16
 ESTIMATE_ORDER_MAX_GROUPS = 8  # at most this many groups of a batch (one Llama request; 32 lost, s73a)
 # 1: psa_estimate_order requests each warp's metadata rows before the request's length arrives (PSA_EO_EARLY: the CTAs
-# past a request's runs score their rows too, then leave). s74a's clock: the CTAs score until 4.5 µs. 0: off (prep
-# s74, device_pending.sh s74c)
+# past a request's runs score their rows too, then leave). H100, s74c: the length's read is 0.5-0.6 µs but not on
+# the scoring's path (CTAs scored at 4.44 / 4.63 µs off, 4.43 / 4.41 on); the kernel -0.1 to -0.2 µs, the step
+# within its spread. 0: off (the bits are the same either way)
 ESTIMATE_ORDER_EARLY = 0
 EO_CLOCK = 0  # 1: psa_estimate_order's PSA_EO_CLOCK build, each CTA's phases in eo_clocks (benchmarks/exp_eo_clock.py)
 eo_clocks = None  # [B, Gn / H, R, 10] int64 of the last estimate_order launch under EO_CLOCK (estimate_order.cu)
@@ -556,8 +557,10 @@ RANK_MAX_BLOCKS = 8192  # psa_order_rank holds a group's score words in shared m
 RADIX_MAX_BLOCKS = 8192  # psa_order_radix keeps a group's keys in shared memory (8 bytes a block, one CTA)
 RUN_BLOCKS = 256  # psa_order_runs' run (PSA_RUN): the blocks one warp sorts, and one CTA places
 # 1: the sorted runs' rows swizzled in shared memory (runs.cuh PSA_RUN_SWIZZLE, psa_order_runs and
-# psa_estimate_order): a warp's binary searches 4.7 -> 1.34 shared-memory wavefronts a load (CPU model); the fused
-# kernel's placement took 1.7 of its ~8.3 µs (H100 clock, s74a). 0: off (prep s74, device_pending.sh s74c)
+# psa_estimate_order): a warp's binary searches 4.7 -> 1.34 shared-memory wavefronts a load (CPU model). H100, s74c
+# (one process, off / on): the fused kernel's placement 1.74 -> 0.95 µs (clock), psa_estimate_order 10.5 -> 9.7,
+# psa_order_runs at B = 4 8.2 -> 7.2, Llama 5% 32K B = 1 PSA step 31.1 -> 30.4, top-k 27.5 -> 26.7; the bit tests
+# pass. Off until every GPU suite has run with it on (device_pending.sh s74d)
 RUN_SWIZZLE = 0
 RUNS_MAX_BLOCKS = 8 * RUN_BLOCKS  # psa_order_runs: a group's words in at most 8 runs, one a warp of each CTA
 # order_method weighs psa_order_runs (1) or leaves it to callers who name it (0: the methods before the fifty-seventh
