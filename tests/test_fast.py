@@ -712,6 +712,16 @@ def test_order_asking_the_first_chunk_into_l2_keeps_every_bit(monkeypatch, mode,
                                       err_msg=name)
 
 
+def _step_bits(p, q) -> dict:
+    """One step of plan ``p`` on query ``q``: every output that the order decides (host copies) and the scores, for
+    bit-for-bit comparisons of kernel variants."""
+    dec = p.run(q)
+    bits = {name: cupy.asnumpy(getattr(dec, name))
+            for name in ("order", "out", "num_used", "iterations", "reason", "mass_estimate")}
+    bits["scores"] = cupy.asnumpy(p.scores)
+    return bits
+
+
 @pytest.mark.parametrize("warps,hkv,hq,d,metadata,lens,query,options", [
     (8, 2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 30 * 16 + 1), "float16", dict(threshold=0.9, step=64)),
     (16, 2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 30 * 16 + 1), "float32", dict(threshold=0.9, step=64)),
@@ -755,10 +765,7 @@ def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv
         monkeypatch.setattr(_kernels, "ORDER_L2_FIRST_MIB", mib)
         p = psa_fast.plan(cache, num_q_heads=hq, **options)
         assert p._estimate_order == bool(switch)
-        dec = p.run(q)
-        runs[switch, mib] = {name: cupy.asnumpy(getattr(dec, name)) for name in
-                             ("order", "out", "num_used", "iterations", "reason", "mass_estimate")}
-        runs[switch, mib]["scores"] = cupy.asnumpy(p.scores)
+        runs[switch, mib] = _step_bits(p, q)
     for mib in (2, 16):
         for name, want in runs[0, mib].items():
             np.testing.assert_array_equal(runs[warps, mib][name], want, err_msg=f"{name} at {mib} MiB")
@@ -797,10 +804,7 @@ def test_swizzled_runs_and_early_rows_give_the_same_orders(monkeypatch, fused, h
         monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_EARLY", early)
         p = psa_fast.plan(cache, num_q_heads=hq, **options)
         assert p._estimate_order == bool(fused)
-        dec = p.run(q)
-        runs[swizzle, early] = {name: cupy.asnumpy(getattr(dec, name)) for name in
-                                ("order", "out", "num_used", "iterations", "reason", "mass_estimate")}
-        runs[swizzle, early]["scores"] = cupy.asnumpy(p.scores)
+        runs[swizzle, early] = _step_bits(p, q)
     for variant in [(1, 0), (0, 1), (1, 1)]:
         for name, want in runs[0, 0].items():
             np.testing.assert_array_equal(runs[variant][name], want, err_msg=f"{name}, (swizzle, early) {variant}")
