@@ -3693,6 +3693,28 @@ if [ "$PART" = s74d ]; then
   gpu_tests t_s74d.log "${2:-560}" tests/test_fast.py tests/test_fast_offload.py tests/test_fast_hf.py
   exit 0
 fi
+if [ "$PART" = s74e ]; then
+  # Seventy-fourth session, for the seventy-fifth (after s74d): psa_estimate_order's runs sorted by every warp
+  # (_kernels.ESTIMATE_ORDER_PIECES: each warp sorts pieces of 32 words, one a lane, then every thread puts a word at
+  # its rank among the 8 pieces, runs.cuh piece_rank; same words, same bits). s74c's clock (H100): one warp sorts the
+  # run in 0.9 µs while the others wait. Predicted (H100): the sort phase 0.9 -> ~0.3 µs (15 shuffle stages, then 5
+  # rounds of 7 conflict-free searches and two CTA barriers), psa_estimate_order -0.5 to -0.6 µs, a PSA step -0.5.
+  # The variants' test first (the part stops if it fails), then the clock, the kernels and the steps,
+  # ESTIMATE_ORDER_PIECES 0 / 1 / 1 / 0 with RUN_SWIZZLE $2 (default 1) in one process. ~3 minutes.
+  gpu_tests t_s74e.log 200 tests/test_fast.py -k "swizzled_runs_and_early or estimate_and_order_in_one_launch"
+  grep -q " passed" "$OUT/t_s74e.log" && ! grep -q "failed\|error" "$OUT/t_s74e.log" || { tail -n 40 "$OUT/t_s74e.log"; exit 0; }
+  cd benchmarks
+  ab="RUN_SWIZZLE=${2:-1} ESTIMATE_ORDER_PIECES=0,1,1,0"
+  timeout 60 python3 exp_kernels_attr.py $ab -- exp_eo_clock.py --shape llama8b --size 32768 --batches 1 \
+      --share 0.05 --warps 16 2>&1 | grep -v Warn | tee "$OUT/s74e_clock.txt"
+  timeout 100 python3 exp_kernels_attr.py $ab -- profile_decode_step.py --share 0.05 --shape llama8b --size 32768 \
+      --batches 1 --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode " | tee "$OUT/s74e_kernels.txt"
+  timeout 120 python3 exp_kernels_attr.py $ab -- bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated \
+      --out "$OUT/b" 2>&1 | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s74e.txt"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2

@@ -459,6 +459,10 @@ ESTIMATE_ORDER_MAX_GROUPS = 8  # at most this many groups of a batch (one Llama 
 # the scoring's path (CTAs scored at 4.44 / 4.63 µs off, 4.43 / 4.41 on); the kernel -0.1 to -0.2 µs, the step
 # within its spread. 0: off (the bits are the same either way)
 ESTIMATE_ORDER_EARLY = 0
+# 1: psa_estimate_order sorts each run with every warp (pieces of 32 words a warp, merged by rank: runs.cuh
+# piece_rank) where one warp sorted it while the others waited (0.9 µs of its CTAs' ~7.4 by the clock, H100 s74c).
+# 0: off (prep s74, device_pending.sh s74e)
+ESTIMATE_ORDER_PIECES = 0
 EO_CLOCK = 0  # 1: psa_estimate_order's PSA_EO_CLOCK build, each CTA's phases in eo_clocks (benchmarks/exp_eo_clock.py)
 eo_clocks = None  # [B, Gn / H, R, 10] int64 of the last estimate_order launch under EO_CLOCK (estimate_order.cu)
 
@@ -506,6 +510,8 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
         defines["eo_clock"] = 1
     if ESTIMATE_ORDER_EARLY:
         defines["eo_early"] = 1
+    if ESTIMATE_ORDER_PIECES:
+        defines["eo_pieces"] = 1
     defines.update(_run_swizzle())
     fn = kernel("estimate_order", d=d, s=s, g=launch_g, cluster=runs, warps=warps, kind=KIND_CODES[kind],
                 est_kg=chunks, bounds=BOUND_CODES["estimates" if heads > 1 else None], eo_heads=heads, **defines)
