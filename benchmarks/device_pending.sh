@@ -3715,6 +3715,28 @@ if [ "$PART" = s74e ]; then
       --out "$OUT/b" 2>&1 | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s74e.txt"
   exit 0
 fi
+if [ "$PART" = s74f ]; then
+  # Seventy-fourth session, for a later one: what bounds psa_estimate_order's scoring (s74c's clock, H100: its 64
+  # CTAs score Llama's 8 MB of metadata in ~3.8 µs after their first request, ~2.1 TB/s; psa_estimate_mma, ~1,000
+  # CTAs, does no better). ncu's full set on both kernels, caches flushed before each (so the metadata comes from
+  # HBM, as in a model's step), Llama 5% 32K B = 1: DRAM throughput, L2 and L1 rates, stalls. An SM-side limit (L1
+  # or LSU throughput, long-scoreboard stalls with DRAM well under its peak) says a warp's tile by one
+  # cp.async.bulk could help; DRAM near its peak over the kernel's scoring says it cannot. ~3 minutes.
+  cd benchmarks
+  for v in "1 psa_estimate_order fused" "0 psa_estimate_mma plain"; do
+    set -- $v
+    timeout 150 ncu --clock-control none --cache-control all -k "regex:^$2$" --launch-skip 4 --launch-count 1 \
+        --set full -o "$OUT/s74f_$3" \
+        python3 exp_kernels_attr.py ESTIMATE_ORDER=$((16 * $1)) -- profile_decode_step.py --share 0.05 \
+        --shape llama8b --size 32768 --batches 1 --variants ema --steps 3 --layers 1 --no-profiler --out "$OUT" \
+        > "$OUT/ncu_s74f_$3.log" 2>&1
+    echo "$3 ncu rc=$?"
+    ncu -i "$OUT/s74f_$3.ncu-rep" --page details --print-details all > "$OUT/s74f_$3_details.txt" 2>&1
+    grep -E "Duration|Grid Size|Block Size|DRAM Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Mem Pipes|Issue Active|Stall (Long|Barrier|Short|MIO|LG|Wait)|Achieved Occ" \
+        "$OUT/s74f_$3_details.txt" | head -30
+  done
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
