@@ -3737,6 +3737,23 @@ if [ "$PART" = s74f ]; then
   done
   exit 0
 fi
+if [ "$PART" = s74g ]; then
+  # Seventy-fourth session, for a later one: per-head selection (gqa="per_head") fused at one Llama request. Its
+  # 32 groups exceed ESTIMATE_ORDER_MAX_GROUPS (8), though its launch is only 8 clusters (one a KV head, each making
+  # its 4 query heads' orders), as many CTAs as the shared plan's, so it runs psa_estimate_mma then psa_order_runs
+  # over 32 groups (B = 4's 8.2 µs, 7.2 swizzled). The limit raised to 32 in one process (8 / 32 / 32 / 8), RUN_SWIZZLE
+  # $2 (default 1), bench_decode's per-head profile at 32K B = 1 (its "per_head" rows). Predicted (H100): the fused
+  # per-head kernel ~9.5 µs (scoring 4.4 as shared, four sorts side by side, placements two a thread in lock-step
+  # ~1.5-2, launch ~1.5) against ~12.5 unfused: the per_head row -2 to -3 µs. If so, fuses_estimate_order should
+  # count clusters (B x Gn / heads), not groups. ~3 minutes.
+  mkdir -p "$OUT/ph"
+  cd benchmarks
+  timeout 200 python3 exp_kernels_attr.py RUN_SWIZZLE=${2:-1} ESTIMATE_ORDER_MAX_GROUPS=8,32,32,8 -- bench_decode.py \
+      --profile per-head --shape llama8b --sizes 32768:1 --reps 20 \
+      --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank --out "$OUT/ph" 2>&1 \
+      | grep "^#\|^|" | cut -d'|' -f2-9 | grep -v "SDPA\|dense" | tee "$OUT/s74g.txt"
+  exit 0
+fi
 # every part above ends in `exit 0`: a name that reaches this line is none of them (a typo, or a part removed
 # since; git log -S'"$PART" = NAME' benchmarks/device_pending.sh finds it) and must not cost a device call
 echo "device_pending.sh: no part named '$PART' (see the parts' list at the top)" >&2
