@@ -506,13 +506,8 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
     runs = -(-nmax // RUN_BLOCKS)
     chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate's)
     warps = ESTIMATE_ORDER if d <= 128 else 8  # (ptxas: 16 warps' 128 registers a thread spill at D 256)
-    if EO_CLOCK:
-        defines["eo_clock"] = 1
-    if ESTIMATE_ORDER_EARLY:
-        defines["eo_early"] = 1
-    if ESTIMATE_ORDER_PIECES:
-        defines["eo_pieces"] = 1
-    defines.update(_run_swizzle())
+    switches = {"eo_clock": EO_CLOCK, "eo_early": ESTIMATE_ORDER_EARLY, "eo_pieces": ESTIMATE_ORDER_PIECES}
+    defines.update({name: 1 for name, on in switches.items() if on}, **_run_swizzle())  # (off: the builds of before)
     fn = kernel("estimate_order", d=d, s=s, g=launch_g, cluster=runs, warps=warps, kind=KIND_CODES[kind],
                 est_kg=chunks, bounds=BOUND_CODES["estimates" if heads > 1 else None], eo_heads=heads, **defines)
     fn((runs, hq // launch_g, b), (warps * 32,),

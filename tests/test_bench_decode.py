@@ -1429,7 +1429,8 @@ def test_estimate_order_launches_a_cluster_a_group_with_every_parameter(monkeypa
     CTA a run of 256 blocks for each group (grid (runs, Gn, B), PSA_CLUSTER = runs), or for per-head selection one a
     KV head making each of its query heads' orders; ESTIMATE_ORDER warps a CTA (8 at D 256, where 16 would spill);
     and passes as many arguments as the kernel takes with the caller's query (its scale) or the scaled copy, with the
-    L2 first chunk asked or not (nvcc, no GPU)."""
+    L2 first chunk asked or not, and with the switches RUN_SWIZZLE, ESTIMATE_ORDER_EARLY and ESTIMATE_ORDER_PIECES
+    on (their defines; nvcc, no GPU)."""
     from psa_fast import _kernels
 
     launches = []
@@ -1460,6 +1461,13 @@ def test_estimate_order_launches_a_cluster_a_group_with_every_parameter(monkeypa
     assert [sh[3:] for sh in shapes[:4]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     per_head = [launch[2] for launch in launches[-2:]]  # a cluster a KV head (grid y 2), 4 orders, each head's scores
     assert [(d["g"], d["eo_heads"], d["bounds"]) for d in per_head] == [(4, 4, 2)] * 2
+    assert not {"run_swizzle", "eo_early", "eo_pieces"} & {k for launch in launches for k in launch[2]}  # (off)
+    for name in ("RUN_SWIZZLE", "ESTIMATE_ORDER_EARLY", "ESTIMATE_ORDER_PIECES"):  # the switches: defines, same args
+        monkeypatch.setattr(_kernels, name, 1)
+    q = np.zeros((1, 8, 128), np.float32)
+    _kernels.estimate_order(q, None, None, None, None, d=128, s=16, g=4, hq=8, hkv=2, nmax=1500, kind="cuboid_mean",
+                            sink_blocks=1, recent_blocks=2, l2_first=(np.zeros((1, 2, 1500), np.int32), pool, pool, 32))
+    assert [launches[-1][2].get(k) for k in ("run_swizzle", "eo_early", "eo_pieces")] == [1, 1, 1]
     _assert_launches_pass_every_parameter([launch[:4] for launch in launches], tmp_path)
 
 
