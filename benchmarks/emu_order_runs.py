@@ -7,6 +7,13 @@ change to the kernel's network or its tie rule before a device call (the GPU tes
 
 ``--run`` sets the run's length (a power of two from 32; the kernel's is 256, its words 8 a lane): a version with
 shorter runs (more of them a group, each sorted in fewer stages) can be checked here before it is written in CUDA.
+``--pieces`` sorts each run as psa_estimate_order's ``ESTIMATE_ORDER_PIECES`` build does (pieces of 32 a warp, merged
+by rank: runs.cuh ``warp_sort32_desc``, ``piece_rank``); ``--swizzle`` keeps the sorted runs in ``RUN_SWIZZLE``'s
+layout (``run_lane_order``'s stores, ``run_slot``'s reads). ``--wavefronts`` prints the shared-memory wavefronts a
+search load of a warp's 32 placements costs in either layout (the model behind ``RUN_SWIZZLE``, NOTES s74):
+
+    python benchmarks/emu_order_runs.py --pieces --swizzle
+    python benchmarks/emu_order_runs.py --wavefronts
 """
 
 from __future__ import annotations
@@ -52,6 +59,87 @@ def warp_sort_desc(run: np.ndarray) -> np.ndarray:
     return k
 
 
+def warp_sort32_desc(piece: np.ndarray) -> np.ndarray:
+    """runs.cuh's warp_sort32_desc: 32 words, one a lane, sorted descending by the bitonic network's shuffles."""
+    v, lane = piece.copy(), np.arange(32)
+    kk = 2
+    while kk <= 32:
+        j = kk >> 1
+        while j > 0:
+            other = v[lane ^ j]
+            keep_max = ((lane & kk) == 0) == ((lane & j) == 0)
+            v = np.where(keep_max, np.maximum(v, other), np.minimum(v, other))
+            j >>= 1
+        kk <<= 1
+    return v
+
+
+def pieces_sort_desc(run: np.ndarray) -> np.ndarray:
+    """A run of 256 sorted as ESTIMATE_ORDER_PIECES does: each piece of 32 by warp_sort32_desc, then every word put at
+    its piece_rank (its place in its piece, plus the words above it in the other pieces, at or above it in those
+    before its own)."""
+    if run.size != RUN:
+        raise ValueError(f"the pieces sort takes runs of {RUN} words, got {run.size}")
+    pieces = np.concatenate([warp_sort32_desc(run[p:p + 32]) for p in range(0, RUN, 32)])
+    merged = np.zeros_like(pieces)
+    for e in range(RUN):
+        own, v = e >> 5, pieces[e]
+        rank = e & 31
+        for q in range(RUN // 32):
+            if q != own:
+                piece = pieces[32 * q: 32 * q + 32]
+                rank += int(((piece >= v) if q < own else (piece > v)).sum())
+        merged[rank] = v
+    return merged
+
+
+def run_slot(e, swizzle: bool = True):
+    """runs.cuh's run_slot: where a sorted run's row holds word e (RUN_SWIZZLE: its low three bits XOR its 32-word
+    row)."""
+    return e ^ ((e >> 5) & 7) if swizzle else e
+
+
+def swizzled_row(run: np.ndarray) -> np.ndarray:
+    """The row a warp stores for a sorted run of 256 under RUN_SWIZZLE: each lane's 8 words (word r = 8 lane + r)
+    permuted by run_lane_order's three conditional swaps, then stored in order at 8 lane .. 8 lane + 7."""
+    row = np.empty_like(run)
+    for lane in range(32):
+        k = list(run[8 * lane: 8 * lane + 8])
+        x = (lane >> 2) & 7
+        for bit in (4, 2, 1):
+            if x & bit:
+                for j in range(8):
+                    if not j & bit:
+                        k[j], k[j | bit] = k[j | bit], k[j]
+        row[8 * lane: 8 * lane + 8] = k
+    return row
+
+
+def search_wavefronts(swizzle: bool, runs: int = 8, trials: int = 20, seed: int = 0) -> float:
+    """Mean shared-memory wavefronts of one search load in the placement: a warp's 32 consecutive blocks of a run,
+    each binary-searching every run of the group for its own (random) word; a load costs the most distinct addresses
+    that fall in one of the 32 banks (4-byte words; rows 288 words apart)."""
+    rng = np.random.default_rng(seed)
+    total = loads = 0
+    for _ in range(trials):
+        words = rng.random((runs, RUN))
+        sorted_runs = -np.sort(-words, axis=1)
+        mine = int(rng.integers(runs))
+        for w0 in range(0, RUN, 32):
+            w = words[mine, w0:w0 + 32]
+            for r in range(runs):
+                c, half = np.zeros(32, np.int64), RUN // 2
+                while half:
+                    at = c + half
+                    addr = r * 288 + run_slot(at - 1, swizzle)
+                    banks = addr % 32
+                    total += max(len(set(addr[banks == bank])) for bank in set(banks))
+                    loads += 1
+                    c = np.where(sorted_runs[r, at - 1] > w, at, c)
+                    half >>= 1
+    return total / loads
+
+
 def count_above(run: np.ndarray, thr: int) -> int:
     """How many words of a descending run are above thr: binary lifting over its first len - 1 positions, then one
     probe."""
@@ -62,13 +150,32 @@ def count_above(run: np.ndarray, thr: int) -> int:
     return c + int(run[c] > thr)
 
 
-def order_runs(scores: np.ndarray, n: int, nmax: int, sink: int, recent: int, run: int = RUN) -> np.ndarray:
+def count_above_row(row: np.ndarray, thr: int, swizzle: bool) -> int:
+    """count_above on a run stored as a row (its word e at run_slot(e)), reading as the kernel's count_above does."""
+    c, half = 0, row.size // 2
+    while half:
+        c = c + half if row[run_slot(c + half - 1, swizzle)] > thr else c
+        half >>= 1
+    return c + int(row[run_slot(c, swizzle)] > thr)
+
+
+def order_runs(scores: np.ndarray, n: int, nmax: int, sink: int, recent: int, run: int = RUN, *,
+               pieces: bool = False, swizzle: bool = False) -> np.ndarray:
     """The order psa_order_runs writes for one group ([nmax] int: block indices, -1 past n), with runs of ``run``
-    words (the kernel's: 256)."""
+    words (the kernel's: 256); ``pieces``: each run sorted as ESTIMATE_ORDER_PIECES does; ``swizzle``: the sorted
+    runs stored and searched in RUN_SWIZZLE's layout (both for runs of 256)."""
     if run < 32 or run & (run - 1) or GROUP_MAX % run:
         raise ValueError(f"run must be a power of two from 32 to {GROUP_MAX}, got {run}")
+    if (pieces or swizzle) and run != RUN:
+        raise ValueError(f"pieces and swizzle take the kernel's runs of {RUN}, got run={run}")
     words = words_of(scores, n, sink, recent)
-    runs = [warp_sort_desc(words[w * run:(w + 1) * run]) for w in range(GROUP_MAX // run)]
+    sort = pieces_sort_desc if pieces else warp_sort_desc
+    runs = [sort(words[w * run:(w + 1) * run]) for w in range(GROUP_MAX // run)]
+    rows = [swizzled_row(r) for r in runs] if swizzle else runs  # (the runs as shared memory holds them)
+
+    def count(r: int, thr: int) -> int:
+        return count_above_row(rows[r], thr, swizzle)
+
     nruns = -(-n // run)
     out = np.full(nmax, -7, np.int64)
     for mine in range(-(-nmax // run)):
@@ -81,9 +188,9 @@ def order_runs(scores: np.ndarray, n: int, nmax: int, sink: int, recent: int, ru
             w = int(words[i])
             rank = 0
             for r in range(len(runs)):
-                rank += run if r < mine and w == 0 else count_above(runs[r], w - 1 if r < mine else w)
-            above = count_above(runs[mine], w)
-            start = run if w == 0 else count_above(runs[mine], w - 1)
+                rank += run if r < mine and w == 0 else count(r, w - 1 if r < mine else w)
+            above = count(mine, w)
+            start = run if w == 0 else count(mine, w - 1)
             if start - above > 1:  # ties within the run: the lower indices first
                 rank += int((words[mine * run:i] == w).sum())
             out[rank] = i
@@ -104,7 +211,16 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=20, help="random groups to check")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run", type=int, default=RUN, help="words a run (the kernel's: 256)")
+    ap.add_argument("--pieces", action="store_true", help="each run sorted as ESTIMATE_ORDER_PIECES does")
+    ap.add_argument("--swizzle", action="store_true", help="the sorted runs in RUN_SWIZZLE's layout")
+    ap.add_argument("--wavefronts", action="store_true",
+                    help="print the search loads' shared-memory wavefronts in both layouts, then stop")
     args = ap.parse_args()
+    if args.wavefronts:
+        for swizzle in (False, True):
+            print(f"{'swizzled' if swizzle else 'plain'} runs: {search_wavefronts(swizzle):.2f} wavefronts a search "
+                  "load (a warp's 32 placements, 8 runs of random words)")
+        return
     rng = np.random.default_rng(args.seed)
     special = np.array([np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 1.0, -1.0, 3e38, -3e38, 1e-45], np.float32)
     for case in range(args.cases):
@@ -116,14 +232,14 @@ def main() -> None:
                   "special": lambda: rng.choice(special, nmax),
                   "equal": lambda: np.full(nmax, 2.5, np.float32),
                   "distinct": lambda: rng.standard_normal(nmax).astype(np.float32)}[kind]()
-        got = order_runs(scores, n, nmax, sink, recent, args.run)
+        got = order_runs(scores, n, nmax, sink, recent, args.run, pieces=args.pieces, swizzle=args.swizzle)
         assert got[:n].tolist() == sort_order(scores, n, sink, recent), (case, nmax, n, kind)
         assert (got[n:] == -1).all(), (case, nmax, n, kind)
         if kind != "special" and n:
             assert got[:n].tolist() == list(processing_order(scores[:n].astype(np.float64),
                                                              forced_blocks(n, sink, recent))), (case, nmax, n, kind)
-        print(f"case {case}: {kind}, {n} of {nmax} blocks, sink {sink}, recent {recent}, runs of {args.run}: the "
-              "sort's order")
+        print(f"case {case}: {kind}, {n} of {nmax} blocks, sink {sink}, recent {recent}, runs of {args.run}"
+              f"{', pieces' if args.pieces else ''}{', swizzled' if args.swizzle else ''}: the sort's order")
 
 
 if __name__ == "__main__":
