@@ -380,6 +380,20 @@ kernel_rows() {
         --variants "$variant" --steps 10 --out /tmp 2>&1 | grep -v Warn | grep "$pattern"
   done
 }
+# psa_estimate_order's A/B (exp_kernels_attr.py assignments $1) at Llama 5% 32K: its phases by the clock
+# (exp_eo_clock.py, one request), the kernels at batches $2 and the graph steps at one request, logged to
+# $OUT/$3_clock.txt, $OUT/$3_kernels.txt and $OUT/$3.txt. Run from benchmarks/.
+fused_ab() {
+  local ab="$1" batches="$2" tag="$3"
+  timeout 90 python3 exp_kernels_attr.py $ab -- exp_eo_clock.py --shape llama8b --size 32768 --batches 1 \
+      --share 0.05 --warps 16 2>&1 | grep -v Warn | tee "$OUT/${tag}_clock.txt"
+  timeout 150 python3 exp_kernels_attr.py $ab -- profile_decode_step.py --share 0.05 --shape llama8b --size 32768 \
+      --batches "$batches" --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode " | tee "$OUT/${tag}_kernels.txt"
+  timeout 150 python3 exp_kernels_attr.py $ab -- bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
+      --sizes 32768:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated \
+      --out "$OUT/b" 2>&1 | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/${tag}.txt"
+}
 # pick_step's copy ceiling A/B: bench_decode's PSA rows (ema, the plain loop) with _kernels.COPY_CEILING_GBS at each
 # of the comma-separated values $1 in one process (exp_kernels_attr.py), the rest of the arguments bench_decode's,
 # its PSA lines logged to $OUT/$2.txt. Run from benchmarks/.
@@ -3670,16 +3684,7 @@ if [ "$PART" = s74c ]; then
   gpu_tests t_s74c.log 200 tests/test_fast.py -k "swizzled_runs_and_early or estimate_and_order_in_one_launch"
   grep -q " passed" "$OUT/t_s74c.log" && ! grep -q "failed\|error" "$OUT/t_s74c.log" || { tail -n 40 "$OUT/t_s74c.log"; exit 0; }
   cd benchmarks
-  local_ab="RUN_SWIZZLE=0,1,0 ESTIMATE_ORDER_EARLY=0,1"
-  timeout 90 python3 exp_kernels_attr.py $local_ab -- exp_eo_clock.py --shape llama8b --size 32768 \
-      --batches 1 --share 0.05 --warps 16 2>&1 | grep -v Warn | tee "$OUT/s74c_clock.txt"
-  timeout 150 python3 exp_kernels_attr.py $local_ab -- profile_decode_step.py --share 0.05 \
-      --shape llama8b --size 32768 --batches 1,4 --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode " | tee "$OUT/s74c_kernels.txt"
-  timeout 150 python3 exp_kernels_attr.py $local_ab -- bench_decode.py --profile sparsity \
-      --shares 0.05 --shape llama8b --sizes 32768:1 --reps 20 \
-      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
-      | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s74c.txt"
+  fused_ab "RUN_SWIZZLE=0,1,0 ESTIMATE_ORDER_EARLY=0,1" 1,4 s74c
   exit 0
 fi
 if [ "$PART" = s74d ]; then
@@ -3704,15 +3709,7 @@ if [ "$PART" = s74e ]; then
   gpu_tests t_s74e.log 200 tests/test_fast.py -k "swizzled_runs_and_early or estimate_and_order_in_one_launch"
   grep -q " passed" "$OUT/t_s74e.log" && ! grep -q "failed\|error" "$OUT/t_s74e.log" || { tail -n 40 "$OUT/t_s74e.log"; exit 0; }
   cd benchmarks
-  ab="RUN_SWIZZLE=${2:-1} ESTIMATE_ORDER_PIECES=0,1,1,0"
-  timeout 60 python3 exp_kernels_attr.py $ab -- exp_eo_clock.py --shape llama8b --size 32768 --batches 1 \
-      --share 0.05 --warps 16 2>&1 | grep -v Warn | tee "$OUT/s74e_clock.txt"
-  timeout 100 python3 exp_kernels_attr.py $ab -- profile_decode_step.py --share 0.05 --shape llama8b --size 32768 \
-      --batches 1 --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode " | tee "$OUT/s74e_kernels.txt"
-  timeout 120 python3 exp_kernels_attr.py $ab -- bench_decode.py --profile sparsity --shares 0.05 --shape llama8b \
-      --sizes 32768:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated \
-      --out "$OUT/b" 2>&1 | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "SDPA\|dense" | tee "$OUT/s74e.txt"
+  fused_ab "RUN_SWIZZLE=${2:-1} ESTIMATE_ORDER_PIECES=0,1,1,0" 1 s74e
   exit 0
 fi
 if [ "$PART" = s74f ]; then
