@@ -380,6 +380,16 @@ kernel_rows() {
         --variants "$variant" --steps 10 --out /tmp 2>&1 | grep -v Warn | grep "$pattern"
   done
 }
+# GPU tests ($4 ...) with psa_fast._kernels' constant $1 set to $2 in this call's copy of the tree (sed on its
+# "NAME = value" line, whatever the value was), logged to $OUT/$3 within the time limit that precedes the tests:
+# switched_tests NAME VALUE LOG LIMIT TESTS... A constant that cannot be set ends the part.
+switched_tests() {
+  local name="$1" value="$2" log="$3" limit="$4"
+  shift 4
+  sed -i "s/^$name = [0-9]*$/$name = $value/" psa_fast/_kernels.py
+  grep -q "^$name = $value$" psa_fast/_kernels.py || { echo "could not set _kernels.$name = $value"; exit 0; }
+  gpu_tests "$log" "$limit" "$@"
+}
 # psa_estimate_order's A/B (exp_kernels_attr.py assignments $1) at Llama 5% 32K: its phases by the clock
 # (exp_eo_clock.py, one request), the kernels at batches $2 and the graph steps at one request, logged to
 # $OUT/$3_clock.txt, $OUT/$3_kernels.txt and $OUT/$3.txt. Run from benchmarks/.
@@ -3631,9 +3641,8 @@ if [ "$PART" = s73b ]; then
   # _kernels.ESTIMATE_ORDER = $2 (8 or 16) set in this call's copy, so that every plan that can fuses (conformance,
   # stop rules, top-k, per-head, first chunks, the offload decoder, the transformers integration), within $3 seconds
   # (default 540): tests/test_fast.py first, then the offload and transformers suites.
-  sed -i "s/^ESTIMATE_ORDER = 0$/ESTIMATE_ORDER = ${2:?ESTIMATE_ORDER value}/" psa_fast/_kernels.py
-  grep -q "^ESTIMATE_ORDER = $2$" psa_fast/_kernels.py || { echo "s73b: could not set ESTIMATE_ORDER"; exit 0; }
-  gpu_tests t_s73b.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py tests/test_fast_hf.py
+  switched_tests ESTIMATE_ORDER "${2:?ESTIMATE_ORDER value}" t_s73b.log "${3:-540}" tests/test_fast.py \
+      tests/test_fast_offload.py tests/test_fast_hf.py
   exit 0
 fi
 if [ "$PART" = s74a ]; then
@@ -3665,10 +3674,8 @@ if [ "$PART" = s74b ]; then
   # fixed), since s74a's bit test covers the placement changed since: the rest of tests/test_fast.py, then the offload
   # and transformers suites, with _kernels.ESTIMATE_ORDER = $2 (default 16) in this call's copy, within $3 seconds
   # (default 540). If they pass, ESTIMATE_ORDER 16 becomes the default.
-  sed -i "s/^ESTIMATE_ORDER = 0$/ESTIMATE_ORDER = ${2:-16}/" psa_fast/_kernels.py
-  grep -q "^ESTIMATE_ORDER = ${2:-16}$" psa_fast/_kernels.py || { echo "s74b: could not set ESTIMATE_ORDER"; exit 0; }
-  gpu_tests t_s74b.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py tests/test_fast_hf.py \
-      -k "not (conform or topk or per_head or first_chunk or order or estimate or l2) or offload or hf"
+  switched_tests ESTIMATE_ORDER "${2:-16}" t_s74b.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py \
+      tests/test_fast_hf.py -k "not (conform or topk or per_head or first_chunk or order or estimate or l2) or offload or hf"
   exit 0
 fi
 if [ "$PART" = s74c ]; then
@@ -3693,9 +3700,8 @@ if [ "$PART" = s74d ]; then
   # by the clock, psa_estimate_order 10.5 -> 9.7 µs, psa_order_runs at B = 4 8.2 -> 7.2, PSA step 31.1 -> 30.4, top-k
   # 27.5 -> 26.7). In s74 the first try ran 180 s, all compiling, 4 tests. tests/test_fast.py first, then the
   # offload and transformers suites, within $2 seconds (default 560). If they pass, RUN_SWIZZLE 1 becomes the default.
-  sed -i "s/^RUN_SWIZZLE = 0$/RUN_SWIZZLE = 1/" psa_fast/_kernels.py
-  grep -q "^RUN_SWIZZLE = 1$" psa_fast/_kernels.py || { echo "s74d: could not set RUN_SWIZZLE"; exit 0; }
-  gpu_tests t_s74d.log "${2:-560}" tests/test_fast.py tests/test_fast_offload.py tests/test_fast_hf.py
+  switched_tests RUN_SWIZZLE 1 t_s74d.log "${2:-560}" tests/test_fast.py tests/test_fast_offload.py \
+      tests/test_fast_hf.py
   exit 0
 fi
 if [ "$PART" = s74e ]; then
