@@ -380,6 +380,13 @@ kernel_rows() {
         --variants "$variant" --steps 10 --out /tmp 2>&1 | grep -v Warn | grep "$pattern"
   done
 }
+# gpu_tests, then the part ends unless they all passed (its log's last 40 lines printed): a part's bit test before
+# its timings. gated_tests LOG LIMIT TESTS...
+gated_tests() {
+  local log="$1"
+  gpu_tests "$@"
+  grep -q " passed" "$OUT/$log" && ! grep -q "failed\|error" "$OUT/$log" || { tail -n 40 "$OUT/$log"; exit 0; }
+}
 # GPU tests ($4 ...) with psa_fast._kernels' constant $1 set to $2 in this call's copy of the tree (sed on its
 # "NAME = value" line, whatever the value was), logged to $OUT/$3 within the time limit that precedes the tests:
 # switched_tests NAME VALUE LOG LIMIT TESTS... A constant that cannot be set ends the part.
@@ -3621,8 +3628,7 @@ if [ "$PART" = s73a ]; then
   # ESTIMATE_ORDER 0 / 8 / 16 / 0 in one process. Predicted (H100, as s71d): 8 warps estimate + order 11.1 -> ~10.7
   # µs, a step -0.5; 16 warps (one tile a warp, one round trip of loads instead of two) ~9.5 µs, a step -1 to -1.5;
   # B = 4 the same order; per-head 32K B = 1 estimate 5.3 + order 4.9 -> ~8 (16 warps). H200 ~0.8x those. ~5 minutes.
-  gpu_tests t_s73a.log 200 tests/test_fast.py -k "estimate_and_order_in_one_launch or order_asking_the_first_chunk"
-  grep -q " passed" "$OUT/t_s73a.log" && ! grep -q "failed\|error" "$OUT/t_s73a.log" || { tail -n 40 "$OUT/t_s73a.log"; exit 0; }
+  gated_tests t_s73a.log 200 tests/test_fast.py -k "estimate_and_order_in_one_launch or order_asking_the_first_chunk"
   cd benchmarks
   timeout 150 python3 exp_kernels_attr.py ESTIMATE_ORDER=0,8,16,0 -- profile_decode_step.py --share 0.05 \
       --shape llama8b --size 32768 --batches 1,4 --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
@@ -3652,8 +3658,7 @@ if [ "$PART" = s74a ]; then
   # per-head and shared kernels, ESTIMATE_ORDER 0 / 8 / 16 / 0 in one process. Predicted (H100; H200 ~0.8x): per-head
   # 32K B = 1 estimate + order 10.2 -> ~9.7 µs (8 warps), 10.0 -> ~9.8 (16 warps); the shared rows as s73a (10.5 at
   # 16 warps). Then the fused kernel's phases by the clock (exp_eo_clock.py). ~2.5 minutes.
-  gpu_tests t_s74a.log 200 tests/test_fast.py -k "estimate_and_order_in_one_launch or order_asking_the_first_chunk"
-  grep -q " passed" "$OUT/t_s74a.log" && ! grep -q "failed\|error" "$OUT/t_s74a.log" || { tail -n 40 "$OUT/t_s74a.log"; exit 0; }
+  gated_tests t_s74a.log 200 tests/test_fast.py -k "estimate_and_order_in_one_launch or order_asking_the_first_chunk"
   cd benchmarks
   timeout 100 python3 exp_kernels_attr.py ESTIMATE_ORDER=0,8,16,0 -- profile_decode_step.py --per-head \
       --shape llama8b --size 32768 --batches 1 --variants ema,topk --steps 10 --out /tmp 2>&1 | grep -v Warn \
@@ -3688,8 +3693,7 @@ if [ "$PART" = s74c ]; then
   # (ESTIMATE_ORDER_EARLY): the length's read is the new clock mark "the request's length read"; predicted scoring
   # -0.3 to -0.8 µs (its latency, if it is on the path). The test first (the part stops if it fails), then the clock,
   # the kernels and the steps, (RUN_SWIZZLE, ESTIMATE_ORDER_EARLY) 00 01 10 11 00 01 in one process. ~4 minutes.
-  gpu_tests t_s74c.log 200 tests/test_fast.py -k "swizzled_runs_and_early or estimate_and_order_in_one_launch"
-  grep -q " passed" "$OUT/t_s74c.log" && ! grep -q "failed\|error" "$OUT/t_s74c.log" || { tail -n 40 "$OUT/t_s74c.log"; exit 0; }
+  gated_tests t_s74c.log 200 tests/test_fast.py -k "swizzled_runs_and_early or estimate_and_order_in_one_launch"
   cd benchmarks
   fused_ab "RUN_SWIZZLE=0,1,0 ESTIMATE_ORDER_EARLY=0,1" 1,4 s74c
   exit 0
@@ -3712,8 +3716,7 @@ if [ "$PART" = s74e ]; then
   # rounds of 7 conflict-free searches and two CTA barriers), psa_estimate_order -0.5 to -0.6 µs, a PSA step -0.5.
   # The variants' test first (the part stops if it fails), then the clock, the kernels and the steps,
   # ESTIMATE_ORDER_PIECES 0 / 1 / 1 / 0 with RUN_SWIZZLE $2 (default 1) in one process. ~3 minutes.
-  gpu_tests t_s74e.log 200 tests/test_fast.py -k "swizzled_runs_and_early or estimate_and_order_in_one_launch"
-  grep -q " passed" "$OUT/t_s74e.log" && ! grep -q "failed\|error" "$OUT/t_s74e.log" || { tail -n 40 "$OUT/t_s74e.log"; exit 0; }
+  gated_tests t_s74e.log 200 tests/test_fast.py -k "swizzled_runs_and_early or estimate_and_order_in_one_launch"
   cd benchmarks
   fused_ab "RUN_SWIZZLE=${2:-1} ESTIMATE_ORDER_PIECES=0,1,1,0" 1 s74e
   exit 0
