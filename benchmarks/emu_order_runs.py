@@ -140,23 +140,15 @@ def search_wavefronts(swizzle: bool, runs: int = 8, trials: int = 20, seed: int 
     return total / loads
 
 
-def count_above(run: np.ndarray, thr: int) -> int:
+def count_above(run: np.ndarray, thr: int, swizzle: bool = False) -> int:
     """How many words of a descending run are above thr: binary lifting over its first len - 1 positions, then one
-    probe."""
+    probe, reading the run as the kernel's count_above does (with ``swizzle``, a row in RUN_SWIZZLE's layout: word e
+    at run_slot(e))."""
     c, half = 0, run.size // 2
     while half:
-        c = c + half if run[c + half - 1] > thr else c
+        c = c + half if run[run_slot(c + half - 1, swizzle)] > thr else c
         half >>= 1
-    return c + int(run[c] > thr)
-
-
-def count_above_row(row: np.ndarray, thr: int, swizzle: bool) -> int:
-    """count_above on a run stored as a row (its word e at run_slot(e)), reading as the kernel's count_above does."""
-    c, half = 0, row.size // 2
-    while half:
-        c = c + half if row[run_slot(c + half - 1, swizzle)] > thr else c
-        half >>= 1
-    return c + int(row[run_slot(c, swizzle)] > thr)
+    return c + int(run[run_slot(c, swizzle)] > thr)
 
 
 def order_runs(scores: np.ndarray, n: int, nmax: int, sink: int, recent: int, run: int = RUN, *,
@@ -174,7 +166,7 @@ def order_runs(scores: np.ndarray, n: int, nmax: int, sink: int, recent: int, ru
     rows = [swizzled_row(r) for r in runs] if swizzle else runs  # (the runs as shared memory holds them)
 
     def count(r: int, thr: int) -> int:
-        return count_above_row(rows[r], thr, swizzle)
+        return count_above(rows[r], thr, swizzle)
 
     nruns = -(-n // run)
     out = np.full(nmax, -7, np.int64)

@@ -23,7 +23,7 @@
 //   order    [B, Gn, Nmax] int out:    block indices in processing order; -1 past the group's n blocks
 // Launch: grid (R, Hq / PSA_G, B), cluster (R, 1, 1) (PSA_CLUSTER = R), PSA_WARPS 8 or 16 warps; Nmax <= 256 R.
 // PSA_L2_FIRST (common.cuh): the blocks placed among the decode's first ones have their K and V asked into L2.
-// _kernels.estimate_order launches it where _kernels.fuses_estimate_order (ESTIMATE_ORDER, off by default).
+// _kernels.estimate_order launches it where _kernels.fuses_estimate_order (ESTIMATE_ORDER: 16 warps by default).
 #include "estimate_mma.cuh"
 #include "runs.cuh"
 
@@ -41,7 +41,7 @@ static_assert(PSA_H == 1 || !PSA_L2_FIRST, "psa_estimate_order: the L2 first chu
 #define PSA_EO_EARLY 0  // 1: rows requested before the request's length is read (_kernels.ESTIMATE_ORDER_EARLY)
 #endif
 #ifndef PSA_EO_PIECES
-#define PSA_EO_PIECES 0  // 1: each run sorted by every warp (pieces of 32, merged by rank) (_kernels.ESTIMATE_ORDER_PIECES)
+#define PSA_EO_PIECES 0  // 1: each run sorted by every warp, pieces of 32 merged by rank (ESTIMATE_ORDER_PIECES)
 #endif
 #ifndef PSA_EO_CLOCK
 #define PSA_EO_CLOCK 0
