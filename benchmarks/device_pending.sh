@@ -387,14 +387,17 @@ gated_tests() {
   gpu_tests "$@"
   grep -q " passed" "$OUT/$log" && ! grep -q "failed\|error" "$OUT/$log" || { tail -n 40 "$OUT/$log"; exit 0; }
 }
-# GPU tests ($4 ...) with psa_fast._kernels' constant $1 set to $2 in this call's copy of the tree (sed on its
-# "NAME = value" line, whatever the value was), logged to $OUT/$3 within the time limit that precedes the tests:
-# switched_tests NAME VALUE LOG LIMIT TESTS... A constant that cannot be set ends the part.
+# GPU tests ($4 ...) with psa_fast._kernels' constants set as $1 says ("NAME=VALUE", several space-separated) in this
+# call's copy of the tree (sed on each "NAME = value" line, whatever the value was), logged to $OUT/$2 within the time
+# limit $3: switched_tests "NAME=VALUE ..." LOG LIMIT TESTS... A constant that cannot be set ends the part.
 switched_tests() {
-  local name="$1" value="$2" log="$3" limit="$4"
-  shift 4
-  sed -i "s/^$name = [0-9]*$/$name = $value/" psa_fast/_kernels.py
-  grep -q "^$name = $value$" psa_fast/_kernels.py || { echo "could not set _kernels.$name = $value"; exit 0; }
+  local assignments="$1" log="$2" limit="$3" a name value
+  shift 3
+  for a in $assignments; do
+    name="${a%%=*}" value="${a#*=}"
+    sed -i "s/^$name = [0-9]*$/$name = $value/" psa_fast/_kernels.py
+    grep -q "^$name = $value$" psa_fast/_kernels.py || { echo "could not set _kernels.$name = $value"; exit 0; }
+  done
   gpu_tests "$log" "$limit" "$@"
 }
 # psa_estimate_order's A/B (exp_kernels_attr.py assignments $1) at Llama 5% 32K: its phases by the clock
@@ -3647,7 +3650,7 @@ if [ "$PART" = s73b ]; then
   # _kernels.ESTIMATE_ORDER = $2 (8 or 16) set in this call's copy, so that every plan that can fuses (conformance,
   # stop rules, top-k, per-head, first chunks, the offload decoder, the transformers integration), within $3 seconds
   # (default 540): tests/test_fast.py first, then the offload and transformers suites.
-  switched_tests ESTIMATE_ORDER "${2:?ESTIMATE_ORDER value}" t_s73b.log "${3:-540}" tests/test_fast.py \
+  switched_tests "ESTIMATE_ORDER=${2:?ESTIMATE_ORDER value}" t_s73b.log "${3:-540}" tests/test_fast.py \
       tests/test_fast_offload.py tests/test_fast_hf.py
   exit 0
 fi
@@ -3679,7 +3682,7 @@ if [ "$PART" = s74b ]; then
   # fixed), since s74a's bit test covers the placement changed since: the rest of tests/test_fast.py, then the offload
   # and transformers suites, with _kernels.ESTIMATE_ORDER = $2 (default 16) in this call's copy, within $3 seconds
   # (default 540). If they pass, ESTIMATE_ORDER 16 becomes the default.
-  switched_tests ESTIMATE_ORDER "${2:-16}" t_s74b.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py \
+  switched_tests "ESTIMATE_ORDER=${2:-16}" t_s74b.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py \
       tests/test_fast_hf.py -k "not (conform or topk or per_head or first_chunk or order or estimate or l2) or offload or hf"
   exit 0
 fi
@@ -3705,11 +3708,12 @@ if [ "$PART" = s74d ]; then
   # 27.5 -> 26.7). In s74 a first try ran 180 s, all compiling, 4 tests. Two calls, as s73 / s74b split the same
   # suites for ESTIMATE_ORDER: `s74d 1` the subset of tests/test_fast.py that orders and places (s73's 183 tests
   # took 311 s), `s74d 2` the rest of it and the offload and transformers suites (s74b's 217 took 180 s), each within
-  # $3 seconds (default 540). If both pass, RUN_SWIZZLE 1 becomes the default.
+  # $3 seconds (default 540). If both pass, RUN_SWIZZLE 1 becomes the default. $4: further constants set beside it
+  # ("NAME=VALUE ...", e.g. "ESTIMATE_ORDER_PIECES=1" once s74e has won: one pass of the suites for both).
   local_k="conform or topk or per_head or first_chunk or order or estimate or l2 or swizzled"
   case "${2:?s74d 1 or s74d 2}" in
-    1) switched_tests RUN_SWIZZLE 1 t_s74d1.log "${3:-540}" tests/test_fast.py -k "$local_k" ;;
-    2) switched_tests RUN_SWIZZLE 1 t_s74d2.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py \
+    1) switched_tests "RUN_SWIZZLE=1 ${4:-}" t_s74d1.log "${3:-540}" tests/test_fast.py -k "$local_k" ;;
+    2) switched_tests "RUN_SWIZZLE=1 ${4:-}" t_s74d2.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py \
            tests/test_fast_hf.py -k "not ($local_k) or offload or hf" ;;
     *) echo "s74d: 1 or 2, got '$2'" ;;
   esac
