@@ -2,8 +2,8 @@
 CTAs (`psa_order_rank`, by carry or by compares, one or four blocks a lane), one CTA sorting a group by bitonic
 merges (`psa_order`) or by radix passes (`psa_order_radix`), slices + merge (`psa_order_slice` +
 `psa_order_merge`), and runs of 256 sorted by warps and merged in the same launch (`psa_order_runs`), per batch,
-group count and blocks a group. Median µs a call, 16 calls captured in one CUDA graph; each row also checks that the orders agree, and
-marks the method `order_method` picks (*).
+group count and blocks a group. Median µs a call, 16 calls captured in one CUDA graph; each row also checks that the
+orders agree, and marks the method `order_method` picks (*).
 
     python benchmarks/exp_order_rank.py [--shapes 1x1x2048,8x8x2048]
 """

@@ -58,14 +58,14 @@ GRID_FINISH_MARKS = ("finish: to the prefetches drained", "finish: to the combin
 
 
 def loop_table(clocks: np.ndarray, khz: float, grid: bool = False) -> list[str]:
-    """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 16]``, or ``[..., 12]`` as
-    builds before the thirty-first session wrote them: cycles of the phases, iterations, 1 if the group ran, two
+    """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 18]``, ``[..., 16]`` as
+    builds before the seventy-fifth session wrote them (no global timer), or ``[..., 12]`` as before the thirty-first: cycles of the phases, iterations, 1 if the group ran, two
     marks within the start, counted from the kernel's start, and four within the finish, from its start) at ``khz``
     kHz; then the iterations and the µs an iteration. The marks' rows follow the start's and the finish's where a
     build wrote them, named as the grid build's finish has them where ``grid``."""
     clocks = np.asarray(clocks, dtype=np.float64)
-    if clocks.shape[-1] not in (12, 16):
-        raise ValueError(f"clocks: 12 or 16 words a group, got {clocks.shape[-1]}")
+    if clocks.shape[-1] not in (12, 16, 18):
+        raise ValueError(f"clocks: 12, 16 or 18 words a group, got {clocks.shape[-1]}")
     c = clocks.reshape(-1, clocks.shape[-1])
     c = c[c[:, 9] > 0]
     if c.shape[0] == 0:
@@ -73,7 +73,7 @@ def loop_table(clocks: np.ndarray, khz: float, grid: bool = False) -> list[str]:
     k = len(LOOP_PHASES)
     us = c[:, :k] / (khz * 1e-3)
     rows = [f"| {name} | {us[:, i].mean():.2f} | {us[:, i].max():.2f} |" for i, name in enumerate(LOOP_PHASES)]
-    if c.shape[1] == 16 and c[:, 12:16].any():  # within the finish (thirty-first session on)
+    if c.shape[1] >= 16 and c[:, 12:16].any():  # within the finish (thirty-first session on)
         marks = c[:, 12:16] / (khz * 1e-3)
         rows += [f"| {name} | {marks[:, i].mean():.2f} | {marks[:, i].max():.2f} |"
                  for i, name in enumerate(GRID_FINISH_MARKS if grid else FINISH_MARKS)]
@@ -189,7 +189,7 @@ def main() -> None:
             if args.loop:
                 print("\n".join(loop_table(cupy.asnumpy(_kernels.loop_clocks), khz, grid=p.grid_ctas > 0)))
                 if args.per_group:
-                    c = cupy.asnumpy(_kernels.loop_clocks).reshape(-1, 16) / (khz * 1e-3)
+                    c = cupy.asnumpy(_kernels.loop_clocks)[..., :16].reshape(-1, 16) / (khz * 1e-3)
                     used = cupy.asnumpy(p.num_used).reshape(-1)
                     print("per group: kernel µs " + " ".join(f"{x:.1f}" for x in c[:, 0]))
                     print("per group: attend µs " + " ".join(f"{x:.1f}" for x in c[:, 2]))

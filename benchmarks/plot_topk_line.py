@@ -57,8 +57,8 @@ def blocks(r: dict) -> float:
 
 
 def fit_topk_line(rows: list[dict]) -> dict[int, tuple[float, float, float]]:
-    """Per context size ``T``: ``(µs a block, fixed µs, largest residual µs)`` of the least-squares line through top-k's
-    rows (each ``k`` once, the median where several rows ran it). Needs two distinct ``k`` a size."""
+    """Per context size ``T``: ``(µs a block, fixed µs, largest residual µs)`` of the least-squares line through
+    top-k's rows (each ``k`` once, the median where several rows ran it). Needs two distinct ``k`` a size."""
     by_t: dict[int, dict[int, list[float]]] = {}
     for r in rows:
         m = TOPK.match(r["method"])

@@ -664,8 +664,8 @@ def l2_first_blocks(groups: int, first: int, tile_bytes: int) -> int:
 
 
 def _l2_first_launch(l2_first, b: int, gn: int, nmax: int) -> tuple[dict, tuple]:
-    """A placing kernel's PSA_L2_FIRST define and its arguments after the kernel's own for ``l2_first`` = ``(block_table,
-    k_pool, v_pool, blocks)`` (``({}, ())`` where None or no blocks). The kernels find a block's slot as
+    """A placing kernel's PSA_L2_FIRST define and its arguments after the kernel's own for ``l2_first`` =
+    ``(block_table, k_pool, v_pool, blocks)`` (``({}, ())`` where None or no blocks). The kernels find a block's slot as
     ``table[b, group, block]``, so a table that is not ``[B, Gn, Nmax]`` (per-head groups over a KV head's table) is a
     ValueError."""
     if l2_first is None or l2_first[3] <= 0:
@@ -914,18 +914,25 @@ def scale_query(q, scale: float, pow2: float, out_scaled, out_pow2, *, bf16_bits
 VERIFY_CLOCK = 0  # 1: psa_spec_verify's PSA_VERIFY_CLOCK build, its phases' cycles in verify_clocks (exp_verify_clock)
 verify_clocks = None  # [B, Gn, 8] int64 of the last speculative step under VERIFY_CLOCK (spec.cu)
 LOOP_CLOCK = 0  # 1: the loop builds (plain, resumed, grid) with PSA_LOOP_CLOCK, their phases' cycles in loop_clocks
-loop_clocks = None  # [B, Gn, 16] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
+loop_clocks = None  # [B, Gn, 18] int64 of the last loop launch under LOOP_CLOCK (decode.cu)
 
 
 def _clock_args(name: str, enabled: int, *shape: int) -> tuple:
-    """Under a clock flag (``LOOP_CLOCK``, ``VERIFY_CLOCK``, ``EO_CLOCK``): a fresh int64 array of ``shape`` (``[B,
-    Gn, words]``, ``eo_clocks``' ``[B, Gn / H, R, 10]``), kept as the module's ``name`` (``loop_clocks``,
-    ``verify_clocks``, ``eo_clocks``) for the caller to read, as the kernel's last argument."""
+    """Under a clock flag (``LOOP_CLOCK``, ``VERIFY_CLOCK``, ``EO_CLOCK``): an int64 array of ``shape`` (``[B, Gn,
+    words]``, ``eo_clocks``' ``[B, Gn / H, R, 10]``), kept as the module's ``name`` (``loop_clocks``,
+    ``verify_clocks``, ``eo_clocks``) for the caller to read, as the kernel's last argument. The module's array again
+    where it has that shape, zeroed first unless the current stream is capturing (a CUDA graph captured after an
+    eager call then writes where the caller reads, and its capture allocates nothing); else a fresh one of zeros."""
     if not enabled:
         return ()
     import cupy
 
-    globals()[name] = clocks = cupy.zeros(shape, np.int64)
+    clocks = globals()[name]
+    if clocks is not None and clocks.shape == tuple(shape):
+        if not cupy.cuda.get_current_stream().is_capturing():
+            clocks.fill(0)
+    else:
+        globals()[name] = clocks = cupy.zeros(shape, np.int64)
     return (clocks,)
 
 
@@ -1171,7 +1178,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         rc = resume_cluster(cluster, step, warps)
         resumed = build(entry="decode_resume", cluster=rc, resume=1, **({"loop_clock": 1} if LOOP_CLOCK else {}))
         resumed((rc, gn, b), (warps * 32,), args + (null, istate, vstate, null, null, null)
-                + _clock_args("loop_clocks", LOOP_CLOCK, b, gn, 16), shared_mem=smem)
+                + _clock_args("loop_clocks", LOOP_CLOCK, b, gn, 18), shared_mem=smem)
         return
     launch = {}  # how the build is launched (the grid build: cooperatively)
     if grid_group is not None:
@@ -1195,7 +1202,7 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         defines["loop_clock"] = 1
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
                        warps=warps, stages=stages, smem=smem, **defines, **raw_define, **launch)
-    fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 16) + raw_args, shared_mem=smem)
+    fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 18) + raw_args, shared_mem=smem)
     if split is not None:
         merge_warps = min(8, splits)
         batch = min(MERGE_BATCH, -(-splits // merge_warps)) if MERGE_BATCH_FIT else MERGE_BATCH

@@ -39,6 +39,13 @@ typedef float q_in_t;
 // Channels k, k + 1 (k even) of the query: the plan's scaled floats (PSA_QRAW 0), or the caller's values times mul,
 // loaded as one pair. __fmul_rn is never contracted into a following fma (estimate_mma's hi / lo split), so the
 // bits are psa_scale_query's float32 product.
+// The GPU's global timer (ns, the same clock on every SM): the clock builds' marks across CTAs and kernels.
+__device__ __forceinline__ long long globaltimer_ns() {
+    long long v;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    return v;
+}
+
 __device__ __forceinline__ float2 query_pair(const q_in_t* p, float mul) {
 #if PSA_QRAW == 0
     return make_float2(__ldg(p), __ldg(p + 1));

@@ -240,12 +240,14 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 #define PSA_LOOP_CLOCK 0
 #endif
 // PSA_LOOP_CLOCK = 1 (benchmarks/exp_verify_clock.py --loop): thread 0 of each group's rank-0 CTA reads the SM clock
-// around the loop and writes per group to loop_clocks [B, Gn, 16] the cycles of the whole kernel, its start (up to
+// around the loop and writes per group to loop_clocks [B, Gn, 18] the cycles of the whole kernel, its start (up to
 // the loop), the chunks' attention, the barriers after them, the decisions in three parts (the cluster's
 // statistics, the sketch window sums, the rest; each summed over iterations), the finish (the cluster's merge and
 // the writes), the iterations, 1, within the start the cycles to the query's registers and to the first blocks'
-// copies issued, and within the finish the cycles to the prefetches drained, the warps' outputs combined, the end's
-// barrier passed and the outputs written. Groups that leave at once write nothing.
+// copies issued, within the finish the cycles to the prefetches drained, the warps' outputs combined, the end's
+// barrier passed and the outputs written, then the global timer (ns) at the kernel's start and end (words 16, 17:
+// the step's timeline beside other kernels' marks, benchmarks/exp_step_timeline.py). Groups that leave at once write
+// nothing.
 // Not for production; the loop builds only (plain, resumed and grid; in the grid build the barrier phase holds the
 // wait for the other CTAs of the group and the attend the warps' output terms written each iteration, and the
 // finish has no warps' combine or end barrier: its second and third marks bracket the outputs' combine).
@@ -710,10 +712,11 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if PSA_LOOP_CLOCK
-    __shared__ long long lclk_store[16];
+    __shared__ long long lclk_store[17];
     volatile long long* lclk = lclk_store;
     if (threadIdx.x == 0)
-        for (int i = 0; i < 16; ++i) lclk[i] = 0;
+        for (int i = 0; i < 17; ++i) lclk[i] = 0;
+    if (rank == 0 && threadIdx.x == 0) lclk[16] = globaltimer_ns();
 #endif
     PSA_LMARK(0);
     const int gw = (int)rank * PSA_WARPS + warp;   // this warp's index within the group
@@ -1603,7 +1606,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #if PSA_LOOP_CLOCK
     if (rank == 0 && threadIdx.x == 0) {
         const long long t_end = clock64();
-        long long* ck = loop_clocks + ((long)b * Gn + g) * 16;
+        long long* ck = loop_clocks + ((long)b * Gn + g) * 18;
         ck[0] = t_end - lclk[0];
         ck[1] = lclk[1] - lclk[0];
         ck[2] = lclk[3];
@@ -1617,6 +1620,8 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
         ck[10] = lclk[10] - lclk[0];
         ck[11] = lclk[11] - lclk[0];
         for (int i = 12; i < 16; ++i) ck[i] = lclk[i] - lclk[8];  // the finish's marks, from its start
+        ck[16] = lclk[16];
+        ck[17] = globaltimer_ns();
     }
 #endif
 #if !PSA_PUSH_FINISH_ON

@@ -52,11 +52,6 @@ static_assert(PSA_H == 1 || !PSA_L2_FIRST, "psa_estimate_order: the L2 first chu
 // barrier), its own placements written; 1 (the CTA had blocks to place); then the cycles to the request's length
 // read and to warp 0's tiles scored. CTAs past the request's runs write 0s.
 #if PSA_EO_CLOCK
-__device__ __forceinline__ long long globaltimer_ns() {
-    long long v;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-    return v;
-}
 #define PSA_EMARK(i) if (t == 0) eclk[i] = clock64() - eclk0
 #else
 #define PSA_EMARK(i)
