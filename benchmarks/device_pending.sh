@@ -3754,6 +3754,21 @@ if [ "$PART" = s74f ]; then
   done
   exit 0
 fi
+if [ "$PART" = s75a ]; then
+  # Seventy-fifth session: where a one-request step's time lies between its kernels (exp_step_timeline.py). Both
+  # kernels' clock builds read the global timer at their CTAs' start and end; the step replayed in a CUDA graph as
+  # bench_decode times it. H100 s74: profiler psa_estimate_order 10.5 + psa_decode 19.0 = 29.5 of a 31.1 µs step, yet
+  # the fused kernel's clock ends 8.3 µs after its first CTA starts, and the loop clock (s69) ran ~4 µs under the
+  # profiler's decode. Predicted: a gap of ~1-2 µs between the kernels (the decode's launch waits for the last
+  # estimate_order CTA, then its clusters start), and ~1 µs a call outside both (the query's scale on the side
+  # stream, the graph's next call). A gap >= 2 µs makes one launch for both worth building. ~1 minute.
+  cd benchmarks
+  for shape in llama8b gemma3; do
+    timeout 120 python3 exp_step_timeline.py --shape $shape --size 32768 --batches 1 --share 0.05 2>&1 \
+        | grep -v Warn | tee -a "$OUT/s75a.txt"
+  done
+  exit 0
+fi
 if [ "$PART" = s74g ]; then
   # Seventy-fourth session, for a later one: per-head selection (gqa="per_head") fused at one Llama request. Its
   # 32 groups exceed ESTIMATE_ORDER_MAX_GROUPS (8), though its launch is only 8 clusters (one a KV head, each making

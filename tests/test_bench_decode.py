@@ -934,6 +934,37 @@ def test_eo_clock_table_counts_only_the_ctas_that_placed_blocks():
         eoc.eo_table(np.zeros((1, 1, 2, 10), np.int64), khz=1e6)
 
 
+def test_step_timeline_places_both_kernels_on_the_global_timer():
+    """exp_step_timeline.timeline_rows: the fused estimate-order kernel's CTAs (those that placed blocks) and the
+    loop's groups (those that ran) on one time axis from the first CTA's start, the gap between the kernels, and the
+    step's period left outside them."""
+    import exp_step_timeline as est
+
+    eo = np.zeros((1, 2, 3, 10), np.int64)
+    eo[0, 0, 0, [0, 1, 7]] = [1_000_000, 1_008_000, 1]
+    eo[0, 1, 0, [0, 1, 7]] = [1_000_500, 1_009_000, 1]
+    eo[0, 1, 1, [0, 1, 7]] = [900_000, 2_000_000, 0]  # no blocks placed: not counted
+    loop = np.zeros((1, 3, 18), np.int64)
+    loop[0, 0, [9, 16, 17]] = [1, 1_011_000, 1_027_000]
+    loop[0, 1, [9, 16, 17]] = [1, 1_011_200, 1_029_500]
+    loop[0, 2, [9, 16, 17]] = [0, 1, 5_000_000]  # left at once: not counted
+    rows = est.timeline_rows(eo, loop, step_us=31.0)
+    assert rows == ["| psa_estimate_order: first CTA start | 0.00 |",
+                    "| psa_estimate_order: last CTA start | 0.50 |",
+                    "| psa_estimate_order: last CTA end | 9.00 |",
+                    "| psa_decode: first group start | 11.00 |",
+                    "| psa_decode: last group start | 11.20 |",
+                    "| psa_decode: first group end | 27.00 |",
+                    "| psa_decode: last group end | 29.50 |",
+                    "| gap: psa_estimate_order's last end to psa_decode's first start | 2.00 |",
+                    "| step (graph, µs a call) | 31.00 |",
+                    "| step outside the two kernels' first start .. last end | 1.50 |"]
+    with pytest.raises(ValueError, match="18 words"):
+        est.timeline_rows(eo, loop[..., :16], step_us=31.0)
+    with pytest.raises(ValueError, match="nothing to time"):
+        est.timeline_rows(eo, np.zeros((1, 1, 18)), step_us=31.0)
+
+
 def test_loop_clock_table_counts_only_the_groups_that_ran():
     import exp_verify_clock as evc
 
