@@ -3762,11 +3762,15 @@ if [ "$PART" = s75a ]; then
   # profiler's decode. Predicted: a gap of ~1-2 µs between the kernels (the decode's launch waits for the last
   # estimate_order CTA, then its clusters start), and ~1 µs a call outside both (the query's scale on the side
   # stream, the graph's next call). A gap >= 2 µs makes one launch for both worth building. ~1 minute.
+  # Then every kernel's preferred carve-out at 100 % (_kernels.PREFERRED_CARVEOUT -1 / 100 / 100 / -1 at Llama's
+  # shape; the loop needs the largest configuration there anyway): if the SMs are reconfigured between the ~9 KiB
+  # estimate-order kernel and the loop's 212 KiB, the gap and the step shrink at 100 (predicted: level, or -0.5 to
+  # -2 µs where the gap holds a reconfiguration).
   cd benchmarks
-  for shape in llama8b gemma3; do
-    timeout 120 python3 exp_step_timeline.py --shape $shape --size 32768 --batches 1 --share 0.05 2>&1 \
-        | grep -v Warn | tee -a "$OUT/s75a.txt"
-  done
+  timeout 120 python3 exp_step_timeline.py --shape gemma3 --size 32768 --batches 1 --share 0.05 2>&1 \
+      | grep -v Warn | tee -a "$OUT/s75a.txt"
+  timeout 240 python3 exp_kernels_attr.py PREFERRED_CARVEOUT=-1,100,100,-1 -- exp_step_timeline.py --shape llama8b \
+      --size 32768 --batches 1 --share 0.05 2>&1 | grep -v Warn | tee -a "$OUT/s75a.txt"
   exit 0
 fi
 if [ "$PART" = s74g ]; then

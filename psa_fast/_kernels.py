@@ -77,13 +77,23 @@ def _source(name: str) -> str:
     return expand((folder / name).read_text())
 
 
-@functools.lru_cache(maxsize=None)
 def kernel(name: str, *, d: int, s: int, g: int, cluster: int = 1, warps: int = 8, entry: str | None = None,
            cooperative: bool = False, **defines):
     """The kernel ``psa_<entry or name>`` of ``kernels/<name>.cu`` for one configuration (a
-    ``cupy.RawKernel``, compiled now, cached on disk by CuPy). ``defines`` become ``-DPSA_<NAME>=value``;
-    ``cooperative`` launches it with ``cuLaunchCooperativeKernel`` (the driver refuses a grid whose CTAs cannot all be
-    resident at once)."""
+    ``cupy.RawKernel``, compiled at its first use, cached on disk by CuPy). ``defines`` become
+    ``-DPSA_<NAME>=value``; ``cooperative`` launches it with ``cuLaunchCooperativeKernel`` (the driver refuses a grid
+    whose CTAs cannot all be resident at once). Under the ``PREFERRED_CARVEOUT`` probe its carve-out is set each
+    time."""
+    fn = _build(name, d=d, s=s, g=g, cluster=cluster, warps=warps, entry=entry, cooperative=cooperative, **defines)
+    if PREFERRED_CARVEOUT != -2:
+        fn.preferred_shared_memory_carveout = PREFERRED_CARVEOUT
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _build(name: str, *, d: int, s: int, g: int, cluster: int, warps: int, entry: str | None, cooperative: bool,
+           **defines):
+    """``kernel``'s build, compiled once a process."""
     import cupy
 
     options = ["-std=c++17", f"-DPSA_D={d}", f"-DPSA_S={s}", f"-DPSA_G={g}", f"-DPSA_CLUSTER={cluster}",
@@ -92,6 +102,13 @@ def kernel(name: str, *, d: int, s: int, g: int, cluster: int = 1, warps: int = 
                         **({"enable_cooperative_groups": True} if cooperative else {}))
     fn.compile()
     return fn
+
+
+# Probe (s75): every kernel's preferred shared-memory carve-out (percent of the unified L1 / shared memory; -1 the
+# driver's default, set explicitly), so that a step's small kernels (psa_estimate_order: ~9 KiB) ask for the
+# configuration the loop's rings need (212 KiB at Llama's shape) and the SMs need not be reconfigured between them.
+# -2: not set (the default; s32e-f set it on the decode kernel alone: 86 / 100 % slower at Gemma 3's small rings).
+PREFERRED_CARVEOUT = -2
 
 
 @functools.lru_cache(maxsize=None)

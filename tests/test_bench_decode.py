@@ -538,6 +538,40 @@ def test_kernel_source_swaps_one_file_and_keeps_the_headers(tmp_path):
                                                                      "as many kernel files"))
 
 
+def test_kernel_sets_the_preferred_carveout_only_when_asked(monkeypatch):
+    """_kernels.kernel leaves a build's preferred shared-memory carve-out to the driver by default
+    (PREFERRED_CARVEOUT -2) and sets it on every build where the probe asks (-1: the driver's default, set
+    explicitly; 0-100 percent), each time a build is fetched, so one process can A/B it (exp_kernels_attr.py)."""
+    import types
+
+    from psa_fast import _kernels
+
+    class Stub:  # cupy.RawKernel without a GPU: records the attribute's settings
+        def __init__(self, code, name, options=(), **kw):
+            self.name, self.settings = name, []
+
+        def compile(self):
+            pass
+
+        def __setattr__(self, key, value):
+            if key == "preferred_shared_memory_carveout":
+                self.settings.append(value)
+            object.__setattr__(self, key, value)
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(RawKernel=Stub))  # (CI has no CuPy)
+    _kernels._build.cache_clear()
+    try:
+        assert _kernels.PREFERRED_CARVEOUT == -2
+        assert _kernels.kernel("estimate_order", d=128, s=16, g=4).settings == []
+        for value in (100, -1):  # the same build (compiled once), its carve-out set each time
+            monkeypatch.setattr(_kernels, "PREFERRED_CARVEOUT", value)
+            fn = _kernels.kernel("estimate_order", d=128, s=16, g=4)
+            assert fn.name == "psa_estimate_order"
+        assert fn.settings == [100, -1] and _kernels._build.cache_info().misses == 1
+    finally:
+        _kernels._build.cache_clear()  # (no stub left for later tests)
+
+
 def test_kernels_attr_runs_the_script_once_per_value_and_restores_the_constant(tmp_path):
     import exp_kernels_attr as eka
 
