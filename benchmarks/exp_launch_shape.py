@@ -5,6 +5,12 @@ Bodies: ``empty``; ``sync``, one cluster barrier with its release (``barrier.clu
 as cluster_sync); ``relaxed``, the same barrier with a relaxed arrival (no ``MEMBAR.ALL.GPU``).
 
     python benchmarks/exp_launch_shape.py --groups 8 --clusters 1,8 --smem 0,96,212 --bodies empty,sync,relaxed
+    python benchmarks/exp_launch_shape.py --clusters 8 --smem 0,212 --bodies empty --after 0,212 --carveout -2,100
+
+``--after KIB`` times launches in pairs: each configuration's launch, then the same kernel given KIB (so a step's
+small kernel after the loop's 212 KiB, or the loop after it); against the two rows alone, a pair that costs more says
+the SMs pay to change their shared-memory configuration between the two. ``--carveout`` sets the kernel's preferred
+carve-out (percent; -1 the driver's default; -2 not set), as ``_kernels.PREFERRED_CARVEOUT``.
 
 The sixty-ninth session's loop clock with K/V from HBM read 17.2 µs for the kernel (rank 0's first clock read to its
 last) where the profiler read 21.6 for Llama's one request at 32K (5% profile, clusters of 8, 192 KiB of rings and
@@ -14,6 +20,7 @@ last) where the profiler read 21.6 for Llama's one request at 32K (5% profile, c
 from __future__ import annotations
 
 import argparse
+import itertools
 
 BODIES = {
     "empty": "",
@@ -53,19 +60,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=256, help="threads a CTA (the loop's 8 warps)")
     ap.add_argument("--smem", default="0,96,212", help="KiB of dynamic shared memory a CTA, comma-separated")
     ap.add_argument("--bodies", default="empty,sync,relaxed", help=f"kernel bodies, comma-separated: {sorted(BODIES)}")
+    ap.add_argument("--after", default="", help="KiB of a second launch after each (pairs), comma-separated")
+    ap.add_argument("--carveout", default="-2", help="preferred carve-outs (percent; -1 default, -2 unset)")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     try:
         clusters = [int(x) for x in args.clusters.split(",")]
         smem_kib = [int(x) for x in args.smem.split(",")]
+        after_kib = [int(x) for x in args.after.split(",")] if args.after else [None]
+        carveouts = [int(x) for x in args.carveout.split(",")]
     except ValueError:
-        ap.error("--clusters and --smem take comma-separated integers")
+        ap.error("--clusters, --smem, --after and --carveout take comma-separated integers")
     bodies = args.bodies.split(",")
     if args.groups < 1 or args.threads < 32 or args.threads % 32 or args.threads > 1024:
         ap.error(f"--groups must be >= 1 and --threads a multiple of 32 in [32, 1024], got {args.groups}, "
                  f"{args.threads}")
-    if any(k < 0 or k > 227 for k in smem_kib):
-        ap.error(f"--smem takes KiB in [0, 227], got {args.smem}")
+    if any(k < 0 or k > 227 for k in smem_kib + [a for a in after_kib if a is not None]):
+        ap.error(f"--smem and --after take KiB in [0, 227], got {args.smem!r}, {args.after!r}")
+    if any(c < -2 or c > 100 for c in carveouts):
+        ap.error(f"--carveout takes percents in [0, 100], -1 or -2, got {args.carveout}")
     for c in clusters:
         for body in bodies:
             try:
@@ -83,19 +96,25 @@ def main() -> None:
     null = np.uint64(0)
     print(f"# {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: empty launches, {args.groups} groups, "
           f"{args.threads} threads a CTA, {PER_GRAPH} launches a graph, median of {args.reps}")
-    print("| CTAs a group | CTAs | KiB a CTA | body | µs a launch |\n|---|---|---|---|---|")
-    for c, kib, body in configurations(clusters, smem_kib, bodies):
+    print("| CTAs a group | CTAs | KiB a CTA | body | then KiB | carve-out | µs a call |\n|---|---|---|---|---|---|---|")
+    for (c, kib, body), after, carve in itertools.product(configurations(clusters, smem_kib, bodies), after_kib,
+                                                          carveouts):
         fn = cupy.RawKernel(launch_source(c, body), "psa_launch_probe", options=("-std=c++17",))
         fn.compile()
         smem = kib * 1024
-        _kernels._with_smem(fn, smem)
+        _kernels._with_smem(fn, max(smem, (after or 0) * 1024))
+        if carve != -2:
+            fn.preferred_shared_memory_carveout = carve
 
-        def launch(layer, fn=fn, c=c, smem=smem):
+        def launch(layer, fn=fn, c=c, smem=smem, after=after):
             fn((c * args.groups,), (args.threads,), (null,), shared_mem=smem)
+            if after is not None:
+                fn((c * args.groups,), (args.threads,), (null,), shared_mem=after * 1024)
 
         with stream:
             us = per_call_us(launch, 1, stream, args.reps)
-        print(f"| {c} | {c * args.groups} | {kib} | {body} | {us:.2f} |", flush=True)
+        print(f"| {c} | {c * args.groups} | {kib} | {body} | {'-' if after is None else after} | {carve} | "
+              f"{us:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
