@@ -2754,9 +2754,12 @@ def test_launch_shape_probe_sources_and_configurations():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--clusters", "8,x"], "--clusters and --smem take comma-separated integers"),
+    (["--clusters", "8,x"], "--clusters, --smem, --after and --carveout take comma-separated integers"),
+    (["--carveout", "max"], "--clusters, --smem, --after and --carveout take comma-separated integers"),
     (["--threads", "100"], "--threads a multiple of 32"),
-    (["--smem", "0,300"], "--smem takes KiB in [0, 227]"),
+    (["--smem", "0,300"], "--smem and --after take KiB in [0, 227]"),
+    (["--after", "228"], "--smem and --after take KiB in [0, 227]"),
+    (["--carveout", "101"], "--carveout takes percents in [0, 100], -1 or -2"),
     (["--clusters", "6"], "power of two"),
     (["--bodies", "empty,spin"], "body must be one of")])
 def test_launch_shape_probe_rejects_bad_arguments(monkeypatch, capsys, argv, message):
