@@ -3720,17 +3720,9 @@ if [ "$PART" = s74d ]; then
   exit 0
 fi
 if [ "$PART" = s74e ]; then
-  # Seventy-fourth session, for the seventy-fifth (after s74d): psa_estimate_order's runs sorted by every warp
-  # (_kernels.ESTIMATE_ORDER_PIECES: each warp sorts pieces of 32 words, one a lane, then every thread puts a word at
-  # its rank among the 8 pieces, runs.cuh piece_rank; same words, same bits). s74c's clock (H100): one warp sorts the
-  # run in 0.9 µs while the others wait. Predicted (H100): the sort phase 0.9 -> ~0.3 µs (15 shuffle stages, then 5
-  # rounds of 7 conflict-free searches and two CTA barriers), psa_estimate_order -0.5 to -0.6 µs, a PSA step -0.5.
-  # The variants' test first (the part stops if it fails), then the clock, the kernels and the steps,
-  # ESTIMATE_ORDER_PIECES 0 / 1 / 1 / 0 with RUN_SWIZZLE $2 (default 1) in one process. ~3 minutes.
-  gated_tests t_s74e.log 200 tests/test_fast.py -k "swizzled_runs_and_early or estimate_and_order_in_one_launch"
-  cd benchmarks
-  fused_ab "RUN_SWIZZLE=${2:-1} ESTIMATE_ORDER_PIECES=0,1,1,0" 1 s74e
-  exit 0
+  # Seventy-fourth session: psa_estimate_order's runs sorted by every warp (ESTIMATE_ORDER_PIECES), measured in s75
+  # (H100): the sort phase 0.93 -> 1.37 µs, the kernel 9.7 -> 10.3, the step 30.3 / 30.5 -> 30.9 / 31.1.
+  retired "slower, removed in s75" results_h100_s75.md
 fi
 if [ "$PART" = s74f ]; then
   # Seventy-fourth session, for a later one: what bounds psa_estimate_order's scoring (s74c's clock, H100: its 64
@@ -3781,11 +3773,12 @@ if [ "$PART" = s74g ]; then
   # $2 (default 1), bench_decode's per-head profile at 32K B = 1 (its "per_head" rows). Predicted (H100): the fused
   # per-head kernel ~9.5 µs (scoring 4.4 as shared, four sorts side by side, placements two a thread in lock-step
   # ~1.5-2, launch ~1.5) against ~12.5 unfused: the per_head row -2 to -3 µs. If so, fuses_estimate_order should
-  # count clusters (B x Gn / heads), not groups. ~3 minutes.
+  # count clusters (B x Gn / heads), not groups. ~3 minutes. (Its first run, s75, left out --per-head, so bench_decode
+  # ran no gqa="per_head" row: every row the same at 8 and 32, 17 s.)
   mkdir -p "$OUT/ph"
   cd benchmarks
   timeout 200 python3 exp_kernels_attr.py RUN_SWIZZLE=${2:-1} ESTIMATE_ORDER_MAX_GROUPS=8,32,32,8 -- bench_decode.py \
-      --profile per-head --shape llama8b --sizes 32768:1 --reps 20 \
+      --profile per-head --per-head --shape llama8b --sizes 32768:1 --reps 20 \
       --skip tau0.9,remaining,stages,speculate,predicted,sketch,rank --out "$OUT/ph" 2>&1 \
       | grep "^#\|^|" | cut -d'|' -f2-9 | grep -v "SDPA\|dense" | tee "$OUT/s74g.txt"
   exit 0

@@ -7,12 +7,12 @@ change to the kernel's network or its tie rule before a device call (the GPU tes
 
 ``--run`` sets the run's length (a power of two from 32; the kernel's is 256, its words 8 a lane): a version with
 shorter runs (more of them a group, each sorted in fewer stages) can be checked here before it is written in CUDA.
-``--pieces`` sorts each run as psa_estimate_order's ``ESTIMATE_ORDER_PIECES`` build does (pieces of 32 a warp, merged
-by rank: runs.cuh ``warp_sort32_desc``, ``piece_rank``); ``--swizzle`` keeps the sorted runs in ``RUN_SWIZZLE``'s
-layout (``run_lane_order``'s stores, ``run_slot``'s reads). ``--wavefronts`` prints the shared-memory wavefronts a
-search load of a warp's 32 placements costs in either layout (the model behind ``RUN_SWIZZLE``, NOTES s74):
+``--swizzle`` keeps the sorted runs in ``RUN_SWIZZLE``'s layout (``run_lane_order``'s stores, ``run_slot``'s reads).
+``--wavefronts`` prints the shared-memory wavefronts a search load of a warp's 32 placements costs in either layout
+(the model behind ``RUN_SWIZZLE``, NOTES s74). (s74's ``--pieces``, each run sorted by every warp in pieces of 32
+merged by rank, went with the kernel's ``ESTIMATE_ORDER_PIECES``: slower on the H100, removed in s75.)
 
-    python benchmarks/emu_order_runs.py --pieces --swizzle
+    python benchmarks/emu_order_runs.py --swizzle
     python benchmarks/emu_order_runs.py --wavefronts
 """
 
@@ -57,40 +57,6 @@ def warp_sort_desc(run: np.ndarray) -> np.ndarray:
             j >>= 1
         kk <<= 1
     return k
-
-
-def warp_sort32_desc(piece: np.ndarray) -> np.ndarray:
-    """runs.cuh's warp_sort32_desc: 32 words, one a lane, sorted descending by the bitonic network's shuffles."""
-    v, lane = piece.copy(), np.arange(32)
-    kk = 2
-    while kk <= 32:
-        j = kk >> 1
-        while j > 0:
-            other = v[lane ^ j]
-            keep_max = ((lane & kk) == 0) == ((lane & j) == 0)
-            v = np.where(keep_max, np.maximum(v, other), np.minimum(v, other))
-            j >>= 1
-        kk <<= 1
-    return v
-
-
-def pieces_sort_desc(run: np.ndarray) -> np.ndarray:
-    """A run of 256 sorted as ESTIMATE_ORDER_PIECES does: each piece of 32 by warp_sort32_desc, then every word put at
-    its piece_rank (its place in its piece, plus the words above it in the other pieces, at or above it in those
-    before its own)."""
-    if run.size != RUN:
-        raise ValueError(f"the pieces sort takes runs of {RUN} words, got {run.size}")
-    pieces = np.concatenate([warp_sort32_desc(run[p:p + 32]) for p in range(0, RUN, 32)])
-    merged = np.zeros_like(pieces)
-    for e in range(RUN):
-        own, v = e >> 5, pieces[e]
-        rank = e & 31
-        for q in range(RUN // 32):
-            if q != own:
-                piece = pieces[32 * q: 32 * q + 32]
-                rank += int(((piece >= v) if q < own else (piece > v)).sum())
-        merged[rank] = v
-    return merged
 
 
 def run_slot(e, swizzle: bool = True):
@@ -152,17 +118,16 @@ def count_above(run: np.ndarray, thr: int, swizzle: bool = False) -> int:
 
 
 def order_runs(scores: np.ndarray, n: int, nmax: int, sink: int, recent: int, run: int = RUN, *,
-               pieces: bool = False, swizzle: bool = False) -> np.ndarray:
+               swizzle: bool = False) -> np.ndarray:
     """The order psa_order_runs writes for one group ([nmax] int: block indices, -1 past n), with runs of ``run``
-    words (the kernel's: 256); ``pieces``: each run sorted as ESTIMATE_ORDER_PIECES does; ``swizzle``: the sorted
-    runs stored and searched in RUN_SWIZZLE's layout (both for runs of 256)."""
+    words (the kernel's: 256); ``swizzle``: the sorted runs stored and searched in RUN_SWIZZLE's layout (for runs of
+    256)."""
     if run < 32 or run & (run - 1) or GROUP_MAX % run:
         raise ValueError(f"run must be a power of two from 32 to {GROUP_MAX}, got {run}")
-    if (pieces or swizzle) and run != RUN:
-        raise ValueError(f"pieces and swizzle take the kernel's runs of {RUN}, got run={run}")
+    if swizzle and run != RUN:
+        raise ValueError(f"swizzle takes the kernel's runs of {RUN}, got run={run}")
     words = words_of(scores, n, sink, recent)
-    sort = pieces_sort_desc if pieces else warp_sort_desc
-    runs = [sort(words[w * run:(w + 1) * run]) for w in range(GROUP_MAX // run)]
+    runs = [warp_sort_desc(words[w * run:(w + 1) * run]) for w in range(GROUP_MAX // run)]
     rows = [swizzled_row(r) for r in runs] if swizzle else runs  # (the runs as shared memory holds them)
 
     def count(r: int, thr: int) -> int:
@@ -203,7 +168,6 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=20, help="random groups to check")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run", type=int, default=RUN, help="words a run (the kernel's: 256)")
-    ap.add_argument("--pieces", action="store_true", help="each run sorted as ESTIMATE_ORDER_PIECES does")
     ap.add_argument("--swizzle", action="store_true", help="the sorted runs in RUN_SWIZZLE's layout")
     ap.add_argument("--wavefronts", action="store_true",
                     help="print the search loads' shared-memory wavefronts in both layouts, then stop")
@@ -224,14 +188,14 @@ def main() -> None:
                   "special": lambda: rng.choice(special, nmax),
                   "equal": lambda: np.full(nmax, 2.5, np.float32),
                   "distinct": lambda: rng.standard_normal(nmax).astype(np.float32)}[kind]()
-        got = order_runs(scores, n, nmax, sink, recent, args.run, pieces=args.pieces, swizzle=args.swizzle)
+        got = order_runs(scores, n, nmax, sink, recent, args.run, swizzle=args.swizzle)
         assert got[:n].tolist() == sort_order(scores, n, sink, recent), (case, nmax, n, kind)
         assert (got[n:] == -1).all(), (case, nmax, n, kind)
         if kind != "special" and n:
             assert got[:n].tolist() == list(processing_order(scores[:n].astype(np.float64),
                                                              forced_blocks(n, sink, recent))), (case, nmax, n, kind)
         print(f"case {case}: {kind}, {n} of {nmax} blocks, sink {sink}, recent {recent}, runs of {args.run}"
-              f"{', pieces' if args.pieces else ''}{', swizzled' if args.swizzle else ''}: the sort's order")
+              f"{', swizzled' if args.swizzle else ''}: the sort's order")
 
 
 if __name__ == "__main__":

@@ -476,10 +476,6 @@ ESTIMATE_ORDER_MAX_GROUPS = 8  # at most this many groups of a batch (one Llama 
 # the scoring's path (CTAs scored at 4.44 / 4.63 µs off, 4.43 / 4.41 on); the kernel -0.1 to -0.2 µs, the step
 # within its spread. 0: off (the bits are the same either way)
 ESTIMATE_ORDER_EARLY = 0
-# 1: psa_estimate_order sorts each run with every warp (pieces of 32 words a warp, merged by rank: runs.cuh
-# piece_rank) where one warp sorted it while the others waited (0.9 µs of its CTAs' ~7.4 by the clock, H100 s74c).
-# 0: off (prep s74, device_pending.sh s74e)
-ESTIMATE_ORDER_PIECES = 0
 EO_CLOCK = 0  # 1: psa_estimate_order's PSA_EO_CLOCK build, each CTA's phases in eo_clocks (benchmarks/exp_eo_clock.py)
 eo_clocks = None  # [B, Gn / H, R, 10] int64 of the last estimate_order launch under EO_CLOCK (estimate_order.cu)
 
@@ -523,7 +519,7 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
     runs = -(-nmax // RUN_BLOCKS)
     chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate's)
     warps = ESTIMATE_ORDER if d <= 128 else 8  # (ptxas: 16 warps' 128 registers a thread spill at D 256)
-    switches = {"eo_clock": EO_CLOCK, "eo_early": ESTIMATE_ORDER_EARLY, "eo_pieces": ESTIMATE_ORDER_PIECES}
+    switches = {"eo_clock": EO_CLOCK, "eo_early": ESTIMATE_ORDER_EARLY}
     defines.update({name: 1 for name, on in switches.items() if on}, **_run_swizzle())  # (off: the builds of before)
     fn = kernel("estimate_order", d=d, s=s, g=launch_g, cluster=runs, warps=warps, kind=KIND_CODES[kind],
                 est_kg=chunks, bounds=BOUND_CODES["estimates" if heads > 1 else None], eo_heads=heads, **defines)
@@ -578,8 +574,9 @@ RUN_BLOCKS = 256  # psa_order_runs' run (PSA_RUN): the blocks one warp sorts, an
 # psa_estimate_order): a warp's binary searches 4.7 -> 1.34 shared-memory wavefronts a load (CPU model). H100, s74c
 # (one process, off / on): the fused kernel's placement 1.74 -> 0.95 µs (clock), psa_estimate_order 10.5 -> 9.7,
 # psa_order_runs at B = 4 8.2 -> 7.2, Llama 5% 32K B = 1 PSA step 31.1 -> 30.4, top-k 27.5 -> 26.7; the bit tests
-# pass. Off until every GPU suite has run with it on (device_pending.sh s74d)
-RUN_SWIZZLE = 0
+# pass; every GPU suite with it on (s75, H100, device_pending.sh s74d): 194 passed, 3 skipped and 217 passed, 6
+# skipped. On since s75 (0: the layout of before)
+RUN_SWIZZLE = 1
 RUNS_MAX_BLOCKS = 8 * RUN_BLOCKS  # psa_order_runs: a group's words in at most 8 runs, one a warp of each CTA
 # order_method weighs psa_order_runs (1) or leaves it to callers who name it (0: the methods before the fifty-seventh
 # session; a switch for A/Bs)

@@ -1499,8 +1499,8 @@ def test_estimate_order_launches_a_cluster_a_group_with_every_parameter(monkeypa
     CTA a run of 256 blocks for each group (grid (runs, Gn, B), PSA_CLUSTER = runs), or for per-head selection one a
     KV head making each of its query heads' orders; ESTIMATE_ORDER warps a CTA (8 at D 256, where 16 would spill);
     and passes as many arguments as the kernel takes with the caller's query (its scale) or the scaled copy, with the
-    L2 first chunk asked or not, and with the switches RUN_SWIZZLE, ESTIMATE_ORDER_EARLY and ESTIMATE_ORDER_PIECES
-    on (their defines; nvcc, no GPU)."""
+    L2 first chunk asked or not, with RUN_SWIZZLE on (the default) and off, and with ESTIMATE_ORDER_EARLY on (their
+    defines; nvcc, no GPU)."""
     from psa_fast import _kernels
 
     launches = []
@@ -1531,13 +1531,15 @@ def test_estimate_order_launches_a_cluster_a_group_with_every_parameter(monkeypa
     assert [sh[3:] for sh in shapes[:4]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     per_head = [launch[2] for launch in launches[-2:]]  # a cluster a KV head (grid y 2), 4 orders, each head's scores
     assert [(d["g"], d["eo_heads"], d["bounds"]) for d in per_head] == [(4, 4, 2)] * 2
-    assert not {"run_swizzle", "eo_early", "eo_pieces"} & {k for launch in launches for k in launch[2]}  # (off)
-    for name in ("RUN_SWIZZLE", "ESTIMATE_ORDER_EARLY", "ESTIMATE_ORDER_PIECES"):  # the switches: defines, same args
-        monkeypatch.setattr(_kernels, name, 1)
+    assert all(launch[2].get("run_swizzle") == 1 and "eo_early" not in launch[2] for launch in launches)  # defaults
     q = np.zeros((1, 8, 128), np.float32)
-    _kernels.estimate_order(q, None, None, None, None, d=128, s=16, g=4, hq=8, hkv=2, nmax=1500, kind="cuboid_mean",
-                            sink_blocks=1, recent_blocks=2, l2_first=(np.zeros((1, 2, 1500), np.int32), pool, pool, 32))
-    assert [launches[-1][2].get(k) for k in ("run_swizzle", "eo_early", "eo_pieces")] == [1, 1, 1]
+    for swizzle, early in ((0, 0), (1, 1)):  # the switches: defines (none where off), the same arguments
+        monkeypatch.setattr(_kernels, "RUN_SWIZZLE", swizzle)
+        monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_EARLY", early)
+        _kernels.estimate_order(q, None, None, None, None, d=128, s=16, g=4, hq=8, hkv=2, nmax=1500,
+                                kind="cuboid_mean", sink_blocks=1, recent_blocks=2,
+                                l2_first=(np.zeros((1, 2, 1500), np.int32), pool, pool, 32))
+        assert [launches[-1][2].get(k, 0) for k in ("run_swizzle", "eo_early")] == [swizzle, early]
     _assert_launches_pass_every_parameter([launch[:4] for launch in launches], tmp_path)
 
 
@@ -2465,23 +2467,18 @@ def test_order_runs_emulation_gives_the_sort_order(seed):
     assert emu.count_above(runs[0], int(words[300]) - 1) == 256 and emu.count_above(runs[0], int(words[300])) == 0
 
 
-def test_order_runs_emulation_of_the_pieces_sort_and_the_swizzle_keeps_the_order():
-    """emu_order_runs.py's ESTIMATE_ORDER_PIECES sort (pieces of 32 merged by rank) gives the run the warp's network
-    gives, ties and zeros included; with the runs also in RUN_SWIZZLE's layout (each lane's words permuted, read
-    through run_slot) the order is still the one-CTA sort's; and the bank model behind the swizzle: a warp's search
+def test_order_runs_emulation_of_the_swizzle_keeps_the_order():
+    """emu_order_runs.py with the runs in RUN_SWIZZLE's layout (each lane's words permuted, read through run_slot): the
+    order is still the one-CTA sort's, ties and zeros included; and the bank model behind the swizzle: a warp's search
     loads cost ~4.7 wavefronts on plain rows, under 1.5 swizzled."""
     import emu_order_runs as emu
 
     rng = np.random.default_rng(74)
-    for trial in range(20):
-        run = rng.integers(0, 6 if trial % 2 else 2**32, emu.RUN).astype(np.uint64)
-        run[rng.random(emu.RUN) < (0.3 if trial % 3 == 0 else 0)] = 0
-        np.testing.assert_array_equal(emu.pieces_sort_desc(run), emu.warp_sort_desc(run))
     row = emu.swizzled_row(np.arange(emu.RUN, dtype=np.uint64))
     assert all(row[emu.run_slot(e)] == e for e in range(emu.RUN)) and sorted(row.tolist()) == list(range(emu.RUN))
     for nmax, n, sink, recent in [(2048, 2048, 1, 2), (1000, 257, 0, 0), (300, 299, 3, 40)]:
         scores = (rng.integers(-50, 50, nmax) / 4).astype(np.float32)  # many exact ties
-        got = emu.order_runs(scores, n, nmax, sink, recent, pieces=True, swizzle=True)
+        got = emu.order_runs(scores, n, nmax, sink, recent, swizzle=True)
         assert got[:n].tolist() == emu.sort_order(scores, n, sink, recent) and (got[n:] == -1).all()
     with pytest.raises(ValueError, match="runs of 256"):
         emu.order_runs(scores, n, nmax, sink, recent, run=128, swizzle=True)

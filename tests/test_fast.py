@@ -783,10 +783,9 @@ def test_swizzled_runs_and_early_rows_give_the_same_orders(monkeypatch, fused, h
     """_kernels.RUN_SWIZZLE (runs.cuh: the sorted runs' words at swizzled slots of shared memory, which the binary
     searches read) and ESTIMATE_ORDER_EARLY (psa_estimate_order's rows requested before the request's length, the
     CTAs past a short request's runs scoring theirs before they leave) change no bit of psa_order_runs' or
-    psa_estimate_order's orders, nor does ESTIMATE_ORDER_PIECES (each run sorted by every warp, pieces of 32 merged
-    by rank): every output and the scores equal the plain kernels', for ragged requests, sink and recent blocks
-    (equal words: the tie scan), a stretch of repeated keys (ties inside a run), top-k's full order, per-head orders
-    and one run a group (no cluster)."""
+    psa_estimate_order's orders: every output and the scores equal the plain kernels', for ragged requests, sink and
+    recent blocks (equal words: the tie scan), a stretch of repeated keys (ties inside a run), top-k's full order,
+    per-head orders and one run a group (no cluster). (s74's ESTIMATE_ORDER_PIECES, tested here too, went in s75.)"""
     from psa_fast import _kernels
 
     rng = np.random.default_rng(74)
@@ -801,18 +800,16 @@ def test_swizzled_runs_and_early_rows_give_the_same_orders(monkeypatch, fused, h
     monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)
     monkeypatch.setattr(_kernels, "topk_uses_head", lambda *a, **k: False)  # (top-k: the full order)
     runs = {}
-    variants = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 0, 1)]
-    for swizzle, early, pieces in variants:
+    variants = [(0, 0), (1, 0), (0, 1), (1, 1)]
+    for swizzle, early in variants:
         monkeypatch.setattr(_kernels, "RUN_SWIZZLE", swizzle)
         monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_EARLY", early)
-        monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_PIECES", pieces)
         p = psa_fast.plan(cache, num_q_heads=hq, **options)
         assert p._estimate_order == bool(fused)
-        runs[swizzle, early, pieces] = _step_bits(p, q)
+        runs[swizzle, early] = _step_bits(p, q)
     for variant in variants[1:]:
-        for name, want in runs[0, 0, 0].items():
-            np.testing.assert_array_equal(runs[variant][name], want,
-                                          err_msg=f"{name}, (swizzle, early, pieces) {variant}")
+        for name, want in runs[0, 0].items():
+            np.testing.assert_array_equal(runs[variant][name], want, err_msg=f"{name}, (swizzle, early) {variant}")
     order = runs[0, 0, 0]["order"][0, 0]
     assert (np.sort(order[order >= 0]) == np.arange(-(-lens[0] // 16))).all()  # (a full order was compared)
 

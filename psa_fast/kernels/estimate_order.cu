@@ -40,9 +40,6 @@ static_assert(PSA_H == 1 || !PSA_L2_FIRST, "psa_estimate_order: the L2 first chu
 #ifndef PSA_EO_EARLY
 #define PSA_EO_EARLY 0  // 1: rows requested before the request's length is read (_kernels.ESTIMATE_ORDER_EARLY)
 #endif
-#ifndef PSA_EO_PIECES
-#define PSA_EO_PIECES 0  // 1: each run sorted by every warp, pieces of 32 merged by rank (ESTIMATE_ORDER_PIECES)
-#endif
 #ifndef PSA_EO_CLOCK
 #define PSA_EO_CLOCK 0
 #endif
@@ -76,10 +73,6 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
     __shared__ __align__(16) unsigned int runs[PSA_H][PSA_CLUSTER][PSA_RUN];
     __shared__ __align__(16) unsigned int words[PSA_H][PSA_RUN];
     __shared__ __align__(8) unsigned long long bar;  // counts the runs pushed into `runs`
-#if PSA_EO_PIECES
-    __shared__ __align__(16) unsigned int pieces[PSA_H][PSA_RUN];  // this CTA's run in 8 sorted pieces of 32 ...
-    __shared__ __align__(16) unsigned int merged[PSA_H][PSA_RUN];  // ... and merged: sorted descending
-#endif
     const int b = blockIdx.z, g = blockIdx.y, mine = blockIdx.x;  // (the cluster spans x: its rank)
     const int Gn = gridDim.y * PSA_H;  // the orders of a request
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
@@ -171,34 +164,14 @@ psa_estimate_order(const q_in_t* __restrict__ q, const __half* __restrict__ meta
     __syncthreads();
     PSA_EMARK(2);
 
-#if PSA_EO_PIECES
-    // every warp sorts pieces of 32 of the runs (words past n are 0), then every thread puts a word of a piece at its
-    // place in its run (piece_rank)
-    for (int pc = warp; pc < PSA_H * (PSA_RUN / 32); pc += PSA_WARPS) {
-        const int h = pc / (PSA_RUN / 32), e = pc % (PSA_RUN / 32) * 32 + lane;
-        pieces[h][e] = warp_sort32_desc(base + e < n ? words[h][e] : 0u, lane);
-    }
-    __syncthreads();
-    for (int p = t; p < PSA_H * PSA_RUN; p += PSA_WARPS * 32) {
-        const int h = p / PSA_RUN, e = p % PSA_RUN;
-        merged[h][piece_rank(pieces[h], e)] = pieces[h][e];
-    }
-    __syncthreads();
-#endif
     if (warp < PSA_H) {  // warp h sorts order h's run (words past n are 0) and sends it to every placing CTA
         unsigned int k[PSA_RUN_KPL];
 #pragma unroll
         for (int r = 0; r < PSA_RUN_KPL; ++r) {
             const int e = lane * PSA_RUN_KPL + r;
-#if PSA_EO_PIECES
-            k[r] = merged[warp][e];  // (sorted above)
-#else
             k[r] = base + e < n ? words[warp][e] : 0u;
-#endif
         }
-#if !PSA_EO_PIECES
         warp_sort_desc(k, lane);
-#endif
         PSA_EMARK(3);
         run_lane_order(k, lane);
 #if PSA_CLUSTER > 1

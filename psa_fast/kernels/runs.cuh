@@ -69,46 +69,6 @@ __device__ __forceinline__ void warp_sort_desc(unsigned int (&k)[PSA_RUN_KPL], i
     }
 }
 
-// Sort a warp's 32 words descending, one a lane (bitonic: 15 compare-exchanges by shuffle); lane l ends with the
-// l-th largest.
-__device__ __forceinline__ unsigned int warp_sort32_desc(unsigned int v, int lane) {
-#pragma unroll
-    for (int kk = 2; kk <= 32; kk <<= 1)
-#pragma unroll
-        for (int j = kk >> 1; j > 0; j >>= 1) {
-            const unsigned int o = __shfl_xor_sync(0xffffffffu, v, j);
-            const bool keep_max = ((lane & kk) == 0) == ((lane & j) == 0);  // (descending segments where lane & kk)
-            v = keep_max ? max(v, o) : min(v, o);
-        }
-    return v;
-}
-
-// The position in a run of 256 words of word e of `pieces` (the run as 8 pieces of 32, each sorted descending):
-// e's place in its own piece plus, in every other piece, the words above it (at or above it in the pieces before
-// its own, so that equal words take distinct positions), the 7 binary searches in lock-step. The merged run holds the
-// same words at these positions as one sort of the 256 would.
-__device__ __forceinline__ int piece_rank(const unsigned int* pieces, int e) {
-    const int own = e >> 5;
-    const unsigned int v = pieces[e];
-    int c[8];
-#pragma unroll
-    for (int q = 0; q < 8; ++q) c[q] = 0;
-#pragma unroll
-    for (int half = 16; half > 0; half >>= 1)
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-            const unsigned int x = pieces[32 * q + c[q] + half - 1];
-            c[q] = (q < own ? x >= v : x > v) ? c[q] + half : c[q];
-        }
-    int rank = e & 31;
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-        const unsigned int x = pieces[32 * q + c[q]];  // (the 32nd position: c[q] <= 31)
-        rank += q == own ? 0 : c[q] + (q < own ? x >= v : x > v);
-    }
-    return rank;
-}
-
 // How many words of run which[q] of `runs` (each sorted descending, word e in slot run_slot(e)) are above thr[q], the
 // Q searches in lock-step (Q independent shared-memory loads a round): binary lifting over the first 255 positions,
 // then one probe for the 256th (as psa_order_merge counts).
