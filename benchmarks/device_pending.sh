@@ -3765,6 +3765,25 @@ if [ "$PART" = s75a ]; then
       --size 32768 --batches 1 --share 0.05 2>&1 | grep -v Warn | tee -a "$OUT/s75a.txt"
   exit 0
 fi
+if [ "$PART" = s75e ]; then
+  # Seventy-fifth session, for the next: which kernel's entry or exit holds the ~6.5 µs of a one-request step that
+  # lie outside every CTA (s75a, H100, Llama 5% 32K B = 1: 1.5-2 µs between psa_estimate_order's last CTA and the
+  # loop's first, 4.5-5 between the loop's last group and the next step's estimate; an empty launch of that shape
+  # costs ~0.9, s75c, whatever its shared memory). (1) Each kernel replayed alone (exp_step_timeline.py --only): its
+  # boundary with itself. (2) The step with the order's L2 first chunk off (ORDER_L2_FIRST_MIB 2 / 0 / 0 / 2): do
+  # the 2 MiB of cp.async.bulk.prefetch.L2 the fused kernel issues at its end hold its completion (the gap)?
+  # Predicted: the loop's boundary with itself ~3-4 µs (its exit and entry hold most of it), the fused kernel's
+  # ~1-1.5, and the gap 0.5 µs shorter without the prefetch (the step level or slower: the first copies then miss
+  # L2). ~2 minutes.
+  cd benchmarks
+  for only in estimate attend; do
+    timeout 120 python3 exp_step_timeline.py --shape llama8b --size 32768 --batches 1 --share 0.05 --only $only \
+        2>&1 | grep -v Warn | tee -a "$OUT/s75e.txt"
+  done
+  timeout 200 python3 exp_kernels_attr.py ORDER_L2_FIRST_MIB=2,0,0,2 -- exp_step_timeline.py --shape llama8b \
+      --size 32768 --batches 1 --share 0.05 2>&1 | grep -v Warn | tee -a "$OUT/s75e.txt"
+  exit 0
+fi
 if [ "$PART" = s74g ]; then
   # Seventy-fourth session, for a later one: per-head selection (gqa="per_head") fused at one Llama request. Its
   # 32 groups exceed ESTIMATE_ORDER_MAX_GROUPS (8), though its launch is only 8 clusters (one a KV head, each making

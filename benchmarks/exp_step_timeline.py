@@ -5,6 +5,12 @@ each CTA's start and end (the loop: each group's rank-0 CTA). Per batch size, th
 first ``psa_estimate_order`` CTA's start, beside the step's period (median µs a call, ``PER_GRAPH`` calls a graph):
 
     python benchmarks/exp_step_timeline.py --shape llama8b --size 32768 --batches 1 --share 0.05
+    python benchmarks/exp_step_timeline.py --only estimate     # the fused kernel alone, call after call
+    python benchmarks/exp_step_timeline.py --only attend       # the loop alone (the order of the warm-up calls)
+
+``--only`` replays one stage alone (``DecodePlan.estimate`` or ``.attend``, on the plan's scaled query), so the
+period left outside its CTAs is that kernel's boundary with itself: beside an empty launch of the same shape
+(``exp_launch_shape.py``, ~0.9 µs on the H100) it says which kernel's entry or exit holds the time between kernels.
 
 The profiler gives psa_estimate_order 10.5 µs and psa_decode 19.0 at Llama 5% 32K B = 1 (H100, s74), while the
 fused kernel's clock ends 8.3 µs after its first CTA starts and the loop clock (s69) is ~4 µs under the profiler's
@@ -52,12 +58,28 @@ def timeline_rows(eo_clocks: np.ndarray, loop_clocks: np.ndarray, step_us: float
     return rows
 
 
+def alone_rows(clocks: np.ndarray, words: int, step_us: float) -> list[str]:
+    """Rows ``event | µs`` for one kernel replayed alone: its CTAs' span on the global timer from ``clocks`` (``words``
+    10: ``eo_clocks``, start / end in words 0 / 1, flag in 7; 18: ``loop_clocks``, start / end in 16 / 17, flag in
+    9), the period a call (``step_us``) and what is left of it outside the span."""
+    start, end, flag = {10: (0, 1, 7), 18: (16, 17, 9)}[words]
+    c = np.asarray(clocks, dtype=np.float64).reshape(-1, words)
+    c = c[c[:, flag] > 0]
+    if c.shape[0] == 0:
+        raise ValueError("no CTA or group wrote its marks: nothing to time")
+    span = (c[:, end].max() - c[:, start].min()) / 1e3
+    return [f"| CTAs' span (first start .. last end) | {span:.2f} |", f"| period (graph, µs a call) | {step_us:.2f} |",
+            f"| outside the span (the kernel's boundary with itself) | {step_us - span:.2f} |"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="llama8b")
     ap.add_argument("--size", type=int, default=32768)
     ap.add_argument("--batches", default="1")
     ap.add_argument("--share", type=float, default=0.05, help="drawn sparsity profile")
+    ap.add_argument("--only", choices=("estimate", "attend"), default=None,
+                    help="replay one stage alone: the fused estimate-order kernel or the loop")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
 
@@ -85,16 +107,26 @@ def main() -> None:
                         break
                     for layer in range(layers):  # compiles; the clock builds' arrays allocated before the capture
                         p.run(qs[layer], layer)
-                    rows[clocks] = per_call_us(lambda layer: p.run(qs[layer], layer), layers, stream, args.reps)
+                    stage = {None: lambda layer: p.run(qs[layer], layer), "estimate": p.estimate,
+                             "attend": p.attend}[args.only]
+                    for layer in range(layers):  # (the stage's own builds: the plan's scaled query)
+                        stage(layer)
+                    rows[clocks] = per_call_us(stage, layers, stream, args.reps)
                 if not rows:
                     print(f"\nT={args.size} B={b}: this plan does not fuse the estimate and the order")
                     continue
                 stream.synchronize()
                 print(f"\nT={args.size} B={b} {shape.name} {args.share:.0%}, {layers} layers in turn, {PER_GRAPH} calls "
                       f"a graph; step {rows[0]:.2f} µs a call with the production builds, {rows[1]:.2f} with the clocks")
-                print("| event (the graph's last call) | µs |\n|---|---|")
-                print("\n".join(timeline_rows(cupy.asnumpy(_kernels.eo_clocks), cupy.asnumpy(_kernels.loop_clocks),
-                                              rows[1])))
+                print(f"| event (the graph's last call{'' if args.only is None else ', ' + args.only + ' alone'}) "
+                      "| µs |\n|---|---|")
+                if args.only is None:
+                    print("\n".join(timeline_rows(cupy.asnumpy(_kernels.eo_clocks),
+                                                  cupy.asnumpy(_kernels.loop_clocks), rows[1])))
+                else:
+                    clocks = _kernels.eo_clocks if args.only == "estimate" else _kernels.loop_clocks
+                    print("\n".join(alone_rows(cupy.asnumpy(clocks), 10 if args.only == "estimate" else 18,
+                                               rows[1])))
     finally:
         _kernels.EO_CLOCK = _kernels.LOOP_CLOCK = 0
 

@@ -997,6 +997,13 @@ def test_step_timeline_places_both_kernels_on_the_global_timer():
         est.timeline_rows(eo, loop[..., :16], step_us=31.0)
     with pytest.raises(ValueError, match="nothing to time"):
         est.timeline_rows(eo, np.zeros((1, 1, 18)), step_us=31.0)
+    # one kernel alone (--only): its span and the rest of the period, from either clock's words
+    assert est.alone_rows(eo, 10, step_us=10.0) == ["| CTAs' span (first start .. last end) | 9.00 |",
+                                                    "| period (graph, µs a call) | 10.00 |",
+                                                    "| outside the span (the kernel's boundary with itself) | 1.00 |"]
+    assert est.alone_rows(loop, 18, step_us=20.0)[0] == "| CTAs' span (first start .. last end) | 18.50 |"
+    with pytest.raises(ValueError, match="nothing to time"):
+        est.alone_rows(np.zeros((2, 18)), 18, step_us=1.0)
 
 
 def test_loop_clock_table_counts_only_the_groups_that_ran():
