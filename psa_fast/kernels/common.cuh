@@ -370,6 +370,7 @@ __device__ __forceinline__ float3 cluster_combine(const float* c_m, const float*
 #define PSA_L2_FIRST_PARAMS                                                                                        \
     , const int *__restrict__ block_table, const char *__restrict__ k_pool, const char *__restrict__ v_pool,       \
         unsigned int tile_bytes, int l2_first
+#define PSA_L2_FIRST_ARGS , block_table, k_pool, v_pool, tile_bytes, l2_first  // (a device function's call)
 __device__ __forceinline__ void l2_ask_block(const char* k_pool, const char* v_pool, int slot, unsigned int bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_pool + (long)slot * bytes), "r"(bytes)
                  : "memory");
@@ -378,4 +379,5 @@ __device__ __forceinline__ void l2_ask_block(const char* k_pool, const char* v_p
 }
 #else
 #define PSA_L2_FIRST_PARAMS
+#define PSA_L2_FIRST_ARGS
 #endif
