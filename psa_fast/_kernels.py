@@ -1030,7 +1030,8 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
            version=DECODE_VERSION, stages=None, offload: tuple | None = None, sketch: tuple | None = None,
            q_mma=None, qk_scale: float = 1.0, split: tuple | None = None, first_len=None,
            q_exact: bool = False, spec: tuple | None = None, grid_group: tuple | None = None,
-           first_prev: bool = False, q_raw: tuple | None = None, spec_pieces: SpecShare | None = None) -> None:
+           first_prev: bool = False, q_raw: tuple | None = None, spec_pieces: SpecShare | None = None,
+           fused: tuple | None = None) -> None:
     """Launch the decode kernel (``version`` 3, tensor cores; 2 is the CUDA-core kernel that groups of
     more than 8 query heads fall back to)
     over ``[B, Hq/g]`` groups, ``cluster`` CTAs each.
@@ -1084,6 +1085,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     ``q_raw = (query, mul)``: version 3's loop, grid and split builds read the caller's query (``[B, Hq, d]``
     C-contiguous float16, float32 or int16 bfloat16 bits) and multiply it by ``mul`` themselves (the power of two
     of ``q_mma``: the same float32 product, so the same bits), so that no kernel has to copy it first.
+
+    ``fused = (meta, scores, sink_blocks, recent_blocks, q_scale, kind)`` (``FUSED_STEP``; not yet run on a GPU):
+    the loop's build first does ``estimate_order``'s work for its group (decode.cu ``PSA_FUSED_EO``: the scores into
+    ``scores``, the order into ``order_arr``), reading ``q_raw``'s query times ``q_scale``; the plain loop on clusters
+    of 2 to 8 CTAs, at least one a run of ``RUN_BLOCKS`` blocks, 8 warps, float16 KV, tensor-core metadata.
 
     The KV dtype follows the pools: float16, or int16 holding bfloat16 (the ``PSA_BF16`` build)."""
     version, warps, stages, smem = decode_config(d=d, s=s, g=g, version=version, warps=warps, stages=stages)
@@ -1214,9 +1220,13 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
     clocked = LOOP_CLOCK and version == 3 and split is None and offload is None
     if clocked:
         defines["loop_clock"] = 1
+    fused_args, fused_defines = _fused_step_launch(fused, version=version, q_raw=q_raw, split=split, offload=offload,
+                                                   grid_group=grid_group, cluster=cluster, warps=warps, g=g, bf16=bf16,
+                                                   nmax=nmax, stop=stop, first_len=first_len)
     fn = _decode_build(name="decode" if version == 3 else "decode_v2", entry=None, d=d, s=s, g=g, cluster=cluster,
-                       warps=warps, stages=stages, smem=smem, **defines, **raw_define, **launch)
-    fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 18) + raw_args, shared_mem=smem)
+                       warps=warps, stages=stages, smem=smem, **defines, **raw_define, **fused_defines, **launch)
+    fn(grid, (warps * 32,), args + _clock_args("loop_clocks", clocked, b, hq // g, 18) + raw_args + fused_args,
+       shared_mem=smem)
     if split is not None:
         merge_warps = min(8, splits)
         batch = min(MERGE_BATCH, -(-splits // merge_warps)) if MERGE_BATCH_FIT else MERGE_BATCH
@@ -1227,6 +1237,35 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
         merge((hq, b, d // per_cta), (32 * merge_warps,), (partial, seq_lens, out, num_used, iterations, reason,
                                                               mass_est, np.int32(splits), np.int32(step),
                                                               np.int32(why)))
+
+
+# 1: a PSA step at one request in one launch where a plan allows it (DecodePlan's _fused_step: decode.cu PSA_FUSED_EO,
+# the loop's clusters doing psa_estimate_order's work first; the step's query read as the caller gives it). Predicted
+# (H100, s75's timeline): Llama 5% 32K B = 1 -1.5 to -3 µs a step (the 1.5-2 µs between the two kernels and the
+# query's side branch gone, the 8-warp scoring +0.5). 0: off (not yet run on a GPU)
+FUSED_STEP = 0
+FUSED_STEP_RULES = ("ema", "remaining", "seed")  # the loop's rules that read no per-head values beside the order
+
+
+def _fused_step_launch(fused, *, version, q_raw, split, offload, grid_group, cluster, warps, g, bf16, nmax, stop,
+                       first_len) -> tuple[tuple, dict]:
+    """``decode(fused=...)``'s arguments after the kernel's own and its defines (``((), {})`` where None), or a
+    ValueError where the build cannot run the step in one launch."""
+    if fused is None:
+        return (), {}
+    meta, scores, sink_blocks, recent_blocks, q_scale, kind = fused
+    runs = -(-nmax // RUN_BLOCKS)
+    if (version != 3 or q_raw is None or split is not None or offload is not None or grid_group is not None
+            or first_len is not None or not 2 <= cluster <= 8 or runs > cluster or warps != 8 or g > 4 or bf16
+            or kind not in ("cuboid_mean", "mean") or stop not in FUSED_STEP_RULES):
+        raise ValueError(f"fused: the plain loop on clusters of 2 to 8 CTAs (at least one a run of {RUN_BLOCKS} blocks), "
+                         "8 warps, the caller's query, float16 KV, cuboid_mean or mean metadata, a loop rule without "
+                         f"per-head values and no first chunk; got version {version}, cluster {cluster} for {runs} "
+                         f"runs, {warps} warps, g {g}, kind {kind!r}, stop {stop!r}, q_raw given: {q_raw is not None}")
+    chunks = ESTIMATE_MMA_CHUNK_GROUP if g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate_order's)
+    defines = {"fused_eo": 1, "kind": KIND_CODES[kind], "est_kg": chunks, "bounds": 0, "eo_heads": 1,
+               **_run_swizzle(), **({"eo_early": 1} if ESTIMATE_ORDER_EARLY else {})}
+    return (meta, scores, np.int32(sink_blocks), np.int32(recent_blocks), np.float32(q_scale)), defines
 
 
 def _decode_build(*, entry, cluster, smem, name="decode", **options):

@@ -340,6 +340,13 @@ class DecodePlan:
         self._estimate_order = (self.mode != "dense" and not self._topk_head and _kernels.fuses_estimate_order(
             b, self.gn, nmax, kind=cache.metadata, per_head=self._per_head, g=self.g, hq=self.hq,
             hkv=cache.num_kv_heads, d=dp, group_scores=self._group_scores, workspace=ws is not None))
+        # the whole step in one launch (_kernels.FUSED_STEP, off): the loop's clusters do psa_estimate_order's work
+        # first (decode.cu PSA_FUSED_EO), both parts reading the caller's query; run() then launches nothing else
+        self._fused_step = bool(
+            _kernels.FUSED_STEP and self._estimate_order and self.mode == "psa" and self.version == 3 and estimate_raw
+            and not self.grid_ctas and self.speculate is None and self.first_chunk is None and self.partial is None
+            and self.stop in _kernels.FUSED_STEP_RULES and 2 <= self.cluster <= 8 and loop_warps == 8
+            and -(-nmax // _kernels.RUN_BLOCKS) <= self.cluster and self.g <= 4 and cache.dtype == "float16")
         # speculate: per group the speculated positions, per chunk of the schedule the partial outputs, and
         # the loop's state after the speculated chunks (for the resumed loop)
         self.spec_len = self.spec_partial = self.istate = self.vstate = self.spec_total = self.spec_items = None
@@ -416,9 +423,11 @@ class DecodePlan:
         caller's (``_kernels.DECODE_RAW_QUERY``: dense and top-k's split build, and top-k's estimate on
         the tensor cores); PSA's tensor-core estimate reads it too, while the scaled copy for the loop is
         written on a side stream beside the estimate and the order (``_kernels.QUERY_BRANCH``: one more
-        branch of a captured graph, a fork and a join event). The same bits either way.
+        branch of a captured graph, a fork and a join event). Where the plan runs the step in one launch
+        (``_kernels.FUSED_STEP``, off), the loop's build estimates and orders first, reading the caller's query.
+        The same bits either way.
         """
-        if self._query_branch is None and not self._raw_query:
+        if self._query_branch is None and not self._raw_query and not self._fused_step:
             layer = self.load_query(q, layer)
         else:
             layer, qa = self._check_query(q, layer)
@@ -437,6 +446,9 @@ class DecodePlan:
         stream estimates and orders."""
         import cupy
 
+        if self._fused_step:  # the step in one launch: the estimate, the order and the loop
+            self._note_query(qa)
+            return self.attend(layer, q_raw=qa)
         if self._query_branch is None:
             self._note_query(qa)
         else:
@@ -598,6 +610,9 @@ class DecodePlan:
         previous = self.first_chunk == "previous"
         num_used = self.num_used_layers[layer] if previous else self.num_used
         first_len = num_used if previous else self.first_len
+        # the step in one launch (run() with the caller's query): the scores and the order written by the loop's build
+        fused = ((c.meta[layer], self.scores, self.sink_blocks, self.recent_blocks, self.scale, c.metadata)
+                 if self._fused_step and q_raw is not None else None)
         _kernels.decode(self.q, c.k_pool, c.v_pool, c.block_table[layer], c.seq_lens[layer], order, self.log_suffix,
                         self.out, num_used, self.iterations, self.reason, self.mass_estimate, d=c.dp,
                         hkv=c.num_kv_heads, stop=stop, threshold=thr, step=step, forced=forced, cluster=self.cluster,
@@ -610,7 +625,7 @@ class DecodePlan:
                         spec=None if self.speculate is None else (self.spec_len, self.spec_partial, self.istate,
                                                                   self.vstate, self.spec_chunks, self.spec_total,
                                                                   self.spec_warps, self.spec_items),
-                        spec_pieces=self._spec_share, **self._shape())
+                        spec_pieces=self._spec_share, fused=fused, **self._shape())
         return DecodeOutput(self.out[..., : c.head_dim], order, num_used, self.iterations, self.reason,
                             self.mass_estimate, None if self.istate is None else self.istate[..., 3])
 

@@ -356,7 +356,7 @@ class OffloadDecoder(DecodePlan):
         options.setdefault("step", 64)
         super().__init__(cache, **options)
         # run() scales the query on the caller's stream: its graphs replay the plan's buffers
-        self._query_branch, self._raw_query = None, False
+        self._query_branch, self._raw_query, self._fused_step = None, False, False
         if self.mode == "dense":
             raise ValueError("mode='dense' is not offloaded: it reads every block, use a resident PagedKVCache")
         if self.version != 3:

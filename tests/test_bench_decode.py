@@ -1387,6 +1387,42 @@ def _launches(monkeypatch, **kwargs):
     return launches
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the kernel's PTX, no GPU)")
+def test_decode_fused_step_passes_the_estimate_orders_arguments(monkeypatch, tmp_path):
+    """_kernels.decode(fused=...) (FUSED_STEP, CPU, the build replaced): the loop's build with PSA_FUSED_EO and the
+    fused estimate-order kernel's defines (its kind, chunk group, group orders, the runs' swizzle), the caller's query
+    (PSA_QRAW), and after the kernel's arguments the metadata, the scores, the sink and recent blocks and the query's
+    scale; compiled to PTX (nvcc) it takes as many parameters as the launch passes. Builds that cannot run the step
+    in one launch are a ValueError."""
+    from psa_fast import _kernels
+
+    monkeypatch.setattr(_kernels, "_raw_query_code", lambda q, shape, what: _kernels._QRAW_CODES[q.dtype])  # (no .ptr)
+    b, hq, d, nmax = 2, 8, 128, 64
+    q16 = np.zeros((b, hq, d), np.float16)
+    meta, scores = np.zeros((b, 2, nmax, 2, d), np.float16), np.zeros((b, 2, nmax), np.float32)
+    ok = dict(cluster=8, q_mma=np.zeros((b, hq, d), np.float32), q_raw=(q16, 0.125),
+              fused=(meta, scores, 1, 2, 0.088, "cuboid_mean"))
+    (options, grid, block, args, kw), = _launches(monkeypatch, **ok)
+    assert grid == (8, 2, 2) and block == (256,)
+    assert {k: options.get(k) for k in ("fused_eo", "kind", "est_kg", "bounds", "eo_heads", "qraw", "run_swizzle")} == {
+        "fused_eo": 1, "kind": _kernels.KIND_CODES["cuboid_mean"], "est_kg": _kernels.ESTIMATE_MMA_CHUNK_GROUP,
+        "bounds": 0, "eo_heads": 1, "qraw": _kernels._QRAW_CODES[q16.dtype], "run_swizzle": _kernels.RUN_SWIZZLE}
+    assert args[-5] is meta and args[-4] is scores and [float(x) for x in args[-3:]] == [1, 2, np.float32(0.088)]
+    src = tmp_path / "decode.cu"
+    src.write_text(_kernels._source("decode.cu"))
+    flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in options.items() if k not in ("entry", "cluster")]
+    flags += [f"-DPSA_D={d}", "-DPSA_S=16", "-DPSA_G=4", "-DPSA_CLUSTER=8"]
+    ptx = tmp_path / "decode.ptx"
+    subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
+    text = ptx.read_text()
+    head = text[text.index(".entry psa_decode("):]
+    assert head[:head.index(")")].count(".param") == len(args)
+    for bad, says in ((dict(q_raw=None), "the caller's query"), (dict(cluster=1), "clusters of 2 to 8"),
+                      (dict(stop="certified"), "per-head values")):
+        with pytest.raises(ValueError, match=says):
+            _launches(monkeypatch, **{**ok, **bad})
+
+
 def test_decode_launches_the_grid_build_as_its_buffers_say(monkeypatch):
     """_kernels.decode (CPU, the build replaced): the grid build launches ``ctas`` CTAs a group, cooperatively, with its
     three exchange buffers as the last arguments; a buffer of another shape is a ValueError naming it, of another dtype

@@ -772,6 +772,43 @@ def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv
     assert (runs[0, 2]["order"][..., 0] >= 0).all()  # (a real order was compared)
 
 
+@pytest.mark.parametrize("hkv,hq,d,metadata,lens,query,options", [
+    (2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 30 * 16 + 1), "float16", dict(threshold=0.9, step=64)),
+    (2, 8, 128, "cuboid_mean", (2048 * 16,), "float32", dict(threshold=0.95, sink_blocks=2, recent_blocks=3)),
+    (8, 32, 128, "cuboid_mean", (2048 * 16 - 5,), "float16", dict(threshold=0.95)),  # one Llama request
+    (3, 9, 64, "mean", (1000 * 16, 300 * 16 + 9), "float16", dict(threshold=0.95, step=32, stop="remaining")),
+    (1, 4, 128, "cuboid_mean", (200 * 16 + 5,), "float16", dict(threshold=0.9, step=16))])  # one run: 7 CTAs place none
+def test_the_step_in_one_launch_keeps_every_bit(monkeypatch, hkv, hq, d, metadata, lens, query, options):
+    """_kernels.FUSED_STEP (decode.cu PSA_FUSED_EO: the loop's clusters first do psa_estimate_order's work, then one
+    cluster barrier, then the loop; both parts read the caller's query): the scores, the order and every result bit
+    for bit as the two launches (psa_estimate_order, then the loop with the scaled query): Llama's shape at one and
+    two requests (a ragged short one), one Llama request's 8 groups, SmolLM2's (mean metadata, D 64) with the
+    `remaining` rule, a request of one run (the cluster's other CTAs past it), sink and recent blocks, the caller's
+    float16 or float32 query. The plan runs one launch where FUSED_STEP is on."""
+    from psa_fast import _kernels
+
+    rng = np.random.default_rng(75)
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=len(lens), num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
+                                  metadata=metadata)
+    for b, t in enumerate(lens):
+        k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+        k[:, 16 * 20: 16 * 90] += np.float16(0.4) * rng.standard_normal(d).astype(np.float16)  # a heavier stretch
+        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
+    q = 2 * rng.standard_normal((len(lens), hq, d))
+    q = cupy.asarray(q.astype(np.float32 if query == "float32" else np.float16))
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)
+    monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
+    runs = {}
+    for fused in (0, 1, 0):
+        monkeypatch.setattr(_kernels, "FUSED_STEP", fused)
+        p = psa_fast.plan(cache, num_q_heads=hq, cluster=8, **options)
+        assert p._estimate_order and p._fused_step == bool(fused)
+        runs[fused] = _step_bits(p, q)
+    for name, want in runs[0].items():
+        np.testing.assert_array_equal(runs[1][name], want, err_msg=name)
+    assert (runs[0]["order"][..., 0] >= 0).all() and (runs[0]["num_used"] > 0).all()  # (a real step was compared)
+
+
 @pytest.mark.parametrize("fused,hkv,hq,lens,options", [
     (0, 2, 8, (1500 * 16 + 7, 30 * 16 + 1), dict(threshold=0.9, step=64, sink_blocks=2, recent_blocks=3)),
     (16, 2, 8, (1500 * 16 + 7, 30 * 16 + 1), dict(threshold=0.9, step=64, sink_blocks=2, recent_blocks=3)),

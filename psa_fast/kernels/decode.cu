@@ -124,6 +124,23 @@
 #include "mma.cuh"
 #include "verifier.cuh"
 
+#ifndef PSA_FUSED_EO
+#define PSA_FUSED_EO 0
+#endif
+// PSA_FUSED_EO = 1 (_kernels.FUSED_STEP; off, not yet run on a GPU): one launch for a step at one request. The loop's
+// cluster of a group first runs psa_estimate_order's CTA work (estimate_order.cuh: each CTA scores its run of 256
+// blocks, sorts it, pushes it into the cluster and places its blocks into `order`), then one cluster barrier makes
+// every CTA's placements visible, and the loop reads the order as the separate launches' loop does (from L2: it was
+// written in this launch). The estimate part reads the caller's query (its scale eo_q_scale), as the loop does
+// (PSA_QRAW), so the step needs no scaled copy. The launch is the loop's: a group a cluster of PSA_CLUSTER >= its runs
+// of 256 blocks (CTAs past the request's runs place nothing), PSA_WARPS 8 warps scoring two tiles each.
+#if PSA_FUSED_EO
+#include "estimate_order.cuh"
+#define PSA_ORDER_AT(p) __ldcg(p)
+#else
+#define PSA_ORDER_AT(p) __ldg(p)
+#endif
+
 #ifndef PSA_OFFLOAD
 #define PSA_OFFLOAD 0
 #endif
@@ -637,6 +654,10 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #if PSA_QRAW
            , float q_mul
 #endif
+#if PSA_FUSED_EO
+           , const __half* __restrict__ eo_meta, float* __restrict__ eo_scores, int eo_sink, int eo_recent,
+           float eo_q_scale
+#endif
            ) {
 #if !PSA_QRAW
     const float q_mul = 1.f;  // unused: the plan's copy is scaled
@@ -647,6 +668,22 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     // by up to 4 µs, Llama's clusters at 128K B = 8 by 12 (NOTES.md, thirty-second session, s32d-g; why, not profiled:
     // the swizzle keeps a phase's eight 16-byte pieces on distinct banks at any 16-byte offset).
     extern __shared__ __align__(128) unsigned char dyn_smem[];
+#if PSA_FUSED_EO
+    static_assert(PSA_QRAW && PSA_CLUSTER > 1 && !PSA_GRID && !PSA_SPLIT && !PSA_SPEC && !PSA_STATEFUL && PSA_H == 1 &&
+                  !PSA_EO_CLOCK, "the fused step: the loop on clusters, one order a group, the caller's query");
+    {
+        // stages 1 and 2: this CTA's run of its group scored, sorted, pushed into the cluster and placed into `order`
+        __shared__ __align__(16) unsigned int eo_runs[1][PSA_CLUSTER][PSA_RUN];
+        __shared__ __align__(16) unsigned int eo_words[1][PSA_RUN];
+        __shared__ __align__(8) unsigned long long eo_bar;
+        estimate_order_cta(q, eo_meta, seq_lens, eo_scores, const_cast<int*>(order), Hq, Hkv, Nmax, eo_sink, eo_recent,
+                           eo_q_scale, eo_runs, eo_words, eo_bar);
+        const int eo_used = ((seq_lens[blockIdx.z] + PSA_S - 1) / PSA_S + PSA_RUN - 1) / PSA_RUN;  // runs with blocks
+        __syncwarp();  // (a warp's threads left the placements apart; the cluster barriers are .aligned)
+        if ((int)blockIdx.x >= eo_used) cluster_wait();  // (the CTAs past them arrived at its barrier, did not wait)
+        cluster_sync();  // every CTA's placements (global memory) visible to the cluster's loop
+    }
+#endif
 #if PSA_SPEC
     // The CTA's request, group and chunk: from the grid (chunk, Gn, B), the compact list's entry blockIdx.x, or
     // (pieces) the 1-D grid's share-out. Each build leaves unless the chunks speculated pick its shape (above).
@@ -753,7 +790,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
         for (int w = 0; w < 2; ++w) {
             constexpr int from_g = 0;
             const int p = stream_position(32 * w + lane, from_g, gw, NW, first_g, first2_g, step, lim_g);
-            const int blk = p < lim_g ? (orow_g ? __ldg(orow_g + p) : base_g + p) : 0;
+            const int blk = p < lim_g ? (orow_g ? PSA_ORDER_AT(orow_g + p) : base_g + p) : 0;
             g_pos[w] = p;
             g_blk[w] = blk;
             g_slot[w] = p < lim_g && (unsigned)blk < (unsigned)Nmax ? __ldg(btab_g + blk) : 0;
@@ -907,7 +944,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     int w_pos0, w_blk0, w_slot0, w_pos1, w_blk1, w_slot1;
     auto load_window = [&](int w) {
         const int p = stream_position(32 * w + lane, from, gw, NW, first, first2, step, lim);
-        const int blk = p < lim ? (orow ? __ldg(orow + p) : base + p) : 0;  // (past lim: unused, not loaded)
+        const int blk = p < lim ? (orow ? PSA_ORDER_AT(orow + p) : base + p) : 0;  // (past lim: unused, not loaded)
         const int slot = p < lim ? PSA_SLOT(blk) : 0;
         if (w & 1) {
             w_pos1 = p; w_blk1 = blk; w_slot1 = slot;
@@ -940,10 +977,10 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     // ---- the prefetch stream: positions of the order this warp will attend, in sequence ----
     int a_end = lim;                                                 // the end of a_pos's chunk
     int f_pos = PSA_FIRST_POS(a_end);                                // next position to load
-    int f_blk = f_pos < lim ? (orow ? __ldg(orow + f_pos) : base + f_pos) : 0;
+    int f_blk = f_pos < lim ? (orow ? PSA_ORDER_AT(orow + f_pos) : base + f_pos) : 0;
     a_end = min(a_end, lim);
     int a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;  // the one after
-    int a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
+    int a_blk = a_pos < lim ? (orow ? PSA_ORDER_AT(orow + a_pos) : base + a_pos) : 0;
     int f_slot = f_pos < lim ? PSA_SLOT(f_blk) : 0;
     const int a_slot = a_pos < lim ? PSA_SLOT(a_blk) : 0;  // the first two slots' loads in flight together
 #endif
@@ -995,7 +1032,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
         f_blk = a_blk;
         f_slot = known ? a_slot : f_pos < lim ? PSA_SLOT(f_blk) : 0;
         a_pos = f_pos < lim ? next_position(f_pos, a_end, gw, NW, first, first2, step, lim) : lim;
-        a_blk = a_pos < lim ? (orow ? __ldg(orow + a_pos) : base + a_pos) : 0;
+        a_blk = a_pos < lim ? (orow ? PSA_ORDER_AT(orow + a_pos) : base + a_pos) : 0;
 #endif
     };
 #pragma unroll
@@ -1067,7 +1104,7 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     int unused_end = 0;  // (the consumer takes its chunk ends from `end`, chunk by chunk)
     int cur = PSA_FIRST_POS(unused_end), consumed = 0;
 #define PSA_POSITION_AT(m, e, after) next_position(after, e, gw, NW, first, first2, step, lim)
-#define PSA_BLOCK_AT(m, position) (orow ? __ldg(orow + (position)) : base + (position))
+#define PSA_BLOCK_AT(m, position) (orow ? PSA_ORDER_AT(orow + (position)) : base + (position))
 #define PSA_ADVANCE(next, after, e) cur = next_position(after, e, gw, NW, first, first2, step, lim)
 #endif
     PSA_LMARK(1);
