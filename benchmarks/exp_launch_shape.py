@@ -5,12 +5,13 @@ Bodies: ``empty``; ``sync``, one cluster barrier with its release (``barrier.clu
 as cluster_sync); ``relaxed``, the same barrier with a relaxed arrival (no ``MEMBAR.ALL.GPU``).
 
     python benchmarks/exp_launch_shape.py --groups 8 --clusters 1,8 --smem 0,96,212 --bodies empty,sync,relaxed
-    python benchmarks/exp_launch_shape.py --clusters 8 --smem 0,212 --bodies empty --after 0,212 --carveout -2,100
+    python benchmarks/exp_launch_shape.py --clusters 8 --smem 0,212 --bodies empty --after 0,212 --carveout=-2,100
 
 ``--after KIB`` times launches in pairs: each configuration's launch, then the same kernel given KIB (so a step's
 small kernel after the loop's 212 KiB, or the loop after it); against the two rows alone, a pair that costs more says
 the SMs pay to change their shared-memory configuration between the two. ``--carveout`` sets the kernel's preferred
-carve-out (percent; -1 the driver's default; -2 not set), as ``_kernels.PREFERRED_CARVEOUT``.
+carve-out (percent; -1 the driver's default; -2 not set), as ``_kernels.PREFERRED_CARVEOUT`` (write ``--carveout=-2,100``:
+argparse takes a bare ``-2,100`` for an option).
 
 The sixty-ninth session's loop clock with K/V from HBM read 17.2 µs for the kernel (rank 0's first clock read to its
 last) where the profiler read 21.6 for Llama's one request at 32K (5% profile, clusters of 8, 192 KiB of rings and
