@@ -10,8 +10,8 @@ as cluster_sync); ``relaxed``, the same barrier with a relaxed arrival (no ``MEM
 ``--after KIB`` times launches in pairs: each configuration's launch, then the same kernel given KIB (so a step's
 small kernel after the loop's 212 KiB, or the loop after it); against the two rows alone, a pair that costs more says
 the SMs pay to change their shared-memory configuration between the two. ``--carveout`` sets the kernel's preferred
-carve-out (percent; -1 the driver's default; -2 not set), as ``_kernels.PREFERRED_CARVEOUT`` (write ``--carveout=-2,100``:
-argparse takes a bare ``-2,100`` for an option).
+carve-out (percent; -1 the driver's default; -2 not set), as ``_kernels.PREFERRED_CARVEOUT`` (written
+``--carveout=-2,100``: argparse takes a bare ``-2,100`` for an option).
 
 The sixty-ninth session's loop clock with K/V from HBM read 17.2 µs for the kernel (rank 0's first clock read to its
 last) where the profiler read 21.6 for Llama's one request at 32K (5% profile, clusters of 8, 192 KiB of rings and
@@ -97,7 +97,8 @@ def main() -> None:
     null = np.uint64(0)
     print(f"# {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: empty launches, {args.groups} groups, "
           f"{args.threads} threads a CTA, {PER_GRAPH} launches a graph, median of {args.reps}")
-    print("| CTAs a group | CTAs | KiB a CTA | body | then KiB | carve-out | µs a call |\n|---|---|---|---|---|---|---|")
+    print("| CTAs a group | CTAs | KiB a CTA | body | then KiB | carve-out | µs a call |")
+    print("|---|---|---|---|---|---|---|")
     for (c, kib, body), after, carve in itertools.product(configurations(clusters, smem_kib, bodies), after_kib,
                                                           carveouts):
         fn = cupy.RawKernel(launch_source(c, body), "psa_launch_probe", options=("-std=c++17",))
