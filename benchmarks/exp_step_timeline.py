@@ -117,8 +117,9 @@ def main() -> None:
                           "loop (_kernels.fuses_estimate_order, FUSED_STEP)")
                     continue
                 stream.synchronize()
-                print(f"\nT={args.size} B={b} {shape.name} {args.share:.0%}, {layers} layers in turn, {PER_GRAPH} calls "
-                      f"a graph; step {rows[0]:.2f} µs a call with the production builds, {rows[1]:.2f} with the clocks")
+                print(f"\nT={args.size} B={b} {shape.name} {args.share:.0%}, {layers} layers in turn, {PER_GRAPH} "
+                      f"calls a graph; step {rows[0]:.2f} µs a call with the production builds, {rows[1]:.2f} with "
+                      "the clocks")
                 print(f"| event (the graph's last call{'' if args.only is None else ', ' + args.only + ' alone'}) "
                       "| µs |\n|---|---|")
                 if args.only is None:
