@@ -61,8 +61,9 @@ def loop_table(clocks: np.ndarray, khz: float, grid: bool = False) -> list[str]:
     """Rows ``phase | mean µs | max µs`` over the groups that ran the loop (``clocks [..., 18]``, ``[..., 16]`` as
     builds before the seventy-fifth session wrote them (no global timer), or ``[..., 12]`` as before the thirty-first:
     cycles of the phases, iterations, 1 if the group ran, two marks within the start, counted from the kernel's start,
-    and four within the finish, from its start) at ``khz`` kHz; then the iterations and the µs an iteration. The marks' rows follow the start's and the finish's where a
-    build wrote them, named as the grid build's finish has them where ``grid``."""
+    and four within the finish, from its start) at ``khz`` kHz; then the iterations and the µs an iteration. The
+    marks' rows follow the start's and the finish's where a build wrote them, named as the grid build's finish has them
+    where ``grid``."""
     clocks = np.asarray(clocks, dtype=np.float64)
     if clocks.shape[-1] not in (12, 16, 18):
         raise ValueError(f"clocks: 12, 16 or 18 words a group, got {clocks.shape[-1]}")
