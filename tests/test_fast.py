@@ -712,6 +712,21 @@ def test_order_asking_the_first_chunk_into_l2_keeps_every_bit(monkeypatch, mode,
                                       err_msg=name)
 
 
+def _cache_with_a_heavier_stretch(seed, hkv, hq, d, lens, metadata, query):
+    """The fused kernels' bit tests' data: a one-layer cache of random float16 K / V (``lens`` tokens a request,
+    ``hkv`` heads of ``d``; ``metadata``) whose blocks 20-89 lean towards one direction, and a query ``[B, hq, d]``
+    (float16 where ``query`` says so, else float32)."""
+    rng = np.random.default_rng(seed)
+    cache = psa_fast.PagedKVCache(num_layers=1, batch=len(lens), num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
+                                  metadata=metadata)
+    for b, t in enumerate(lens):
+        k = rng.standard_normal((hkv, t, d)).astype(np.float16)
+        k[:, 16 * 20: 16 * 90] += np.float16(0.4) * rng.standard_normal(d).astype(np.float16)  # a heavier stretch
+        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
+    q = 2 * rng.standard_normal((len(lens), hq, d))
+    return cache, cupy.asarray(q.astype(np.float16 if query == "float16" else np.float32))
+
+
 def _step_bits(p, q) -> dict:
     """One step of plan ``p`` on query ``q``: every output that the order decides (host copies) and the scores, for
     bit-for-bit comparisons of kernel variants."""
@@ -746,15 +761,7 @@ def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv
     are placed)."""
     from psa_fast import _kernels
 
-    rng = np.random.default_rng(73)
-    cache = psa_fast.PagedKVCache(num_layers=1, batch=len(lens), num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
-                                  metadata=metadata)
-    for b, t in enumerate(lens):
-        k = rng.standard_normal((hkv, t, d)).astype(np.float16)
-        k[:, 16 * 20: 16 * 90] += np.float16(0.4) * rng.standard_normal(d).astype(np.float16)  # a heavier stretch
-        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
-    q = 2 * rng.standard_normal((len(lens), hq, d))
-    q = cupy.asarray(q.astype(np.float32 if query != "float16" else np.float16))
+    cache, q = _cache_with_a_heavier_stretch(73, hkv, hq, d, lens, metadata, query)
     monkeypatch.setattr(_kernels, "QUERY_BRANCH", 0 if query == "scaled" else 1)
     monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
     monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)  # (the per-head case's 16 groups fuse too)
@@ -787,15 +794,7 @@ def test_the_step_in_one_launch_keeps_every_bit(monkeypatch, hkv, hq, d, metadat
     float16 or float32 query. The plan runs one launch where FUSED_STEP is on."""
     from psa_fast import _kernels
 
-    rng = np.random.default_rng(75)
-    cache = psa_fast.PagedKVCache(num_layers=1, batch=len(lens), num_kv_heads=hkv, head_dim=d, max_tokens=max(lens),
-                                  metadata=metadata)
-    for b, t in enumerate(lens):
-        k = rng.standard_normal((hkv, t, d)).astype(np.float16)
-        k[:, 16 * 20: 16 * 90] += np.float16(0.4) * rng.standard_normal(d).astype(np.float16)  # a heavier stretch
-        cache.prefill(0, b, cupy.asarray(k), cupy.asarray(rng.standard_normal((hkv, t, d)).astype(np.float16)))
-    q = 2 * rng.standard_normal((len(lens), hq, d))
-    q = cupy.asarray(q.astype(np.float32 if query == "float32" else np.float16))
+    cache, q = _cache_with_a_heavier_stretch(75, hkv, hq, d, lens, metadata, query)
     monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)
     monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
     runs = {}
