@@ -3788,8 +3788,9 @@ if [ "$PART" = s75f ]; then
   # Seventy-fifth session, for the next: a PSA step at one request in one launch (_kernels.FUSED_STEP, decode.cu
   # PSA_FUSED_EO: the loop's clusters do psa_estimate_order's work first, one cluster barrier, then the loop; both
   # parts read the caller's query, so no scaled copy and no side branch). Never run on a GPU: its bit test first
-  # (the part stops unless it passes), then FUSED_STEP 0 / 1 / 1 / 0 in one process: the kernels (profile) and the
-  # graph steps (bench_decode), Llama 5% 32K B = 1. Predicted (H100): the step 30.3-30.5 -> 27.5-29 µs (the 1.5-2 µs
+  # (the part stops unless it passes), then FUSED_STEP 0 / 1 / 1 / 0 in one process: the kernels (profile), the
+  # timeline (0: the two kernels on the global timer; 1: the one kernel's span and what the step leaves outside it)
+  # and the graph steps (bench_decode), Llama 5% 32K B = 1. Predicted (H100): the step 30.3-30.5 -> 27.5-29 µs (the 1.5-2 µs
   # between the kernels and the branch's fork / join gone; the scoring on 8 warps +0.5); psa_decode alone ~28 µs of
   # kernel against 9.8 + 18.9. ~4 minutes (the fused builds compile first).
   gated_tests t_s75f.log 300 tests/test_fast.py -k "step_in_one_launch or estimate_and_order_in_one_launch"
@@ -3797,6 +3798,8 @@ if [ "$PART" = s75f ]; then
   timeout 150 python3 exp_kernels_attr.py FUSED_STEP=0,1,1,0 -- profile_decode_step.py --share 0.05 --shape llama8b \
       --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
       | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode \|psa_scale" | tee "$OUT/s75f_kernels.txt"
+  timeout 120 python3 exp_kernels_attr.py FUSED_STEP=0,1 -- exp_step_timeline.py --shape llama8b --size 32768 \
+      --batches 1 --share 0.05 2>&1 | grep -v Warn | tee "$OUT/s75f_timeline.txt"
   timeout 200 python3 exp_kernels_attr.py FUSED_STEP=0,1,1,0 -- bench_decode.py --profile sparsity --shares 0.05 \
       --shape llama8b --sizes 32768:1 --reps 20 \
       --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s75f.txt"

@@ -263,7 +263,8 @@ static_assert(!(PSA_FIRST_PREV && (PSA_SPLIT || PSA_SPEC || PSA_STATEFUL)),
 // the writes), the iterations, 1, within the start the cycles to the query's registers and to the first blocks'
 // copies issued, within the finish the cycles to the prefetches drained, the warps' outputs combined, the end's
 // barrier passed and the outputs written, then the global timer (ns) at the kernel's start and end (words 16, 17:
-// the step's timeline beside other kernels' marks, benchmarks/exp_step_timeline.py). Groups that leave at once write
+// the step's timeline beside other kernels' marks, benchmarks/exp_step_timeline.py; PSA_FUSED_EO: the start before
+// the estimate and order, the cycles' marks from the loop's start after them). Groups that leave at once write
 // nothing.
 // Not for production; the loop builds only (plain, resumed and grid; in the grid build the barrier phase holds the
 // wait for the other CTAs of the group and the attend the warps' output terms written each iteration, and the
@@ -671,6 +672,9 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #if PSA_FUSED_EO
     static_assert(PSA_QRAW && PSA_CLUSTER > 1 && !PSA_GRID && !PSA_SPLIT && !PSA_SPEC && !PSA_STATEFUL && PSA_H == 1 &&
                   !PSA_EO_CLOCK, "the fused step: the loop on clusters, one order a group, the caller's query");
+#if PSA_LOOP_CLOCK
+    const long long fused_t0 = globaltimer_ns();  // (the loop clock's kernel start: before the estimate and order)
+#endif
     {
         // stages 1 and 2: this CTA's run of its group scored, sorted, pushed into the cluster and placed into `order`
         __shared__ __align__(16) unsigned int eo_runs[1][PSA_CLUSTER][PSA_RUN];
@@ -753,7 +757,11 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     volatile long long* lclk = lclk_store;
     if (threadIdx.x == 0)
         for (int i = 0; i < 17; ++i) lclk[i] = 0;
+#if PSA_FUSED_EO
+    if (rank == 0 && threadIdx.x == 0) lclk[16] = fused_t0;
+#else
     if (rank == 0 && threadIdx.x == 0) lclk[16] = globaltimer_ns();
+#endif
 #endif
     PSA_LMARK(0);
     const int gw = (int)rank * PSA_WARPS + warp;   // this warp's index within the group
