@@ -3805,6 +3805,20 @@ if [ "$PART" = s75f ]; then
       --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s75f.txt"
   exit 0
 fi
+if [ "$PART" = s75g ]; then
+  # Seventy-fifth session, for after s75f (only if its bit test passed and the step won): every GPU suite with
+  # _kernels.FUSED_STEP = 1 in this call's copy, in s74d's two calls (`s75g 1`: the tests that order and place;
+  # `s75g 2`: the rest, offload and transformers), each within $3 seconds (default 540). If both pass, FUSED_STEP 1
+  # becomes the default.
+  local_k="conform or topk or per_head or first_chunk or order or estimate or l2 or swizzled or one_launch"
+  case "${2:?s75g 1 or s75g 2}" in
+    1) switched_tests "FUSED_STEP=1" t_s75g1.log "${3:-540}" tests/test_fast.py -k "$local_k" ;;
+    2) switched_tests "FUSED_STEP=1" t_s75g2.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py \
+           tests/test_fast_hf.py -k "not ($local_k) or offload or hf" ;;
+    *) echo "s75g: 1 or 2, got '$2'" ;;
+  esac
+  exit 0
+fi
 if [ "$PART" = s74g ]; then
   # Seventy-fourth session, for a later one: per-head selection (gqa="per_head") fused at one Llama request. Its
   # 32 groups exceed ESTIMATE_ORDER_MAX_GROUPS (8), though its launch is only 8 clusters (one a KV head, each making
