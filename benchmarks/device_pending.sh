@@ -400,6 +400,19 @@ switched_tests() {
   done
   gpu_tests "$log" "$limit" "$@"
 }
+# Every GPU suite with _kernels' constants set as $1 says ("NAME=VALUE ..."), in two calls of about equal length: half
+# 1 the tests of tests/test_fast.py that order and place, half 2 the rest of it and the offload and transformers
+# suites (s73 / s74b's split); logged to $OUT/t_$2$3.log within $4 seconds. suites_in_two "NAME=VALUE ..." TAG HALF
+# LIMIT
+suites_in_two() {
+  local k="conform or topk or per_head or first_chunk or order or estimate or l2 or swizzled or one_launch"
+  case "$3" in
+    1) switched_tests "$1" "t_$2$3.log" "$4" tests/test_fast.py -k "$k" ;;
+    2) switched_tests "$1" "t_$2$3.log" "$4" tests/test_fast.py tests/test_fast_offload.py tests/test_fast_hf.py \
+           -k "not ($k) or offload or hf" ;;
+    *) echo "$2: 1 or 2, got '$3'" ;;
+  esac
+}
 # psa_estimate_order's A/B (exp_kernels_attr.py assignments $1) at Llama 5% 32K: its phases by the clock
 # (exp_eo_clock.py, one request), the kernels at batches $2 and the graph steps at one request, logged to
 # $OUT/$3_clock.txt, $OUT/$3_kernels.txt and $OUT/$3.txt. Run from benchmarks/.
@@ -3710,13 +3723,7 @@ if [ "$PART" = s74d ]; then
   # took 311 s), `s74d 2` the rest of it and the offload and transformers suites (s74b's 217 took 180 s), each within
   # $3 seconds (default 540). If both pass, RUN_SWIZZLE 1 becomes the default. $4: further constants set beside it
   # ("NAME=VALUE ...", e.g. "ESTIMATE_ORDER_PIECES=1" once s74e has won: one pass of the suites for both).
-  local_k="conform or topk or per_head or first_chunk or order or estimate or l2 or swizzled"
-  case "${2:?s74d 1 or s74d 2}" in
-    1) switched_tests "RUN_SWIZZLE=1 ${4:-}" t_s74d1.log "${3:-540}" tests/test_fast.py -k "$local_k" ;;
-    2) switched_tests "RUN_SWIZZLE=1 ${4:-}" t_s74d2.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py \
-           tests/test_fast_hf.py -k "not ($local_k) or offload or hf" ;;
-    *) echo "s74d: 1 or 2, got '$2'" ;;
-  esac
+  suites_in_two "RUN_SWIZZLE=1 ${4:-}" s74d "${2:?s74d 1 or s74d 2}" "${3:-540}"
   exit 0
 fi
 if [ "$PART" = s74e ]; then
@@ -3802,7 +3809,8 @@ if [ "$PART" = s75f ]; then
       --batches 1 --share 0.05 2>&1 | grep -v Warn | tee "$OUT/s75f_timeline.txt"
   timeout 200 python3 exp_kernels_attr.py FUSED_STEP=0,1,1,0 -- bench_decode.py --profile sparsity --shares 0.05 \
       --shape llama8b --sizes 32768:1 --reps 20 \
-      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s75f.txt"
+      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
+      | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s75f.txt"
   exit 0
 fi
 if [ "$PART" = s75g ]; then
@@ -3810,13 +3818,7 @@ if [ "$PART" = s75g ]; then
   # _kernels.FUSED_STEP = 1 in this call's copy, in s74d's two calls (`s75g 1`: the tests that order and place;
   # `s75g 2`: the rest, offload and transformers), each within $3 seconds (default 540). If both pass, FUSED_STEP 1
   # becomes the default.
-  local_k="conform or topk or per_head or first_chunk or order or estimate or l2 or swizzled or one_launch"
-  case "${2:?s75g 1 or s75g 2}" in
-    1) switched_tests "FUSED_STEP=1" t_s75g1.log "${3:-540}" tests/test_fast.py -k "$local_k" ;;
-    2) switched_tests "FUSED_STEP=1" t_s75g2.log "${3:-540}" tests/test_fast.py tests/test_fast_offload.py \
-           tests/test_fast_hf.py -k "not ($local_k) or offload or hf" ;;
-    *) echo "s75g: 1 or 2, got '$2'" ;;
-  esac
+  suites_in_two "FUSED_STEP=1" s75g "${2:?s75g 1 or s75g 2}" "${3:-540}"
   exit 0
 fi
 if [ "$PART" = s74g ]; then

@@ -36,9 +36,6 @@ typedef unsigned short q_in_t;  // bfloat16 bits
 typedef float q_in_t;
 #endif
 
-// Channels k, k + 1 (k even) of the query: the plan's scaled floats (PSA_QRAW 0), or the caller's values times mul,
-// loaded as one pair. __fmul_rn is never contracted into a following fma (estimate_mma's hi / lo split), so the
-// bits are psa_scale_query's float32 product.
 // The GPU's global timer (ns, the same clock on every SM): the clock builds' marks across CTAs and kernels.
 __device__ __forceinline__ long long globaltimer_ns() {
     long long v;
@@ -46,6 +43,9 @@ __device__ __forceinline__ long long globaltimer_ns() {
     return v;
 }
 
+// Channels k, k + 1 (k even) of the query: the plan's scaled floats (PSA_QRAW 0), or the caller's values times mul,
+// loaded as one pair. __fmul_rn is never contracted into a following fma (estimate_mma's hi / lo split), so the
+// bits are psa_scale_query's float32 product.
 __device__ __forceinline__ float2 query_pair(const q_in_t* p, float mul) {
 #if PSA_QRAW == 0
     return make_float2(__ldg(p), __ldg(p + 1));

@@ -680,11 +680,10 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
         __shared__ __align__(16) unsigned int eo_runs[1][PSA_CLUSTER][PSA_RUN];
         __shared__ __align__(16) unsigned int eo_words[1][PSA_RUN];
         __shared__ __align__(8) unsigned long long eo_bar;
-        estimate_order_cta(q, eo_meta, seq_lens, eo_scores, const_cast<int*>(order), Hq, Hkv, Nmax, eo_sink, eo_recent,
-                           eo_q_scale, eo_runs, eo_words, eo_bar);
-        const int eo_used = ((seq_lens[blockIdx.z] + PSA_S - 1) / PSA_S + PSA_RUN - 1) / PSA_RUN;  // runs with blocks
+        const bool waited = estimate_order_cta(q, eo_meta, seq_lens, eo_scores, const_cast<int*>(order), Hq, Hkv, Nmax,
+                                               eo_sink, eo_recent, eo_q_scale, eo_runs, eo_words, eo_bar);
         __syncwarp();  // (a warp's threads left the placements apart; the cluster barriers are .aligned)
-        if ((int)blockIdx.x >= eo_used) cluster_wait();  // (the CTAs past them arrived at its barrier, did not wait)
+        if (!waited) cluster_wait();  // (the CTAs past the request's runs arrived at its barrier, did not wait)
         cluster_sync();  // every CTA's placements (global memory) visible to the cluster's loop
     }
 #endif

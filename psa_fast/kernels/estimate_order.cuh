@@ -5,8 +5,8 @@
 // pushes it into every placing CTA of its cluster and places its own run's blocks (estimate_order.cu's header says
 // how). `runs`, `words` and `bar` are the caller's shared memory ([H][R][256] and [H][256] words, one mbarrier),
 // at the same offsets in every CTA of the cluster (the pushes address them there). Every thread returns when its part
-// is done: the CTAs past the request's runs at once (they arrive at the cluster barrier the start arms, and do not
-// wait there), the others after their placements.
+// is done: the CTAs past the request's runs at once, false (they arrive at the cluster barrier the start arms, and do
+// not wait there), the others after their placements, true (they waited there).
 #pragma once
 #include "estimate_mma.cuh"
 #include "runs.cuh"
@@ -38,7 +38,7 @@ static_assert(PSA_H == 1 || !PSA_L2_FIRST, "psa_estimate_order: the L2 first chu
 #define PSA_EMARK(i)
 #endif
 
-__device__ __forceinline__ void estimate_order_cta(
+__device__ __forceinline__ bool estimate_order_cta(
     const q_in_t* __restrict__ q, const __half* __restrict__ meta, const int* __restrict__ seq_lens,
     float* __restrict__ scores, int* __restrict__ order, int Hq, int Hkv, int Nmax, int sink_blocks, int recent_blocks,
     float q_scale, unsigned int (*__restrict__ runs)[PSA_CLUSTER][PSA_RUN], unsigned int (*__restrict__ words)[PSA_RUN],
@@ -89,7 +89,7 @@ __device__ __forceinline__ void estimate_order_cta(
 #if !PSA_EO_EARLY
     if (mine >= nruns) {
         leave();
-        return;
+        return false;
     }
 #if PSA_CLUSTER > 1
     if (t == 0) mbar_expect(&bar, PSA_H * nruns * PSA_RUN * sizeof(unsigned int));  // the placing CTAs' runs
@@ -128,7 +128,7 @@ __device__ __forceinline__ void estimate_order_cta(
 #if PSA_EO_EARLY
     if (mine >= nruns) {
         leave();
-        return;
+        return false;
     }
 #if PSA_CLUSTER > 1
     if (t == 0) mbar_expect(&bar, PSA_H * nruns * PSA_RUN * sizeof(unsigned int));  // (pushes may have come)
@@ -186,12 +186,12 @@ __device__ __forceinline__ void estimate_order_cta(
 #pragma unroll
     for (int k = 0; k < K; ++k) o[k] = min(t / PSA_RUN + k * (THREADS / PSA_RUN), PSA_H - 1);
     const int placed = min(K, (PSA_H - t / PSA_RUN + THREADS / PSA_RUN - 1) / (THREADS / PSA_RUN));  // o[k] < H
-    if (i >= run_end || placed <= 0) return;
+    if (i >= run_end || placed <= 0) return true;
     if (i >= n) {  // padding: blocks n .. of the last run take positions n .., one each
 #pragma unroll
         for (int k = 0; k < K; ++k)
             if (k < placed) order[row + (long)o[k] * Nmax + i] = -1;
-        return;
+        return true;
     }
     run_ranks<PSA_CLUSTER, K>(&runs[0][0], &words[0][0], u, mine, o, rank);
 #pragma unroll
@@ -207,4 +207,5 @@ __device__ __forceinline__ void estimate_order_cta(
 #if PSA_L2_FIRST
     if (rank[0] < l2_first) l2_ask_block(k_pool, v_pool, slot, tile_bytes);  // (H 1: the one order)
 #endif
+    return true;
 }
