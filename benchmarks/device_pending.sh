@@ -3813,6 +3813,25 @@ if [ "$PART" = s75f ]; then
       | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s75f.txt"
   exit 0
 fi
+if [ "$PART" = s76a ]; then
+  # Seventy-sixth session: one request of Gemma 3 with its estimate and order in one launch
+  # (_kernels.ESTIMATE_ORDER_ANY_ORDER: order_method gives its one group of 2,048 blocks to psa_order_rank, so today it
+  # runs psa_estimate_mma, then psa_order_rank, 3.6 µs on the H100, s70). The fused kernel's bit test first (its D 256
+  # cases), then ESTIMATE_ORDER_ANY_ORDER 0 / 1 / 1 / 0 in one process: the kernels (profile) and the graph steps
+  # (bench_decode), Gemma 3 5% 32K B = 1. Predicted (H100): estimate + order ~9.4 µs -> ~6-7 (8 CTAs score 2 MiB of
+  # D 256 metadata, then sort and place; no gap between two kernels), the decode -0.3 (the first chunk asked into L2),
+  # the step -2 to -3 µs. ~3 minutes.
+  gated_tests t_s76a.log 200 tests/test_fast.py -k "estimate_and_order_in_one_launch"
+  cd benchmarks
+  timeout 150 python3 exp_kernels_attr.py ESTIMATE_ORDER_ANY_ORDER=0,1,1,0 -- profile_decode_step.py --share 0.05 \
+      --shape gemma3 --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode \|psa_scale" | tee "$OUT/s76a_kernels.txt"
+  timeout 200 python3 exp_kernels_attr.py ESTIMATE_ORDER_ANY_ORDER=0,1,1,0 -- bench_decode.py --profile sparsity \
+      --shares 0.05 --shape gemma3 --sizes 32768:1 --reps 20 \
+      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
+      | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s76a.txt"
+  exit 0
+fi
 if [ "$PART" = s75g ]; then
   # Seventy-fifth session, for after s75f (only if its bit test passed and the step won): every GPU suite with
   # _kernels.FUSED_STEP = 1 in this call's copy, in s74d's two calls (`s75g 1`: the tests that order and place;

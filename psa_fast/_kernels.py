@@ -476,6 +476,11 @@ ESTIMATE_ORDER_MAX_GROUPS = 8  # at most this many groups of a batch (one Llama 
 # the scoring's path (CTAs scored at 4.44 / 4.63 µs off, 4.43 / 4.41 on); the kernel -0.1 to -0.2 µs, the step
 # within its spread. 0: off (the bits are the same either way)
 ESTIMATE_ORDER_EARLY = 0
+# 1: fuse the estimate and the order wherever psa_estimate_order applies, even where order_method prefers another
+# kernel than psa_order_runs (one request of Gemma 3: one group of 2,048 blocks, psa_order_rank 3.6 µs after an
+# estimate of ~5.8 on the H100, s70; the fused kernel saves that launch's gap and asks the first chunk into L2);
+# 0: only where order_method picks psa_order_runs (the bits are the same either way)
+ESTIMATE_ORDER_ANY_ORDER = 0
 EO_CLOCK = 0  # 1: psa_estimate_order's PSA_EO_CLOCK build, each CTA's phases in eo_clocks (benchmarks/exp_eo_clock.py)
 eo_clocks = None  # [B, Gn / H, R, 10] int64 of the last estimate_order launch under EO_CLOCK (estimate_order.cu)
 
@@ -485,11 +490,13 @@ def fuses_estimate_order(b: int, gn: int, nmax: int, *, kind: str, per_head, g: 
     """Whether a plan's estimate and order run as one launch (``estimate_order``): ``ESTIMATE_ORDER`` on, no per-head
     values beside the scores (``per_head`` None) on the tensor cores' estimate (shared groups of at most 4 heads, or
     per-head selection with at most 4 query heads a KV head), an order that ``order_method`` gives to
-    ``psa_order_runs`` (at most ``RUNS_MAX_BLOCKS`` a group), and at most ``ESTIMATE_ORDER_MAX_GROUPS`` groups."""
+    ``psa_order_runs`` (at most ``RUNS_MAX_BLOCKS`` a group; any order where ``ESTIMATE_ORDER_ANY_ORDER``), and at
+    most ``ESTIMATE_ORDER_MAX_GROUPS`` groups."""
     return (ESTIMATE_ORDER != 0 and per_head is None and b * gn <= ESTIMATE_ORDER_MAX_GROUPS
             and estimate_on_tensor_cores(kind, per_head, g, hq, hkv, d, _fuses_heads(g, hq, hkv, per_head,
                                                                                       group_scores))
-            and nmax <= RUNS_MAX_BLOCKS and order_method(b, gn, nmax, workspace=workspace) == "runs")
+            and nmax <= RUNS_MAX_BLOCKS
+            and (ESTIMATE_ORDER_ANY_ORDER or order_method(b, gn, nmax, workspace=workspace) == "runs"))
 
 
 def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nmax, kind, sink_blocks, recent_blocks,

@@ -1590,7 +1590,8 @@ def test_estimate_order_is_fused_only_where_it_gives_the_same_results(monkeypatc
     """_kernels.fuses_estimate_order: on by default (ESTIMATE_ORDER 16; 0 turns it off), only for group scores on the
     tensor cores' estimate (cuboid_mean, mean; groups of at most 4 heads, not one launch a KV head's query heads), no
     per-head values (the certified bounds, the sketch rules', the estimated stop's and the predicted first chunk's
-    estimates), orders that order_method gives to psa_order_runs, and at most ESTIMATE_ORDER_MAX_GROUPS groups.
+    estimates), orders that order_method gives to psa_order_runs (any, where ESTIMATE_ORDER_ANY_ORDER), and at most
+    ESTIMATE_ORDER_MAX_GROUPS groups.
     estimate_order refuses what it cannot do with a ValueError naming it."""
     from psa_fast import _kernels
 
@@ -1619,6 +1620,12 @@ def test_estimate_order_is_fused_only_where_it_gives_the_same_results(monkeypatc
     assert not _kernels.fuses_estimate_order(2, 32, 2048, **per_head, group_scores=object())  # 64 groups
     monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "rank")
     assert not _kernels.fuses_estimate_order(1, 8, 2048, **llama)
+    gemma = dict(kind="cuboid_mean", per_head=None, g=4, hq=4, hkv=1, d=256)  # (one group: order_method's rank)
+    assert not _kernels.fuses_estimate_order(1, 1, 2048, **gemma)
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_ANY_ORDER", 1)  # fused whatever order_method says
+    assert _kernels.fuses_estimate_order(1, 1, 2048, **gemma) and _kernels.fuses_estimate_order(1, 8, 2048, **llama)
+    assert not _kernels.fuses_estimate_order(1, 8, 8192, **llama)  # (still at most the runs' 2,048 blocks)
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_ANY_ORDER", 0)
     q = np.zeros((1, 32, 128), np.float32)
     call = dict(d=128, s=16, g=4, hq=32, hkv=8, nmax=2048, kind="cuboid_mean", sink_blocks=0, recent_blocks=0)
     for change, match in [(dict(kind="minmax"), "cuboid_mean or mean"), (dict(nmax=2049), "up to 2048 blocks"),
