@@ -305,6 +305,35 @@ set -u
 PART="${1:-probe}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa-out}"
 mkdir -p "$OUT"
+# CuPy's on-disk kernel cache travels both ways (benchmarks/kcache.sh), since compiling takes most of a suite's call:
+# a call that carries .kcache.tgz (run(..., carry=[".kcache.tgz"])) starts with the builds earlier calls brought back,
+# and the builds this call compiled come back as $OUT/kcache.tgz, where $OUT then holds at most 8 files (the device's
+# limit on what comes back). CuPy names a build by its source, its options and NVRTC's version, so a changed kernel
+# compiles again and a stale entry is never read. KCACHE_IN names another archive (tests).
+export CUPY_CACHE_DIR
+CUPY_CACHE_DIR="$(mktemp -d /tmp/psa-kcache.XXXXXX)"
+KCACHE_START="$CUPY_CACHE_DIR.start"
+touch "$KCACHE_START"
+[ -f "${KCACHE_IN:-.kcache.tgz}" ] && tar xzf "${KCACHE_IN:-.kcache.tgz}" -C "$CUPY_CACHE_DIR"
+kcache_back() {
+  local new files
+  new=$(find "$CUPY_CACHE_DIR" -type f -name "*.cubin" -newer "$KCACHE_START" | wc -l)
+  [ "$new" -gt 0 ] || return 0
+  files=$(find "$OUT" -type f | wc -l)
+  if [ "$files" -ge 8 ]; then
+    echo "kcache: $new new builds not brought back (\$OUT holds $files files)"
+    return 0
+  fi
+  (cd "$CUPY_CACHE_DIR" && find . -type f -name "*.cubin" -newer "$KCACHE_START" -printf "%P\n" \
+      | tar czf "$OUT/kcache.tgz" -T -)
+  if [ "$(stat -c %s "$OUT/kcache.tgz")" -gt $((15 * 1024 * 1024)) ]; then
+    rm -f "$OUT/kcache.tgz"
+    echo "kcache: $new new builds over 15 MiB, not brought back"
+  else
+    echo "kcache: $new new builds in \$OUT/kcache.tgz (benchmarks/kcache.sh merge FILES_AT/kcache.tgz)"
+  fi
+}
+trap 'kcache_back; rm -rf "$CUPY_CACHE_DIR" "$KCACHE_START"' EXIT
 # decode.cu against an earlier version of it ($1, carried), the earlier first: exp_step's graph rows of Llama's loop
 # (32K B = 1, 128K B = 1 and 8) and Gemma 3's rows in modes $3 (default: the loop and speculating; 32K B = 1, 8),
 # appended to $OUT/$2.
@@ -351,7 +380,8 @@ if [ "$PART" = run ]; then
   # any command from benchmarks/ with the paths set: `device_pending.sh run python3 bench_decode.py ...` (a bare call
   # on the device imports nothing and, behind a grep, prints nothing)
   shift
-  cd benchmarks && exec "$@"
+  cd benchmarks && "$@"
+  exit $?
 fi
 # The kernel suites (every suite whose code runs a psa_fast kernel but the pool and metadata ones, which can be
 # added as further arguments), log to $OUT/$1.

@@ -2842,3 +2842,52 @@ def test_the_next_sessions_device_parts_are_on_main():
     # the check sees a part that is missing, and reads the last plan only
     stale = "**Prepared for the next session (x).** run `device_pending.sh s99z`.\n"
     assert _planned_parts(notes + "\n" + stale) == ["s99z"] and "s99z" not in parts
+
+
+def _device_call(tmp_path: Path, name: str, build: str, kcache_in: Path | None = None) -> tuple[str, Path]:
+    """``device_pending.sh run`` as a device call runs it (from the repository root, $OUT a fresh folder), its command
+    writing one fake build ``build`` into CuPy's cache and listing what the cache held before; the output and $OUT."""
+    out = tmp_path / name
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "KCACHE_IN": str(kcache_in or tmp_path / "none.tgz")}
+    cmd = f'ls "$CUPY_CACHE_DIR"; head -c 700000 /dev/urandom > "$CUPY_CACHE_DIR/{build}_2.cubin"'
+    done = subprocess.run(["bash", str(BENCH / "device_pending.sh"), "run", "bash", "-c", cmd], cwd=BENCH.parent,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, out
+
+
+def _kcache(archive: Path, *args: str, mib: int = 96) -> str:
+    env = {**os.environ, "KCACHE": str(archive), "KCACHE_MIB": str(mib)}
+    done = subprocess.run(["bash", str(BENCH / "kcache.sh"), *args], cwd=BENCH.parent, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _members(archive: Path) -> set[str]:
+    return set(subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True, check=True).stdout.split())
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="needs tar")
+def test_the_kernel_cache_travels_to_the_device_and_back(tmp_path):
+    """device_pending.sh points CuPy's kernel cache at a fresh folder seeded from the carried archive and brings only
+    the call's new builds back ($OUT/kcache.tgz); kcache.sh merges them into the archive, newest first within its
+    budget, and refuses a missing archive."""
+    carried = tmp_path / "kcache.tgz"
+    printed, out = _device_call(tmp_path, "first", "aaa")
+    assert "aaa_2.cubin" not in printed.split("kcache:")[0] and "1 new builds" in printed  # (an empty cache)
+    assert _members(out / "kcache.tgz") == {"aaa_2.cubin"}
+    assert "1 builds" in _kcache(carried, "merge", str(out / "kcache.tgz"))
+    printed, out = _device_call(tmp_path, "second", "bbb", kcache_in=carried)
+    assert printed.splitlines()[0] == "aaa_2.cubin"  # the earlier call's build, there before this call compiled
+    assert _members(out / "kcache.tgz") == {"bbb_2.cubin"}  # only what this call added comes back
+    assert "2 builds" in _kcache(carried, "merge", str(out / "kcache.tgz")) and _members(carried) == {
+        "aaa_2.cubin", "bbb_2.cubin"}
+    # within a 1 MiB budget only the newest of the two 700 KB builds stays: the one brought back last
+    assert "1 older ones dropped" in _kcache(carried, "merge", str(out / "kcache.tgz"), mib=1)
+    assert _members(carried) == {"bbb_2.cubin"}
+    assert "bbb_2.cubin" in _kcache(carried, "list")
+    bad = subprocess.run(["bash", str(BENCH / "kcache.sh"), "merge", str(tmp_path / "missing.tgz")], cwd=BENCH.parent,
+                         env={**os.environ, "KCACHE": str(carried)}, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no archive" in bad.stderr
