@@ -3862,6 +3862,28 @@ if [ "$PART" = s76a ]; then
       | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s76a.txt"
   exit 0
 fi
+if [ "$PART" = s76b ]; then
+  # Seventy-sixth session, after s75f's bit test passed: the fused step's placing threads write each block and its slot
+  # into the first stream window of the warp that attends it (_kernels.FUSED_FIRST, decode.cu PSA_FUSED_FIRST,
+  # stream_entry), so the loop's first copies wait on no order or block-table load. Its bit test first (the part
+  # stops unless it passes), then with FUSED_STEP 1, FUSED_FIRST 0 / 1 / 1 / 0 in one process: the kernels
+  # (profile), the timeline and the graph steps, Llama 5% 32K B = 1. Predicted (H100): the fused step -1 to -1.5 µs
+  # (two dependent L2 loads, ~0.6 µs each, off the loop's start; the placements' 2 x 8 KiB of DSMEM stores ~0.1).
+  # Static: Llama's build 8,544 SASS instructions (8,448 without), 244 registers, no spill, 31.1 KiB static shared
+  # memory beside the rings' 192. ~4 minutes.
+  gated_tests t_s76b.log 300 tests/test_fast.py -k "first_windows_written_by_the_placements"
+  cd benchmarks
+  timeout 150 python3 exp_kernels_attr.py FUSED_STEP=1 FUSED_FIRST=0,1,1,0 -- profile_decode_step.py --share 0.05 \
+      --shape llama8b --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode \|psa_scale" | tee "$OUT/s76b_kernels.txt"
+  timeout 120 python3 exp_kernels_attr.py FUSED_STEP=1 FUSED_FIRST=0,1 -- exp_step_timeline.py --shape llama8b \
+      --size 32768 --batches 1 --share 0.05 2>&1 | grep -v Warn | tee "$OUT/s76b_timeline.txt"
+  timeout 200 python3 exp_kernels_attr.py FUSED_STEP=1 FUSED_FIRST=0,1,1,0 -- bench_decode.py --profile sparsity \
+      --shares 0.05 --shape llama8b --sizes 32768:1 --reps 20 \
+      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
+      | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s76b.txt"
+  exit 0
+fi
 if [ "$PART" = s75g ]; then
   # Seventy-fifth session, for after s75f (only if its bit test passed and the step won): every GPU suite with
   # _kernels.FUSED_STEP = 1 in this call's copy, in s74d's two calls (`s75g 1`: the tests that order and place;

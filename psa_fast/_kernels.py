@@ -1252,6 +1252,11 @@ def decode(q, k_pool, v_pool, block_table, seq_lens, order_arr, log_suffix, out,
 # query's side branch gone, the 8-warp scoring +0.5). 0: off (not yet run on a GPU)
 FUSED_STEP = 0
 FUSED_STEP_RULES = ("ema", "remaining", "seed")  # the loop's rules that read no per-head values beside the order
+# 1 (with FUSED_STEP): the placing threads of the fused step also write each block and its slot into the shared memory
+# of the warp whose stream's first window holds its position (decode.cu PSA_FUSED_FIRST, stream_entry), so the loop's
+# first copies wait on no order or block-table load. Predicted (H100, Llama 5% 32K B = 1): the fused step -1 to
+# -1.5 µs (two dependent L2 loads off the loop's start). 0: off (not yet run on a GPU)
+FUSED_FIRST = 0
 
 
 def _fused_step_launch(fused, *, version, q_raw, split, offload, grid_group, cluster, warps, g, bf16, nmax, stop,
@@ -1271,7 +1276,8 @@ def _fused_step_launch(fused, *, version, q_raw, split, offload, grid_group, clu
                          f"runs, {warps} warps, g {g}, kind {kind!r}, stop {stop!r}, q_raw given: {q_raw is not None}")
     chunks = ESTIMATE_MMA_CHUNK_GROUP if g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate_order's)
     defines = {"fused_eo": 1, "kind": KIND_CODES[kind], "est_kg": chunks, "bounds": 0, "eo_heads": 1,
-               **_run_swizzle(), **({"eo_early": 1} if ESTIMATE_ORDER_EARLY else {})}
+               **_run_swizzle(), **({"eo_early": 1} if ESTIMATE_ORDER_EARLY else {}),
+               **({"fused_first": 1} if FUSED_FIRST else {})}
     return (meta, scores, np.int32(sink_blocks), np.int32(recent_blocks), np.float32(q_scale)), defines
 
 

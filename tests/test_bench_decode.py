@@ -1392,8 +1392,8 @@ def test_decode_fused_step_passes_the_estimate_orders_arguments(monkeypatch, tmp
     """_kernels.decode(fused=...) (FUSED_STEP, CPU, the build replaced): the loop's build with PSA_FUSED_EO and the
     fused estimate-order kernel's defines (its kind, chunk group, group orders, the runs' swizzle), the caller's query
     (PSA_QRAW), and after the kernel's arguments the metadata, the scores, the sink and recent blocks and the query's
-    scale; compiled to PTX (nvcc) it takes as many parameters as the launch passes. Builds that cannot run the step
-    in one launch are a ValueError."""
+    scale; FUSED_FIRST adds its define and no argument; compiled to PTX (nvcc, with FUSED_FIRST) it takes as many
+    parameters as the launch passes. Builds that cannot run the step in one launch are a ValueError."""
     from psa_fast import _kernels
 
     monkeypatch.setattr(_kernels, "_raw_query_code", lambda q, shape, what: _kernels._QRAW_CODES[q.dtype])  # (no .ptr)
@@ -1408,15 +1408,20 @@ def test_decode_fused_step_passes_the_estimate_orders_arguments(monkeypatch, tmp
         "fused_eo": 1, "kind": _kernels.KIND_CODES["cuboid_mean"], "est_kg": _kernels.ESTIMATE_MMA_CHUNK_GROUP,
         "bounds": 0, "eo_heads": 1, "qraw": _kernels._QRAW_CODES[q16.dtype], "run_swizzle": _kernels.RUN_SWIZZLE}
     assert args[-5] is meta and args[-4] is scores and [float(x) for x in args[-3:]] == [1, 2, np.float32(0.088)]
+    assert "fused_first" not in options  # (FUSED_FIRST off)
+    monkeypatch.setattr(_kernels, "FUSED_FIRST", 1)  # the placements write the loop's first windows: a define only
+    (first, _, _, first_args, _), = _launches(monkeypatch, **ok)
+    assert first == {**options, "fused_first": 1} and len(first_args) == len(args)
     src = tmp_path / "decode.cu"
     src.write_text(_kernels._source("decode.cu"))
-    flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in options.items() if k not in ("entry", "cluster")]
+    flags = [f"-DPSA_{k.upper()}={int(v)}" for k, v in first.items() if k not in ("entry", "cluster")]
     flags += [f"-DPSA_D={d}", "-DPSA_S=16", "-DPSA_G=4", "-DPSA_CLUSTER=8"]
     ptx = tmp_path / "decode.ptx"
     subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)] + flags, check=True)
     text = ptx.read_text()
     head = text[text.index(".entry psa_decode("):]
     assert head[:head.index(")")].count(".param") == len(args)
+    assert "st.shared::cluster.s32" in text  # (the placements' writes into the warps' first windows)
     for bad, says in ((dict(q_raw=None), "the caller's query"), (dict(cluster=1), "clusters of 2 to 8"),
                       (dict(stop="certified"), "per-head values")):
         with pytest.raises(ValueError, match=says):

@@ -779,12 +779,35 @@ def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv
     assert (runs[0, 2]["order"][..., 0] >= 0).all()  # (a real order was compared)
 
 
-@pytest.mark.parametrize("hkv,hq,d,metadata,lens,query,options", [
+# the fused step's bit tests: KV heads, query heads, head dim, metadata, request lengths, the query's dtype, plan options
+ONE_LAUNCH_CASES = [
     (2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 30 * 16 + 1), "float16", dict(threshold=0.9, step=64)),
     (2, 8, 128, "cuboid_mean", (2048 * 16,), "float32", dict(threshold=0.95, sink_blocks=2, recent_blocks=3)),
     (8, 32, 128, "cuboid_mean", (2048 * 16 - 5,), "float16", dict(threshold=0.95)),  # one Llama request
     (3, 9, 64, "mean", (1000 * 16, 300 * 16 + 9), "float16", dict(threshold=0.95, step=32, stop="remaining")),
-    (1, 4, 128, "cuboid_mean", (200 * 16 + 5,), "float16", dict(threshold=0.9, step=16))])  # one run: 7 CTAs place none
+    (1, 4, 128, "cuboid_mean", (200 * 16 + 5,), "float16", dict(threshold=0.9, step=16))]  # one run: 7 CTAs place none
+
+
+def _one_launch_runs(monkeypatch, switches, hkv, hq, d, metadata, lens, query, options) -> list[dict]:
+    """Every output of one step (``_step_bits``) under each of ``switches`` (dicts of _kernels constants), the plan
+    of each asked to fuse the estimate and the order (psa_order_runs, up to 32 groups)."""
+    from psa_fast import _kernels
+
+    cache, q = _cache_with_a_heavier_stretch(75, hkv, hq, d, lens, metadata, query)
+    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)
+    monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
+    runs = []
+    for switch in switches:
+        for name, value in switch.items():
+            monkeypatch.setattr(_kernels, name, value)
+        p = psa_fast.plan(cache, num_q_heads=hq, cluster=8, **options)
+        assert p._estimate_order and p._fused_step == bool(switch["FUSED_STEP"])
+        runs.append(_step_bits(p, q))
+    assert (runs[0]["order"][..., 0] >= 0).all() and (runs[0]["num_used"] > 0).all()  # (a real step was compared)
+    return runs
+
+
+@pytest.mark.parametrize("hkv,hq,d,metadata,lens,query,options", ONE_LAUNCH_CASES)
 def test_the_step_in_one_launch_keeps_every_bit(monkeypatch, hkv, hq, d, metadata, lens, query, options):
     """_kernels.FUSED_STEP (decode.cu PSA_FUSED_EO: the loop's clusters first do psa_estimate_order's work, then one
     cluster barrier, then the loop; both parts read the caller's query): the scores, the order and every result bit
@@ -792,20 +815,26 @@ def test_the_step_in_one_launch_keeps_every_bit(monkeypatch, hkv, hq, d, metadat
     two requests (a ragged short one), one Llama request's 8 groups, SmolLM2's (mean metadata, D 64) with the
     `remaining` rule, a request of one run (the cluster's other CTAs past it), sink and recent blocks, the caller's
     float16 or float32 query. The plan runs one launch where FUSED_STEP is on."""
-    from psa_fast import _kernels
+    off, on, _ = _one_launch_runs(monkeypatch, [dict(FUSED_STEP=0), dict(FUSED_STEP=1), dict(FUSED_STEP=0)], hkv, hq,
+                                  d, metadata, lens, query, options)
+    for name, want in off.items():
+        np.testing.assert_array_equal(on[name], want, err_msg=name)
 
-    cache, q = _cache_with_a_heavier_stretch(75, hkv, hq, d, lens, metadata, query)
-    monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_MAX_GROUPS", 32)
-    monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "runs")
-    runs = {}
-    for fused in (0, 1, 0):
-        monkeypatch.setattr(_kernels, "FUSED_STEP", fused)
-        p = psa_fast.plan(cache, num_q_heads=hq, cluster=8, **options)
-        assert p._estimate_order and p._fused_step == bool(fused)
-        runs[fused] = _step_bits(p, q)
-    for name, want in runs[0].items():
-        np.testing.assert_array_equal(runs[1][name], want, err_msg=name)
-    assert (runs[0]["order"][..., 0] >= 0).all() and (runs[0]["num_used"] > 0).all()  # (a real step was compared)
+
+@pytest.mark.parametrize("hkv,hq,d,metadata,lens,query,options", ONE_LAUNCH_CASES)
+def test_the_first_windows_written_by_the_placements_keep_every_bit(monkeypatch, hkv, hq, d, metadata, lens, query,
+                                                                    options):
+    """_kernels.FUSED_FIRST (decode.cu PSA_FUSED_FIRST: the fused step's placing threads write each block and its slot
+    where the warp whose stream's first window holds its position reads it, stream_entry): every output bit for bit
+    as the fused step that loads its first windows, and as the two launches, on the same cases (a first window part
+    written, part past the request; steps of 16 to the plan's, so later windows loaded as before)."""
+    fused = dict(FUSED_STEP=1, FUSED_FIRST=0)
+    two, loaded, written = _one_launch_runs(monkeypatch, [dict(FUSED_STEP=0, FUSED_FIRST=0), fused,
+                                                          dict(fused, FUSED_FIRST=1)], hkv, hq, d, metadata, lens,
+                                            query, options)
+    for name, want in loaded.items():
+        np.testing.assert_array_equal(written[name], want, err_msg=name)
+        np.testing.assert_array_equal(written[name], two[name], err_msg=f"{name} (two launches)")
 
 
 @pytest.mark.parametrize("fused,hkv,hq,lens,options", [

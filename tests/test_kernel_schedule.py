@@ -25,8 +25,8 @@ from psa_ref.progressive import split_chunks
 CXX = shutil.which("c++") or shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
 
-FUNCTIONS = ("boundary_end", "first_position", "next_position", "stream_position", "chunk_end", "chunk_start",
-             "chunks_before")
+FUNCTIONS = ("boundary_end", "first_position", "next_position", "stream_position", "stream_entry", "chunk_end",
+             "chunk_start", "chunks_before")
 
 HARNESS = r"""
 #include <algorithm>
@@ -65,6 +65,14 @@ int main() {
             }
             std::printf(" end:%%d\n", stream_position(m, 0, gw, nw, first, first2, step, n));
         }
+        // stream_entry's warp and entry for each position ("E gw:m ...")
+        std::printf("E");
+        for (int p = 0; p < n; ++p) {
+            int gw = -1;
+            const int m = stream_entry(p, nw, first, first2, step, n, gw);
+            std::printf(" %%d:%%d", gw, m);
+        }
+        std::printf("\n");
     }
     return 0;
 }
@@ -89,7 +97,8 @@ def schedule(tmp_path_factory):
     """A function running the compiled harness on cases ``(n, first, first2, step, nw)``: per case the chunk ends the
     loop walks, verifier.cuh's
     ``(chunk_end(x), chunk_start(x), chunks_before(x))`` for x = 0 .. n (the first n for x = n), and per warp its
-    walked positions, the stream's entries beside them and its entry past them."""
+    walked positions, the stream's entries beside them and its entry past them, and per position
+    ``stream_entry``'s warp and entry."""
     folder = tmp_path_factory.mktemp("schedule")
     (folder / "schedule.cpp").write_text(HARNESS % kernel_functions())
     subprocess.run([CXX, "-O1", "-std=c++17", "-o", str(folder / "schedule"), str(folder / "schedule.cpp")],
@@ -108,8 +117,9 @@ def schedule(tmp_path_factory):
                 *pairs, end = line.split()[2:]
                 walked = [tuple(int(x) for x in p.split(":")) for p in pairs]
                 warps.append(([p for p, _ in walked], [s for _, s in walked], int(end.split(":")[1])))
-            out.append((ends, verifier, warps))
-            i += 2 + case[4]
+            entries = [tuple(int(x) for x in t.split(":")) for t in lines[i + 2 + case[4]].split()[1:]]
+            out.append((ends, verifier, warps, entries))
+            i += 3 + case[4]
         return out
 
     return run
@@ -132,7 +142,7 @@ def test_the_loop_walks_the_references_chunks_and_each_warp_its_share(schedule):
     of a chunk is attended by exactly one warp, during that chunk; and the windowed stream's entries are each warp's
     walk, ``n`` past its end."""
     todo = cases()
-    for case, (ends, _, warps) in zip(todo, schedule(todo)):
+    for case, (ends, _, warps, _) in zip(todo, schedule(todo)):
         n, first, first2, step, nw = case
         ref = [int(c[-1]) + 1 for c in split_chunks(np.arange(n), first, step, first2 - first)]
         assert ends == ref, (case, ends, ref)
@@ -163,7 +173,7 @@ def test_the_verifiers_schedule_is_the_references(schedule):
     the end of the chunk holding each position, the start of each chunk and the count of chunks starting before each
     position are those of psa_ref's chunks (``split_chunks``; these builds keep the forced chunk apart)."""
     todo = [c for c in cases() if c[4] == 1]  # (warps do not enter these functions)
-    for case, (_, verifier, _) in zip(todo, schedule(todo)):
+    for case, (_, verifier, _, _) in zip(todo, schedule(todo)):
         n, first, first2, step = case[:4]
         chunks = split_chunks(np.arange(n), first, step, first2 - first)
         starts = [int(c[0]) for c in chunks]
@@ -174,3 +184,16 @@ def test_the_verifiers_schedule_is_the_references(schedule):
             if x < len(chunks):
                 assert start == starts[x], (case, x, start)
             assert before == sum(s < x for s in starts), (case, x, before)
+
+
+def test_stream_entry_finds_the_warp_and_entry_that_attend_each_position(schedule):
+    """``stream_entry`` inverts the windowed stream: for every position p of every case it names the warp gw and the
+    entry m with ``stream_position(m, 0, gw, ...) == p`` (the fused step's placing CTAs write each of the first
+    window's positions where that warp's lane m reads it, so a wrong inverse would hand a warp another's block)."""
+    todo = cases()
+    for case, (_, _, warps, entries) in zip(todo, schedule(todo)):
+        n = case[0]
+        assert len(entries) == n, case
+        for p, (gw, m) in enumerate(entries):
+            streamed = warps[gw][1]
+            assert 0 <= m < len(streamed) and streamed[m] == p, (case, p, gw, m)

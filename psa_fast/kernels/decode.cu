@@ -134,6 +134,14 @@
 // written in this launch). The estimate part reads the caller's query (its scale eo_q_scale), as the loop does
 // (PSA_QRAW), so the step needs no scaled copy. The launch is the loop's: a group a cluster of PSA_CLUSTER >= its runs
 // of 256 blocks (CTAs past the request's runs place nothing), PSA_WARPS 8 warps scoring two tiles each.
+#ifndef PSA_FUSED_FIRST
+#define PSA_FUSED_FIRST 0
+#endif
+// PSA_FUSED_FIRST = 1 (with PSA_FUSED_EO; _kernels.FUSED_FIRST, off, not yet run on a GPU): each placing thread also
+// writes its block and the block's slot (block-table entry, loaded before the estimate) into the shared memory of the
+// warp whose stream's first window holds the block's position (stream_entry), so the loop's first copies wait on no
+// order or block-table load: the window's other entries, and every later window, are loaded as before.
+static_assert(!PSA_FUSED_FIRST || PSA_FUSED_EO, "the first windows are written by the fused step's placements");
 #if PSA_FUSED_EO
 #include "estimate_order.cuh"
 #define PSA_ORDER_AT(p) __ldcg(p)
@@ -359,6 +367,32 @@ __device__ __forceinline__ int stream_position(int m, int from, int gw, int nw, 
     if (k >= (lim - s + step - 1) / step) return lim;
     const int p = s + k * step + gw + r * nw;
     return p < lim ? p : lim;
+}
+
+// stream_position's inverse (from 0): the entry of warp gw's stream that holds position p < lim (its return) and gw,
+// the chunks walked as stream_position walks them (those starting before first2 one by one, then `step` at a time).
+// The fused step's placing CTAs (PSA_FUSED_FIRST) write each position's block where the warp that attends it reads
+// its stream's first window.
+__device__ __forceinline__ int stream_entry(int p, int nw, int first, int first2, int step, int lim, int& gw) {
+    int s = 0, c0 = -1;  // the chunks walked one by one: p's chunk starts at c0, or they end at s
+    while (s < lim && s < first2) {
+        const int e = boundary_end(s, first, first2, step, lim);
+        if (p < e) {
+            c0 = s;
+            break;
+        }
+        s = e;
+    }
+    const int k = c0 < 0 ? (p - s) / step : 0;  // p's chunk among those of `step` from s
+    if (c0 < 0) c0 = s + k * step;
+    gw = (p - c0) % nw;
+    int m = (p - c0) / nw + k * (step > gw ? (step - gw + nw - 1) / nw : 0);
+    for (int t = 0; t < c0 && t < lim && t < first2;) {  // gw's entries in the chunks walked before p's
+        const int e = boundary_end(t, first, first2, step, lim);
+        m += e - t > gw ? (e - t - gw + nw - 1) / nw : 0;
+        t = e;
+    }
+    return m;
 }
 
 __device__ __forceinline__ int swz(int t, int c) { return c ^ (t & PSA_SWZ); }
@@ -675,13 +709,37 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
 #if PSA_LOOP_CLOCK
     const long long fused_t0 = globaltimer_ns();  // (the loop clock's kernel start: before the estimate and order)
 #endif
+#if PSA_FUSED_FIRST
+    // the first window of each warp's stream (entry = lane): its blocks and slots, written by the placing CTAs
+    __shared__ int fw_blk[PSA_WARPS][32], fw_slot[PSA_WARPS][32];
+#endif
     {
         // stages 1 and 2: this CTA's run of its group scored, sorted, pushed into the cluster and placed into `order`
         __shared__ __align__(16) unsigned int eo_runs[1][PSA_CLUSTER][PSA_RUN];
         __shared__ __align__(16) unsigned int eo_words[1][PSA_RUN];
         __shared__ __align__(8) unsigned long long eo_bar;
+#if PSA_FUSED_FIRST
+        static_assert(PSA_STREAM_WINDOW && !PSA_EARLY_WINDOW_ON && !PSA_OFFLOAD && PSA_WARPS * 32 == PSA_RUN,
+                      "the first windows: the loop's windowed stream, one block a placing thread");
+        // thread t places block t of the CTA's run (if below n): its slot, asked for before the estimate's loads
+        const int fw_mine = (int)blockIdx.x * PSA_RUN + (int)threadIdx.x;
+        const int fw_kv = (int)blockIdx.y * PSA_G / (Hq / Hkv);
+        const int fw_slot_mine = fw_mine < Nmax ? __ldg(block_table + ((long)blockIdx.z * Hkv + fw_kv) * Nmax
+                                                        + fw_mine) : 0;
+        auto on_place = [&](int p, int blk, int n) {  // (blk is fw_mine)
+            const int first = min(n, forced);  // the loop's chunks (no first_len; lim = n: not the budget rule)
+            int gw;
+            const int m = stream_entry(p, PSA_GROUP_CTAS * PSA_WARPS, first, first, step, n, gw);
+            if (m < 32) {
+                dsmem_store_int(&fw_blk[gw % PSA_WARPS][m], gw / PSA_WARPS, blk);
+                dsmem_store_int(&fw_slot[gw % PSA_WARPS][m], gw / PSA_WARPS, fw_slot_mine);
+            }
+        };
+#else
+        const eo_place_nothing on_place;
+#endif
         const bool waited = estimate_order_cta(q, eo_meta, seq_lens, eo_scores, const_cast<int*>(order), Hq, Hkv, Nmax,
-                                               eo_sink, eo_recent, eo_q_scale, eo_runs, eo_words, eo_bar);
+                                               eo_sink, eo_recent, eo_q_scale, eo_runs, eo_words, eo_bar, on_place);
         __syncwarp();  // (a warp's threads left the placements apart; the cluster barriers are .aligned)
         if (!waited) cluster_wait();  // (the CTAs past the request's runs arrived at its barrier, did not wait)
         cluster_sync();  // every CTA's placements (global memory) visible to the cluster's loop
@@ -951,8 +1009,14 @@ PSA_DECODE_ENTRY(const q_in_t* __restrict__ q, const kv_t* __restrict__ k_pool, 
     int w_pos0, w_blk0, w_slot0, w_pos1, w_blk1, w_slot1;
     auto load_window = [&](int w) {
         const int p = stream_position(32 * w + lane, from, gw, NW, first, first2, step, lim);
+#if PSA_FUSED_FIRST
+        // window 0 written by the placements (below n every position of it, so every p < lim); later ones loaded
+        const int blk = p < lim ? (w == 0 ? fw_blk[warp][lane] : PSA_ORDER_AT(orow + p)) : 0;
+        const int slot = p < lim ? (w == 0 ? fw_slot[warp][lane] : PSA_SLOT(blk)) : 0;
+#else
         const int blk = p < lim ? (orow ? PSA_ORDER_AT(orow + p) : base + p) : 0;  // (past lim: unused, not loaded)
         const int slot = p < lim ? PSA_SLOT(blk) : 0;
+#endif
         if (w & 1) {
             w_pos1 = p; w_blk1 = blk; w_slot1 = slot;
         } else {

@@ -6,7 +6,8 @@
 // how). `runs`, `words` and `bar` are the caller's shared memory ([H][R][256] and [H][256] words, one mbarrier),
 // at the same offsets in every CTA of the cluster (the pushes address them there). Every thread returns when its part
 // is done: the CTAs past the request's runs at once, false (they arrive at the cluster barrier the start arms, and do
-// not wait there), the others after their placements, true (they waited there).
+// not wait there), the others after their placements, true (they waited there). `on_place` hears of each block
+// placed (group orders: its position, the block and the request's n), where a caller passes one.
 #pragma once
 #include "estimate_mma.cuh"
 #include "runs.cuh"
@@ -38,6 +39,13 @@ static_assert(PSA_H == 1 || !PSA_L2_FIRST, "psa_estimate_order: the L2 first chu
 #define PSA_EMARK(i)
 #endif
 
+// What a placing thread tells its caller beside `order` (on_place(position, block, n) for each of its blocks below the
+// request's n; group orders only): nothing, unless a fused kernel passes its own (decode.cu's PSA_FUSED_FIRST).
+struct eo_place_nothing {
+    __device__ __forceinline__ void operator()(int, int, int) const {}
+};
+
+template <class OnPlace = eo_place_nothing>
 __device__ __forceinline__ bool estimate_order_cta(
     const q_in_t* __restrict__ q, const __half* __restrict__ meta, const int* __restrict__ seq_lens,
     float* __restrict__ scores, int* __restrict__ order, int Hq, int Hkv, int Nmax, int sink_blocks, int recent_blocks,
@@ -46,7 +54,7 @@ __device__ __forceinline__ bool estimate_order_cta(
 #if PSA_EO_CLOCK
     , long long* __restrict__ eo_clocks
 #endif
-    ) {
+    , OnPlace on_place = OnPlace()) {
     const int b = blockIdx.z, g = blockIdx.y, mine = blockIdx.x;  // (the cluster spans x: its rank)
     const int Gn = gridDim.y * PSA_H;  // the orders of a request
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
@@ -197,6 +205,7 @@ __device__ __forceinline__ bool estimate_order_cta(
 #pragma unroll
     for (int k = 0; k < K; ++k)
         if (k < placed) order[row + (long)o[k] * Nmax + rank[k]] = i;
+    if (PSA_H == 1) on_place(rank[0], i, n);
 #if PSA_EO_CLOCK
     if (t == 0) {
         eclk[6] = clock64() - eclk0;
