@@ -3884,6 +3884,13 @@ if [ "$PART" = s76b ]; then
       | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s76b.txt"
   exit 0
 fi
+if [ "$PART" = s76c ]; then
+  # Seventy-sixth session, for after s76b (only if its bit test passed and the step won): every GPU suite with
+  # FUSED_STEP and FUSED_FIRST on in this call's copy, in two calls as s75g (`s76c 1`, then `s76c 2`), each within
+  # $3 seconds (default 540). If both pass, both become the default.
+  suites_in_two "FUSED_STEP=1 FUSED_FIRST=1" s76c "${2:?s76c 1 or s76c 2}" "${3:-540}"
+  exit 0
+fi
 if [ "$PART" = s75g ]; then
   # Seventy-fifth session, for after s75f (only if its bit test passed and the step won): every GPU suite with
   # _kernels.FUSED_STEP = 1 in this call's copy, in s74d's two calls (`s75g 1`: the tests that order and place;
