@@ -443,6 +443,23 @@ suites_in_two() {
     *) echo "$2: 1 or 2, got '$3'" ;;
   esac
 }
+# One request's step under an A/B of _kernels constants (exp_kernels_attr.py assignments, space-separated, in $3, e.g.
+# "FUSED_STEP=0,1,1,0"): its kernels (profile_decode_step), its timeline under the assignments $4 (none if empty) and
+# its graph steps (bench_decode), the 5% profile at shape $2, 32K B = 1, logged to $OUT/$1_kernels.txt,
+# $OUT/$1_timeline.txt and $OUT/$1.txt. Run from benchmarks/. one_request_ab TAG SHAPE "AB" ["TIMELINE_AB"]
+one_request_ab() {
+  local tag="$1" shape="$2" ab="$3" timeline="${4:-}"
+  timeout 150 python3 exp_kernels_attr.py $ab -- profile_decode_step.py --share 0.05 --shape "$shape" --size 32768 \
+      --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode \|psa_scale" | tee "$OUT/${tag}_kernels.txt"
+  if [ -n "$timeline" ]; then
+    timeout 120 python3 exp_kernels_attr.py $timeline -- exp_step_timeline.py --shape "$shape" --size 32768 \
+        --batches 1 --share 0.05 2>&1 | grep -v Warn | tee "$OUT/${tag}_timeline.txt"
+  fi
+  timeout 200 python3 exp_kernels_attr.py $ab -- bench_decode.py --profile sparsity --shares 0.05 --shape "$shape" \
+      --sizes 32768:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated \
+      --out "$OUT/b" 2>&1 | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/$tag.txt"
+}
 # psa_estimate_order's A/B (exp_kernels_attr.py assignments $1) at Llama 5% 32K: its phases by the clock
 # (exp_eo_clock.py, one request), the kernels at batches $2 and the graph steps at one request, logged to
 # $OUT/$3_clock.txt, $OUT/$3_kernels.txt and $OUT/$3.txt. Run from benchmarks/.
@@ -3832,15 +3849,7 @@ if [ "$PART" = s75f ]; then
   # kernel against 9.8 + 18.9. ~4 minutes (the fused builds compile first).
   gated_tests t_s75f.log 300 tests/test_fast.py -k "step_in_one_launch or estimate_and_order_in_one_launch"
   cd benchmarks
-  timeout 150 python3 exp_kernels_attr.py FUSED_STEP=0,1,1,0 -- profile_decode_step.py --share 0.05 --shape llama8b \
-      --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode \|psa_scale" | tee "$OUT/s75f_kernels.txt"
-  timeout 120 python3 exp_kernels_attr.py FUSED_STEP=0,1 -- exp_step_timeline.py --shape llama8b --size 32768 \
-      --batches 1 --share 0.05 2>&1 | grep -v Warn | tee "$OUT/s75f_timeline.txt"
-  timeout 200 python3 exp_kernels_attr.py FUSED_STEP=0,1,1,0 -- bench_decode.py --profile sparsity --shares 0.05 \
-      --shape llama8b --sizes 32768:1 --reps 20 \
-      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
-      | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s75f.txt"
+  one_request_ab s75f llama8b "FUSED_STEP=0,1,1,0" "FUSED_STEP=0,1"
   exit 0
 fi
 if [ "$PART" = s76a ]; then
@@ -3853,13 +3862,7 @@ if [ "$PART" = s76a ]; then
   # the step -2 to -3 µs. ~3 minutes.
   gated_tests t_s76a.log 200 tests/test_fast.py -k "estimate_and_order_in_one_launch"
   cd benchmarks
-  timeout 150 python3 exp_kernels_attr.py ESTIMATE_ORDER_ANY_ORDER=0,1,1,0 -- profile_decode_step.py --share 0.05 \
-      --shape gemma3 --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode \|psa_scale" | tee "$OUT/s76a_kernels.txt"
-  timeout 200 python3 exp_kernels_attr.py ESTIMATE_ORDER_ANY_ORDER=0,1,1,0 -- bench_decode.py --profile sparsity \
-      --shares 0.05 --shape gemma3 --sizes 32768:1 --reps 20 \
-      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
-      | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s76a.txt"
+  one_request_ab s76a gemma3 "ESTIMATE_ORDER_ANY_ORDER=0,1,1,0"
   exit 0
 fi
 if [ "$PART" = s76b ]; then
@@ -3873,15 +3876,7 @@ if [ "$PART" = s76b ]; then
   # memory beside the rings' 192. ~4 minutes.
   gated_tests t_s76b.log 300 tests/test_fast.py -k "first_windows_written_by_the_placements"
   cd benchmarks
-  timeout 150 python3 exp_kernels_attr.py FUSED_STEP=1 FUSED_FIRST=0,1,1,0 -- profile_decode_step.py --share 0.05 \
-      --shape llama8b --size 32768 --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
-      | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode \|psa_scale" | tee "$OUT/s76b_kernels.txt"
-  timeout 120 python3 exp_kernels_attr.py FUSED_STEP=1 FUSED_FIRST=0,1 -- exp_step_timeline.py --shape llama8b \
-      --size 32768 --batches 1 --share 0.05 2>&1 | grep -v Warn | tee "$OUT/s76b_timeline.txt"
-  timeout 200 python3 exp_kernels_attr.py FUSED_STEP=1 FUSED_FIRST=0,1,1,0 -- bench_decode.py --profile sparsity \
-      --shares 0.05 --shape llama8b --sizes 32768:1 --reps 20 \
-      --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated --out "$OUT/b" 2>&1 \
-      | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/s76b.txt"
+  one_request_ab s76b llama8b "FUSED_STEP=1 FUSED_FIRST=0,1,1,0" "FUSED_STEP=1 FUSED_FIRST=0,1"
   exit 0
 fi
 if [ "$PART" = s76c ]; then
