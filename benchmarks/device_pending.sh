@@ -307,19 +307,22 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/benchmarks" OUT="${OUT:-/tmp/psa
 mkdir -p "$OUT"
 # CuPy's on-disk kernel cache travels both ways (benchmarks/kcache.sh), since compiling takes most of a suite's call:
 # a call that carries .kcache.tgz (run(..., carry=[".kcache.tgz"])) starts with the builds earlier calls brought back,
-# and the builds this call compiled come back as $OUT/kcache.tgz, where $OUT then holds at most 8 files (the device's
-# limit on what comes back). CuPy names a build by its source, its options and NVRTC's version, so a changed kernel
-# compiles again and a stale entry is never read. KCACHE_IN names another archive (tests).
-export CUPY_CACHE_DIR
-CUPY_CACHE_DIR="$(mktemp -d /tmp/psa-kcache.XXXXXX)"
-KCACHE_START="$CUPY_CACHE_DIR.start"
-touch "$KCACHE_START"
-[ -f "${KCACHE_IN:-.kcache.tgz}" ] && tar xzf "${KCACHE_IN:-.kcache.tgz}" -C "$CUPY_CACHE_DIR"
+# and the builds compiled in this call (by every part it runs, one after another) come back as $OUT/kcache.tgz, where
+# $OUT then holds at most 8 files (the device's limit on what comes back). CuPy names a build by its source, its
+# options and NVRTC's version, so a changed kernel compiles again and a stale entry is never read. KCACHE_DIR and
+# KCACHE_IN name another folder and archive (tests).
+export CUPY_CACHE_DIR="${KCACHE_DIR:-/tmp/psa-kcache}"
+KCACHE_START="$CUPY_CACHE_DIR/.start"
+if [ ! -f "$KCACHE_START" ]; then  # (the call's first part: later ones add to the same cache)
+  mkdir -p "$CUPY_CACHE_DIR"
+  touch "$KCACHE_START"
+  [ -f "${KCACHE_IN:-.kcache.tgz}" ] && tar xzf "${KCACHE_IN:-.kcache.tgz}" -C "$CUPY_CACHE_DIR"
+fi
 kcache_back() {
   local new files
   new=$(find "$CUPY_CACHE_DIR" -type f -name "*.cubin" -newer "$KCACHE_START" | wc -l)
   [ "$new" -gt 0 ] || return 0
-  files=$(find "$OUT" -type f | wc -l)
+  files=$(find "$OUT" -type f ! -name kcache.tgz | wc -l)
   if [ "$files" -ge 8 ]; then
     echo "kcache: $new new builds not brought back (\$OUT holds $files files)"
     return 0
@@ -333,7 +336,7 @@ kcache_back() {
     echo "kcache: $new new builds in \$OUT/kcache.tgz (benchmarks/kcache.sh merge FILES_AT/kcache.tgz)"
   fi
 }
-trap 'kcache_back; rm -rf "$CUPY_CACHE_DIR" "$KCACHE_START"' EXIT
+trap kcache_back EXIT
 # decode.cu against an earlier version of it ($1, carried), the earlier first: exp_step's graph rows of Llama's loop
 # (32K B = 1, 128K B = 1 and 8) and Gemma 3's rows in modes $3 (default: the loop and speculating; 32K B = 1, 8),
 # appended to $OUT/$2.

@@ -2854,7 +2854,8 @@ def _device_call(tmp_path: Path, name: str, build: str, kcache_in: Path | None =
     writing one fake build ``build`` into CuPy's cache and listing what the cache held before; the output and $OUT."""
     out = tmp_path / name
     out.mkdir()
-    env = {**os.environ, "OUT": str(out), "KCACHE_IN": str(kcache_in or tmp_path / "none.tgz")}
+    env = {**os.environ, "OUT": str(out), "KCACHE_IN": str(kcache_in or tmp_path / "none.tgz"),
+           "KCACHE_DIR": str(tmp_path / f"{name}_machine")}  # (each call a fresh machine)
     cmd = f'ls "$CUPY_CACHE_DIR"; head -c 700000 /dev/urandom > "$CUPY_CACHE_DIR/{build}_2.cubin"'
     done = subprocess.run(["bash", str(BENCH / "device_pending.sh"), "run", "bash", "-c", cmd], cwd=BENCH.parent,
                           env=env, capture_output=True, text=True, timeout=60)
@@ -2876,9 +2877,9 @@ def _members(archive: Path) -> set[str]:
 
 @pytest.mark.skipif(shutil.which("tar") is None, reason="needs tar")
 def test_the_kernel_cache_travels_to_the_device_and_back(tmp_path):
-    """device_pending.sh points CuPy's kernel cache at a fresh folder seeded from the carried archive and brings only
-    the call's new builds back ($OUT/kcache.tgz); kcache.sh merges them into the archive, newest first within its
-    budget, and refuses a missing archive."""
+    """device_pending.sh points CuPy's kernel cache at a folder seeded from the carried archive and brings only the
+    call's new builds back ($OUT/kcache.tgz), those of every part a call runs; kcache.sh merges them into the archive,
+    newest first within its budget, and refuses a missing archive."""
     carried = tmp_path / "kcache.tgz"
     printed, out = _device_call(tmp_path, "first", "aaa")
     assert "aaa_2.cubin" not in printed.split("kcache:")[0] and "1 new builds" in printed  # (an empty cache)
@@ -2893,6 +2894,14 @@ def test_the_kernel_cache_travels_to_the_device_and_back(tmp_path):
     assert "1 older ones dropped" in _kcache(carried, "merge", str(out / "kcache.tgz"), mib=1)
     assert _members(carried) == {"bbb_2.cubin"}
     assert "bbb_2.cubin" in _kcache(carried, "list")
+    # two parts run in one call share its cache: the second brings back both parts' builds
+    env = {**os.environ, "OUT": str(tmp_path / "both"), "KCACHE_IN": str(carried), "KCACHE_DIR": str(tmp_path / "m3")}
+    (tmp_path / "both").mkdir()
+    for build in ("ccc", "ddd"):
+        cmd = f'head -c 1000 /dev/urandom > "$CUPY_CACHE_DIR/{build}_2.cubin"'
+        subprocess.run(["bash", str(BENCH / "device_pending.sh"), "run", "bash", "-c", cmd], cwd=BENCH.parent,
+                       env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert _members(tmp_path / "both" / "kcache.tgz") == {"ccc_2.cubin", "ddd_2.cubin"}
     bad = subprocess.run(["bash", str(BENCH / "kcache.sh"), "merge", str(tmp_path / "missing.tgz")], cwd=BENCH.parent,
                          env={**os.environ, "KCACHE": str(carried)}, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no archive" in bad.stderr
