@@ -449,18 +449,19 @@ suites_in_two() {
 # One request's step under an A/B of _kernels constants (exp_kernels_attr.py assignments, space-separated, in $3, e.g.
 # "FUSED_STEP=0,1,1,0"): its kernels (profile_decode_step), its timeline under the assignments $4 (none if empty) and
 # its graph steps (bench_decode), the 5% profile at shape $2, 32K B = 1, logged to $OUT/$1_kernels.txt,
-# $OUT/$1_timeline.txt and $OUT/$1.txt. Run from benchmarks/. one_request_ab TAG SHAPE "AB" ["TIMELINE_AB"]
+# $OUT/$1_timeline.txt and $OUT/$1.txt (at $5 requests, default 1). Run from benchmarks/.
+# one_request_ab TAG SHAPE "AB" ["TIMELINE_AB" [B]]
 one_request_ab() {
-  local tag="$1" shape="$2" ab="$3" timeline="${4:-}"
+  local tag="$1" shape="$2" ab="$3" timeline="${4:-}" batch="${5:-1}"
   timeout 150 python3 exp_kernels_attr.py $ab -- profile_decode_step.py --share 0.05 --shape "$shape" --size 32768 \
-      --batches 1 --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
+      --batches "$batch" --variants ema --steps 10 --out /tmp 2>&1 | grep -v Warn \
       | grep "^#\|^T=\|psa_estimate\|psa_order\|psa_decode \|psa_scale" | tee "$OUT/${tag}_kernels.txt"
   if [ -n "$timeline" ]; then
     timeout 120 python3 exp_kernels_attr.py $timeline -- exp_step_timeline.py --shape "$shape" --size 32768 \
-        --batches 1 --share 0.05 2>&1 | grep -v Warn | tee "$OUT/${tag}_timeline.txt"
+        --batches "$batch" --share 0.05 2>&1 | grep -v Warn | tee "$OUT/${tag}_timeline.txt"
   fi
   timeout 200 python3 exp_kernels_attr.py $ab -- bench_decode.py --profile sparsity --shares 0.05 --shape "$shape" \
-      --sizes 32768:1 --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated \
+      --sizes "32768:$batch" --reps 20 --skip tau0.9,remaining,predicted,stages,rank,speculate,sketch,estimated \
       --out "$OUT/b" 2>&1 | grep "^#\|^|" | cut -d'|' -f2-8 | grep -v "dense" | tee "$OUT/$tag.txt"
 }
 # psa_estimate_order's A/B (exp_kernels_attr.py assignments $1) at Llama 5% 32K: its phases by the clock
@@ -3880,6 +3881,16 @@ if [ "$PART" = s76b ]; then
   gated_tests t_s76b.log 300 tests/test_fast.py -k "first_windows_written_by_the_placements"
   cd benchmarks
   one_request_ab s76b llama8b "FUSED_STEP=1 FUSED_FIRST=0,1,1,0" "FUSED_STEP=1 FUSED_FIRST=0,1"
+  exit 0
+fi
+if [ "$PART" = s76d ]; then
+  # Seventy-sixth session: two Llama requests (16 groups) with the estimate and the order fused. s73a found 32 groups
+  # (B = 4, 256 CTAs of 16 warps: two waves) losing, hence ESTIMATE_ORDER_MAX_GROUPS 8; 16 groups are 128 CTAs, one
+  # wave on 132 SMs, and were never timed. ESTIMATE_ORDER_MAX_GROUPS 8 / 16 / 16 / 8 in one process, Llama 5% 32K
+  # B = 2: the kernels (profile) and the graph steps. Predicted (H100): psa_estimate_mma + psa_order_runs ~14-15 µs
+  # -> psa_estimate_order ~11-12 (B = 1's 10.5 plus the wider HBM read), the step -2 to -3 µs. ~3 minutes.
+  cd benchmarks
+  one_request_ab s76d llama8b "ESTIMATE_ORDER_MAX_GROUPS=8,16,16,8" "" 2
   exit 0
 fi
 if [ "$PART" = s76c ]; then
