@@ -521,7 +521,7 @@ class DecodePlan:
         """Stage 1: every block's estimate (and per head: min/max bounds for ``certified``, the
         estimates for ``sketch``), of the scaled ``q``, or of the caller's ``q_raw`` (checked, C-contiguous; the
         tensor cores' estimate scales it by the same float32 product). Where the plan runs stages 1 and 2 as one
-        launch (``_kernels.fuses_estimate_order``, off by default), this writes the order too."""
+        launch (``_kernels.fuses_estimate_order``: one Llama request by default), this writes the order too."""
         c = self.cache
         if self._estimate_order:
             _kernels.estimate_order(self.q if q_raw is None else q_raw, c.meta[layer], c.seq_lens[layer], self.scores,
