@@ -31,6 +31,13 @@ ESTIMATE_MMA_WARP_BLOCKS = 0
 # 16: Gemma 3 5% 32K B = 32 23.2 -> 21.4 µs, 128K B = 8 23.2 -> 21.6, 128K B = 1 4.5 -> 4.2, 32K B = 8 7.5 -> 7.8
 # (benchmarks/NOTES.md, s34f)
 ESTIMATE_MMA_CHUNK_GROUP = 16
+
+
+def estimate_chunk_group(heads: int) -> int:
+    """The tensor cores' estimate's chunk group (``PSA_EST_KG``) for a launch of ``heads`` query heads a group, the
+    same in psa_estimate_mma, psa_estimate_order and the fused step: ``ESTIMATE_MMA_CHUNK_GROUP`` at 4 heads, at most
+    8 below (at D 256 a group of fewer than 4 heads spills ~100 bytes a thread with 16 chunks, ptxas; unmeasured)."""
+    return ESTIMATE_MMA_CHUNK_GROUP if heads == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)
 ESTIMATE_ON_TENSOR_CORES = True  # cuboid_mean / mean groups of <= 4 heads on psa_estimate_mma (False: psa_estimate)
 # 1: DecodePlan.run scales the query for the decode on a side stream beside the estimate and the order, which read the
 # caller's query (psa_estimate_mma's PSA_QRAW builds); 0: psa_scale_query first, on the main stream
@@ -435,9 +442,7 @@ def estimate(q, meta, lohi, seq_lens, scores, bounds, *, d, s, g, hq, hkv, nmax,
         if ESTIMATE_MMA_CHUNK_GROUP not in (1, 2, 4, 8, 16):
             raise ValueError(f"_kernels.ESTIMATE_MMA_CHUNK_GROUP must be 1, 2, 4, 8 or 16, got "
                              f"{ESTIMATE_MMA_CHUNK_GROUP!r}")
-        # (at D 256 a group of fewer than 4 heads spills ~100 bytes a thread with 16 chunks, ptxas: 8 there,
-        # unmeasured)
-        chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)
+        chunks = estimate_chunk_group(launch_g)
         make = functools.partial(kernel, "estimate_mma", kind=KIND_CODES[kind], est_kg=chunks,
                                  **({"qraw": qraw} if raw else {}))
         summary = meta
@@ -524,7 +529,7 @@ def estimate_order(q, meta, seq_lens, scores, out_order, *, d, s, g, hq, hkv, nm
     asks, asked = _l2_first_launch(l2_first, b, gn, nmax)  # (per-head orders: Gn = Hq, not the table's Hkv)
     defines.update(asks)
     runs = -(-nmax // RUN_BLOCKS)
-    chunks = ESTIMATE_MMA_CHUNK_GROUP if launch_g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate's)
+    chunks = estimate_chunk_group(launch_g)
     warps = ESTIMATE_ORDER if d <= 128 else 8  # (ptxas: 16 warps' 128 registers a thread spill at D 256)
     switches = {"eo_clock": EO_CLOCK, "eo_early": ESTIMATE_ORDER_EARLY}
     defines.update({name: 1 for name, on in switches.items() if on}, **_run_swizzle())  # (off: the builds of before)
@@ -1270,12 +1275,11 @@ def _fused_step_launch(fused, *, version, q_raw, split, offload, grid_group, clu
     if (version != 3 or q_raw is None or split is not None or offload is not None or grid_group is not None
             or first_len is not None or not 2 <= cluster <= 8 or runs > cluster or warps != 8 or g > 4 or bf16
             or kind not in ("cuboid_mean", "mean") or stop not in FUSED_STEP_RULES):
-        raise ValueError(f"fused: the plain loop on clusters of 2 to 8 CTAs (at least one a run of {RUN_BLOCKS} blocks), "
-                         "8 warps, the caller's query, float16 KV, cuboid_mean or mean metadata, a loop rule without "
+        raise ValueError(f"fused: the plain loop on clusters of 2 to 8 CTAs (at least one a run of {RUN_BLOCKS} "
+                         "blocks), 8 warps, the caller's query, float16 KV, cuboid_mean or mean metadata, a loop rule without "
                          f"per-head values and no first chunk; got version {version}, cluster {cluster} for {runs} "
                          f"runs, {warps} warps, g {g}, kind {kind!r}, stop {stop!r}, q_raw given: {q_raw is not None}")
-    chunks = ESTIMATE_MMA_CHUNK_GROUP if g == 4 else min(8, ESTIMATE_MMA_CHUNK_GROUP)  # (as estimate_order's)
-    defines = {"fused_eo": 1, "kind": KIND_CODES[kind], "est_kg": chunks, "bounds": 0, "eo_heads": 1,
+    defines = {"fused_eo": 1, "kind": KIND_CODES[kind], "est_kg": estimate_chunk_group(g), "bounds": 0, "eo_heads": 1,
                **_run_swizzle(), **({"eo_early": 1} if ESTIMATE_ORDER_EARLY else {}),
                **({"fused_first": 1} if FUSED_FIRST else {})}
     return (meta, scores, np.int32(sink_blocks), np.int32(recent_blocks), np.float32(q_scale)), defines

@@ -779,7 +779,7 @@ def test_estimate_and_order_in_one_launch_keep_every_bit(monkeypatch, warps, hkv
     assert (runs[0, 2]["order"][..., 0] >= 0).all()  # (a real order was compared)
 
 
-# the fused step's bit tests: KV heads, query heads, head dim, metadata, request lengths, the query's dtype, plan options
+# the fused step's bit tests: KV heads, query heads, head dim, metadata, request lengths, query dtype, plan options
 ONE_LAUNCH_CASES = [
     (2, 8, 128, "cuboid_mean", (1500 * 16 + 7, 30 * 16 + 1), "float16", dict(threshold=0.9, step=64)),
     (2, 8, 128, "cuboid_mean", (2048 * 16,), "float32", dict(threshold=0.95, sink_blocks=2, recent_blocks=3)),
