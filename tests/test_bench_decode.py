@@ -1625,7 +1625,7 @@ def test_estimate_order_is_fused_only_where_it_gives_the_same_results(monkeypatc
     assert not _kernels.fuses_estimate_order(2, 32, 2048, **per_head, group_scores=object())  # 64 groups
     monkeypatch.setattr(_kernels, "order_method", lambda *a, **k: "rank")
     assert not _kernels.fuses_estimate_order(1, 8, 2048, **llama)
-    gemma = dict(kind="cuboid_mean", per_head=None, g=4, hq=4, hkv=1, d=256)  # (one group: order_method's rank)
+    gemma = dict(kind="cuboid_mean", per_head=None, g=4, hq=4, hkv=1, d=256)  # (order_method says rank, as above)
     assert not _kernels.fuses_estimate_order(1, 1, 2048, **gemma)
     monkeypatch.setattr(_kernels, "ESTIMATE_ORDER_ANY_ORDER", 1)  # fused whatever order_method says
     assert _kernels.fuses_estimate_order(1, 1, 2048, **gemma) and _kernels.fuses_estimate_order(1, 8, 2048, **llama)
